@@ -1,0 +1,236 @@
+//! Registered agents: port allocation, per-agent endpoints, liveness.
+//!
+//! While an agent is registered the broker serves its A2A endpoints on the agent's port
+//! (127.0.0.1) and on `$SYNAPSE_UDS_DIR/<agent_id>.sock`, and stops serving them when the agent
+//! goes. Each server has its own stop channel, held in [`AgentServers`].
+
+use super::BrokerState;
+use super::command::{Command, CommandError, Outcome, RegisterRequest, hash_secret, is_pid_alive};
+use crate::store::AgentRecord;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+
+/// Port ranges of the built-in profiles (SPEC §1).
+pub fn port_range(agent_type: &str) -> Option<(u16, u16)> {
+    Some(match agent_type {
+        "claude" => (8100, 8109),
+        "gemini" => (8110, 8119),
+        "codex" => (8120, 8129),
+        "opencode" => (8130, 8139),
+        "copilot" => (8140, 8149),
+        "dummy" => (8190, 8199),
+        _ => return None,
+    })
+}
+
+/// Running per-agent servers, by agent id.
+#[derive(Default)]
+pub struct AgentServers {
+    servers: Mutex<HashMap<String, watch::Sender<bool>>>,
+}
+
+impl AgentServers {
+    fn insert(&self, agent_id: &str, stop: watch::Sender<bool>) {
+        if let Ok(mut servers) = self.servers.lock()
+            && let Some(previous) = servers.insert(agent_id.to_string(), stop)
+        {
+            previous.send_replace(true);
+        }
+    }
+
+    fn stop(&self, agent_id: &str) -> bool {
+        match self.servers.lock().ok().and_then(|mut servers| servers.remove(agent_id)) {
+            Some(stop) => {
+                stop.send_replace(true);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.servers.lock().map(|servers| servers.keys().cloned().collect()).unwrap_or_default()
+    }
+}
+
+/// What registration returns to the agent (the secret is shown only here, once).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Registration {
+    pub agent: AgentRecord,
+    pub secret: String,
+    pub socket: String,
+    pub endpoint: String,
+}
+
+/// The body of `POST /agents`.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterBody {
+    pub agent_type: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub role: Option<String>,
+    pub pid: u32,
+    #[serde(default)]
+    pub working_dir: String,
+    /// A fixed port; 0 lets the system choose; absent takes the first free port of the
+    /// profile's range.
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+/// Registers an agent: finds and binds a port, records the registration, serves its endpoints.
+pub async fn register(state: &Arc<BrokerState>, body: RegisterBody) -> Result<Registration, CommandError> {
+    if body.pid == 0 {
+        return Err(CommandError::bad("pid must be the agent's process id (not 0)"));
+    }
+    let candidates: Vec<u16> = match body.port {
+        Some(port) => vec![port],
+        None => match port_range(&body.agent_type) {
+            Some((low, high)) => (low..=high).collect(),
+            None => {
+                return Err(CommandError::bad(format!(
+                    "Unknown agent type '{}' has no port range: pass a port (0 lets the system choose)",
+                    body.agent_type
+                )));
+            }
+        },
+    };
+    let taken: Vec<u16> = state
+        .store
+        .read(|view| view.agents())
+        .map_err(|error| CommandError::Unavailable { message: error.to_string() })?
+        .into_iter()
+        .filter(|agent| agent.pid != body.pid && is_pid_alive(agent.pid))
+        .map(|agent| agent.port)
+        .collect();
+    let secret = uuid::Uuid::new_v4().simple().to_string();
+    let mut last_error = None;
+    for port in candidates.iter().copied() {
+        if port != 0 && taken.contains(&port) {
+            continue;
+        }
+        let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                last_error = Some(format!("port {port}: {error}"));
+                continue;
+            }
+        };
+        let port = listener.local_addr().map_err(|error| CommandError::Unavailable { message: error.to_string() })?.port();
+        let request = RegisterRequest {
+            agent_type: body.agent_type.clone(),
+            name: body.name.clone(),
+            role: body.role.clone(),
+            pid: body.pid,
+            working_dir: body.working_dir.clone(),
+            port,
+            secret_hash: hash_secret(&secret),
+        };
+        match state.writer.submit(Command::RegisterAgent(request)).await {
+            Ok(Outcome::Registered { agent }) => {
+                let socket = serve(state, &agent, listener).map_err(|error| CommandError::Unavailable {
+                    message: format!("registered, but cannot serve the agent's endpoints: {error}"),
+                })?;
+                return Ok(Registration {
+                    endpoint: format!("http://127.0.0.1:{}", agent.port),
+                    agent,
+                    secret,
+                    socket,
+                });
+            }
+            Ok(_) => return Err(CommandError::Unavailable { message: "unexpected answer to registration".into() }),
+            Err(CommandError::Conflict { message }) if body.port.is_none() && !message.contains("name") => {
+                last_error = Some(message);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(match (body.port, port_range(&body.agent_type)) {
+        (None, Some((low, high))) => CommandError::conflict(format!(
+            "All ports of the {} range {low}-{high} are taken{}",
+            body.agent_type,
+            last_error.map(|e| format!(" (last: {e})")).unwrap_or_default()
+        )),
+        _ => CommandError::conflict(format!(
+            "Port {} is not available: {}",
+            body.port.unwrap_or_default(),
+            last_error.unwrap_or_else(|| "taken by another agent".into())
+        )),
+    })
+}
+
+/// Serves the agent's endpoints on `listener` and on its Unix socket; returns the socket path.
+fn serve(state: &Arc<BrokerState>, agent: &AgentRecord, listener: tokio::net::TcpListener) -> anyhow::Result<String> {
+    let socket_path = state.paths.agent_socket(&agent.agent_id);
+    let unix = super::bind_unix(&socket_path)?;
+    let (stop, _) = watch::channel(false);
+    let router = crate::http::agent_router(state.clone(), agent.agent_id.clone());
+    let router_tcp = router.clone();
+    let (tcp_signal, unix_signal) = (stop_signal(state, &stop), stop_signal(state, &stop));
+    let cleanup_path = socket_path.clone();
+    tokio::spawn(async move {
+        let unix_server = axum::serve(unix, router.into_make_service()).with_graceful_shutdown(unix_signal);
+        let tcp_server = axum::serve(listener, router_tcp.into_make_service_with_connect_info::<std::net::SocketAddr>())
+            .with_graceful_shutdown(tcp_signal);
+        let _ = tokio::join!(unix_server.into_future(), tcp_server.into_future());
+        let _ = std::fs::remove_file(&cleanup_path);
+    });
+    state.agent_servers.insert(&agent.agent_id, stop);
+    Ok(socket_path.display().to_string())
+}
+
+fn stop_signal(state: &Arc<BrokerState>, stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut agent_stop = stop.subscribe();
+    let mut broker_stop = state.shutdown.subscribe();
+    async move {
+        tokio::select! {
+            _ = agent_stop.wait_for(|stopping| *stopping) => {}
+            _ = broker_stop.wait_for(|stopping| *stopping) => {}
+        }
+    }
+}
+
+/// Deregisters an agent and stops its endpoints.
+pub async fn deregister(state: &Arc<BrokerState>, agent_id: &str, reason: &str) -> Result<(), CommandError> {
+    let result = state
+        .writer
+        .submit(Command::Deregister { agent_id: agent_id.to_string(), reason: reason.to_string() })
+        .await;
+    state.agent_servers.stop(agent_id);
+    result.map(|_| ())
+}
+
+/// Deregisters every agent whose process is gone.
+pub async fn prune_dead(state: &Arc<BrokerState>) {
+    let Ok(agents) = state.store.read(|view| view.agents()) else { return };
+    for agent in agents.into_iter().filter(|agent| !is_pid_alive(agent.pid)) {
+        tracing::info!("{} (pid {}) is gone; deregistering", agent.agent_id, agent.pid);
+        let _ = deregister(state, &agent.agent_id, "process gone").await;
+    }
+}
+
+/// At broker start: serve the endpoints of agents that are still alive, prune the others.
+pub async fn restore(state: &Arc<BrokerState>) {
+    prune_dead(state).await;
+    let Ok(agents) = state.store.read(|view| view.agents()) else { return };
+    for agent in agents {
+        match tokio::net::TcpListener::bind(("127.0.0.1", agent.port)).await {
+            Ok(listener) => {
+                if let Err(error) = serve(state, &agent, listener) {
+                    tracing::warn!("cannot serve {}'s endpoints again: {error}", agent.agent_id);
+                }
+            }
+            Err(error) => tracing::warn!("cannot listen on {}'s port {} again: {error}", agent.agent_id, agent.port),
+        }
+    }
+}
+
+/// Stops every per-agent server (broker shutdown).
+pub async fn stop_all(state: &Arc<BrokerState>) {
+    for agent_id in state.agent_servers.ids() {
+        state.agent_servers.stop(&agent_id);
+    }
+}

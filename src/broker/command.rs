@@ -1,0 +1,693 @@
+//! Commands to the writer and how each is decided against the projections.
+//!
+//! `decide` runs inside the writer's transaction and sees every command decided before it in
+//! the same batch. It returns the events to append (all or nothing) and the answer for the
+//! caller; a rejected command returns an error and appends nothing.
+
+use crate::event::{Artifact, Direction, Event, Message, Part, Role, TaskState, short_id};
+use crate::store::{AgentRecord, Projections, StoreError, TaskRecord};
+use serde::{Deserialize, Serialize};
+
+/// Largest accepted message text, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// A request to change the log.
+#[derive(Debug, Clone)]
+pub enum Command {
+    RegisterAgent(RegisterRequest),
+    SetStatus { agent_id: String, status: crate::event::AgentStatus },
+    Deregister { agent_id: String, reason: String },
+    Send(SendRequest),
+    CreateTask { owner: String, secret: Option<String>, message: Message, peer: Option<String> },
+    CancelTask { task_id: String, reason: Option<String> },
+    AckInjection { agent_id: String, ticket: u64 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    pub agent_type: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub role: Option<String>,
+    pub pid: u32,
+    #[serde(default)]
+    pub working_dir: String,
+    /// The port the broker has bound for this agent.
+    #[serde(default)]
+    pub port: u16,
+    #[serde(default, skip_serializing)]
+    pub secret_hash: String,
+}
+
+/// A message to an agent (the body of `synapse send` and `POST /tasks/send`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendRequest {
+    /// Target: a custom name, an agent id, `<type>-<port>` or a type.
+    pub to: String,
+    #[serde(default)]
+    pub from: Option<String>,
+    /// The sender agent's secret (`SYNAPSE_AGENT_SECRET`), required when `from` is registered.
+    #[serde(default)]
+    pub secret: Option<String>,
+    pub text: String,
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    #[serde(default)]
+    pub response_expected: bool,
+    /// Answer this task (full id or unique prefix).
+    #[serde(default)]
+    pub reply_to: Option<String>,
+    #[serde(default)]
+    pub context_id: Option<String>,
+}
+
+pub fn default_priority() -> u8 {
+    3
+}
+
+/// What the writer answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Registered { agent: AgentRecord },
+    StatusSet { changed: bool },
+    Deregistered,
+    Sent(SendOutcome),
+    Task { task: TaskRecord },
+    Injected { ticket: u64 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendOutcome {
+    /// The receiver's task.
+    pub task: TaskRecord,
+    /// The sender's own task when a reply is expected (or, for a reply, the task it completed).
+    #[serde(default)]
+    pub sender_task: Option<TaskRecord>,
+    /// True when this message answered an earlier one.
+    pub is_reply: bool,
+    /// Set when `reply_to` was not found and the message went out as a new one.
+    #[serde(default)]
+    pub warning: Option<String>,
+    /// Sequence number of the last event of the send (followers start after it).
+    pub seq: u64,
+}
+
+/// Why a command was refused. Each maps to one HTTP status.
+#[derive(Debug, Clone, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "error", rename_all = "snake_case")]
+pub enum CommandError {
+    #[error("{message}")]
+    BadRequest { message: String },
+    #[error("{message}")]
+    Ambiguous { message: String, candidates: Vec<String> },
+    #[error("{message}")]
+    NotFound { message: String },
+    #[error("{message}")]
+    Conflict { message: String },
+    #[error("{message}")]
+    Forbidden { message: String },
+    #[error("{message}")]
+    TooLarge { message: String },
+    #[error("{message}")]
+    Unavailable { message: String },
+}
+
+impl CommandError {
+    pub fn bad(message: impl Into<String>) -> Self {
+        CommandError::BadRequest { message: message.into() }
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        CommandError::NotFound { message: message.into() }
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        CommandError::Conflict { message: message.into() }
+    }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        CommandError::Forbidden { message: message.into() }
+    }
+}
+
+/// A decision failed either because the command is wrong (answer the caller) or because the
+/// storage failed (abort the whole batch).
+pub enum DecideError {
+    Rejected(CommandError),
+    Storage(StoreError),
+}
+
+impl From<StoreError> for DecideError {
+    fn from(error: StoreError) -> Self {
+        DecideError::Storage(error)
+    }
+}
+
+impl From<CommandError> for DecideError {
+    fn from(error: CommandError) -> Self {
+        DecideError::Rejected(error)
+    }
+}
+
+/// What decide produced: the acting agent, the events, and how to build the answer once the
+/// events have sequence numbers.
+pub struct Decision {
+    pub actor: Option<String>,
+    pub events: Vec<Event>,
+    pub answer: Answer,
+}
+
+/// The answer, completed with the view after the events were applied.
+pub enum Answer {
+    Registered { agent_id: String },
+    StatusSet { changed: bool },
+    Deregistered,
+    Sent { task_id: String, sender_task_id: Option<String>, is_reply: bool, warning: Option<String> },
+    Task { task_id: String },
+    Injected { ticket: u64 },
+}
+
+pub fn hash_secret(secret: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(secret.as_bytes());
+    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Constant-time comparison of two hex digests.
+fn digests_equal(left: &str, right: &str) -> bool {
+    left.len() == right.len() && left.bytes().zip(right.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+/// Is this process alive? (Signal 0 checks existence without sending anything.)
+pub fn is_pid_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    if pid <= 0 {
+        return false;
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: kill with signal 0 performs only the existence and permission check.
+    let result = unsafe { libc::kill(pid, 0) };
+    let exists = result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A zombie (exited, not yet reaped by its parent) is gone for our purposes.
+    exists && !is_zombie(pid)
+}
+
+fn is_zombie(pid: libc::pid_t) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses and may contain spaces.
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z")
+}
+
+pub fn agent_id_for(agent_type: &str, port: u16) -> String {
+    format!("synapse-{agent_type}-{port}")
+}
+
+fn is_valid_agent_type(agent_type: &str) -> bool {
+    !agent_type.is_empty()
+        && agent_type.len() <= 32
+        && agent_type.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// A task id or prefix: hexadecimal digits and dashes, 1 to 36 characters.
+pub fn validate_task_ref(reference: &str) -> Result<String, CommandError> {
+    let reference = reference.trim().to_ascii_lowercase();
+    if reference.is_empty()
+        || reference.len() > 36
+        || !reference.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+    {
+        return Err(CommandError::bad(format!(
+            "Invalid task id '{reference}': expected a task id or its prefix (hexadecimal, e.g. 'abc12345')"
+        )));
+    }
+    Ok(reference)
+}
+
+/// Finds one task by full id or unique prefix.
+pub fn find_task(view: &Projections<'_>, reference: &str) -> Result<Option<TaskRecord>, DecideError> {
+    let reference = validate_task_ref(reference)?;
+    let candidates = view.tasks_with_prefix(&reference, 11)?;
+    match candidates.len() {
+        0 => Ok(None),
+        1 => Ok(candidates.into_iter().next()),
+        _ => Err(ambiguous_task(&reference, &candidates).into()),
+    }
+}
+
+pub fn ambiguous_task(reference: &str, candidates: &[TaskRecord]) -> CommandError {
+    let ids: Vec<String> = candidates.iter().take(10).map(|task| task.id.clone()).collect();
+    CommandError::Ambiguous {
+        message: format!(
+            "Ambiguous task id '{reference}': {} tasks start with it ({}). Use more characters.",
+            if candidates.len() > 10 { "more than 10".to_string() } else { candidates.len().to_string() },
+            ids.join(", ")
+        ),
+        candidates: ids,
+    }
+}
+
+/// Live agents (process still running).
+fn live_agents(view: &Projections<'_>) -> Result<Vec<AgentRecord>, StoreError> {
+    Ok(view.agents()?.into_iter().filter(|agent| is_pid_alive(agent.pid)).collect())
+}
+
+/// Target resolution: custom name → agent id → `<type>-<port>` → type; first hit wins.
+pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecord, CommandError> {
+    let target = target.trim();
+    if target.is_empty() {
+        return Err(CommandError::bad("Error: no target given"));
+    }
+    if let Some(agent) = agents.iter().find(|agent| agent.name.as_deref() == Some(target)) {
+        return Ok(agent.clone());
+    }
+    if let Some(agent) = agents.iter().find(|agent| agent.agent_id == target) {
+        return Ok(agent.clone());
+    }
+    if let Some(agent) =
+        agents.iter().find(|agent| format!("{}-{}", agent.agent_type, agent.port) == target)
+    {
+        return Ok(agent.clone());
+    }
+    let of_type: Vec<&AgentRecord> = agents.iter().filter(|agent| agent.agent_type == target).collect();
+    match of_type.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(CommandError::not_found(format!(
+            "Error: No agent found matching '{target}'. Run 'synapse list' to see the running agents."
+        ))),
+        many => {
+            let ids: Vec<String> = many.iter().map(|agent| agent.agent_id.clone()).collect();
+            Err(CommandError::Ambiguous {
+                message: format!(
+                    "Error: Ambiguous target '{target}'. Multiple agents found: {}. Use the agent id or name.",
+                    ids.join(", ")
+                ),
+                candidates: ids,
+            })
+        }
+    }
+}
+
+/// Checks that `from` may speak: anonymous, or a registered agent proving it with its secret.
+fn check_sender(view: &Projections<'_>, from: Option<&str>, secret: Option<&str>) -> Result<Option<AgentRecord>, DecideError> {
+    let Some(from) = from else { return Ok(None) };
+    let Some(agent) = view.agent(from)? else {
+        return Err(CommandError::bad(format!(
+            "Error: unknown sender '{from}': no registered agent has this id. Leave --from out to send anonymously."
+        ))
+        .into());
+    };
+    match secret {
+        Some(secret) if digests_equal(&hash_secret(secret), &agent.secret_hash) => Ok(Some(agent)),
+        Some(_) => Err(CommandError::forbidden(format!(
+            "Error: the secret does not match agent '{from}'. Only {from} itself (with its SYNAPSE_AGENT_SECRET) can send as it."
+        ))
+        .into()),
+        None => Err(CommandError::forbidden(format!(
+            "Error: sending as '{from}' requires its secret. Run the command inside that agent (SYNAPSE_AGENT_SECRET is set there), or leave --from out to send anonymously."
+        ))
+        .into()),
+    }
+}
+
+fn validate_text(text: &str) -> Result<(), CommandError> {
+    if text.trim().is_empty() {
+        return Err(CommandError::bad("Error: the message is empty"));
+    }
+    if text.len() > MAX_MESSAGE_BYTES {
+        return Err(CommandError::TooLarge {
+            message: format!("Error: the message is {} bytes; the limit is {MAX_MESSAGE_BYTES}", text.len()),
+        });
+    }
+    Ok(())
+}
+
+pub fn validate_priority(priority: u8) -> Result<(), CommandError> {
+    if !(1..=5).contains(&priority) {
+        return Err(CommandError::bad(format!("Error: priority must be between 1 and 5 (got {priority})")));
+    }
+    Ok(())
+}
+
+fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// Decides one command against the current projections.
+pub fn decide(view: &Projections<'_>, command: &Command) -> Result<Decision, DecideError> {
+    match command {
+        Command::RegisterAgent(request) => decide_register(view, request),
+        Command::SetStatus { agent_id, status } => {
+            let Some(agent) = view.agent(agent_id)? else {
+                return Err(CommandError::not_found(format!("Agent '{agent_id}' is not registered")).into());
+            };
+            let changed = agent.status != *status;
+            let events = if changed {
+                vec![Event::AgentStatusChanged { agent_id: agent_id.clone(), status: *status }]
+            } else {
+                Vec::new()
+            };
+            Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::StatusSet { changed } })
+        }
+        Command::Deregister { agent_id, reason } => {
+            if view.agent(agent_id)?.is_none() {
+                return Err(CommandError::not_found(format!("Agent '{agent_id}' is not registered")).into());
+            }
+            Ok(Decision {
+                actor: Some(agent_id.clone()),
+                events: vec![Event::AgentDeregistered { agent_id: agent_id.clone(), reason: reason.clone() }],
+                answer: Answer::Deregistered,
+            })
+        }
+        Command::Send(request) => decide_send(view, request),
+        Command::CreateTask { owner, secret, message, peer } => {
+            check_sender(view, Some(owner), secret.as_deref())?;
+            validate_text(&message.joined_text())?;
+            let task_id = new_id();
+            Ok(Decision {
+                actor: Some(owner.clone()),
+                events: vec![Event::TaskCreated {
+                    task_id: task_id.clone(),
+                    owner: Some(owner.clone()),
+                    context_id: new_id(),
+                    direction: Direction::Outgoing,
+                    peer: peer.clone(),
+                    state: TaskState::Working,
+                    message: message.clone(),
+                    priority: default_priority(),
+                    response_expected: true,
+                    sender_task_id: None,
+                    in_reply_to: None,
+                    peer_task_id: None,
+                }],
+                answer: Answer::Task { task_id },
+            })
+        }
+        Command::CancelTask { task_id, reason } => {
+            let Some(task) = find_task(view, task_id)? else {
+                return Err(CommandError::not_found(format!("Task {task_id} not found")).into());
+            };
+            if !matches!(task.state, TaskState::Submitted | TaskState::Working | TaskState::InputRequired) {
+                return Err(CommandError::bad(format!(
+                    "Task {} is {} and cannot be canceled",
+                    short_id(&task.id),
+                    task.state
+                ))
+                .into());
+            }
+            Ok(Decision {
+                actor: task.owner.clone(),
+                events: vec![Event::TaskCanceled { task_id: task.id.clone(), reason: reason.clone() }],
+                answer: Answer::Task { task_id: task.id },
+            })
+        }
+        Command::AckInjection { agent_id, ticket } => {
+            let found = view.inbox(agent_id, usize::MAX)?.into_iter().find(|entry| entry.ticket == *ticket);
+            let Some(entry) = found else {
+                return Err(CommandError::not_found(format!(
+                    "Ticket {ticket} is not in {agent_id}'s inbox (already delivered?)"
+                ))
+                .into());
+            };
+            let mut events =
+                vec![Event::TicketInjected { agent_id: agent_id.clone(), ticket: *ticket, priority: entry.priority }];
+            if entry.kind == crate::store::TicketKind::Message
+                && let Some(task) = view.task(&entry.task_id)?
+                && task.state == TaskState::Submitted
+            {
+                events.push(Event::TaskStateChanged {
+                    task_id: task.id,
+                    state: TaskState::Working,
+                    artifacts: Vec::new(),
+                    error: None,
+                });
+            }
+            Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Injected { ticket: *ticket } })
+        }
+    }
+}
+
+fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<Decision, DecideError> {
+    if !is_valid_agent_type(&request.agent_type) {
+        return Err(CommandError::bad(format!(
+            "Invalid agent type '{}': use lowercase letters, digits and '_' (at most 32)",
+            request.agent_type
+        ))
+        .into());
+    }
+    if request.port == 0 {
+        return Err(CommandError::bad("Invalid port 0").into());
+    }
+    if let Some(name) = &request.name
+        && (name.trim().is_empty() || name.len() > 64 || name.chars().any(char::is_whitespace))
+    {
+        return Err(CommandError::bad(format!("Invalid name '{name}': 1 to 64 characters, no spaces")).into());
+    }
+    let agent_id = agent_id_for(&request.agent_type, request.port);
+    let mut events = Vec::new();
+    let agents = view.agents()?;
+    for other in &agents {
+        let alive = is_pid_alive(other.pid);
+        let same_slot = other.agent_id == agent_id || other.port == request.port;
+        let same_name = request.name.is_some() && other.name == request.name;
+        if !(same_slot || same_name) {
+            continue;
+        }
+        if alive && other.pid != request.pid {
+            let what = if same_slot { format!("port {}", request.port) } else { format!("name '{}'", other.name.as_deref().unwrap_or_default()) };
+            return Err(CommandError::conflict(format!(
+                "{what} is taken by agent {} (pid {})",
+                other.agent_id, other.pid
+            ))
+            .into());
+        }
+        events.push(Event::AgentDeregistered {
+            agent_id: other.agent_id.clone(),
+            reason: if alive { "re-registered".into() } else { "process gone".into() },
+        });
+    }
+    events.push(Event::AgentRegistered {
+        agent_id: agent_id.clone(),
+        agent_type: request.agent_type.clone(),
+        name: request.name.clone(),
+        role: request.role.clone(),
+        pid: request.pid,
+        port: request.port,
+        working_dir: request.working_dir.clone(),
+        secret_hash: request.secret_hash.clone(),
+    });
+    Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Registered { agent_id } })
+}
+
+fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision, DecideError> {
+    validate_text(&request.text)?;
+    validate_priority(request.priority)?;
+    let sender = check_sender(view, request.from.as_deref(), request.secret.as_deref())?;
+    let sender_id = sender.as_ref().map(|agent| agent.agent_id.clone());
+    let agents = live_agents(view)?;
+    let target = resolve_target(&agents, &request.to)?;
+    if sender_id.as_deref() == Some(target.agent_id.as_str()) {
+        return Err(CommandError::bad(format!("Error: cannot send a message to yourself ({})", target.agent_id)).into());
+    }
+
+    let mut warning = None;
+    if let Some(reference) = &request.reply_to {
+        match find_task(view, reference)? {
+            Some(task) => {
+                if let Some(decision) = decide_reply(view, request, sender_id.as_deref(), &target, task)? {
+                    return Ok(decision);
+                }
+                warning = Some(format!(
+                    "Warning: --reply-to {reference} does not expect a reply, sending as a new message"
+                ));
+            }
+            None => {
+                warning = Some(format!("Warning: --reply-to {reference} not found (404), retrying as new message"));
+            }
+        }
+    }
+
+    let task_id = new_id();
+    let sender_task_id = request.response_expected.then(new_id);
+    let context_id = request.context_id.clone().unwrap_or_else(new_id);
+    let message = Message::text(Role::User, request.text.clone());
+    let mut events = Vec::with_capacity(4);
+    if let Some(sender_task_id) = &sender_task_id {
+        events.push(Event::TaskCreated {
+            task_id: sender_task_id.clone(),
+            owner: sender_id.clone(),
+            context_id: context_id.clone(),
+            direction: Direction::Outgoing,
+            peer: Some(target.agent_id.clone()),
+            state: TaskState::Working,
+            message: message.clone(),
+            priority: request.priority,
+            response_expected: true,
+            sender_task_id: None,
+            in_reply_to: None,
+            peer_task_id: Some(task_id.clone()),
+        });
+    }
+    events.push(Event::TaskCreated {
+        task_id: task_id.clone(),
+        owner: Some(target.agent_id.clone()),
+        context_id,
+        direction: Direction::Incoming,
+        peer: sender_id.clone(),
+        state: TaskState::Submitted,
+        message,
+        priority: request.priority,
+        response_expected: request.response_expected,
+        sender_task_id: sender_task_id.clone(),
+        in_reply_to: None,
+        peer_task_id: None,
+    });
+    events.push(Event::MessageSent {
+        task_id: task_id.clone(),
+        from: sender_id.clone(),
+        to: target.agent_id.clone(),
+        priority: request.priority,
+        response_expected: request.response_expected,
+        sender_task_id: sender_task_id.clone(),
+        in_reply_to: None,
+        text: request.text.clone(),
+        parts: Vec::new(),
+    });
+    events.push(Event::TicketIssued {
+        agent_id: target.agent_id.clone(),
+        task_id: task_id.clone(),
+        priority: request.priority,
+        from: sender_id.clone(),
+        display_task_id: sender_task_id.clone().unwrap_or_else(|| task_id.clone()),
+        response_expected: request.response_expected,
+    });
+    Ok(Decision {
+        actor: sender_id,
+        events,
+        answer: Answer::Sent { task_id, sender_task_id, is_reply: false, warning },
+    })
+}
+
+/// A message answering `task`. Returns None when the task does not expect a reply (the caller
+/// then sends a new message).
+fn decide_reply(
+    view: &Projections<'_>,
+    request: &SendRequest,
+    replier: Option<&str>,
+    target: &AgentRecord,
+    task: TaskRecord,
+) -> Result<Option<Decision>, DecideError> {
+    // The pair: the sender's outgoing task and the receiver's incoming task.
+    let (sender_task, receiver_task) = match task.direction {
+        Direction::Outgoing => match &task.peer_task_id {
+            Some(peer) => match view.task(peer)? {
+                Some(receiver_task) => (task, receiver_task),
+                None => return Ok(None),
+            },
+            None => return Ok(None),
+        },
+        Direction::Incoming => match view.open_outgoing_of(&task)? {
+            Some(sender_task) => (sender_task, task),
+            None => return Ok(None),
+        },
+    };
+    let Some(replier) = replier else {
+        return Err(CommandError::forbidden(format!(
+            "Error: replying to task {} needs the replier's identity: run it inside {} or pass --from {}",
+            short_id(&sender_task.id),
+            receiver_task.owner.as_deref().unwrap_or("the receiving agent"),
+            receiver_task.owner.as_deref().unwrap_or("<agent id>"),
+        ))
+        .into());
+    };
+    if receiver_task.owner.as_deref() != Some(replier) {
+        return Err(CommandError::forbidden(format!(
+            "Error: task {} was sent to {}, not to {replier}; only its receiver can reply",
+            short_id(&sender_task.id),
+            receiver_task.owner.as_deref().unwrap_or("another agent"),
+        ))
+        .into());
+    }
+    if sender_task.owner.is_some() && sender_task.owner.as_deref() != Some(target.agent_id.as_str()) {
+        return Err(CommandError::bad(format!(
+            "Error: task {} came from {}, not from {}",
+            short_id(&sender_task.id),
+            sender_task.owner.as_deref().unwrap_or("an anonymous sender"),
+            target.agent_id
+        ))
+        .into());
+    }
+    if receiver_task.replied_by.is_some() || sender_task.state.is_final() {
+        return Err(CommandError::conflict(format!(
+            "Error: task {} was already answered ({}); nothing changed",
+            short_id(&sender_task.id),
+            sender_task.state
+        ))
+        .into());
+    }
+    let artifact = Artifact { name: None, parts: vec![Part::Text { text: request.text.clone() }] };
+    let mut events = vec![
+        Event::ReplyPosted {
+            task_id: receiver_task.id.clone(),
+            sender_task_id: Some(sender_task.id.clone()),
+            from: replier.to_string(),
+            to: sender_task.owner.clone(),
+            text: request.text.clone(),
+        },
+        Event::TaskStateChanged {
+            task_id: sender_task.id.clone(),
+            state: TaskState::Completed,
+            artifacts: vec![artifact.clone()],
+            error: None,
+        },
+        Event::TaskStateChanged {
+            task_id: receiver_task.id.clone(),
+            state: TaskState::Completed,
+            artifacts: vec![artifact],
+            error: None,
+        },
+    ];
+    if let Some(owner) = &sender_task.owner {
+        events.push(Event::ReverseTicketIssued {
+            agent_id: owner.clone(),
+            task_id: sender_task.id.clone(),
+            from: replier.to_string(),
+            priority: request.priority,
+        });
+    }
+    Ok(Some(Decision {
+        actor: Some(replier.to_string()),
+        events,
+        answer: Answer::Sent {
+            task_id: receiver_task.id,
+            sender_task_id: Some(sender_task.id),
+            is_reply: true,
+            warning: None,
+        },
+    }))
+}
+
+/// Turns a decision's answer into the outcome, reading the state after its events.
+pub fn complete(view: &Projections<'_>, answer: Answer, last_seq: u64) -> Result<Outcome, StoreError> {
+    Ok(match answer {
+        Answer::Registered { agent_id } => match view.agent(&agent_id)? {
+            Some(agent) => Outcome::Registered { agent },
+            None => return Err(StoreError::Corrupt(format!("agent {agent_id} missing after registration"))),
+        },
+        Answer::StatusSet { changed } => Outcome::StatusSet { changed },
+        Answer::Deregistered => Outcome::Deregistered,
+        Answer::Sent { task_id, sender_task_id, is_reply, warning } => {
+            let task = view
+                .task(&task_id)?
+                .ok_or_else(|| StoreError::Corrupt(format!("task {task_id} missing after send")))?;
+            let sender_task = match sender_task_id {
+                Some(id) => view.task(&id)?,
+                None => None,
+            };
+            Outcome::Sent(SendOutcome { task, sender_task, is_reply, warning, seq: last_seq })
+        }
+        Answer::Task { task_id } => Outcome::Task {
+            task: view.task(&task_id)?.ok_or_else(|| StoreError::Corrupt(format!("task {task_id} missing")))?,
+        },
+        Answer::Injected { ticket } => Outcome::Injected { ticket },
+    })
+}

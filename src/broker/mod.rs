@@ -1,0 +1,194 @@
+//! The broker daemon: owns the store, the writer thread, the HTTP servers and the agents'
+//! per-agent endpoints.
+//!
+//! One broker per `SYNAPSE_HOME`: redb's file lock makes a second one fail at once
+//! (`StoreError::AlreadyOpen`). Shutdown travels by a watch channel that every stream and
+//! server selects on, so a stop ends open streams promptly instead of waiting for them.
+
+pub mod agents;
+pub mod command;
+pub mod tail;
+pub mod writer;
+
+use crate::config::{BrokerInfo, Paths};
+use crate::event::SCHEMA_VERSION;
+use crate::store::Store;
+use anyhow::Context;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+pub use writer::WriterHandle;
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// How often the broker checks that registered agents' processes still run.
+const LIVENESS_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Everything the broker's tasks share. Cloned as `Arc<BrokerState>`.
+pub struct BrokerState {
+    pub store: Arc<Store>,
+    pub writer: WriterHandle,
+    pub head: watch::Receiver<u64>,
+    pub shutdown: watch::Sender<bool>,
+    pub paths: Paths,
+    /// The TCP port the broker listens on (resolved when 0 was asked for).
+    pub port: std::sync::atomic::AtomicU16,
+    pub agent_servers: agents::AgentServers,
+}
+
+impl BrokerState {
+    /// Starts the writer over an opened store (used by the daemon, tests and benchmarks).
+    pub fn start(store: Store, paths: Paths) -> anyhow::Result<(Arc<BrokerState>, std::thread::JoinHandle<()>)> {
+        let store = Arc::new(store);
+        let (head_sender, head) = watch::channel(store.head()?);
+        let (writer, thread) = WriterHandle::start(store.clone(), head_sender).context("cannot start the writer thread")?;
+        let (shutdown, _) = watch::channel(false);
+        let state = Arc::new(BrokerState {
+            store,
+            writer,
+            head,
+            shutdown,
+            paths,
+            port: std::sync::atomic::AtomicU16::new(0),
+            agent_servers: agents::AgentServers::default(),
+        });
+        Ok((state, thread))
+    }
+
+    pub fn info(&self) -> BrokerInfo {
+        BrokerInfo {
+            pid: std::process::id(),
+            version: VERSION.to_string(),
+            schema: SCHEMA_VERSION,
+            home: self.paths.home.display().to_string(),
+            socket: self.paths.broker_socket().display().to_string(),
+            port: self.port.load(std::sync::atomic::Ordering::Relaxed),
+            head: *self.head.borrow(),
+        }
+    }
+
+    pub fn request_shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}
+
+/// Creates a directory (and parents) readable only by the user.
+fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))
+}
+
+/// Binds a Unix socket at `path`, removing a stale socket file left by a dead process. Fails
+/// when something is listening there.
+pub fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    if path.exists() {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => anyhow::bail!(
+                "another process is already listening on {} (another broker with the same SYNAPSE_UDS_DIR?). Stop it, or set SYNAPSE_UDS_DIR to another directory",
+                path.display()
+            ),
+            Err(_) => {
+                tracing::info!("removing stale socket {}", path.display());
+                std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+            }
+        }
+    }
+    tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
+}
+
+/// Runs the broker in the foreground until it is stopped (signal or `synapse broker stop`).
+pub async fn run(paths: Paths) -> anyhow::Result<()> {
+    create_private_dir(&paths.home)?;
+    create_private_dir(&paths.uds_dir)?;
+    let store = Store::open(&paths.database())?;
+
+    let socket_path = paths.broker_socket();
+    let unix = bind_unix(&socket_path)?;
+    let tcp = tokio::net::TcpListener::bind(("127.0.0.1", paths.broker_port)).await.map_err(|error| {
+        anyhow::anyhow!(
+            "cannot listen on 127.0.0.1:{}: {error}. Set SYNAPSE_BROKER_PORT to a free port",
+            paths.broker_port
+        )
+    })?;
+    let port = tcp.local_addr()?.port();
+
+    let (state, writer_thread) = BrokerState::start(store, paths.clone())?;
+    state.port.store(port, std::sync::atomic::Ordering::Relaxed);
+    agents::restore(&state).await;
+
+    let info_path = paths.broker_info();
+    std::fs::write(&info_path, serde_json::to_vec_pretty(&state.info())?)
+        .with_context(|| format!("cannot write {}", info_path.display()))?;
+    tracing::info!("broker {} listening on {} and 127.0.0.1:{port}", VERSION, socket_path.display());
+
+    spawn_signal_handler(state.clone());
+    spawn_liveness_sweeper(state.clone());
+
+    let router = crate::http::broker_router(state.clone());
+    let unix_server = {
+        let mut stop = state.shutdown.subscribe();
+        axum::serve(unix, router.clone().into_make_service())
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|stopping| *stopping).await;
+            })
+    };
+    let tcp_server = {
+        let mut stop = state.shutdown.subscribe();
+        axum::serve(tcp, router.into_make_service_with_connect_info::<std::net::SocketAddr>())
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|stopping| *stopping).await;
+            })
+    };
+    let (unix_result, tcp_result) = tokio::join!(unix_server.into_future(), tcp_server.into_future());
+
+    agents::stop_all(&state).await;
+    let _ = std::fs::remove_file(&socket_path);
+    let _ = std::fs::remove_file(&info_path);
+    // Dropping the last handle ends the writer after it has answered everything queued.
+    drop(state);
+    let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
+    unix_result.context("the Unix socket server failed")?;
+    tcp_result.context("the TCP server failed")?;
+    tracing::info!("broker stopped");
+    Ok(())
+}
+
+fn spawn_signal_handler(state: Arc<BrokerState>) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut terminate), Ok(mut interrupt)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
+            tracing::warn!("cannot install signal handlers; stop the broker with 'synapse broker stop'");
+            return;
+        };
+        let mut stop = state.shutdown.subscribe();
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = interrupt.recv() => tracing::info!("SIGINT: stopping"),
+            _ = stop.wait_for(|stopping| *stopping) => return,
+        }
+        state.request_shutdown();
+    });
+}
+
+/// Deregisters agents whose process has gone (heartbeat by pid liveness).
+fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
+    tokio::spawn(async move {
+        let mut stop = state.shutdown.subscribe();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(LIVENESS_INTERVAL) => {}
+                _ = stop.wait_for(|stopping| *stopping) => return,
+            }
+            agents::prune_dead(&state).await;
+        }
+    });
+}

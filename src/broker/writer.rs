@@ -1,0 +1,150 @@
+//! The writer thread: the only code that writes the store.
+//!
+//! Group commit: it takes every queued job, decides each in order inside one transaction (each
+//! sees the effects of those before it), commits once with `Durability::Immediate`, and only
+//! then answers every caller and moves the head (which wakes the tails). A batch whose storage
+//! fails answers every caller with an error and acknowledges nothing.
+//!
+//! The job queue is an unbounded channel: lossless (nothing is dropped); callers wait for their
+//! answer, so the queue is bounded in practice by the number of callers waiting.
+
+use super::command::{self, Command, CommandError, DecideError, Outcome};
+use crate::store::{RebuildReport, Store, StoreError, VerifyReport};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Most jobs decided in one transaction.
+const MAX_BATCH_JOBS: usize = 4096;
+
+enum Job {
+    Command { command: Command, answer: oneshot::Sender<Result<Outcome, CommandError>> },
+    Rebuild { answer: oneshot::Sender<Result<RebuildReport, CommandError>> },
+    Verify { answer: oneshot::Sender<Result<VerifyReport, CommandError>> },
+}
+
+/// A cheap, cloneable handle to the writer thread.
+#[derive(Clone)]
+pub struct WriterHandle {
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn unavailable(error: impl std::fmt::Display) -> CommandError {
+    CommandError::Unavailable { message: format!("the broker could not store this: {error}") }
+}
+
+const STOPPED: &str = "the broker is shutting down";
+
+impl WriterHandle {
+    /// Starts the writer thread over `store`. `head` is moved after every commit.
+    pub fn start(store: Arc<Store>, head: watch::Sender<u64>) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
+        let (jobs, receiver) = mpsc::unbounded_channel();
+        let thread = std::thread::Builder::new().name("synapse-writer".into()).spawn(move || run(store, receiver, head))?;
+        Ok((WriterHandle { jobs }, thread))
+    }
+
+    /// Submits a command and waits until it is durable (or refused).
+    pub async fn submit(&self, command: Command) -> Result<Outcome, CommandError> {
+        let (answer, receiver) = oneshot::channel();
+        self.jobs
+            .send(Job::Command { command, answer })
+            .map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?;
+        receiver.await.map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?
+    }
+
+    /// Same as [`submit`](Self::submit) for threads outside the async runtime.
+    pub fn submit_blocking(&self, command: Command) -> Result<Outcome, CommandError> {
+        let (answer, receiver) = oneshot::channel();
+        self.jobs
+            .send(Job::Command { command, answer })
+            .map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?;
+        receiver.blocking_recv().map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?
+    }
+
+    pub async fn rebuild(&self) -> Result<RebuildReport, CommandError> {
+        let (answer, receiver) = oneshot::channel();
+        self.jobs.send(Job::Rebuild { answer }).map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?;
+        receiver.await.map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?
+    }
+
+    pub async fn verify(&self) -> Result<VerifyReport, CommandError> {
+        let (answer, receiver) = oneshot::channel();
+        self.jobs.send(Job::Verify { answer }).map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?;
+        receiver.await.map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?
+    }
+}
+
+type Pending = (Command, oneshot::Sender<Result<Outcome, CommandError>>);
+
+fn run(store: Arc<Store>, mut receiver: mpsc::UnboundedReceiver<Job>, head: watch::Sender<u64>) {
+    let mut batch: Vec<Pending> = Vec::new();
+    while let Some(job) = receiver.blocking_recv() {
+        let mut next = Some(job);
+        while let Some(job) = next.take() {
+            match job {
+                Job::Command { command, answer } => batch.push((command, answer)),
+                Job::Rebuild { answer } => {
+                    commit_batch(&store, &mut batch, &head);
+                    let _ = answer.send(store.rebuild().map_err(unavailable));
+                }
+                Job::Verify { answer } => {
+                    commit_batch(&store, &mut batch, &head);
+                    let _ = answer.send(store.verify().map_err(unavailable));
+                }
+            }
+            if batch.len() < MAX_BATCH_JOBS {
+                next = receiver.try_recv().ok();
+            }
+        }
+        commit_batch(&store, &mut batch, &head);
+    }
+}
+
+fn commit_batch(store: &Store, batch: &mut Vec<Pending>, head: &watch::Sender<u64>) {
+    if batch.is_empty() {
+        return;
+    }
+    let jobs = std::mem::take(batch);
+    let mut outcomes: Vec<Result<Outcome, CommandError>> = Vec::with_capacity(jobs.len());
+    let result = store.transact(now_ms(), |appender| {
+        for (command, _) in &jobs {
+            match command::decide(appender.view(), command) {
+                Ok(decision) => {
+                    let written = appender.append(decision.actor.as_deref(), decision.events)?;
+                    let last_seq = written.last().map_or(appender.next_seq() - 1, |envelope| envelope.seq);
+                    outcomes.push(Ok(command::complete(appender.view(), decision.answer, last_seq)?));
+                }
+                Err(DecideError::Rejected(error)) => outcomes.push(Err(error)),
+                Err(DecideError::Storage(error)) => return Err(error),
+            }
+        }
+        Ok(appender.next_seq() - 1)
+    });
+    match result {
+        Ok(new_head) => {
+            for ((_, answer), outcome) in jobs.into_iter().zip(outcomes) {
+                let _ = answer.send(outcome);
+            }
+            head.send_if_modified(|current| {
+                let moved = *current != new_head;
+                *current = new_head;
+                moved
+            });
+        }
+        Err(error) => {
+            tracing::error!("batch of {} commands not stored: {error}", jobs.len());
+            let message = describe_storage_failure(&error);
+            for (_, answer) in jobs {
+                let _ = answer.send(Err(CommandError::Unavailable { message: message.clone() }));
+            }
+        }
+    }
+}
+
+fn describe_storage_failure(error: &StoreError) -> String {
+    format!("not stored: {error}")
+}

@@ -1,0 +1,231 @@
+//! Command-line definitions (clap) and dispatch. Each command group lives in its own module.
+//!
+//! Exit codes: 0 success, 1 user error (bad input, unknown agent, refused by the broker),
+//! 2 usage (clap). Raw flags become validated values here, before anything talks to the broker.
+
+mod messaging;
+mod system;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "synapse",
+    version,
+    about = "Let AI coding CLIs work together: send, reply, interrupt, look back",
+    long_about = "Synapse runs AI coding CLIs side by side and carries messages between them.\n\
+Every message, reply and state change is an event in one durable log kept by a broker\n\
+(started on demand). State lives in SYNAPSE_HOME (default ~/.synapse); sockets in\n\
+SYNAPSE_UDS_DIR (default /tmp/synapse-a2a)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the broker in the foreground, or control the running one
+    Broker(BrokerArgs),
+    /// Send a message to an agent
+    Send(SendArgs),
+    /// Reply to the agent waiting for your answer
+    Reply(ReplyArgs),
+    /// List the running agents
+    List {
+        /// One JSON object with every agent
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the event log (and follow it)
+    Events(EventsArgs),
+    /// Maintenance: rebuild or verify the projections
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+    /// The agent registration contract (used by agent wrappers and tests)
+    #[command(hide = true)]
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct BrokerArgs {
+    #[command(subcommand)]
+    pub command: Option<BrokerCommand>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BrokerCommand {
+    /// Stop the running broker cleanly
+    Stop,
+    /// Show whether a broker runs, its pid, version and head
+    Status,
+    /// Start the broker in the background if it is not running
+    Start,
+}
+
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    /// Target agent: custom name, agent id, <type>-<port> or type
+    pub target: String,
+    /// The message (or use --message-file / --stdin)
+    pub message: Option<String>,
+    /// Send as this agent (default: SYNAPSE_AGENT_ID)
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Priority 1-5 (5 interrupts the target first)
+    #[arg(short = 'p', long, default_value = "3", allow_hyphen_values = true)]
+    pub priority: String,
+    /// Expect a reply (the default)
+    #[arg(long, visible_alias = "notify", conflicts_with = "no_response")]
+    pub response: bool,
+    /// Fire and forget: no reply expected
+    #[arg(long, visible_alias = "silent")]
+    pub no_response: bool,
+    /// Block until the reply arrives (optionally at most SECONDS) and print it
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "0", conflicts_with = "no_response")]
+    pub wait: Option<u64>,
+    /// Answer this task (full id or the 8-character prefix shown in the terminal)
+    #[arg(long, value_name = "TASK_ID")]
+    pub reply_to: Option<String>,
+    /// Read the message from a file ('-' for standard input)
+    #[arg(short = 'F', long, value_name = "PATH")]
+    pub message_file: Option<PathBuf>,
+    /// Read the message from standard input
+    #[arg(long)]
+    pub stdin: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplyArgs {
+    /// The reply (or use --message-file / --stdin)
+    pub message: Option<String>,
+    /// Reply to this sender when several are waiting
+    #[arg(long, value_name = "SENDER_ID")]
+    pub to: Option<String>,
+    /// List the agents waiting for your reply
+    #[arg(long)]
+    pub list_targets: bool,
+    /// Reply as this agent (default: SYNAPSE_AGENT_ID)
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Read the reply from a file ('-' for standard input)
+    #[arg(short = 'F', long, value_name = "PATH")]
+    pub message_file: Option<PathBuf>,
+    /// Read the reply from standard input
+    #[arg(long)]
+    pub stdin: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    /// Start after this sequence number
+    #[arg(long, default_value_t = 0)]
+    pub after: u64,
+    /// Keep printing new events as they are appended
+    #[arg(long)]
+    pub follow: bool,
+    /// One JSON object per line
+    #[arg(long)]
+    pub json: bool,
+    /// Only events about this agent
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Only these kinds (comma-separated, e.g. message_sent,reply_posted)
+    #[arg(long)]
+    pub kind: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AdminCommand {
+    /// Drop every projection and replay the whole log
+    Rebuild,
+    /// Replay into scratch tables and compare with the live projections (exit 1 on a difference)
+    Verify,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentCommand {
+    /// Register an agent; prints the registration (with its secret) as JSON
+    Register {
+        #[arg(long = "type")]
+        agent_type: String,
+        #[arg(long)]
+        pid: u32,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        role: Option<String>,
+        /// Fixed port (0: any free port); default: the profile's range
+        #[arg(long)]
+        port: Option<u16>,
+    },
+    /// Report the agent's status (READY, PROCESSING, WAITING)
+    Status { agent_id: String, status: String },
+    /// Print the agent's inbox as JSON
+    Inbox {
+        agent_id: String,
+        /// Wait up to this many milliseconds for a ticket
+        #[arg(long, default_value_t = 0)]
+        wait_ms: u64,
+    },
+    /// Acknowledge that a ticket was written into the agent's PTY
+    Ack { agent_id: String, ticket: u64 },
+    /// Deregister the agent
+    Deregister { agent_id: String },
+}
+
+/// Runs a parsed command; returns the process exit code.
+pub fn run(cli: Cli) -> anyhow::Result<i32> {
+    let paths = crate::config::Paths::from_env()?;
+    if let Command::Broker(BrokerArgs { command: None }) = cli.command {
+        return system::run_broker(paths);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Broker(args) => system::broker_control(&paths, args.command).await,
+            Command::Send(args) => messaging::send(&paths, args).await,
+            Command::Reply(args) => messaging::reply(&paths, args).await,
+            Command::List { json } => messaging::list(&paths, json).await,
+            Command::Events(args) => system::events(&paths, args).await,
+            Command::Admin { command } => system::admin(&paths, command).await,
+            Command::Agent { command } => system::agent(&paths, command).await,
+        }
+    })
+}
+
+/// Reads the message from exactly one source: the argument, a file, or standard input.
+pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, stdin: bool) -> anyhow::Result<String> {
+    let sources = usize::from(positional.is_some()) + usize::from(file.is_some()) + usize::from(stdin);
+    if sources == 0 {
+        anyhow::bail!("Error: no message given: pass it as an argument, with --message-file PATH, or with --stdin");
+    }
+    if sources > 1 {
+        anyhow::bail!("Error: give the message in exactly one way: an argument, --message-file, or --stdin");
+    }
+    if let Some(text) = positional {
+        return Ok(text);
+    }
+    let from_stdin = stdin || file.is_some_and(|path| path.as_os_str() == "-");
+    let bytes = if from_stdin {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)?;
+        bytes
+    } else {
+        let path = file.ok_or_else(|| anyhow::anyhow!("no message file"))?;
+        std::fs::read(path).map_err(|error| anyhow::anyhow!("Error: cannot read {}: {error}", path.display()))?
+    };
+    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("Error: the message is not valid UTF-8 text"))
+}

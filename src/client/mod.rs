@@ -1,0 +1,282 @@
+//! The CLI's connection to the broker: HTTP/1.1 over the broker's Unix socket (TCP on
+//! 127.0.0.1 as a fallback), and starting the broker when none runs.
+//!
+//! Autostart (the atuin pattern): probe the socket; if nothing answers, take the start-up lock
+//! (`$SYNAPSE_HOME/broker.start.lock`), probe again (another command may have started it
+//! meanwhile), spawn `synapse broker` detached with its output in `broker.log`, and wait until
+//! it answers its health check. The health answer carries the version: a broker of another
+//! version is reported, never silently used.
+
+use crate::config::{BrokerInfo, Paths};
+use anyhow::{Context, anyhow, bail};
+use axum::body::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// How long a command waits for a broker it started to answer.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// An open connection to the broker.
+pub struct Client {
+    sender: Sender,
+    secret: Option<String>,
+}
+
+/// A non-2xx answer from the broker.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiFailure {
+    pub status: StatusCode,
+    pub message: String,
+    pub body: Value,
+}
+
+async fn connect_unix(paths: &Paths) -> std::io::Result<Sender> {
+    let stream = tokio::net::UnixStream::connect(paths.broker_socket()).await?;
+    handshake(TokioIo::new(stream)).await
+}
+
+async fn connect_tcp(port: u16) -> std::io::Result<Sender> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.set_nodelay(true)?;
+    handshake(TokioIo::new(stream)).await
+}
+
+async fn handshake<T>(io: T) -> std::io::Result<Sender>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(io).await.map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+/// Connects over the Unix socket, or TCP when the socket cannot be reached.
+async fn connect_any(paths: &Paths) -> std::io::Result<Sender> {
+    match connect_unix(paths).await {
+        Ok(sender) => Ok(sender),
+        Err(unix_error) => {
+            let port = std::fs::read(paths.broker_info())
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<BrokerInfo>(&bytes).ok())
+                .map(|info| info.port)
+                .filter(|port| *port != 0);
+            match port {
+                Some(port) => connect_tcp(port).await.map_err(|_| unix_error),
+                None => Err(unix_error),
+            }
+        }
+    }
+}
+
+impl Client {
+    /// Connects to the running broker, starting one when `autostart` is set and none runs.
+    pub async fn connect(paths: &Paths, autostart: bool) -> anyhow::Result<Client> {
+        let secret = std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty());
+        if let Ok(sender) = connect_any(paths).await {
+            let mut client = Client { sender, secret };
+            client.check_version().await?;
+            return Ok(client);
+        }
+        if !autostart {
+            bail!("no broker is running for SYNAPSE_HOME={}", paths.home.display());
+        }
+        start_broker(paths).await?;
+        let sender = connect_any(paths).await.with_context(|| {
+            format!("the broker started but {} does not answer", paths.broker_socket().display())
+        })?;
+        let mut client = Client { sender, secret };
+        client.check_version().await?;
+        Ok(client)
+    }
+
+    /// Only connects: None when no broker runs.
+    pub async fn try_connect(paths: &Paths) -> Option<Client> {
+        let sender = connect_any(paths).await.ok()?;
+        Some(Client { sender, secret: None })
+    }
+
+    async fn check_version(&mut self) -> anyhow::Result<()> {
+        let info: BrokerInfo = serde_json::from_value(self.get("/broker/health").await?)
+            .context("the broker's health answer is not understood")?;
+        if info.version != crate::broker::VERSION {
+            bail!(
+                "the running broker is version {} (pid {}), this synapse is {}. Run 'synapse broker stop' and try again",
+                info.version,
+                info.pid,
+                crate::broker::VERSION
+            );
+        }
+        Ok(())
+    }
+
+    pub fn secret(&self) -> Option<&str> {
+        self.secret.as_deref()
+    }
+
+    pub async fn get(&mut self, path: &str) -> anyhow::Result<Value> {
+        self.request(Method::GET, path, None).await
+    }
+
+    pub async fn post(&mut self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.request(Method::POST, path, Some(body)).await
+    }
+
+    pub async fn delete(&mut self, path: &str) -> anyhow::Result<Value> {
+        self.request(Method::DELETE, path, None).await
+    }
+
+    fn build(&self, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Request<Full<Bytes>>> {
+        let mut builder = Request::builder().method(method).uri(path).header("host", "synapse");
+        if let Some(secret) = &self.secret {
+            builder = builder.header(crate::http::SECRET_HEADER, secret);
+        }
+        let bytes = match body {
+            Some(body) => {
+                builder = builder.header("content-type", "application/json");
+                Bytes::from(serde_json::to_vec(body)?)
+            }
+            None => Bytes::new(),
+        };
+        Ok(builder.body(Full::new(bytes))?)
+    }
+
+    /// One request; a non-2xx answer becomes an [`ApiFailure`] error carrying the message.
+    pub async fn request(&mut self, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+        let request = self.build(method, path, body)?;
+        let response = self.sender.send_request(request).await.context("the broker closed the connection")?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await.context("reading the broker's answer")?.to_bytes();
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        if status.is_success() {
+            Ok(value)
+        } else {
+            let message = value
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("the broker answered {status}: {value}"));
+            Err(ApiFailure { status, message, body: value }.into())
+        }
+    }
+
+    /// Opens a server-sent-event stream; `on_event` gets each event's `data` until it returns
+    /// false or the stream ends.
+    pub async fn sse(&mut self, path: &str, mut on_event: impl FnMut(&str) -> bool) -> anyhow::Result<()> {
+        let request = self.build(Method::GET, path, None)?;
+        let response = self.sender.send_request(request).await.context("the broker closed the connection")?;
+        let status = response.status();
+        let mut body = response.into_body();
+        if !status.is_success() {
+            let bytes = body.collect().await?.to_bytes();
+            let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let message = value.get("message").and_then(Value::as_str).unwrap_or("request failed").to_string();
+            return Err(ApiFailure { status, message, body: value }.into());
+        }
+        let mut buffer: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.context("the event stream broke")?;
+            let Some(data) = frame.data_ref() else { continue };
+            buffer.extend_from_slice(data);
+            while let Some(end) = find_event_end(&buffer) {
+                let event: Vec<u8> = buffer.drain(..end.1).collect();
+                let text = String::from_utf8_lossy(&event[..end.0]);
+                let data: Vec<&str> = text.lines().filter_map(|line| line.strip_prefix("data:")).map(|d| d.strip_prefix(' ').unwrap_or(d)).collect();
+                if !data.is_empty() && !on_event(&data.join("\n")) {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Position of the blank line ending the first SSE event: (end of event, end of separator).
+fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
+    buffer.windows(2).position(|pair| pair == b"\n\n").map(|at| (at, at + 2))
+}
+
+/// Starts a broker in the background and waits until it answers.
+pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&paths.home).with_context(|| format!("cannot create {}", paths.home.display()))?;
+    let lock_path = paths.start_lock();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open {}", lock_path.display()))?;
+    let lock = tokio::task::spawn_blocking(move || lock.lock().map(|_| lock))
+        .await?
+        .with_context(|| format!("cannot take the start-up lock {}", lock_path.display()))?;
+    // Another command may have started it while we waited for the lock.
+    if connect_any(paths).await.is_ok() {
+        return Ok(());
+    }
+    let exe = std::env::current_exe().context("cannot find the synapse executable")?;
+    let log_path = paths.broker_log();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let log_err = log.try_clone()?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .arg("broker")
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(log_err);
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command.spawn().context("cannot start the broker")?;
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let last: Vec<&str> = log_text.lines().rev().take(3).collect();
+            let last: Vec<&str> = last.into_iter().rev().collect();
+            bail!("the broker exited at start ({status}): {}", last.join(" | "));
+        }
+        if connect_unix(paths).await.is_ok() {
+            break;
+        }
+        if started.elapsed() > START_TIMEOUT {
+            bail!("the broker did not answer within {} s; see {}", START_TIMEOUT.as_secs(), log_path.display());
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(50));
+    }
+    drop(lock);
+    // The child is detached (own process group); it is reaped by init when this CLI exits.
+    std::mem::forget(child);
+    Ok(())
+}
+
+/// Asks the broker to stop and waits until it has (its socket stops answering).
+pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
+    let Some(mut client) = Client::try_connect(paths).await else { return Ok(None) };
+    let answer = client.post("/broker/shutdown", &Value::Null).await?;
+    let pid = answer.get("pid").and_then(Value::as_u64).and_then(|pid| u32::try_from(pid).ok());
+    drop(client);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(20) {
+        let gone = match pid {
+            Some(pid) => !crate::broker::command::is_pid_alive(pid),
+            None => connect_unix(paths).await.is_err(),
+        };
+        if gone {
+            return Ok(pid);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(anyhow!("the broker (pid {pid:?}) did not stop within 20 s"))
+}

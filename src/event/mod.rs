@@ -1,0 +1,393 @@
+//! Events: the only source of truth in Synapse.
+//!
+//! Every fact (an agent registered, a message sent, a reply posted, a lock taken, ...) is one
+//! [`Event`] wrapped in an [`Envelope`] and appended to the log. Everything users query is a
+//! projection of these events (see `store`).
+//!
+//! This module does no I/O. Invariants that must stay true:
+//! - Encoding is msgpack **with field names** (`rmp_serde::to_vec_named`), so an optional field
+//!   can be skipped or added without breaking older records.
+//! - Evolution is additive: a new field gets `#[serde(default)]`, a new kind is a new variant.
+//!   A kind is never renamed or repurposed. [`SCHEMA_VERSION`] is bumped when a change would make
+//!   an older Synapse misread the log; an older binary refuses a log written by a newer schema.
+//! - `schema/events.md` documents every kind with an example; a test keeps it in step.
+
+use serde::{Deserialize, Serialize};
+
+pub mod types;
+pub use types::*;
+
+/// Version of the event encoding written by this build.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One event as stored in the log: the event plus where and when it happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Schema version the event was written with.
+    pub v: u32,
+    /// Position in the log, starting at 1, without gaps.
+    pub seq: u64,
+    /// Unix time in milliseconds, assigned by the writer when the batch was decided.
+    pub time_ms: u64,
+    /// The agent on whose behalf the event was appended (None: anonymous or the broker itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    pub event: Event,
+}
+
+/// Just the version of an envelope, decodable from any version's bytes.
+#[derive(Deserialize)]
+struct VersionPeek {
+    v: u32,
+}
+
+/// Why an event could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error(
+        "event written by a newer Synapse (schema {found}, this build reads up to {SCHEMA_VERSION}); upgrade synapse"
+    )]
+    NewerSchema { found: u32 },
+    #[error("event is not valid msgpack: {0}")]
+    Malformed(String),
+}
+
+impl Envelope {
+    pub fn encode(&self) -> Vec<u8> {
+        // Serialising plain data structs to a Vec cannot fail; an error here is a programming
+        // error (e.g. a map with non-string keys), so it is reported loudly in debug builds.
+        match rmp_serde::to_vec_named(self) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                debug_assert!(false, "event encoding failed: {error}");
+                Vec::new()
+            }
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Envelope, DecodeError> {
+        match rmp_serde::from_slice::<Envelope>(bytes) {
+            Ok(envelope) if envelope.v <= SCHEMA_VERSION => Ok(envelope),
+            Ok(envelope) => Err(DecodeError::NewerSchema { found: envelope.v }),
+            Err(error) => match rmp_serde::from_slice::<VersionPeek>(bytes) {
+                Ok(peek) if peek.v > SCHEMA_VERSION => Err(DecodeError::NewerSchema { found: peek.v }),
+                _ => Err(DecodeError::Malformed(error.to_string())),
+            },
+        }
+    }
+
+    /// The envelope as one JSON object (what `synapse events --json` prints).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// Every kind of fact Synapse records. Serialised as `{"kind": ..., "data": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "snake_case")]
+pub enum Event {
+    AgentRegistered {
+        agent_id: String,
+        agent_type: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        role: Option<String>,
+        pid: u32,
+        port: u16,
+        working_dir: String,
+        /// SHA-256 (hex) of the agent's secret; the secret itself is never stored.
+        secret_hash: String,
+    },
+    AgentStatusChanged {
+        agent_id: String,
+        status: AgentStatus,
+    },
+    AgentDeregistered {
+        agent_id: String,
+        reason: String,
+    },
+    TaskCreated {
+        task_id: String,
+        /// The agent whose task list holds it; None for an anonymous sender's own task.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
+        context_id: String,
+        direction: Direction,
+        /// The agent on the other side of the exchange.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer: Option<String>,
+        state: TaskState,
+        message: Message,
+        #[serde(default)]
+        priority: u8,
+        #[serde(default)]
+        response_expected: bool,
+        /// For a received task: the sender's own task that a reply completes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sender_task_id: Option<String>,
+        /// For a reply: the task this one answers.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        in_reply_to: Option<String>,
+        /// For a sender's task: the receiver's task created with it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer_task_id: Option<String>,
+    },
+    MessageSent {
+        /// The receiver's task that carries the message.
+        task_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
+        to: String,
+        priority: u8,
+        response_expected: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sender_task_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        in_reply_to: Option<String>,
+        text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        parts: Vec<Part>,
+    },
+    /// Something the agent's watcher must write into its PTY. The ticket's id is the sequence
+    /// number of this event.
+    TicketIssued {
+        agent_id: String,
+        task_id: String,
+        priority: u8,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
+        /// The id shown in the terminal (`[A2A:<id8>:...]`): the id to reply to.
+        display_task_id: String,
+        response_expected: bool,
+    },
+    /// The watcher wrote the ticket into the PTY; it leaves the inbox.
+    TicketInjected {
+        agent_id: String,
+        ticket: u64,
+        priority: u8,
+    },
+    ReplyPosted {
+        /// The replier's (receiver's) task.
+        task_id: String,
+        /// The original sender's task, completed by this reply.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sender_task_id: Option<String>,
+        from: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        to: Option<String>,
+        text: String,
+    },
+    /// A reply travelling back into the original sender's inbox. Its id is its sequence number.
+    ReverseTicketIssued {
+        agent_id: String,
+        /// The sender's task whose artifact holds the reply text.
+        task_id: String,
+        from: String,
+        #[serde(default)]
+        priority: u8,
+    },
+    TaskStateChanged {
+        task_id: String,
+        state: TaskState,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        artifacts: Vec<Artifact>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    TaskCanceled {
+        task_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    FileLockAcquired {
+        path: String,
+        agent_id: String,
+        expires_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        intent: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        task_id: Option<String>,
+    },
+    FileLockReleased {
+        path: String,
+        agent_id: String,
+        #[serde(default)]
+        forced: bool,
+    },
+    FileModified {
+        path: String,
+        agent_id: String,
+        task_id: String,
+        change_type: ChangeType,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        intent: Option<String>,
+    },
+    HistoryPruned {
+        /// Records last updated before this time leave the history view.
+        before_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_size_mb: Option<u64>,
+    },
+    WebhookRegistered {
+        webhook_id: String,
+        url: String,
+        events: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secret: Option<String>,
+    },
+    WebhookRemoved {
+        webhook_id: String,
+        url: String,
+    },
+    WebhookDeliveryAttempted {
+        delivery_id: String,
+        webhook_id: String,
+        event: String,
+        attempt: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        /// None when the delivery is finished (succeeded or gave up).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next_attempt_ms: Option<u64>,
+    },
+    ExternalAgentAdded {
+        alias: String,
+        url: String,
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        description: Option<String>,
+    },
+    ExternalAgentRemoved {
+        alias: String,
+    },
+}
+
+impl Event {
+    /// The kind's wire name (`message_sent`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::AgentRegistered { .. } => "agent_registered",
+            Event::AgentStatusChanged { .. } => "agent_status_changed",
+            Event::AgentDeregistered { .. } => "agent_deregistered",
+            Event::TaskCreated { .. } => "task_created",
+            Event::MessageSent { .. } => "message_sent",
+            Event::TicketIssued { .. } => "ticket_issued",
+            Event::TicketInjected { .. } => "ticket_injected",
+            Event::ReplyPosted { .. } => "reply_posted",
+            Event::ReverseTicketIssued { .. } => "reverse_ticket_issued",
+            Event::TaskStateChanged { .. } => "task_state_changed",
+            Event::TaskCanceled { .. } => "task_canceled",
+            Event::FileLockAcquired { .. } => "file_lock_acquired",
+            Event::FileLockReleased { .. } => "file_lock_released",
+            Event::FileModified { .. } => "file_modified",
+            Event::HistoryPruned { .. } => "history_pruned",
+            Event::WebhookRegistered { .. } => "webhook_registered",
+            Event::WebhookRemoved { .. } => "webhook_removed",
+            Event::WebhookDeliveryAttempted { .. } => "webhook_delivery_attempted",
+            Event::ExternalAgentAdded { .. } => "external_agent_added",
+            Event::ExternalAgentRemoved { .. } => "external_agent_removed",
+        }
+    }
+
+    /// Agents this event concerns (for filtering tails by agent).
+    pub fn agents(&self) -> Vec<&str> {
+        match self {
+            Event::AgentRegistered { agent_id, .. }
+            | Event::AgentStatusChanged { agent_id, .. }
+            | Event::AgentDeregistered { agent_id, .. }
+            | Event::TicketIssued { agent_id, .. }
+            | Event::TicketInjected { agent_id, .. }
+            | Event::ReverseTicketIssued { agent_id, .. }
+            | Event::FileLockAcquired { agent_id, .. }
+            | Event::FileLockReleased { agent_id, .. }
+            | Event::FileModified { agent_id, .. } => vec![agent_id.as_str()],
+            Event::TaskCreated { owner, peer, .. } => [owner.as_deref(), peer.as_deref()].into_iter().flatten().collect(),
+            Event::MessageSent { from, to, .. } => [from.as_deref(), Some(to.as_str())].into_iter().flatten().collect(),
+            Event::ReplyPosted { from, to, .. } => [Some(from.as_str()), to.as_deref()].into_iter().flatten().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// One short human line describing the event (for `synapse events`).
+    pub fn summary(&self) -> String {
+        fn anon(agent: &Option<String>) -> &str {
+            agent.as_deref().unwrap_or("anonymous")
+        }
+        match self {
+            Event::AgentRegistered { agent_id, pid, port, .. } => {
+                format!("{agent_id} registered (pid {pid}, port {port})")
+            }
+            Event::AgentStatusChanged { agent_id, status } => format!("{agent_id} is {status}"),
+            Event::AgentDeregistered { agent_id, reason } => format!("{agent_id} gone ({reason})"),
+            Event::TaskCreated { task_id, owner, direction, .. } => {
+                format!("task {} ({direction}) for {}", short_id(task_id), anon(owner))
+            }
+            Event::MessageSent { task_id, from, to, priority, response_expected, text, .. } => format!(
+                "{} -> {to} p{priority}{} task {}: {}",
+                anon(from),
+                if *response_expected { " (reply expected)" } else { "" },
+                short_id(task_id),
+                preview(text, 60)
+            ),
+            Event::TicketIssued { agent_id, task_id, .. } => {
+                format!("ticket for {agent_id} (task {})", short_id(task_id))
+            }
+            Event::TicketInjected { agent_id, ticket, .. } => {
+                format!("ticket {ticket} written into {agent_id}")
+            }
+            Event::ReplyPosted { task_id, from, to, text, .. } => format!(
+                "{from} replied to {} (task {}): {}",
+                anon(to),
+                short_id(task_id),
+                preview(text, 60)
+            ),
+            Event::ReverseTicketIssued { agent_id, task_id, from, .. } => {
+                format!("reply from {from} queued for {agent_id} (task {})", short_id(task_id))
+            }
+            Event::TaskStateChanged { task_id, state, error, .. } => match error {
+                Some(error) => format!("task {} {state}: {}", short_id(task_id), preview(error, 60)),
+                None => format!("task {} {state}", short_id(task_id)),
+            },
+            Event::TaskCanceled { task_id, .. } => format!("task {} canceled", short_id(task_id)),
+            Event::FileLockAcquired { path, agent_id, .. } => format!("{agent_id} locked {path}"),
+            Event::FileLockReleased { path, agent_id, forced } => {
+                format!("{agent_id} {} {path}", if *forced { "force-unlocked" } else { "unlocked" })
+            }
+            Event::FileModified { path, agent_id, change_type, .. } => {
+                format!("{agent_id} {change_type} {path}")
+            }
+            Event::HistoryPruned { before_ms, .. } => format!("history pruned before {before_ms}"),
+            Event::WebhookRegistered { url, .. } => format!("webhook {url} registered"),
+            Event::WebhookRemoved { url, .. } => format!("webhook {url} removed"),
+            Event::WebhookDeliveryAttempted { delivery_id, attempt, status, .. } => format!(
+                "webhook delivery {} attempt {attempt}: {}",
+                short_id(delivery_id),
+                status.map_or("no answer".to_string(), |s| s.to_string())
+            ),
+            Event::ExternalAgentAdded { alias, url, .. } => format!("external agent {alias} at {url}"),
+            Event::ExternalAgentRemoved { alias } => format!("external agent {alias} removed"),
+        }
+    }
+}
+
+/// The first eight characters of an id (what terminals show).
+pub fn short_id(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
+/// The text cut to at most `max` characters on one line.
+pub fn preview(text: &str, max: usize) -> String {
+    let line: String = text.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
+    if line.chars().count() <= max {
+        line
+    } else {
+        let cut: String = line.chars().take(max.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
+#[cfg(test)]
+mod tests;

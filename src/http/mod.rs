@@ -1,0 +1,762 @@
+//! HTTP: the broker API and the per-agent A2A endpoints, one error type, SSE.
+//!
+//! The same handlers serve an agent's endpoints at the root of its own port and socket (the
+//! agent fixed by [`FixedAgent`]) and on the broker under `/agents/{agent}/...`.
+//! Bad input is always a 4xx JSON error, never a 500 or a panic.
+
+pub mod wire;
+
+use crate::broker::command::{self, Command, CommandError, Outcome, SendRequest};
+use crate::broker::{BrokerState, agents, tail};
+use crate::event::{AgentStatus, Message, Part, Role, TaskState};
+use crate::store::{StoreError, TaskRecord};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, request::Parts};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Request bodies above this are refused with 413 (a message may be up to 16 MiB of text; JSON
+/// escaping can add a little).
+pub const MAX_BODY_BYTES: usize = command::MAX_MESSAGE_BYTES + (64 << 10);
+
+/// Header carrying an agent's secret for requests made on its behalf.
+pub const SECRET_HEADER: &str = "x-synapse-agent-secret";
+
+/// Longest a long-poll or wait may last.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+type AppState = Arc<BrokerState>;
+
+/// The one error type of the HTTP layer: a status and a JSON body.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: Value,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        let message = message.into();
+        ApiError { status, body: json!({"error": status.canonical_reason().unwrap_or("error"), "message": message}) }
+    }
+    fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+    fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+impl From<CommandError> for ApiError {
+    fn from(error: CommandError) -> Self {
+        let status = match &error {
+            CommandError::BadRequest { .. } | CommandError::Ambiguous { .. } => StatusCode::BAD_REQUEST,
+            CommandError::NotFound { .. } => StatusCode::NOT_FOUND,
+            CommandError::Conflict { .. } => StatusCode::CONFLICT,
+            CommandError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            CommandError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            CommandError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let mut api = ApiError::new(status, error.to_string());
+        if let CommandError::Ambiguous { candidates, .. } = &error {
+            api.body["candidates"] = json!(candidates);
+        }
+        api
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the broker cannot read its log: {error}"))
+    }
+}
+
+type ApiResult<T = Json<Value>> = Result<T, ApiError>;
+
+/// Parses a JSON body with clear 4xx errors (413 too large, 400 not UTF-8 / not JSON / unknown
+/// fields).
+fn parse_body<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(status, format!("request body too large (limit {MAX_BODY_BYTES} bytes)"))
+        } else {
+            ApiError::new(status, format!("cannot read the request body: {}", rejection.body_text()))
+        }
+    })?;
+    if bytes.is_empty() {
+        return Err(ApiError::bad("the request body is empty: a JSON object is expected"));
+    }
+    if std::str::from_utf8(&bytes).is_err() {
+        return Err(ApiError::bad("the request body is not valid UTF-8"));
+    }
+    serde_json::from_slice(&bytes).map_err(|error| ApiError::bad(format!("invalid JSON body: {error}")))
+}
+
+fn parse_query<T: for<'de> Deserialize<'de>>(query: Option<&str>) -> Result<T, ApiError> {
+    let query = query.unwrap_or("");
+    serde_urlencoded_parse(query).map_err(|error| ApiError::bad(format!("invalid query: {error}")))
+}
+
+fn serde_urlencoded_parse<T: for<'de> Deserialize<'de>>(query: &str) -> Result<T, String> {
+    axum::extract::Query::<T>::try_from_uri(&format!("/?{query}").parse().map_err(|_| "malformed query".to_string())?)
+        .map(|Query(value)| value)
+        .map_err(|rejection| rejection.body_text())
+}
+
+/// The agent a request is about: fixed (per-agent server) or from the `{agent}` path segment.
+#[derive(Clone)]
+pub struct FixedAgent(pub String);
+
+pub struct Scope(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Scope {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        if let Some(FixedAgent(agent)) = parts.extensions.get::<FixedAgent>() {
+            return Ok(Scope(agent.clone()));
+        }
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::bad(rejection.body_text()))?;
+        params.get("agent").cloned().map(Scope).ok_or_else(|| ApiError::bad("no agent in the path"))
+    }
+}
+
+fn secret_of(headers: &HeaderMap) -> Option<String> {
+    headers.get(SECRET_HEADER).and_then(|value| value.to_str().ok()).map(str::to_string)
+}
+
+/// Checks the agent's secret header; used for requests that change an agent's own state.
+fn authorize_agent(state: &AppState, agent_id: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+    let agent = state
+        .store
+        .read(|view| view.agent(agent_id))?
+        .ok_or_else(|| ApiError::not_found(format!("Agent '{agent_id}' is not registered")))?;
+    match secret_of(headers) {
+        Some(secret) if command::hash_secret(&secret) == agent.secret_hash => Ok(()),
+        Some(_) => Err(ApiError::new(StatusCode::FORBIDDEN, format!("the secret does not match agent '{agent_id}'"))),
+        None => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("this request acts as agent '{agent_id}' and needs its secret (header {SECRET_HEADER})"),
+        )),
+    }
+}
+
+/// The broker's own API (its Unix socket and TCP port).
+pub fn broker_router(state: AppState) -> Router {
+    Router::new()
+        .route("/broker/health", get(health))
+        .route("/broker/shutdown", post(shutdown))
+        .route("/events", get(events))
+        .route("/admin/rebuild", post(rebuild))
+        .route("/admin/verify", post(verify))
+        .route("/agents", get(list_agents).post(register))
+        .route("/agents/{agent}", axum::routing::delete(deregister))
+        .route("/agents/{agent}/inbox", get(inbox))
+        .route("/agents/{agent}/inbox/{ticket}/ack", post(ack))
+        .route("/agents/{agent}/status", get(agent_status).post(set_status))
+        .route("/send", post(send))
+        .route("/reply", post(reply))
+        .route("/tasks/{id}", get(global_task))
+        .route("/tasks/{id}/wait", get(wait_task))
+        .nest("/agents/{agent}", a2a_routes())
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// One agent's endpoints (its port and its socket).
+pub fn agent_router(state: AppState, agent_id: String) -> Router {
+    a2a_routes()
+        .route("/status", get(agent_status))
+        .fallback(not_found)
+        .layer(axum::Extension(FixedAgent(agent_id)))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+fn a2a_routes() -> Router<AppState> {
+    Router::new()
+        .route("/.well-known/agent.json", get(agent_card))
+        .route("/tasks/send", post(tasks_send))
+        .route("/tasks/send-priority", post(tasks_send_priority))
+        .route("/tasks/create", post(tasks_create))
+        .route("/tasks", get(tasks_list))
+        .route("/tasks/{id}", get(agent_task))
+        .route("/tasks/{id}/cancel", post(tasks_cancel))
+        .route("/reply-stack/list", get(reply_stack_list))
+        .route("/reply-stack/get", get(reply_stack_get))
+        .route("/reply-stack/pop", get(reply_stack_get))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such endpoint")
+}
+
+async fn health(State(state): State<AppState>) -> Json<Value> {
+    Json(json!(state.info()))
+}
+
+async fn shutdown(State(state): State<AppState>) -> Json<Value> {
+    state.request_shutdown();
+    Json(json!({"stopping": true, "pid": std::process::id()}))
+}
+
+async fn rebuild(State(state): State<AppState>) -> ApiResult {
+    Ok(Json(json!(state.writer.rebuild().await?)))
+}
+
+async fn verify(State(state): State<AppState>) -> ApiResult {
+    Ok(Json(json!(state.writer.verify().await?)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    #[serde(default)]
+    after: Option<u64>,
+    #[serde(default)]
+    follow: Option<bool>,
+    #[serde(default)]
+    agent: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+/// `GET /events`: the log as SSE (`id:` = sequence number); `Last-Event-ID` resumes.
+async fn events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Result<Sse<impl futures_core_stream::Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let query: EventsQuery = parse_query(uri.query())?;
+    let resume = match headers.get("last-event-id") {
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok())
+                .ok_or_else(|| ApiError::bad("Last-Event-ID must be a sequence number"))?,
+        ),
+        None => None,
+    };
+    let mut cursor = resume.or(query.after).unwrap_or(0);
+    let follow = query.follow.unwrap_or(false);
+    let filter = tail::TailFilter {
+        agent: query.agent,
+        kinds: query.kind.map(|kinds| kinds.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect()).unwrap_or_default(),
+    };
+    let stream = async_stream::stream! {
+        loop {
+            match tail::next_batch(&state, cursor, follow).await {
+                Ok(batch) if batch.is_empty() => break,
+                Ok(batch) => {
+                    for envelope in batch {
+                        cursor = envelope.seq;
+                        if filter.matches(&envelope) {
+                            let data = serde_json::to_string(&envelope.to_json()).unwrap_or_default();
+                            yield Ok(SseEvent::default().id(envelope.seq.to_string()).event(envelope.event.kind()).data(data));
+                        }
+                    }
+                }
+                Err(tail::TailEnd::Shutdown) => break,
+                Err(tail::TailEnd::Failed(message)) => {
+                    yield Ok(SseEvent::default().event("error").data(message));
+                    break;
+                }
+            }
+        }
+    };
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+mod futures_core_stream {
+    pub use tokio_stream::Stream;
+}
+
+async fn list_agents(State(state): State<AppState>) -> ApiResult {
+    let paths = state.paths.clone();
+    let agents = state.store.read(|view| {
+        let mut list = Vec::new();
+        for agent in view.agents()? {
+            let depth = view.inbox_depth(&agent.agent_id)?;
+            let current = view
+                .tasks()?
+                .into_iter()
+                .filter(|task| task.owner.as_deref() == Some(agent.agent_id.as_str()) && task.state == TaskState::Working && task.direction == crate::event::Direction::Incoming)
+                .max_by_key(|task| task.updated_ms);
+            let socket = paths.agent_socket(&agent.agent_id).display().to_string();
+            list.push(wire::agent_json(&agent, &socket, depth, current.as_ref()));
+        }
+        Ok(list)
+    })?;
+    Ok(Json(json!({"agents": agents})))
+}
+
+async fn register(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: agents::RegisterBody = parse_body(body)?;
+    let registration = agents::register(&state, body).await?;
+    Ok(Json(json!(registration)))
+}
+
+async fn deregister(State(state): State<AppState>, Scope(agent): Scope, headers: HeaderMap) -> ApiResult {
+    authorize_agent(&state, &agent, &headers)?;
+    agents::deregister(&state, &agent, "deregistered").await?;
+    Ok(Json(json!({"deregistered": agent})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusBody {
+    status: String,
+}
+
+async fn set_status(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let body: StatusBody = parse_body(body)?;
+    let status: AgentStatus = body.status.parse().map_err(ApiError::bad)?;
+    authorize_agent(&state, &agent, &headers)?;
+    let outcome = state.writer.submit(Command::SetStatus { agent_id: agent, status }).await?;
+    Ok(Json(json!(outcome)))
+}
+
+async fn agent_status(State(state): State<AppState>, Scope(agent): Scope) -> ApiResult {
+    let (record, depth) = state.store.read(|view| Ok((view.agent(&agent)?, view.inbox_depth(&agent)?)))?;
+    let record = record.ok_or_else(|| ApiError::not_found(format!("Agent '{agent}' is not registered")))?;
+    Ok(Json(json!({
+        "agent_id": record.agent_id,
+        "status": record.status,
+        "queue_depth": depth,
+        "since": wire::rfc3339(record.status_ms),
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InboxQuery {
+    #[serde(default)]
+    wait_ms: Option<u64>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /agents/{agent}/inbox`: the tickets still to be written, in delivery order, with their
+/// text. With `wait_ms`, an empty inbox is long-polled until a ticket arrives.
+async fn inbox(State(state): State<AppState>, Scope(agent): Scope, uri: axum::http::Uri) -> ApiResult {
+    let query: InboxQuery = parse_query(uri.query())?;
+    let limit = query.limit.unwrap_or(100).clamp(1, 10_000);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(query.wait_ms.unwrap_or(0)).min(MAX_WAIT);
+    loop {
+        let cursor = *state.head.borrow();
+        let tickets = state.store.read(|view| {
+            let mut tickets = Vec::new();
+            for ticket in view.inbox(&agent, limit)? {
+                let text = match ticket.kind {
+                    crate::store::TicketKind::Message => view.task(&ticket.task_id)?.map(|task| task.message.joined_text()),
+                    crate::store::TicketKind::Reply => view.task(&ticket.task_id)?.and_then(|task| wire::reply_text(&task)),
+                };
+                tickets.push(json!({
+                    "ticket": ticket.ticket,
+                    "kind": ticket.kind,
+                    "task_id": ticket.task_id,
+                    "display_task_id": ticket.display_task_id,
+                    "from": ticket.from,
+                    "priority": ticket.priority,
+                    "response_expected": ticket.response_expected,
+                    "prefix": wire::ticket_prefix(&ticket),
+                    "text": text.unwrap_or_default(),
+                    "issued_at": wire::rfc3339(ticket.issued_ms),
+                }));
+            }
+            Ok(tickets)
+        })?;
+        if !tickets.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(json!({"agent_id": agent, "tickets": tickets})));
+        }
+        match tokio::time::timeout_at(deadline, tail::wait_past(&state, cursor)).await {
+            Ok(true) => continue,
+            _ => return Ok(Json(json!({"agent_id": agent, "tickets": []}))),
+        }
+    }
+}
+
+async fn ack(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>, headers: HeaderMap) -> ApiResult {
+    let agent = params.get("agent").cloned().unwrap_or_default();
+    let ticket: u64 = params
+        .get("ticket")
+        .and_then(|ticket| ticket.parse().ok())
+        .ok_or_else(|| ApiError::bad("the ticket must be a number"))?;
+    authorize_agent(&state, &agent, &headers)?;
+    let outcome = state.writer.submit(Command::AckInjection { agent_id: agent, ticket }).await?;
+    Ok(Json(json!(outcome)))
+}
+
+fn sent_json(outcome: Outcome) -> ApiResult {
+    match outcome {
+        Outcome::Sent(sent) => Ok(Json(json!({
+            "task": wire::task_json(&sent.task),
+            "sender_task": sent.sender_task.as_ref().map(wire::task_json),
+            "is_reply": sent.is_reply,
+            "warning": sent.warning,
+            "seq": sent.seq,
+        }))),
+        other => Ok(Json(json!(other))),
+    }
+}
+
+/// `POST /send`: what `synapse send` uses (target resolution by name, id, type-port or type).
+async fn send(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let request: SendRequest = parse_body(body)?;
+    sent_json(state.writer.submit(Command::Send(request)).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplyBody {
+    from: String,
+    #[serde(default)]
+    secret: Option<String>,
+    #[serde(default)]
+    to: Option<String>,
+    text: String,
+}
+
+/// `POST /reply`: answer the agent's most recent reply target (or the one from `to`).
+async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: ReplyBody = parse_body(body)?;
+    let targets = state.store.read(|view| view.reply_targets(&body.from))?;
+    let target = match &body.to {
+        Some(to) => targets.iter().rev().find(|target| &target.sender_id == to).ok_or_else(|| {
+            ApiError::not_found(format!(
+                "Error: No reply target from '{to}'. Pending: {}",
+                if targets.is_empty() { "none".to_string() } else { targets.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>().join(", ") }
+            ))
+        })?,
+        None => match targets.as_slice() {
+            [] => return Err(ApiError::not_found("Error: No reply target. No pending messages to reply to.")),
+            [one] => one,
+            many => {
+                let mut error = ApiError::bad(format!(
+                    "Error: Several agents are waiting for a reply: {}. Choose one with --to.",
+                    many.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>().join(", ")
+                ));
+                error.body["candidates"] = json!(many.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>());
+                return Err(error);
+            }
+        },
+    };
+    let request = SendRequest {
+        to: target.sender_id.clone(),
+        from: Some(body.from.clone()),
+        secret: body.secret.clone(),
+        text: body.text,
+        priority: command::default_priority(),
+        response_expected: false,
+        reply_to: Some(target.sender_task_id.clone().unwrap_or_else(|| target.receiver_task_id.clone())),
+        context_id: None,
+    };
+    sent_json(state.writer.submit(Command::Send(request)).await?)
+}
+
+fn find_task_global(state: &AppState, reference: &str) -> Result<TaskRecord, ApiError> {
+    let reference = command::validate_task_ref(reference)?;
+    let mut candidates = state.store.read(|view| view.tasks_with_prefix(&reference, 11))?;
+    match candidates.len() {
+        0 => Err(ApiError::not_found(format!("Task {reference} not found"))),
+        1 => Ok(candidates.remove(0)),
+        _ => Err(command::ambiguous_task(&reference, &candidates).into()),
+    }
+}
+
+async fn global_task(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    Ok(Json(json!({"task": wire::task_json(&find_task_global(&state, &id)?)})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitQuery {
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+/// `GET /tasks/{id}/wait`: answers when the task reaches a final state (following the log's
+/// head, not polling) or when the timeout passes (`timed_out: true`).
+async fn wait_task(State(state): State<AppState>, Path(id): Path<String>, uri: axum::http::Uri) -> ApiResult {
+    let query: WaitQuery = parse_query(uri.query())?;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(query.timeout_ms.unwrap_or(60_000)).min(MAX_WAIT);
+    let task_id = find_task_global(&state, &id)?.id;
+    loop {
+        let cursor = *state.head.borrow();
+        let task = state
+            .store
+            .read(|view| view.task(&task_id))?
+            .ok_or_else(|| ApiError::not_found(format!("Task {task_id} not found")))?;
+        if task.state.is_final() {
+            return Ok(Json(json!({"task": wire::task_json(&task), "reply": wire::reply_text(&task), "timed_out": false})));
+        }
+        match tokio::time::timeout_at(deadline, tail::wait_past(&state, cursor)).await {
+            Ok(true) => continue,
+            Ok(false) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the broker is shutting down")),
+            Err(_) => return Ok(Json(json!({"task": wire::task_json(&task), "reply": null, "timed_out": true}))),
+        }
+    }
+}
+
+// ---- A2A REST endpoints (seed 003) ----
+
+async fn agent_card(State(state): State<AppState>, Scope(agent): Scope) -> ApiResult {
+    let record = state
+        .store
+        .read(|view| view.agent(&agent))?
+        .ok_or_else(|| ApiError::not_found(format!("Agent '{agent}' is not registered")))?;
+    Ok(Json(json!({
+        "name": record.name.clone().unwrap_or_else(|| record.agent_id.clone()),
+        "description": format!("{} agent managed by Synapse{}", record.agent_type, record.role.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()),
+        "url": format!("http://127.0.0.1:{}", record.port),
+        "version": crate::broker::VERSION,
+        "capabilities": {"streaming": false, "pushNotifications": false},
+        "defaultInputModes": ["text"],
+        "defaultOutputModes": ["text"],
+        "skills": [
+            {"id": "chat", "name": "Chat", "description": "Send a message to the agent's CLI"},
+            {"id": "interrupt", "name": "Interrupt", "description": "Priority 5 interrupts the CLI before writing"},
+        ],
+        "extensions": {"synapse": {
+            "agent_id": record.agent_id,
+            "agent_type": record.agent_type,
+            "uds_path": state.paths.agent_socket(&record.agent_id).display().to_string(),
+            "priority_interrupt": true,
+            "reply_to": true,
+        }},
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct A2aSendBody {
+    message: A2aMessage,
+    #[serde(default)]
+    metadata: Option<A2aMetadata>,
+    #[serde(default)]
+    context_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct A2aMessage {
+    #[serde(default)]
+    role: Option<Role>,
+    parts: Vec<A2aPart>,
+    #[serde(default, rename = "messageId")]
+    _message_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct A2aPart {
+    #[serde(rename = "type", alias = "kind")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct A2aMetadata {
+    #[serde(default)]
+    sender: Option<A2aSender>,
+    #[serde(default)]
+    response_expected: Option<bool>,
+    #[serde(default)]
+    in_reply_to: Option<String>,
+    #[serde(default)]
+    sender_task_id: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct A2aSender {
+    #[serde(default)]
+    sender_id: Option<String>,
+}
+
+impl A2aMessage {
+    fn text(&self) -> Result<String, ApiError> {
+        let mut texts = Vec::new();
+        for part in &self.parts {
+            match (part.kind.as_str(), &part.text) {
+                ("text", Some(text)) => texts.push(text.as_str()),
+                ("text", None) => return Err(ApiError::bad("a text part needs a 'text' field")),
+                (other, _) => return Err(ApiError::bad(format!("unsupported part type '{other}' (only text parts are written into a CLI)"))),
+            }
+        }
+        Ok(texts.join("\n"))
+    }
+}
+
+async fn tasks_send(State(state): State<AppState>, Scope(agent): Scope, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    a2a_send(&state, agent, &headers, body, command::default_priority()).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriorityQuery {
+    priority: Option<String>,
+}
+
+async fn tasks_send_priority(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let query: PriorityQuery = parse_query(uri.query())?;
+    let priority = match query.priority {
+        None => command::default_priority(),
+        Some(text) => match text.trim().parse::<u8>() {
+            Ok(priority) if (1..=5).contains(&priority) => priority,
+            _ => return Err(ApiError::bad(format!("Error: priority must be between 1 and 5 (got '{text}')"))),
+        },
+    };
+    a2a_send(&state, agent, &headers, body, priority).await
+}
+
+async fn a2a_send(state: &AppState, agent: String, headers: &HeaderMap, body: Result<Bytes, BytesRejection>, priority: u8) -> ApiResult {
+    let body: A2aSendBody = parse_body(body)?;
+    let text = body.message.text()?;
+    let metadata = body.metadata.unwrap_or_default();
+    let from = metadata.sender.and_then(|sender| sender.sender_id);
+    let request = SendRequest {
+        to: agent,
+        secret: if from.is_some() { secret_of(headers) } else { None },
+        from,
+        text,
+        priority,
+        response_expected: metadata.response_expected.unwrap_or(false),
+        reply_to: metadata.in_reply_to.or(if metadata.response_expected.is_none() { None } else { None }),
+        context_id: body.context_id,
+    };
+    let _ = metadata.sender_task_id;
+    sent_json(state.writer.submit(Command::Send(request)).await?)
+}
+
+async fn tasks_create(State(state): State<AppState>, Scope(agent): Scope, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: A2aSendBody = parse_body(body)?;
+    let text = body.message.text()?;
+    let message = Message { role: body.message.role.unwrap_or(Role::User), parts: vec![Part::Text { text }] };
+    let outcome = state
+        .writer
+        .submit(Command::CreateTask { owner: agent, secret: secret_of(&headers), message, peer: None })
+        .await?;
+    match outcome {
+        Outcome::Task { task } => Ok(Json(json!({"task": wire::task_json(&task)}))),
+        other => Ok(Json(json!(other))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TasksQuery {
+    #[serde(default)]
+    context_id: Option<String>,
+    #[serde(default)]
+    state: Option<String>,
+}
+
+async fn tasks_list(State(state): State<AppState>, Scope(agent): Scope, uri: axum::http::Uri) -> ApiResult {
+    let query: TasksQuery = parse_query(uri.query())?;
+    let wanted_state: Option<TaskState> = query.state.as_deref().map(str::parse).transpose().map_err(ApiError::bad)?;
+    let mut tasks: Vec<TaskRecord> = state
+        .store
+        .read(|view| view.tasks())?
+        .into_iter()
+        .filter(|task| task.owner.as_deref() == Some(agent.as_str()))
+        .filter(|task| query.context_id.as_ref().is_none_or(|context| &task.context_id == context))
+        .filter(|task| wanted_state.is_none_or(|wanted| task.state == wanted))
+        .collect();
+    tasks.sort_by_key(|task| task.created_ms);
+    Ok(Json(json!({"tasks": tasks.iter().map(wire::task_json).collect::<Vec<_>>()})))
+}
+
+fn find_agent_task(state: &AppState, agent: &str, reference: &str) -> Result<TaskRecord, ApiError> {
+    let reference = command::validate_task_ref(reference)?;
+    let candidates: Vec<TaskRecord> = state
+        .store
+        .read(|view| view.tasks_with_prefix(&reference, usize::MAX))?
+        .into_iter()
+        .filter(|task| task.owner.as_deref() == Some(agent))
+        .collect();
+    match candidates.len() {
+        0 => Err(ApiError::not_found(format!("Task {reference} not found"))),
+        1 => Ok(candidates.into_iter().next().ok_or_else(|| ApiError::not_found("Task not found"))?),
+        _ => Err(command::ambiguous_task(&reference, &candidates).into()),
+    }
+}
+
+async fn agent_task(State(state): State<AppState>, Scope(agent): Scope, Path(params): Path<HashMap<String, String>>) -> ApiResult {
+    let id = params.get("id").cloned().unwrap_or_default();
+    Ok(Json(json!({"task": wire::task_json(&find_agent_task(&state, &agent, &id)?)})))
+}
+
+async fn tasks_cancel(State(state): State<AppState>, Scope(agent): Scope, Path(params): Path<HashMap<String, String>>) -> ApiResult {
+    let id = params.get("id").cloned().unwrap_or_default();
+    let task = find_agent_task(&state, &agent, &id)?;
+    match state.writer.submit(Command::CancelTask { task_id: task.id, reason: Some("canceled".into()) }).await? {
+        Outcome::Task { task } => Ok(Json(json!({"task": wire::task_json(&task)}))),
+        other => Ok(Json(json!(other))),
+    }
+}
+
+fn target_json(target: &crate::store::ReplyTarget) -> Value {
+    json!({
+        "sender_id": target.sender_id,
+        "sender_task_id": target.sender_task_id,
+        "task_id": target.receiver_task_id,
+        "received_at": wire::rfc3339(target.received_ms),
+        "preview": target.preview,
+    })
+}
+
+async fn reply_stack_list(State(state): State<AppState>, Scope(agent): Scope) -> ApiResult {
+    let targets = state.store.read(|view| view.reply_targets(&agent))?;
+    Ok(Json(json!({"targets": targets.iter().map(target_json).collect::<Vec<_>>()})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplyStackQuery {
+    #[serde(default)]
+    sender_id: Option<String>,
+}
+
+/// `get` and `pop` both answer the newest target (or the one from `sender_id`); the target
+/// leaves the stack when the reply is posted, as an event, so a pop that is never followed by a
+/// reply loses nothing.
+async fn reply_stack_get(State(state): State<AppState>, Scope(agent): Scope, uri: axum::http::Uri) -> ApiResult {
+    let query: ReplyStackQuery = parse_query(uri.query())?;
+    let targets = state.store.read(|view| view.reply_targets(&agent))?;
+    let target = match &query.sender_id {
+        Some(sender) => targets.iter().rev().find(|target| &target.sender_id == sender),
+        None => targets.last(),
+    };
+    target.map(|target| Json(target_json(target))).ok_or_else(|| ApiError::not_found("No reply target"))
+}

@@ -1,0 +1,16 @@
+//! Synapse: an event-sourced broker that lets AI coding CLIs work together.
+//!
+//! Layout:
+//! - [`event`]: event and envelope types and their encoding (no I/O).
+//! - [`store`]: the redb log and its projections; rebuild and verify (synchronous).
+//! - `broker`: the daemon: writer thread (group commit), commands, tails, HTTP servers.
+//! - `client`: the CLI's connection to the broker over its Unix socket, with autostart.
+//! - `cli`: command-line definitions and one module per command group.
+
+pub mod event;
+pub mod store;
+pub mod broker;
+pub mod config;
+pub mod http;
+pub mod client;
+pub mod cli;

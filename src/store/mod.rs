@@ -1,0 +1,294 @@
+//! The store: one append-only redb log plus projection tables, updated in the same transaction.
+//!
+//! Synchronous code over redb; the broker's writer thread is its only writer. Invariants:
+//! - The `log` table maps sequence number → encoded [`Envelope`]; numbers start at 1 and have no
+//!   gaps. Nothing is ever rewritten in it.
+//! - Projection tables are a pure function of the log: [`Projections::apply`] never reads the
+//!   clock or the environment, so [`Store::rebuild`] reproduces them exactly, and
+//!   [`Store::verify`] can prove it.
+//! - Reads use short read transactions: a long one makes the file grow while writes go on.
+
+pub mod projection;
+pub mod records;
+
+use crate::event::{DecodeError, Envelope, Event, SCHEMA_VERSION};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub use projection::{ProjectionNames, Projections, LIVE, SCRATCH};
+pub use records::*;
+
+pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const META_SCHEMA: &str = "schema_version";
+
+/// redb page cache. Small on purpose: the broker should idle in a few MB.
+const CACHE_SIZE_BYTES: usize = 16 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("another synapse broker already has the database {path} open (one broker per SYNAPSE_HOME)")]
+    AlreadyOpen { path: String },
+    #[error(
+        "the database {path} cannot be opened: {reason}. It may be corrupt or not a Synapse database; move it aside to start with an empty log"
+    )]
+    Unreadable { path: String, reason: String },
+    #[error(
+        "the log was written by a newer Synapse (schema {found}; this build understands up to {SCHEMA_VERSION}). Upgrade synapse to read it"
+    )]
+    NewerSchema { found: u32 },
+    #[error("the disk is full: {0}. Free some space; nothing was written")]
+    DiskFull(String),
+    #[error("the database is corrupt: {0}")]
+    Corrupt(String),
+    #[error("storage error: {0}")]
+    Storage(String),
+}
+
+impl From<DecodeError> for StoreError {
+    fn from(error: DecodeError) -> Self {
+        match error {
+            DecodeError::NewerSchema { found } => StoreError::NewerSchema { found },
+            DecodeError::Malformed(reason) => StoreError::Corrupt(reason),
+        }
+    }
+}
+
+fn is_disk_full(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::StorageFull || error.raw_os_error() == Some(libc::ENOSPC)
+}
+
+macro_rules! storage_error_from {
+    ($($source:ty),*) => {$(
+        impl From<$source> for StoreError {
+            fn from(error: $source) -> Self {
+                let error: redb::Error = error.into();
+                match error {
+                    redb::Error::Io(io) if is_disk_full(&io) => StoreError::DiskFull(io.to_string()),
+                    redb::Error::Corrupted(reason) => StoreError::Corrupt(reason),
+                    other => StoreError::Storage(other.to_string()),
+                }
+            }
+        }
+    )*};
+}
+storage_error_from!(
+    redb::Error,
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::CommitError
+);
+
+/// The event log and its projections.
+pub struct Store {
+    db: Database,
+}
+
+/// What a rebuild did.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RebuildReport {
+    pub events: u64,
+    pub elapsed_ms: f64,
+}
+
+/// The differences `verify` found between live projections and a fresh replay.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct VerifyReport {
+    pub events: u64,
+    pub differences: Vec<String>,
+}
+
+impl Store {
+    /// Opens (or creates) the store at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let shown = path.display().to_string();
+        let db = Database::builder().set_cache_size(CACHE_SIZE_BYTES).create(path).map_err(|error| match error {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen { path: shown.clone() },
+            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_disk_full(&io) => {
+                StoreError::DiskFull(io.to_string())
+            }
+            other => StoreError::Unreadable { path: shown.clone(), reason: other.to_string() },
+        })?;
+        Store::initialise(db)
+    }
+
+    /// Opens a store on any redb backend (tests use an in-memory or fault-injecting one).
+    pub fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Store, StoreError> {
+        let db = Database::builder()
+            .set_cache_size(CACHE_SIZE_BYTES)
+            .create_with_backend(backend)
+            .map_err(|error| StoreError::Unreadable { path: "<backend>".into(), reason: error.to_string() })?;
+        Store::initialise(db)
+    }
+
+    fn initialise(db: Database) -> Result<Store, StoreError> {
+        let txn = db.begin_write()?;
+        {
+            let mut meta = txn.open_table(META)?;
+            let stored = meta.get(META_SCHEMA)?.map(|v| v.value());
+            match stored {
+                Some(found) if found > u64::from(SCHEMA_VERSION) => {
+                    return Err(StoreError::NewerSchema { found: u32::try_from(found).unwrap_or(u32::MAX) });
+                }
+                Some(found) if found == u64::from(SCHEMA_VERSION) => {}
+                _ => {
+                    meta.insert(META_SCHEMA, u64::from(SCHEMA_VERSION))?;
+                }
+            }
+            txn.open_table(LOG)?;
+            Projections::open(&txn, &LIVE)?;
+        }
+        txn.commit()?;
+        Ok(Store { db })
+    }
+
+    /// The sequence number of the last event (0 when the log is empty).
+    pub fn head(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        let log = txn.open_table(LOG)?;
+        Ok(log.last()?.map_or(0, |(seq, _)| seq.value()))
+    }
+
+    /// Up to `limit` events after `after`, in order.
+    pub fn read_after(&self, after: u64, limit: usize) -> Result<Vec<Envelope>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let log = txn.open_table(LOG)?;
+        let mut events = Vec::new();
+        for row in log.range(after.saturating_add(1)..)?.take(limit) {
+            let (_, bytes) = row?;
+            events.push(Envelope::decode(bytes.value())?);
+        }
+        Ok(events)
+    }
+
+    /// Runs `read` against the live projections in one short read transaction.
+    pub fn read<T>(
+        &self,
+        read: impl FnOnce(&projection::ReadProjections) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let txn = self.db.begin_read()?;
+        let projections = projection::ReadProjections::open(&txn, &LIVE)?;
+        read(&projections)
+    }
+
+    /// Runs one write transaction: `work` appends events through the [`Appender`]; everything is
+    /// committed durably (fsync) when it returns `Ok`, and nothing is kept when it returns `Err`
+    /// or the commit fails.
+    pub fn transact<T>(
+        &self,
+        time_ms: u64,
+        work: impl FnOnce(&mut Appender<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let txn = self.db.begin_write()?;
+        let result = {
+            let log = txn.open_table(LOG)?;
+            let next_seq = log.last()?.map_or(0, |(seq, _)| seq.value()) + 1;
+            let projections = Projections::open(&txn, &LIVE)?;
+            let mut appender = Appender { log, projections, next_seq, time_ms };
+            work(&mut appender)
+        };
+        match result {
+            Ok(value) => {
+                txn.commit()?;
+                Ok(value)
+            }
+            Err(error) => {
+                let _ = txn.abort();
+                Err(error)
+            }
+        }
+    }
+
+    /// Drops every projection and replays the whole log into fresh ones.
+    pub fn rebuild(&self) -> Result<RebuildReport, StoreError> {
+        let started = Instant::now();
+        let txn = self.db.begin_write()?;
+        let events = replay_into(&txn, &LIVE)?;
+        txn.commit()?;
+        Ok(RebuildReport { events, elapsed_ms: millis(started.elapsed()) })
+    }
+
+    /// Replays the log into scratch tables and compares them with the live projections.
+    /// Writes nothing: the transaction is aborted.
+    pub fn verify(&self) -> Result<VerifyReport, StoreError> {
+        let txn = self.db.begin_write()?;
+        let events = replay_into(&txn, &SCRATCH)?;
+        let differences = projection::compare(&txn, &LIVE, &SCRATCH)?;
+        let _ = txn.abort();
+        Ok(VerifyReport { events, differences })
+    }
+
+    /// Number of events in the log.
+    pub fn event_count(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        Ok(txn.open_table(LOG)?.len()?)
+    }
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+fn replay_into(txn: &WriteTransaction, names: &ProjectionNames) -> Result<u64, StoreError> {
+    names.delete_all(txn)?;
+    let mut projections = Projections::open(txn, names)?;
+    let log = txn.open_table(LOG)?;
+    let mut events = 0;
+    for row in log.iter()? {
+        let (_, bytes) = row?;
+        let envelope = Envelope::decode(bytes.value())?;
+        projections.apply(&envelope)?;
+        events += 1;
+    }
+    Ok(events)
+}
+
+/// The writer's handle inside one transaction: reads see everything appended before.
+pub struct Appender<'txn> {
+    log: redb::Table<'txn, u64, &'static [u8]>,
+    projections: Projections<'txn>,
+    next_seq: u64,
+    time_ms: u64,
+}
+
+impl<'txn> Appender<'txn> {
+    /// The projections as they stand, including everything appended so far in this transaction.
+    pub fn view(&self) -> &Projections<'txn> {
+        &self.projections
+    }
+
+    /// The time of this batch (every event in it gets this time).
+    pub fn time_ms(&self) -> u64 {
+        self.time_ms
+    }
+
+    /// The sequence number the next appended event will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Appends events to the log and applies them to the projections; returns their sequence
+    /// numbers.
+    pub fn append(&mut self, actor: Option<&str>, events: Vec<Event>) -> Result<Vec<Envelope>, StoreError> {
+        let mut written = Vec::with_capacity(events.len());
+        for event in events {
+            let envelope = Envelope {
+                v: SCHEMA_VERSION,
+                seq: self.next_seq,
+                time_ms: self.time_ms,
+                actor: actor.map(str::to_string),
+                event,
+            };
+            self.log.insert(envelope.seq, envelope.encode().as_slice())?;
+            self.projections.apply(&envelope)?;
+            self.next_seq += 1;
+            written.push(envelope);
+        }
+        Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,423 @@
+//! Projection tables and how each event changes them.
+//!
+//! [`Projections::apply`] is the only code that writes projections. It must stay a pure function
+//! of (current tables, envelope): no clock, no environment, no randomness. Events it does not
+//! find a row for are ignored (the writer only appends events it has decided are valid, and a
+//! replay applies them in the same order, so live and rebuilt tables agree).
+
+use super::records::{self, *};
+use super::StoreError;
+use crate::event::{Direction, Envelope, Event, TaskState};
+use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
+
+type AgentsDef = TableDefinition<'static, &'static str, &'static [u8]>;
+type TasksDef = TableDefinition<'static, &'static str, &'static [u8]>;
+type ReplyTargetsDef = TableDefinition<'static, (&'static str, &'static str), &'static [u8]>;
+type InboxDef = TableDefinition<'static, (&'static str, u8, u64), &'static [u8]>;
+
+/// Names of one complete set of projection tables (live, or scratch for `verify`).
+pub struct ProjectionNames {
+    pub agents: AgentsDef,
+    pub tasks: TasksDef,
+    pub reply_targets: ReplyTargetsDef,
+    pub inbox: InboxDef,
+}
+
+pub const LIVE: ProjectionNames = ProjectionNames {
+    agents: TableDefinition::new("agents"),
+    tasks: TableDefinition::new("tasks"),
+    reply_targets: TableDefinition::new("reply_targets"),
+    inbox: TableDefinition::new("inbox"),
+};
+
+pub const SCRATCH: ProjectionNames = ProjectionNames {
+    agents: TableDefinition::new("scratch_agents"),
+    tasks: TableDefinition::new("scratch_tasks"),
+    reply_targets: TableDefinition::new("scratch_reply_targets"),
+    inbox: TableDefinition::new("scratch_inbox"),
+};
+
+impl ProjectionNames {
+    pub(crate) fn delete_all(&self, txn: &WriteTransaction) -> Result<(), StoreError> {
+        txn.delete_table(self.agents)?;
+        txn.delete_table(self.tasks)?;
+        txn.delete_table(self.reply_targets)?;
+        txn.delete_table(self.inbox)?;
+        Ok(())
+    }
+}
+
+/// Inbox order: higher priority first (rank 5 for priority 5 ... rank 9 for priority 1), then
+/// arrival (sequence number).
+pub fn inbox_rank(priority: u8) -> u8 {
+    10u8.saturating_sub(priority.clamp(1, 5))
+}
+
+/// The projection tables open for writing inside the writer's transaction.
+pub struct Projections<'txn> {
+    agents: redb::Table<'txn, &'static str, &'static [u8]>,
+    tasks: redb::Table<'txn, &'static str, &'static [u8]>,
+    reply_targets: redb::Table<'txn, (&'static str, &'static str), &'static [u8]>,
+    inbox: redb::Table<'txn, (&'static str, u8, u64), &'static [u8]>,
+}
+
+/// The projection tables in a short read transaction.
+pub struct ReadProjections {
+    agents: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    tasks: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    reply_targets: redb::ReadOnlyTable<(&'static str, &'static str), &'static [u8]>,
+    inbox: redb::ReadOnlyTable<(&'static str, u8, u64), &'static [u8]>,
+}
+
+impl<'txn> Projections<'txn> {
+    pub(crate) fn open(txn: &'txn WriteTransaction, names: &ProjectionNames) -> Result<Self, StoreError> {
+        Ok(Projections {
+            agents: txn.open_table(names.agents)?,
+            tasks: txn.open_table(names.tasks)?,
+            reply_targets: txn.open_table(names.reply_targets)?,
+            inbox: txn.open_table(names.inbox)?,
+        })
+    }
+
+    /// Applies one event. Pure: depends only on the tables and the envelope.
+    pub fn apply(&mut self, envelope: &Envelope) -> Result<(), StoreError> {
+        let time_ms = envelope.time_ms;
+        match &envelope.event {
+            Event::AgentRegistered { agent_id, agent_type, name, role, pid, port, working_dir, secret_hash } => {
+                let record = AgentRecord {
+                    agent_id: agent_id.clone(),
+                    agent_type: agent_type.clone(),
+                    name: name.clone(),
+                    role: role.clone(),
+                    pid: *pid,
+                    port: *port,
+                    working_dir: working_dir.clone(),
+                    status: crate::event::AgentStatus::Starting,
+                    secret_hash: secret_hash.clone(),
+                    registered_ms: time_ms,
+                    status_ms: time_ms,
+                };
+                self.agents.insert(agent_id.as_str(), records::encode(&record).as_slice())?;
+            }
+            Event::AgentStatusChanged { agent_id, status } => {
+                if let Some(mut record) = self.agent(agent_id)? {
+                    record.status = *status;
+                    record.status_ms = time_ms;
+                    self.agents.insert(agent_id.as_str(), records::encode(&record).as_slice())?;
+                }
+            }
+            Event::AgentDeregistered { agent_id, .. } => {
+                // The inbox and reply targets stay: an agent restarted under the same id picks up
+                // what was still waiting for it (nothing is lost).
+                self.agents.remove(agent_id.as_str())?;
+            }
+            Event::TaskCreated {
+                task_id,
+                owner,
+                context_id,
+                direction,
+                peer,
+                state,
+                message,
+                priority,
+                response_expected,
+                sender_task_id,
+                in_reply_to,
+                peer_task_id,
+            } => {
+                let record = TaskRecord {
+                    id: task_id.clone(),
+                    owner: owner.clone(),
+                    context_id: context_id.clone(),
+                    direction: *direction,
+                    peer: peer.clone(),
+                    state: *state,
+                    message: message.clone(),
+                    artifacts: Vec::new(),
+                    error: None,
+                    priority: *priority,
+                    response_expected: *response_expected,
+                    sender_task_id: sender_task_id.clone(),
+                    in_reply_to: in_reply_to.clone(),
+                    peer_task_id: peer_task_id.clone(),
+                    replied_by: None,
+                    created_ms: time_ms,
+                    updated_ms: time_ms,
+                };
+                self.put_task(&record)?;
+            }
+            Event::MessageSent { task_id, from, to, response_expected, sender_task_id, text, .. } => {
+                if let (true, Some(from)) = (*response_expected, from) {
+                    let target = ReplyTarget {
+                        receiver: to.clone(),
+                        sender_id: from.clone(),
+                        sender_task_id: sender_task_id.clone(),
+                        receiver_task_id: task_id.clone(),
+                        received_ms: time_ms,
+                        preview: crate::event::preview(text, 80),
+                        seq: envelope.seq,
+                    };
+                    self.reply_targets.insert((to.as_str(), from.as_str()), records::encode(&target).as_slice())?;
+                }
+            }
+            Event::TicketIssued { agent_id, task_id, priority, from, display_task_id, response_expected } => {
+                let ticket = Ticket {
+                    ticket: envelope.seq,
+                    agent_id: agent_id.clone(),
+                    kind: TicketKind::Message,
+                    task_id: task_id.clone(),
+                    display_task_id: display_task_id.clone(),
+                    from: from.clone(),
+                    priority: *priority,
+                    response_expected: *response_expected,
+                    issued_ms: time_ms,
+                };
+                self.put_ticket(&ticket)?;
+            }
+            Event::ReverseTicketIssued { agent_id, task_id, from, priority } => {
+                let ticket = Ticket {
+                    ticket: envelope.seq,
+                    agent_id: agent_id.clone(),
+                    kind: TicketKind::Reply,
+                    task_id: task_id.clone(),
+                    display_task_id: task_id.clone(),
+                    from: Some(from.clone()),
+                    priority: if *priority == 0 { 3 } else { *priority },
+                    response_expected: false,
+                    issued_ms: time_ms,
+                };
+                self.put_ticket(&ticket)?;
+            }
+            Event::TicketInjected { agent_id, ticket, priority } => {
+                self.inbox.remove((agent_id.as_str(), inbox_rank(*priority), *ticket))?;
+            }
+            Event::ReplyPosted { task_id, from, to, .. } => {
+                if let Some(mut task) = self.task(task_id)? {
+                    task.replied_by = Some(from.clone());
+                    task.updated_ms = time_ms;
+                    self.put_task(&task)?;
+                }
+                if let Some(to) = to {
+                    let key = (from.as_str(), to.as_str());
+                    let pending = self.reply_targets.get(key)?.map(|row| records::decode::<ReplyTarget>(row.value()));
+                    if let Some(target) = pending.transpose()?
+                        && target.receiver_task_id == *task_id
+                    {
+                        self.reply_targets.remove(key)?;
+                    }
+                }
+            }
+            Event::TaskStateChanged { task_id, state, artifacts, error } => {
+                if let Some(mut task) = self.task(task_id)? {
+                    task.state = *state;
+                    task.artifacts.extend(artifacts.iter().cloned());
+                    if error.is_some() {
+                        task.error = error.clone();
+                    }
+                    task.updated_ms = time_ms;
+                    self.put_task(&task)?;
+                }
+            }
+            Event::TaskCanceled { task_id, reason } => {
+                if let Some(mut task) = self.task(task_id)? {
+                    task.state = TaskState::Canceled;
+                    if reason.is_some() {
+                        task.error = reason.clone();
+                    }
+                    task.updated_ms = time_ms;
+                    self.put_task(&task)?;
+                }
+            }
+            // Projections of these kinds (file safety, history, webhooks, externals) are not
+            // kept yet; the events are in the log and a later rebuild will pick them up.
+            Event::FileLockAcquired { .. }
+            | Event::FileLockReleased { .. }
+            | Event::FileModified { .. }
+            | Event::HistoryPruned { .. }
+            | Event::WebhookRegistered { .. }
+            | Event::WebhookRemoved { .. }
+            | Event::WebhookDeliveryAttempted { .. }
+            | Event::ExternalAgentAdded { .. }
+            | Event::ExternalAgentRemoved { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn put_task(&mut self, task: &TaskRecord) -> Result<(), StoreError> {
+        self.tasks.insert(task.id.as_str(), records::encode(task).as_slice())?;
+        Ok(())
+    }
+
+    fn put_ticket(&mut self, ticket: &Ticket) -> Result<(), StoreError> {
+        let key = (ticket.agent_id.as_str(), inbox_rank(ticket.priority), ticket.ticket);
+        self.inbox.insert(key, records::encode(ticket).as_slice())?;
+        Ok(())
+    }
+}
+
+impl ReadProjections {
+    pub(crate) fn open(txn: &ReadTransaction, names: &ProjectionNames) -> Result<Self, StoreError> {
+        Ok(ReadProjections {
+            agents: txn.open_table(names.agents)?,
+            tasks: txn.open_table(names.tasks)?,
+            reply_targets: txn.open_table(names.reply_targets)?,
+            inbox: txn.open_table(names.inbox)?,
+        })
+    }
+}
+
+/// Queries shared by the writer's view and read transactions.
+macro_rules! impl_queries {
+    ($type:ty) => {
+        impl $type {
+            pub fn agent(&self, agent_id: &str) -> Result<Option<AgentRecord>, StoreError> {
+                self.agents.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
+            }
+
+            pub fn agents(&self) -> Result<Vec<AgentRecord>, StoreError> {
+                let mut agents = Vec::new();
+                for row in self.agents.iter()? {
+                    let (_, value) = row?;
+                    agents.push(records::decode(value.value())?);
+                }
+                Ok(agents)
+            }
+
+            pub fn task(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+                self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()
+            }
+
+            /// Tasks whose id starts with `prefix`, at most `limit` of them.
+            pub fn tasks_with_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {
+                let mut tasks = Vec::new();
+                for row in self.tasks.range(prefix..)? {
+                    let (key, value) = row?;
+                    if !key.value().starts_with(prefix) || tasks.len() >= limit {
+                        break;
+                    }
+                    tasks.push(records::decode(value.value())?);
+                }
+                Ok(tasks)
+            }
+
+            /// Every task (for listings; owners filter afterwards).
+            pub fn tasks(&self) -> Result<Vec<TaskRecord>, StoreError> {
+                let mut tasks = Vec::new();
+                for row in self.tasks.iter()? {
+                    let (_, value) = row?;
+                    tasks.push(records::decode(value.value())?);
+                }
+                Ok(tasks)
+            }
+
+            /// Agents waiting for `receiver`'s answer, oldest request first.
+            pub fn reply_targets(&self, receiver: &str) -> Result<Vec<ReplyTarget>, StoreError> {
+                let mut targets: Vec<ReplyTarget> = Vec::new();
+                for row in self.reply_targets.range((receiver, "")..)? {
+                    let (key, value) = row?;
+                    if key.value().0 != receiver {
+                        break;
+                    }
+                    targets.push(records::decode(value.value())?);
+                }
+                targets.sort_by_key(|target| target.seq);
+                Ok(targets)
+            }
+
+            /// Tickets still to be written into `agent_id`'s PTY, in delivery order.
+            pub fn inbox(&self, agent_id: &str, limit: usize) -> Result<Vec<Ticket>, StoreError> {
+                let mut tickets = Vec::new();
+                for row in self.inbox.range((agent_id, 0u8, 0u64)..=(agent_id, u8::MAX, u64::MAX))?.take(limit) {
+                    let (_, value) = row?;
+                    tickets.push(records::decode(value.value())?);
+                }
+                Ok(tickets)
+            }
+
+            pub fn ticket(&self, agent_id: &str, priority: u8, ticket: u64) -> Result<Option<Ticket>, StoreError> {
+                self.inbox
+                    .get((agent_id, inbox_rank(priority), ticket))?
+                    .map(|row| records::decode(row.value()))
+                    .transpose()
+            }
+
+            pub fn inbox_depth(&self, agent_id: &str) -> Result<usize, StoreError> {
+                let range = self.inbox.range((agent_id, 0u8, 0u64)..=(agent_id, u8::MAX, u64::MAX))?;
+                Ok(range.count())
+            }
+
+            /// The task a received task's sender is waiting on, and the received task.
+            pub fn open_outgoing_of(&self, task: &TaskRecord) -> Result<Option<TaskRecord>, StoreError> {
+                match (&task.direction, &task.sender_task_id) {
+                    (Direction::Incoming, Some(sender_task)) => self.task(sender_task),
+                    _ => Ok(None),
+                }
+            }
+        }
+    };
+}
+
+impl_queries!(Projections<'_>);
+impl_queries!(ReadProjections);
+
+/// Compares two projection sets row by row; returns a line per difference (at most 50).
+pub(crate) fn compare(
+    txn: &WriteTransaction,
+    live: &ProjectionNames,
+    scratch: &ProjectionNames,
+) -> Result<Vec<String>, StoreError> {
+    let mut differences = Vec::new();
+    compare_table(txn, live.agents, scratch.agents, "agents", &mut differences)?;
+    compare_table(txn, live.tasks, scratch.tasks, "tasks", &mut differences)?;
+    compare_table(txn, live.reply_targets, scratch.reply_targets, "reply_targets", &mut differences)?;
+    compare_table(txn, live.inbox, scratch.inbox, "inbox", &mut differences)?;
+    Ok(differences)
+}
+
+const MAX_DIFFERENCES: usize = 50;
+
+fn compare_table<K: redb::Key + 'static>(
+    txn: &WriteTransaction,
+    live: TableDefinition<'static, K, &'static [u8]>,
+    scratch: TableDefinition<'static, K, &'static [u8]>,
+    name: &str,
+    differences: &mut Vec<String>,
+) -> Result<(), StoreError>
+where
+    for<'a> K::SelfType<'a>: std::fmt::Debug,
+{
+    let live_table = txn.open_table(live)?;
+    let scratch_table = txn.open_table(scratch)?;
+    let mut live_rows = live_table.iter()?;
+    let mut scratch_rows = scratch_table.iter()?;
+    loop {
+        if differences.len() >= MAX_DIFFERENCES {
+            return Ok(());
+        }
+        match (live_rows.next().transpose()?, scratch_rows.next().transpose()?) {
+            (None, None) => return Ok(()),
+            (Some((key, _)), None) => {
+                differences.push(format!("{name}: live has {:?}, replay does not", key.value()));
+            }
+            (None, Some((key, _))) => {
+                differences.push(format!("{name}: replay has {:?}, live does not", key.value()));
+            }
+            (Some((live_key, live_value)), Some((scratch_key, scratch_value))) => {
+                let live_bytes = K::as_bytes(&live_key.value()).as_ref().to_vec();
+                let scratch_bytes = K::as_bytes(&scratch_key.value()).as_ref().to_vec();
+                if live_bytes != scratch_bytes {
+                    differences.push(format!(
+                        "{name}: row {:?} (live) against {:?} (replay)",
+                        live_key.value(),
+                        scratch_key.value()
+                    ));
+                    // Keys are out of step; report once and stop comparing this table.
+                    return Ok(());
+                }
+                if live_value.value() != scratch_value.value() {
+                    differences.push(format!("{name}: row {:?} differs", live_key.value()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Rows of the projection tables. Stored as named msgpack, like events, so they can gain fields.
+
+use crate::event::{AgentStatus, Artifact, Direction, Message, TaskState};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub agent_id: String,
+    pub agent_type: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub role: Option<String>,
+    pub pid: u32,
+    pub port: u16,
+    pub working_dir: String,
+    pub status: AgentStatus,
+    pub secret_hash: String,
+    pub registered_ms: u64,
+    pub status_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub id: String,
+    #[serde(default)]
+    pub owner: Option<String>,
+    pub context_id: String,
+    pub direction: Direction,
+    #[serde(default)]
+    pub peer: Option<String>,
+    pub state: TaskState,
+    pub message: Message,
+    #[serde(default)]
+    pub artifacts: Vec<Artifact>,
+    #[serde(default)]
+    pub error: Option<String>,
+    pub priority: u8,
+    pub response_expected: bool,
+    #[serde(default)]
+    pub sender_task_id: Option<String>,
+    #[serde(default)]
+    pub in_reply_to: Option<String>,
+    /// For a sender's task: the receiver's task created with it.
+    #[serde(default)]
+    pub peer_task_id: Option<String>,
+    /// Who replied to this task, once someone has (a second reply is refused).
+    #[serde(default)]
+    pub replied_by: Option<String>,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+}
+
+/// An agent waiting for `receiver`'s answer: the newest request from one sender.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplyTarget {
+    pub receiver: String,
+    pub sender_id: String,
+    #[serde(default)]
+    pub sender_task_id: Option<String>,
+    /// The receiver's task holding the request.
+    pub receiver_task_id: String,
+    pub received_ms: u64,
+    pub preview: String,
+    /// Sequence number of the request: targets are listed in this order.
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TicketKind {
+    /// A message sent to the agent.
+    Message,
+    /// A reply to the agent's own earlier message (reverse ticket).
+    Reply,
+}
+
+/// Something still to be written into an agent's PTY.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ticket {
+    /// Sequence number of the event that issued it.
+    pub ticket: u64,
+    pub agent_id: String,
+    pub kind: TicketKind,
+    pub task_id: String,
+    /// The id shown in the terminal, the one to reply to.
+    pub display_task_id: String,
+    #[serde(default)]
+    pub from: Option<String>,
+    pub priority: u8,
+    pub response_expected: bool,
+    pub issued_ms: u64,
+}
+
+pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    rmp_serde::to_vec_named(value).unwrap_or_default()
+}
+
+pub(crate) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, super::StoreError> {
+    rmp_serde::from_slice(bytes).map_err(|error| super::StoreError::Corrupt(format!("projection row: {error}")))
+}
