@@ -1,0 +1,300 @@
+use super::*;
+use crate::event::*;
+use proptest::prelude::*;
+use redb::backends::InMemoryBackend;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+fn memory_store() -> Store {
+    Store::open_with_backend(InMemoryBackend::new()).unwrap()
+}
+
+const AGENTS: [&str; 3] = ["synapse-dummy-8190", "synapse-dummy-8191", "synapse-claude-8100"];
+const TASKS: [&str; 4] = [
+    "0a000000-0000-4000-8000-000000000000",
+    "0a000001-0000-4000-8000-000000000000",
+    "0b000000-0000-4000-8000-000000000000",
+    "0c000000-0000-4000-8000-000000000000",
+];
+
+fn agent() -> impl Strategy<Value = String> {
+    prop::sample::select(AGENTS.to_vec()).prop_map(str::to_string)
+}
+
+fn task() -> impl Strategy<Value = String> {
+    prop::sample::select(TASKS.to_vec()).prop_map(str::to_string)
+}
+
+fn state() -> impl Strategy<Value = TaskState> {
+    prop::sample::select(vec![
+        TaskState::Submitted,
+        TaskState::Working,
+        TaskState::InputRequired,
+        TaskState::Completed,
+        TaskState::Failed,
+        TaskState::Canceled,
+    ])
+}
+
+fn status() -> impl Strategy<Value = AgentStatus> {
+    prop::sample::select(vec![AgentStatus::Starting, AgentStatus::Ready, AgentStatus::Processing, AgentStatus::Waiting])
+}
+
+/// Random events over a small universe of agents and tasks, so that they collide.
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        (agent(), 1u32..100_000, 8100u16..8200).prop_map(|(agent_id, pid, port)| Event::AgentRegistered {
+            agent_type: "dummy".into(),
+            agent_id,
+            name: None,
+            role: Some("tester".into()),
+            pid,
+            port,
+            working_dir: "/tmp".into(),
+            secret_hash: "00".into(),
+        }),
+        (agent(), status()).prop_map(|(agent_id, status)| Event::AgentStatusChanged { agent_id, status }),
+        agent().prop_map(|agent_id| Event::AgentDeregistered { agent_id, reason: "gone".into() }),
+        (task(), prop::option::of(agent()), any::<bool>(), prop::option::of(task()), "[a-z ]{0,12}").prop_map(
+            |(task_id, owner, incoming, sender_task_id, text)| Event::TaskCreated {
+                task_id,
+                owner,
+                context_id: "ctx".into(),
+                direction: if incoming { Direction::Incoming } else { Direction::Outgoing },
+                peer: None,
+                state: TaskState::Submitted,
+                message: Message::text(Role::User, text),
+                priority: 3,
+                response_expected: true,
+                sender_task_id,
+                in_reply_to: None,
+                peer_task_id: None,
+            }
+        ),
+        (task(), prop::option::of(agent()), agent(), any::<bool>(), "[a-z ]{1,12}").prop_map(
+            |(task_id, from, to, response_expected, text)| Event::MessageSent {
+                task_id,
+                from,
+                to,
+                priority: 3,
+                response_expected,
+                sender_task_id: None,
+                in_reply_to: None,
+                text,
+                parts: Vec::new(),
+            }
+        ),
+        (agent(), task(), 1u8..=5, prop::option::of(agent())).prop_map(|(agent_id, task_id, priority, from)| {
+            Event::TicketIssued {
+                display_task_id: task_id.clone(),
+                agent_id,
+                task_id,
+                priority,
+                from,
+                response_expected: false,
+            }
+        }),
+        (agent(), 1u64..40, 1u8..=5).prop_map(|(agent_id, ticket, priority)| Event::TicketInjected {
+            agent_id,
+            ticket,
+            priority
+        }),
+        (task(), agent(), prop::option::of(agent())).prop_map(|(task_id, from, to)| Event::ReplyPosted {
+            task_id,
+            sender_task_id: None,
+            from,
+            to,
+            text: "done".into(),
+        }),
+        (agent(), task(), agent()).prop_map(|(agent_id, task_id, from)| Event::ReverseTicketIssued {
+            agent_id,
+            task_id,
+            from,
+            priority: 3
+        }),
+        (task(), state()).prop_map(|(task_id, state)| Event::TaskStateChanged {
+            task_id,
+            state,
+            artifacts: vec![Artifact::text("out")],
+            error: None,
+        }),
+        task().prop_map(|task_id| Event::TaskCanceled { task_id, reason: None }),
+        agent().prop_map(|agent_id| Event::FileLockAcquired {
+            path: "/tmp/a".into(),
+            agent_id,
+            expires_ms: 10,
+            intent: None,
+            task_id: None
+        }),
+    ]
+}
+
+/// Every projection row, for comparing whole states.
+fn snapshot(store: &Store) -> Vec<String> {
+    store
+        .read(|view| {
+            let mut rows = Vec::new();
+            for agent in view.agents()? {
+                rows.push(format!("{agent:?}"));
+            }
+            for task in view.tasks()? {
+                rows.push(format!("{task:?}"));
+            }
+            for agent in AGENTS {
+                for target in view.reply_targets(agent)? {
+                    rows.push(format!("{target:?}"));
+                }
+                for ticket in view.inbox(agent, usize::MAX)? {
+                    rows.push(format!("{ticket:?}"));
+                }
+            }
+            Ok(rows)
+        })
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn rebuilding_from_the_log_gives_exactly_the_live_projections(
+        batches in prop::collection::vec(prop::collection::vec(event(), 1..8), 1..12)
+    ) {
+        let store = memory_store();
+        for (index, batch) in batches.into_iter().enumerate() {
+            store.transact(1_000 + index as u64, |appender| appender.append(Some("tester"), batch)).unwrap();
+        }
+        let live = snapshot(&store);
+        let report = store.verify().unwrap();
+        prop_assert!(report.differences.is_empty(), "{:?}", report.differences);
+        store.rebuild().unwrap();
+        prop_assert_eq!(snapshot(&store), live);
+    }
+}
+
+#[test]
+fn verify_reports_a_projection_that_drifted_from_the_log() {
+    let store = memory_store();
+    store
+        .transact(5, |appender| {
+            appender.append(None, vec![Event::AgentStatusChanged { agent_id: "nobody".into(), status: AgentStatus::Ready }])
+        })
+        .unwrap();
+    // Write a projection row that no event explains.
+    let txn = store.db.begin_write().unwrap();
+    {
+        let mut agents = txn.open_table(LIVE.agents).unwrap();
+        agents.insert("ghost", b"not a row".as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+    let report = store.verify().unwrap();
+    assert_eq!(report.events, 1);
+    assert_eq!(report.differences.len(), 1, "{:?}", report.differences);
+    assert!(report.differences[0].contains("ghost"));
+    // verify wrote nothing: the drift is still there, and rebuild removes it.
+    assert!(!store.verify().unwrap().differences.is_empty());
+    store.rebuild().unwrap();
+    assert!(store.verify().unwrap().differences.is_empty());
+}
+
+#[test]
+fn sequence_numbers_start_at_one_and_have_no_gaps_across_transactions() {
+    let store = memory_store();
+    for round in 0..3 {
+        store
+            .transact(round, |appender| {
+                appender.append(None, vec![Event::AgentDeregistered { agent_id: "a".into(), reason: "x".into() }; 2])
+            })
+            .unwrap();
+    }
+    let events = store.read_after(0, 100).unwrap();
+    assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(store.head().unwrap(), 6);
+    assert_eq!(store.read_after(4, 100).unwrap().len(), 2);
+    assert_eq!(store.read_after(6, 100).unwrap().len(), 0);
+}
+
+#[test]
+fn a_failed_transaction_leaves_neither_events_nor_projection_changes() {
+    let store = memory_store();
+    let result: Result<(), StoreError> = store.transact(1, |appender| {
+        appender.append(None, vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready }])?;
+        Err(StoreError::Storage("injected".into()))
+    });
+    assert!(result.is_err());
+    assert_eq!(store.head().unwrap(), 0);
+}
+
+#[test]
+fn inbox_is_ordered_by_priority_then_arrival() {
+    let store = memory_store();
+    let ticket = |priority: u8, task: &str| Event::TicketIssued {
+        agent_id: "b".into(),
+        task_id: task.into(),
+        priority,
+        from: None,
+        display_task_id: task.into(),
+        response_expected: false,
+    };
+    store
+        .transact(1, |appender| {
+            appender.append(None, vec![ticket(1, "low"), ticket(3, "mid-1"), ticket(5, "urgent"), ticket(3, "mid-2")])
+        })
+        .unwrap();
+    let order: Vec<String> =
+        store.read(|view| view.inbox("b", 10)).unwrap().into_iter().map(|ticket| ticket.task_id).collect();
+    assert_eq!(order, vec!["urgent", "mid-1", "mid-2", "low"]);
+}
+
+/// A backend that fails every write with "no space left on device" while `full` is set.
+#[derive(Debug)]
+struct FullDisk {
+    inner: InMemoryBackend,
+    full: Arc<AtomicBool>,
+}
+
+impl redb::StorageBackend for FullDisk {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        if self.full.load(Ordering::SeqCst) && len > self.inner.len()? {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        self.inner.write(offset, data)
+    }
+}
+
+#[test]
+fn a_full_disk_is_reported_clearly_and_nothing_half_written_is_acknowledged() {
+    let full = Arc::new(AtomicBool::new(false));
+    let store = Store::open_with_backend(FullDisk { inner: InMemoryBackend::new(), full: full.clone() }).unwrap();
+    let event = || vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready }];
+    store.transact(1, |appender| appender.append(None, event())).unwrap();
+    full.store(true, Ordering::SeqCst);
+    let error = store.transact(2, |appender| appender.append(None, event())).unwrap_err();
+    assert!(matches!(error, StoreError::DiskFull(_)), "{error:?}");
+    assert!(error.to_string().contains("disk is full"));
+    full.store(false, Ordering::SeqCst);
+    // redb may need a fresh transaction after an I/O failure; either way the failed event is
+    // not in the log.
+    let events = store.read_after(0, 10);
+    if let Ok(events) = events {
+        assert_eq!(events.len(), 1);
+    }
+}

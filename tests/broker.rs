@@ -1,0 +1,243 @@
+//! The broker daemon and the event log, through the real binary (issue 2).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+#[test]
+fn any_command_starts_the_broker_on_demand_and_broker_stop_ends_it_cleanly() {
+    let home = Home::new();
+    assert!(home.broker_pid().is_none());
+    let listed = home.ok(&["list"]);
+    assert!(listed.contains("No agents running"), "{listed}");
+    let pid = home.broker_pid().expect("broker.json written by the started broker");
+    assert!(is_alive(pid));
+    assert!(home.socket().exists());
+    let status: Value = serde_json::from_str(&home.ok(&["broker", "status"])).unwrap();
+    assert_eq!(status["pid"].as_u64(), Some(u64::from(pid)));
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+
+    let stopped = home.ok(&["broker", "stop"]);
+    assert!(stopped.contains(&format!("broker stopped (pid {pid})")), "{stopped}");
+    assert!(!is_alive(pid));
+    assert!(!home.socket().exists(), "the socket file is removed on a clean stop");
+    assert!(home.ok(&["broker", "stop"]).contains("no broker is running"));
+    assert_eq!(home.run(&["broker", "status"]).status.code(), Some(1));
+}
+
+#[test]
+fn a_second_broker_on_the_same_home_exits_at_once_with_a_clear_message() {
+    let home = Home::new();
+    home.ok(&["list"]);
+    // Same home, other socket directory: the database lock refuses it.
+    let other_uds = home.dir.path().join("uds2");
+    let output = home.cmd(&["broker"]).env("SYNAPSE_UDS_DIR", &other_uds).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(stderr(&output).contains("another synapse broker already has the database"), "{}", describe(&output));
+    // Same socket directory, other home: the live socket refuses it.
+    let other_home = home.dir.path().join("home2");
+    let output = home.cmd(&["broker"]).env("SYNAPSE_HOME", &other_home).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(stderr(&output).contains("already listening"), "{}", describe(&output));
+}
+
+#[test]
+fn a_stale_socket_file_left_by_a_dead_broker_is_replaced() {
+    let home = Home::new();
+    std::fs::create_dir_all(home.uds()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(home.socket()).unwrap());
+    assert!(home.socket().exists());
+    home.ok(&["list"]);
+    assert!(home.broker_pid().is_some());
+}
+
+#[test]
+fn a_corrupt_database_is_refused_with_a_clear_message() {
+    let home = Home::new();
+    std::fs::write(home.home().join("synapse.redb"), vec![0x5a; 64 * 1024]).unwrap();
+    let output = home.run(&["broker"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let message = stderr(&output);
+    assert!(message.contains("cannot be opened") && message.contains("move it aside"), "{message}");
+    // A command that needs the broker reports why it could not start it.
+    let output = home.run(&["list"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("the broker exited at start"), "{}", describe(&output));
+}
+
+#[test]
+fn a_log_written_by_a_newer_schema_is_refused() {
+    let home = Home::new();
+    home.ok(&["list"]);
+    home.ok(&["broker", "stop"]);
+    {
+        let db = redb::Database::create(home.home().join("synapse.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(redb::TableDefinition::<&str, u64>::new("meta")).unwrap();
+            meta.insert("schema_version", 99).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let output = home.run(&["broker"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(stderr(&output).contains("newer Synapse (schema 99"), "{}", describe(&output));
+}
+
+#[test]
+fn events_lists_the_log_and_follow_prints_new_events_as_they_are_appended() {
+    let home = Home::new();
+    let agent = home.register(Some("alice"));
+    let mut follower = home
+        .cmd(&["events", "--follow", "--json", "--kind", "message_sent"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    home.ok(&["send", "alice", "first", "--no-response"]);
+    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["event"]["kind"], "message_sent");
+    assert_eq!(first["event"]["data"]["text"], "first");
+    home.ok(&["send", "alice", "second", "--no-response"]);
+    let second: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(second["event"]["data"]["text"], "second");
+    assert!(second["seq"].as_u64() > first["seq"].as_u64());
+    follower.kill().unwrap();
+    follower.wait().unwrap();
+
+    let human = home.ok(&["events"]);
+    assert!(human.lines().any(|line| line.contains("agent_registered") && line.contains(&agent.id)), "{human}");
+    assert!(human.lines().any(|line| line.contains("message_sent") && line.contains("first")), "{human}");
+    let after = home.ok(&["events", "--json", "--after", &first["seq"].to_string()]);
+    assert!(after.lines().all(|line| {
+        let value: Value = serde_json::from_str(line).unwrap();
+        value["seq"].as_u64() > first["seq"].as_u64()
+    }));
+    assert!(after.contains("second") && !after.contains("\"first\""));
+}
+
+#[test]
+fn a_follower_sees_every_event_once_in_order_while_writers_run() {
+    let home = Home::new();
+    home.register(Some("target"));
+    let start = home.head();
+    let mut follower = home
+        .cmd(&["events", "--follow", "--json", "--after", &start.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    let writers: Vec<_> = (0..4)
+        .map(|writer| {
+            let socket = home.socket();
+            std::thread::spawn(move || {
+                for round in 0..25 {
+                    let body = json!({"to": "target", "text": format!("w{writer} r{round}")});
+                    let (status, _) = http_unix(&socket, "POST", "/send", Some(body.to_string().as_bytes()), &[]);
+                    assert_eq!(status, 200);
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    // 100 sends of 4 events each (no reply expected: no sender task... with response: 5).
+    let expected_end = home.head();
+    let mut seqs = Vec::new();
+    for line in lines {
+        let value: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        seqs.push(value["seq"].as_u64().unwrap());
+        if seqs.last() == Some(&expected_end) {
+            break;
+        }
+    }
+    follower.kill().unwrap();
+    follower.wait().unwrap();
+    let wanted: Vec<u64> = (start + 1..=expected_end).collect();
+    assert_eq!(seqs, wanted, "no gap, no repeat, in order");
+}
+
+#[test]
+fn rebuild_and_verify_report_on_the_whole_log() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let sent = home.run_as(&alice, &["send", "bob", "question", "--response"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    assert!(home.run_as(&bob, &["reply", "answer"]).status.success());
+    let events = home.events().len();
+    let rebuilt = home.ok(&["admin", "rebuild"]);
+    assert!(rebuilt.contains(&format!("rebuilt the projections from {events} events")), "{rebuilt}");
+    let verified = home.ok(&["admin", "verify"]);
+    assert!(verified.contains(&format!("ok: replaying {events} events")), "{verified}");
+}
+
+/// Issue 2: a broker killed with SIGKILL mid-load loses nothing it acknowledged.
+#[test]
+fn every_acknowledged_event_survives_a_sigkill_in_the_middle_of_a_load() {
+    let home = Home::new();
+    home.register(Some("target"));
+    let acknowledged = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..8)
+        .map(|producer| {
+            let socket = home.socket();
+            let acknowledged = acknowledged.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut round = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    round += 1;
+                    let body = json!({"to": "target", "text": format!("p{producer} #{round}")}).to_string();
+                    let Ok(mut stream) = std::os::unix::net::UnixStream::connect(&socket) else { break };
+                    use std::io::{Read, Write};
+                    let request = format!(
+                        "POST /send HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(request.as_bytes()).is_err() {
+                        break;
+                    }
+                    let mut answer = String::new();
+                    if stream.read_to_string(&mut answer).is_err() || !answer.starts_with("HTTP/1.1 200") {
+                        break;
+                    }
+                    let Some(json_start) = answer.find("\r\n\r\n") else { break };
+                    let value: Value = serde_json::from_str(&answer[json_start + 4..]).unwrap();
+                    acknowledged.lock().unwrap().push(value["task"]["id"].as_str().unwrap().to_string());
+                }
+            })
+        })
+        .collect();
+    // Kill once a good number of sends have been acknowledged, while producers are still going.
+    while acknowledged.lock().unwrap().len() < 200 {
+        std::thread::yield_now();
+    }
+    home.kill_broker();
+    stop.store(true, Ordering::SeqCst);
+    for producer in producers {
+        producer.join().unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    // The next command starts a new broker on the same log.
+    let events = home.events();
+    let present: std::collections::HashSet<&str> = events
+        .iter()
+        .filter(|event| event["event"]["kind"] == "message_sent")
+        .filter_map(|event| event["event"]["data"]["task_id"].as_str())
+        .collect();
+    let missing: Vec<&String> = acknowledged.iter().filter(|task| !present.contains(task.as_str())).collect();
+    eprintln!("acknowledged {}, present {}", acknowledged.len(), present.len());
+    assert!(missing.is_empty(), "{} acknowledged sends lost: {missing:?}", missing.len());
+    let seqs: Vec<u64> = events.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "the recovered log has no gaps");
+    assert!(home.ok(&["admin", "verify"]).starts_with("ok"));
+}

@@ -1,0 +1,261 @@
+//! Test harness: each test gets its own SYNAPSE_HOME and SYNAPSE_UDS_DIR in a temporary
+//! directory, runs the real `synapse` binary, and stops its broker when dropped.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_synapse");
+
+pub struct Home {
+    pub dir: tempfile::TempDir,
+}
+
+pub struct Agent {
+    pub id: String,
+    pub secret: String,
+    pub port: u16,
+    pub socket: PathBuf,
+}
+
+impl Home {
+    pub fn new() -> Home {
+        // A short base keeps socket paths under the 108-byte limit of sun_path.
+        let dir = tempfile::Builder::new().prefix("syn").tempdir_in("/tmp").unwrap();
+        std::fs::create_dir_all(dir.path().join("home")).unwrap();
+        Home { dir }
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    pub fn uds(&self) -> PathBuf {
+        self.dir.path().join("uds")
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.uds().join("broker.sock")
+    }
+
+    /// A `synapse` command in this home, with no agent identity inherited.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env("SYNAPSE_HOME", self.home())
+            .env("SYNAPSE_UDS_DIR", self.uds())
+            .env("SYNAPSE_BROKER_PORT", "0")
+            .env_remove("SYNAPSE_AGENT_ID")
+            .env_remove("SYNAPSE_AGENT_SECRET")
+            .stdin(Stdio::null());
+        command
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    /// Runs as `agent` (its id and secret in the environment, as inside a wrapped CLI).
+    pub fn run_as(&self, agent: &Agent, args: &[&str]) -> Output {
+        self.cmd(args)
+            .env("SYNAPSE_AGENT_ID", &agent.id)
+            .env("SYNAPSE_AGENT_SECRET", &agent.secret)
+            .output()
+            .unwrap()
+    }
+
+    /// Runs and expects success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(output.status.success(), "synapse {args:?} failed: {}", describe(&output));
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// Registers an agent through the contract (pid: this test process, any free port).
+    pub fn register(&self, name: Option<&str>) -> Agent {
+        let pid = std::process::id().to_string();
+        let mut args = vec!["agent", "register", "--type", "dummy", "--pid", &pid, "--port", "0"];
+        if let Some(name) = name {
+            args.extend(["--name", name]);
+        }
+        let value: Value = serde_json::from_str(&self.ok(&args)).unwrap();
+        Agent {
+            id: value["agent"]["agent_id"].as_str().unwrap().to_string(),
+            secret: value["secret"].as_str().unwrap().to_string(),
+            port: u16::try_from(value["agent"]["port"].as_u64().unwrap()).unwrap(),
+            socket: PathBuf::from(value["socket"].as_str().unwrap()),
+        }
+    }
+
+    pub fn broker_pid(&self) -> Option<u32> {
+        let info: Value = serde_json::from_slice(&std::fs::read(self.home().join("broker.json")).ok()?).ok()?;
+        info["pid"].as_u64().map(|pid| u32::try_from(pid).unwrap())
+    }
+
+    /// Every event in the log, as JSON.
+    pub fn events(&self) -> Vec<Value> {
+        self.ok(&["events", "--json"]).lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+    }
+
+    pub fn head(&self) -> u64 {
+        self.events().last().map_or(0, |event| event["seq"].as_u64().unwrap())
+    }
+
+    pub fn inbox(&self, agent: &Agent) -> Vec<Value> {
+        let value: Value = serde_json::from_str(&self.ok(&["agent", "inbox", &agent.id])).unwrap();
+        value["tickets"].as_array().unwrap().clone()
+    }
+
+    pub fn kill_broker(&self) {
+        let pid = self.broker_pid().expect("a broker is running");
+        kill(pid, libc::SIGKILL);
+        wait_until_dead(pid);
+    }
+
+    /// An HTTP request to the broker's socket.
+    pub fn http(&self, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> (u16, Value) {
+        http_unix(&self.socket(), method, path, body, headers)
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        if let Some(pid) = self.broker_pid() {
+            let _ = self.cmd(&["broker", "stop"]).output();
+            if is_alive(pid) {
+                kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+pub fn describe(output: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn kill(pid: u32, signal: i32) {
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+pub fn is_alive(pid: u32) -> bool {
+    #[allow(unsafe_code)]
+    let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+    alive
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')).unwrap_or(false))
+            .unwrap_or(true)
+}
+
+/// Waits for a process to end; the broker is not our child, so this watches /proc.
+pub fn wait_until_dead(pid: u32) {
+    let started = Instant::now();
+    while is_alive(pid) {
+        assert!(started.elapsed() < Duration::from_secs(20), "process {pid} did not end");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until `path` accepts connections (a broker started in the foreground by a test).
+pub fn wait_for_socket(path: &Path, child: &mut std::process::Child) {
+    let started = Instant::now();
+    while UnixStream::connect(path).is_err() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(stderr) = child.stderr.as_mut() {
+                let _ = stderr.read_to_string(&mut err);
+            }
+            panic!("broker exited early ({status}): {err}");
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "broker socket never appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn read_response(stream: impl Read) -> (u16, Value) {
+    let mut reader = BufReader::new(stream);
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).unwrap();
+    let status: u16 = status_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut length = None;
+    let mut chunked = false;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let lower = line.to_ascii_lowercase();
+        if let Some(value) = lower.strip_prefix("content-length:") {
+            length = Some(value.trim().parse::<usize>().unwrap());
+        }
+        if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
+            chunked = true;
+        }
+    }
+    let mut body = Vec::new();
+    if let Some(length) = length {
+        body.resize(length, 0);
+        reader.read_exact(&mut body).unwrap();
+    } else if chunked {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).unwrap();
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else {
+        reader.read_to_end(&mut body).unwrap();
+    }
+    (status, serde_json::from_slice(&body).unwrap_or(Value::String(String::from_utf8_lossy(&body).into_owned())))
+}
+
+fn write_request(stream: &mut impl Write, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: synapse\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    let body = body.unwrap_or(b"");
+    head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()));
+    stream.write_all(head.as_bytes()).unwrap();
+    // A server may answer (e.g. 413) before reading a large body; a broken pipe then is fine.
+    let _ = stream.write_all(body);
+}
+
+pub fn http_unix(socket: &Path, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    write_request(&mut stream, method, path, body, headers);
+    read_response(stream)
+}
+
+pub fn http_tcp(port: u16, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write_request(&mut stream, method, path, body, headers);
+    read_response(stream)
+}
