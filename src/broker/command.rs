@@ -199,6 +199,17 @@ fn is_zombie(pid: libc::pid_t) -> bool {
     stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z")
 }
 
+/// The key a reply target is kept under: the sender's id, or for an anonymous sender (who can
+/// still wait for the answer with `--wait`) `anonymous-<task8>` so that two anonymous requests
+/// do not replace each other.
+pub fn reply_target_sender(from: Option<&str>, sender_task_id: Option<&str>) -> Option<String> {
+    match (from, sender_task_id) {
+        (Some(from), _) => Some(from.to_string()),
+        (None, Some(task)) => Some(format!("anonymous-{}", short_id(task))),
+        (None, None) => None,
+    }
+}
+
 pub fn agent_id_for(agent_type: &str, port: u16) -> String {
     format!("synapse-{agent_type}-{port}")
 }
@@ -483,17 +494,14 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision
     validate_priority(request.priority)?;
     let sender = check_sender(view, request.from.as_deref(), request.secret.as_deref())?;
     let sender_id = sender.as_ref().map(|agent| agent.agent_id.clone());
-    let agents = live_agents(view)?;
-    let target = resolve_target(&agents, &request.to)?;
-    if sender_id.as_deref() == Some(target.agent_id.as_str()) {
-        return Err(CommandError::bad(format!("Error: cannot send a message to yourself ({})", target.agent_id)).into());
-    }
 
+    // A reply is decided by the task it answers: its sender may be anonymous or gone, and the
+    // reply still completes the task (the reverse ticket waits in the sender's inbox).
     let mut warning = None;
     if let Some(reference) = &request.reply_to {
         match find_task(view, reference)? {
             Some(task) => {
-                if let Some(decision) = decide_reply(view, request, sender_id.as_deref(), &target, task)? {
+                if let Some(decision) = decide_reply(view, request, sender_id.as_deref(), task)? {
                     return Ok(decision);
                 }
                 warning = Some(format!(
@@ -504,6 +512,12 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision
                 warning = Some(format!("Warning: --reply-to {reference} not found (404), retrying as new message"));
             }
         }
+    }
+
+    let agents = live_agents(view)?;
+    let target = resolve_target(&agents, &request.to)?;
+    if sender_id.as_deref() == Some(target.agent_id.as_str()) {
+        return Err(CommandError::bad(format!("Error: cannot send a message to yourself ({})", target.agent_id)).into());
     }
 
     let task_id = new_id();
@@ -573,7 +587,6 @@ fn decide_reply(
     view: &Projections<'_>,
     request: &SendRequest,
     replier: Option<&str>,
-    target: &AgentRecord,
     task: TaskRecord,
 ) -> Result<Option<Decision>, DecideError> {
     // The pair: the sender's outgoing task and the receiver's incoming task.
@@ -607,14 +620,19 @@ fn decide_reply(
         ))
         .into());
     }
-    if sender_task.owner.is_some() && sender_task.owner.as_deref() != Some(target.agent_id.as_str()) {
-        return Err(CommandError::bad(format!(
-            "Error: task {} came from {}, not from {}",
-            short_id(&sender_task.id),
-            sender_task.owner.as_deref().unwrap_or("an anonymous sender"),
-            target.agent_id
-        ))
-        .into());
+    if let Some(owner) = &sender_task.owner {
+        let addressed = match view.agent(owner)? {
+            Some(record) => resolve_target(std::slice::from_ref(&record), &request.to).is_ok(),
+            None => request.to.trim() == owner,
+        };
+        if !addressed {
+            return Err(CommandError::bad(format!(
+                "Error: task {} came from {owner}, not from '{}'",
+                short_id(&sender_task.id),
+                request.to
+            ))
+            .into());
+        }
     }
     if receiver_task.replied_by.is_some() || sender_task.state.is_final() {
         return Err(CommandError::conflict(format!(

@@ -7,6 +7,7 @@
 
 use super::records::{self, *};
 use super::StoreError;
+use crate::broker::command::reply_target_sender;
 use crate::event::{Direction, Envelope, Event, TaskState};
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
@@ -147,7 +148,8 @@ impl<'txn> Projections<'txn> {
                 self.put_task(&record)?;
             }
             Event::MessageSent { task_id, from, to, response_expected, sender_task_id, text, .. } => {
-                if let (true, Some(from)) = (*response_expected, from) {
+                let sender = reply_target_sender(from.as_deref(), sender_task_id.as_deref());
+                if let (true, Some(from)) = (*response_expected, sender) {
                     let target = ReplyTarget {
                         receiver: to.clone(),
                         sender_id: from.clone(),
@@ -191,13 +193,13 @@ impl<'txn> Projections<'txn> {
             Event::TicketInjected { agent_id, ticket, priority } => {
                 self.inbox.remove((agent_id.as_str(), inbox_rank(*priority), *ticket))?;
             }
-            Event::ReplyPosted { task_id, from, to, .. } => {
+            Event::ReplyPosted { task_id, from, to, sender_task_id, .. } => {
                 if let Some(mut task) = self.task(task_id)? {
                     task.replied_by = Some(from.clone());
                     task.updated_ms = time_ms;
                     self.put_task(&task)?;
                 }
-                if let Some(to) = to {
+                if let Some(to) = reply_target_sender(to.as_deref(), sender_task_id.as_deref()) {
                     let key = (from.as_str(), to.as_str());
                     let pending = self.reply_targets.get(key)?.map(|row| records::decode::<ReplyTarget>(row.value()));
                     if let Some(target) = pending.transpose()?

@@ -1,0 +1,406 @@
+//! Messaging through the broker: send, reply, reverse tickets, A2A endpoints, bad input (issue 3).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::process::Stdio;
+
+fn task_of(home: &Home, id: &str) -> Value {
+    let (status, body) = home.http("GET", &format!("/tasks/{id}"), None, &[]);
+    assert_eq!(status, 200, "{body}");
+    body["task"].clone()
+}
+
+/// The seed-002 round trip, still true after the broker is killed with SIGKILL.
+#[test]
+fn a_response_round_trip_completes_the_senders_task_and_queues_a_reverse_ticket_durably() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+
+    let sent = home.run_as(&alice, &["send", "bob", "analyse this", "--response", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let sent: Value = serde_json::from_str(&stdout(&sent)).unwrap();
+    let sender_task = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    assert_eq!(sent["sender_task"]["status"], "working");
+    assert_eq!(sent["sender_task"]["metadata"]["owner"], alice.id.as_str());
+
+    let inbox = home.inbox(&bob);
+    assert_eq!(inbox.len(), 1);
+    let id8 = &sender_task[..8];
+    assert_eq!(inbox[0]["prefix"], format!("[A2A:{id8}:{}:R]", alice.id));
+    assert_eq!(inbox[0]["text"], "analyse this");
+
+    let replied = home.run_as(&bob, &["send", "alice", "the result", "--reply-to", id8]);
+    assert!(replied.status.success(), "{}", describe(&replied));
+    assert!(stdout(&replied).contains(&format!("Replied to {}", alice.id)), "{}", describe(&replied));
+
+    let check = |home: &Home| {
+        let task = task_of(home, &sender_task);
+        assert_eq!(task["status"], "completed");
+        assert_eq!(task["artifacts"][0]["parts"][0]["text"], "the result");
+        let inbox = home.inbox(&alice);
+        assert_eq!(inbox.len(), 1, "{inbox:?}");
+        assert_eq!(inbox[0]["kind"], "reply");
+        assert_eq!(inbox[0]["prefix"], format!("[A2A:{id8}:{}:REPLY]", bob.id));
+        assert_eq!(inbox[0]["text"], "the result");
+        let targets = home.run_as(&bob, &["reply", "--list-targets"]);
+        assert_eq!(stdout(&targets).trim(), "No reply targets.");
+        // The receiver's own task is completed too.
+        let receiver_task = task_of(home, sent["task"]["id"].as_str().unwrap());
+        assert_eq!(receiver_task["status"], "completed");
+    };
+    check(&home);
+    home.kill_broker();
+    // The broker comes back with the same state, read from the log.
+    home.ok(&["broker", "start"]);
+    check(&home);
+    // A second reply to the same task is refused and changes nothing.
+    let head = home.head();
+    let again = home.run_as(&bob, &["send", "alice", "again", "--reply-to", id8]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(stderr(&again).contains("already answered"), "{}", describe(&again));
+    assert_eq!(home.head(), head);
+}
+
+#[test]
+fn synapse_reply_answers_the_most_recent_target_and_lists_several() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let carol = home.register(Some("carol"));
+    let none = home.run_as(&bob, &["reply", "hello"]);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(stderr(&none).contains("No reply target. No pending messages to reply to."));
+
+    assert!(home.run_as(&alice, &["send", "bob", "from alice"]).status.success());
+    assert!(home.run_as(&carol, &["send", "bob", "from carol"]).status.success());
+    let listed = stdout(&home.run_as(&bob, &["reply", "--list-targets"]));
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 2, "{listed}");
+    assert!(lines[0].starts_with(&alice.id) && lines[0].contains("from alice"));
+    assert!(lines[1].starts_with(&carol.id) && lines[1].contains("from carol"));
+
+    let ambiguous = home.run_as(&bob, &["reply", "which?"]);
+    assert_eq!(ambiguous.status.code(), Some(1));
+    assert!(stderr(&ambiguous).contains(&alice.id) && stderr(&ambiguous).contains(&carol.id));
+
+    let to_carol = home.run_as(&bob, &["reply", "to carol", "--to", &carol.id]);
+    assert!(to_carol.status.success(), "{}", describe(&to_carol));
+    let to_alice = home.run_as(&bob, &["reply", "to alice"]);
+    assert!(to_alice.status.success(), "{}", describe(&to_alice));
+    assert_eq!(home.inbox(&alice)[0]["text"], "to alice");
+    assert_eq!(home.inbox(&carol)[0]["text"], "to carol");
+}
+
+#[test]
+fn a_newer_request_from_the_same_sender_replaces_the_older_target() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    assert!(home.run_as(&alice, &["send", "bob", "old question"]).status.success());
+    assert!(home.run_as(&alice, &["send", "bob", "new question"]).status.success());
+    let listed = stdout(&home.run_as(&bob, &["reply", "--list-targets"]));
+    assert_eq!(listed.lines().count(), 1);
+    assert!(listed.contains("new question"));
+}
+
+#[test]
+fn messages_queue_in_the_inbox_by_priority_then_arrival() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    for (priority, text) in [("1", "low"), ("3", "normal-1"), ("5", "urgent"), ("3", "normal-2")] {
+        home.ok(&["send", "bob", text, "-p", priority, "--no-response"]);
+    }
+    let texts: Vec<String> = home.inbox(&bob).iter().map(|t| t["text"].as_str().unwrap().to_string()).collect();
+    assert_eq!(texts, ["urgent", "normal-1", "normal-2", "low"]);
+    // An acknowledged injection leaves the inbox and the task becomes working.
+    let first = home.inbox(&bob)[0].clone();
+    let ack = home
+        .cmd(&["agent", "ack", &bob.id, &first["ticket"].to_string()])
+        .env("SYNAPSE_AGENT_SECRET", &bob.secret)
+        .output()
+        .unwrap();
+    assert!(ack.status.success(), "{}", describe(&ack));
+    assert_eq!(home.inbox(&bob).len(), 3);
+    assert_eq!(task_of(&home, first["task_id"].as_str().unwrap())["status"], "working");
+    // Acknowledging twice is refused (the ticket was written once).
+    let twice = home
+        .cmd(&["agent", "ack", &bob.id, &first["ticket"].to_string()])
+        .env("SYNAPSE_AGENT_SECRET", &bob.secret)
+        .output()
+        .unwrap();
+    assert_eq!(twice.status.code(), Some(1));
+}
+
+#[test]
+fn send_wait_blocks_until_the_reply_arrives_and_prints_it() {
+    let home = Home::new();
+    let carol = home.register(Some("carol"));
+    let waiter = home
+        .cmd(&["send", "carol", "what time is it?", "--wait", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Long-poll carol's inbox until the waiting sender's message is there.
+    let ticket = loop {
+        let value: Value = serde_json::from_str(&home.ok(&["agent", "inbox", &carol.id, "--wait-ms", "10000"])).unwrap();
+        if let Some(ticket) = value["tickets"].as_array().unwrap().first() {
+            break ticket.clone();
+        }
+    };
+    assert_eq!(ticket["prefix"], format!("[A2A:{}:anonymous:R]", &ticket["display_task_id"].as_str().unwrap()[..8]));
+    let replied = home.run_as(&carol, &["reply", "noon"]);
+    assert!(replied.status.success(), "{}", describe(&replied));
+    let output = waiter.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(stdout(&output).lines().any(|line| line == "noon"), "{}", describe(&output));
+}
+
+#[test]
+fn send_wait_times_out_with_a_non_zero_exit_and_the_task_stays_open() {
+    let home = Home::new();
+    home.register(Some("bob"));
+    let output = home.run(&["send", "bob", "anyone?", "--wait", "1", "--json"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(stderr(&output).contains("no reply within 1 s"), "{}", describe(&output));
+    let sent: Value = serde_json::from_str(stdout(&output).lines().next().unwrap()).unwrap();
+    assert_eq!(task_of(&home, sent["sender_task"]["id"].as_str().unwrap())["status"], "working");
+}
+
+#[test]
+fn an_unknown_reply_to_id_falls_back_to_a_new_message_with_a_warning() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let output = home.run(&["send", "bob", "late answer", "--reply-to", "deadbeef"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(stderr(&output).contains("Warning: --reply-to deadbeef not found (404), retrying as new message"));
+    assert_eq!(home.inbox(&bob)[0]["text"], "late answer");
+}
+
+#[test]
+fn identity_claims_need_the_agents_secret() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    home.register(Some("bob"));
+    let head = home.head();
+    let no_secret = home.run(&["send", "bob", "hi", "--from", &alice.id]);
+    assert_eq!(no_secret.status.code(), Some(1));
+    assert!(stderr(&no_secret).contains("requires its secret"), "{}", describe(&no_secret));
+    let wrong = home
+        .cmd(&["send", "bob", "hi"])
+        .env("SYNAPSE_AGENT_ID", &alice.id)
+        .env("SYNAPSE_AGENT_SECRET", "not-the-secret")
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(stderr(&wrong).contains("does not match"), "{}", describe(&wrong));
+    assert_eq!(home.head(), head, "refused sends append nothing");
+    // Anonymous sends are allowed.
+    assert!(home.run(&["send", "bob", "hi", "--no-response"]).status.success());
+}
+
+#[test]
+fn bad_input_on_the_command_line_is_a_clear_error_and_appends_nothing() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    home.register(Some("bob"));
+    let head = home.head();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["send", "bob", ""], "the message is empty"),
+        (vec!["send", "bob", "   "], "the message is empty"),
+        (vec!["send", "bob", "hi", "-p", "0"], "priority must be between 1 and 5"),
+        (vec!["send", "bob", "hi", "-p", "6"], "priority must be between 1 and 5"),
+        (vec!["send", "bob", "hi", "-p", "-1"], "priority must be between 1 and 5"),
+        (vec!["send", "bob", "hi", "-p", "x"], "priority must be between 1 and 5"),
+        (vec!["send", "nobody", "hi"], "No agent found matching 'nobody'"),
+        (vec!["send", "bob", "hi", "--reply-to", "not-hex!"], "Invalid task id"),
+        (vec!["send", "bob"], "no message given"),
+        (vec!["send", "bob", "hi", "--stdin"], "exactly one way"),
+        (vec!["send", "bob", "-F", "/nonexistent/file"], "cannot read /nonexistent/file"),
+    ];
+    for (args, expected) in cases {
+        let output = home.run(&args);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", describe(&output));
+        assert!(stderr(&output).contains(expected), "{args:?}: {}", describe(&output));
+    }
+    let self_send = home.run_as(&alice, &["send", "alice", "me"]);
+    assert_eq!(self_send.status.code(), Some(1));
+    assert!(stderr(&self_send).contains("cannot send a message to yourself"));
+    let bad_utf8 = home.cmd(&["send", "bob", "--stdin"]).stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().and_then(|mut child| {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&[0xff, 0xfe, 0x41])?;
+        child.wait_with_output()
+    });
+    let bad_utf8 = bad_utf8.unwrap();
+    assert_eq!(bad_utf8.status.code(), Some(1));
+    assert!(stderr(&bad_utf8).contains("not valid UTF-8"));
+    assert_eq!(home.head(), head, "nothing was appended");
+    // Usage errors are exit 2.
+    assert_eq!(home.run(&["send"]).status.code(), Some(2));
+    assert_eq!(home.run(&["send", "bob", "x", "--bogus"]).status.code(), Some(2));
+}
+
+#[test]
+fn ambiguous_targets_and_id_prefixes_list_the_candidates() {
+    let home = Home::new();
+    let first = home.register(None);
+    let second = home.register(None);
+    let output = home.run(&["send", "dummy", "hi"]);
+    assert_eq!(output.status.code(), Some(1));
+    let message = stderr(&output);
+    assert!(message.contains("Ambiguous target 'dummy'"), "{message}");
+    assert!(message.contains(&first.id) && message.contains(&second.id), "{message}");
+    // <type>-<port> picks exactly one.
+    home.ok(&["send", &format!("dummy-{}", first.port), "hi", "--no-response"]);
+
+    // Make two tasks that share a first character.
+    let mut ids: Vec<String> = Vec::new();
+    let shared = loop {
+        let sent: Value = serde_json::from_str(&home.ok(&["send", &first.id, "x", "--no-response", "--json"])).unwrap();
+        let id = sent["task"]["id"].as_str().unwrap().to_string();
+        if let Some(other) = ids.iter().find(|other| other[..1] == id[..1]) {
+            break other[..1].to_string();
+        }
+        ids.push(id);
+    };
+    let (status, body) = home.http("GET", &format!("/tasks/{shared}"), None, &[]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("Ambiguous task id"));
+    assert!(body["candidates"].as_array().unwrap().len() >= 2);
+    let output = home.run(&["send", &first.id, "answer", "--reply-to", &shared]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("Ambiguous task id"), "{}", describe(&output));
+}
+
+#[test]
+fn bad_http_input_gets_a_4xx_json_error_and_appends_nothing() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let head = home.head();
+    let send = |body: &[u8]| home.http("POST", "/send", Some(body), &[]);
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (b"".to_vec(), 400, "empty"),
+        (b"{not json".to_vec(), 400, "invalid JSON"),
+        (vec![0xff, 0xfe], 400, "UTF-8"),
+        (json!({"to": "bob", "text": "hi", "colour": "red"}).to_string().into_bytes(), 400, "unknown field"),
+        (json!({"to": "bob", "text": ""}).to_string().into_bytes(), 400, "empty"),
+        (json!({"to": "bob", "text": "hi", "priority": 0}).to_string().into_bytes(), 400, "priority"),
+        (json!({"to": "bob", "text": "hi", "priority": 6}).to_string().into_bytes(), 400, "priority"),
+        (json!({"to": "bob", "text": "hi", "priority": -1}).to_string().into_bytes(), 400, "invalid JSON"),
+        (json!({"to": "bob", "text": "hi", "priority": "x"}).to_string().into_bytes(), 400, "invalid JSON"),
+        (json!({"to": "ghost", "text": "hi"}).to_string().into_bytes(), 404, "No agent found"),
+        (json!({"to": "bob", "text": "hi", "reply_to": "xyz"}).to_string().into_bytes(), 400, "Invalid task id"),
+    ];
+    for (body, status, expected) in cases {
+        let (got, answer) = send(&body);
+        assert_eq!(got, status, "{}: {answer}", String::from_utf8_lossy(&body));
+        assert!(answer["message"].as_str().unwrap().contains(expected), "{answer}");
+    }
+    let big = json!({"to": "bob", "text": "a".repeat(17 << 20)}).to_string();
+    let (status, answer) = send(big.as_bytes());
+    assert_eq!(status, 413, "{answer}");
+    // The same checks on the agent's own endpoints.
+    let (status, _) = http_tcp(bob.port, "POST", "/tasks/send-priority?priority=9", Some(br#"{"message":{"role":"user","parts":[{"type":"text","text":"hi"}]}}"#), &[]);
+    assert_eq!(status, 400);
+    let (status, _) = http_tcp(bob.port, "POST", "/tasks/send-priority?priority=x", Some(br#"{"message":{"role":"user","parts":[{"type":"text","text":"hi"}]}}"#), &[]);
+    assert_eq!(status, 400);
+    let (status, _) = http_tcp(bob.port, "POST", "/tasks/send", Some(br#"{"message":{"parts":[]},"extra":1}"#), &[]);
+    assert_eq!(status, 400);
+    let (status, body) = http_tcp(bob.port, "GET", "/tasks/0123abcd", None, &[]);
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = http_tcp(bob.port, "GET", "/no/such/route", None, &[]);
+    assert_eq!(status, 404);
+    assert_eq!(home.head(), head, "nothing was appended");
+}
+
+#[test]
+fn per_agent_a2a_endpoints_answer_on_the_agents_port_socket_and_broker_path() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let (status, card) = http_unix(&bob.socket, "GET", "/.well-known/agent.json", None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(card["name"], "bob");
+    assert_eq!(card["extensions"]["synapse"]["agent_id"], bob.id.as_str());
+    let skills: Vec<&str> = card["skills"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(skills, ["chat", "interrupt"]);
+
+    let message = json!({"message": {"role": "user", "parts": [{"type": "text", "text": "over tcp"}]}}).to_string();
+    let (status, sent) = http_tcp(bob.port, "POST", "/tasks/send-priority?priority=4", Some(message.as_bytes()), &[]);
+    assert_eq!(status, 200, "{sent}");
+    let task_id = sent["task"]["id"].as_str().unwrap();
+    assert_eq!(sent["task"]["status"], "submitted");
+    assert_eq!(sent["task"]["metadata"]["priority"], 4);
+    let (status, got) = http_unix(&bob.socket, "GET", &format!("/tasks/{}", &task_id[..8]), None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(got["task"]["id"], task_id);
+    let (status, listed) = home.http("GET", &format!("/agents/{}/tasks?state=submitted", bob.id), None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(listed["tasks"].as_array().unwrap().len(), 1);
+    let (status, agent_status) = http_tcp(bob.port, "GET", "/status", None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(agent_status["queue_depth"], 1);
+    let (status, _) = http_tcp(bob.port, "GET", "/reply-stack/get", None, &[]);
+    assert_eq!(status, 404);
+
+    // Cancel from submitted works once; a canceled task cannot be canceled again.
+    let (status, canceled) = http_tcp(bob.port, "POST", &format!("/tasks/{task_id}/cancel"), None, &[]);
+    assert_eq!(status, 200, "{canceled}");
+    assert_eq!(canceled["task"]["status"], "canceled");
+    let (status, _) = http_tcp(bob.port, "POST", &format!("/tasks/{task_id}/cancel"), None, &[]);
+    assert_eq!(status, 400);
+
+    // /tasks/create makes a task owned by the agent, and needs its secret.
+    let (status, _) = http_unix(&bob.socket, "POST", "/tasks/create", Some(message.as_bytes()), &[]);
+    assert_eq!(status, 403);
+    let (status, created) =
+        http_unix(&bob.socket, "POST", "/tasks/create", Some(message.as_bytes()), &[("x-synapse-agent-secret", &bob.secret)]);
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["task"]["status"], "working");
+    assert_eq!(home.inbox(&bob).len(), 1, "create writes nothing into the PTY");
+
+    // The endpoints go away with the agent.
+    let gone = home.cmd(&["agent", "deregister", &bob.id]).env("SYNAPSE_AGENT_SECRET", &bob.secret).output().unwrap();
+    assert!(gone.status.success(), "{}", describe(&gone));
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", bob.port)).is_ok() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "agent port still served");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn list_shows_agents_with_status_and_queue_depth() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    home.ok(&["send", "bob", "queued", "--no-response"]);
+    let status = home.cmd(&["agent", "status", &bob.id, "READY"]).env("SYNAPSE_AGENT_SECRET", &bob.secret).output().unwrap();
+    assert!(status.status.success(), "{}", describe(&status));
+    let bad = home.cmd(&["agent", "status", &bob.id, "SLEEPING"]).env("SYNAPSE_AGENT_SECRET", &bob.secret).output().unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    let listed: Value = serde_json::from_str(&home.ok(&["list", "--json"])).unwrap();
+    let agent = &listed["agents"][0];
+    assert_eq!(agent["agent_id"], bob.id.as_str());
+    assert_eq!(agent["name"], "bob");
+    assert_eq!(agent["status"], "READY");
+    assert_eq!(agent["queue_depth"], 1);
+    assert_eq!(agent["pid"], std::process::id());
+    let table = home.ok(&["list"]);
+    assert!(table.contains(&bob.id) && table.contains("READY"), "{table}");
+}
+
+#[test]
+fn messages_of_any_text_arrive_unchanged() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let text = "line one\nline two 🎉 $HOME `id` \"quoted\" 'single' \\ back\ttab";
+    home.ok(&["send", "bob", text, "--no-response"]);
+    let file = home.dir.path().join("message.txt");
+    std::fs::write(&file, "from a file\n").unwrap();
+    home.ok(&["send", "bob", "-F", file.to_str().unwrap(), "--no-response"]);
+    let texts: Vec<String> = home.inbox(&bob).iter().map(|t| t["text"].as_str().unwrap().to_string()).collect();
+    assert_eq!(texts, [text, "from a file\n"]);
+}
