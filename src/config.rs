@@ -30,9 +30,10 @@ impl Paths {
             _ => PathBuf::from(DEFAULT_UDS_DIR),
         };
         let broker_port = match std::env::var("SYNAPSE_BROKER_PORT") {
-            Ok(port) if !port.trim().is_empty() => port.trim().parse::<u16>().map_err(|_| {
-                anyhow::anyhow!("SYNAPSE_BROKER_PORT='{port}' is not a port number (0-65535)")
-            })?,
+            Ok(port) if !port.trim().is_empty() => port
+                .trim()
+                .parse::<u16>()
+                .map_err(|_| anyhow::anyhow!("SYNAPSE_BROKER_PORT='{port}' is not a port number (0-65535)"))?,
             _ => DEFAULT_BROKER_PORT,
         };
         Ok(Paths { home, uds_dir, broker_port })

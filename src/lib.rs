@@ -7,10 +7,11 @@
 //! - `client`: the CLI's connection to the broker over its Unix socket, with autostart.
 //! - `cli`: command-line definitions and one module per command group.
 
-pub mod event;
-pub mod store;
+pub mod agent;
 pub mod broker;
-pub mod config;
-pub mod http;
-pub mod client;
 pub mod cli;
+pub mod client;
+pub mod config;
+pub mod event;
+pub mod http;
+pub mod store;

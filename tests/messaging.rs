@@ -147,7 +147,8 @@ fn send_wait_blocks_until_the_reply_arrives_and_prints_it() {
         .unwrap();
     // Long-poll carol's inbox until the waiting sender's message is there.
     let ticket = loop {
-        let value: Value = serde_json::from_str(&home.ok(&["agent", "inbox", &carol.id, "--wait-ms", "10000"])).unwrap();
+        let value: Value =
+            serde_json::from_str(&home.ok(&["agent", "inbox", &carol.id, "--wait-ms", "10000"])).unwrap();
         if let Some(ticket) = value["tickets"].as_array().unwrap().first() {
             break ticket.clone();
         }
@@ -230,11 +231,13 @@ fn bad_input_on_the_command_line_is_a_clear_error_and_appends_nothing() {
     let self_send = home.run_as(&alice, &["send", "alice", "me"]);
     assert_eq!(self_send.status.code(), Some(1));
     assert!(stderr(&self_send).contains("cannot send a message to yourself"));
-    let bad_utf8 = home.cmd(&["send", "bob", "--stdin"]).stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().and_then(|mut child| {
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(&[0xff, 0xfe, 0x41])?;
-        child.wait_with_output()
-    });
+    let bad_utf8 = home.cmd(&["send", "bob", "--stdin"]).stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().and_then(
+        |mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(&[0xff, 0xfe, 0x41])?;
+            child.wait_with_output()
+        },
+    );
     let bad_utf8 = bad_utf8.unwrap();
     assert_eq!(bad_utf8.status.code(), Some(1));
     assert!(stderr(&bad_utf8).contains("not valid UTF-8"));
@@ -304,9 +307,21 @@ fn bad_http_input_gets_a_4xx_json_error_and_appends_nothing() {
     let (status, answer) = send(big.as_bytes());
     assert_eq!(status, 413, "{answer}");
     // The same checks on the agent's own endpoints.
-    let (status, _) = http_tcp(bob.port, "POST", "/tasks/send-priority?priority=9", Some(br#"{"message":{"role":"user","parts":[{"type":"text","text":"hi"}]}}"#), &[]);
+    let (status, _) = http_tcp(
+        bob.port,
+        "POST",
+        "/tasks/send-priority?priority=9",
+        Some(br#"{"message":{"role":"user","parts":[{"type":"text","text":"hi"}]}}"#),
+        &[],
+    );
     assert_eq!(status, 400);
-    let (status, _) = http_tcp(bob.port, "POST", "/tasks/send-priority?priority=x", Some(br#"{"message":{"role":"user","parts":[{"type":"text","text":"hi"}]}}"#), &[]);
+    let (status, _) = http_tcp(
+        bob.port,
+        "POST",
+        "/tasks/send-priority?priority=x",
+        Some(br#"{"message":{"role":"user","parts":[{"type":"text","text":"hi"}]}}"#),
+        &[],
+    );
     assert_eq!(status, 400);
     let (status, _) = http_tcp(bob.port, "POST", "/tasks/send", Some(br#"{"message":{"parts":[]},"extra":1}"#), &[]);
     assert_eq!(status, 400);
@@ -356,8 +371,13 @@ fn per_agent_a2a_endpoints_answer_on_the_agents_port_socket_and_broker_path() {
     // /tasks/create makes a task owned by the agent, and needs its secret.
     let (status, _) = http_unix(&bob.socket, "POST", "/tasks/create", Some(message.as_bytes()), &[]);
     assert_eq!(status, 403);
-    let (status, created) =
-        http_unix(&bob.socket, "POST", "/tasks/create", Some(message.as_bytes()), &[("x-synapse-agent-secret", &bob.secret)]);
+    let (status, created) = http_unix(
+        &bob.socket,
+        "POST",
+        "/tasks/create",
+        Some(message.as_bytes()),
+        &[("x-synapse-agent-secret", &bob.secret)],
+    );
     assert_eq!(status, 200, "{created}");
     assert_eq!(created["task"]["status"], "working");
     assert_eq!(home.inbox(&bob).len(), 1, "create writes nothing into the PTY");
@@ -377,9 +397,11 @@ fn list_shows_agents_with_status_and_queue_depth() {
     let home = Home::new();
     let bob = home.register(Some("bob"));
     home.ok(&["send", "bob", "queued", "--no-response"]);
-    let status = home.cmd(&["agent", "status", &bob.id, "READY"]).env("SYNAPSE_AGENT_SECRET", &bob.secret).output().unwrap();
+    let status =
+        home.cmd(&["agent", "status", &bob.id, "READY"]).env("SYNAPSE_AGENT_SECRET", &bob.secret).output().unwrap();
     assert!(status.status.success(), "{}", describe(&status));
-    let bad = home.cmd(&["agent", "status", &bob.id, "SLEEPING"]).env("SYNAPSE_AGENT_SECRET", &bob.secret).output().unwrap();
+    let bad =
+        home.cmd(&["agent", "status", &bob.id, "SLEEPING"]).env("SYNAPSE_AGENT_SECRET", &bob.secret).output().unwrap();
     assert_eq!(bad.status.code(), Some(1));
     let listed: Value = serde_json::from_str(&home.ok(&["list", "--json"])).unwrap();
     let agent = &listed["agents"][0];

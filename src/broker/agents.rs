@@ -119,7 +119,8 @@ pub async fn register(state: &Arc<BrokerState>, body: RegisterBody) -> Result<Re
                 continue;
             }
         };
-        let port = listener.local_addr().map_err(|error| CommandError::Unavailable { message: error.to_string() })?.port();
+        let port =
+            listener.local_addr().map_err(|error| CommandError::Unavailable { message: error.to_string() })?.port();
         let request = RegisterRequest {
             agent_type: body.agent_type.clone(),
             name: body.name.clone(),
@@ -173,8 +174,9 @@ fn serve(state: &Arc<BrokerState>, agent: &AgentRecord, listener: tokio::net::Tc
     let cleanup_path = socket_path.clone();
     tokio::spawn(async move {
         let unix_server = axum::serve(unix, router.into_make_service()).with_graceful_shutdown(unix_signal);
-        let tcp_server = axum::serve(listener, router_tcp.into_make_service_with_connect_info::<std::net::SocketAddr>())
-            .with_graceful_shutdown(tcp_signal);
+        let tcp_server =
+            axum::serve(listener, router_tcp.into_make_service_with_connect_info::<std::net::SocketAddr>())
+                .with_graceful_shutdown(tcp_signal);
         let _ = tokio::join!(unix_server.into_future(), tcp_server.into_future());
         let _ = std::fs::remove_file(&cleanup_path);
     });
@@ -182,7 +184,10 @@ fn serve(state: &Arc<BrokerState>, agent: &AgentRecord, listener: tokio::net::Tc
     Ok(socket_path.display().to_string())
 }
 
-fn stop_signal(state: &Arc<BrokerState>, stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
+fn stop_signal(
+    state: &Arc<BrokerState>,
+    stop: &watch::Sender<bool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut agent_stop = stop.subscribe();
     let mut broker_stop = state.shutdown.subscribe();
     async move {
@@ -195,10 +200,8 @@ fn stop_signal(state: &Arc<BrokerState>, stop: &watch::Sender<bool>) -> impl std
 
 /// Deregisters an agent and stops its endpoints.
 pub async fn deregister(state: &Arc<BrokerState>, agent_id: &str, reason: &str) -> Result<(), CommandError> {
-    let result = state
-        .writer
-        .submit(Command::Deregister { agent_id: agent_id.to_string(), reason: reason.to_string() })
-        .await;
+    let result =
+        state.writer.submit(Command::Deregister { agent_id: agent_id.to_string(), reason: reason.to_string() }).await;
     state.agent_servers.stop(agent_id);
     result.map(|_| ())
 }

@@ -62,6 +62,10 @@ pub struct SendRequest {
     pub reply_to: Option<String>,
     #[serde(default)]
     pub context_id: Option<String>,
+    /// A task the sender created beforehand (`POST /tasks/create`, seed 002) that the reply
+    /// should complete, instead of a new one.
+    #[serde(default)]
+    pub sender_task_id: Option<String>,
 }
 
 pub fn default_priority() -> u8 {
@@ -75,7 +79,7 @@ pub enum Outcome {
     Registered { agent: AgentRecord },
     StatusSet { changed: bool },
     Deregistered,
-    Sent(SendOutcome),
+    Sent(Box<SendOutcome>),
     Task { task: TaskRecord },
     Injected { ticket: u64 },
 }
@@ -223,10 +227,7 @@ fn is_valid_agent_type(agent_type: &str) -> bool {
 /// A task id or prefix: hexadecimal digits and dashes, 1 to 36 characters.
 pub fn validate_task_ref(reference: &str) -> Result<String, CommandError> {
     let reference = reference.trim().to_ascii_lowercase();
-    if reference.is_empty()
-        || reference.len() > 36
-        || !reference.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
-    {
+    if reference.is_empty() || reference.len() > 36 || !reference.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
         return Err(CommandError::bad(format!(
             "Invalid task id '{reference}': expected a task id or its prefix (hexadecimal, e.g. 'abc12345')"
         )));
@@ -274,9 +275,7 @@ pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecor
     if let Some(agent) = agents.iter().find(|agent| agent.agent_id == target) {
         return Ok(agent.clone());
     }
-    if let Some(agent) =
-        agents.iter().find(|agent| format!("{}-{}", agent.agent_type, agent.port) == target)
-    {
+    if let Some(agent) = agents.iter().find(|agent| format!("{}-{}", agent.agent_type, agent.port) == target) {
         return Ok(agent.clone());
     }
     let of_type: Vec<&AgentRecord> = agents.iter().filter(|agent| agent.agent_type == target).collect();
@@ -299,7 +298,11 @@ pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecor
 }
 
 /// Checks that `from` may speak: anonymous, or a registered agent proving it with its secret.
-fn check_sender(view: &Projections<'_>, from: Option<&str>, secret: Option<&str>) -> Result<Option<AgentRecord>, DecideError> {
+fn check_sender(
+    view: &Projections<'_>,
+    from: Option<&str>,
+    secret: Option<&str>,
+) -> Result<Option<AgentRecord>, DecideError> {
     let Some(from) = from else { return Ok(None) };
     let Some(agent) = view.agent(from)? else {
         return Err(CommandError::bad(format!(
@@ -464,7 +467,11 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
             continue;
         }
         if alive && other.pid != request.pid {
-            let what = if same_slot { format!("port {}", request.port) } else { format!("name '{}'", other.name.as_deref().unwrap_or_default()) };
+            let what = if same_slot {
+                format!("port {}", request.port)
+            } else {
+                format!("name '{}'", other.name.as_deref().unwrap_or_default())
+            };
             return Err(CommandError::conflict(format!(
                 "{what} is taken by agent {} (pid {})",
                 other.agent_id, other.pid
@@ -504,9 +511,8 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision
                 if let Some(decision) = decide_reply(view, request, sender_id.as_deref(), task)? {
                     return Ok(decision);
                 }
-                warning = Some(format!(
-                    "Warning: --reply-to {reference} does not expect a reply, sending as a new message"
-                ));
+                warning =
+                    Some(format!("Warning: --reply-to {reference} does not expect a reply, sending as a new message"));
             }
             None => {
                 warning = Some(format!("Warning: --reply-to {reference} not found (404), retrying as new message"));
@@ -521,11 +527,32 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision
     }
 
     let task_id = new_id();
-    let sender_task_id = request.response_expected.then(new_id);
+    let existing_sender_task = match &request.sender_task_id {
+        Some(reference) => {
+            let task = find_task(view, reference)?
+                .ok_or_else(|| CommandError::not_found(format!("Sender task {reference} not found")))?;
+            if task.direction != Direction::Outgoing
+                || task.owner != sender_id
+                || task.state.is_final()
+                || task.peer_task_id.is_some()
+            {
+                return Err(CommandError::bad(format!(
+                    "Sender task {} is not an open task of {} waiting for a reply",
+                    short_id(&task.id),
+                    sender_id.as_deref().unwrap_or("this sender")
+                ))
+                .into());
+            }
+            Some(task.id)
+        }
+        None => None,
+    };
+    let response_expected = request.response_expected || existing_sender_task.is_some();
+    let sender_task_id = existing_sender_task.clone().or_else(|| response_expected.then(new_id));
     let context_id = request.context_id.clone().unwrap_or_else(new_id);
     let message = Message::text(Role::User, request.text.clone());
     let mut events = Vec::with_capacity(4);
-    if let Some(sender_task_id) = &sender_task_id {
+    if let (Some(sender_task_id), None) = (&sender_task_id, &existing_sender_task) {
         events.push(Event::TaskCreated {
             task_id: sender_task_id.clone(),
             owner: sender_id.clone(),
@@ -550,7 +577,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision
         state: TaskState::Submitted,
         message,
         priority: request.priority,
-        response_expected: request.response_expected,
+        response_expected,
         sender_task_id: sender_task_id.clone(),
         in_reply_to: None,
         peer_task_id: None,
@@ -560,7 +587,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision
         from: sender_id.clone(),
         to: target.agent_id.clone(),
         priority: request.priority,
-        response_expected: request.response_expected,
+        response_expected,
         sender_task_id: sender_task_id.clone(),
         in_reply_to: None,
         text: request.text.clone(),
@@ -572,7 +599,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision
         priority: request.priority,
         from: sender_id.clone(),
         display_task_id: sender_task_id.clone().unwrap_or_else(|| task_id.clone()),
-        response_expected: request.response_expected,
+        response_expected,
     });
     Ok(Decision {
         actor: sender_id,
@@ -701,7 +728,7 @@ pub fn complete(view: &Projections<'_>, answer: Answer, last_seq: u64) -> Result
                 Some(id) => view.task(&id)?,
                 None => None,
             };
-            Outcome::Sent(SendOutcome { task, sender_task, is_reply, warning, seq: last_seq })
+            Outcome::Sent(Box::new(SendOutcome { task, sender_task, is_reply, warning, seq: last_seq }))
         }
         Answer::Task { task_id } => Outcome::Task {
             task: view.task(&task_id)?.ok_or_else(|| StoreError::Corrupt(format!("task {task_id} missing")))?,

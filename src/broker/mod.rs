@@ -41,7 +41,8 @@ impl BrokerState {
     pub fn start(store: Store, paths: Paths) -> anyhow::Result<(Arc<BrokerState>, std::thread::JoinHandle<()>)> {
         let store = Arc::new(store);
         let (head_sender, head) = watch::channel(store.head()?);
-        let (writer, thread) = WriterHandle::start(store.clone(), head_sender).context("cannot start the writer thread")?;
+        let (writer, thread) =
+            WriterHandle::start(store.clone(), head_sender).context("cannot start the writer thread")?;
         let (shutdown, _) = watch::channel(false);
         let state = Arc::new(BrokerState {
             store,
@@ -135,17 +136,17 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     let router = crate::http::broker_router(state.clone());
     let unix_server = {
         let mut stop = state.shutdown.subscribe();
-        axum::serve(unix, router.clone().into_make_service())
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|stopping| *stopping).await;
-            })
+        axum::serve(unix, router.clone().into_make_service()).with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|stopping| *stopping).await;
+        })
     };
     let tcp_server = {
         let mut stop = state.shutdown.subscribe();
-        axum::serve(tcp, router.into_make_service_with_connect_info::<std::net::SocketAddr>())
-            .with_graceful_shutdown(async move {
+        axum::serve(tcp, router.into_make_service_with_connect_info::<std::net::SocketAddr>()).with_graceful_shutdown(
+            async move {
                 let _ = stop.wait_for(|stopping| *stopping).await;
-            })
+            },
+        )
     };
     let (unix_result, tcp_result) = tokio::join!(unix_server.into_future(), tcp_server.into_future());
 

@@ -30,7 +30,9 @@ pub struct WriterHandle {
 }
 
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn unavailable(error: impl std::fmt::Display) -> CommandError {
@@ -41,9 +43,13 @@ const STOPPED: &str = "the broker is shutting down";
 
 impl WriterHandle {
     /// Starts the writer thread over `store`. `head` is moved after every commit.
-    pub fn start(store: Arc<Store>, head: watch::Sender<u64>) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
+    pub fn start(
+        store: Arc<Store>,
+        head: watch::Sender<u64>,
+    ) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
         let (jobs, receiver) = mpsc::unbounded_channel();
-        let thread = std::thread::Builder::new().name("synapse-writer".into()).spawn(move || run(store, receiver, head))?;
+        let thread =
+            std::thread::Builder::new().name("synapse-writer".into()).spawn(move || run(store, receiver, head))?;
         Ok((WriterHandle { jobs }, thread))
     }
 

@@ -52,7 +52,10 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         let sender_task = str_of(&answer, "/sender_task/id");
         println!(
             "Replied to {}: task {sender_task} ({}) {}",
-            str_of(&answer, "/sender_task/metadata/owner").trim().is_empty().then_some("anonymous sender").unwrap_or(str_of(&answer, "/sender_task/metadata/owner")),
+            match str_of(&answer, "/sender_task/metadata/owner") {
+                "" => "an anonymous sender",
+                owner => owner,
+            },
             short_id(sender_task),
             str_of(&answer, "/sender_task/status"),
         );
@@ -103,11 +106,7 @@ async fn wait_for_reply(client: &mut Client, task_id: &str, seconds: u64) -> any
             }
         }
         if limit.is_some_and(|limit| started.elapsed() >= limit) {
-            eprintln!(
-                "Error: no reply within {seconds} s; task {} ({}) stays open",
-                task_id,
-                short_id(task_id)
-            );
+            eprintln!("Error: no reply within {seconds} s; task {} ({}) stays open", task_id, short_id(task_id));
             return Ok(1);
         }
     }
@@ -119,7 +118,11 @@ pub async fn reply(paths: &Paths, args: ReplyArgs) -> anyhow::Result<i32> {
             "Error: synapse reply needs to know who is replying: run it inside an agent (SYNAPSE_AGENT_ID) or pass --from"
         );
     };
-    let text = if args.list_targets { None } else { Some(read_message(args.message, args.message_file.as_ref(), args.stdin)?) };
+    let text = if args.list_targets {
+        None
+    } else {
+        Some(read_message(args.message, args.message_file.as_ref(), args.stdin)?)
+    };
     let mut client = Client::connect(paths, true).await?;
     let Some(text) = text else {
         let answer = client.get(&format!("/agents/{}/reply-stack/list", percent_encode(&from))).await?;
@@ -170,9 +173,10 @@ pub async fn list(paths: &Paths, json_output: bool) -> anyhow::Result<i32> {
         println!("No agents running. Start one with 'synapse <profile>' or 'synapse start <profile>'.");
         return Ok(0);
     }
+    let header = ["TYPE", "ID", "NAME", "PORT", "STATUS", "PID", "QUEUE", "CURRENT", "DIR"];
     println!(
         "{:<10} {:<24} {:<10} {:<6} {:<11} {:>7} {:>5}  {:<28} {}",
-        "TYPE", "ID", "NAME", "PORT", "STATUS", "PID", "QUEUE", "CURRENT", "DIR"
+        header[0], header[1], header[2], header[3], header[4], header[5], header[6], header[7], header[8]
     );
     for agent in agents {
         println!(
@@ -180,10 +184,10 @@ pub async fn list(paths: &Paths, json_output: bool) -> anyhow::Result<i32> {
             str_of(&agent, "/agent_type"),
             str_of(&agent, "/agent_id"),
             agent["name"].as_str().unwrap_or("-"),
-            agent["port"],
+            agent["port"].to_string(),
             str_of(&agent, "/status"),
-            agent["pid"],
-            agent["queue_depth"],
+            agent["pid"].to_string(),
+            agent["queue_depth"].to_string(),
             agent.pointer("/current_task/preview").and_then(Value::as_str).unwrap_or("-"),
             str_of(&agent, "/working_dir"),
         );

@@ -3,10 +3,13 @@
 //! Exit codes: 0 success, 1 user error (bad input, unknown agent, refused by the broker),
 //! 2 usage (clap). Raw flags become validated values here, before anything talks to the broker.
 
+mod agents;
+mod demo;
 mod messaging;
 mod system;
 
 use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -45,12 +48,66 @@ pub enum Command {
         #[command(subcommand)]
         command: AdminCommand,
     },
+    /// Start an agent in the background (terminal output goes to a log)
+    Start {
+        /// Profile: claude, gemini, codex, opencode, copilot, dummy (or one in SYNAPSE_HOME/profiles)
+        profile: String,
+        #[command(flatten)]
+        args: StartArgs,
+        /// Print the registration (with the agent's secret) as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a background agent: SIGTERM, then SIGKILL after 5 s
+    Stop {
+        /// Agent id, name, or profile (type)
+        target: String,
+        /// Stop every agent the target matches
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show a background agent's terminal output
+    Logs {
+        /// Agent id or name
+        agent: String,
+        /// Keep printing new output
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Watch Synapse work: a broker and two dummy agents in a temporary home
+    Demo {
+        /// Keep the temporary home instead of deleting it
+        #[arg(long)]
+        keep: bool,
+    },
+    /// The built-in dummy agent (what the `dummy` profile runs)
+    #[command(name = "dummy-agent", hide = true)]
+    DummyAgent,
+    /// Run an agent: synapse <profile> [--port N] [--name NAME] [--role ROLE] [-- tool args]
+    #[command(external_subcommand)]
+    Profile(Vec<OsString>),
     /// The agent registration contract (used by agent wrappers and tests)
     #[command(hide = true)]
     Agent {
         #[command(subcommand)]
         command: AgentCommand,
     },
+}
+
+#[derive(Args, Debug)]
+pub struct StartArgs {
+    /// Port for the agent's endpoints (default: first free one of the profile's range)
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// A custom name other agents can use as the target
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A role shown in `synapse list`
+    #[arg(long)]
+    pub role: Option<String>,
+    /// Arguments for the CLI itself, after `--`
+    #[arg(last = true)]
+    pub tool_args: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -189,19 +246,39 @@ pub enum AgentCommand {
 /// Runs a parsed command; returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     let paths = crate::config::Paths::from_env()?;
-    if let Command::Broker(BrokerArgs { command: None }) = cli.command {
-        return system::run_broker(paths);
-    }
+    let command = match cli.command {
+        Command::Broker(BrokerArgs { command: None }) => return system::run_broker(paths),
+        Command::DummyAgent => return crate::agent::dummy::run(),
+        Command::Profile(words) => return agents::run_profile(paths, words),
+        Command::Start { profile, args, json } => {
+            let args = agents::ProfileArgs {
+                port: args.port,
+                name: args.name,
+                role: args.role,
+                headless: true,
+                announce: true,
+                tool_args: args.tool_args,
+            };
+            return agents::start(&paths, &profile, &args, json);
+        }
+        Command::Demo { keep } => return demo::run(keep),
+        other => other,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
-        match cli.command {
+        match command {
             Command::Broker(args) => system::broker_control(&paths, args.command).await,
+            Command::Stop { target, all } => agents::stop(&paths, &target, all).await,
+            Command::Logs { agent, follow } => agents::logs(&paths, &agent, follow).await,
             Command::Send(args) => messaging::send(&paths, args).await,
             Command::Reply(args) => messaging::reply(&paths, args).await,
             Command::List { json } => messaging::list(&paths, json).await,
             Command::Events(args) => system::events(&paths, args).await,
             Command::Admin { command } => system::admin(&paths, command).await,
             Command::Agent { command } => system::agent(&paths, command).await,
+            Command::DummyAgent | Command::Profile(_) | Command::Start { .. } | Command::Demo { .. } => {
+                anyhow::bail!("internal: command dispatched twice")
+            }
         }
     })
 }

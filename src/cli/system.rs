@@ -139,7 +139,8 @@ pub async fn agent(paths: &Paths, command: AgentCommand) -> anyhow::Result<i32> 
     let answer = match command {
         AgentCommand::Register { agent_type, pid, name, role, port } => {
             let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
-            let mut body = json!({"agent_type": agent_type, "pid": pid, "name": name, "role": role, "working_dir": working_dir});
+            let mut body =
+                json!({"agent_type": agent_type, "pid": pid, "name": name, "role": role, "working_dir": working_dir});
             if let Some(port) = port {
                 body["port"] = json!(port);
             }
@@ -154,7 +155,9 @@ pub async fn agent(paths: &Paths, command: AgentCommand) -> anyhow::Result<i32> 
         AgentCommand::Ack { agent_id, ticket } => {
             client.post(&format!("/agents/{}/inbox/{ticket}/ack", percent_encode(&agent_id)), &Value::Null).await?
         }
-        AgentCommand::Deregister { agent_id } => client.delete(&format!("/agents/{}", percent_encode(&agent_id))).await?,
+        AgentCommand::Deregister { agent_id } => {
+            client.delete(&format!("/agents/{}", percent_encode(&agent_id))).await?
+        }
     };
     println!("{}", serde_json::to_string(&answer)?);
     Ok(0)

@@ -51,8 +51,7 @@ async fn handshake<T>(io: T) -> std::io::Result<Sender>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let (sender, connection) =
-        hyper::client::conn::http1::handshake(io).await.map_err(std::io::Error::other)?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(io).await.map_err(std::io::Error::other)?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -90,9 +89,9 @@ impl Client {
             bail!("no broker is running for SYNAPSE_HOME={}", paths.home.display());
         }
         start_broker(paths).await?;
-        let sender = connect_any(paths).await.with_context(|| {
-            format!("the broker started but {} does not answer", paths.broker_socket().display())
-        })?;
+        let sender = connect_any(paths)
+            .await
+            .with_context(|| format!("the broker started but {} does not answer", paths.broker_socket().display()))?;
         let mut client = Client { sender, secret };
         client.check_version().await?;
         Ok(client)
@@ -116,6 +115,11 @@ impl Client {
             );
         }
         Ok(())
+    }
+
+    /// Sends `secret` with every request (the wrapper acting as its agent).
+    pub fn set_secret(&mut self, secret: String) {
+        self.secret = Some(secret);
     }
 
     pub fn secret(&self) -> Option<&str> {
@@ -155,7 +159,8 @@ impl Client {
         let response = self.sender.send_request(request).await.context("the broker closed the connection")?;
         let status = response.status();
         let bytes = response.into_body().collect().await.context("reading the broker's answer")?.to_bytes();
-        let value: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        let value: Value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
         if status.is_success() {
             Ok(value)
         } else {
@@ -189,7 +194,11 @@ impl Client {
             while let Some(end) = find_event_end(&buffer) {
                 let event: Vec<u8> = buffer.drain(..end.1).collect();
                 let text = String::from_utf8_lossy(&event[..end.0]);
-                let data: Vec<&str> = text.lines().filter_map(|line| line.strip_prefix("data:")).map(|d| d.strip_prefix(' ').unwrap_or(d)).collect();
+                let data: Vec<&str> = text
+                    .lines()
+                    .filter_map(|line| line.strip_prefix("data:"))
+                    .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                    .collect();
                 if !data.is_empty() && !on_event(&data.join("\n")) {
                     return Ok(());
                 }
@@ -230,11 +239,7 @@ pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open {}", log_path.display()))?;
     let log_err = log.try_clone()?;
     let mut command = std::process::Command::new(exe);
-    command
-        .arg("broker")
-        .stdin(std::process::Stdio::null())
-        .stdout(log)
-        .stderr(log_err);
+    command.arg("broker").stdin(std::process::Stdio::null()).stdout(log).stderr(log_err);
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command.spawn().context("cannot start the broker")?;
     let started = Instant::now();

@@ -304,7 +304,9 @@ impl Event {
             | Event::FileLockAcquired { agent_id, .. }
             | Event::FileLockReleased { agent_id, .. }
             | Event::FileModified { agent_id, .. } => vec![agent_id.as_str()],
-            Event::TaskCreated { owner, peer, .. } => [owner.as_deref(), peer.as_deref()].into_iter().flatten().collect(),
+            Event::TaskCreated { owner, peer, .. } => {
+                [owner.as_deref(), peer.as_deref()].into_iter().flatten().collect()
+            }
             Event::MessageSent { from, to, .. } => [from.as_deref(), Some(to.as_str())].into_iter().flatten().collect(),
             Event::ReplyPosted { from, to, .. } => [Some(from.as_str()), to.as_deref()].into_iter().flatten().collect(),
             _ => Vec::new(),
@@ -338,12 +340,9 @@ impl Event {
             Event::TicketInjected { agent_id, ticket, .. } => {
                 format!("ticket {ticket} written into {agent_id}")
             }
-            Event::ReplyPosted { task_id, from, to, text, .. } => format!(
-                "{from} replied to {} (task {}): {}",
-                anon(to),
-                short_id(task_id),
-                preview(text, 60)
-            ),
+            Event::ReplyPosted { task_id, from, to, text, .. } => {
+                format!("{from} replied to {} (task {}): {}", anon(to), short_id(task_id), preview(text, 60))
+            }
             Event::ReverseTicketIssued { agent_id, task_id, from, .. } => {
                 format!("reply from {from} queued for {agent_id} (task {})", short_id(task_id))
             }

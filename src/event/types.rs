@@ -87,9 +87,9 @@ impl std::str::FromStr for TaskState {
             "completed" => Ok(TaskState::Completed),
             "failed" => Ok(TaskState::Failed),
             "canceled" => Ok(TaskState::Canceled),
-            _ => Err(format!(
-                "unknown state '{text}' (submitted, working, input_required, completed, failed, canceled)"
-            )),
+            _ => {
+                Err(format!("unknown state '{text}' (submitted, working, input_required, completed, failed, canceled)"))
+            }
         }
     }
 }

@@ -261,7 +261,10 @@ async fn events(
     let follow = query.follow.unwrap_or(false);
     let filter = tail::TailFilter {
         agent: query.agent,
-        kinds: query.kind.map(|kinds| kinds.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect()).unwrap_or_default(),
+        kinds: query
+            .kind
+            .map(|kinds| kinds.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
+            .unwrap_or_default(),
     };
     let stream = async_stream::stream! {
         loop {
@@ -300,7 +303,11 @@ async fn list_agents(State(state): State<AppState>) -> ApiResult {
             let current = view
                 .tasks()?
                 .into_iter()
-                .filter(|task| task.owner.as_deref() == Some(agent.agent_id.as_str()) && task.state == TaskState::Working && task.direction == crate::event::Direction::Incoming)
+                .filter(|task| {
+                    task.owner.as_deref() == Some(agent.agent_id.as_str())
+                        && task.state == TaskState::Working
+                        && task.direction == crate::event::Direction::Incoming
+                })
                 .max_by_key(|task| task.updated_ms);
             let socket = paths.agent_socket(&agent.agent_id).display().to_string();
             list.push(wire::agent_json(&agent, &socket, depth, current.as_ref()));
@@ -373,8 +380,12 @@ async fn inbox(State(state): State<AppState>, Scope(agent): Scope, uri: axum::ht
             let mut tickets = Vec::new();
             for ticket in view.inbox(&agent, limit)? {
                 let text = match ticket.kind {
-                    crate::store::TicketKind::Message => view.task(&ticket.task_id)?.map(|task| task.message.joined_text()),
-                    crate::store::TicketKind::Reply => view.task(&ticket.task_id)?.and_then(|task| wire::reply_text(&task)),
+                    crate::store::TicketKind::Message => {
+                        view.task(&ticket.task_id)?.map(|task| task.message.joined_text())
+                    }
+                    crate::store::TicketKind::Reply => {
+                        view.task(&ticket.task_id)?.and_then(|task| wire::reply_text(&task))
+                    }
                 };
                 tickets.push(json!({
                     "ticket": ticket.ticket,
@@ -401,7 +412,11 @@ async fn inbox(State(state): State<AppState>, Scope(agent): Scope, uri: axum::ht
     }
 }
 
-async fn ack(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>, headers: HeaderMap) -> ApiResult {
+async fn ack(
+    State(state): State<AppState>,
+    Path(params): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult {
     let agent = params.get("agent").cloned().unwrap_or_default();
     let ticket: u64 = params
         .get("ticket")
@@ -450,7 +465,11 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
         Some(to) => targets.iter().rev().find(|target| &target.sender_id == to).ok_or_else(|| {
             ApiError::not_found(format!(
                 "Error: No reply target from '{to}'. Pending: {}",
-                if targets.is_empty() { "none".to_string() } else { targets.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>().join(", ") }
+                if targets.is_empty() {
+                    "none".to_string()
+                } else {
+                    targets.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>().join(", ")
+                }
             ))
         })?,
         None => match targets.as_slice() {
@@ -475,6 +494,7 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
         response_expected: false,
         reply_to: Some(target.sender_task_id.clone().unwrap_or_else(|| target.receiver_task_id.clone())),
         context_id: None,
+        sender_task_id: None,
     };
     sent_json(state.writer.submit(Command::Send(request)).await?)
 }
@@ -504,7 +524,8 @@ struct WaitQuery {
 /// head, not polling) or when the timeout passes (`timed_out: true`).
 async fn wait_task(State(state): State<AppState>, Path(id): Path<String>, uri: axum::http::Uri) -> ApiResult {
     let query: WaitQuery = parse_query(uri.query())?;
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(query.timeout_ms.unwrap_or(60_000)).min(MAX_WAIT);
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(query.timeout_ms.unwrap_or(60_000)).min(MAX_WAIT);
     let task_id = find_task_global(&state, &id)?.id;
     loop {
         let cursor = *state.head.borrow();
@@ -513,7 +534,9 @@ async fn wait_task(State(state): State<AppState>, Path(id): Path<String>, uri: a
             .read(|view| view.task(&task_id))?
             .ok_or_else(|| ApiError::not_found(format!("Task {task_id} not found")))?;
         if task.state.is_final() {
-            return Ok(Json(json!({"task": wire::task_json(&task), "reply": wire::reply_text(&task), "timed_out": false})));
+            return Ok(Json(
+                json!({"task": wire::task_json(&task), "reply": wire::reply_text(&task), "timed_out": false}),
+            ));
         }
         match tokio::time::timeout_at(deadline, tail::wait_past(&state, cursor)).await {
             Ok(true) => continue,
@@ -605,14 +628,23 @@ impl A2aMessage {
             match (part.kind.as_str(), &part.text) {
                 ("text", Some(text)) => texts.push(text.as_str()),
                 ("text", None) => return Err(ApiError::bad("a text part needs a 'text' field")),
-                (other, _) => return Err(ApiError::bad(format!("unsupported part type '{other}' (only text parts are written into a CLI)"))),
+                (other, _) => {
+                    return Err(ApiError::bad(format!(
+                        "unsupported part type '{other}' (only text parts are written into a CLI)"
+                    )));
+                }
             }
         }
         Ok(texts.join("\n"))
     }
 }
 
-async fn tasks_send(State(state): State<AppState>, Scope(agent): Scope, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult {
+async fn tasks_send(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
     a2a_send(&state, agent, &headers, body, command::default_priority()).await
 }
 
@@ -640,7 +672,13 @@ async fn tasks_send_priority(
     a2a_send(&state, agent, &headers, body, priority).await
 }
 
-async fn a2a_send(state: &AppState, agent: String, headers: &HeaderMap, body: Result<Bytes, BytesRejection>, priority: u8) -> ApiResult {
+async fn a2a_send(
+    state: &AppState,
+    agent: String,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    priority: u8,
+) -> ApiResult {
     let body: A2aSendBody = parse_body(body)?;
     let text = body.message.text()?;
     let metadata = body.metadata.unwrap_or_default();
@@ -652,14 +690,19 @@ async fn a2a_send(state: &AppState, agent: String, headers: &HeaderMap, body: Re
         text,
         priority,
         response_expected: metadata.response_expected.unwrap_or(false),
-        reply_to: metadata.in_reply_to.or(if metadata.response_expected.is_none() { None } else { None }),
+        reply_to: metadata.in_reply_to,
+        sender_task_id: metadata.sender_task_id,
         context_id: body.context_id,
     };
-    let _ = metadata.sender_task_id;
     sent_json(state.writer.submit(Command::Send(request)).await?)
 }
 
-async fn tasks_create(State(state): State<AppState>, Scope(agent): Scope, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult {
+async fn tasks_create(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
     let body: A2aSendBody = parse_body(body)?;
     let text = body.message.text()?;
     let message = Message { role: body.message.role.unwrap_or(Role::User), parts: vec![Part::Text { text }] };
@@ -712,12 +755,20 @@ fn find_agent_task(state: &AppState, agent: &str, reference: &str) -> Result<Tas
     }
 }
 
-async fn agent_task(State(state): State<AppState>, Scope(agent): Scope, Path(params): Path<HashMap<String, String>>) -> ApiResult {
+async fn agent_task(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    Path(params): Path<HashMap<String, String>>,
+) -> ApiResult {
     let id = params.get("id").cloned().unwrap_or_default();
     Ok(Json(json!({"task": wire::task_json(&find_agent_task(&state, &agent, &id)?)})))
 }
 
-async fn tasks_cancel(State(state): State<AppState>, Scope(agent): Scope, Path(params): Path<HashMap<String, String>>) -> ApiResult {
+async fn tasks_cancel(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    Path(params): Path<HashMap<String, String>>,
+) -> ApiResult {
     let id = params.get("id").cloned().unwrap_or_default();
     let task = find_agent_task(&state, &agent, &id)?;
     match state.writer.submit(Command::CancelTask { task_id: task.id, reason: Some("canceled".into()) }).await? {

@@ -20,18 +20,15 @@ pub fn rfc3339(time_ms: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, (rem % 3600) / 60, rem % 60)
 }
 
 pub fn part_json(part: &Part) -> Value {
     match part {
         Part::Text { text } => json!({"type": "text", "text": text}),
-        Part::File { name, uri, mime_type } => json!({"type": "file", "file": {"name": name, "uri": uri, "mime_type": mime_type}}),
+        Part::File { name, uri, mime_type } => {
+            json!({"type": "file", "file": {"name": name, "uri": uri, "mime_type": mime_type}})
+        }
         Part::Data { json } => {
             json!({"type": "data", "data": serde_json::from_str::<Value>(json).unwrap_or(Value::Null)})
         }

@@ -16,7 +16,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-pub use projection::{ProjectionNames, Projections, LIVE, SCRATCH};
+pub use projection::{LIVE, ProjectionNames, Projections, SCRATCH};
 pub use records::*;
 
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
@@ -73,13 +73,7 @@ macro_rules! storage_error_from {
         }
     )*};
 }
-storage_error_from!(
-    redb::Error,
-    redb::StorageError,
-    redb::TableError,
-    redb::TransactionError,
-    redb::CommitError
-);
+storage_error_from!(redb::Error, redb::StorageError, redb::TableError, redb::TransactionError, redb::CommitError);
 
 /// The event log and its projections.
 pub struct Store {

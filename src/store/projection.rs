@@ -5,8 +5,8 @@
 //! find a row for are ignored (the writer only appends events it has decided are valid, and a
 //! replay applies them in the same order, so live and rebuilt tables agree).
 
-use super::records::{self, *};
 use super::StoreError;
+use super::records::{self, *};
 use crate::broker::command::reply_target_sender;
 use crate::event::{Direction, Envelope, Event, TaskState};
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
@@ -148,6 +148,15 @@ impl<'txn> Projections<'txn> {
                 self.put_task(&record)?;
             }
             Event::MessageSent { task_id, from, to, response_expected, sender_task_id, text, .. } => {
+                // A sender task created beforehand (POST /tasks/create) is linked to this message.
+                if let Some(sender_task) = sender_task_id
+                    && let Some(mut record) = self.task(sender_task)?
+                    && record.peer_task_id.is_none()
+                {
+                    record.peer_task_id = Some(task_id.clone());
+                    record.peer = Some(to.clone());
+                    self.put_task(&record)?;
+                }
                 let sender = reply_target_sender(from.as_deref(), sender_task_id.as_deref());
                 if let (true, Some(from)) = (*response_expected, sender) {
                     let target = ReplyTarget {

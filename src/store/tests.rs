@@ -177,7 +177,8 @@ fn verify_reports_a_projection_that_drifted_from_the_log() {
     let store = memory_store();
     store
         .transact(5, |appender| {
-            appender.append(None, vec![Event::AgentStatusChanged { agent_id: "nobody".into(), status: AgentStatus::Ready }])
+            appender
+                .append(None, vec![Event::AgentStatusChanged { agent_id: "nobody".into(), status: AgentStatus::Ready }])
         })
         .unwrap();
     // Write a projection row that no event explains.

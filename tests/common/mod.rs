@@ -62,11 +62,7 @@ impl Home {
 
     /// Runs as `agent` (its id and secret in the environment, as inside a wrapped CLI).
     pub fn run_as(&self, agent: &Agent, args: &[&str]) -> Output {
-        self.cmd(args)
-            .env("SYNAPSE_AGENT_ID", &agent.id)
-            .env("SYNAPSE_AGENT_SECRET", &agent.secret)
-            .output()
-            .unwrap()
+        self.cmd(args).env("SYNAPSE_AGENT_ID", &agent.id).env("SYNAPSE_AGENT_SECRET", &agent.secret).output().unwrap()
     }
 
     /// Runs and expects success; returns stdout.
@@ -248,7 +244,13 @@ fn write_request(stream: &mut impl Write, method: &str, path: &str, body: Option
     let _ = stream.write_all(body);
 }
 
-pub fn http_unix(socket: &Path, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> (u16, Value) {
+pub fn http_unix(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
     let mut stream = UnixStream::connect(socket).unwrap();
     write_request(&mut stream, method, path, body, headers);
     read_response(stream)

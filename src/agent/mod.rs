@@ -1,0 +1,9 @@
+//! Agents in PTYs: profiles, the readiness model, the wrapper and its watcher, `@agent` input
+//! routing, and the built-in dummy agent.
+
+pub mod dummy;
+pub mod input;
+pub mod profile;
+pub mod readiness;
+pub mod terminal;
+pub mod wrapper;

@@ -1,0 +1,181 @@
+//! Readiness: is the CLI idle at its prompt (READY), working (PROCESSING) or asking the user
+//! something (WAITING)? Decided from a screen model (vt100), not from raw bytes, so escape
+//! codes and full-screen redraws do not get in the way.
+//!
+//! Pure: fed with output and explicit instants, so recorded sessions can be replayed in tests.
+
+use super::profile::IdleStrategy;
+use crate::event::AgentStatus;
+use std::time::{Duration, Instant};
+
+pub struct Readiness {
+    parser: vt100::Parser,
+    idle: IdleStrategy,
+    last_output: Option<Instant>,
+    /// When we last wrote input into the CLI: it is busy until it answers after that.
+    last_input: Option<Instant>,
+    seen_bracketed_paste: bool,
+}
+
+impl Readiness {
+    pub fn new(idle: IdleStrategy, rows: u16, cols: u16) -> Readiness {
+        Readiness {
+            parser: vt100::Parser::new(rows.max(2), cols.max(10), 0),
+            idle,
+            last_output: None,
+            last_input: None,
+            seen_bracketed_paste: false,
+        }
+    }
+
+    pub fn feed(&mut self, bytes: &[u8], now: Instant) {
+        self.parser.process(bytes);
+        if self.parser.screen().bracketed_paste() {
+            self.seen_bracketed_paste = true;
+        }
+        self.last_output = Some(now);
+    }
+
+    /// Records that input was written (a ticket): the CLI is busy until it shows its prompt
+    /// again after this.
+    pub fn input_written(&mut self, now: Instant) {
+        self.last_input = Some(now);
+    }
+
+    pub fn resize(&mut self, rows: u16, cols: u16) {
+        self.parser.screen_mut().set_size(rows.max(2), cols.max(10));
+    }
+
+    /// Did the CLI turn bracketed paste on (and keep it on)?
+    pub fn bracketed_paste(&self) -> bool {
+        self.parser.screen().bracketed_paste()
+    }
+
+    /// The line the cursor is on, without trailing blanks... but keeping a prompt's own space.
+    fn cursor_line(&self) -> String {
+        let screen = self.parser.screen();
+        let (row, col) = screen.cursor_position();
+        let (_, cols) = screen.size();
+        let line = screen.rows(0, cols).nth(usize::from(row)).unwrap_or_default();
+        line.chars().take(usize::from(col)).collect()
+    }
+
+    /// The last few non-empty lines on screen (for `/status` and WAITING patterns).
+    pub fn excerpt(&self, lines: usize) -> String {
+        let contents = self.parser.screen().contents();
+        let kept: Vec<&str> = contents.lines().filter(|line| !line.trim().is_empty()).collect();
+        kept[kept.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The status now, and when it should be looked at again (a quiet period ending).
+    pub fn status(&self, now: Instant) -> (AgentStatus, Option<Instant>) {
+        let Some(last_output) = self.last_output else { return (AgentStatus::Starting, None) };
+        if self.last_input.is_some_and(|input| input >= last_output) {
+            return (AgentStatus::Processing, None);
+        }
+        if self.idle.needs_bracketed_paste && !self.seen_bracketed_paste {
+            return (AgentStatus::Processing, None);
+        }
+        let screen_text = self.excerpt(6);
+        if self.idle.waiting_patterns.iter().any(|pattern| screen_text.contains(pattern.as_str())) {
+            return (AgentStatus::Waiting, None);
+        }
+        if let Some(prompt) = &self.idle.prompt {
+            let line = self.cursor_line();
+            let at_prompt = line.ends_with(prompt.as_str()) || line.trim_end().ends_with(prompt.trim_end());
+            if !at_prompt {
+                return (AgentStatus::Processing, None);
+            }
+        }
+        match self.idle.quiet_ms {
+            Some(quiet_ms) => {
+                let ready_at = last_output + Duration::from_millis(quiet_ms);
+                if now >= ready_at { (AgentStatus::Ready, None) } else { (AgentStatus::Processing, Some(ready_at)) }
+            }
+            None => (AgentStatus::Ready, None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::profile::builtin;
+
+    fn detector(profile: &str) -> Readiness {
+        Readiness::new(builtin(profile).unwrap().idle, 24, 80)
+    }
+
+    #[test]
+    fn the_dummy_is_ready_at_its_prompt_and_busy_after_input_until_the_prompt_returns() {
+        let mut ready = detector("dummy");
+        let start = Instant::now();
+        assert_eq!(ready.status(start).0, AgentStatus::Starting);
+        ready.feed(b"Dummy agent ready.\r\n> ", start);
+        assert_eq!(ready.status(start).0, AgentStatus::Ready);
+        let typed = start + Duration::from_millis(1);
+        ready.input_written(typed);
+        assert_eq!(ready.status(typed).0, AgentStatus::Processing, "the old prompt must not count");
+        ready.feed(b"hello\r\n", typed + Duration::from_millis(1));
+        assert_eq!(ready.status(typed).0, AgentStatus::Processing);
+        ready.feed(b"[DUMMY] You said: hello\r\n> ", typed + Duration::from_millis(2));
+        assert_eq!(ready.status(typed).0, AgentStatus::Ready);
+    }
+
+    #[test]
+    fn escape_codes_around_the_prompt_do_not_hide_it() {
+        let mut ready = detector("dummy");
+        let now = Instant::now();
+        ready.feed(b"\x1b[2J\x1b[H\x1b[1;32mwelcome\x1b[0m\r\n\x1b[33m> \x1b[0m", now);
+        assert_eq!(ready.status(now).0, AgentStatus::Ready);
+    }
+
+    #[test]
+    fn claude_needs_bracketed_paste_and_half_a_second_of_quiet() {
+        let mut ready = detector("claude");
+        let start = Instant::now();
+        ready.feed(b"\x1b[?25l Claude Code \r\n\x1b[?25h", start);
+        assert_eq!(ready.status(start + Duration::from_secs(5)).0, AgentStatus::Processing);
+        ready.feed(b"\x1b[?2004h\r\n\xe2\x95\xad\xe2\x94\x80 > \r\n", start);
+        let (status, recheck) = ready.status(start + Duration::from_millis(100));
+        assert_eq!(status, AgentStatus::Processing);
+        assert_eq!(recheck, Some(start + Duration::from_millis(500)));
+        assert_eq!(ready.status(start + Duration::from_millis(500)).0, AgentStatus::Ready);
+        assert!(ready.bracketed_paste());
+    }
+
+    #[test]
+    fn codex_is_ready_at_its_prompt_after_quiet_and_busy_while_drawing() {
+        let mut ready = detector("codex");
+        let start = Instant::now();
+        ready.feed("\x1b[H\x1b[2J  Working (3s • esc to interrupt)\r\n".as_bytes(), start);
+        assert_eq!(ready.status(start + Duration::from_secs(10)).0, AgentStatus::Processing);
+        ready.feed("\x1b[2J\x1b[H\r\n› ".as_bytes(), start);
+        assert_eq!(ready.status(start + Duration::from_secs(1)).0, AgentStatus::Processing);
+        assert_eq!(ready.status(start + Duration::from_secs(3)).0, AgentStatus::Ready);
+    }
+
+    #[test]
+    fn gemini_and_copilot_follow_their_quiet_periods() {
+        let start = Instant::now();
+        let mut gemini = detector("gemini");
+        gemini.feed(b"\x1b[?2004h> Type your message\r\n", start);
+        assert_eq!(gemini.status(start + Duration::from_millis(2999)).0, AgentStatus::Processing);
+        assert_eq!(gemini.status(start + Duration::from_millis(3000)).0, AgentStatus::Ready);
+        let mut copilot = detector("copilot");
+        copilot.feed("\x1b[?2004h\r\n❯ ".as_bytes(), start);
+        assert_eq!(copilot.status(start + Duration::from_millis(600)).0, AgentStatus::Ready);
+        let mut opencode = detector("opencode");
+        opencode.feed(b"\x1b[2J thinking...", start);
+        assert_eq!(opencode.status(start + Duration::from_millis(999)).0, AgentStatus::Processing);
+        assert_eq!(opencode.status(start + Duration::from_millis(1000)).0, AgentStatus::Ready);
+    }
+
+    #[test]
+    fn a_question_on_screen_means_waiting() {
+        let mut ready = detector("claude");
+        let now = Instant::now();
+        ready.feed(b"\x1b[?2004hDo you want to make this edit? (y/n)\r\n", now);
+        assert_eq!(ready.status(now + Duration::from_secs(1)).0, AgentStatus::Waiting);
+    }
+}

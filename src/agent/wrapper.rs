@@ -1,0 +1,495 @@
+//! The agent wrapper: runs a CLI in a PTY, registers it with the broker, reports its status and
+//! writes its tickets into it (the watcher).
+//!
+//! Threads own the blocking PTY I/O: one reader (output → terminal or log, and the readiness
+//! model), one writer (the only owner of the PTY's writer; its queue is lossless), one waiter
+//! (reaps the child). The async side (status reporter, watcher, signals) talks to them through
+//! channels.
+//!
+//! Exactly once: the watcher takes one ticket at a time, writes it, and acknowledges it (an
+//! event) before taking the next; an acknowledgement that fails because the broker is down is
+//! retried after reconnecting, never the write. If the wrapper itself dies, its CLI dies with
+//! the PTY, so a ticket written but not acknowledged is written again into the new CLI.
+
+use super::input::{InputRouter, Routed};
+use super::profile::{InterruptStyle, Profile};
+use super::readiness::Readiness;
+use super::terminal;
+use crate::client::{ApiFailure, Client};
+use crate::config::Paths;
+use crate::event::AgentStatus;
+use anyhow::Context;
+use portable_pty::{CommandBuilder, MasterPty, PtySize};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, oneshot, watch};
+
+/// Messages longer than this (characters) go to a file (`SYNAPSE_LONG_MESSAGE_THRESHOLD`).
+const DEFAULT_LONG_MESSAGE_THRESHOLD: usize = 200;
+/// How long one inbox long-poll lasts.
+const INBOX_WAIT_MS: u64 = 25_000;
+/// Headless PTY size.
+const HEADLESS_SIZE: (u16, u16) = (40, 160);
+
+pub struct Options {
+    pub profile: Profile,
+    pub port: Option<u16>,
+    pub name: Option<String>,
+    pub role: Option<String>,
+    pub tool_args: Vec<String>,
+    /// No terminal: output goes to `$SYNAPSE_HOME/logs/<agent_id>.log`.
+    pub headless: bool,
+    /// Print one JSON line with the registration on stdout (for `synapse start`).
+    pub announce: bool,
+}
+
+/// One write into the PTY; `done` is answered once the bytes are written.
+struct PtyWrite {
+    bytes: Vec<u8>,
+    done: Option<oneshot::Sender<()>>,
+}
+
+struct Shared {
+    paths: Paths,
+    profile: Profile,
+    agent_id: String,
+    secret: String,
+    readiness: Mutex<Readiness>,
+    output_changed: Notify,
+    status: watch::Sender<AgentStatus>,
+    pty_input: std::sync::mpsc::Sender<PtyWrite>,
+    master: Mutex<Box<dyn MasterPty + Send>>,
+    child_pid: Option<u32>,
+}
+
+impl Shared {
+    fn lock_readiness(&self) -> std::sync::MutexGuard<'_, Readiness> {
+        self.readiness.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn write(&self, bytes: Vec<u8>) -> anyhow::Result<()> {
+        let (done, written) = oneshot::channel();
+        self.pty_input.send(PtyWrite { bytes, done: Some(done) }).map_err(|_| anyhow::anyhow!("the PTY is closed"))?;
+        written.await.map_err(|_| anyhow::anyhow!("the PTY is closed"))
+    }
+
+    fn interrupt(&self) {
+        match self.profile.interrupt {
+            InterruptStyle::Signal => {
+                let group = self
+                    .master
+                    .lock()
+                    .ok()
+                    .and_then(|master| master.process_group_leader())
+                    .or_else(|| self.child_pid.and_then(|pid| i32::try_from(pid).ok()));
+                if let Some(group) = group {
+                    terminal::signal(-group, libc::SIGINT);
+                }
+            }
+            InterruptStyle::CtrlC => {
+                let _ = self.pty_input.send(PtyWrite { bytes: vec![0x03], done: None });
+            }
+        }
+    }
+}
+
+fn long_message_threshold() -> usize {
+    std::env::var("SYNAPSE_LONG_MESSAGE_THRESHOLD")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(DEFAULT_LONG_MESSAGE_THRESHOLD)
+}
+
+pub fn log_path(paths: &Paths, agent_id: &str) -> PathBuf {
+    paths.home.join("logs").join(format!("{agent_id}.log"))
+}
+
+/// Runs the wrapper until the CLI exits or the wrapper is told to stop; returns the exit code.
+pub fn run(paths: Paths, options: Options) -> anyhow::Result<i32> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(run_async(paths, options))
+}
+
+async fn connect(paths: &Paths, secret: &str) -> Client {
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match Client::connect(paths, true).await {
+            Ok(mut client) => {
+                client.set_secret(secret.to_string());
+                return client;
+            }
+            Err(error) => {
+                tracing::warn!("cannot reach the broker ({error:#}); retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
+    let mut client = Client::connect(&paths, true).await?;
+    let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
+    let mut body = json!({
+        "agent_type": options.profile.name,
+        "pid": std::process::id(),
+        "name": options.name,
+        "role": options.role,
+        "working_dir": working_dir,
+    });
+    if let Some(port) = options.port {
+        body["port"] = json!(port);
+    }
+    let registration = client.post("/agents", &body).await?;
+    let agent_id = registration["agent"]["agent_id"].as_str().unwrap_or_default().to_string();
+    let secret = registration["secret"].as_str().unwrap_or_default().to_string();
+    let port = registration["agent"]["port"].as_u64().unwrap_or_default();
+    client.set_secret(secret.clone());
+    let log = log_path(&paths, &agent_id);
+
+    let result = run_registered(&paths, &options, &agent_id, &secret, port, &log, &registration).await;
+    // Deregister whatever happened (best effort: the broker also prunes dead pids).
+    let mut client = connect(&paths, &secret).await;
+    let _ = client.delete(&format!("/agents/{agent_id}")).await;
+    result
+}
+
+async fn run_registered(
+    paths: &Paths,
+    options: &Options,
+    agent_id: &str,
+    secret: &str,
+    port: u64,
+    log: &std::path::Path,
+    registration: &Value,
+) -> anyhow::Result<i32> {
+    let interactive = !options.headless && terminal::is_terminal(0);
+    let (rows, cols) = if interactive { terminal::size(0).unwrap_or((24, 80)) } else { HEADLESS_SIZE };
+    let pty = portable_pty::native_pty_system()
+        .openpty(PtySize { rows, cols, pixel_width: 0, pixel_height: 0 })
+        .map_err(|error| anyhow::anyhow!("cannot open a PTY: {error}"))?;
+    let program = if options.profile.command == "{synapse}" {
+        std::env::current_exe().context("cannot find the synapse executable")?.display().to_string()
+    } else {
+        options.profile.command.clone()
+    };
+    let mut command = CommandBuilder::new(&program);
+    command.args(&options.profile.args);
+    command.args(&options.tool_args);
+    if let Ok(dir) = std::env::current_dir() {
+        command.cwd(dir);
+    }
+    command.env("SYNAPSE_AGENT_ID", agent_id);
+    command.env("SYNAPSE_AGENT_TYPE", &options.profile.name);
+    command.env("SYNAPSE_PORT", port.to_string());
+    command.env("SYNAPSE_AGENT_SECRET", secret);
+    command.env("SYNAPSE_HOME", &paths.home);
+    command.env("SYNAPSE_UDS_DIR", &paths.uds_dir);
+    let mut child =
+        pty.slave.spawn_command(command).map_err(|error| anyhow::anyhow!("cannot start '{program}': {error}"))?;
+    // The slave must go now, or the reader never sees end-of-file.
+    drop(pty.slave);
+    let child_pid = child.process_id();
+    let reader = pty.master.try_clone_reader().map_err(|error| anyhow::anyhow!("PTY reader: {error}"))?;
+    let writer = pty.master.take_writer().map_err(|error| anyhow::anyhow!("PTY writer: {error}"))?;
+
+    if options.announce {
+        let announce = json!({
+            "agent_id": agent_id,
+            "pid": std::process::id(),
+            "child_pid": child_pid,
+            "port": port,
+            "log": log.display().to_string(),
+            "socket": registration["socket"],
+            "secret": secret,
+        });
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{announce}")?;
+        stdout.flush()?;
+    }
+
+    let (pty_input, pty_queue) = std::sync::mpsc::channel::<PtyWrite>();
+    let (status_sender, _) = watch::channel(AgentStatus::Starting);
+    let shared = Arc::new(Shared {
+        paths: paths.clone(),
+        profile: options.profile.clone(),
+        agent_id: agent_id.to_string(),
+        secret: secret.to_string(),
+        readiness: Mutex::new(Readiness::new(options.profile.idle.clone(), rows, cols)),
+        output_changed: Notify::new(),
+        status: status_sender,
+        pty_input,
+        master: Mutex::new(pty.master),
+        child_pid,
+    });
+
+    // Writer thread: the one owner of the PTY writer (dropping it would send EOF to the CLI).
+    std::thread::Builder::new().name("pty-writer".into()).spawn(move || {
+        let mut writer = writer;
+        while let Ok(write) = pty_queue.recv() {
+            let ok = writer.write_all(&write.bytes).and_then(|_| writer.flush()).is_ok();
+            if let Some(done) = write.done
+                && ok
+            {
+                let _ = done.send(());
+            }
+        }
+    })?;
+
+    // Reader thread: output to the user's terminal (or the log), and into the screen model.
+    let sink: Box<dyn Write + Send> = if interactive {
+        Box::new(std::io::stdout())
+    } else {
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .with_context(|| format!("cannot open {}", log.display()))?,
+        )
+    };
+    let reader_shared = shared.clone();
+    let (output_ended, output_done) = oneshot::channel::<()>();
+    std::thread::Builder::new().name("pty-reader".into()).spawn(move || {
+        let mut reader = reader;
+        let mut sink = sink;
+        let mut buffer = vec![0u8; 16 * 1024];
+        loop {
+            match reader.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(count) => {
+                    let _ = sink.write_all(&buffer[..count]).and_then(|_| sink.flush());
+                    reader_shared.lock_readiness().feed(&buffer[..count], Instant::now());
+                    reader_shared.output_changed.notify_one();
+                }
+            }
+        }
+        let _ = output_ended.send(());
+    })?;
+
+    // Waiter thread: nothing else reaps the child.
+    let (exited, child_exit) = oneshot::channel::<i32>();
+    std::thread::Builder::new().name("pty-waiter".into()).spawn(move || {
+        let code = child.wait().map(|status| i32::try_from(status.exit_code()).unwrap_or(1)).unwrap_or(1);
+        let _ = exited.send(code);
+    })?;
+
+    let _raw = if interactive { Some(terminal::RawMode::enable()?) } else { None };
+    if interactive {
+        spawn_keyboard(shared.clone());
+        spawn_resize(shared.clone());
+    }
+    tokio::spawn(report_status(shared.clone()));
+    tokio::spawn(watch_inbox(shared.clone()));
+
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    let code = tokio::select! {
+        code = child_exit => code.unwrap_or(1),
+        _ = terminate.recv() => stop_child(&shared).await,
+        _ = hangup.recv() => stop_child(&shared).await,
+    };
+    // Let the last output reach the terminal or log.
+    let _ = tokio::time::timeout(Duration::from_millis(500), output_done).await;
+    Ok(code)
+}
+
+/// Ends the CLI: SIGTERM to its process group, SIGKILL if it is still there after 3 s.
+async fn stop_child(shared: &Arc<Shared>) -> i32 {
+    let Some(pid) = shared.child_pid.and_then(|pid| i32::try_from(pid).ok()) else { return 143 };
+    terminal::signal(-pid, libc::SIGTERM);
+    terminal::signal(pid, libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline && crate::broker::command::is_pid_alive(pid.unsigned_abs()) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    terminal::signal(-pid, libc::SIGKILL);
+    143
+}
+
+/// Keeps the broker told of READY / PROCESSING / WAITING as the screen changes.
+async fn report_status(shared: Arc<Shared>) {
+    let mut client = connect(&shared.paths, &shared.secret).await;
+    let mut reported: Option<AgentStatus> = None;
+    let path = format!("/agents/{}/status", shared.agent_id);
+    loop {
+        let (status, recheck) = shared.lock_readiness().status(Instant::now());
+        shared.status.send_if_modified(|current| {
+            let changed = *current != status;
+            *current = status;
+            changed
+        });
+        if status != AgentStatus::Starting && reported != Some(status) {
+            match client.post(&path, &json!({"status": status})).await {
+                Ok(_) => reported = Some(status),
+                Err(error) => {
+                    tracing::debug!("status report failed: {error:#}");
+                    client = connect(&shared.paths, &shared.secret).await;
+                    continue;
+                }
+            }
+        }
+        match recheck {
+            Some(at) => {
+                let _ = tokio::time::timeout_at(at.into(), shared.output_changed.notified()).await;
+            }
+            None => shared.output_changed.notified().await,
+        }
+    }
+}
+
+fn is_gone(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<ApiFailure>()
+        .is_some_and(|failure| failure.status.as_u16() == 404 || failure.status.as_u16() == 409)
+}
+
+/// Follows the agent's inbox and writes each ticket into the PTY once the CLI is ready.
+async fn watch_inbox(shared: Arc<Shared>) {
+    let mut client = connect(&shared.paths, &shared.secret).await;
+    let mut unacknowledged: Option<u64> = None;
+    let inbox = format!("/agents/{}/inbox?wait_ms={INBOX_WAIT_MS}&limit=1", shared.agent_id);
+    loop {
+        if let Some(ticket) = unacknowledged {
+            match client.post(&format!("/agents/{}/inbox/{ticket}/ack", shared.agent_id), &Value::Null).await {
+                Ok(_) => unacknowledged = None,
+                Err(error) if is_gone(&error) => unacknowledged = None,
+                Err(_) => {
+                    client = connect(&shared.paths, &shared.secret).await;
+                    continue;
+                }
+            }
+        }
+        let answer = match client.get(&inbox).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                client = connect(&shared.paths, &shared.secret).await;
+                continue;
+            }
+        };
+        let Some(ticket) = answer["tickets"].as_array().and_then(|tickets| tickets.first()).cloned() else { continue };
+        let Some(number) = ticket["ticket"].as_u64() else { continue };
+        if ticket["priority"].as_u64() == Some(5) {
+            shared.interrupt();
+        } else {
+            let mut status = shared.status.subscribe();
+            if status.wait_for(|status| *status == AgentStatus::Ready).await.is_err() {
+                return;
+            }
+        }
+        if let Err(error) = inject(&shared, &ticket).await {
+            tracing::warn!("cannot write ticket {number}: {error:#}");
+            return;
+        }
+        unacknowledged = Some(number);
+    }
+}
+
+/// The text written for a ticket: its prefix and the message, or a file reference when the
+/// message is long (or multi-line and the CLI cannot take a paste).
+fn ticket_text(shared: &Shared, ticket: &Value, bracketed: bool) -> anyhow::Result<String> {
+    let prefix = ticket["prefix"].as_str().unwrap_or_default();
+    let text = ticket["text"].as_str().unwrap_or_default();
+    if text.chars().count() <= long_message_threshold() && (bracketed || !text.contains('\n')) {
+        return Ok(format!("{prefix} {text}"));
+    }
+    let dir = shared.paths.home.join("messages").join(&shared.agent_id);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let file = dir.join(format!(
+        "{}-{}.txt",
+        ticket["ticket"],
+        crate::event::short_id(ticket["task_id"].as_str().unwrap_or("x"))
+    ));
+    std::fs::write(&file, text).with_context(|| format!("cannot write {}", file.display()))?;
+    Ok(format!("{prefix} [LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()))
+}
+
+async fn inject(shared: &Arc<Shared>, ticket: &Value) -> anyhow::Result<()> {
+    let bracketed = shared.lock_readiness().bracketed_paste();
+    let text = ticket_text(shared, ticket, bracketed)?;
+    shared.lock_readiness().input_written(Instant::now());
+    shared.output_changed.notify_one();
+    let bytes = if bracketed { format!("\x1b[200~{text}\x1b[201~").into_bytes() } else { text.into_bytes() };
+    shared.write(bytes).await?;
+    if shared.profile.settle_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(shared.profile.settle_ms)).await;
+    }
+    shared.write(shared.profile.submit.clone().into_bytes()).await?;
+    Ok(())
+}
+
+/// The user's keystrokes: `@agent message` lines go to the broker, the rest to the CLI.
+fn spawn_keyboard(shared: Arc<Shared>) {
+    let (sends, mut to_send) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    let keyboard_shared = shared.clone();
+    let _ = std::thread::Builder::new().name("keyboard".into()).spawn(move || {
+        let mut router = InputRouter::new();
+        let mut stdin = std::io::stdin();
+        let mut buffer = [0u8; 4096];
+        loop {
+            let count = match stdin.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(count) => count,
+            };
+            for routed in router.feed(&buffer[..count]) {
+                match routed {
+                    Routed::Pass(bytes) => {
+                        let _ = keyboard_shared.pty_input.send(PtyWrite { bytes, done: None });
+                    }
+                    Routed::Echo(bytes) => {
+                        let mut out = std::io::stdout().lock();
+                        let _ = out.write_all(&bytes).and_then(|_| out.flush());
+                    }
+                    Routed::Send { target, message } => {
+                        let _ = sends.send((target, message));
+                    }
+                }
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut client = connect(&shared.paths, &shared.secret).await;
+        while let Some((target, message)) = to_send.recv().await {
+            let body = json!({
+                "to": target, "from": shared.agent_id, "secret": shared.secret,
+                "text": message, "priority": 3, "response_expected": true,
+            });
+            let line = match client.post("/send", &body).await {
+                Ok(answer) => format!(
+                    "[synapse] sent to {}: task {}",
+                    answer.pointer("/task/metadata/owner").and_then(Value::as_str).unwrap_or(&target),
+                    crate::event::short_id(
+                        answer.pointer("/sender_task/id").and_then(Value::as_str).unwrap_or_default()
+                    )
+                ),
+                Err(error) => format!("[synapse] not sent: {error:#}"),
+            };
+            let mut out = std::io::stdout().lock();
+            let _ = write!(out, "{line}\r\n");
+            let _ = out.flush();
+        }
+    });
+}
+
+/// Follows the user's terminal size.
+fn spawn_resize(shared: Arc<Shared>) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut winch) = signal(SignalKind::window_change()) else { return };
+        while winch.recv().await.is_some() {
+            if let Some((rows, cols)) = terminal::size(0) {
+                if let Ok(master) = shared.master.lock() {
+                    let _ = master.resize(PtySize { rows, cols, pixel_width: 0, pixel_height: 0 });
+                }
+                shared.lock_readiness().resize(rows, cols);
+            }
+        }
+    });
+}

@@ -1,0 +1,196 @@
+//! `synapse <profile>`, `synapse start|stop|logs`, `synapse dummy-agent`.
+
+use crate::agent::{profile, wrapper};
+use crate::client::Client;
+use crate::config::Paths;
+use anyhow::{Context, bail};
+use clap::Parser;
+use serde_json::Value;
+use std::io::{BufRead, Read, Seek, Write};
+use std::time::Duration;
+
+/// Arguments of `synapse <profile> ...` (parsed after the profile name).
+#[derive(Parser, Debug, Clone)]
+#[command(no_binary_name = true)]
+pub struct ProfileArgs {
+    /// Port for the agent's endpoints (default: first free one of the profile's range)
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// A custom name other agents can use as the target
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A role shown in `synapse list`
+    #[arg(long)]
+    pub role: Option<String>,
+    /// Run without a terminal, logging the CLI's output (what `synapse start` uses)
+    #[arg(long, hide = true)]
+    pub headless: bool,
+    /// Print the registration as one JSON line once running (for `synapse start`)
+    #[arg(long, hide = true)]
+    pub announce: bool,
+    /// Arguments for the CLI itself, after `--`
+    #[arg(last = true)]
+    pub tool_args: Vec<String>,
+}
+
+/// `synapse <profile> [--port N] [--name NAME] [--role ROLE] [-- tool args]`.
+pub fn run_profile(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Result<i32> {
+    let mut words = words.into_iter();
+    let name = words.next().map(|word| word.to_string_lossy().into_owned()).unwrap_or_default();
+    let profile = profile::load(&name, &paths.home)
+        .map_err(|error| anyhow::anyhow!("{error}\nRun 'synapse --help' for the commands."))?;
+    let args = match ProfileArgs::try_parse_from(words) {
+        Ok(args) => args,
+        Err(error) => {
+            let _ = error.print();
+            return Ok(if error.use_stderr() { 2 } else { 0 });
+        }
+    };
+    wrapper::run(
+        paths,
+        wrapper::Options {
+            profile,
+            port: args.port,
+            name: args.name,
+            role: args.role,
+            tool_args: args.tool_args,
+            headless: args.headless,
+            announce: args.announce,
+        },
+    )
+}
+
+/// `synapse start <profile> ...`: the same agent in the background.
+pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) -> anyhow::Result<i32> {
+    profile::load(profile_name, &paths.home)?;
+    let logs = paths.home.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    let wrapper_log = logs.join(format!("{profile_name}-wrapper.log"));
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&wrapper_log)?;
+    let start_of_log = log.metadata().map(|meta| meta.len()).unwrap_or(0);
+    let exe = std::env::current_exe().context("cannot find the synapse executable")?;
+    let mut command = std::process::Command::new(exe);
+    command.arg(profile_name).args(["--headless", "--announce"]);
+    if let Some(port) = args.port {
+        command.args(["--port", &port.to_string()]);
+    }
+    if let Some(name) = &args.name {
+        command.args(["--name", name]);
+    }
+    if let Some(role) = &args.role {
+        command.args(["--role", role]);
+    }
+    if !args.tool_args.is_empty() {
+        command.arg("--").args(&args.tool_args);
+    }
+    command.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(log);
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command.spawn().context("cannot start the agent wrapper")?;
+    let stdout = child.stdout.take().context("no pipe from the wrapper")?;
+    let (line_sender, line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut first = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut first);
+        let _ = line_sender.send(first);
+    });
+    let first = line.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
+    let Ok(announce) = serde_json::from_str::<Value>(&first) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut text = String::new();
+        if let Ok(mut file) = std::fs::File::open(&wrapper_log) {
+            let _ = file.seek(std::io::SeekFrom::Start(start_of_log));
+            let _ = file.read_to_string(&mut text);
+        }
+        bail!("Error: the {profile_name} agent did not start: {}", text.trim());
+    };
+    // The wrapper runs on by itself (own process group); it is reaped by init.
+    std::mem::forget(child);
+    if json {
+        println!("{announce}");
+    } else {
+        println!(
+            "Started {} (pid {}). Terminal output: {}",
+            announce["agent_id"].as_str().unwrap_or_default(),
+            announce["pid"],
+            announce["log"].as_str().unwrap_or_default()
+        );
+    }
+    Ok(0)
+}
+
+/// The live agents a target names: id or name exactly, else every agent of a type.
+async fn resolve(paths: &Paths, target: &str) -> anyhow::Result<Vec<Value>> {
+    let mut client = Client::connect(paths, true).await?;
+    let agents = client.get("/agents").await?["agents"].as_array().cloned().unwrap_or_default();
+    let exact: Vec<Value> =
+        agents.iter().filter(|agent| agent["agent_id"] == target || agent["name"] == target).cloned().collect();
+    if !exact.is_empty() {
+        return Ok(exact);
+    }
+    Ok(agents.into_iter().filter(|agent| agent["agent_type"] == target).collect())
+}
+
+/// `synapse stop <agent|profile> [--all]`: SIGTERM, then SIGKILL after 5 s.
+pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32> {
+    let agents = resolve(paths, target).await?;
+    if agents.is_empty() {
+        bail!("Error: No agent found matching '{target}'. Run 'synapse list' to see the running agents.");
+    }
+    if agents.len() > 1 && !all {
+        let ids: Vec<&str> = agents.iter().filter_map(|agent| agent["agent_id"].as_str()).collect();
+        bail!("Error: '{target}' matches several agents: {}. Name one, or pass --all.", ids.join(", "));
+    }
+    for agent in agents {
+        let id = agent["agent_id"].as_str().unwrap_or_default();
+        let Some(pid) = agent["pid"].as_u64().and_then(|pid| i32::try_from(pid).ok()) else { continue };
+        crate::agent::terminal::signal(pid, libc::SIGTERM);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while crate::broker::command::is_pid_alive(pid.unsigned_abs()) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if crate::broker::command::is_pid_alive(pid.unsigned_abs()) {
+            crate::agent::terminal::signal(pid, libc::SIGKILL);
+            println!("Killed {id} (pid {pid}) after 5 s");
+        } else {
+            println!("Stopped {id} (pid {pid})");
+        }
+    }
+    Ok(0)
+}
+
+/// `synapse logs <agent> [--follow]`.
+pub async fn logs(paths: &Paths, target: &str, follow: bool) -> anyhow::Result<i32> {
+    let direct = wrapper::log_path(paths, target);
+    let path = if direct.exists() {
+        direct
+    } else {
+        let agents = resolve(paths, target).await?;
+        match agents.as_slice() {
+            [agent] => wrapper::log_path(paths, agent["agent_id"].as_str().unwrap_or_default()),
+            [] => bail!("Error: No agent or log found matching '{target}'"),
+            many => bail!(
+                "Error: '{target}' matches several agents: {}",
+                many.iter().filter_map(|a| a["agent_id"].as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    };
+    let mut file =
+        std::fs::File::open(&path).with_context(|| format!("Error: no terminal log at {}", path.display()))?;
+    let mut stdout = std::io::stdout();
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let count = file.read(&mut buffer)?;
+        if count > 0 {
+            if stdout.write_all(&buffer[..count]).and_then(|_| stdout.flush()).is_err() {
+                return Ok(0);
+            }
+            continue;
+        }
+        if !follow {
+            return Ok(0);
+        }
+        // Like `tail -f`: the log is a plain file written by another process.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
