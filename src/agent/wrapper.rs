@@ -46,6 +46,31 @@ pub struct Options {
     pub announce: bool,
 }
 
+/// Writes to the terminal and the log.
+struct Tee(std::io::Stdout, std::fs::File);
+
+impl Write for Tee {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let _ = self.1.write_all(bytes);
+        self.0.write_all(bytes)?;
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// The wrapper's record of the last ticket it wrote completely (text and submit key), kept
+/// beside the log. Written after the PTY write, before the acknowledgement: a wrapper that dies
+/// in between leaves the evidence, and its successor acknowledges without writing again.
+fn delivered_path(log: &std::path::Path) -> PathBuf {
+    log.with_extension("delivered")
+}
+
+fn last_delivered(log: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(delivered_path(log)).ok()?.trim().parse().ok()
+}
+
 /// One write into the PTY; `done` is answered once the bytes are written.
 struct PtyWrite {
     bytes: Vec<u8>,
@@ -63,6 +88,10 @@ struct Shared {
     pty_input: std::sync::mpsc::Sender<PtyWrite>,
     master: Mutex<Box<dyn MasterPty + Send>>,
     child_pid: Option<u32>,
+    log: PathBuf,
+    /// The status the broker last recorded for this agent (set by the reporter, and by the
+    /// watcher when an acknowledgement records PROCESSING).
+    reported: Mutex<Option<AgentStatus>>,
 }
 
 impl Shared {
@@ -224,6 +253,8 @@ async fn run_registered(
         pty_input,
         master: Mutex::new(pty.master),
         child_pid,
+        log: log.to_path_buf(),
+        reported: Mutex::new(None),
     });
 
     // Writer thread: the one owner of the PTY writer (dropping it would send EOF to the CLI).
@@ -239,21 +270,18 @@ async fn run_registered(
         }
     })?;
 
-    // Reader thread: output to the user's terminal (or the log), and into the screen model.
-    let sink: Box<dyn Write + Send> = if interactive {
-        Box::new(std::io::stdout())
-    } else {
-        if let Some(dir) = log.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        Box::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .with_context(|| format!("cannot open {}", log.display()))?,
-        )
-    };
+    // Reader thread: output to the user's terminal (interactive) and always to the log (what
+    // `synapse logs` shows, and the watcher's evidence of what was written before a crash).
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    let sink: Box<dyn Write + Send> =
+        if interactive { Box::new(Tee(std::io::stdout(), log_file)) } else { Box::new(log_file) };
     let reader_shared = shared.clone();
     let (output_ended, output_done) = oneshot::channel::<()>();
     std::thread::Builder::new().name("pty-reader".into()).spawn(move || {
@@ -317,7 +345,6 @@ async fn stop_child(shared: &Arc<Shared>) -> i32 {
 /// Keeps the broker told of READY / PROCESSING / WAITING as the screen changes.
 async fn report_status(shared: Arc<Shared>) {
     let mut client = connect(&shared.paths, &shared.secret).await;
-    let mut reported: Option<AgentStatus> = None;
     let path = format!("/agents/{}/status", shared.agent_id);
     loop {
         let (status, recheck) = shared.lock_readiness().status(Instant::now());
@@ -326,9 +353,10 @@ async fn report_status(shared: Arc<Shared>) {
             *current = status;
             changed
         });
+        let reported = *shared.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if status != AgentStatus::Starting && reported != Some(status) {
             match client.post(&path, &json!({"status": status})).await {
-                Ok(_) => reported = Some(status),
+                Ok(_) => *shared.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(status),
                 Err(error) => {
                     tracing::debug!("status report failed: {error:#}");
                     client = connect(&shared.paths, &shared.secret).await;
@@ -355,11 +383,22 @@ fn is_gone(error: &anyhow::Error) -> bool {
 async fn watch_inbox(shared: Arc<Shared>) {
     let mut client = connect(&shared.paths, &shared.secret).await;
     let mut unacknowledged: Option<u64> = None;
+    // Only the first ticket after a start can have been written by a previous wrapper that
+    // died before acknowledging it: the delivered record says so, and it is acknowledged
+    // without being written again.
+    let mut first_after_start = true;
     let inbox = format!("/agents/{}/inbox?wait_ms={INBOX_WAIT_MS}&limit=1", shared.agent_id);
     loop {
         if let Some(ticket) = unacknowledged {
             match client.post(&format!("/agents/{}/inbox/{ticket}/ack", shared.agent_id), &Value::Null).await {
-                Ok(_) => unacknowledged = None,
+                Ok(_) => {
+                    // The acknowledgement recorded PROCESSING; the reporter reports READY
+                    // again once the CLI is back at its prompt, after this event.
+                    unacknowledged = None;
+                    *shared.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                        Some(AgentStatus::Processing);
+                    shared.output_changed.notify_one();
+                }
                 Err(error) if is_gone(&error) => unacknowledged = None,
                 Err(_) => {
                     client = connect(&shared.paths, &shared.secret).await;
@@ -376,17 +415,27 @@ async fn watch_inbox(shared: Arc<Shared>) {
         };
         let Some(ticket) = answer["tickets"].as_array().and_then(|tickets| tickets.first()).cloned() else { continue };
         let Some(number) = ticket["ticket"].as_u64() else { continue };
+        if std::mem::take(&mut first_after_start) && last_delivered(&shared.log) == Some(number) {
+            tracing::info!("ticket {number} was written before a restart; acknowledging it");
+            unacknowledged = Some(number);
+            continue;
+        }
         if ticket["priority"].as_u64() == Some(5) {
             shared.interrupt();
-        } else {
+        } else if *shared.status.borrow() != AgentStatus::Ready {
             let mut status = shared.status.subscribe();
             if status.wait_for(|status| *status == AgentStatus::Ready).await.is_err() {
                 return;
             }
+            // Ask again: a more urgent ticket may have arrived while the CLI was busy.
+            continue;
         }
         if let Err(error) = inject(&shared, &ticket).await {
             tracing::warn!("cannot write ticket {number}: {error:#}");
             return;
+        }
+        if let Err(error) = std::fs::write(delivered_path(&shared.log), number.to_string()) {
+            tracing::warn!("cannot record the delivery of ticket {number}: {error}");
         }
         unacknowledged = Some(number);
     }

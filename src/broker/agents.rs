@@ -106,13 +106,16 @@ pub async fn register(state: &Arc<BrokerState>, body: RegisterBody) -> Result<Re
         .filter(|agent| agent.pid != body.pid && is_pid_alive(agent.pid))
         .map(|agent| agent.port)
         .collect();
+    // A dead agent's endpoints may still hold the port (an agent restarted after a crash):
+    // deregister it and let its server go before binding.
+    let releasing = prune_dead(state).await;
     let secret = uuid::Uuid::new_v4().simple().to_string();
     let mut last_error = None;
     for port in candidates.iter().copied() {
         if port != 0 && taken.contains(&port) {
             continue;
         }
-        let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+        let listener = match bind_port(port, releasing.contains(&port)).await {
             Ok(listener) => listener,
             Err(error) => {
                 last_error = Some(format!("port {port}: {error}"));
@@ -206,13 +209,31 @@ pub async fn deregister(state: &Arc<BrokerState>, agent_id: &str, reason: &str) 
     result.map(|_| ())
 }
 
-/// Deregisters every agent whose process is gone.
-pub async fn prune_dead(state: &Arc<BrokerState>) {
-    let Ok(agents) = state.store.read(|view| view.agents()) else { return };
+/// Deregisters every agent whose process is gone; returns the ports they held.
+pub async fn prune_dead(state: &Arc<BrokerState>) -> Vec<u16> {
+    let Ok(agents) = state.store.read(|view| view.agents()) else { return Vec::new() };
+    let mut ports = Vec::new();
     for agent in agents.into_iter().filter(|agent| !is_pid_alive(agent.pid)) {
         tracing::info!("{} (pid {}) is gone; deregistering", agent.agent_id, agent.pid);
         let _ = deregister(state, &agent.agent_id, "process gone").await;
+        ports.push(agent.port);
     }
+    ports
+}
+
+/// Binds 127.0.0.1:`port`. A port just released by a stopped agent server is retried briefly
+/// while that server shuts down.
+async fn bind_port(port: u16, releasing: bool) -> std::io::Result<tokio::net::TcpListener> {
+    let attempts = if releasing { 100 } else { 1 };
+    let mut last = None;
+    for _ in 0..attempts {
+        match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(listener) => return Ok(listener),
+            Err(error) => last = Some(error),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("cannot bind")))
 }
 
 /// At broker start: serve the endpoints of agents that are still alive, prune the others.

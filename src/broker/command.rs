@@ -424,6 +424,15 @@ pub fn decide(view: &Projections<'_>, command: &Command) -> Result<Decision, Dec
             };
             let mut events =
                 vec![Event::TicketInjected { agent_id: agent_id.clone(), ticket: *ticket, priority: entry.priority }];
+            // A ticket just written means the CLI is working on it.
+            if let Some(agent) = view.agent(agent_id)?
+                && agent.status != crate::event::AgentStatus::Processing
+            {
+                events.push(Event::AgentStatusChanged {
+                    agent_id: agent_id.clone(),
+                    status: crate::event::AgentStatus::Processing,
+                });
+            }
             if entry.kind == crate::store::TicketKind::Message
                 && let Some(task) = view.task(&entry.task_id)?
                 && task.state == TaskState::Submitted

@@ -1,3 +1,241 @@
-pub fn run(_keep: bool) -> anyhow::Result<i32> {
+//! `synapse demo`: a broker and two dummy agents in a temporary home, a plain send, a
+//! `--response` round trip answered by the auto-replying dummy, messages queued while it is
+//! busy, and a priority-5 interrupt; then what each terminal showed and the event log.
+
+use super::system::event_line;
+use crate::client::Client;
+use crate::config::Paths;
+use crate::event::Envelope;
+use anyhow::{Context, bail};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+struct Demo {
+    dir: PathBuf,
+    paths: Paths,
+    exe: PathBuf,
+    wrappers: Vec<u32>,
+}
+
+impl Demo {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.exe);
+        command
+            .args(args)
+            .env("SYNAPSE_HOME", &self.paths.home)
+            .env("SYNAPSE_UDS_DIR", &self.paths.uds_dir)
+            .env("SYNAPSE_BROKER_PORT", "0")
+            .env_remove("SYNAPSE_AGENT_ID")
+            .env_remove("SYNAPSE_AGENT_SECRET")
+            .stdin(std::process::Stdio::null());
+        command
+    }
+
+    /// Runs `synapse ...` (as `agent` when given), shows the command and its output.
+    fn run(&self, agent: Option<&Value>, args: &[&str]) -> anyhow::Result<Output> {
+        let mut command = self.command(args);
+        let who = match agent {
+            Some(agent) => {
+                command
+                    .env("SYNAPSE_AGENT_ID", agent["agent_id"].as_str().unwrap_or_default())
+                    .env("SYNAPSE_AGENT_SECRET", agent["secret"].as_str().unwrap_or_default());
+                format!("[as {}] ", agent["agent_id"].as_str().unwrap_or_default())
+            }
+            None => String::new(),
+        };
+        let shown: Vec<String> =
+            args.iter().map(|arg| if arg.contains(' ') { format!("\"{arg}\"") } else { arg.to_string() }).collect();
+        println!("  {who}$ synapse {}", shown.join(" "));
+        let output = command.output()?;
+        for line in
+            String::from_utf8_lossy(&output.stdout).lines().chain(String::from_utf8_lossy(&output.stderr).lines())
+        {
+            println!("      {line}");
+        }
+        if !output.status.success() {
+            bail!("'synapse {}' failed", args.join(" "));
+        }
+        Ok(output)
+    }
+
+    fn start(&mut self, name: &str, auto_reply: bool) -> anyhow::Result<Value> {
+        let mut command = self.command(&["start", "dummy", "--name", name, "--json"]);
+        if auto_reply {
+            command.env("SYNAPSE_DUMMY_AUTO_REPLY", "1").env("SYNAPSE_DUMMY_REPLY_DELAY_MS", "700");
+        }
+        let output = command.output()?;
+        if !output.status.success() {
+            bail!("cannot start {name}: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        let agent: Value = serde_json::from_slice(&output.stdout).context("unexpected answer from synapse start")?;
+        if let Some(pid) = agent["pid"].as_u64().and_then(|pid| u32::try_from(pid).ok()) {
+            self.wrappers.push(pid);
+        }
+        println!(
+            "  started {name}: {} (pid {}){}",
+            agent["agent_id"].as_str().unwrap_or_default(),
+            agent["pid"],
+            if auto_reply { ", answers :R messages by itself after 0.7 s" } else { "" }
+        );
+        Ok(agent)
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        for pid in &self.wrappers {
+            if let Ok(pid) = i32::try_from(*pid) {
+                crate::agent::terminal::signal(pid, libc::SIGTERM);
+            }
+        }
+        for pid in &self.wrappers {
+            while crate::broker::command::is_pid_alive(*pid) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        let _ = self.command(&["broker", "stop"]).output();
+    }
+}
+
+/// Follows the log until `done` says the state it folds is complete.
+async fn follow_until(paths: &Paths, mut done: impl FnMut(&Envelope) -> bool) -> anyhow::Result<()> {
+    let mut client = Client::connect(paths, true).await?;
+    let mut finished = false;
+    client
+        .sse("/events?after=0&follow=true", |data| {
+            if let Ok(envelope) = serde_json::from_str::<Envelope>(data)
+                && done(&envelope)
+            {
+                finished = true;
+                return false;
+            }
+            true
+        })
+        .await?;
+    if !finished {
+        bail!("the broker stopped before the demo finished");
+    }
+    Ok(())
+}
+
+/// Every ticket written and every agent back at its prompt afterwards.
+fn settled() -> impl FnMut(&Envelope) -> bool {
+    use crate::event::{AgentStatus, Event};
+    let mut issued = 0usize;
+    let mut injected = 0usize;
+    let mut ready: HashMap<String, bool> = HashMap::new();
+    move |envelope| {
+        match &envelope.event {
+            Event::TicketIssued { .. } | Event::ReverseTicketIssued { .. } => issued += 1,
+            Event::TicketInjected { agent_id, .. } => {
+                injected += 1;
+                ready.insert(agent_id.clone(), false);
+            }
+            Event::AgentStatusChanged { agent_id, status } => {
+                ready.insert(agent_id.clone(), *status == AgentStatus::Ready);
+            }
+            _ => {}
+        }
+        issued > 0 && issued == injected && ready.len() >= 2 && ready.values().all(|ready| *ready)
+    }
+}
+
+pub fn run(keep: bool) -> anyhow::Result<i32> {
+    let dir = std::env::temp_dir().join(format!("synapse-demo-{}", std::process::id()));
+    let paths = Paths { home: dir.join("home"), uds_dir: dir.join("uds"), broker_port: 0 };
+    let exe = std::env::current_exe().context("cannot find the synapse executable")?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let result = {
+        let mut demo = Demo { dir: dir.clone(), paths: paths.clone(), exe, wrappers: Vec::new() };
+        script(&mut demo, &runtime)
+    };
+    if keep {
+        println!("\nThe demo's home is kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn script(demo: &mut Demo, runtime: &tokio::runtime::Runtime) -> anyhow::Result<i32> {
+    println!("Synapse demo: a broker and two dummy agents in {}\n", demo.dir.display());
+    println!("1. Start two agents in the background (the broker starts on demand)");
+    let alice = demo.start("alice", false)?;
+    let bob = demo.start("bob", true)?;
+    let ids = [
+        alice["agent_id"].as_str().unwrap_or_default().to_string(),
+        bob["agent_id"].as_str().unwrap_or_default().to_string(),
+    ];
+    runtime.block_on(follow_until(&demo.paths, {
+        let mut ready: HashMap<String, bool> = HashMap::new();
+        let ids = ids.clone();
+        move |envelope| {
+            if let crate::event::Event::AgentStatusChanged { agent_id, status } = &envelope.event {
+                ready.insert(agent_id.clone(), *status == crate::event::AgentStatus::Ready);
+            }
+            ids.iter().all(|id| ready.get(id).copied().unwrap_or(false))
+        }
+    }))?;
+    demo.run(None, &["list"])?;
+
+    println!("\n2. A plain message from alice to bob (no reply expected)");
+    demo.run(Some(&alice), &["send", "bob", "Hello Bob, just so you know: the build is green.", "--no-response"])?;
+
+    println!("\n3. A question that expects a reply; bob's dummy answers with 'synapse reply'");
+    let asked = demo.run(Some(&alice), &["send", "bob", "Bob, what is 6 x 7?", "--response"])?;
+    let sender_task = String::from_utf8_lossy(&asked.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("Reply expected: your task "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .context("no task id in the output of synapse send")?;
+
+    println!("\n4. While bob is busy answering, two more messages queue in his inbox");
+    demo.run(None, &["send", "bob", "queued message 1", "--no-response"])?;
+    demo.run(None, &["send", "bob", "queued message 2", "--no-response", "-p", "4"])?;
+
+    println!("\n5. Alice's task completes when the reply arrives (it also lands in her terminal)");
+    let waited = runtime.block_on(async {
+        let mut client = Client::connect(&demo.paths, true).await?;
+        client.get(&format!("/tasks/{sender_task}/wait?timeout_ms=30000")).await
+    })?;
+    println!(
+        "  task {} is {}: \"{}\"",
+        crate::event::short_id(&sender_task),
+        waited.pointer("/task/status").and_then(Value::as_str).unwrap_or_default(),
+        waited.get("reply").and_then(Value::as_str).unwrap_or_default()
+    );
+
+    println!("\n6. Priority 5 interrupts alice (SIGINT first), then writes at once");
+    demo.run(None, &["send", "alice", "URGENT: stop and read this", "--no-response", "-p", "5"])?;
+
+    runtime.block_on(follow_until(&demo.paths, settled()))?;
+    for (name, agent) in [("alice", &alice), ("bob", &bob)] {
+        println!("\n--- {name}'s terminal ({}) ---", agent["agent_id"].as_str().unwrap_or_default());
+        let log = std::fs::read_to_string(agent["log"].as_str().unwrap_or_default()).unwrap_or_default();
+        for line in log.replace('\r', "").lines() {
+            println!("  {line}");
+        }
+    }
+    println!("\n--- the event log ---");
+    let events = runtime.block_on(async {
+        let mut client = Client::connect(&demo.paths, true).await?;
+        let mut lines = Vec::new();
+        client
+            .sse("/events?after=0", |data| {
+                if let Ok(envelope) = serde_json::from_str::<Envelope>(data) {
+                    lines.push(event_line(&envelope));
+                }
+                true
+            })
+            .await?;
+        anyhow::Ok(lines)
+    })?;
+    for line in events {
+        println!("{line}");
+    }
+    println!("\nDone. Every message above is an event in one durable log; try 'synapse --help'.");
     Ok(0)
 }

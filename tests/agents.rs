@@ -1,0 +1,315 @@
+//! Agents in PTYs with the dummy agent: delivery format, round trip, queueing, interrupts,
+//! long messages, and exactly-once delivery across SIGKILLs (issue 4).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+/// Longest any wait for an event may take before the test fails.
+const EVENT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// `synapse events --follow --json` from the start of the log, read on a thread.
+struct Follower {
+    child: Child,
+    events: Receiver<Value>,
+    seen: Vec<Value>,
+}
+
+impl Follower {
+    fn new(home: &Home) -> Follower {
+        let mut child = home.cmd(&["events", "--follow", "--json"]).stdout(Stdio::piped()).spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, events) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(serde_json::from_str::<Value>(&line).unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        Follower { child, events, seen: Vec::new() }
+    }
+
+    /// Waits until `done` holds for the events seen so far.
+    fn wait_until(&mut self, what: &str, mut done: impl FnMut(&[Value]) -> bool) {
+        let deadline = Instant::now() + EVENT_DEADLINE;
+        while !done(&self.seen) {
+            match self.events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(event) => self.seen.push(event),
+                Err(RecvTimeoutError::Timeout) => panic!("timed out waiting for {what}; saw {:#?}", self.seen.last()),
+                Err(RecvTimeoutError::Disconnected) => {
+                    // The broker was restarted: follow again from where we were.
+                    panic!("event stream ended while waiting for {what}");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn kind(event: &Value) -> &str {
+    event["event"]["kind"].as_str().unwrap_or_default()
+}
+
+fn data<'a>(event: &'a Value, field: &str) -> &'a Value {
+    &event["event"]["data"][field]
+}
+
+/// Every ticket issued to `agent` has been written, and the agent is READY after the last one.
+fn settled(events: &[Value], agent: &str) -> bool {
+    let issued = events
+        .iter()
+        .filter(|e| matches!(kind(e), "ticket_issued" | "reverse_ticket_issued") && data(e, "agent_id") == agent)
+        .count();
+    let injected: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| kind(e) == "ticket_injected" && data(e, "agent_id") == agent)
+        .map(|(index, _)| index)
+        .collect();
+    let ready_after = events.iter().enumerate().any(|(index, e)| {
+        kind(e) == "agent_status_changed"
+            && data(e, "agent_id") == agent
+            && data(e, "status") == "READY"
+            && injected.last().is_some_and(|last| index > *last)
+    });
+    issued > 0 && injected.len() == issued && ready_after
+}
+
+fn ready(events: &[Value], agent: &str) -> bool {
+    events
+        .iter()
+        .rev()
+        .find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == agent)
+        .is_some_and(|e| data(e, "status") == "READY")
+}
+
+/// Starts a background dummy agent; returns what `synapse start --json` announced.
+fn start(home: &Home, name: &str, env: &[(&str, &str)], port: Option<u16>) -> Value {
+    let port_text = port.map(|port| port.to_string());
+    let mut args = vec!["start", "dummy", "--name", name, "--json"];
+    if let Some(port) = &port_text {
+        args.extend(["--port", port]);
+    }
+    let mut command = home.cmd(&args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn id(agent: &Value) -> String {
+    agent["agent_id"].as_str().unwrap().to_string()
+}
+
+fn as_agent(agent: &Value) -> Agent {
+    Agent {
+        id: id(agent),
+        secret: agent["secret"].as_str().unwrap().to_string(),
+        port: u16::try_from(agent["port"].as_u64().unwrap()).unwrap(),
+        socket: agent["socket"].as_str().unwrap().into(),
+    }
+}
+
+fn terminal(agent: &Value) -> String {
+    std::fs::read_to_string(agent["log"].as_str().unwrap()).unwrap().replace('\r', "")
+}
+
+/// Stops the agents' wrappers when the test ends, whatever happens.
+struct Wrappers<'a>(&'a Home, Vec<String>);
+
+impl Drop for Wrappers<'_> {
+    fn drop(&mut self) {
+        for agent in &self.1 {
+            let _ = self.0.cmd(&["stop", agent]).output();
+        }
+    }
+}
+
+#[test]
+fn a_send_reaches_the_target_pty_in_the_seed_format_and_the_auto_reply_comes_back_as_a_reverse_ticket() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let alice = start(&home, "alice", &[], None);
+    let bob = start(&home, "bob", &[("SYNAPSE_DUMMY_AUTO_REPLY", "1")], None);
+    let _wrappers = Wrappers(&home, vec![id(&alice), id(&bob)]);
+    follower.wait_until("both agents READY", |events| ready(events, &id(&alice)) && ready(events, &id(&bob)));
+
+    let plain = home.run_as(&as_agent(&alice), &["send", "bob", "just so you know", "--no-response", "--json"]);
+    assert!(plain.status.success(), "{}", describe(&plain));
+    let plain: Value = serde_json::from_slice(&plain.stdout).unwrap();
+    let plain_id8 = &plain["task"]["id"].as_str().unwrap()[..8];
+    let asked = home.run_as(&as_agent(&alice), &["send", "bob", "what is 6 x 7?", "--response", "--json"]);
+    let asked: Value = serde_json::from_slice(&asked.stdout).unwrap();
+    let asked_id8 = &asked["sender_task"]["id"].as_str().unwrap()[..8];
+
+    follower.wait_until("the reply in alice's terminal", |events| {
+        settled(events, &id(&alice)) && settled(events, &id(&bob))
+    });
+    let bob_terminal = terminal(&bob);
+    assert!(bob_terminal.contains(&format!("> [A2A:{plain_id8}:{}] just so you know\n", id(&alice))), "{bob_terminal}");
+    assert!(bob_terminal.contains(&format!("> [A2A:{asked_id8}:{}:R] what is 6 x 7?\n", id(&alice))), "{bob_terminal}");
+    let alice_terminal = terminal(&alice);
+    assert!(
+        alice_terminal.contains(&format!(
+            "> [A2A:{asked_id8}:{}:REPLY] [DUMMY] Auto-reply to {asked_id8}: what is 6 x 7?",
+            id(&bob)
+        )),
+        "{alice_terminal}"
+    );
+    let (_, task) = home.http("GET", &format!("/tasks/{asked_id8}"), None, &[]);
+    assert_eq!(task["task"]["status"], "completed");
+    // list shows both, READY, nothing queued.
+    let listed: Value = serde_json::from_str(&home.ok(&["list", "--json"])).unwrap();
+    assert!(listed["agents"].as_array().unwrap().iter().all(|a| a["queue_depth"] == 0 && a["status"] == "READY"));
+}
+
+#[test]
+fn messages_sent_while_the_target_is_processing_wait_and_arrive_by_priority_then_arrival() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let bob = start(&home, "bob", &[("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "1500")], None);
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
+    home.ok(&["send", "bob", "think hard", "--response"]);
+    follower.wait_until("bob busy with the question", |events| {
+        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == id(&bob).as_str())
+    });
+    for (text, priority) in [("m1", "3"), ("m2", "3"), ("m3", "1"), ("m4", "4")] {
+        home.ok(&["send", "bob", text, "--no-response", "-p", priority]);
+    }
+    follower.wait_until("everything written", |events| settled(events, &id(&bob)));
+    // The precondition of this test: all four were queued before bob answered.
+    let reply_at = follower.seen.iter().position(|e| kind(e) == "reply_posted").unwrap();
+    let queued_at: Vec<usize> =
+        follower.seen.iter().enumerate().filter(|(_, e)| kind(e) == "ticket_issued").map(|(i, _)| i).collect();
+    assert!(queued_at.iter().skip(1).all(|at| *at < reply_at), "messages were not queued while bob was busy");
+    let said: Vec<String> = terminal(&bob)
+        .lines()
+        .filter_map(|line| line.strip_prefix("[DUMMY] You said: "))
+        .map(|line| line.rsplit(' ').next().unwrap().to_string())
+        .collect();
+    assert_eq!(said, ["hard", "m4", "m1", "m2", "m3"], "{}", terminal(&bob));
+}
+
+#[test]
+fn priority_five_interrupts_the_cli_before_writing() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let bob = start(&home, "bob", &[], None);
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
+    home.ok(&["send", "bob", "URGENT stop", "--no-response", "-p", "5"]);
+    follower.wait_until("the urgent message written", |events| settled(events, &id(&bob)));
+    let screen = terminal(&bob);
+    let interrupted = screen.find("[DUMMY] Interrupted.").expect(&screen);
+    let urgent = screen.find("URGENT stop").expect(&screen);
+    assert!(interrupted < urgent, "{screen}");
+}
+
+#[test]
+fn a_50_kb_multi_line_message_arrives_whole_through_a_file() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let bob = start(&home, "bob", &[], None);
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
+    let text: String = (0..1200).map(|line| format!("line {line:04}: the quick brown fox 🦊 jumps\n")).collect();
+    assert!(text.len() > 50_000);
+    let file = home.dir.path().join("big.txt");
+    std::fs::write(&file, &text).unwrap();
+    home.ok(&["send", "bob", "-F", file.to_str().unwrap(), "--no-response"]);
+    follower.wait_until("the long message written", |events| settled(events, &id(&bob)));
+    let screen = terminal(&bob);
+    let path = screen
+        .lines()
+        .find_map(|line| line.split("[LONG MESSAGE - FILE ATTACHED] Path: ").nth(1))
+        .expect(&screen)
+        .trim()
+        .to_string();
+    assert_eq!(std::fs::read_to_string(path).unwrap(), text);
+}
+
+/// Issue 4: SIGKILL of the broker and of the wrapper during a burst of 200 messages; each
+/// message is written into the agent's PTY exactly once.
+#[test]
+fn a_burst_of_200_messages_survives_sigkills_of_broker_and_wrapper_with_each_written_exactly_once() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    // Each message expects a reply, which the dummy sends with a subprocess: delivery of the
+    // burst takes a while, so the kills land while tickets are still queued.
+    let slow = [("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "2")];
+    let bob = start(&home, "bob", &slow, None);
+    let port = u16::try_from(bob["port"].as_u64().unwrap()).unwrap();
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
+    drop(follower);
+
+    let socket = home.socket();
+    let send = |number: usize| {
+        let body = json!({"to": id(&bob), "text": format!("burst-{number:03}"), "response_expected": true}).to_string();
+        for _ in 0..100 {
+            if let Ok(mut stream) = std::os::unix::net::UnixStream::connect(&socket) {
+                use std::io::{Read, Write};
+                let request = format!(
+                    "POST /send HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let mut answer = String::new();
+                if stream.write_all(request.as_bytes()).is_ok() && stream.read_to_string(&mut answer).is_ok() {
+                    assert!(answer.starts_with("HTTP/1.1 200"), "burst-{number:03} refused: {answer}");
+                    return;
+                }
+            }
+            // The broker is down (killed by the test): start it again, then retry the send.
+            let _ = home.cmd(&["broker", "start"]).output();
+        }
+        panic!("burst-{number:03} could not be sent");
+    };
+    for number in 0..70 {
+        send(number);
+    }
+    home.kill_broker();
+    for number in 70..140 {
+        send(number);
+    }
+    let (_, inbox) = home.http("GET", &format!("/agents/{}/inbox", id(&bob)), None, &[]);
+    assert!(!inbox["tickets"].as_array().unwrap().is_empty(), "the kill must land while tickets are queued");
+    let wrapper_pid = u32::try_from(bob["pid"].as_u64().unwrap()).unwrap();
+    kill(wrapper_pid, libc::SIGKILL);
+    wait_until_dead(wrapper_pid);
+    let restarted = start(&home, "bob", &slow, Some(port));
+    assert_eq!(id(&restarted), id(&bob), "the same port gives the same agent and inbox");
+    let _wrappers_again = Wrappers(&home, vec![id(&restarted)]);
+    for number in 140..200 {
+        send(number);
+    }
+
+    let mut follower = Follower::new(&home);
+    follower.wait_until("all 200 written", |events| {
+        let injected =
+            events.iter().filter(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == id(&bob).as_str()).count();
+        injected == 200 && settled(events, &id(&bob))
+    });
+    let screen = terminal(&bob);
+    for number in 0..200 {
+        let needle = format!("] burst-{number:03}");
+        let echoed = screen.lines().filter(|line| line.starts_with("> ") && line.ends_with(&needle)).count();
+        assert_eq!(echoed, 1, "burst-{number:03} written {echoed} times:\n{screen}");
+    }
+}
