@@ -14,4 +14,5 @@ pub mod client;
 pub mod config;
 pub mod event;
 pub mod http;
+pub mod settings;
 pub mod store;

@@ -245,6 +245,29 @@ fn a_50_kb_multi_line_message_arrives_whole_through_a_file() {
     assert_eq!(std::fs::read_to_string(path).unwrap(), text);
 }
 
+#[test]
+fn the_first_ready_brings_one_start_up_message_naming_the_instruction_files() {
+    let home = Home::new();
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(project.join(".synapse")).unwrap();
+    std::fs::write(project.join(".synapse/default.md"), "be nice").unwrap();
+    std::fs::write(project.join(".synapse/delegate.md"), "delegation rules").unwrap();
+    let mut follower = Follower::new(&home);
+    let output = home.cmd(&["start", "dummy", "--name", "bob", "--json"]).current_dir(&project).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    // A message after start-up is written after the start-up message.
+    home.ok(&["send", "bob", "first real message", "--no-response"]);
+    follower.wait_until("the message written", |events| settled(events, &id(&bob)));
+    let screen = terminal(&bob);
+    let startup: Vec<&str> = screen.lines().filter(|line| line.starts_with("> [SYNAPSE] You are agent")).collect();
+    assert_eq!(startup.len(), 1, "{screen}");
+    assert!(startup[0].contains(&id(&bob)) && startup[0].contains(".synapse/default.md"), "{screen}");
+    assert!(!startup[0].contains("delegate.md"), "delegation is off: {screen}");
+    assert!(screen.find("[SYNAPSE] You are agent").unwrap() < screen.find("first real message").unwrap());
+}
+
 /// Issue 4: SIGKILL of the broker and of the wrapper during a burst of 200 messages; each
 /// message is written into the agent's PTY exactly once.
 #[test]
@@ -312,4 +335,64 @@ fn a_burst_of_200_messages_survives_sigkills_of_broker_and_wrapper_with_each_wri
         let echoed = screen.lines().filter(|line| line.starts_with("> ") && line.ends_with(&needle)).count();
         assert_eq!(echoed, 1, "burst-{number:03} written {echoed} times:\n{screen}");
     }
+}
+
+/// Seed 001: in the interactive wrapper, `@<agent> message` goes to that agent; other input
+/// reaches the CLI untouched. The wrapper runs in a real PTY made by the test.
+#[test]
+fn at_agent_lines_typed_in_the_interactive_wrapper_are_sent_and_other_input_passes_through() {
+    use portable_pty::{CommandBuilder, PtySize, native_pty_system};
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let bob = start(&home, "bob", &[], None);
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    let pty = native_pty_system().openpty(PtySize { rows: 30, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
+    let mut command = CommandBuilder::new(BIN);
+    command.args(["dummy", "--name", "alice"]);
+    command.env("SYNAPSE_HOME", home.home());
+    command.env("SYNAPSE_UDS_DIR", home.uds());
+    command.env("SYNAPSE_BROKER_PORT", "0");
+    command.env_remove("SYNAPSE_AGENT_ID");
+    let mut child = pty.slave.spawn_command(command).unwrap();
+    drop(pty.slave);
+    let screen = Arc::new(Mutex::new(String::new()));
+    let mut reader = pty.master.try_clone_reader().unwrap();
+    let collected = screen.clone();
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(count) = reader.read(&mut buffer) {
+            if count == 0 {
+                break;
+            }
+            collected.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..count]));
+        }
+    });
+    let mut keyboard = pty.master.take_writer().unwrap();
+    let alice_id = |events: &[Value]| {
+        events
+            .iter()
+            .find(|e| kind(e) == "agent_registered" && data(e, "agent_id") != id(&bob).as_str())
+            .map(|e| data(e, "agent_id").as_str().unwrap().to_string())
+    };
+    follower.wait_until("alice and bob READY", |events| {
+        alice_id(events).is_some_and(|alice| ready(events, &alice)) && ready(events, &id(&bob))
+    });
+    let alice = alice_id(&follower.seen).unwrap();
+
+    keyboard.write_all(b"plain line\r").unwrap();
+    keyboard.write_all(b"@bob hello from the keyboard\r").unwrap();
+    keyboard.flush().unwrap();
+    follower.wait_until("the message in bob's terminal", |events| settled(events, &id(&bob)));
+    let bob_screen = terminal(&bob);
+    assert!(bob_screen.contains(&format!(":{alice}:R] hello from the keyboard")), "{bob_screen}");
+    // alice's CLI got the plain line, and not the @ line.
+    let alice_log = std::fs::read_to_string(home.home().join("logs").join(format!("{alice}.log"))).unwrap();
+    assert!(alice_log.contains("[DUMMY] You said: plain line"), "{alice_log}");
+    assert!(!alice_log.contains("You said: @bob"), "{alice_log}");
+    assert!(screen.lock().unwrap().contains(&format!("[synapse] sent to {}", id(&bob))), "{}", screen.lock().unwrap());
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

@@ -23,7 +23,9 @@ use synapse::config::Paths;
 use synapse::event::{AgentStatus, Artifact, Direction, Event, Message, Role, TaskState};
 use synapse::store::{Appender, Store, StoreError};
 
-const SCENARIOS: [&str; 6] = ["append", "rebuild", "memory", "cli-send", "http-send", "round-trip"];
+const SCENARIOS: [&str; 7] = ["append", "rebuild", "memory", "cli-send", "http-send", "round-trip", "delivery"];
+/// Messages timed by `delivery`.
+const DELIVERIES: usize = 1000;
 
 /// Default length of the timed scenarios (append, http-send).
 const DEFAULT_SECONDS: f64 = 10.0;
@@ -48,7 +50,7 @@ const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
 const SECRET_HEADER: &str = "x-synapse-agent-secret";
 
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
-scenarios: append, rebuild, memory, cli-send, http-send, round-trip, all
+scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, all
   --seconds N      length of the timed scenarios (append, http-send); default 10,
                    or SYNAPSE_BENCH_SECONDS
   --synapse PATH   the synapse binary (default: next to synapse-bench), or SYNAPSE_BENCH_BIN
@@ -82,6 +84,7 @@ fn run() -> Result<ExitCode> {
             "cli-send" => runtime.block_on(cli_send(&options)),
             "http-send" => runtime.block_on(http_send(&options)),
             "round-trip" => runtime.block_on(round_trip(&options)),
+            "delivery" => runtime.block_on(delivery(&options)),
             other => Err(anyhow!("unknown scenario '{other}'")),
         };
         if let Err(error) = outcome {
@@ -839,8 +842,102 @@ async fn memory(options: &Options) -> Result<()> {
     let peak_kib = proc_status_kib(broker.pid(), "VmHWM")?;
     let threads = proc_status_value(broker.pid(), "Threads")?;
     println!("idle broker (empty log): VmRSS {rss_kib} kB, VmHWM {peak_kib} kB, {threads} threads");
+    // One wrapper with a dummy agent, idle at its prompt.
+    let agent = start_dummy(&broker.env)?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let wrapper_kib = proc_status_kib(agent.wrapper_pid, "VmRSS")?;
+    println!("idle wrapper with a dummy agent: VmRSS {wrapper_kib} kB (the dummy itself is a separate process)");
+    stop_dummy(&broker.env, &agent);
     broker.stop()?;
     result("broker_idle_rss_mb", rss_kib as f64 / 1024.0, 1, "MB");
+    result("wrapper_rss_mb", wrapper_kib as f64 / 1024.0, 1, "MB");
+    Ok(())
+}
+
+/// A dummy agent started with `synapse start dummy --json`.
+struct StartedAgent {
+    id: String,
+    wrapper_pid: u32,
+    log: PathBuf,
+}
+
+fn start_dummy(env: &SynapseEnv) -> Result<StartedAgent> {
+    let output =
+        env.command(["start", "dummy", "--json", "--port", "0"]).output().context("cannot run synapse start")?;
+    if !output.status.success() {
+        bail!("synapse start failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+    }
+    let announce: Value = serde_json::from_slice(&output.stdout).context("synapse start --json printed no JSON")?;
+    Ok(StartedAgent {
+        id: announce["agent_id"].as_str().context("no agent_id")?.to_string(),
+        wrapper_pid: announce["pid"].as_u64().and_then(|pid| u32::try_from(pid).ok()).context("no pid")?,
+        log: PathBuf::from(announce["log"].as_str().context("no log")?),
+    })
+}
+
+fn stop_dummy(env: &SynapseEnv, agent: &StartedAgent) {
+    let _ = env.command(["stop", agent.id.as_str()]).output();
+}
+
+// ---------------------------------------------------------------------------------------------
+// delivery: from the send's answer to the bytes in the target's PTY
+
+/// Reads what was appended to `path` since `offset`.
+fn read_from(path: &Path, offset: &mut u64) -> Result<String> {
+    use std::io::{Read, Seek};
+    let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    file.seek(std::io::SeekFrom::Start(*offset))?;
+    let mut text = String::new();
+    let read = file.read_to_string(&mut text)?;
+    *offset += read as u64;
+    Ok(text)
+}
+
+/// Waits until the log shows `needle` (polling the file: this is a measurement, and the PTY's
+/// echo in the wrapper's log is the first observable sign of the write).
+fn wait_in_log(path: &Path, offset: &mut u64, seen: &mut String, needle: &str) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        seen.push_str(&read_from(path, offset)?);
+        if let Some(at) = seen.find(needle) {
+            seen.drain(..at + needle.len());
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            bail!("'{needle}' never appeared in {}", path.display());
+        }
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+async fn delivery(options: &Options) -> Result<()> {
+    let dir = BenchDir::new("delivery")?;
+    let env = SynapseEnv::new(&options.synapse, &dir)?;
+    let broker = BrokerProcess::start(env.clone(), dir.root.join("broker.log")).await?;
+    let agent = start_dummy(&env)?;
+    let mut http = broker.connect().await?;
+    let mut offset = 0;
+    let mut seen = String::new();
+    wait_in_log(&agent.log, &mut offset, &mut seen, "> ")?;
+    let mut samples = Vec::with_capacity(DELIVERIES);
+    for number in 0..DELIVERIES {
+        let text = format!("delivery-{number:05}");
+        let body = json!({"to": agent.id, "text": text, "response_expected": false});
+        http.json(Method::POST, "/send", Some(&body), None).await?;
+        let sent = Instant::now();
+        // The echo of the written line; then the dummy's answer and its prompt (READY again).
+        wait_in_log(&agent.log, &mut offset, &mut seen, &format!("] {text}"))?;
+        samples.push(sent.elapsed());
+        wait_in_log(&agent.log, &mut offset, &mut seen, "You said: [A2A")?;
+        wait_in_log(&agent.log, &mut offset, &mut seen, "> ")?;
+    }
+    drop(http);
+    stop_dummy(&env, &agent);
+    broker.stop()?;
+    let samples = Samples::new(samples);
+    println!("send answered -> line echoed by the target PTY (dummy, settle 0): {}", samples.summary());
+    result("delivery_p50_ms", samples.median(), 3, "ms");
+    result("delivery_p99_ms", samples.percentile(99.0), 3, "ms");
     Ok(())
 }
 

@@ -51,11 +51,25 @@ pub fn run() -> anyhow::Result<i32> {
                 }
             }
         });
+        // One listener for the whole run, so no SIGINT between two polls is missed.
+        let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         println!("[DUMMY] Dummy agent {me} ready. Ctrl-C twice to exit.");
         prompt();
         let mut interrupts = 0;
         loop {
+            // An interrupt that arrived before a line is handled first (a priority-5 message
+            // is written right after its SIGINT).
             tokio::select! {
+                biased;
+                _ = interrupt.recv() => {
+                    interrupts += 1;
+                    if interrupts >= 2 {
+                        println!("\n[DUMMY] Exiting.");
+                        return Ok(130);
+                    }
+                    println!("\n[DUMMY] Interrupted. Press Ctrl-C again to exit.");
+                    prompt();
+                }
                 line = incoming.recv() => {
                     let Some(line) = line else { return Ok(0) };
                     interrupts = 0;
@@ -64,15 +78,6 @@ pub fn run() -> anyhow::Result<i32> {
                         tokio::time::sleep(delay).await;
                         answer(&id8, &sender, &line).await;
                     }
-                    prompt();
-                }
-                _ = tokio::signal::ctrl_c() => {
-                    interrupts += 1;
-                    if interrupts >= 2 {
-                        println!("\n[DUMMY] Exiting.");
-                        return Ok(130);
-                    }
-                    println!("\n[DUMMY] Interrupted. Press Ctrl-C again to exit.");
                     prompt();
                 }
             }

@@ -5,5 +5,6 @@ pub mod dummy;
 pub mod input;
 pub mod profile;
 pub mod readiness;
+pub mod scenario;
 pub mod terminal;
 pub mod wrapper;

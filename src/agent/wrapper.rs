@@ -211,6 +211,10 @@ async fn run_registered(
     if let Ok(dir) = std::env::current_dir() {
         command.cwd(dir);
     }
+    // Settings `env` first, so that Synapse's own variables always win.
+    for (key, value) in crate::settings::Settings::load_current(&paths.home)?.env()? {
+        command.env(key, value);
+    }
     command.env("SYNAPSE_AGENT_ID", agent_id);
     command.env("SYNAPSE_AGENT_TYPE", &options.profile.name);
     command.env("SYNAPSE_PORT", port.to_string());
@@ -379,8 +383,59 @@ fn is_gone(error: &anyhow::Error) -> bool {
         .is_some_and(|failure| failure.status.as_u16() == 404 || failure.status.as_u16() == 409)
 }
 
+/// Instruction files for the start-up message (SPEC §1): `.synapse/*.md` of the working
+/// directory, except `delegate.md` unless delegation is enabled and `file-safety.md` unless
+/// file safety is on.
+pub fn instruction_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let enabled =
+        |name: &str| std::env::var(name).is_ok_and(|value| value == "1" || value.eq_ignore_ascii_case("true"));
+    let Ok(entries) = std::fs::read_dir(dir.join(".synapse")) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .filter(|path| match path.file_name().and_then(|name| name.to_str()) {
+            Some("delegate.md") => enabled("SYNAPSE_DELEGATION_ENABLED"),
+            Some("file-safety.md") => enabled("SYNAPSE_FILE_SAFETY_ENABLED"),
+            _ => true,
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// The one start-up message written on the first READY when instruction files exist.
+fn startup_message(shared: &Shared, files: &[PathBuf]) -> String {
+    let list: Vec<String> = files.iter().map(|file| file.display().to_string()).collect();
+    format!(
+        "[SYNAPSE] You are agent {} ({}). Read your instructions in: {}. Messages from other agents arrive as [A2A:<id>:<sender>] lines; answer those marked :R with `synapse reply \"...\"`.",
+        shared.agent_id,
+        shared.profile.name,
+        list.join(", ")
+    )
+}
+
 /// Follows the agent's inbox and writes each ticket into the PTY once the CLI is ready.
 async fn watch_inbox(shared: Arc<Shared>) {
+    let files = std::env::current_dir()
+        .map(|dir| {
+            let mut files = instruction_files(&dir);
+            if let Ok(settings) = crate::settings::Settings::load_current(&shared.paths.home) {
+                files.extend(settings.instructions(&dir).into_iter().filter(|file| file.exists()));
+            }
+            files.dedup();
+            files
+        })
+        .unwrap_or_default();
+    if !files.is_empty() {
+        let mut status = shared.status.subscribe();
+        if status.wait_for(|status| *status == AgentStatus::Ready).await.is_err() {
+            return;
+        }
+        if let Err(error) = write_input(&shared, startup_message(&shared, &files)).await {
+            tracing::warn!("cannot write the start-up message: {error:#}");
+            return;
+        }
+    }
     let mut client = connect(&shared.paths, &shared.secret).await;
     let mut unacknowledged: Option<u64> = None;
     // Only the first ticket after a start can have been written by a previous wrapper that
@@ -462,7 +517,13 @@ fn ticket_text(shared: &Shared, ticket: &Value, bracketed: bool) -> anyhow::Resu
 
 async fn inject(shared: &Arc<Shared>, ticket: &Value) -> anyhow::Result<()> {
     let bracketed = shared.lock_readiness().bracketed_paste();
-    let text = ticket_text(shared, ticket, bracketed)?;
+    write_input(shared, ticket_text(shared, ticket, bracketed)?).await
+}
+
+/// Types `text` into the CLI like a paste (bracketed when the CLI enabled it), then the submit
+/// key after the profile's settle delay.
+async fn write_input(shared: &Arc<Shared>, text: String) -> anyhow::Result<()> {
+    let bracketed = shared.lock_readiness().bracketed_paste();
     shared.lock_readiness().input_written(Instant::now());
     shared.output_changed.notify_one();
     let bytes = if bracketed { format!("\x1b[200~{text}\x1b[201~").into_bytes() } else { text.into_bytes() };

@@ -15,12 +15,50 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 #[derive(Debug, Clone)]
 pub enum Command {
     RegisterAgent(RegisterRequest),
-    SetStatus { agent_id: String, status: crate::event::AgentStatus },
-    Deregister { agent_id: String, reason: String },
+    SetStatus {
+        agent_id: String,
+        status: crate::event::AgentStatus,
+    },
+    Deregister {
+        agent_id: String,
+        reason: String,
+    },
     Send(SendRequest),
-    CreateTask { owner: String, secret: Option<String>, message: Message, peer: Option<String> },
-    CancelTask { task_id: String, reason: Option<String> },
-    AckInjection { agent_id: String, ticket: u64 },
+    CreateTask {
+        owner: String,
+        secret: Option<String>,
+        message: Message,
+        peer: Option<String>,
+    },
+    CancelTask {
+        task_id: String,
+        reason: Option<String>,
+    },
+    AckInjection {
+        agent_id: String,
+        ticket: u64,
+    },
+    /// The receiving agent itself (proved by its secret) moves a task it received to a new
+    /// state, with artifacts; the sender's task waiting on it follows (scenario agent, A2A).
+    UpdateTask(UpdateTaskRequest),
+    /// Webhook registrations and delivery records (see `broker::webhooks`).
+    Webhook(super::webhooks::WebhookCommand),
+}
+
+/// The body of [`Command::UpdateTask`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateTaskRequest {
+    pub agent_id: String,
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// The agent's own received task (full id or unique prefix).
+    pub task_id: String,
+    pub state: TaskState,
+    #[serde(default)]
+    pub artifacts: Vec<Artifact>,
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -76,12 +114,24 @@ pub fn default_priority() -> u8 {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
-    Registered { agent: AgentRecord },
-    StatusSet { changed: bool },
+    Registered {
+        agent: AgentRecord,
+    },
+    StatusSet {
+        changed: bool,
+    },
     Deregistered,
     Sent(Box<SendOutcome>),
-    Task { task: TaskRecord },
-    Injected { ticket: u64 },
+    Task {
+        task: TaskRecord,
+    },
+    Injected {
+        ticket: u64,
+    },
+    /// Events were appended; `seq` is the last one.
+    Appended {
+        seq: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -170,12 +220,19 @@ pub enum Answer {
     Sent { task_id: String, sender_task_id: Option<String>, is_reply: bool, warning: Option<String> },
     Task { task_id: String },
     Injected { ticket: u64 },
+    Appended,
 }
 
 pub fn hash_secret(secret: &str) -> String {
     use sha2::Digest;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = sha2::Sha256::digest(secret.as_bytes());
-    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    let mut hex = String::with_capacity(digest.len() * 2);
+    for byte in digest {
+        hex.push(char::from(HEX[usize::from(byte >> 4)]));
+        hex.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    hex
 }
 
 /// Constant-time comparison of two hex digests.
@@ -183,8 +240,10 @@ fn digests_equal(left: &str, right: &str) -> bool {
     left.len() == right.len() && left.bytes().zip(right.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
-/// Is this process alive? (Signal 0 checks existence without sending anything.)
-pub fn is_pid_alive(pid: u32) -> bool {
+/// Does a process with this pid exist? One system call (signal 0 checks existence without
+/// sending anything); a zombie still counts. The hot path of every send uses this; the
+/// liveness sweeper uses [`is_pid_alive`].
+pub fn pid_exists(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
     if pid <= 0 {
         return false;
@@ -192,9 +251,13 @@ pub fn is_pid_alive(pid: u32) -> bool {
     #[allow(unsafe_code)]
     // SAFETY: kill with signal 0 performs only the existence and permission check.
     let result = unsafe { libc::kill(pid, 0) };
-    let exists = result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-    // A zombie (exited, not yet reaped by its parent) is gone for our purposes.
-    exists && !is_zombie(pid)
+    result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Is this process alive? A zombie (exited, not yet reaped by its parent) is gone for our
+/// purposes.
+pub fn is_pid_alive(pid: u32) -> bool {
+    pid_exists(pid) && libc::pid_t::try_from(pid).is_ok_and(|pid| !is_zombie(pid))
 }
 
 fn is_zombie(pid: libc::pid_t) -> bool {
@@ -258,9 +321,22 @@ pub fn ambiguous_task(reference: &str, candidates: &[TaskRecord]) -> CommandErro
     }
 }
 
-/// Live agents (process still running).
-fn live_agents(view: &Projections<'_>) -> Result<Vec<AgentRecord>, StoreError> {
-    Ok(view.agents()?.into_iter().filter(|agent| is_pid_alive(agent.pid)).collect())
+/// Resolves a target among the registered agents whose process still runs. An exact agent id
+/// is one lookup and one liveness check (the hot path of every send); names, `<type>-<port>`
+/// and types scan the agents. Names may not look like agent ids, so the order of SPEC §2 holds.
+fn resolve_live_target(view: &Projections<'_>, target: &str) -> Result<AgentRecord, DecideError> {
+    if let Some(agent) = view.agent(target.trim())? {
+        if pid_exists(agent.pid) {
+            return Ok(agent);
+        }
+        return Err(CommandError::not_found(format!(
+            "Error: Agent '{}' is no longer running (process {} is gone); it is being removed from the list.",
+            agent.agent_id, agent.pid
+        ))
+        .into());
+    }
+    let agents: Vec<AgentRecord> = view.agents()?.into_iter().filter(|agent| is_pid_alive(agent.pid)).collect();
+    Ok(resolve_target(&agents, target)?)
 }
 
 /// Target resolution: custom name → agent id → `<type>-<port>` → type; first hit wins.
@@ -415,7 +491,13 @@ pub fn decide(view: &Projections<'_>, command: &Command) -> Result<Decision, Dec
             })
         }
         Command::AckInjection { agent_id, ticket } => {
-            let found = view.inbox(agent_id, usize::MAX)?.into_iter().find(|entry| entry.ticket == *ticket);
+            let mut found = None;
+            for priority in (1..=5).rev() {
+                if let Some(entry) = view.ticket(agent_id, priority, *ticket)? {
+                    found = Some(entry);
+                    break;
+                }
+            }
             let Some(entry) = found else {
                 return Err(CommandError::not_found(format!(
                     "Ticket {ticket} is not in {agent_id}'s inbox (already delivered?)"
@@ -446,7 +528,54 @@ pub fn decide(view: &Projections<'_>, command: &Command) -> Result<Decision, Dec
             }
             Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Injected { ticket: *ticket } })
         }
+        Command::UpdateTask(request) => decide_update_task(view, request),
+        Command::Webhook(command) => super::webhooks::decide(command),
     }
+}
+
+/// An agent moves a task it received: its own task and the sender's task waiting on it change
+/// together (all or nothing). Final tasks never change again; cancel has its own command.
+fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -> Result<Decision, DecideError> {
+    check_sender(view, Some(&request.agent_id), request.secret.as_deref())?;
+    let Some(task) = find_task(view, &request.task_id)? else {
+        return Err(CommandError::not_found(format!("Task {} not found", request.task_id)).into());
+    };
+    if task.owner.as_deref() != Some(request.agent_id.as_str()) || task.direction != Direction::Incoming {
+        return Err(CommandError::forbidden(format!(
+            "Error: task {} was not sent to {}; only its receiver can change it",
+            short_id(&task.id),
+            request.agent_id
+        ))
+        .into());
+    }
+    if matches!(request.state, TaskState::Submitted | TaskState::Canceled) {
+        return Err(CommandError::bad(format!(
+            "Error: an agent cannot move a task to {} (use working, input_required, completed or failed; cancel has its own request)",
+            request.state
+        ))
+        .into());
+    }
+    if task.state.is_final() {
+        return Err(CommandError::conflict(format!(
+            "Error: task {} is already {}; nothing changed",
+            short_id(&task.id),
+            task.state
+        ))
+        .into());
+    }
+    let change = |task_id: &str| Event::TaskStateChanged {
+        task_id: task_id.to_string(),
+        state: request.state,
+        artifacts: request.artifacts.clone(),
+        error: request.error.clone(),
+    };
+    let mut events = vec![change(&task.id)];
+    if let Some(sender_task) = view.open_outgoing_of(&task)?
+        && !sender_task.state.is_final()
+    {
+        events.push(change(&sender_task.id));
+    }
+    Ok(Decision { actor: Some(request.agent_id.clone()), events, answer: Answer::Task { task_id: task.id } })
 }
 
 fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<Decision, DecideError> {
@@ -464,6 +593,14 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
         && (name.trim().is_empty() || name.len() > 64 || name.chars().any(char::is_whitespace))
     {
         return Err(CommandError::bad(format!("Invalid name '{name}': 1 to 64 characters, no spaces")).into());
+    }
+    if let Some(name) = &request.name
+        && name.starts_with("synapse-")
+    {
+        return Err(CommandError::bad(format!(
+            "Invalid name '{name}': names may not start with 'synapse-' (agent ids do)"
+        ))
+        .into());
     }
     let agent_id = agent_id_for(&request.agent_type, request.port);
     let mut events = Vec::new();
@@ -529,8 +666,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision
         }
     }
 
-    let agents = live_agents(view)?;
-    let target = resolve_target(&agents, &request.to)?;
+    let target = resolve_live_target(view, &request.to)?;
     if sender_id.as_deref() == Some(target.agent_id.as_str()) {
         return Err(CommandError::bad(format!("Error: cannot send a message to yourself ({})", target.agent_id)).into());
     }
@@ -743,5 +879,6 @@ pub fn complete(view: &Projections<'_>, answer: Answer, last_seq: u64) -> Result
             task: view.task(&task_id)?.ok_or_else(|| StoreError::Corrupt(format!("task {task_id} missing")))?,
         },
         Answer::Injected { ticket } => Outcome::Injected { ticket },
+        Answer::Appended => Outcome::Appended { seq: last_seq },
     })
 }

@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod command;
 pub mod tail;
+pub mod webhooks;
 pub mod writer;
 
 use crate::config::{BrokerInfo, Paths};
@@ -34,6 +35,10 @@ pub struct BrokerState {
     /// The TCP port the broker listens on (resolved when 0 was asked for).
     pub port: std::sync::atomic::AtomicU16,
     pub agent_servers: agents::AgentServers,
+    /// The webhook outbox (a projection of the log kept in memory by its worker).
+    pub webhooks: webhooks::Webhooks,
+    /// API-key authentication, read from the environment at start.
+    pub auth: Arc<crate::http::auth::AuthConfig>,
 }
 
 impl BrokerState {
@@ -52,6 +57,8 @@ impl BrokerState {
             paths,
             port: std::sync::atomic::AtomicU16::new(0),
             agent_servers: agents::AgentServers::default(),
+            auth: Arc::new(crate::http::auth::AuthConfig::from_env()),
+            webhooks: webhooks::Webhooks::default(),
         });
         Ok((state, thread))
     }
@@ -132,6 +139,7 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
 
     spawn_signal_handler(state.clone());
     spawn_liveness_sweeper(state.clone());
+    webhooks::spawn(state.clone());
 
     let router = crate::http::broker_router(state.clone());
     let unix_server = {

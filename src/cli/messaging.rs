@@ -31,7 +31,20 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
     }
     let priority = parse_priority(&args.priority)?;
     let from = identity(args.from);
-    let response_expected = !args.no_response || args.wait.is_some();
+    // Without --response / --no-response / --wait, a2a.flow decides (SPEC §2, §6).
+    let flow = crate::settings::Settings::load_current(&paths.home)?.flow()?;
+    let wait = match (args.wait, args.response || args.no_response, flow) {
+        (Some(seconds), _, _) => Some(seconds),
+        (None, false, crate::settings::Flow::Roundtrip) => Some(0),
+        (None, _, _) => None,
+    };
+    let response_expected = if args.response || wait.is_some() {
+        true
+    } else if args.no_response {
+        false
+    } else {
+        flow != crate::settings::Flow::Oneway
+    };
     let mut client = Client::connect(paths, true).await?;
     let body = json!({
         "to": args.target,
@@ -75,7 +88,7 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
             );
         }
     }
-    let Some(seconds) = args.wait else { return Ok(0) };
+    let Some(seconds) = wait else { return Ok(0) };
     let Some(sender_task) = answer.pointer("/sender_task/id").and_then(Value::as_str).map(str::to_string) else {
         return Ok(0);
     };

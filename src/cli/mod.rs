@@ -6,6 +6,7 @@
 mod agents;
 mod demo;
 mod messaging;
+mod setup;
 mod system;
 
 use clap::{Args, Parser, Subcommand};
@@ -80,9 +81,36 @@ pub enum Command {
         #[arg(long)]
         keep: bool,
     },
+    /// Write a commented settings template (user: ~/.synapse, project: ./.synapse)
+    Init {
+        #[arg(long, default_value = "project", value_parser = ["user", "project", "local"])]
+        scope: String,
+        /// Overwrite an existing file
+        #[arg(long)]
+        force: bool,
+    },
+    /// Restore the default settings of a scope (removes its settings file)
+    Reset {
+        #[arg(long, default_value = "project", value_parser = ["user", "project", "local"])]
+        scope: String,
+        /// Do not ask for confirmation
+        #[arg(short = 'f', long)]
+        force: bool,
+    },
     /// The built-in dummy agent (what the `dummy` profile runs)
     #[command(name = "dummy-agent", hide = true)]
     DummyAgent,
+    /// The built-in scenario agent: no PTY, answers by rule (fail, input, stream, wait, else
+    /// complete); prints its registration as one JSON line
+    #[command(name = "scenario-agent", hide = true)]
+    ScenarioAgent {
+        /// Port for the agent's endpoints (default: any free port)
+        #[arg(long)]
+        port: Option<u16>,
+        /// A custom name other agents can use as the target
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// Run an agent: synapse <profile> [--port N] [--name NAME] [--role ROLE] [-- tool args]
     #[command(external_subcommand)]
     Profile(Vec<OsString>),
@@ -249,6 +277,9 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     let command = match cli.command {
         Command::Broker(BrokerArgs { command: None }) => return system::run_broker(paths),
         Command::DummyAgent => return crate::agent::dummy::run(),
+        Command::Init { scope, force } => return setup::init(&paths, &scope, force),
+        Command::Reset { scope, force } => return setup::reset(&paths, &scope, force),
+        Command::ScenarioAgent { port, name } => return crate::agent::scenario::run(paths, port, name),
         Command::Profile(words) => return agents::run_profile(paths, words),
         Command::Start { profile, args, json } => {
             let args = agents::ProfileArgs {
@@ -276,7 +307,13 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::Events(args) => system::events(&paths, args).await,
             Command::Admin { command } => system::admin(&paths, command).await,
             Command::Agent { command } => system::agent(&paths, command).await,
-            Command::DummyAgent | Command::Profile(_) | Command::Start { .. } | Command::Demo { .. } => {
+            Command::DummyAgent
+            | Command::Init { .. }
+            | Command::Reset { .. }
+            | Command::ScenarioAgent { .. }
+            | Command::Profile(_)
+            | Command::Start { .. }
+            | Command::Demo { .. } => {
                 anyhow::bail!("internal: command dispatched twice")
             }
         }

@@ -140,6 +140,9 @@ impl Client {
 
     fn build(&self, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Request<Full<Bytes>>> {
         let mut builder = Request::builder().method(method).uri(path).header("host", "synapse");
+        if let Some(key) = api_key() {
+            builder = builder.header("x-api-key", key);
+        }
         if let Some(secret) = &self.secret {
             builder = builder.header(crate::http::SECRET_HEADER, secret);
         }
@@ -206,6 +209,19 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// The API key the CLI sends when auth is on: `SYNAPSE_API_KEY`, else the first of
+/// `SYNAPSE_API_KEYS`.
+fn api_key() -> Option<String> {
+    std::env::var("SYNAPSE_API_KEY").ok().filter(|key| !key.trim().is_empty()).or_else(|| {
+        std::env::var("SYNAPSE_API_KEYS")
+            .ok()?
+            .split(',')
+            .map(str::trim)
+            .find(|key| !key.is_empty())
+            .map(str::to_string)
+    })
 }
 
 /// Position of the blank line ending the first SSE event: (end of event, end of separator).

@@ -4,6 +4,12 @@
 //! agent fixed by [`FixedAgent`]) and on the broker under `/agents/{agent}/...`.
 //! Bad input is always a 4xx JSON error, never a 500 or a panic.
 
+pub mod a2a_card;
+pub mod agent_tasks;
+pub mod auth;
+pub mod jsonrpc;
+pub mod subscribe;
+pub mod webhooks;
 pub mod wire;
 
 use crate::broker::command::{self, Command, CommandError, Outcome, SendRequest};
@@ -168,39 +174,47 @@ pub fn broker_router(state: AppState) -> Router {
         .route("/admin/rebuild", post(rebuild))
         .route("/admin/verify", post(verify))
         .route("/agents", get(list_agents).post(register))
-        .route("/agents/{agent}", axum::routing::delete(deregister))
+        .route("/agents/{agent}", axum::routing::delete(deregister).post(jsonrpc::handle))
+        .route("/agents/{agent}/", post(jsonrpc::handle))
         .route("/agents/{agent}/inbox", get(inbox))
         .route("/agents/{agent}/inbox/{ticket}/ack", post(ack))
+        .route("/agents/{agent}/tasks/{id}/update", post(agent_tasks::update_task))
         .route("/agents/{agent}/status", get(agent_status).post(set_status))
         .route("/send", post(send))
         .route("/reply", post(reply))
         .route("/tasks/{id}", get(global_task))
         .route("/tasks/{id}/wait", get(wait_task))
+        .merge(webhooks::routes())
         .nest("/agents/{agent}", a2a_routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(state.auth.clone(), auth::check))
         .with_state(state)
 }
 
 /// One agent's endpoints (its port and its socket).
 pub fn agent_router(state: AppState, agent_id: String) -> Router {
     a2a_routes()
+        .route("/", post(jsonrpc::handle))
         .route("/status", get(agent_status))
         .fallback(not_found)
         .layer(axum::Extension(FixedAgent(agent_id)))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(state.auth.clone(), auth::check))
         .with_state(state)
 }
 
 fn a2a_routes() -> Router<AppState> {
     Router::new()
         .route("/.well-known/agent.json", get(agent_card))
+        .route("/.well-known/agent-card.json", get(a2a_card::agent_card))
         .route("/tasks/send", post(tasks_send))
         .route("/tasks/send-priority", post(tasks_send_priority))
         .route("/tasks/create", post(tasks_create))
         .route("/tasks", get(tasks_list))
         .route("/tasks/{id}", get(agent_task))
         .route("/tasks/{id}/cancel", post(tasks_cancel))
+        .route("/tasks/{id}/subscribe", get(subscribe::subscribe))
         .route("/reply-stack/list", get(reply_stack_list))
         .route("/reply-stack/get", get(reply_stack_get))
         .route("/reply-stack/pop", get(reply_stack_get))
@@ -298,17 +312,21 @@ async fn list_agents(State(state): State<AppState>) -> ApiResult {
     let paths = state.paths.clone();
     let agents = state.store.read(|view| {
         let mut list = Vec::new();
-        for agent in view.agents()? {
-            let depth = view.inbox_depth(&agent.agent_id)?;
-            let current = view
-                .tasks()?
+        let agents = view.agents()?;
+        // One pass over the tasks for every agent's current task.
+        let mut working: Vec<TaskRecord> = if agents.is_empty() {
+            Vec::new()
+        } else {
+            view.tasks()?
                 .into_iter()
-                .filter(|task| {
-                    task.owner.as_deref() == Some(agent.agent_id.as_str())
-                        && task.state == TaskState::Working
-                        && task.direction == crate::event::Direction::Incoming
-                })
-                .max_by_key(|task| task.updated_ms);
+                .filter(|task| task.state == TaskState::Working && task.direction == crate::event::Direction::Incoming)
+                .collect()
+        };
+        working.sort_by_key(|task| task.updated_ms);
+        for agent in agents {
+            let depth = view.inbox_depth(&agent.agent_id)?;
+            let current =
+                working.iter().rev().find(|task| task.owner.as_deref() == Some(agent.agent_id.as_str())).cloned();
             let socket = paths.agent_socket(&agent.agent_id).display().to_string();
             list.push(wire::agent_json(&agent, &socket, depth, current.as_ref()));
         }

@@ -23,8 +23,8 @@ pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_SCHEMA: &str = "schema_version";
 
-/// redb page cache. Small on purpose: the broker should idle in a few MB.
-const CACHE_SIZE_BYTES: usize = 16 << 20;
+/// redb page cache (allocated as pages are used: an idle broker stays at a few MB).
+const CACHE_SIZE_BYTES: usize = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -227,7 +227,7 @@ fn millis(duration: Duration) -> f64 {
 
 fn replay_into(txn: &WriteTransaction, names: &ProjectionNames) -> Result<u64, StoreError> {
     names.delete_all(txn)?;
-    let mut projections = Projections::open(txn, names)?;
+    let mut projections = Projections::open_for_replay(txn, names)?;
     let log = txn.open_table(LOG)?;
     let mut events = 0;
     for row in log.iter()? {
@@ -236,6 +236,7 @@ fn replay_into(txn: &WriteTransaction, names: &ProjectionNames) -> Result<u64, S
         projections.apply(&envelope)?;
         events += 1;
     }
+    projections.flush()?;
     Ok(events)
 }
 

@@ -60,6 +60,19 @@ pub struct Projections<'txn> {
     tasks: redb::Table<'txn, &'static str, &'static [u8]>,
     reply_targets: redb::Table<'txn, (&'static str, &'static str), &'static [u8]>,
     inbox: redb::Table<'txn, (&'static str, u8, u64), &'static [u8]>,
+    /// Replay only: every row kept in memory and written once, in key order, by
+    /// [`Projections::flush`]. A replay starts from empty tables, so the cache is the whole
+    /// state; a task changes 3-4 times in its life and most tickets leave the inbox again, so
+    /// decoding, encoding and B-tree updates per event dominated a rebuild.
+    replay: Option<ReplayCache>,
+}
+
+#[derive(Default)]
+struct ReplayCache {
+    agents: std::collections::BTreeMap<String, AgentRecord>,
+    tasks: std::collections::HashMap<String, TaskRecord>,
+    reply_targets: std::collections::BTreeMap<(String, String), ReplyTarget>,
+    inbox: std::collections::BTreeMap<(String, u8, u64), Ticket>,
 }
 
 /// The projection tables in a short read transaction.
@@ -77,7 +90,105 @@ impl<'txn> Projections<'txn> {
             tasks: txn.open_table(names.tasks)?,
             reply_targets: txn.open_table(names.reply_targets)?,
             inbox: txn.open_table(names.inbox)?,
+            replay: None,
         })
+    }
+
+    /// Opens the tables for a replay into empty tables: task rows are cached until
+    /// [`flush`](Self::flush).
+    pub(crate) fn open_for_replay(txn: &'txn WriteTransaction, names: &ProjectionNames) -> Result<Self, StoreError> {
+        let mut projections = Projections::open(txn, names)?;
+        projections.replay = Some(ReplayCache::default());
+        Ok(projections)
+    }
+
+    /// Writes the cached rows (replay) to their tables.
+    pub(crate) fn flush(&mut self) -> Result<(), StoreError> {
+        let Some(cache) = self.replay.take() else { return Ok(()) };
+        for (id, agent) in cache.agents {
+            self.agents.insert(id.as_str(), records::encode(&agent).as_slice())?;
+        }
+        let mut tasks: Vec<(String, TaskRecord)> = cache.tasks.into_iter().collect();
+        tasks.sort_by(|left, right| left.0.cmp(&right.0));
+        for (id, task) in tasks {
+            self.tasks.insert(id.as_str(), records::encode(&task).as_slice())?;
+        }
+        for ((receiver, sender), target) in cache.reply_targets {
+            self.reply_targets.insert((receiver.as_str(), sender.as_str()), records::encode(&target).as_slice())?;
+        }
+        for ((agent, rank, ticket), row) in cache.inbox {
+            self.inbox.insert((agent.as_str(), rank, ticket), records::encode(&row).as_slice())?;
+        }
+        Ok(())
+    }
+
+    fn put_agent(&mut self, agent: &AgentRecord) -> Result<(), StoreError> {
+        match self.replay.as_mut() {
+            Some(cache) => {
+                cache.agents.insert(agent.agent_id.clone(), agent.clone());
+            }
+            None => {
+                self.agents.insert(agent.agent_id.as_str(), records::encode(agent).as_slice())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_agent(&mut self, agent_id: &str) -> Result<(), StoreError> {
+        match self.replay.as_mut() {
+            Some(cache) => {
+                cache.agents.remove(agent_id);
+            }
+            None => {
+                self.agents.remove(agent_id)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reply_target(&self, receiver: &str, sender: &str) -> Result<Option<ReplyTarget>, StoreError> {
+        if let Some(cache) = &self.replay {
+            return Ok(cache.reply_targets.get(&(receiver.to_string(), sender.to_string())).cloned());
+        }
+        self.reply_targets.get((receiver, sender))?.map(|row| records::decode(row.value())).transpose()
+    }
+
+    fn put_reply_target(&mut self, target: &ReplyTarget) -> Result<(), StoreError> {
+        match self.replay.as_mut() {
+            Some(cache) => {
+                cache.reply_targets.insert((target.receiver.clone(), target.sender_id.clone()), target.clone());
+            }
+            None => {
+                let key = (target.receiver.as_str(), target.sender_id.as_str());
+                self.reply_targets.insert(key, records::encode(target).as_slice())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_reply_target(&mut self, receiver: &str, sender: &str) -> Result<(), StoreError> {
+        match self.replay.as_mut() {
+            Some(cache) => {
+                cache.reply_targets.remove(&(receiver.to_string(), sender.to_string()));
+            }
+            None => {
+                self.reply_targets.remove((receiver, sender))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_ticket(&mut self, agent_id: &str, priority: u8, ticket: u64) -> Result<(), StoreError> {
+        let rank = inbox_rank(priority);
+        match self.replay.as_mut() {
+            Some(cache) => {
+                cache.inbox.remove(&(agent_id.to_string(), rank, ticket));
+            }
+            None => {
+                self.inbox.remove((agent_id, rank, ticket))?;
+            }
+        }
+        Ok(())
     }
 
     /// Applies one event. Pure: depends only on the tables and the envelope.
@@ -98,19 +209,19 @@ impl<'txn> Projections<'txn> {
                     registered_ms: time_ms,
                     status_ms: time_ms,
                 };
-                self.agents.insert(agent_id.as_str(), records::encode(&record).as_slice())?;
+                self.put_agent(&record)?;
             }
             Event::AgentStatusChanged { agent_id, status } => {
                 if let Some(mut record) = self.agent(agent_id)? {
                     record.status = *status;
                     record.status_ms = time_ms;
-                    self.agents.insert(agent_id.as_str(), records::encode(&record).as_slice())?;
+                    self.put_agent(&record)?;
                 }
             }
             Event::AgentDeregistered { agent_id, .. } => {
                 // The inbox and reply targets stay: an agent restarted under the same id picks up
                 // what was still waiting for it (nothing is lost).
-                self.agents.remove(agent_id.as_str())?;
+                self.remove_agent(agent_id)?;
             }
             Event::TaskCreated {
                 task_id,
@@ -168,7 +279,7 @@ impl<'txn> Projections<'txn> {
                         preview: crate::event::preview(text, 80),
                         seq: envelope.seq,
                     };
-                    self.reply_targets.insert((to.as_str(), from.as_str()), records::encode(&target).as_slice())?;
+                    self.put_reply_target(&target)?;
                 }
             }
             Event::TicketIssued { agent_id, task_id, priority, from, display_task_id, response_expected } => {
@@ -200,7 +311,7 @@ impl<'txn> Projections<'txn> {
                 self.put_ticket(&ticket)?;
             }
             Event::TicketInjected { agent_id, ticket, priority } => {
-                self.inbox.remove((agent_id.as_str(), inbox_rank(*priority), *ticket))?;
+                self.remove_ticket(agent_id, *priority, *ticket)?;
             }
             Event::ReplyPosted { task_id, from, to, sender_task_id, .. } => {
                 if let Some(mut task) = self.task(task_id)? {
@@ -209,12 +320,9 @@ impl<'txn> Projections<'txn> {
                     self.put_task(&task)?;
                 }
                 if let Some(to) = reply_target_sender(to.as_deref(), sender_task_id.as_deref()) {
-                    let key = (from.as_str(), to.as_str());
-                    let pending = self.reply_targets.get(key)?.map(|row| records::decode::<ReplyTarget>(row.value()));
-                    if let Some(target) = pending.transpose()?
-                        && target.receiver_task_id == *task_id
-                    {
-                        self.reply_targets.remove(key)?;
+                    let pending = self.reply_target(from, &to)?;
+                    if pending.is_some_and(|target| target.receiver_task_id == *task_id) {
+                        self.remove_reply_target(from, &to)?;
                     }
                 }
             }
@@ -255,13 +363,28 @@ impl<'txn> Projections<'txn> {
     }
 
     fn put_task(&mut self, task: &TaskRecord) -> Result<(), StoreError> {
-        self.tasks.insert(task.id.as_str(), records::encode(task).as_slice())?;
+        match self.replay.as_mut() {
+            Some(cache) => {
+                cache.tasks.insert(task.id.clone(), task.clone());
+            }
+            None => {
+                self.tasks.insert(task.id.as_str(), records::encode(task).as_slice())?;
+            }
+        }
         Ok(())
     }
 
     fn put_ticket(&mut self, ticket: &Ticket) -> Result<(), StoreError> {
-        let key = (ticket.agent_id.as_str(), inbox_rank(ticket.priority), ticket.ticket);
-        self.inbox.insert(key, records::encode(ticket).as_slice())?;
+        let rank = inbox_rank(ticket.priority);
+        match self.replay.as_mut() {
+            Some(cache) => {
+                cache.inbox.insert((ticket.agent_id.clone(), rank, ticket.ticket), ticket.clone());
+            }
+            None => {
+                self.inbox
+                    .insert((ticket.agent_id.as_str(), rank, ticket.ticket), records::encode(ticket).as_slice())?;
+            }
+        }
         Ok(())
     }
 }
@@ -281,10 +404,6 @@ impl ReadProjections {
 macro_rules! impl_queries {
     ($type:ty) => {
         impl $type {
-            pub fn agent(&self, agent_id: &str) -> Result<Option<AgentRecord>, StoreError> {
-                self.agents.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
-            }
-
             pub fn agents(&self) -> Result<Vec<AgentRecord>, StoreError> {
                 let mut agents = Vec::new();
                 for row in self.agents.iter()? {
@@ -292,10 +411,6 @@ macro_rules! impl_queries {
                     agents.push(records::decode(value.value())?);
                 }
                 Ok(agents)
-            }
-
-            pub fn task(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
-                self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()
             }
 
             /// Tasks whose id starts with `prefix`, at most `limit` of them.
@@ -370,6 +485,33 @@ macro_rules! impl_queries {
 
 impl_queries!(Projections<'_>);
 impl_queries!(ReadProjections);
+
+impl Projections<'_> {
+    pub fn agent(&self, agent_id: &str) -> Result<Option<AgentRecord>, StoreError> {
+        if let Some(cache) = &self.replay {
+            return Ok(cache.agents.get(agent_id).cloned());
+        }
+        self.agents.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
+    }
+
+    /// One task; during a replay the write-back cache holds the newest rows.
+    pub fn task(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        if let Some(cache) = &self.replay {
+            return Ok(cache.tasks.get(task_id).cloned());
+        }
+        self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()
+    }
+}
+
+impl ReadProjections {
+    pub fn agent(&self, agent_id: &str) -> Result<Option<AgentRecord>, StoreError> {
+        self.agents.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
+    }
+
+    pub fn task(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()
+    }
+}
 
 /// Compares two projection sets row by row; returns a line per difference (at most 50).
 pub(crate) fn compare(

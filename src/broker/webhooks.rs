@@ -1,0 +1,517 @@
+//! Webhooks (SPEC §6): notifications of task events to registered URLs, with an outbox that
+//! lives in the log.
+//!
+//! Registrations and every delivery attempt are events. The outbox is an in-memory projection
+//! of the log, rebuilt by replaying it when the broker starts ([`Outbox::apply`] is pure), so a
+//! restart resumes delivery where it stopped. A delivery's id (`<webhook8>-<seq>`) is stable
+//! across attempts and restarts, for receivers to dedupe on.
+//!
+//! Retries: 5xx answers and network errors are retried with exponential backoff
+//! (`SYNAPSE_WEBHOOK_RETRY_BASE_MS`, default 1000 ms, doubling, at most [`MAX_ATTEMPTS`]);
+//! 2xx and 4xx answers end a delivery.
+
+use super::BrokerState;
+use super::command::{Answer, Command, CommandError, DecideError, Decision};
+use crate::event::{Envelope, Event, TaskState};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+pub const EVENTS: [&str; 4] = ["task.completed", "task.failed", "task.canceled", "task.replied"];
+pub const MAX_ATTEMPTS: u32 = 8;
+/// How long one delivery attempt may take.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Finished deliveries kept for `GET /webhooks/deliveries`.
+const KEPT_FINISHED: usize = 500;
+
+#[derive(Debug, Clone)]
+pub enum WebhookCommand {
+    Register { url: String, events: Vec<String>, secret: Option<String> },
+    Remove { url: String },
+    RecordAttempt(Attempt),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attempt {
+    pub delivery_id: String,
+    pub webhook_id: String,
+    pub event: String,
+    pub attempt: u32,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    pub next_attempt_ms: Option<u64>,
+}
+
+/// `http://host[:port][/path]`: (host, port, path).
+pub fn parse_url(url: &str) -> Result<(String, u16, String), String> {
+    let rest = match url.strip_prefix("http://") {
+        Some(rest) => rest,
+        None if url.starts_with("https://") => {
+            return Err(format!("'{url}': only http:// URLs are supported (this build has no TLS)"));
+        }
+        None => return Err(format!("'{url}' is not an http:// URL")),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(at) => (&rest[..at], &rest[at..]),
+        None => (rest, "/"),
+    };
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) => (host, port.parse::<u16>().map_err(|_| format!("'{url}': bad port '{port}'"))?),
+        None => (authority, 80),
+    };
+    if host.is_empty() || host.contains(['@', ' ']) || port == 0 {
+        return Err(format!("'{url}': bad host"));
+    }
+    Ok((host.trim_start_matches('[').trim_end_matches(']').to_string(), port, path.to_string()))
+}
+
+pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
+    let event = match command {
+        WebhookCommand::Register { url, events, secret } => {
+            parse_url(url).map_err(|message| CommandError::bad(format!("Invalid webhook URL {message}")))?;
+            for event in events {
+                if !EVENTS.contains(&event.as_str()) {
+                    return Err(CommandError::bad(format!(
+                        "Unknown webhook event '{event}' (one of {})",
+                        EVENTS.join(", ")
+                    ))
+                    .into());
+                }
+            }
+            let events =
+                if events.is_empty() { EVENTS.iter().map(|e| e.to_string()).collect() } else { events.clone() };
+            Event::WebhookRegistered {
+                webhook_id: uuid::Uuid::new_v4().to_string(),
+                url: url.clone(),
+                events,
+                secret: secret.clone().filter(|secret| !secret.is_empty()),
+            }
+        }
+        WebhookCommand::Remove { url } => Event::WebhookRemoved { webhook_id: String::new(), url: url.clone() },
+        WebhookCommand::RecordAttempt(attempt) => Event::WebhookDeliveryAttempted {
+            delivery_id: attempt.delivery_id.clone(),
+            webhook_id: attempt.webhook_id.clone(),
+            event: attempt.event.clone(),
+            attempt: attempt.attempt,
+            status: attempt.status,
+            error: attempt.error.clone(),
+            next_attempt_ms: attempt.next_attempt_ms,
+        },
+    };
+    Ok(Decision { actor: None, events: vec![event], answer: Answer::Appended })
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Hook {
+    pub webhook_id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    #[serde(skip)]
+    pub secret: Option<String>,
+    pub has_secret: bool,
+    pub registered_seq: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Delivery {
+    pub delivery_id: String,
+    pub webhook_id: String,
+    pub url: String,
+    pub event: String,
+    pub state: &'static str,
+    pub attempts: u32,
+    pub last_status: Option<u16>,
+    pub last_error: Option<String>,
+    pub next_attempt_ms: Option<u64>,
+    #[serde(skip)]
+    pub body: String,
+}
+
+/// The webhook projection: registrations, pending and recently finished deliveries.
+#[derive(Default)]
+pub struct Outbox {
+    hooks: BTreeMap<String, Hook>,
+    pending: BTreeMap<String, Delivery>,
+    finished: VecDeque<Delivery>,
+}
+
+fn task_event(event: &Event) -> Option<(&'static str, Value)> {
+    match event {
+        Event::TaskStateChanged { task_id, state, artifacts, error } => {
+            let name = match state {
+                TaskState::Completed => "task.completed",
+                TaskState::Failed => "task.failed",
+                TaskState::Canceled => "task.canceled",
+                _ => return None,
+            };
+            Some((name, json!({"task_id": task_id, "state": state, "artifacts": artifacts, "error": error})))
+        }
+        Event::TaskCanceled { task_id, reason } => {
+            Some(("task.canceled", json!({"task_id": task_id, "state": "canceled", "reason": reason})))
+        }
+        Event::ReplyPosted { task_id, sender_task_id, from, to, text } => Some((
+            "task.replied",
+            json!({"task_id": task_id, "sender_task_id": sender_task_id, "from": from, "to": to, "text": text}),
+        )),
+        _ => None,
+    }
+}
+
+impl Outbox {
+    /// Applies one event. Pure: the same log gives the same outbox.
+    pub fn apply(&mut self, envelope: &Envelope) {
+        match &envelope.event {
+            Event::WebhookRegistered { webhook_id, url, events, secret } => {
+                self.hooks.insert(
+                    url.clone(),
+                    Hook {
+                        webhook_id: webhook_id.clone(),
+                        url: url.clone(),
+                        events: events.clone(),
+                        secret: secret.clone(),
+                        has_secret: secret.is_some(),
+                        registered_seq: envelope.seq,
+                    },
+                );
+            }
+            Event::WebhookRemoved { url, .. } => {
+                if let Some(hook) = self.hooks.remove(url) {
+                    self.pending.retain(|_, delivery| delivery.webhook_id != hook.webhook_id);
+                }
+            }
+            Event::WebhookDeliveryAttempted { delivery_id, attempt, status, error, next_attempt_ms, .. } => {
+                if let Some(mut delivery) = self.pending.remove(delivery_id) {
+                    delivery.attempts = *attempt;
+                    delivery.last_status = *status;
+                    delivery.last_error = error.clone();
+                    delivery.next_attempt_ms = *next_attempt_ms;
+                    if next_attempt_ms.is_some() {
+                        self.pending.insert(delivery_id.clone(), delivery);
+                    } else {
+                        delivery.state =
+                            if status.is_some_and(|s| (200..300).contains(&s)) { "delivered" } else { "failed" };
+                        self.finished.push_back(delivery);
+                        if self.finished.len() > KEPT_FINISHED {
+                            self.finished.pop_front();
+                        }
+                    }
+                }
+            }
+            other => {
+                let Some((name, data)) = task_event(other) else { return };
+                for hook in self.hooks.values().filter(|hook| hook.events.iter().any(|e| e == name)) {
+                    let delivery_id = format!("{}-{}", crate::event::short_id(&hook.webhook_id), envelope.seq);
+                    let body = json!({
+                        "event": name,
+                        "event_id": delivery_id,
+                        "timestamp": crate::http::wire::rfc3339(envelope.time_ms),
+                        "data": data,
+                    });
+                    self.pending.insert(
+                        delivery_id.clone(),
+                        Delivery {
+                            delivery_id,
+                            webhook_id: hook.webhook_id.clone(),
+                            url: hook.url.clone(),
+                            event: name.to_string(),
+                            state: "pending",
+                            attempts: 0,
+                            last_status: None,
+                            last_error: None,
+                            next_attempt_ms: Some(envelope.time_ms),
+                            body: body.to_string(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn hooks(&self) -> Vec<Hook> {
+        self.hooks.values().cloned().collect()
+    }
+
+    pub fn hook(&self, url: &str) -> Option<&Hook> {
+        self.hooks.get(url)
+    }
+
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.finished.iter().chain(self.pending.values()).cloned().collect()
+    }
+
+    fn due(&self, now_ms: u64, in_flight: &HashSet<(String, u32)>) -> Vec<(Delivery, Option<String>)> {
+        self.pending
+            .values()
+            .filter(|delivery| delivery.next_attempt_ms.is_some_and(|at| at <= now_ms))
+            .filter(|delivery| !in_flight.contains(&(delivery.delivery_id.clone(), delivery.attempts)))
+            .map(|delivery| {
+                let secret = self
+                    .hooks
+                    .values()
+                    .find(|hook| hook.webhook_id == delivery.webhook_id)
+                    .and_then(|h| h.secret.clone());
+                (delivery.clone(), secret)
+            })
+            .collect()
+    }
+
+    fn next_due(&self) -> Option<u64> {
+        self.pending.values().filter_map(|delivery| delivery.next_attempt_ms).min()
+    }
+}
+
+/// The broker's webhook state: the outbox and how far it has read the log.
+pub struct Webhooks {
+    pub outbox: Mutex<Outbox>,
+    pub cursor: watch::Sender<u64>,
+}
+
+impl Default for Webhooks {
+    fn default() -> Self {
+        Webhooks { outbox: Mutex::new(Outbox::default()), cursor: watch::channel(0).0 }
+    }
+}
+
+impl Webhooks {
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Outbox> {
+        self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until the outbox has applied the log up to `seq`.
+    pub async fn caught_up(&self, seq: u64) {
+        let mut cursor = self.cursor.subscribe();
+        let _ = cursor.wait_for(|cursor| *cursor >= seq).await;
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104).
+pub fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let mut inner = Sha256::new();
+    inner.update(block.map(|byte| byte ^ 0x36));
+    inner.update(message);
+    let inner = inner.finalize();
+    let mut outer = Sha256::new();
+    outer.update(block.map(|byte| byte ^ 0x5c));
+    outer.update(inner);
+    outer.finalize().into()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn retry_base_ms() -> u64 {
+    std::env::var("SYNAPSE_WEBHOOK_RETRY_BASE_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(1000)
+}
+
+/// One POST; Ok(status) or Err(network error).
+async fn post(url: &str, delivery: &Delivery, secret: Option<&str>) -> Result<u16, String> {
+    use http_body_util::{BodyExt, Full};
+    let (host, port, path) = parse_url(url)?;
+    let attempt = async {
+        let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(|e| e.to_string())?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let mut request = hyper::Request::builder()
+            .method(hyper::Method::POST)
+            .uri(path.as_str())
+            .header("host", format!("{host}:{port}"))
+            .header("content-type", "application/json")
+            .header("x-synapse-event", delivery.event.as_str())
+            .header("x-synapse-event-id", delivery.delivery_id.as_str());
+        if let Some(secret) = secret {
+            let signature = hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
+            request = request.header("x-synapse-signature", format!("sha256={signature}"));
+        }
+        let request =
+            request.body(Full::new(axum::body::Bytes::from(delivery.body.clone()))).map_err(|e| e.to_string())?;
+        let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let _ = response.into_body().collect().await;
+        Ok(status)
+    };
+    match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs())),
+    }
+}
+
+/// The outcome of an attempt as the event to record.
+fn record(delivery: &Delivery, result: Result<u16, String>, now_ms: u64) -> Attempt {
+    let attempt = delivery.attempts + 1;
+    let retry = match &result {
+        Ok(status) => *status >= 500,
+        Err(_) => true,
+    };
+    let next_attempt_ms = (retry && attempt < MAX_ATTEMPTS)
+        .then(|| now_ms + retry_base_ms().saturating_mul(1u64 << (attempt - 1).min(20)));
+    let (status, error) = match result {
+        Ok(status) => (Some(status), None),
+        Err(error) => (None, Some(error)),
+    };
+    let error = match (&error, next_attempt_ms, retry) {
+        (_, None, true) => Some(format!("gave up after {attempt} attempts: {}", error.unwrap_or_default())),
+        _ => error,
+    };
+    Attempt {
+        delivery_id: delivery.delivery_id.clone(),
+        webhook_id: delivery.webhook_id.clone(),
+        event: delivery.event.clone(),
+        attempt,
+        status,
+        error,
+        next_attempt_ms,
+    }
+}
+
+/// The delivery worker: follows the log into the outbox and delivers what is due.
+pub fn spawn(state: Arc<BrokerState>) {
+    tokio::spawn(async move {
+        let mut cursor = 0;
+        let mut in_flight: HashSet<(String, u32)> = HashSet::new();
+        let mut shutdown = state.shutdown.subscribe();
+        loop {
+            loop {
+                let Ok(batch) = super::tail::next_batch(&state, cursor, false).await else { return };
+                if batch.is_empty() {
+                    break;
+                }
+                let mut outbox = state.webhooks.lock();
+                for envelope in &batch {
+                    outbox.apply(envelope);
+                    cursor = envelope.seq;
+                }
+            }
+            state.webhooks.cursor.send_replace(cursor);
+            let now = super::writer::now_ms();
+            let (due, next) = {
+                let outbox = state.webhooks.lock();
+                in_flight.retain(|(id, attempts)| outbox.pending.get(id).is_some_and(|d| d.attempts == *attempts));
+                (outbox.due(now, &in_flight), outbox.next_due())
+            };
+            for (delivery, secret) in due {
+                in_flight.insert((delivery.delivery_id.clone(), delivery.attempts));
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let result = post(&delivery.url, &delivery, secret.as_deref()).await;
+                    let attempt = record(&delivery, result, super::writer::now_ms());
+                    let _ = state.writer.submit(Command::Webhook(WebhookCommand::RecordAttempt(attempt))).await;
+                });
+            }
+            let wait = next.filter(|at| *at > now).map(|at| Duration::from_millis(at - now));
+            let in_flight_only = next.is_some_and(|at| at <= now);
+            tokio::select! {
+                moved = super::tail::wait_past(&state, cursor) => if !moved { return },
+                _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))), if wait.is_some() && !in_flight_only => {}
+                _ = shutdown.wait_for(|stopping| *stopping) => return,
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_matches_rfc_4231_test_case_2() {
+        assert_eq!(
+            hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn urls_must_be_plain_http_with_a_host() {
+        assert_eq!(parse_url("http://127.0.0.1:9000/hook").unwrap(), ("127.0.0.1".into(), 9000, "/hook".into()));
+        assert_eq!(parse_url("http://example.test").unwrap(), ("example.test".into(), 80, "/".into()));
+        assert!(parse_url("https://example.test/").is_err());
+        assert!(parse_url("ftp://x").is_err());
+        assert!(parse_url("http://:80/").is_err());
+        assert!(parse_url("http://host:notaport/").is_err());
+    }
+
+    fn envelope(seq: u64, event: Event) -> Envelope {
+        Envelope { v: 1, seq, time_ms: 1000 + seq, actor: None, event }
+    }
+
+    #[test]
+    fn the_outbox_follows_registrations_task_events_and_attempts() {
+        let mut outbox = Outbox::default();
+        outbox.apply(&envelope(
+            1,
+            Event::WebhookRegistered {
+                webhook_id: "abcdef12-0000".into(),
+                url: "http://127.0.0.1:1/".into(),
+                events: vec!["task.completed".into()],
+                secret: None,
+            },
+        ));
+        outbox.apply(&envelope(
+            2,
+            Event::TaskStateChanged { task_id: "t".into(), state: TaskState::Working, artifacts: vec![], error: None },
+        ));
+        assert!(outbox.deliveries().is_empty(), "working is not a webhook event");
+        outbox.apply(&envelope(
+            3,
+            Event::TaskStateChanged {
+                task_id: "t".into(),
+                state: TaskState::Completed,
+                artifacts: vec![],
+                error: None,
+            },
+        ));
+        outbox.apply(&envelope(4, Event::TaskCanceled { task_id: "u".into(), reason: None }));
+        let deliveries = outbox.deliveries();
+        assert_eq!(deliveries.len(), 1, "only subscribed events");
+        assert_eq!(deliveries[0].delivery_id, "abcdef12-3");
+        let due = outbox.due(5000, &HashSet::new());
+        assert_eq!(due.len(), 1);
+        let retry = record(&due[0].0, Ok(503), 5000);
+        assert_eq!(retry.attempt, 1);
+        assert!(retry.next_attempt_ms.is_some());
+        outbox.apply(&envelope(5, decide(&WebhookCommand::RecordAttempt(retry)).ok().unwrap().events.remove(0)));
+        assert_eq!(outbox.deliveries()[0].state, "pending");
+        let done = record(&outbox.deliveries()[0], Ok(200), 6000);
+        assert!(done.next_attempt_ms.is_none());
+        outbox.apply(&envelope(6, decide(&WebhookCommand::RecordAttempt(done)).ok().unwrap().events.remove(0)));
+        assert_eq!(outbox.deliveries()[0].state, "delivered");
+        assert!(outbox.due(u64::MAX, &HashSet::new()).is_empty());
+    }
+
+    #[test]
+    fn client_errors_are_not_retried_and_retries_give_up() {
+        let delivery = Delivery {
+            delivery_id: "d".into(),
+            webhook_id: "w".into(),
+            url: "http://127.0.0.1:1/".into(),
+            event: "task.completed".into(),
+            state: "pending",
+            attempts: 0,
+            last_status: None,
+            last_error: None,
+            next_attempt_ms: Some(0),
+            body: "{}".into(),
+        };
+        assert!(record(&delivery, Ok(404), 0).next_attempt_ms.is_none());
+        assert!(record(&delivery, Err("refused".into()), 0).next_attempt_ms.is_some());
+        let last = Delivery { attempts: MAX_ATTEMPTS - 1, ..delivery };
+        let gave_up = record(&last, Err("refused".into()), 0);
+        assert!(gave_up.next_attempt_ms.is_none());
+        assert!(gave_up.error.unwrap().contains("gave up"));
+    }
+}

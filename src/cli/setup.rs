@@ -1,0 +1,54 @@
+//! `synapse init` and `synapse reset`: the settings files (SPEC §6).
+
+use crate::config::Paths;
+use crate::settings::{scope_files, template};
+use anyhow::{Context, bail};
+use std::io::IsTerminal;
+
+fn scope_path(paths: &Paths, scope: &str) -> anyhow::Result<std::path::PathBuf> {
+    let project = std::env::current_dir().context("cannot read the current directory")?;
+    scope_files(&paths.home, &project)
+        .into_iter()
+        .find(|(name, _)| *name == scope)
+        .map(|(_, path)| path)
+        .ok_or_else(|| anyhow::anyhow!("Error: unknown scope '{scope}' (user, project, local)"))
+}
+
+/// Writes the commented template; refuses to overwrite without `--force`.
+pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
+    let path = scope_path(paths, scope)?;
+    if path.exists() && !force {
+        bail!("Error: {} already exists; pass --force to overwrite it", path.display());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("Error: cannot create {}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(&template())?;
+    std::fs::write(&path, format!("{text}\n")).with_context(|| format!("Error: cannot write {}", path.display()))?;
+    println!("Wrote {} ({scope} settings)", path.display());
+    Ok(0)
+}
+
+/// Restores the defaults of a scope by removing its file; asks first unless `--force`.
+pub fn reset(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
+    let path = scope_path(paths, scope)?;
+    if !path.exists() {
+        println!("{} does not exist: the {scope} settings are the defaults already", path.display());
+        return Ok(0);
+    }
+    if !force {
+        if !std::io::stdin().is_terminal() {
+            bail!("Error: not removing {} without confirmation; pass -f to reset without asking", path.display());
+        }
+        eprint!("Remove {} and restore the defaults? [y/N] ", path.display());
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            println!("Nothing changed.");
+            return Ok(1);
+        }
+    }
+    std::fs::remove_file(&path).with_context(|| format!("Error: cannot remove {}", path.display()))?;
+    println!("Removed {}: the {scope} settings are the defaults again", path.display());
+    Ok(0)
+}

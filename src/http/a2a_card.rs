@@ -1,0 +1,61 @@
+//! `GET /.well-known/agent-card.json`: the A2A v1.0 agent card of one agent.
+//!
+//! The card names the JSON-RPC endpoint where this same agent is reached: `POST /` on the
+//! agent's own port, or `POST /agents/{agent}/` on the broker when the card was read there.
+//! The Synapse card (`/.well-known/agent.json`, seed 003) stays as it is.
+
+use super::{ApiError, AppState, FixedAgent, Scope};
+use axum::extract::State;
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+/// The A2A protocol version of the JSON-RPC interface the card announces.
+pub const PROTOCOL_VERSION: &str = "1.0";
+
+/// The card of `record`, with its JSON-RPC endpoint at `url`.
+pub fn card_json(record: &crate::store::AgentRecord, url: &str) -> Value {
+    let role = record.role.as_ref().map(|role| format!(" ({role})")).unwrap_or_default();
+    json!({
+        "name": record.name.clone().unwrap_or_else(|| record.agent_id.clone()),
+        "description": format!(
+            "{} agent managed by Synapse{role}: messages are written into its CLI, and its reply completes the task",
+            record.agent_type
+        ),
+        "supportedInterfaces": [
+            {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION},
+        ],
+        "version": crate::broker::VERSION,
+        "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": false},
+        "defaultInputModes": ["text/plain"],
+        "defaultOutputModes": ["text/plain"],
+        "skills": [
+            {
+                "id": "chat",
+                "name": "Chat",
+                "description": "Send a message to the agent's CLI; the agent's reply is the task's artifact",
+                "tags": ["chat", record.agent_type.as_str()],
+                "examples": ["Review src/main.rs and list the bugs you find"],
+            },
+        ],
+    })
+}
+
+pub async fn agent_card(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    fixed: Option<Extension<FixedAgent>>,
+) -> Result<Json<Value>, ApiError> {
+    let record = state
+        .store
+        .read(|view| view.agent(&agent))?
+        .ok_or_else(|| ApiError::not_found(format!("Agent '{agent}' is not registered")))?;
+    let url = match fixed {
+        Some(_) => format!("http://127.0.0.1:{}/", record.port),
+        None => format!(
+            "http://127.0.0.1:{}/agents/{}/",
+            state.port.load(std::sync::atomic::Ordering::Relaxed),
+            record.agent_id
+        ),
+    };
+    Ok(Json(card_json(&record, &url)))
+}

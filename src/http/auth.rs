@@ -1,0 +1,119 @@
+//! API-key authentication (SPEC §6): off unless `SYNAPSE_AUTH_ENABLED=true`.
+//!
+//! Keys come from `SYNAPSE_API_KEYS` (comma-separated) and are kept only as SHA-256 digests,
+//! compared in constant time. A key is sent as `X-API-Key` or `Authorization: Bearer`.
+//! Requests over the Unix socket or from loopback pass unless `SYNAPSE_ALLOW_LOCALHOST=false`.
+//! Agent cards and `/status` stay open.
+
+use super::ApiError;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
+    pub enabled: bool,
+    key_digests: Vec<[u8; 32]>,
+    pub allow_localhost: bool,
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.trim().as_bytes()).into()
+}
+
+fn flag(name: &str, default: bool) -> bool {
+    match std::env::var(name) {
+        Ok(value) => matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"),
+        Err(_) => default,
+    }
+}
+
+impl AuthConfig {
+    /// Reads the configuration from the broker's environment (once, at start).
+    pub fn from_env() -> AuthConfig {
+        let keys = std::env::var("SYNAPSE_API_KEYS").unwrap_or_default();
+        AuthConfig {
+            enabled: flag("SYNAPSE_AUTH_ENABLED", false),
+            key_digests: keys.split(',').filter(|key| !key.trim().is_empty()).map(digest).collect(),
+            allow_localhost: flag("SYNAPSE_ALLOW_LOCALHOST", true),
+        }
+    }
+
+    /// Is `key` one of the configured keys? Constant time in the key's content.
+    pub fn accepts(&self, key: &str) -> bool {
+        let candidate = digest(key);
+        let mut found = 0u8;
+        for known in &self.key_digests {
+            let difference = known.iter().zip(candidate.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            found |= u8::from(difference == 0);
+        }
+        found == 1
+    }
+}
+
+/// Paths that stay open: agent cards and status.
+fn is_open(path: &str) -> bool {
+    path.ends_with("/.well-known/agent.json")
+        || path.ends_with("/.well-known/agent-card.json")
+        || path == "/status"
+        || (path.starts_with("/agents/") && path.ends_with("/status"))
+        || path == "/broker/health"
+}
+
+fn presented_key(request: &Request) -> Option<String> {
+    let headers = request.headers();
+    if let Some(key) = headers.get("x-api-key").and_then(|value| value.to_str().ok()) {
+        return Some(key.to_string());
+    }
+    headers
+        .get("authorization")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
+        .map(|key| key.trim().to_string())
+}
+
+/// The middleware: lets a request through or answers 401.
+pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next: Next) -> Response {
+    if !config.enabled || is_open(request.uri().path()) {
+        return next.run(request).await;
+    }
+    // No peer address: the request came over a Unix socket.
+    let local =
+        request.extensions().get::<ConnectInfo<SocketAddr>>().is_none_or(|ConnectInfo(peer)| peer.ip().is_loopback());
+    if local && config.allow_localhost {
+        return next.run(request).await;
+    }
+    match presented_key(&request) {
+        None => ApiError::new(StatusCode::UNAUTHORIZED, "API key required").into_response(),
+        Some(key) if config.accepts(&key) => next.run(request).await,
+        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "Invalid API key").into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_configured_keys_are_accepted() {
+        let config =
+            AuthConfig { enabled: true, key_digests: vec![digest("alpha"), digest("beta")], allow_localhost: false };
+        assert!(config.accepts("alpha"));
+        assert!(config.accepts("beta"));
+        assert!(!config.accepts("gamma"));
+        assert!(!config.accepts(""));
+    }
+
+    #[test]
+    fn cards_and_status_stay_open() {
+        assert!(is_open("/.well-known/agent.json"));
+        assert!(is_open("/agents/synapse-dummy-8190/.well-known/agent-card.json"));
+        assert!(is_open("/status"));
+        assert!(!is_open("/tasks/send"));
+        assert!(!is_open("/agents"));
+    }
+}

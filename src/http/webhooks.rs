@@ -1,0 +1,70 @@
+//! `/webhooks`: register, list, remove, and the deliveries (SPEC §6).
+
+use super::{ApiError, ApiResult, AppState, parse_body, parse_query};
+use crate::broker::command::{Command, Outcome};
+use crate::broker::webhooks::WebhookCommand;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::json;
+
+pub fn routes() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route("/webhooks", get(list).post(register).delete(remove))
+        .route("/webhooks/deliveries", get(deliveries))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterBody {
+    url: String,
+    #[serde(default)]
+    events: Vec<String>,
+    #[serde(default)]
+    secret: Option<String>,
+}
+
+async fn appended(state: &AppState, command: WebhookCommand) -> Result<(), ApiError> {
+    match state.writer.submit(Command::Webhook(command)).await? {
+        Outcome::Appended { seq } => {
+            state.webhooks.caught_up(seq).await;
+            Ok(())
+        }
+        _ => Err(ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "unexpected answer from the writer")),
+    }
+}
+
+async fn register(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: RegisterBody = parse_body(body)?;
+    let url = body.url.trim().to_string();
+    appended(&state, WebhookCommand::Register { url: url.clone(), events: body.events, secret: body.secret }).await?;
+    let hook = state.webhooks.lock().hook(&url).cloned();
+    Ok(Json(json!({"webhook": hook})))
+}
+
+async fn list(State(state): State<AppState>) -> ApiResult {
+    Ok(Json(json!({"webhooks": state.webhooks.lock().hooks()})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveQuery {
+    url: Option<String>,
+}
+
+async fn remove(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
+    let query: RemoveQuery = parse_query(uri.query())?;
+    let url = query.url.ok_or_else(|| ApiError::bad("DELETE /webhooks needs ?url=<registered url>"))?;
+    if state.webhooks.lock().hook(&url).is_none() {
+        return Err(ApiError::not_found(format!("No webhook registered for {url}")));
+    }
+    appended(&state, WebhookCommand::Remove { url: url.clone() }).await?;
+    Ok(Json(json!({"removed": url})))
+}
+
+async fn deliveries(State(state): State<AppState>) -> ApiResult {
+    Ok(Json(json!({"deliveries": state.webhooks.lock().deliveries()})))
+}

@@ -1,0 +1,218 @@
+//! Settings: built-in defaults < `~/.synapse/settings.json` (user) < `./.synapse/settings.json`
+//! (project) < `./.synapse/settings.local.json` (local), SPEC §6.
+//!
+//! Read lazily by the commands that need them (never by projections). A malformed file is an
+//! error naming the file and the line, never a silent default.
+
+use anyhow::bail;
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+
+/// How `synapse send` behaves by default (`a2a.flow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Expect a reply and wait for it.
+    Roundtrip,
+    /// Fire and forget.
+    Oneway,
+    /// Expect a reply (it comes back into the sender's PTY); do not block.
+    Auto,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The merged settings document.
+    pub merged: Value,
+    /// The files that were read, lowest precedence first.
+    pub sources: Vec<PathBuf>,
+}
+
+/// The three scopes, lowest precedence first: (name, file).
+pub fn scope_files(home: &Path, project_dir: &Path) -> [(&'static str, PathBuf); 3] {
+    [
+        ("user", home.join("settings.json")),
+        ("project", project_dir.join(".synapse").join("settings.json")),
+        ("local", project_dir.join(".synapse").join("settings.local.json")),
+    ]
+}
+
+pub fn defaults() -> Value {
+    serde_json::json!({
+        "env": {},
+        "instructions": [],
+        "a2a": {"flow": "auto"},
+    })
+}
+
+fn merge(base: &mut Value, overrides: Value) {
+    match (base, overrides) {
+        (Value::Object(base), Value::Object(overrides)) => {
+            for (key, value) in overrides {
+                merge(base.entry(key).or_insert(Value::Null), value);
+            }
+        }
+        (slot, value) => *slot = value,
+    }
+}
+
+/// Reads one settings file; None when it does not exist.
+pub fn read_file(path: &Path) -> anyhow::Result<Option<Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => bail!("Error: cannot read {}: {error}", path.display()),
+    };
+    let value: Value = serde_json::from_str(&text).map_err(|error| {
+        anyhow::anyhow!("Error: {} line {} column {}: {error}", path.display(), error.line(), error.column())
+    })?;
+    if !value.is_object() {
+        bail!("Error: {} line 1: the settings must be a JSON object", path.display());
+    }
+    Ok(Some(value))
+}
+
+impl Settings {
+    /// Loads and merges every scope.
+    pub fn load(home: &Path, project_dir: &Path) -> anyhow::Result<Settings> {
+        let mut merged = defaults();
+        let mut sources = Vec::new();
+        for (_, path) in scope_files(home, project_dir) {
+            if let Some(value) = read_file(&path)? {
+                merge(&mut merged, value);
+                sources.push(path);
+            }
+        }
+        let settings = Settings { merged, sources };
+        settings.flow()?;
+        settings.env()?;
+        Ok(settings)
+    }
+
+    /// Loads from `SYNAPSE_HOME` and the current directory.
+    pub fn load_current(home: &Path) -> anyhow::Result<Settings> {
+        let project = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+        Settings::load(home, &project)
+    }
+
+    fn origin(&self) -> String {
+        match self.sources.last() {
+            Some(path) => path.display().to_string(),
+            None => "the built-in settings".to_string(),
+        }
+    }
+
+    pub fn flow(&self) -> anyhow::Result<Flow> {
+        match self.merged.pointer("/a2a/flow") {
+            None | Some(Value::Null) => Ok(Flow::Auto),
+            Some(Value::String(flow)) => match flow.as_str() {
+                "roundtrip" => Ok(Flow::Roundtrip),
+                "oneway" => Ok(Flow::Oneway),
+                "auto" => Ok(Flow::Auto),
+                other => bail!("Error: a2a.flow '{other}' in {} must be roundtrip, oneway or auto", self.origin()),
+            },
+            Some(other) => bail!("Error: a2a.flow in {} must be a string, not {other}", self.origin()),
+        }
+    }
+
+    /// Environment variables for agents (`env` section).
+    pub fn env(&self) -> anyhow::Result<Vec<(String, String)>> {
+        match self.merged.get("env") {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Object(map)) => map
+                .iter()
+                .filter(|(key, _)| !key.starts_with('_'))
+                .map(|(key, value)| match value {
+                    Value::String(text) => Ok((key.clone(), text.clone())),
+                    Value::Number(_) | Value::Bool(_) => Ok((key.clone(), value.to_string())),
+                    other => bail!("Error: env.{key} in {} must be a string, not {other}", self.origin()),
+                })
+                .collect(),
+            Some(other) => bail!("Error: env in {} must be an object, not {other}", self.origin()),
+        }
+    }
+
+    /// Instruction files named in settings (`instructions`), relative to the project.
+    pub fn instructions(&self, project_dir: &Path) -> Vec<PathBuf> {
+        match self.merged.get("instructions") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|path| {
+                    let path = PathBuf::from(path);
+                    if path.is_absolute() { path } else { project_dir.join(path) }
+                })
+                .collect(),
+            Some(Value::String(path)) => vec![project_dir.join(path)],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The commented template `synapse init` writes (JSON has no comments: `_comment` keys).
+pub fn template() -> Value {
+    let mut map = Map::new();
+    map.insert("_comment".into(), Value::String(
+        "Synapse settings. Precedence: built-in < ~/.synapse/settings.json < ./.synapse/settings.json < ./.synapse/settings.local.json".into(),
+    ));
+    map.insert("env".into(), serde_json::json!({"_comment": "environment variables for the agents' CLIs"}));
+    map.insert("instructions".into(), serde_json::json!([]));
+    map.insert(
+        "a2a".into(),
+        serde_json::json!({"_comment": "flow: roundtrip (expect a reply and wait), oneway (no reply), auto (expect a reply, do not wait)", "flow": "auto"}),
+    );
+    Value::Object(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn later_scopes_override_earlier_ones_field_by_field() {
+        let home = tempfile::tempdir().unwrap();
+        let project = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(project.path().join(".synapse")).unwrap();
+        std::fs::write(home.path().join("settings.json"), r#"{"a2a":{"flow":"oneway"},"env":{"A":"user","B":"user"}}"#)
+            .unwrap();
+        std::fs::write(project.path().join(".synapse/settings.json"), r#"{"env":{"B":"project"}}"#).unwrap();
+        std::fs::write(project.path().join(".synapse/settings.local.json"), r#"{"a2a":{"flow":"roundtrip"}}"#).unwrap();
+        let settings = Settings::load(home.path(), project.path()).unwrap();
+        assert_eq!(settings.flow().unwrap(), Flow::Roundtrip);
+        let mut env = settings.env().unwrap();
+        env.sort();
+        assert_eq!(env, vec![("A".into(), "user".into()), ("B".into(), "project".into())]);
+        assert_eq!(settings.sources.len(), 3);
+    }
+
+    #[test]
+    fn no_files_means_the_built_in_defaults() {
+        let home = tempfile::tempdir().unwrap();
+        let project = tempfile::tempdir().unwrap();
+        let settings = Settings::load(home.path(), project.path()).unwrap();
+        assert_eq!(settings.flow().unwrap(), Flow::Auto);
+        assert!(settings.env().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_malformed_file_is_an_error_naming_the_file_and_line() {
+        let home = tempfile::tempdir().unwrap();
+        let project = tempfile::tempdir().unwrap();
+        std::fs::write(home.path().join("settings.json"), "{\n  \"a2a\": {\n    \"flow\": oops\n  }\n}").unwrap();
+        let error = Settings::load(home.path(), project.path()).unwrap_err().to_string();
+        assert!(error.contains("settings.json line 3"), "{error}");
+        std::fs::write(home.path().join("settings.json"), r#"{"a2a":{"flow":"sideways"}}"#).unwrap();
+        let error = Settings::load(home.path(), project.path()).unwrap_err().to_string();
+        assert!(error.contains("sideways") && error.contains("settings.json"), "{error}");
+        std::fs::write(home.path().join("settings.json"), "[1]").unwrap();
+        assert!(Settings::load(home.path(), project.path()).is_err());
+    }
+
+    #[test]
+    fn the_template_is_valid_settings() {
+        let home = tempfile::tempdir().unwrap();
+        let project = tempfile::tempdir().unwrap();
+        std::fs::write(home.path().join("settings.json"), template().to_string()).unwrap();
+        let settings = Settings::load(home.path(), project.path()).unwrap();
+        assert_eq!(settings.flow().unwrap(), Flow::Auto);
+    }
+}

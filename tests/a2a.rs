@@ -1,0 +1,717 @@
+//! The A2A endpoints over real HTTP: the v1.0 agent card, the JSON-RPC binding (every method
+//! and error, v1.0 and 0.3), and task subscriptions over SSE (issues 6 and 7). The scenario
+//! agent answers by rule, so every task state is reached without an AI CLI.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+/// Longest a read from a stream may block before the test fails.
+const READ_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A scenario agent run by the test (stopped when dropped).
+struct Scenario {
+    child: Child,
+    id: String,
+    port: u16,
+}
+
+impl Scenario {
+    fn start(home: &Home) -> Scenario {
+        let mut child = home.cmd(&["scenario-agent"]).stdout(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let announce: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("no registration: {line:?}"));
+        Scenario {
+            child,
+            id: announce["agent_id"].as_str().unwrap().to_string(),
+            port: u16::try_from(announce["port"].as_u64().unwrap()).unwrap(),
+        }
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        kill(self.child.id(), libc::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+/// One JSON-RPC call on the agent's port; `version` is the `A2A-Version` header.
+fn rpc(port: u16, version: Option<&str>, method: &str, params: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": "call-1", "method": method, "params": params}).to_string();
+    rpc_raw(port, version, body.as_bytes())
+}
+
+fn rpc_raw(port: u16, version: Option<&str>, body: &[u8]) -> Value {
+    let headers: Vec<(&str, &str)> = version.map(|v| vec![("A2A-Version", v)]).unwrap_or_default();
+    let (status, answer) = http_tcp(port, "POST", "/", Some(body), &headers);
+    assert_eq!(status, 200, "JSON-RPC answers are HTTP 200: {answer}");
+    answer
+}
+
+fn v1(port: u16, method: &str, params: Value) -> Value {
+    rpc(port, Some("1.0"), method, params)
+}
+
+fn error_code(answer: &Value) -> i64 {
+    answer["error"]["code"].as_i64().unwrap_or_else(|| panic!("expected an error: {answer}"))
+}
+
+fn text_message(text: &str) -> Value {
+    json!({"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": text}]})
+}
+
+fn send_v1(port: u16, text: &str, return_immediately: bool) -> Value {
+    let answer = v1(
+        port,
+        "SendMessage",
+        json!({"message": text_message(text), "configuration": {"returnImmediately": return_immediately}}),
+    );
+    answer["result"]["task"].clone()
+}
+
+fn artifact_texts(task: &Value) -> Vec<String> {
+    task["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|artifact| artifact["parts"].as_array().unwrap().iter())
+        .map(|part| part["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone, Default)]
+struct Sse {
+    id: Option<String>,
+    event: Option<String>,
+    data: String,
+}
+
+impl Sse {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.data).unwrap()
+    }
+}
+
+/// An HTTP response read incrementally: the status and headers at once, then the chunked body
+/// event by event as the server sends it.
+struct Stream {
+    status: u16,
+    reader: BufReader<std::net::TcpStream>,
+    chunked: bool,
+    pending: String,
+    ended: bool,
+}
+
+impl Stream {
+    fn open(port: u16, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> Stream {
+        let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        socket.set_read_timeout(Some(READ_DEADLINE)).unwrap();
+        let body = body.unwrap_or("");
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: synapse\r\nConnection: close\r\n");
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
+        socket.write_all(head.as_bytes()).unwrap();
+        let mut reader = BufReader::new(socket);
+        let mut status_line = String::new();
+        reader.read_line(&mut status_line).unwrap();
+        let status = status_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let mut chunked = false;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line.trim_end().is_empty() {
+                break;
+            }
+            let lower = line.to_ascii_lowercase();
+            if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
+                chunked = true;
+            }
+        }
+        Stream { status, reader, chunked, pending: String::new(), ended: false }
+    }
+
+    /// The whole (non-streamed) body as JSON.
+    fn body_json(mut self) -> Value {
+        let mut body = String::new();
+        if self.chunked {
+            while self.read_chunk() {}
+            body = std::mem::take(&mut self.pending);
+        } else {
+            self.reader.read_to_string(&mut body).unwrap();
+        }
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// Reads one chunk into `pending`; false at the end of the body.
+    fn read_chunk(&mut self) -> bool {
+        if self.ended {
+            return false;
+        }
+        let mut size = String::new();
+        if self.reader.read_line(&mut size).unwrap() == 0 {
+            self.ended = true;
+            return false;
+        }
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        let mut chunk = vec![0; size + 2];
+        self.reader.read_exact(&mut chunk).unwrap();
+        if size == 0 {
+            self.ended = true;
+            return false;
+        }
+        self.pending.push_str(std::str::from_utf8(&chunk[..size]).unwrap());
+        true
+    }
+
+    /// The next event (keep-alive comments skipped); None when the stream ended.
+    fn next_event(&mut self) -> Option<Sse> {
+        loop {
+            if let Some(end) = self.pending.find("\n\n") {
+                let block: String = self.pending.drain(..end + 2).collect();
+                let mut event = Sse::default();
+                let mut has_fields = false;
+                for line in block.lines() {
+                    if let Some((field, value)) = line.split_once(':') {
+                        let value = value.strip_prefix(' ').unwrap_or(value);
+                        has_fields |= !field.is_empty();
+                        match field {
+                            "id" => event.id = Some(value.to_string()),
+                            "event" => event.event = Some(value.to_string()),
+                            "data" => {
+                                if !event.data.is_empty() {
+                                    event.data.push('\n');
+                                }
+                                event.data.push_str(value);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                if has_fields {
+                    return Some(event);
+                }
+                continue;
+            }
+            if !self.read_chunk() {
+                return None;
+            }
+        }
+    }
+
+    fn rest(&mut self) -> Vec<Sse> {
+        std::iter::from_fn(|| self.next_event()).collect()
+    }
+}
+
+fn broker_port(home: &Home) -> u16 {
+    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
+    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
+}
+
+fn rpc_stream(port: u16, version: &str, method: &str, params: Value) -> Stream {
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string();
+    Stream::open(port, "POST", "/", Some(&body), &[("A2A-Version", version)])
+}
+
+#[test]
+fn the_agent_card_announces_json_rpc_1_0_with_streaming_on_the_agent_port_and_on_the_broker() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let (status, card) = http_tcp(agent.port, "GET", "/.well-known/agent-card.json", None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(card["supportedInterfaces"][0]["protocolBinding"], "JSONRPC");
+    assert_eq!(card["supportedInterfaces"][0]["protocolVersion"], "1.0");
+    assert_eq!(card["supportedInterfaces"][0]["url"], format!("http://127.0.0.1:{}/", agent.port));
+    assert_eq!(card["capabilities"]["streaming"], true);
+    for field in ["name", "description", "version"] {
+        assert!(card[field].as_str().is_some_and(|text| !text.is_empty()), "{field}: {card}");
+    }
+    assert!(!card["skills"].as_array().unwrap().is_empty());
+    assert_eq!(card["defaultInputModes"], json!(["text/plain"]));
+    assert_eq!(card["defaultOutputModes"], json!(["text/plain"]));
+
+    let (status, card) = home.http("GET", &format!("/agents/{}/.well-known/agent-card.json", agent.id), None, &[]);
+    assert_eq!(status, 200);
+    let url = card["supportedInterfaces"][0]["url"].as_str().unwrap().to_string();
+    assert!(url.ends_with(&format!("/agents/{}/", agent.id)), "{url}");
+    // The URL the broker's card names answers JSON-RPC.
+    let broker_path = url.split_once("127.0.0.1:").unwrap().1.split_once('/').unwrap().1;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "abcdef12"}}).to_string();
+    let (_, answer) = home.http("POST", &format!("/{broker_path}"), Some(body.as_bytes()), &[("A2A-Version", "1.0")]);
+    assert_eq!(error_code(&answer), -32001, "{answer}");
+    // The Synapse card stays.
+    let (status, synapse_card) = http_tcp(agent.port, "GET", "/.well-known/agent.json", None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(synapse_card["extensions"]["synapse"]["agent_id"], agent.id.as_str());
+}
+
+#[test]
+fn send_message_waits_for_the_agent_and_get_task_shows_the_artifact_in_v1_shapes() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let answer = v1(agent.port, "SendMessage", json!({"message": text_message("hello")}));
+    assert_eq!(answer["jsonrpc"], "2.0");
+    assert_eq!(answer["id"], "call-1");
+    let task = &answer["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{answer}");
+    assert_eq!(artifact_texts(task), ["scenario agent: done: hello"]);
+    assert_eq!(task["history"][0]["role"], "ROLE_USER");
+    assert_eq!(task["history"][0]["parts"][0]["text"], "hello");
+    assert!(task["artifacts"][0]["artifactId"].as_str().is_some());
+
+    let got = v1(agent.port, "GetTask", json!({"id": task["id"]}));
+    assert_eq!(got["result"]["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(artifact_texts(&got["result"]), ["scenario agent: done: hello"]);
+    let short = v1(agent.port, "GetTask", json!({"id": &task["id"].as_str().unwrap()[..8], "historyLength": 0}));
+    assert_eq!(short["result"]["id"], task["id"], "a unique prefix finds the task");
+    assert!(short["result"].get("history").is_none(), "historyLength 0 leaves the history out");
+    // The same task is the sender side of an ordinary Synapse send: the REST view agrees.
+    let (_, rest) = home.http("GET", &format!("/tasks/{}", task["id"].as_str().unwrap()), None, &[]);
+    assert_eq!(rest["task"]["status"], "completed");
+    assert_eq!(rest["task"]["metadata"]["peer"], agent.id.as_str());
+}
+
+#[test]
+fn the_scenario_agent_reaches_failed_and_input_required_and_stays_working_until_canceled() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let failed = send_v1(agent.port, "please fail", false);
+    assert_eq!(failed["status"]["state"], "TASK_STATE_FAILED");
+    assert!(failed["status"]["message"]["parts"][0]["text"].as_str().unwrap().contains("failing as asked"));
+    assert_eq!(failed["status"]["message"]["role"], "ROLE_AGENT");
+
+    let asking = send_v1(agent.port, "I need input", false);
+    assert_eq!(asking["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
+    assert!(asking["status"]["message"]["parts"][0]["text"].as_str().unwrap().contains("which input"));
+    let (_, rest) = home.http("GET", &format!("/tasks/{}", asking["id"].as_str().unwrap()), None, &[]);
+    assert_eq!(rest["task"]["status"], "input_required");
+
+    let waiting = send_v1(agent.port, "wait for me", true);
+    assert_eq!(waiting["status"]["state"], "TASK_STATE_WORKING");
+    let canceled = v1(agent.port, "CancelTask", json!({"id": waiting["id"]}));
+    assert_eq!(canceled["result"]["status"]["state"], "TASK_STATE_CANCELED", "{canceled}");
+    let again = v1(agent.port, "CancelTask", json!({"id": waiting["id"]}));
+    assert_eq!(error_code(&again), -32002);
+    let finished = v1(agent.port, "CancelTask", json!({"id": failed["id"]}));
+    assert_eq!(error_code(&finished), -32002, "a failed task is not cancelable");
+    // The agent's own side of the exchange is canceled too.
+    let (_, receiver) = home.http("GET", &format!("/agents/{}/tasks", agent.id), None, &[]);
+    let wait_task = receiver["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["message"]["parts"][0]["text"] == "wait for me")
+        .unwrap();
+    assert_eq!(wait_task["status"], "canceled");
+}
+
+#[test]
+fn send_streaming_message_streams_the_task_then_each_artifact_then_the_final_status() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let mut stream =
+        rpc_stream(agent.port, "1.0", "SendStreamingMessage", json!({"message": text_message("stream please")}));
+    assert_eq!(stream.status, 200);
+    let events = stream.rest();
+    let results: Vec<Value> = events.iter().map(|event| event.json()["result"].clone()).collect();
+    assert_eq!(results[0]["task"]["status"]["state"], "TASK_STATE_WORKING", "{results:#?}");
+    let artifacts: Vec<&Value> = results.iter().filter_map(|r| r.get("artifactUpdate")).collect();
+    assert_eq!(artifacts.len(), 4, "three chunks and the answer: {results:#?}");
+    let ids: Vec<&str> = artifacts.iter().map(|a| a["artifact"]["artifactId"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["artifact-0", "artifact-1", "artifact-2", "artifact-3"]);
+    assert_eq!(results.last().unwrap()["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED");
+    // SSE ids are log sequence numbers, in order.
+    let seqs: Vec<u64> = events.iter().map(|e| e.id.as_ref().unwrap().parse().unwrap()).collect();
+    assert!(seqs.windows(2).all(|pair| pair[0] <= pair[1]), "{seqs:?}");
+    // The stream ended by itself after the final status (rest() returned).
+}
+
+#[test]
+fn subscribe_to_task_follows_a_working_task_until_it_is_canceled_and_refuses_finished_or_unknown_ones() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let waiting = send_v1(agent.port, "wait here", true);
+    let mut stream = rpc_stream(agent.port, "1.0", "SubscribeToTask", json!({"id": waiting["id"]}));
+    let first = stream.next_event().unwrap().json();
+    assert_eq!(first["id"], 7);
+    assert_eq!(first["result"]["task"]["id"], waiting["id"]);
+    assert_eq!(
+        v1(agent.port, "CancelTask", json!({"id": waiting["id"]}))["result"]["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+    let rest = stream.rest();
+    let last = rest.last().expect("an update after the cancel").json();
+    assert_eq!(last["result"]["statusUpdate"]["status"]["state"], "TASK_STATE_CANCELED");
+
+    let finished = Stream::open(
+        agent.port,
+        "POST",
+        "/",
+        Some(
+            &json!({"jsonrpc": "2.0", "id": 8, "method": "SubscribeToTask", "params": {"id": waiting["id"]}})
+                .to_string(),
+        ),
+        &[("A2A-Version", "1.0")],
+    );
+    assert_eq!(error_code(&finished.body_json()), -32004);
+    let unknown = v1(agent.port, "SubscribeToTask", json!({"id": "0123abcd"}));
+    assert_eq!(error_code(&unknown), -32001);
+}
+
+#[test]
+fn list_tasks_lists_this_agents_a2a_tasks_newest_first_with_filters_and_pages() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let context = "ctx-list-1";
+    let with_context = |text: &str| {
+        let message = json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": text}], "contextId": context});
+        v1(agent.port, "SendMessage", json!({"message": message}))["result"]["task"].clone()
+    };
+    let first = with_context("one");
+    let second = with_context("please fail");
+    let third = send_v1(agent.port, "need input", false);
+    let all = v1(agent.port, "ListTasks", json!({}))["result"].clone();
+    assert_eq!(all["totalSize"], 3);
+    let ids: Vec<&Value> = all["tasks"].as_array().unwrap().iter().map(|t| &t["id"]).collect();
+    assert_eq!(ids, [&third["id"], &second["id"], &first["id"]]);
+    assert!(all["tasks"][0].get("artifacts").is_none(), "artifacts only with includeArtifacts");
+    assert_eq!(all["nextPageToken"], "");
+
+    let in_context =
+        v1(agent.port, "ListTasks", json!({"contextId": context, "includeArtifacts": true}))["result"].clone();
+    assert_eq!(in_context["totalSize"], 2);
+    assert!(in_context["tasks"][1]["artifacts"].is_array());
+    let failed = v1(agent.port, "ListTasks", json!({"status": "TASK_STATE_FAILED"}))["result"].clone();
+    assert_eq!(failed["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(failed["tasks"][0]["id"], second["id"]);
+
+    let page = v1(agent.port, "ListTasks", json!({"pageSize": 2}))["result"].clone();
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 2);
+    let next =
+        v1(agent.port, "ListTasks", json!({"pageSize": 2, "pageToken": page["nextPageToken"]}))["result"].clone();
+    assert_eq!(next["tasks"][0]["id"], first["id"]);
+    assert_eq!(next["nextPageToken"], "");
+}
+
+#[test]
+fn json_rpc_errors_carry_the_a2a_and_json_rpc_codes() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let port = agent.port;
+    // JSON-RPC layer.
+    assert_eq!(error_code(&rpc_raw(port, Some("1.0"), b"{not json")), -32700);
+    assert_eq!(error_code(&rpc_raw(port, Some("1.0"), b"[]")), -32600, "batches are refused");
+    assert_eq!(error_code(&rpc_raw(port, Some("1.0"), br#"{"id":1,"method":"GetTask"}"#)), -32600);
+    assert_eq!(error_code(&rpc_raw(port, Some("1.0"), br#"{"jsonrpc":"2.0","id":1,"method":5}"#)), -32600);
+    assert_eq!(error_code(&v1(port, "NoSuchMethod", json!({}))), -32601);
+    assert_eq!(error_code(&rpc(port, None, "SendMessage", json!({}))), -32601, "1.0 names need the 1.0 header");
+    assert_eq!(error_code(&rpc(port, Some("1.0"), "message/send", json!({}))), -32601);
+    assert_eq!(
+        error_code(&rpc_raw(port, Some("1.0"), br#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":[1]}"#)),
+        -32602
+    );
+    // Invalid params.
+    assert_eq!(error_code(&v1(port, "SendMessage", json!({}))), -32602, "no message");
+    assert_eq!(error_code(&v1(port, "SendMessage", json!({"message": {"role": "ROLE_USER", "parts": []}}))), -32602);
+    assert_eq!(error_code(&v1(port, "SendMessage", json!({"message": text_message("   ")}))), -32602, "empty text");
+    assert_eq!(error_code(&v1(port, "GetTask", json!({}))), -32602, "no id");
+    assert_eq!(error_code(&v1(port, "ListTasks", json!({"pageSize": 0}))), -32602);
+    assert_eq!(error_code(&v1(port, "ListTasks", json!({"pageSize": 101}))), -32602);
+    assert_eq!(error_code(&v1(port, "ListTasks", json!({"status": "TASK_STATE_NOPE"}))), -32602);
+    assert_eq!(error_code(&v1(port, "ListTasks", json!({"pageToken": "x"}))), -32602);
+    // A2A errors.
+    assert_eq!(error_code(&v1(port, "GetTask", json!({"id": "0123abcd"}))), -32001);
+    assert_eq!(error_code(&v1(port, "GetTask", json!({"id": "not a task id"}))), -32001);
+    assert_eq!(error_code(&v1(port, "CancelTask", json!({"id": "0123abcd"}))), -32001);
+    let file = json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "file:///etc/passwd"}]}});
+    assert_eq!(error_code(&v1(port, "SendMessage", file)), -32005);
+    let push =
+        json!({"message": text_message("hi"), "configuration": {"taskPushNotificationConfig": {"url": "http://x"}}});
+    assert_eq!(error_code(&v1(port, "SendMessage", push)), -32003);
+    assert_eq!(error_code(&v1(port, "GetExtendedAgentCard", json!({}))), -32007);
+    let done = send_v1(port, "hello", false);
+    let follow_up =
+        json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "more"}], "taskId": done["id"]}});
+    assert_eq!(error_code(&v1(port, "SendMessage", follow_up)), -32004, "continuing a task is unsupported");
+    for version in ["2.0", "0.2", "banana"] {
+        let answer = rpc(port, Some(version), "GetTask", json!({"id": done["id"]}));
+        assert_eq!(error_code(&answer), -32009, "{version}: {answer}");
+        assert_eq!(answer["id"], "call-1");
+    }
+}
+
+#[test]
+fn without_an_a2a_version_header_the_0_3_methods_and_shapes_are_served() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let message =
+        json!({"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "hello"}]});
+    let sent = rpc(agent.port, None, "message/send", json!({"message": message}));
+    let task = &sent["result"];
+    assert_eq!(task["kind"], "task", "{sent}");
+    assert_eq!(task["status"]["state"], "completed");
+    assert_eq!(task["artifacts"][0]["parts"][0], json!({"kind": "text", "text": "scenario agent: done: hello"}));
+    assert_eq!(task["history"][0]["role"], "user");
+    let got = rpc(agent.port, Some("0.3"), "tasks/get", json!({"id": task["id"]}));
+    assert_eq!(got["result"]["status"]["state"], "completed");
+    assert_eq!(error_code(&rpc(agent.port, None, "tasks/resubscribe", json!({"id": task["id"]}))), -32004);
+
+    let asking =
+        json!({"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "input?"}]});
+    let asked = rpc(agent.port, None, "message/send", json!({"message": asking}));
+    assert_eq!(asked["result"]["status"]["state"], "input-required");
+
+    let waiting =
+        json!({"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "wait"}]});
+    let sent = rpc(agent.port, None, "message/send", json!({"message": waiting, "configuration": {"blocking": false}}));
+    assert_eq!(sent["result"]["status"]["state"], "working");
+    let canceled = rpc(agent.port, None, "tasks/cancel", json!({"id": sent["result"]["id"]}));
+    assert_eq!(canceled["result"]["status"]["state"], "canceled");
+
+    let streamed =
+        json!({"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "stream"}]});
+    let mut stream = rpc_stream(agent.port, "0.3", "message/stream", json!({"message": streamed}));
+    let results: Vec<Value> = stream.rest().iter().map(|event| event.json()["result"].clone()).collect();
+    assert_eq!(results[0]["kind"], "task");
+    assert_eq!(results.iter().filter(|r| r["kind"] == "artifact-update").count(), 4);
+    let last = results.last().unwrap();
+    assert_eq!(last["kind"], "status-update");
+    assert_eq!(last["status"]["state"], "completed");
+    assert_eq!(last["final"], true);
+}
+
+#[test]
+fn an_a2a_message_is_written_into_a_dummy_agents_pty_and_its_reply_completes_the_task() {
+    let home = Home::new();
+    let output =
+        home.cmd(&["start", "dummy", "--name", "bob", "--json"]).env("SYNAPSE_DUMMY_AUTO_REPLY", "1").output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let bob_id = bob["agent_id"].as_str().unwrap().to_string();
+    struct Stop<'a>(&'a Home, String);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.cmd(&["stop", &self.1]).output();
+        }
+    }
+    let _stop = Stop(&home, bob_id.clone());
+    let port = u16::try_from(bob["port"].as_u64().unwrap()).unwrap();
+    let task = send_v1(port, "what is 6 x 7?", false);
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let id8 = &task["id"].as_str().unwrap()[..8];
+    assert_eq!(artifact_texts(&task), [format!("[DUMMY] Auto-reply to {id8}: what is 6 x 7?")]);
+    let screen = std::fs::read_to_string(bob["log"].as_str().unwrap()).unwrap();
+    assert!(screen.contains(&format!("[A2A:{id8}:anonymous:R] what is 6 x 7?")), "{screen}");
+}
+
+// ---- GET /tasks/{id}/subscribe (SSE, issue 6) ----
+
+fn subscribe(port: u16, task_id: &str, last_event_id: Option<u64>) -> Stream {
+    let resume = last_event_id.map(|seq| seq.to_string());
+    let headers: Vec<(&str, &str)> = resume.as_deref().map(|seq| vec![("Last-Event-ID", seq)]).unwrap_or_default();
+    Stream::open(port, "GET", &format!("/tasks/{task_id}/subscribe"), None, &headers)
+}
+
+#[test]
+fn task_subscribe_replays_status_and_artifacts_with_log_sequence_ids_and_ends_after_the_final_state() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let task = send_v1(agent.port, "stream please", false);
+    let task_id = task["id"].as_str().unwrap();
+    let mut stream = subscribe(agent.port, task_id, None);
+    assert_eq!(stream.status, 200);
+    let events = stream.rest();
+    let states: Vec<String> = events.iter().map(|e| e.json()["state"].as_str().unwrap().to_string()).collect();
+    assert_eq!(states, ["working", "working", "working", "working", "completed"], "{events:#?}");
+    assert_eq!(events.last().unwrap().event.as_deref(), Some("final"));
+    assert_eq!(events.last().unwrap().json()["final"], true);
+    let chunks: Vec<Value> = events.iter().flat_map(|e| e.json()["artifacts"].as_array().unwrap().clone()).collect();
+    assert_eq!(chunks.len(), 4);
+    // Each id is the sequence number of the event in the log.
+    let log = home.events();
+    for event in &events {
+        let seq: u64 = event.id.as_ref().unwrap().parse().unwrap();
+        let logged = log.iter().find(|e| e["seq"] == seq).unwrap();
+        assert_eq!(logged["event"]["data"]["task_id"], task_id, "{logged}");
+        assert_eq!(event.json()["seq"], seq);
+    }
+    // The broker path serves the same stream.
+    let (status, _) = home.http("GET", &format!("/agents/{}/tasks/{task_id}/subscribe", agent.id), None, &[]);
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn task_subscribe_resumes_after_a_dropped_connection_from_last_event_id_without_gaps_or_repeats() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let task = send_v1(agent.port, "wait until canceled", true);
+    let task_id = task["id"].as_str().unwrap().to_string();
+    let mut stream = subscribe(agent.port, &task_id, None);
+    let first = stream.next_event().unwrap();
+    assert_eq!(first.json()["state"], "working");
+    let seen: u64 = first.id.unwrap().parse().unwrap();
+    drop(stream); // the connection drops
+
+    // While no one listens, the task changes and ends.
+    let canceled = v1(agent.port, "CancelTask", json!({"id": task_id}));
+    assert_eq!(canceled["result"]["status"]["state"], "TASK_STATE_CANCELED");
+
+    let mut resumed = subscribe(agent.port, &task_id, Some(seen));
+    let rest = resumed.rest();
+    let seqs: Vec<u64> = rest.iter().map(|e| e.id.as_ref().unwrap().parse().unwrap()).collect();
+    assert!(seqs.iter().all(|seq| *seq > seen), "no repeat: {seqs:?} after {seen}");
+    let expected: Vec<u64> = home
+        .events()
+        .iter()
+        .filter(|e| e["seq"].as_u64().unwrap() > seen)
+        .filter(|e| e["event"]["data"]["task_id"] == task_id.as_str())
+        .filter(|e| matches!(e["event"]["kind"].as_str(), Some("task_state_changed" | "task_canceled")))
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, expected, "no gap");
+    assert_eq!(rest.last().unwrap().json()["state"], "canceled");
+
+    // Resuming after the final event gives an empty stream that ends at once.
+    let last = *seqs.last().unwrap();
+    assert!(subscribe(agent.port, &task_id, Some(last)).rest().is_empty());
+}
+
+#[test]
+fn task_subscribe_of_an_unknown_task_or_a_bad_last_event_id_is_refused_before_streaming() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let unknown = subscribe(agent.port, "0123abcd", None);
+    assert_eq!(unknown.status, 404);
+    assert!(unknown.body_json()["message"].as_str().unwrap().contains("not found"));
+    let task = send_v1(agent.port, "hello", false);
+    let bad = Stream::open(
+        agent.port,
+        "GET",
+        &format!("/tasks/{}/subscribe", task["id"].as_str().unwrap()),
+        None,
+        &[("Last-Event-ID", "yesterday")],
+    );
+    assert_eq!(bad.status, 400);
+    let (status, _) = http_tcp(agent.port, "GET", "/tasks/not-hex!/subscribe", None, &[]);
+    assert_eq!(status, 400);
+}
+
+#[test]
+fn open_task_streams_end_promptly_when_the_broker_stops() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let task = send_v1(agent.port, "wait forever", true);
+    let task_id = task["id"].as_str().unwrap();
+    let mut sse = subscribe(agent.port, task_id, None);
+    assert!(sse.next_event().is_some());
+    let mut rpc_sse = rpc_stream(agent.port, "1.0", "SubscribeToTask", json!({"id": task_id}));
+    assert!(rpc_sse.next_event().is_some());
+    let started = std::time::Instant::now();
+    home.ok(&["broker", "stop"]);
+    assert!(sse.rest().is_empty(), "no more events, and the stream ended");
+    assert!(rpc_sse.rest().is_empty());
+    assert!(started.elapsed() < Duration::from_secs(10), "streams ended in {:?}", started.elapsed());
+}
+
+#[test]
+fn five_hundred_concurrent_task_subscribers_each_see_every_change_once() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let task = send_v1(agent.port, "wait for the crowd", true);
+    let task_id = task["id"].as_str().unwrap().to_string();
+    // Every subscriber is connected and has caught up (its first event) before the change.
+    let mut streams: Vec<Stream> = (0..500).map(|_| subscribe(agent.port, &task_id, None)).collect();
+    let firsts: Vec<String> = streams.iter_mut().map(|stream| stream.next_event().unwrap().id.unwrap()).collect();
+    assert!(firsts.iter().all(|id| *id == firsts[0]));
+    let canceled = v1(agent.port, "CancelTask", json!({"id": task_id}));
+    assert_eq!(canceled["result"]["status"]["state"], "TASK_STATE_CANCELED");
+    for (index, stream) in streams.iter_mut().enumerate() {
+        let rest = stream.rest();
+        assert_eq!(rest.len(), 1, "subscriber {index}: {rest:?}");
+        assert_eq!(rest[0].json()["state"], "canceled");
+    }
+}
+
+#[test]
+fn streams_and_blocking_sends_on_an_agents_port_end_when_the_agent_goes() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let task = send_v1(agent.port, "wait a moment", true);
+    let task_id = task["id"].as_str().unwrap().to_string();
+    let mut sse = subscribe(agent.port, &task_id, None);
+    assert!(sse.next_event().is_some());
+    let mut rpc_sse = rpc_stream(agent.port, "1.0", "SubscribeToTask", json!({"id": task_id}));
+    assert!(rpc_sse.next_event().is_some());
+    let port = agent.port;
+    let blocked = std::thread::spawn(move || send_v1(port, "wait with me", false));
+    // The blocking send is in: its task exists before the agent goes.
+    let mut events = Stream::open(broker_port(&home), "GET", "/events?follow=true&kind=task_created", None, &[]);
+    while !events.next_event().is_some_and(|event| event.data.contains("wait with me")) {}
+    drop(agent); // SIGTERM: the scenario agent deregisters
+    assert!(sse.rest().is_empty(), "the SSE stream ended");
+    assert!(rpc_sse.rest().is_empty(), "the JSON-RPC stream ended");
+    let answered = blocked.join().unwrap();
+    assert_eq!(answered["status"]["state"], "TASK_STATE_WORKING", "the blocking send returned: {answered}");
+}
+
+#[test]
+fn only_the_receiving_agent_with_its_secret_moves_its_task_and_the_senders_task_follows() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let eve = home.register(Some("eve"));
+    let body = json!({"to": "bob", "text": "hi", "response_expected": true}).to_string();
+    let (status, sent) = home.http("POST", "/send", Some(body.as_bytes()), &[]);
+    assert_eq!(status, 200, "{sent}");
+    let task_id = sent["task"]["id"].as_str().unwrap().to_string();
+    let sender_task_id = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    let update = |agent: &Agent, secret: Option<&str>, body: Value| {
+        let headers: Vec<(&str, &str)> = secret.map(|s| vec![("x-synapse-agent-secret", s)]).unwrap_or_default();
+        let path = format!("/agents/{}/tasks/{task_id}/update", agent.id);
+        home.http("POST", &path, Some(body.to_string().as_bytes()), &headers)
+    };
+    let half = json!({"state": "working", "artifacts": [{"parts": [{"type": "text", "text": "half"}]}]});
+    assert_eq!(update(&bob, None, half.clone()).0, 403, "no secret");
+    assert_eq!(update(&bob, Some(&eve.secret), half.clone()).0, 403, "someone else's secret");
+    assert_eq!(update(&eve, Some(&eve.secret), half.clone()).0, 403, "not eve's task");
+    assert_eq!(update(&bob, Some(&bob.secret), json!({"state": "submitted"})).0, 400);
+    assert_eq!(update(&bob, Some(&bob.secret), json!({"state": "canceled"})).0, 400);
+    assert_eq!(update(&bob, Some(&bob.secret), json!({"state": "bogus"})).0, 400);
+    let (status, moved) = update(&bob, Some(&bob.secret), half);
+    assert_eq!(status, 200, "{moved}");
+    let (_, sender_task) = home.http("GET", &format!("/tasks/{sender_task_id}"), None, &[]);
+    assert_eq!(sender_task["task"]["status"], "working");
+    assert_eq!(sender_task["task"]["artifacts"][0]["parts"][0]["text"], "half");
+    let done = json!({"state": "completed", "artifacts": [{"parts": [{"type": "text", "text": "all"}]}]});
+    assert_eq!(update(&bob, Some(&bob.secret), done.clone()).0, 200);
+    let (_, sender_task) = home.http("GET", &format!("/tasks/{sender_task_id}"), None, &[]);
+    assert_eq!(sender_task["task"]["status"], "completed");
+    assert_eq!(sender_task["task"]["artifacts"].as_array().unwrap().len(), 2);
+    assert_eq!(update(&bob, Some(&bob.secret), done).0, 409, "a final task never changes again");
+}
+
+#[test]
+fn the_broker_path_accepts_the_agents_name_as_well_as_its_id() {
+    let home = Home::new();
+    let mut child = home.cmd(&["scenario-agent", "--name", "scen"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _agent = Scenario { child, id: String::new(), port: 0 };
+    let call = |method: &str, params: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+        home.http("POST", "/agents/scen/", Some(body.as_bytes()), &[("A2A-Version", "1.0")]).1
+    };
+    let sent = call("SendMessage", json!({"message": text_message("by name")}));
+    assert_eq!(sent["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    let got = call("GetTask", json!({"id": sent["result"]["task"]["id"]}));
+    assert_eq!(artifact_texts(&got["result"]), ["scenario agent: done: by name"]);
+}

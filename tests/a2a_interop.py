@@ -1,0 +1,198 @@
+"""Interoperability of Synapse agents with the official A2A Python client (a2a-sdk 1.3.0).
+
+Run by tests/a2a_interop.rs against a running broker:
+
+    python tests/a2a_interop.py <dummy agent base URL> <scenario agent base URL>
+
+The dummy agent auto-replies (SYNAPSE_DUMMY_AUTO_REPLY=1); the scenario agent answers by rule
+(fail, input, stream, wait, else complete). Prints "A2A INTEROP OK" when every check passed;
+any failed check raises, so the exit status is non-zero.
+"""
+
+import asyncio
+import sys
+import uuid
+
+import httpx
+
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.errors import (
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+
+
+def message(text: str, context_id: str = "") -> pb.Message:
+    return pb.Message(
+        message_id=str(uuid.uuid4()),
+        role=pb.ROLE_USER,
+        parts=[pb.Part(text=text)],
+        context_id=context_id,
+    )
+
+
+def texts(task: pb.Task) -> list[str]:
+    return [part.text for artifact in task.artifacts for part in artifact.parts]
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(what)
+    print(f"ok: {what}", flush=True)
+
+
+async def collect(stream) -> list[pb.StreamResponse]:
+    return [event async for event in stream]
+
+
+async def resolve(http: httpx.AsyncClient, base_url: str) -> pb.AgentCard:
+    card = await A2ACardResolver(http, base_url).get_agent_card()
+    interface = card.supported_interfaces[0]
+    check(interface.protocol_binding == "JSONRPC", f"{card.name}: the card offers JSON-RPC")
+    check(interface.protocol_version == "1.0", f"{card.name}: the card speaks A2A 1.0")
+    check(card.capabilities.streaming, f"{card.name}: the card announces streaming")
+    check(len(card.skills) > 0, f"{card.name}: the card lists skills")
+    return card
+
+
+async def dummy_agent(http: httpx.AsyncClient, base_url: str) -> None:
+    card = await resolve(http, base_url)
+    blocking = ClientFactory(ClientConfig(streaming=False)).create(card)
+    streaming = ClientFactory(ClientConfig(streaming=True)).create(card)
+
+    # SendMessage (blocking): the dummy's `synapse reply` completes the task.
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("what is 6 x 7?"))))
+    task = events[-1].task
+    check(task.status.state == pb.TASK_STATE_COMPLETED, "dummy: SendMessage waits for the reply")
+    check(any("Auto-reply" in text and "what is 6 x 7?" in text for text in texts(task)), "dummy: the reply is the artifact")
+
+    # GetTask shows the same.
+    got = await blocking.get_task(pb.GetTaskRequest(id=task.id))
+    check(got.id == task.id and got.status.state == pb.TASK_STATE_COMPLETED, "dummy: GetTask finds the completed task")
+    check(texts(got) == texts(task), "dummy: GetTask shows the reply artifact")
+
+    # SendStreamingMessage: a task snapshot, then updates up to the completed status.
+    events = await collect(streaming.send_message(pb.SendMessageRequest(message=message("stream me the answer"))))
+    check(events[0].HasField("task"), "dummy: the stream opens with the task")
+    streamed_id = events[0].task.id
+    check(events[-1].HasField("status_update"), "dummy: the stream ends with a status update")
+    check(events[-1].status_update.status.state == pb.TASK_STATE_COMPLETED, "dummy: the stream ends completed")
+    artifacts = [e.artifact_update.artifact for e in events if e.HasField("artifact_update")]
+    check(any("Auto-reply" in p.text for a in artifacts for p in a.parts), "dummy: the reply is streamed as an artifact")
+
+    # ListTasks: both tasks, newest first.
+    listed = await blocking.list_tasks(pb.ListTasksRequest())
+    ids = [t.id for t in listed.tasks]
+    check(ids[:2] == [streamed_id, task.id], "dummy: ListTasks lists the tasks, newest first")
+    check(listed.total_size == 2, "dummy: ListTasks counts them")
+
+
+async def scenario_agent(http: httpx.AsyncClient, base_url: str) -> None:
+    card = await resolve(http, base_url)
+    blocking = ClientFactory(ClientConfig(streaming=False)).create(card)
+    streaming = ClientFactory(ClientConfig(streaming=True)).create(card)
+    context = str(uuid.uuid4())
+
+    # complete
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("hello", context))))
+    done = events[-1].task
+    check(done.status.state == pb.TASK_STATE_COMPLETED, "scenario: a plain message completes")
+    check(done.context_id == context, "scenario: the task keeps the client's context id")
+    check(texts(done) == ["scenario agent: done: hello"], "scenario: with a text artifact")
+
+    # fail
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("please fail", context))))
+    failed = events[-1].task
+    check(failed.status.state == pb.TASK_STATE_FAILED, "scenario: 'fail' fails the task")
+    check("failing as asked" in failed.status.message.parts[0].text, "scenario: the status message says why")
+
+    # input required
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("need your input"))))
+    asking = events[-1].task
+    check(asking.status.state == pb.TASK_STATE_INPUT_REQUIRED, "scenario: 'input' asks for input")
+    check(asking.status.message.role == pb.ROLE_AGENT, "scenario: the question comes from the agent")
+
+    # stream
+    events = await collect(streaming.send_message(pb.SendMessageRequest(message=message("stream please"))))
+    chunks = [e.artifact_update.artifact for e in events if e.HasField("artifact_update")]
+    check(len(chunks) == 4, "scenario: 'stream' sends three chunks and the final answer")
+    check(len({a.artifact_id for a in chunks}) == 4, "scenario: each artifact has its own id")
+    check(events[-1].status_update.status.state == pb.TASK_STATE_COMPLETED, "scenario: the stream ends completed")
+
+    # wait, subscribe, cancel
+    request = pb.SendMessageRequest(
+        message=message("wait for me"), configuration=pb.SendMessageConfiguration(return_immediately=True)
+    )
+    events = await collect(blocking.send_message(request))
+    waiting = events[-1].task
+    check(waiting.status.state == pb.TASK_STATE_WORKING, "scenario: returnImmediately answers while working")
+    subscribed = asyncio.get_running_loop().create_future()
+
+    async def follow() -> list[pb.StreamResponse]:
+        seen = []
+        async for event in streaming.subscribe(pb.SubscribeToTaskRequest(id=waiting.id)):
+            seen.append(event)
+            if not subscribed.done():
+                subscribed.set_result(True)
+        return seen
+
+    follower = asyncio.create_task(follow())
+    await asyncio.wait_for(subscribed, 30)
+    canceled = await blocking.cancel_task(pb.CancelTaskRequest(id=waiting.id))
+    check(canceled.status.state == pb.TASK_STATE_CANCELED, "scenario: CancelTask cancels a working task")
+    seen = await asyncio.wait_for(follower, 30)
+    check(seen[0].HasField("task") and seen[0].task.id == waiting.id, "scenario: SubscribeToTask opens with the task")
+    check(seen[-1].status_update.status.state == pb.TASK_STATE_CANCELED, "scenario: the subscription ends canceled")
+
+    # errors
+    try:
+        await blocking.cancel_task(pb.CancelTaskRequest(id=waiting.id))
+        check(False, "scenario: canceling twice fails")
+    except TaskNotCancelableError:
+        check(True, "scenario: a canceled task is not cancelable (-32002)")
+    try:
+        await blocking.get_task(pb.GetTaskRequest(id=str(uuid.uuid4())))
+        check(False, "scenario: an unknown task is not found")
+    except TaskNotFoundError:
+        check(True, "scenario: an unknown task is not found (-32001)")
+    try:
+        await collect(streaming.subscribe(pb.SubscribeToTaskRequest(id=done.id)))
+        check(False, "scenario: subscribing to a finished task fails")
+    except UnsupportedOperationError:
+        check(True, "scenario: subscribing to a finished task is unsupported (-32004)")
+
+    # ListTasks filters
+    in_context = await blocking.list_tasks(pb.ListTasksRequest(context_id=context))
+    check({t.id for t in in_context.tasks} == {done.id, failed.id}, "scenario: ListTasks filters by context")
+    asking_now = await blocking.list_tasks(pb.ListTasksRequest(status=pb.TASK_STATE_INPUT_REQUIRED))
+    check([t.id for t in asking_now.tasks] == [asking.id], "scenario: ListTasks filters by state")
+    page = await blocking.list_tasks(pb.ListTasksRequest(page_size=2))
+    check(len(page.tasks) == 2 and page.next_page_token != "", "scenario: ListTasks pages")
+
+    # The same agent through the A2A 0.3 client of the SDK (A2A-Version: 0.3, 0.3 shapes).
+    legacy_card = pb.AgentCard()
+    legacy_card.CopyFrom(card)
+    legacy_card.supported_interfaces[0].protocol_version = "0.3"
+    legacy = ClientFactory(ClientConfig(streaming=False)).create(legacy_card)
+    events = await collect(legacy.send_message(pb.SendMessageRequest(message=message("hello from 0.3"))))
+    check(events[-1].task.status.state == pb.TASK_STATE_COMPLETED, "scenario: the 0.3 client's message/send completes")
+    got = await legacy.get_task(pb.GetTaskRequest(id=events[-1].task.id))
+    check(texts(got) == ["scenario agent: done: hello from 0.3"], "scenario: the 0.3 client's tasks/get shows the artifact")
+    legacy_streaming = ClientFactory(ClientConfig(streaming=True)).create(legacy_card)
+    events = await collect(legacy_streaming.send_message(pb.SendMessageRequest(message=message("stream in 0.3"))))
+    states = [e.status_update.status.state for e in events if e.HasField("status_update")]
+    check(states[-1:] == [pb.TASK_STATE_COMPLETED], "scenario: the 0.3 client's message/stream ends completed")
+
+
+async def main() -> None:
+    dummy_url, scenario_url = sys.argv[1], sys.argv[2]
+    async with httpx.AsyncClient(timeout=60) as http:
+        await dummy_agent(http, dummy_url)
+        await scenario_agent(http, scenario_url)
+    print("A2A INTEROP OK", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

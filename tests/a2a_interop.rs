@@ -1,0 +1,116 @@
+//! Interoperability with the official A2A Python client, a2a-sdk 1.3.0 (issue 7): the script
+//! `tests/a2a_interop.py` resolves the cards and runs every method against a dummy agent that
+//! auto-replies and against the scenario agent.
+//!
+//! The client lives in a virtual environment under the build directory (`target/a2a-venv`,
+//! made by `.ci/run`, or by this test on its first run; `SYNAPSE_A2A_PYTHON` names another
+//! interpreter). If it cannot be made the test fails and says how: a skipped interoperability
+//! test would look like a pass.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+/// Longest the whole script may take.
+const SCRIPT_DEADLINE: Duration = Duration::from_secs(300);
+
+fn python() -> PathBuf {
+    if let Some(path) = std::env::var_os("SYNAPSE_A2A_PYTHON") {
+        return PathBuf::from(path);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/a2a-venv");
+    let venv = root.join("bin/python");
+    let has_client = |python: &PathBuf| {
+        std::process::Command::new(python)
+            .args(["-c", "import importlib.metadata as m, sys; sys.exit(m.version('a2a-sdk') != '1.3.0')"])
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    if !has_client(&venv) {
+        // First run on this machine: make the environment (what .ci/run does), from PyPI.
+        let made = std::process::Command::new("python3").arg("-m").arg("venv").arg(&root).status();
+        let installed = std::process::Command::new(root.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check", "a2a-sdk==1.3.0"])
+            .status();
+        assert!(
+            made.is_ok_and(|status| status.success())
+                && installed.is_ok_and(|status| status.success())
+                && has_client(&venv),
+            "the A2A interoperability test needs the official client a2a-sdk 1.3.0 in {} and could not install it.\n\
+             Create it with:\n  python3 -m venv target/a2a-venv && target/a2a-venv/bin/pip install 'a2a-sdk==1.3.0'\n\
+             or point SYNAPSE_A2A_PYTHON at an interpreter that has it.",
+            root.display()
+        );
+    }
+    venv
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        kill(self.0.id(), libc::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+struct Stopped<'a>(&'a Home, String);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.cmd(&["stop", &self.1]).output();
+    }
+}
+
+#[test]
+fn the_official_a2a_python_client_talks_to_a_dummy_agent_and_to_the_scenario_agent() {
+    let python = python();
+    let home = Home::new();
+    let output =
+        home.cmd(&["start", "dummy", "--name", "bob", "--json"]).env("SYNAPSE_DUMMY_AUTO_REPLY", "1").output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let dummy: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _dummy = Stopped(&home, dummy["agent_id"].as_str().unwrap().to_string());
+
+    let mut scenario = home.cmd(&["scenario-agent", "--name", "scenario"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(scenario.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _scenario = Killed(scenario);
+    let scenario: Value = serde_json::from_str(&line).unwrap();
+
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/a2a_interop.py");
+    let child = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{}", dummy["port"]))
+        .arg(format!("http://127.0.0.1:{}", scenario["port"]))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("cannot run {}: {error}", python.display()));
+    let pid = child.id();
+    let (sender, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    let output = match finished.recv_timeout(SCRIPT_DEADLINE) {
+        Ok(output) => output.unwrap(),
+        Err(_) => {
+            kill(pid, libc::SIGKILL);
+            panic!("the interoperability script did not finish within {SCRIPT_DEADLINE:?}");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("A2A INTEROP OK"),
+        "a2a_interop.py failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -1,0 +1,94 @@
+//! Settings files, `synapse init` / `synapse reset`, and `a2a.flow` (issue 6, item 5).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::process::Stdio;
+
+fn in_project(home: &Home, project: &std::path::Path, args: &[&str]) -> std::process::Output {
+    home.cmd(args).current_dir(project).output().unwrap()
+}
+
+#[test]
+fn init_writes_a_template_once_and_reset_removes_it_only_when_confirmed() {
+    let home = Home::new();
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    let output = in_project(&home, &project, &["init"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let file = project.join(".synapse/settings.json");
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(written["a2a"]["flow"], "auto");
+    let again = in_project(&home, &project, &["init"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(stderr(&again).contains("already exists"), "{}", describe(&again));
+    assert!(in_project(&home, &project, &["init", "--force"]).status.success());
+    let user = in_project(&home, &project, &["init", "--scope", "user"]);
+    assert!(user.status.success());
+    assert!(home.home().join("settings.json").exists());
+
+    let refused = in_project(&home, &project, &["reset"]);
+    assert_eq!(refused.status.code(), Some(1), "stdin is not a terminal: {}", describe(&refused));
+    assert!(file.exists());
+    assert!(in_project(&home, &project, &["reset", "-f"]).status.success());
+    assert!(!file.exists());
+    assert_eq!(in_project(&home, &project, &["init", "--scope", "elsewhere"]).status.code(), Some(2));
+}
+
+#[test]
+fn a2a_flow_sets_the_default_of_send_and_flags_override_it() {
+    let home = Home::new();
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(project.join(".synapse")).unwrap();
+    let bob = home.register(Some("bob"));
+    std::fs::write(project.join(".synapse/settings.json"), r#"{"a2a":{"flow":"oneway"}}"#).unwrap();
+    let oneway: Value =
+        serde_json::from_slice(&in_project(&home, &project, &["send", "bob", "fyi", "--json"]).stdout).unwrap();
+    assert!(oneway["sender_task"].is_null(), "oneway sends expect no reply: {oneway}");
+    let asked: Value =
+        serde_json::from_slice(&in_project(&home, &project, &["send", "bob", "q", "--response", "--json"]).stdout)
+            .unwrap();
+    assert!(asked["sender_task"]["id"].is_string());
+
+    // The local file overrides the project file: roundtrip waits for the reply.
+    std::fs::write(project.join(".synapse/settings.local.json"), r#"{"a2a":{"flow":"roundtrip"}}"#).unwrap();
+    let waiter = home
+        .cmd(&["send", "bob", "what now?"])
+        .current_dir(&project)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    loop {
+        let inbox: Value = serde_json::from_str(&home.ok(&["agent", "inbox", &bob.id, "--wait-ms", "10000"])).unwrap();
+        if inbox["tickets"].as_array().unwrap().iter().any(|ticket| ticket["text"] == "what now?") {
+            break;
+        }
+    }
+    let targets = stdout(&home.run_as(&bob, &["reply", "--list-targets"]));
+    let anonymous =
+        targets.lines().find(|line| line.contains("what now?")).unwrap().split_whitespace().next().unwrap().to_string();
+    let replied = home.run_as(&bob, &["reply", "--to", &anonymous, "carry on"]);
+    assert!(replied.status.success(), "{}", describe(&replied));
+    let output = waiter.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(stdout(&output).lines().any(|line| line == "carry on"), "{}", describe(&output));
+}
+
+#[test]
+fn a_malformed_settings_file_is_an_error_naming_the_file_and_line() {
+    let home = Home::new();
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(project.join(".synapse")).unwrap();
+    home.register(Some("bob"));
+    std::fs::write(project.join(".synapse/settings.json"), "{\n  \"a2a\": {\"flow\": \"auto\",}\n}").unwrap();
+    let output = in_project(&home, &project, &["send", "bob", "hi"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("settings.json line 2"), "{}", describe(&output));
+    std::fs::write(project.join(".synapse/settings.json"), r#"{"a2a":{"flow":"sometimes"}}"#).unwrap();
+    let output = in_project(&home, &project, &["send", "bob", "hi"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("a2a.flow 'sometimes'"), "{}", describe(&output));
+}

@@ -1,0 +1,217 @@
+//! Webhooks against a real local HTTP receiver (issue 6, item 2).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+/// One request the receiver got.
+struct Received {
+    headers: Vec<(String, String)>,
+    body: String,
+    answered: u16,
+}
+
+impl Received {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
+    }
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+}
+
+/// A local HTTP server answering every request with the current `status`.
+fn receiver(status: Arc<AtomicU16>) -> (u16, Receiver<Received>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sender, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let mut headers = Vec::new();
+            let mut length = 0;
+            loop {
+                let mut header = String::new();
+                reader.read_line(&mut header).unwrap();
+                let header = header.trim_end();
+                if header.is_empty() {
+                    break;
+                }
+                let (key, value) = header.split_once(':').unwrap();
+                if key.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+                headers.push((key.to_string(), value.trim().to_string()));
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let answered = status.load(Ordering::SeqCst);
+            let _ = write!(stream, "HTTP/1.1 {answered} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let body = String::from_utf8(body).unwrap();
+            if sender.send(Received { headers, body, answered }).is_err() {
+                break;
+            }
+        }
+    });
+    (port, received)
+}
+
+fn next(received: &Receiver<Received>) -> Received {
+    received.recv_timeout(Duration::from_secs(30)).expect("a webhook delivery")
+}
+
+fn start_broker(home: &Home) {
+    let output = home.cmd(&["broker", "start"]).env("SYNAPSE_WEBHOOK_RETRY_BASE_MS", "20").output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+}
+
+fn register_hook(home: &Home, body: Value) -> (u16, Value) {
+    home.http("POST", "/webhooks", Some(body.to_string().as_bytes()), &[])
+}
+
+#[test]
+fn deliveries_are_signed_retried_on_5xx_and_finish_on_success() {
+    let home = Home::new();
+    start_broker(&home);
+    let status = Arc::new(AtomicU16::new(500));
+    let (port, received) = receiver(status.clone());
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let (code, hook) = register_hook(&home, json!({"url": url, "events": ["task.replied"], "secret": "s3cret"}));
+    assert_eq!(code, 200, "{hook}");
+    assert_eq!(hook["webhook"]["events"], json!(["task.replied"]));
+    let (_, listed) = home.http("GET", "/webhooks", None, &[]);
+    assert_eq!(listed["webhooks"][0]["url"], url.as_str());
+    assert!(listed["webhooks"][0].get("secret").is_none(), "secrets are never shown");
+
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    assert!(home.run_as(&alice, &["send", "bob", "question"]).status.success());
+    assert!(home.run_as(&bob, &["reply", "answer"]).status.success());
+
+    let first = next(&received);
+    assert_eq!(first.answered, 500);
+    assert_eq!(first.header("x-synapse-event"), Some("task.replied"));
+    let event_id = first.header("x-synapse-event-id").unwrap().to_string();
+    status.store(200, Ordering::SeqCst);
+    let second = next(&received);
+    assert_eq!(second.header("x-synapse-event-id"), Some(event_id.as_str()), "a retry keeps the delivery id");
+    assert_eq!(second.body, first.body);
+    let body = second.json();
+    assert_eq!(body["event"], "task.replied");
+    assert_eq!(body["event_id"], event_id.as_str());
+    assert_eq!(body["data"]["text"], "answer");
+    let signature = synapse::broker::webhooks::hmac_sha256(b"s3cret", second.body.as_bytes());
+    let expected: String = signature.iter().map(|byte| format!("{byte:02x}")).collect();
+    assert_eq!(second.header("x-synapse-signature"), Some(format!("sha256={expected}").as_str()));
+
+    // The delivery is finished: it is listed as delivered, with its two attempts.
+    // Wait for the successful attempt to be recorded in the log.
+    let mut follower = home
+        .cmd(&["events", "--follow", "--json", "--kind", "webhook_delivery_attempted"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    for line in lines {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if event["event"]["data"]["status"] == 200 {
+            break;
+        }
+    }
+    follower.kill().unwrap();
+    follower.wait().unwrap();
+    let (_, deliveries) = home.http("GET", "/webhooks/deliveries", None, &[]);
+    assert_eq!(deliveries["deliveries"][0]["state"], "delivered", "{deliveries}");
+    assert_eq!(deliveries["deliveries"][0]["attempts"], 2);
+    assert!(received.recv_timeout(Duration::from_millis(300)).is_err(), "nothing is sent twice after success");
+}
+
+#[test]
+fn a_4xx_answer_is_not_retried() {
+    let home = Home::new();
+    start_broker(&home);
+    let (port, received) = receiver(Arc::new(AtomicU16::new(404)));
+    let (code, _) =
+        register_hook(&home, json!({"url": format!("http://127.0.0.1:{port}/"), "events": ["task.canceled"]}));
+    assert_eq!(code, 200);
+    let bob = home.register(Some("bob"));
+    let message = br#"{"message":{"role":"user","parts":[{"type":"text","text":"x"}]}}"#;
+    let (_, sent) = http_tcp(bob.port, "POST", "/tasks/send", Some(message), &[]);
+    let task = sent["task"]["id"].as_str().unwrap();
+    let (code, _) = http_tcp(bob.port, "POST", &format!("/tasks/{task}/cancel"), None, &[]);
+    assert_eq!(code, 200);
+    let only = next(&received);
+    assert_eq!(only.answered, 404);
+    assert!(only.header("x-synapse-signature").is_none(), "no secret, no signature");
+    assert!(received.recv_timeout(Duration::from_millis(500)).is_err(), "a 4xx is final");
+}
+
+#[test]
+fn registrations_and_pending_deliveries_survive_a_broker_restart() {
+    let home = Home::new();
+    start_broker(&home);
+    let status = Arc::new(AtomicU16::new(503));
+    let (port, received) = receiver(status.clone());
+    let (code, _) =
+        register_hook(&home, json!({"url": format!("http://127.0.0.1:{port}/"), "events": ["task.canceled"]}));
+    assert_eq!(code, 200);
+    let bob = home.register(Some("bob"));
+    let message = br#"{"message":{"role":"user","parts":[{"type":"text","text":"x"}]}}"#;
+    let (_, sent) = http_tcp(bob.port, "POST", "/tasks/send", Some(message), &[]);
+    let task = sent["task"]["id"].as_str().unwrap();
+    http_tcp(bob.port, "POST", &format!("/tasks/{task}/cancel"), None, &[]);
+    let failed = next(&received);
+    assert_eq!(failed.answered, 503);
+    let event_id = failed.header("x-synapse-event-id").unwrap().to_string();
+    home.kill_broker();
+    status.store(200, Ordering::SeqCst);
+    start_broker(&home);
+    // The restarted broker replays its outbox and delivers the same event.
+    let delivered = loop {
+        let request = next(&received);
+        if request.answered == 200 {
+            break request;
+        }
+    };
+    assert_eq!(delivered.header("x-synapse-event-id"), Some(event_id.as_str()));
+    let (_, listed) = home.http("GET", "/webhooks", None, &[]);
+    assert_eq!(listed["webhooks"].as_array().unwrap().len(), 1, "the registration survived");
+}
+
+#[test]
+fn bad_registrations_are_refused_and_removal_needs_a_registered_url() {
+    let home = Home::new();
+    start_broker(&home);
+    let head = home.head();
+    for (body, expected) in [
+        (json!({"url": "https://example.test/"}), "only http://"),
+        (json!({"url": "not a url"}), "not an http:// URL"),
+        (json!({"url": "http://127.0.0.1:9/", "events": ["task.exploded"]}), "Unknown webhook event"),
+    ] {
+        let (code, answer) = register_hook(&home, body);
+        assert_eq!(code, 400, "{answer}");
+        assert!(answer["message"].as_str().unwrap().contains(expected), "{answer}");
+    }
+    let (code, _) = home.http("POST", "/webhooks", Some(br#"{"url":"http://127.0.0.1:9/","colour":1}"#), &[]);
+    assert_eq!(code, 400);
+    assert_eq!(home.head(), head, "nothing appended");
+    let (code, _) = home.http("DELETE", "/webhooks?url=http://127.0.0.1:9/", None, &[]);
+    assert_eq!(code, 404);
+    let (code, _) = register_hook(&home, json!({"url": "http://127.0.0.1:9/"}));
+    assert_eq!(code, 200);
+    let (code, _) = home.http("DELETE", "/webhooks?url=http://127.0.0.1:9/", None, &[]);
+    assert_eq!(code, 200);
+    let (_, listed) = home.http("GET", "/webhooks", None, &[]);
+    assert!(listed["webhooks"].as_array().unwrap().is_empty());
+}
