@@ -217,9 +217,11 @@ fn priority_five_interrupts_the_cli_before_writing() {
     home.ok(&["send", "bob", "URGENT stop", "--no-response", "-p", "5"]);
     follower.wait_until("the urgent message written", |events| settled(events, &id(&bob)));
     let screen = terminal(&bob);
+    // The terminal echoes the written line at once; what matters is that the CLI handled the
+    // interrupt before it read the message.
     let interrupted = screen.find("[DUMMY] Interrupted.").expect(&screen);
-    let urgent = screen.find("URGENT stop").expect(&screen);
-    assert!(interrupted < urgent, "{screen}");
+    let read = screen.find("You said: [A2A").expect(&screen);
+    assert!(interrupted < read, "{screen}");
 }
 
 #[test]

@@ -25,7 +25,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 /// Messages longer than this (characters) go to a file (`SYNAPSE_LONG_MESSAGE_THRESHOLD`).
 const DEFAULT_LONG_MESSAGE_THRESHOLD: usize = 200;
@@ -60,21 +60,58 @@ impl Write for Tee {
     }
 }
 
-/// The wrapper's record of the last ticket it wrote completely (text and submit key), kept
-/// beside the log. Written after the PTY write, before the acknowledgement: a wrapper that dies
-/// in between leaves the evidence, and its successor acknowledges without writing again.
+/// The wrapper's records of the ticket it is writing, kept beside the log (`<agent>.writing`:
+/// the ticket and the log's length before the write; `<agent>.delivered`: the ticket, written
+/// by the PTY writer thread right after the submit key). A wrapper killed between writing and
+/// acknowledging leaves them behind, and its successor decides without writing twice:
+/// delivered, or writing with the ticket's line in the log since that length, means written.
 fn delivered_path(log: &std::path::Path) -> PathBuf {
     log.with_extension("delivered")
+}
+
+fn writing_path(log: &std::path::Path) -> PathBuf {
+    log.with_extension("writing")
 }
 
 fn last_delivered(log: &std::path::Path) -> Option<u64> {
     std::fs::read_to_string(delivered_path(log)).ok()?.trim().parse().ok()
 }
 
+/// Was ticket `number` (shown as `prefix`) written by a wrapper that died before acknowledging?
+fn written_before_restart(log: &std::path::Path, number: u64, prefix: &str) -> bool {
+    if last_delivered(log) == Some(number) {
+        return true;
+    }
+    let Ok(writing) = std::fs::read_to_string(writing_path(log)) else { return false };
+    let mut fields = writing.split_whitespace();
+    let (Some(ticket), Some(offset)) = (fields.next(), fields.next()) else { return false };
+    if ticket.parse::<u64>().ok() != Some(number) {
+        return false;
+    }
+    let Ok(offset) = offset.parse::<u64>() else { return false };
+    log_shows_since(log, offset, prefix)
+}
+
+/// Does the log show `needle` after byte `offset`?
+fn log_shows_since(log: &std::path::Path, offset: u64, needle: &str) -> bool {
+    use std::io::Seek;
+    let Ok(mut file) = std::fs::File::open(log) else { return false };
+    if file.seek(std::io::SeekFrom::Start(offset)).is_err() {
+        return false;
+    }
+    let mut tail = Vec::new();
+    let _ = file.read_to_end(&mut tail);
+    let needle = needle.as_bytes();
+    !needle.is_empty() && tail.windows(needle.len()).any(|window| window == needle)
+}
+
 /// One write into the PTY; `done` is answered once the bytes are written.
 struct PtyWrite {
     bytes: Vec<u8>,
     done: Option<oneshot::Sender<()>>,
+    /// A record to write right after the bytes, on the writer thread (no task switch in
+    /// between): (file, content).
+    then_record: Option<(PathBuf, String)>,
 }
 
 struct Shared {
@@ -83,7 +120,9 @@ struct Shared {
     agent_id: String,
     secret: String,
     readiness: Mutex<Readiness>,
-    output_changed: Notify,
+    /// Bumped on every output chunk and every input written: wakes the status reporter and
+    /// anyone waiting for the CLI to react (a watch, so no wake-up is lost and many can wait).
+    output_changed: watch::Sender<u64>,
     status: watch::Sender<AgentStatus>,
     pty_input: std::sync::mpsc::Sender<PtyWrite>,
     master: Mutex<Box<dyn MasterPty + Send>>,
@@ -100,8 +139,14 @@ impl Shared {
     }
 
     async fn write(&self, bytes: Vec<u8>) -> anyhow::Result<()> {
+        self.write_then_record(bytes, None).await
+    }
+
+    async fn write_then_record(&self, bytes: Vec<u8>, then_record: Option<(PathBuf, String)>) -> anyhow::Result<()> {
         let (done, written) = oneshot::channel();
-        self.pty_input.send(PtyWrite { bytes, done: Some(done) }).map_err(|_| anyhow::anyhow!("the PTY is closed"))?;
+        self.pty_input
+            .send(PtyWrite { bytes, done: Some(done), then_record })
+            .map_err(|_| anyhow::anyhow!("the PTY is closed"))?;
         written.await.map_err(|_| anyhow::anyhow!("the PTY is closed"))
     }
 
@@ -119,7 +164,7 @@ impl Shared {
                 }
             }
             InterruptStyle::CtrlC => {
-                let _ = self.pty_input.send(PtyWrite { bytes: vec![0x03], done: None });
+                let _ = self.pty_input.send(PtyWrite { bytes: vec![0x03], done: None, then_record: None });
             }
         }
     }
@@ -252,7 +297,7 @@ async fn run_registered(
         agent_id: agent_id.to_string(),
         secret: secret.to_string(),
         readiness: Mutex::new(Readiness::new(options.profile.idle.clone(), rows, cols)),
-        output_changed: Notify::new(),
+        output_changed: watch::channel(0).0,
         status: status_sender,
         pty_input,
         master: Mutex::new(pty.master),
@@ -266,6 +311,11 @@ async fn run_registered(
         let mut writer = writer;
         while let Ok(write) = pty_queue.recv() {
             let ok = writer.write_all(&write.bytes).and_then(|_| writer.flush()).is_ok();
+            if let (true, Some((file, content))) = (ok, &write.then_record)
+                && let Err(error) = std::fs::write(file, content)
+            {
+                tracing::warn!("cannot write {}: {error}", file.display());
+            }
             if let Some(done) = write.done
                 && ok
             {
@@ -298,7 +348,7 @@ async fn run_registered(
                 Ok(count) => {
                     let _ = sink.write_all(&buffer[..count]).and_then(|_| sink.flush());
                     reader_shared.lock_readiness().feed(&buffer[..count], Instant::now());
-                    reader_shared.output_changed.notify_one();
+                    reader_shared.output_changed.send_modify(|count| *count += 1);
                 }
             }
         }
@@ -350,7 +400,9 @@ async fn stop_child(shared: &Arc<Shared>) -> i32 {
 async fn report_status(shared: Arc<Shared>) {
     let mut client = connect(&shared.paths, &shared.secret).await;
     let path = format!("/agents/{}/status", shared.agent_id);
+    let mut changes = shared.output_changed.subscribe();
     loop {
+        changes.borrow_and_update();
         let (status, recheck) = shared.lock_readiness().status(Instant::now());
         shared.status.send_if_modified(|current| {
             let changed = *current != status;
@@ -370,9 +422,13 @@ async fn report_status(shared: Arc<Shared>) {
         }
         match recheck {
             Some(at) => {
-                let _ = tokio::time::timeout_at(at.into(), shared.output_changed.notified()).await;
+                let _ = tokio::time::timeout_at(at.into(), changes.changed()).await;
             }
-            None => shared.output_changed.notified().await,
+            None => {
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
         }
     }
 }
@@ -431,7 +487,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
         if status.wait_for(|status| *status == AgentStatus::Ready).await.is_err() {
             return;
         }
-        if let Err(error) = write_input(&shared, startup_message(&shared, &files)).await {
+        if let Err(error) = write_input(&shared, startup_message(&shared, &files), None).await {
             tracing::warn!("cannot write the start-up message: {error:#}");
             return;
         }
@@ -439,8 +495,8 @@ async fn watch_inbox(shared: Arc<Shared>) {
     let mut client = connect(&shared.paths, &shared.secret).await;
     let mut unacknowledged: Option<u64> = None;
     // Only the first ticket after a start can have been written by a previous wrapper that
-    // died before acknowledging it: the delivered record says so, and it is acknowledged
-    // without being written again.
+    // died before acknowledging it: its records say so, and it is acknowledged without being
+    // written again.
     let mut first_after_start = true;
     let inbox = format!("/agents/{}/inbox?wait_ms={INBOX_WAIT_MS}&limit=1", shared.agent_id);
     loop {
@@ -452,7 +508,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
                     unacknowledged = None;
                     *shared.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
                         Some(AgentStatus::Processing);
-                    shared.output_changed.notify_one();
+                    shared.output_changed.send_modify(|count| *count += 1);
                 }
                 Err(error) if is_gone(&error) => unacknowledged = None,
                 Err(_) => {
@@ -470,13 +526,15 @@ async fn watch_inbox(shared: Arc<Shared>) {
         };
         let Some(ticket) = answer["tickets"].as_array().and_then(|tickets| tickets.first()).cloned() else { continue };
         let Some(number) = ticket["ticket"].as_u64() else { continue };
-        if std::mem::take(&mut first_after_start) && last_delivered(&shared.log) == Some(number) {
+        if std::mem::take(&mut first_after_start)
+            && written_before_restart(&shared.log, number, ticket["prefix"].as_str().unwrap_or_default())
+        {
             tracing::info!("ticket {number} was written before a restart; acknowledging it");
             unacknowledged = Some(number);
             continue;
         }
         if ticket["priority"].as_u64() == Some(5) {
-            shared.interrupt();
+            interrupt_and_settle(&shared).await;
         } else if *shared.status.borrow() != AgentStatus::Ready {
             let mut status = shared.status.subscribe();
             if status.wait_for(|status| *status == AgentStatus::Ready).await.is_err() {
@@ -485,15 +543,25 @@ async fn watch_inbox(shared: Arc<Shared>) {
             // Ask again: a more urgent ticket may have arrived while the CLI was busy.
             continue;
         }
-        if let Err(error) = inject(&shared, &ticket).await {
+        if let Err(error) = inject(&shared, &ticket, number).await {
             tracing::warn!("cannot write ticket {number}: {error:#}");
             return;
         }
-        if let Err(error) = std::fs::write(delivered_path(&shared.log), number.to_string()) {
-            tracing::warn!("cannot record the delivery of ticket {number}: {error}");
-        }
         unacknowledged = Some(number);
     }
+}
+
+/// Longest wait, after interrupting the CLI, for it to show that it noticed.
+const INTERRUPT_SETTLE: Duration = Duration::from_millis(500);
+
+/// Interrupts the CLI, then waits until it answers with output (it has handled the interrupt
+/// and redrawn) or [`INTERRUPT_SETTLE`] passes, so the message is not read before the
+/// interrupt is.
+async fn interrupt_and_settle(shared: &Arc<Shared>) {
+    let mut changes = shared.output_changed.subscribe();
+    changes.borrow_and_update();
+    shared.interrupt();
+    let _ = tokio::time::timeout(INTERRUPT_SETTLE, changes.changed()).await;
 }
 
 /// The text written for a ticket: its prefix and the message, or a file reference when the
@@ -515,23 +583,27 @@ fn ticket_text(shared: &Shared, ticket: &Value, bracketed: bool) -> anyhow::Resu
     Ok(format!("{prefix} [LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()))
 }
 
-async fn inject(shared: &Arc<Shared>, ticket: &Value) -> anyhow::Result<()> {
+async fn inject(shared: &Arc<Shared>, ticket: &Value, number: u64) -> anyhow::Result<()> {
     let bracketed = shared.lock_readiness().bracketed_paste();
-    write_input(shared, ticket_text(shared, ticket, bracketed)?).await
+    let text = ticket_text(shared, ticket, bracketed)?;
+    let log_length = std::fs::metadata(&shared.log).map(|meta| meta.len()).unwrap_or(0);
+    std::fs::write(writing_path(&shared.log), format!("{number} {log_length}"))
+        .with_context(|| format!("cannot write {}", writing_path(&shared.log).display()))?;
+    write_input(shared, text, Some((delivered_path(&shared.log), number.to_string()))).await
 }
 
 /// Types `text` into the CLI like a paste (bracketed when the CLI enabled it), then the submit
-/// key after the profile's settle delay.
-async fn write_input(shared: &Arc<Shared>, text: String) -> anyhow::Result<()> {
+/// key after the profile's settle delay (and, right after it, `then_record`).
+async fn write_input(shared: &Arc<Shared>, text: String, then_record: Option<(PathBuf, String)>) -> anyhow::Result<()> {
     let bracketed = shared.lock_readiness().bracketed_paste();
     shared.lock_readiness().input_written(Instant::now());
-    shared.output_changed.notify_one();
+    shared.output_changed.send_modify(|count| *count += 1);
     let bytes = if bracketed { format!("\x1b[200~{text}\x1b[201~").into_bytes() } else { text.into_bytes() };
     shared.write(bytes).await?;
     if shared.profile.settle_ms > 0 {
         tokio::time::sleep(Duration::from_millis(shared.profile.settle_ms)).await;
     }
-    shared.write(shared.profile.submit.clone().into_bytes()).await?;
+    shared.write_then_record(shared.profile.submit.clone().into_bytes(), then_record).await?;
     Ok(())
 }
 
@@ -551,7 +623,7 @@ fn spawn_keyboard(shared: Arc<Shared>) {
             for routed in router.feed(&buffer[..count]) {
                 match routed {
                     Routed::Pass(bytes) => {
-                        let _ = keyboard_shared.pty_input.send(PtyWrite { bytes, done: None });
+                        let _ = keyboard_shared.pty_input.send(PtyWrite { bytes, done: None, then_record: None });
                     }
                     Routed::Echo(bytes) => {
                         let mut out = std::io::stdout().lock();
