@@ -43,6 +43,8 @@ pub enum Command {
     UpdateTask(UpdateTaskRequest),
     /// Webhook registrations and delivery records (see `broker::webhooks`).
     Webhook(super::webhooks::WebhookCommand),
+    /// External agents added or removed (see `broker::externals`).
+    External(super::externals::ExternalCommand),
 }
 
 /// The body of [`Command::UpdateTask`].
@@ -530,6 +532,7 @@ pub fn decide(view: &Projections<'_>, command: &Command) -> Result<Decision, Dec
         }
         Command::UpdateTask(request) => decide_update_task(view, request),
         Command::Webhook(command) => super::webhooks::decide(command),
+        Command::External(command) => super::externals::decide(command),
     }
 }
 

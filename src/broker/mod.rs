@@ -7,6 +7,7 @@
 
 pub mod agents;
 pub mod command;
+pub mod externals;
 pub mod tail;
 pub mod webhooks;
 pub mod writer;
@@ -37,6 +38,8 @@ pub struct BrokerState {
     pub agent_servers: agents::AgentServers,
     /// The webhook outbox (a projection of the log kept in memory by its worker).
     pub webhooks: webhooks::Webhooks,
+    /// External agents (kept in memory by the same worker).
+    pub externals: externals::Externals,
     /// API-key authentication, read from the environment at start.
     pub auth: Arc<crate::http::auth::AuthConfig>,
 }
@@ -59,6 +62,7 @@ impl BrokerState {
             agent_servers: agents::AgentServers::default(),
             auth: Arc::new(crate::http::auth::AuthConfig::from_env()),
             webhooks: webhooks::Webhooks::default(),
+            externals: externals::Externals::default(),
         });
         Ok((state, thread))
     }

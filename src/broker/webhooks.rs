@@ -45,28 +45,7 @@ pub struct Attempt {
     pub next_attempt_ms: Option<u64>,
 }
 
-/// `http://host[:port][/path]`: (host, port, path).
-pub fn parse_url(url: &str) -> Result<(String, u16, String), String> {
-    let rest = match url.strip_prefix("http://") {
-        Some(rest) => rest,
-        None if url.starts_with("https://") => {
-            return Err(format!("'{url}': only http:// URLs are supported (this build has no TLS)"));
-        }
-        None => return Err(format!("'{url}' is not an http:// URL")),
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(at) => (&rest[..at], &rest[at..]),
-        None => (rest, "/"),
-    };
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, port)) => (host, port.parse::<u16>().map_err(|_| format!("'{url}': bad port '{port}'"))?),
-        None => (authority, 80),
-    };
-    if host.is_empty() || host.contains(['@', ' ']) || port == 0 {
-        return Err(format!("'{url}': bad host"));
-    }
-    Ok((host.trim_start_matches('[').trim_end_matches(']').to_string(), port, path.to_string()))
-}
+pub use crate::http::outbound::parse_url;
 
 pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
     let event = match command {
@@ -316,38 +295,21 @@ fn retry_base_ms() -> u64 {
 
 /// One POST; Ok(status) or Err(network error).
 async fn post(url: &str, delivery: &Delivery, secret: Option<&str>) -> Result<u16, String> {
-    use http_body_util::{BodyExt, Full};
-    let (host, port, path) = parse_url(url)?;
-    let attempt = async {
-        let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(|e| e.to_string())?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        let mut request = hyper::Request::builder()
-            .method(hyper::Method::POST)
-            .uri(path.as_str())
-            .header("host", format!("{host}:{port}"))
-            .header("content-type", "application/json")
-            .header("x-synapse-event", delivery.event.as_str())
-            .header("x-synapse-event-id", delivery.delivery_id.as_str());
-        if let Some(secret) = secret {
-            let signature = hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
-            request = request.header("x-synapse-signature", format!("sha256={signature}"));
-        }
-        let request =
-            request.body(Full::new(axum::body::Bytes::from(delivery.body.clone()))).map_err(|e| e.to_string())?;
-        let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
-        let status = response.status().as_u16();
-        let _ = response.into_body().collect().await;
-        Ok(status)
-    };
-    match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
-        Ok(result) => result,
-        Err(_) => Err(format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs())),
+    let mut headers =
+        vec![("x-synapse-event", delivery.event.clone()), ("x-synapse-event-id", delivery.delivery_id.clone())];
+    if let Some(secret) = secret {
+        let signature = hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
+        headers.push(("x-synapse-signature", format!("sha256={signature}")));
     }
+    let answer = crate::http::outbound::request(
+        hyper::Method::POST,
+        url,
+        &headers,
+        Some(delivery.body.clone().into_bytes()),
+        ATTEMPT_TIMEOUT,
+    )
+    .await?;
+    Ok(answer.status)
 }
 
 /// The outcome of an attempt as the event to record.
@@ -378,7 +340,8 @@ fn record(delivery: &Delivery, result: Result<u16, String>, now_ms: u64) -> Atte
     }
 }
 
-/// The delivery worker: follows the log into the outbox and delivers what is due.
+/// The delivery worker: follows the log into the outbox (and the external agents' list) and
+/// delivers what is due. `Webhooks::caught_up` waits for it.
 pub fn spawn(state: Arc<BrokerState>) {
     tokio::spawn(async move {
         let mut cursor = 0;
@@ -393,6 +356,8 @@ pub fn spawn(state: Arc<BrokerState>) {
                 let mut outbox = state.webhooks.lock();
                 for envelope in &batch {
                     outbox.apply(envelope);
+                    // The same tail keeps the external agents' projection.
+                    state.externals.apply(envelope);
                     cursor = envelope.seq;
                 }
             }

@@ -5,6 +5,7 @@
 
 mod agents;
 mod demo;
+mod external;
 mod messaging;
 mod setup;
 mod system;
@@ -80,6 +81,11 @@ pub enum Command {
         /// Keep the temporary home instead of deleting it
         #[arg(long)]
         keep: bool,
+    },
+    /// External A2A agents: add, list, info, send, remove
+    External {
+        #[command(subcommand)]
+        command: external::ExternalCommand,
     },
     /// Write a commented settings template (user: ~/.synapse, project: ./.synapse)
     Init {
@@ -307,6 +313,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::Events(args) => system::events(&paths, args).await,
             Command::Admin { command } => system::admin(&paths, command).await,
             Command::Agent { command } => system::agent(&paths, command).await,
+            Command::External { command } => external::run(&paths, command).await,
             Command::DummyAgent
             | Command::Init { .. }
             | Command::Reset { .. }

@@ -7,7 +7,9 @@
 pub mod a2a_card;
 pub mod agent_tasks;
 pub mod auth;
+pub mod externals;
 pub mod jsonrpc;
+pub mod outbound;
 pub mod subscribe;
 pub mod webhooks;
 pub mod wire;
@@ -185,6 +187,7 @@ pub fn broker_router(state: AppState) -> Router {
         .route("/tasks/{id}", get(global_task))
         .route("/tasks/{id}/wait", get(wait_task))
         .merge(webhooks::routes())
+        .merge(externals::routes())
         .nest("/agents/{agent}", a2a_routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -1,0 +1,190 @@
+//! `/external`: add (discovering the agent card), list, info, send, remove (SPEC §6).
+
+use super::outbound;
+use super::{ApiError, ApiResult, AppState, parse_body};
+use crate::broker::command::{Command, Outcome};
+use crate::broker::externals::{ExternalCommand, alias_from_name};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+pub fn routes() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route("/external", get(list).post(add))
+        .route("/external/{alias}", get(info).delete(remove))
+        .route("/external/{alias}/send", post(send))
+}
+
+/// How long one request to an external agent may take (`SYNAPSE_EXTERNAL_TIMEOUT_MS`).
+fn limit() -> Duration {
+    Duration::from_millis(
+        std::env::var("SYNAPSE_EXTERNAL_TIMEOUT_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(10_000),
+    )
+}
+
+fn unreachable(message: String) -> ApiError {
+    let status = if message.contains("did not answer") { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
+    ApiError::new(status, message)
+}
+
+/// Reads the agent card: `agent-card.json`, then `agent.json`.
+async fn discover(base: &str) -> Result<(String, Option<String>), ApiError> {
+    let mut last = String::new();
+    for card in ["/.well-known/agent-card.json", "/.well-known/agent.json"] {
+        let url = format!("{base}{card}");
+        let answer = outbound::request(hyper::Method::GET, &url, &[], None, limit()).await.map_err(unreachable)?;
+        if answer.status != 200 {
+            last = format!("{url} answered {}", answer.status);
+            continue;
+        }
+        let card: Value = serde_json::from_slice(&answer.body).map_err(|error| {
+            ApiError::new(StatusCode::BAD_GATEWAY, format!("malformed agent card at {url}: {error}"))
+        })?;
+        let name =
+            card.get("name").and_then(Value::as_str).filter(|name| !name.trim().is_empty()).ok_or_else(|| {
+                ApiError::new(StatusCode::BAD_GATEWAY, format!("malformed agent card at {url}: no name"))
+            })?;
+        return Ok((name.to_string(), card.get("description").and_then(Value::as_str).map(str::to_string)));
+    }
+    Err(ApiError::new(StatusCode::BAD_GATEWAY, format!("no agent card found: {last}")))
+}
+
+async fn appended(state: &AppState, command: ExternalCommand) -> Result<(), ApiError> {
+    match state.writer.submit(Command::External(command)).await? {
+        Outcome::Appended { seq } => {
+            state.webhooks.caught_up(seq).await;
+            Ok(())
+        }
+        _ => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unexpected answer from the writer")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddBody {
+    url: String,
+    #[serde(default)]
+    alias: Option<String>,
+}
+
+async fn add(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: AddBody = parse_body(body)?;
+    let url = body.url.trim().trim_end_matches('/').to_string();
+    outbound::parse_url(&url).map_err(|message| ApiError::bad(format!("Invalid URL {message}")))?;
+    if let Some(alias) = &body.alias
+        && !crate::broker::externals::is_valid_alias(alias)
+    {
+        return Err(ApiError::bad(format!("Invalid alias '{alias}': letters, digits, '-', '_' or '.', at most 64")));
+    }
+    let (name, description) = discover(&url).await?;
+    let alias = body.alias.unwrap_or_else(|| alias_from_name(&name));
+    if state.externals.get(&alias).is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("alias '{alias}' is taken; remove it first or choose --alias"),
+        ));
+    }
+    appended(&state, ExternalCommand::Add { alias: alias.clone(), url, name, description }).await?;
+    Ok(Json(json!({"external": state.externals.get(&alias)})))
+}
+
+async fn list(State(state): State<AppState>) -> ApiResult {
+    Ok(Json(json!({"externals": state.externals.list()})))
+}
+
+fn known(state: &AppState, alias: &str) -> Result<crate::broker::externals::External, ApiError> {
+    state.externals.get(alias).ok_or_else(|| ApiError::not_found(format!("No external agent '{alias}'")))
+}
+
+async fn info(State(state): State<AppState>, Path(alias): Path<String>) -> ApiResult {
+    Ok(Json(json!({"external": known(&state, &alias)?})))
+}
+
+async fn remove(State(state): State<AppState>, Path(alias): Path<String>) -> ApiResult {
+    known(&state, &alias)?;
+    appended(&state, ExternalCommand::Remove { alias: alias.clone() }).await?;
+    Ok(Json(json!({"removed": alias})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendBody {
+    text: String,
+    /// Follow the remote task until it ends, at most this many seconds.
+    #[serde(default)]
+    wait_seconds: Option<u64>,
+}
+
+async fn send(
+    State(state): State<AppState>,
+    Path(alias): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let body: SendBody = parse_body(body)?;
+    if body.text.trim().is_empty() {
+        return Err(ApiError::bad("Error: the message is empty"));
+    }
+    let external = known(&state, &alias)?;
+    let message = json!({
+        "message": {"role": "user", "parts": [{"type": "text", "text": body.text}]},
+        "metadata": {"response_expected": body.wait_seconds.is_some()},
+    });
+    let url = format!("{}/tasks/send", external.url);
+    let answer = outbound::request(hyper::Method::POST, &url, &[], Some(message.to_string().into_bytes()), limit())
+        .await
+        .map_err(unreachable)?;
+    let sent: Value = serde_json::from_slice(&answer.body)
+        .map_err(|error| ApiError::new(StatusCode::BAD_GATEWAY, format!("malformed answer from {url}: {error}")))?;
+    if !(200..300).contains(&answer.status) {
+        let reason = sent.get("message").and_then(Value::as_str).unwrap_or("refused");
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("{alias} refused the message ({}): {reason}", answer.status),
+        ));
+    }
+    let task = sent.get("task").cloned().unwrap_or(Value::Null);
+    let Some(seconds) = body.wait_seconds else { return Ok(Json(json!({"task": task}))) };
+    let task_id = task.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+    let followed = follow(&external.url, &task_id, Duration::from_secs(seconds.max(1))).await?;
+    Ok(Json(followed))
+}
+
+/// Follows the remote task's event stream until its final state, or the time runs out.
+async fn follow(base: &str, task_id: &str, limit: Duration) -> Result<Value, ApiError> {
+    use http_body_util::BodyExt;
+    let url = format!("{base}/tasks/{task_id}/subscribe");
+    let deadline = tokio::time::Instant::now() + limit;
+    let response = outbound::stream(&url, limit).await.map_err(unreachable)?;
+    if response.status() != StatusCode::OK {
+        return Err(ApiError::new(StatusCode::BAD_GATEWAY, format!("{url} answered {}", response.status())));
+    }
+    let mut body = response.into_body();
+    let mut buffer = String::new();
+    let mut last: Value = Value::Null;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Ok(json!({"task": last, "timed_out": true})),
+            Ok(None) => return Ok(json!({"task": last, "timed_out": false})),
+            Ok(Some(Err(error))) => return Err(ApiError::new(StatusCode::BAD_GATEWAY, format!("{url}: {error}"))),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Some(data) = frame.data_ref() else { continue };
+        buffer.push_str(&String::from_utf8_lossy(data));
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            for line in event.lines() {
+                if let Some(data) = line.strip_prefix("data:")
+                    && let Ok(value) = serde_json::from_str::<Value>(data.trim())
+                {
+                    last = value;
+                }
+            }
+        }
+    }
+}
