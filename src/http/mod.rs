@@ -9,6 +9,7 @@ pub mod agent_tasks;
 pub mod auth;
 pub mod externals;
 pub mod jsonrpc;
+pub mod openapi;
 pub mod outbound;
 pub mod subscribe;
 pub mod webhooks;
@@ -171,6 +172,7 @@ fn authorize_agent(state: &AppState, agent_id: &str, headers: &HeaderMap) -> Res
 pub fn broker_router(state: AppState) -> Router {
     Router::new()
         .route("/broker/health", get(health))
+        .route("/openapi.json", get(openapi::document))
         .route("/broker/shutdown", post(shutdown))
         .route("/events", get(events))
         .route("/admin/rebuild", post(rebuild))
