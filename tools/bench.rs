@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitCode, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use synapse::broker::BrokerState;
 use synapse::broker::command::{Command, Outcome, RegisterRequest, SendRequest, hash_secret};
@@ -23,7 +24,12 @@ use synapse::config::Paths;
 use synapse::event::{AgentStatus, Artifact, Direction, Event, Message, Role, TaskState};
 use synapse::store::{Appender, Store, StoreError};
 
-const SCENARIOS: [&str; 7] = ["append", "rebuild", "memory", "cli-send", "http-send", "round-trip", "delivery"];
+const SCENARIOS: [&str; 8] =
+    ["append", "rebuild", "memory", "cli-send", "http-send", "round-trip", "delivery", "sse-fanout"];
+/// `sse-fanout`: subscribers on `/events`, events appended, concurrent appenders.
+const FANOUT_SUBSCRIBERS: usize = 1000;
+const FANOUT_EVENTS: usize = 5000;
+const FANOUT_APPENDERS: usize = 16;
 /// Messages timed by `delivery`.
 const DELIVERIES: usize = 1000;
 
@@ -50,7 +56,7 @@ const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
 const SECRET_HEADER: &str = "x-synapse-agent-secret";
 
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
-scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, all
+scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout, all
   --seconds N      length of the timed scenarios (append, http-send); default 10,
                    or SYNAPSE_BENCH_SECONDS
   --synapse PATH   the synapse binary (default: next to synapse-bench), or SYNAPSE_BENCH_BIN
@@ -85,6 +91,7 @@ fn run() -> Result<ExitCode> {
             "http-send" => runtime.block_on(http_send(&options)),
             "round-trip" => runtime.block_on(round_trip(&options)),
             "delivery" => runtime.block_on(delivery(&options)),
+            "sse-fanout" => runtime.block_on(sse_fanout(&options)),
             other => Err(anyhow!("unknown scenario '{other}'")),
         };
         if let Err(error) = outcome {
@@ -1148,4 +1155,114 @@ async fn one_round_trip(http: &mut Http, a: &Agent, b: &Agent, round: usize) -> 
     let inbox_time = lap();
     http.json(Method::POST, &format!("/agents/{}/inbox/{ticket}/ack", a.id), None, Some(&a.secret)).await?;
     Ok([sent_time, reply_time, inbox_time, lap()])
+}
+
+// ---------------------------------------------------------------------------------------------
+// sse-fanout: many subscribers on /events while events are appended
+
+fn unix_ms() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|elapsed| elapsed.as_secs_f64() * 1000.0).unwrap_or(0.0)
+}
+
+/// One subscriber: reads `/events` from `after` until it has `wanted` events; returns each
+/// event's lag (receive time minus the event's time, in ms).
+async fn subscriber(socket: PathBuf, after: u64, wanted: usize, ready: Arc<tokio::sync::Barrier>) -> Result<Vec<f64>> {
+    let mut http = Http::unix(&socket).await?;
+    let request = Request::builder()
+        .method(Method::GET)
+        .uri(format!("/events?after={after}&follow=true"))
+        .header(HOST, "localhost")
+        .body(Full::new(Bytes::new()))?;
+    http.sender.ready().await?;
+    let response = http.sender.send_request(request).await?;
+    ready.wait().await;
+    let mut body = response.into_body();
+    let mut buffer = Vec::new();
+    let mut lags = Vec::with_capacity(wanted);
+    while lags.len() < wanted {
+        let Some(frame) = body.frame().await else { bail!("the stream ended after {} events", lags.len()) };
+        let frame = frame?;
+        let Some(data) = frame.data_ref() else { continue };
+        buffer.extend_from_slice(data);
+        while let Some(end) = buffer.windows(2).position(|pair| pair == b"\n\n") {
+            let event: Vec<u8> = buffer.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            // Only the time is needed: find it without parsing the whole event (the client
+            // shares the machine's two cores with the broker it measures).
+            if let Some(json) = text.lines().find_map(|line| line.strip_prefix("data:")) {
+                let at = json.find("\"time_ms\":").context("an event without time_ms")? + "\"time_ms\":".len();
+                let digits: String = json[at..].chars().take_while(char::is_ascii_digit).collect();
+                let time_ms: f64 = digits.parse().context("a bad time_ms")?;
+                lags.push((unix_ms() - time_ms).max(0.0));
+            }
+        }
+    }
+    Ok(lags)
+}
+
+async fn sse_fanout(options: &Options) -> Result<()> {
+    let dir = BenchDir::new("sse-fanout")?;
+    let env = SynapseEnv::new(&options.synapse, &dir)?;
+    let broker = BrokerProcess::start(env.clone(), dir.root.join("broker.log")).await?;
+    let mut http = broker.connect().await?;
+    let mut agents = Vec::new();
+    for _ in 0..FANOUT_APPENDERS {
+        agents.push(register_agent(&mut http).await?);
+    }
+    let head = http.json(Method::GET, "/broker/health", None, None).await?["head"].as_u64().unwrap_or(0);
+    let ready = Arc::new(tokio::sync::Barrier::new(FANOUT_SUBSCRIBERS + 1));
+    let socket = env.broker_socket();
+    let subscribers: Vec<_> = (0..FANOUT_SUBSCRIBERS)
+        .map(|_| tokio::spawn(subscriber(socket.clone(), head, FANOUT_EVENTS, ready.clone())))
+        .collect();
+    ready.wait().await;
+    println!(
+        "{FANOUT_SUBSCRIBERS} subscribers connected; appending {FANOUT_EVENTS} events from {FANOUT_APPENDERS} appenders"
+    );
+    let started = Instant::now();
+    let per_appender = FANOUT_EVENTS / FANOUT_APPENDERS;
+    let appenders: Vec<_> = agents
+        .into_iter()
+        .enumerate()
+        .map(|(index, agent)| {
+            let socket = socket.clone();
+            let count = per_appender + usize::from(index < FANOUT_EVENTS % FANOUT_APPENDERS);
+            tokio::spawn(async move {
+                let mut http = Http::unix(&socket).await?;
+                for round in 0..count {
+                    let status = if round % 2 == 0 { "READY" } else { "PROCESSING" };
+                    http.json(
+                        Method::POST,
+                        &format!("/agents/{}/status", agent.id),
+                        Some(&json!({"status": status})),
+                        Some(&agent.secret),
+                    )
+                    .await?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for appender in appenders {
+        appender.await??;
+    }
+    let appended = started.elapsed();
+    let mut lags = Vec::with_capacity(FANOUT_SUBSCRIBERS * FANOUT_EVENTS);
+    for subscriber in subscribers {
+        lags.extend(subscriber.await??);
+    }
+    let all = started.elapsed();
+    drop(http);
+    broker.stop()?;
+    let delivered = lags.len();
+    lags.sort_by(f64::total_cmp);
+    let samples = Samples(lags);
+    println!(
+        "{FANOUT_EVENTS} events appended in {:.2} s; all {delivered} deliveries done after {:.2} s; lag: {}",
+        appended.as_secs_f64(),
+        all.as_secs_f64(),
+        samples.summary()
+    );
+    result("sse_fanout_p99_ms", samples.percentile(99.0), 3, "ms");
+    Ok(())
 }

@@ -31,6 +31,8 @@ pub struct BrokerState {
     pub store: Arc<Store>,
     pub writer: WriterHandle,
     pub head: watch::Receiver<u64>,
+    /// The newest events, shared by the tails.
+    pub recent: Arc<tail::RecentEvents>,
     pub shutdown: watch::Sender<bool>,
     pub paths: Paths,
     /// The TCP port the broker listens on (resolved when 0 was asked for).
@@ -49,13 +51,15 @@ impl BrokerState {
     pub fn start(store: Store, paths: Paths) -> anyhow::Result<(Arc<BrokerState>, std::thread::JoinHandle<()>)> {
         let store = Arc::new(store);
         let (head_sender, head) = watch::channel(store.head()?);
-        let (writer, thread) =
-            WriterHandle::start(store.clone(), head_sender).context("cannot start the writer thread")?;
+        let recent = Arc::new(tail::RecentEvents::default());
+        let (writer, thread) = WriterHandle::start(store.clone(), head_sender, recent.clone())
+            .context("cannot start the writer thread")?;
         let (shutdown, _) = watch::channel(false);
         let state = Arc::new(BrokerState {
             store,
             writer,
             head,
+            recent,
             shutdown,
             paths,
             port: std::sync::atomic::AtomicU16::new(0),

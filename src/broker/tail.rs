@@ -7,7 +7,75 @@
 
 use super::BrokerState;
 use crate::event::Envelope;
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// Newest events kept in memory for the tails (lossy by design: older ones are read from the
+/// store).
+const RECENT_EVENTS: usize = 8192;
+
+/// An event as tails see it: shared by every tail, its JSON made once.
+#[derive(Debug)]
+pub struct TailEvent {
+    pub envelope: Envelope,
+    json: OnceLock<String>,
+    sse: OnceLock<String>,
+}
+
+impl TailEvent {
+    pub fn new(envelope: Envelope) -> TailEvent {
+        TailEvent { envelope, json: OnceLock::new(), sse: OnceLock::new() }
+    }
+
+    /// The envelope as one JSON object (what `/events` sends), made on first use.
+    pub fn json(&self) -> &str {
+        self.json.get_or_init(|| serde_json::to_string(&self.envelope.to_json()).unwrap_or_default())
+    }
+
+    /// The event as one server-sent event (`id:` = sequence number), made on first use.
+    pub fn sse_frame(&self) -> &str {
+        self.sse.get_or_init(|| {
+            format!("id: {}\nevent: {}\ndata: {}\n\n", self.envelope.seq, self.envelope.event.kind(), self.json())
+        })
+    }
+}
+
+impl std::ops::Deref for TailEvent {
+    type Target = Envelope;
+    fn deref(&self) -> &Envelope {
+        &self.envelope
+    }
+}
+
+/// The newest committed events, pushed by the writer before it moves the head, so that a
+/// thousand tails woken by one commit share one copy instead of each reading the store.
+#[derive(Default)]
+pub struct RecentEvents {
+    ring: RwLock<VecDeque<Arc<TailEvent>>>,
+}
+
+impl RecentEvents {
+    pub fn push(&self, envelopes: Vec<Envelope>) {
+        let Ok(mut ring) = self.ring.write() else { return };
+        for envelope in envelopes {
+            ring.push_back(Arc::new(TailEvent::new(envelope)));
+        }
+        while ring.len() > RECENT_EVENTS {
+            ring.pop_front();
+        }
+    }
+
+    /// Up to `limit` events after `cursor`, when the ring covers them (None: read the store).
+    fn after(&self, cursor: u64, limit: usize) -> Option<Vec<Arc<TailEvent>>> {
+        let ring = self.ring.read().ok()?;
+        let first = ring.front()?.seq;
+        if first > cursor.saturating_add(1) {
+            return None;
+        }
+        let skip = usize::try_from(cursor.saturating_add(1).saturating_sub(first)).ok()?;
+        Some(ring.iter().skip(skip).take(limit).cloned().collect())
+    }
+}
 
 /// Events read per store access.
 const TAIL_BATCH: usize = 1024;
@@ -40,14 +108,23 @@ pub enum TailEnd {
 
 /// Reads the next events after `cursor`; when `follow` is set and there are none, waits for
 /// new ones. Returns an empty batch only when not following and caught up.
-pub async fn next_batch(state: &Arc<BrokerState>, cursor: u64, follow: bool) -> Result<Vec<Envelope>, TailEnd> {
+pub async fn next_batch(state: &Arc<BrokerState>, cursor: u64, follow: bool) -> Result<Vec<Arc<TailEvent>>, TailEnd> {
     let mut head = state.head.clone();
     let mut shutdown = state.shutdown.subscribe();
     loop {
         if *shutdown.borrow() {
             return Err(TailEnd::Shutdown);
         }
-        let events = state.store.read_after(cursor, TAIL_BATCH).map_err(|error| TailEnd::Failed(error.to_string()))?;
+        let events = match state.recent.after(cursor, TAIL_BATCH) {
+            Some(events) => events,
+            None => state
+                .store
+                .read_after(cursor, TAIL_BATCH)
+                .map_err(|error| TailEnd::Failed(error.to_string()))?
+                .into_iter()
+                .map(|envelope| Arc::new(TailEvent::new(envelope)))
+                .collect(),
+        };
         if !events.is_empty() || !follow {
             return Ok(events);
         }

@@ -46,10 +46,12 @@ impl WriterHandle {
     pub fn start(
         store: Arc<Store>,
         head: watch::Sender<u64>,
+        recent: Arc<super::tail::RecentEvents>,
     ) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
         let (jobs, receiver) = mpsc::unbounded_channel();
-        let thread =
-            std::thread::Builder::new().name("synapse-writer".into()).spawn(move || run(store, receiver, head))?;
+        let thread = std::thread::Builder::new()
+            .name("synapse-writer".into())
+            .spawn(move || run(store, receiver, head, recent))?;
         Ok((WriterHandle { jobs }, thread))
     }
 
@@ -86,7 +88,12 @@ impl WriterHandle {
 
 type Pending = (Command, oneshot::Sender<Result<Outcome, CommandError>>);
 
-fn run(store: Arc<Store>, mut receiver: mpsc::UnboundedReceiver<Job>, head: watch::Sender<u64>) {
+fn run(
+    store: Arc<Store>,
+    mut receiver: mpsc::UnboundedReceiver<Job>,
+    head: watch::Sender<u64>,
+    recent: Arc<super::tail::RecentEvents>,
+) {
     let mut batch: Vec<Pending> = Vec::new();
     while let Some(job) = receiver.blocking_recv() {
         let mut next = Some(job);
@@ -94,11 +101,11 @@ fn run(store: Arc<Store>, mut receiver: mpsc::UnboundedReceiver<Job>, head: watc
             match job {
                 Job::Command { command, answer } => batch.push((command, answer)),
                 Job::Rebuild { answer } => {
-                    commit_batch(&store, &mut batch, &head);
+                    commit_batch(&store, &mut batch, &head, &recent);
                     let _ = answer.send(store.rebuild().map_err(unavailable));
                 }
                 Job::Verify { answer } => {
-                    commit_batch(&store, &mut batch, &head);
+                    commit_batch(&store, &mut batch, &head, &recent);
                     let _ = answer.send(store.verify().map_err(unavailable));
                 }
             }
@@ -106,22 +113,29 @@ fn run(store: Arc<Store>, mut receiver: mpsc::UnboundedReceiver<Job>, head: watc
                 next = receiver.try_recv().ok();
             }
         }
-        commit_batch(&store, &mut batch, &head);
+        commit_batch(&store, &mut batch, &head, &recent);
     }
 }
 
-fn commit_batch(store: &Store, batch: &mut Vec<Pending>, head: &watch::Sender<u64>) {
+fn commit_batch(
+    store: &Store,
+    batch: &mut Vec<Pending>,
+    head: &watch::Sender<u64>,
+    recent: &super::tail::RecentEvents,
+) {
     if batch.is_empty() {
         return;
     }
     let jobs = std::mem::take(batch);
     let mut outcomes: Vec<Result<Outcome, CommandError>> = Vec::with_capacity(jobs.len());
+    let mut appended = Vec::new();
     let result = store.transact(now_ms(), |appender| {
         for (command, _) in &jobs {
             match command::decide(appender.view(), command) {
                 Ok(decision) => {
                     let written = appender.append(decision.actor.as_deref(), decision.events)?;
                     let last_seq = written.last().map_or(appender.next_seq() - 1, |envelope| envelope.seq);
+                    appended.extend(written);
                     outcomes.push(Ok(command::complete(appender.view(), decision.answer, last_seq)?));
                 }
                 Err(DecideError::Rejected(error)) => outcomes.push(Err(error)),
@@ -135,6 +149,8 @@ fn commit_batch(store: &Store, batch: &mut Vec<Pending>, head: &watch::Sender<u6
             for ((_, answer), outcome) in jobs.into_iter().zip(outcomes) {
                 let _ = answer.send(outcome);
             }
+            // Into the tails' ring before the head moves, so woken tails find them there.
+            recent.push(appended);
             head.send_if_modified(|current| {
                 let moved = *current != new_head;
                 *current = new_head;
