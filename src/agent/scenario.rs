@@ -14,13 +14,13 @@
 //! ticket at a time from its inbox; it acknowledges the ticket before acting, so a restart never
 //! answers a message twice (it may leave one unanswered).
 
+use super::wrapper::connect;
 use crate::client::{ApiFailure, Client};
 use crate::config::Paths;
 use crate::event::{Artifact, TaskState};
 use anyhow::Context;
 use serde_json::{Value, json};
 use std::io::Write;
-use std::time::Duration;
 
 /// How long one inbox long-poll lasts.
 const INBOX_WAIT_MS: u64 = 25_000;
@@ -53,23 +53,6 @@ pub fn scenario_of(text: &str) -> Scenario {
 
 /// Number of artifacts the `stream` scenario sends before completing.
 pub const STREAM_CHUNKS: usize = 3;
-
-async fn connect(paths: &Paths, secret: &str) -> Client {
-    let mut delay = Duration::from_millis(20);
-    loop {
-        match Client::connect(paths, true).await {
-            Ok(mut client) => {
-                client.set_secret(secret.to_string());
-                return client;
-            }
-            Err(error) => {
-                tracing::warn!("cannot reach the broker ({error:#}); retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
-}
 
 /// Runs the scenario agent until SIGTERM / SIGINT; returns the exit code.
 pub fn run(paths: Paths, port: Option<u16>, name: Option<String>) -> anyhow::Result<i32> {

@@ -187,7 +187,9 @@ pub fn run(paths: Paths, options: Options) -> anyhow::Result<i32> {
     runtime.block_on(run_async(paths, options))
 }
 
-async fn connect(paths: &Paths, secret: &str) -> Client {
+/// A connection to the broker acting as the agent (its secret sent with every request),
+/// retried until the broker answers (it is started when none runs).
+pub(crate) async fn connect(paths: &Paths, secret: &str) -> Client {
     let mut delay = Duration::from_millis(20);
     loop {
         match Client::connect(paths, true).await {

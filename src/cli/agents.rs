@@ -11,26 +11,20 @@ use std::time::Duration;
 
 /// Arguments of `synapse <profile> ...` (parsed after the profile name).
 #[derive(Parser, Debug, Clone)]
-#[command(no_binary_name = true)]
+#[command(
+    no_binary_name = true,
+    name = "synapse <profile>",
+    about = "Run an AI CLI (claude, gemini, codex, opencode, copilot, dummy) in a PTY as a Synapse agent"
+)]
 pub struct ProfileArgs {
-    /// Port for the agent's endpoints (default: first free one of the profile's range)
-    #[arg(long)]
-    pub port: Option<u16>,
-    /// A custom name other agents can use as the target
-    #[arg(long)]
-    pub name: Option<String>,
-    /// A role shown in `synapse list`
-    #[arg(long)]
-    pub role: Option<String>,
+    #[command(flatten)]
+    pub common: super::StartArgs,
     /// Run without a terminal, logging the CLI's output (what `synapse start` uses)
     #[arg(long, hide = true)]
     pub headless: bool,
     /// Print the registration as one JSON line once running (for `synapse start`)
     #[arg(long, hide = true)]
     pub announce: bool,
-    /// Arguments for the CLI itself, after `--`
-    #[arg(last = true)]
-    pub tool_args: Vec<String>,
 }
 
 /// `synapse <profile> [--port N] [--name NAME] [--role ROLE] [-- tool args]`.
@@ -50,10 +44,10 @@ pub fn run_profile(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Resu
         paths,
         wrapper::Options {
             profile,
-            port: args.port,
-            name: args.name,
-            role: args.role,
-            tool_args: args.tool_args,
+            port: args.common.port,
+            name: args.common.name,
+            role: args.common.role,
+            tool_args: args.common.tool_args,
             headless: args.headless,
             announce: args.announce,
         },
@@ -71,17 +65,17 @@ pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) 
     let exe = std::env::current_exe().context("cannot find the synapse executable")?;
     let mut command = std::process::Command::new(exe);
     command.arg(profile_name).args(["--headless", "--announce"]);
-    if let Some(port) = args.port {
+    if let Some(port) = args.common.port {
         command.args(["--port", &port.to_string()]);
     }
-    if let Some(name) = &args.name {
+    if let Some(name) = &args.common.name {
         command.args(["--name", name]);
     }
-    if let Some(role) = &args.role {
+    if let Some(role) = &args.common.role {
         command.args(["--role", role]);
     }
-    if !args.tool_args.is_empty() {
-        command.arg("--").args(&args.tool_args);
+    if !args.common.tool_args.is_empty() {
+        command.arg("--").args(&args.common.tool_args);
     }
     command.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(log);
     std::os::unix::process::CommandExt::process_group(&mut command, 0);

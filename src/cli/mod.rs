@@ -128,7 +128,7 @@ pub enum Command {
     },
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct StartArgs {
     /// Port for the agent's endpoints (default: first free one of the profile's range)
     #[arg(long)]
@@ -288,14 +288,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::ScenarioAgent { port, name } => return crate::agent::scenario::run(paths, port, name),
         Command::Profile(words) => return agents::run_profile(paths, words),
         Command::Start { profile, args, json } => {
-            let args = agents::ProfileArgs {
-                port: args.port,
-                name: args.name,
-                role: args.role,
-                headless: true,
-                announce: true,
-                tool_args: args.tool_args,
-            };
+            let args = agents::ProfileArgs { common: args, headless: true, announce: true };
             return agents::start(&paths, &profile, &args, json);
         }
         Command::Demo { keep } => return demo::run(keep),
