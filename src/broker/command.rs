@@ -45,6 +45,8 @@ pub enum Command {
     Webhook(super::webhooks::WebhookCommand),
     /// External agents added or removed (see `broker::externals`).
     External(super::externals::ExternalCommand),
+    /// File locks and modification records (see `broker::file_safety`).
+    FileSafety(super::file_safety::FileCommand),
 }
 
 /// The body of [`Command::UpdateTask`].
@@ -424,8 +426,9 @@ fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// Decides one command against the current projections.
-pub fn decide(view: &Projections<'_>, command: &Command) -> Result<Decision, DecideError> {
+/// Decides one command against the current projections; `now_ms` is the batch's time (lock
+/// expiry is measured against it).
+pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<Decision, DecideError> {
     match command {
         Command::RegisterAgent(request) => decide_register(view, request),
         Command::SetStatus { agent_id, status } => {
@@ -533,6 +536,7 @@ pub fn decide(view: &Projections<'_>, command: &Command) -> Result<Decision, Dec
         Command::UpdateTask(request) => decide_update_task(view, request),
         Command::Webhook(command) => super::webhooks::decide(command),
         Command::External(command) => super::externals::decide(command),
+        Command::FileSafety(command) => super::file_safety::decide(view, command, now_ms),
     }
 }
 

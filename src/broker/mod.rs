@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod command;
 pub mod externals;
+pub mod file_safety;
 pub mod tail;
 pub mod webhooks;
 pub mod writer;

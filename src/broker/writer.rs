@@ -131,7 +131,7 @@ fn commit_batch(
     let mut appended = Vec::new();
     let result = store.transact(now_ms(), |appender| {
         for (command, _) in &jobs {
-            match command::decide(appender.view(), command) {
+            match command::decide(appender.view(), command, appender.time_ms()) {
                 Ok(decision) => {
                     let written = appender.append(decision.actor.as_deref(), decision.events)?;
                     let last_seq = written.last().map_or(appender.next_seq() - 1, |envelope| envelope.seq);

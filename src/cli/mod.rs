@@ -6,6 +6,7 @@
 mod agents;
 mod demo;
 mod external;
+mod file_safety;
 mod messaging;
 mod setup;
 mod system;
@@ -81,6 +82,12 @@ pub enum Command {
         /// Keep the temporary home instead of deleting it
         #[arg(long)]
         keep: bool,
+    },
+    /// File safety: locks and modification records between agents
+    #[command(name = "file-safety")]
+    FileSafety {
+        #[command(subcommand)]
+        command: file_safety::FileSafetyCommand,
     },
     /// External A2A agents: add, list, info, send, remove
     External {
@@ -307,6 +314,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::Admin { command } => system::admin(&paths, command).await,
             Command::Agent { command } => system::agent(&paths, command).await,
             Command::External { command } => external::run(&paths, command).await,
+            Command::FileSafety { command } => file_safety::run(&paths, command).await,
             Command::DummyAgent
             | Command::Init { .. }
             | Command::Reset { .. }

@@ -8,6 +8,7 @@ pub mod a2a_card;
 pub mod agent_tasks;
 pub mod auth;
 pub mod externals;
+pub mod file_safety;
 pub mod jsonrpc;
 pub mod openapi;
 pub mod outbound;
@@ -189,6 +190,7 @@ pub fn broker_router(state: AppState) -> Router {
         .route("/tasks/{id}/wait", get(wait_task))
         .merge(webhooks::routes())
         .merge(externals::routes())
+        .merge(file_safety::routes())
         .nest("/agents/{agent}", a2a_routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -15,6 +15,8 @@ type AgentsDef = TableDefinition<'static, &'static str, &'static [u8]>;
 type TasksDef = TableDefinition<'static, &'static str, &'static [u8]>;
 type ReplyTargetsDef = TableDefinition<'static, (&'static str, &'static str), &'static [u8]>;
 type InboxDef = TableDefinition<'static, (&'static str, u8, u64), &'static [u8]>;
+type LocksDef = TableDefinition<'static, &'static str, &'static [u8]>;
+type ModificationsDef = TableDefinition<'static, (&'static str, u64), &'static [u8]>;
 
 /// Names of one complete set of projection tables (live, or scratch for `verify`).
 pub struct ProjectionNames {
@@ -22,6 +24,10 @@ pub struct ProjectionNames {
     pub tasks: TasksDef,
     pub reply_targets: ReplyTargetsDef,
     pub inbox: InboxDef,
+    /// File safety: the lock on each path.
+    pub locks: LocksDef,
+    /// File safety: modifications by (path, sequence number).
+    pub modifications: ModificationsDef,
 }
 
 pub const LIVE: ProjectionNames = ProjectionNames {
@@ -29,6 +35,8 @@ pub const LIVE: ProjectionNames = ProjectionNames {
     tasks: TableDefinition::new("tasks"),
     reply_targets: TableDefinition::new("reply_targets"),
     inbox: TableDefinition::new("inbox"),
+    locks: TableDefinition::new("file_locks"),
+    modifications: TableDefinition::new("file_modifications"),
 };
 
 pub const SCRATCH: ProjectionNames = ProjectionNames {
@@ -36,6 +44,8 @@ pub const SCRATCH: ProjectionNames = ProjectionNames {
     tasks: TableDefinition::new("scratch_tasks"),
     reply_targets: TableDefinition::new("scratch_reply_targets"),
     inbox: TableDefinition::new("scratch_inbox"),
+    locks: TableDefinition::new("scratch_file_locks"),
+    modifications: TableDefinition::new("scratch_file_modifications"),
 };
 
 impl ProjectionNames {
@@ -44,6 +54,8 @@ impl ProjectionNames {
         txn.delete_table(self.tasks)?;
         txn.delete_table(self.reply_targets)?;
         txn.delete_table(self.inbox)?;
+        txn.delete_table(self.locks)?;
+        txn.delete_table(self.modifications)?;
         Ok(())
     }
 }
@@ -60,6 +72,8 @@ pub struct Projections<'txn> {
     tasks: redb::Table<'txn, &'static str, &'static [u8]>,
     reply_targets: redb::Table<'txn, (&'static str, &'static str), &'static [u8]>,
     inbox: redb::Table<'txn, (&'static str, u8, u64), &'static [u8]>,
+    locks: redb::Table<'txn, &'static str, &'static [u8]>,
+    modifications: redb::Table<'txn, (&'static str, u64), &'static [u8]>,
     /// Replay only: every row kept in memory and written once, in key order, by
     /// [`Projections::flush`]. A replay starts from empty tables, so the cache is the whole
     /// state; a task changes 3-4 times in its life and most tickets leave the inbox again, so
@@ -81,6 +95,8 @@ pub struct ReadProjections {
     tasks: redb::ReadOnlyTable<&'static str, &'static [u8]>,
     reply_targets: redb::ReadOnlyTable<(&'static str, &'static str), &'static [u8]>,
     inbox: redb::ReadOnlyTable<(&'static str, u8, u64), &'static [u8]>,
+    locks: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    modifications: redb::ReadOnlyTable<(&'static str, u64), &'static [u8]>,
 }
 
 impl<'txn> Projections<'txn> {
@@ -90,6 +106,8 @@ impl<'txn> Projections<'txn> {
             tasks: txn.open_table(names.tasks)?,
             reply_targets: txn.open_table(names.reply_targets)?,
             inbox: txn.open_table(names.inbox)?,
+            locks: txn.open_table(names.locks)?,
+            modifications: txn.open_table(names.modifications)?,
             replay: None,
         })
     }
@@ -349,10 +367,33 @@ impl<'txn> Projections<'txn> {
             }
             // Projections of these kinds (file safety, history, webhooks, externals) are not
             // kept yet; the events are in the log and a later rebuild will pick them up.
-            Event::FileLockAcquired { .. }
-            | Event::FileLockReleased { .. }
-            | Event::FileModified { .. }
-            | Event::HistoryPruned { .. }
+            Event::FileLockAcquired { path, agent_id, expires_ms, intent, task_id } => {
+                let lock = FileLock {
+                    path: path.clone(),
+                    agent_id: agent_id.clone(),
+                    expires_ms: *expires_ms,
+                    acquired_ms: time_ms,
+                    intent: intent.clone(),
+                    task_id: task_id.clone(),
+                };
+                self.locks.insert(path.as_str(), records::encode(&lock).as_slice())?;
+            }
+            Event::FileLockReleased { path, .. } => {
+                self.locks.remove(path.as_str())?;
+            }
+            Event::FileModified { path, agent_id, task_id, change_type, intent } => {
+                let modification = FileModification {
+                    path: path.clone(),
+                    agent_id: agent_id.clone(),
+                    task_id: task_id.clone(),
+                    change_type: *change_type,
+                    intent: intent.clone(),
+                    time_ms,
+                    seq: envelope.seq,
+                };
+                self.modifications.insert((path.as_str(), envelope.seq), records::encode(&modification).as_slice())?;
+            }
+            Event::HistoryPruned { .. }
             | Event::WebhookRegistered { .. }
             | Event::WebhookRemoved { .. }
             | Event::WebhookDeliveryAttempted { .. }
@@ -396,6 +437,8 @@ impl ReadProjections {
             tasks: txn.open_table(names.tasks)?,
             reply_targets: txn.open_table(names.reply_targets)?,
             inbox: txn.open_table(names.inbox)?,
+            locks: txn.open_table(names.locks)?,
+            modifications: txn.open_table(names.modifications)?,
         })
     }
 }
@@ -472,6 +515,48 @@ macro_rules! impl_queries {
                 Ok(range.count())
             }
 
+            pub fn lock(&self, path: &str) -> Result<Option<FileLock>, StoreError> {
+                self.locks.get(path)?.map(|row| records::decode(row.value())).transpose()
+            }
+
+            pub fn locks(&self) -> Result<Vec<FileLock>, StoreError> {
+                let mut locks = Vec::new();
+                for row in self.locks.iter()? {
+                    let (_, value) = row?;
+                    locks.push(records::decode(value.value())?);
+                }
+                Ok(locks)
+            }
+
+            /// A file's modifications, newest first, at most `limit`.
+            pub fn modifications_of(&self, path: &str, limit: usize) -> Result<Vec<FileModification>, StoreError> {
+                let mut found = Vec::new();
+                for row in self.modifications.range((path, 0u64)..=(path, u64::MAX))?.rev().take(limit) {
+                    let (_, value) = row?;
+                    found.push(records::decode(value.value())?);
+                }
+                Ok(found)
+            }
+
+            /// Every modification, newest first (optionally of one agent), at most `limit`.
+            pub fn recent_modifications(
+                &self,
+                agent: Option<&str>,
+                limit: usize,
+            ) -> Result<Vec<FileModification>, StoreError> {
+                let mut all: Vec<FileModification> = Vec::new();
+                for row in self.modifications.iter()? {
+                    let (_, value) = row?;
+                    let modification: FileModification = records::decode(value.value())?;
+                    if agent.is_none_or(|agent| modification.agent_id == agent) {
+                        all.push(modification);
+                    }
+                }
+                all.sort_by(|left, right| right.seq.cmp(&left.seq));
+                all.truncate(limit);
+                Ok(all)
+            }
+
             /// The task a received task's sender is waiting on, and the received task.
             pub fn open_outgoing_of(&self, task: &TaskRecord) -> Result<Option<TaskRecord>, StoreError> {
                 match (&task.direction, &task.sender_task_id) {
@@ -524,6 +609,8 @@ pub(crate) fn compare(
     compare_table(txn, live.tasks, scratch.tasks, "tasks", &mut differences)?;
     compare_table(txn, live.reply_targets, scratch.reply_targets, "reply_targets", &mut differences)?;
     compare_table(txn, live.inbox, scratch.inbox, "inbox", &mut differences)?;
+    compare_table(txn, live.locks, scratch.locks, "file_locks", &mut differences)?;
+    compare_table(txn, live.modifications, scratch.modifications, "file_modifications", &mut differences)?;
     Ok(differences)
 }
 

@@ -119,12 +119,17 @@ fn event() -> impl Strategy<Value = Event> {
             error: None,
         }),
         task().prop_map(|task_id| Event::TaskCanceled { task_id, reason: None }),
-        agent().prop_map(|agent_id| Event::FileLockAcquired {
+        (agent(), prop::sample::select(vec!["/tmp/a", "/tmp/b"])).prop_map(|(agent_id, path)| {
+            Event::FileLockAcquired { path: path.into(), agent_id, expires_ms: 10, intent: None, task_id: None }
+        }),
+        (agent(), prop::sample::select(vec!["/tmp/a", "/tmp/b"]))
+            .prop_map(|(agent_id, path)| Event::FileLockReleased { path: path.into(), agent_id, forced: false }),
+        (agent(), task()).prop_map(|(agent_id, task_id)| Event::FileModified {
             path: "/tmp/a".into(),
             agent_id,
-            expires_ms: 10,
-            intent: None,
-            task_id: None
+            task_id,
+            change_type: ChangeType::Modify,
+            intent: None
         }),
     ]
 }

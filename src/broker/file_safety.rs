@@ -1,0 +1,230 @@
+//! File safety (SPEC §5): locks and modification records, decided in the writer so that two
+//! agents racing for one file get exactly one winner.
+//!
+//! A lock is free once its expiry has passed or its holder is no longer registered. Both are
+//! decided against the batch's explicit `now`; the projection only stores what happened.
+
+use super::command::{Answer, CommandError, DecideError, Decision};
+use crate::event::{ChangeType, Event};
+use crate::store::{FileLock, Projections, StoreError};
+
+/// Default lock duration (SPEC §5).
+pub const LOCK_DEFAULT_DURATION_SECONDS: u64 = 300;
+/// Longest lock one request may take.
+pub const LOCK_MAX_DURATION_SECONDS: u64 = 7 * 24 * 3600;
+
+#[derive(Debug, Clone)]
+pub enum FileCommand {
+    Lock {
+        path: String,
+        agent_id: String,
+        duration_seconds: u64,
+        intent: Option<String>,
+        task_id: Option<String>,
+    },
+    Unlock {
+        path: String,
+        agent_id: Option<String>,
+        force: bool,
+    },
+    Record {
+        path: String,
+        agent_id: String,
+        task_id: String,
+        change_type: ChangeType,
+        intent: Option<String>,
+    },
+    /// Releases expired locks and locks of agents that are gone.
+    Cleanup,
+}
+
+/// An absolute path with `.` and `..` removed (lexically: the file need not exist).
+pub fn normalize(path: &str) -> Result<String, String> {
+    if path.trim().is_empty() {
+        return Err("the path is empty".into());
+    }
+    if !path.starts_with('/') {
+        return Err(format!("'{path}' is not an absolute path"));
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    Ok(format!("/{}", parts.join("/")))
+}
+
+/// Why `agent` may or may not write `path` now: (allowed, reason, the lock in force).
+pub fn may_write(
+    view_lock: Option<FileLock>,
+    holder_registered: impl Fn(&str) -> bool,
+    agent: &str,
+    now_ms: u64,
+) -> (bool, String, Option<FileLock>) {
+    match view_lock {
+        None => (true, "the file is not locked".into(), None),
+        Some(lock) if lock.expires_ms <= now_ms => (true, format!("the lock of {} expired", lock.agent_id), None),
+        Some(lock) if !holder_registered(&lock.agent_id) => {
+            (true, format!("the lock holder {} is gone", lock.agent_id), None)
+        }
+        Some(lock) if lock.agent_id == agent => (true, "you hold the lock".into(), Some(lock)),
+        Some(lock) => (
+            false,
+            format!(
+                "File is already locked by {} until {}",
+                lock.agent_id,
+                crate::http::wire::rfc3339(lock.expires_ms)
+            ),
+            Some(lock),
+        ),
+    }
+}
+
+fn registered<'a>(view: &'a Projections<'a>) -> impl Fn(&str) -> bool + 'a {
+    move |agent: &str| view.agent(agent).ok().flatten().is_some()
+}
+
+fn require_agent(view: &Projections<'_>, agent: &str) -> Result<(), DecideError> {
+    if view.agent(agent)?.is_none() {
+        return Err(CommandError::not_found(format!("Agent '{agent}' is not registered")).into());
+    }
+    Ok(())
+}
+
+pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Result<Decision, DecideError> {
+    let decision = |actor: Option<&str>, events: Vec<Event>| {
+        Ok(Decision { actor: actor.map(str::to_string), events, answer: Answer::Appended })
+    };
+    match command {
+        FileCommand::Lock { path, agent_id, duration_seconds, intent, task_id } => {
+            let path = normalize(path).map_err(CommandError::bad)?;
+            if *duration_seconds == 0 || *duration_seconds > LOCK_MAX_DURATION_SECONDS {
+                return Err(CommandError::bad(format!(
+                    "Error: the duration must be between 1 and {LOCK_MAX_DURATION_SECONDS} seconds (got {duration_seconds})"
+                ))
+                .into());
+            }
+            require_agent(view, agent_id)?;
+            let (allowed, reason, held) = may_write(view.lock(&path)?, registered(view), agent_id, now_ms);
+            if !allowed {
+                return Err(CommandError::conflict(reason).into());
+            }
+            // A renewal keeps the intent and task it does not restate.
+            let (intent, task_id) = match held {
+                Some(lock) => (intent.clone().or(lock.intent), task_id.clone().or(lock.task_id)),
+                None => (intent.clone(), task_id.clone()),
+            };
+            decision(
+                Some(agent_id),
+                vec![Event::FileLockAcquired {
+                    path,
+                    agent_id: agent_id.clone(),
+                    expires_ms: now_ms + duration_seconds * 1000,
+                    intent,
+                    task_id,
+                }],
+            )
+        }
+        FileCommand::Unlock { path, agent_id, force } => {
+            let path = normalize(path).map_err(CommandError::bad)?;
+            let Some(lock) = view.lock(&path)? else {
+                return Err(CommandError::not_found(format!("File {path} is not locked")).into());
+            };
+            if !force && agent_id.as_deref() != Some(lock.agent_id.as_str()) {
+                return Err(CommandError::forbidden(format!(
+                    "File {path} is locked by {}, not {}; pass --force to release it anyway",
+                    lock.agent_id,
+                    agent_id.as_deref().unwrap_or("you")
+                ))
+                .into());
+            }
+            decision(
+                agent_id.as_deref(),
+                vec![Event::FileLockReleased { path, agent_id: lock.agent_id, forced: *force }],
+            )
+        }
+        FileCommand::Record { path, agent_id, task_id, change_type, intent } => {
+            let path = normalize(path).map_err(CommandError::bad)?;
+            require_agent(view, agent_id)?;
+            let task = super::command::find_task(view, task_id)?
+                .ok_or_else(|| CommandError::not_found(format!("Task {task_id} not found")))?;
+            decision(
+                Some(agent_id),
+                vec![Event::FileModified {
+                    path,
+                    agent_id: agent_id.clone(),
+                    task_id: task.id,
+                    change_type: *change_type,
+                    intent: intent.clone(),
+                }],
+            )
+        }
+        FileCommand::Cleanup => {
+            let mut events = Vec::new();
+            for lock in view.locks()? {
+                let stale = lock.expires_ms <= now_ms || view.agent(&lock.agent_id)?.is_none();
+                if stale {
+                    events.push(Event::FileLockReleased { path: lock.path, agent_id: lock.agent_id, forced: true });
+                }
+            }
+            decision(None, events)
+        }
+    }
+}
+
+/// Read-only check for `POST /file-safety/validate` and `synapse file-safety check`.
+pub fn check(
+    view: &crate::store::projection::ReadProjections,
+    path: &str,
+    agent: &str,
+    now_ms: u64,
+) -> Result<serde_json::Value, StoreError> {
+    let lock = view.lock(path)?;
+    let holder_registered = |holder: &str| view.agent(holder).ok().flatten().is_some();
+    let (allowed, reason, lock) = may_write(lock, holder_registered, agent, now_ms);
+    let recent = view.modifications_of(path, 10)?;
+    Ok(serde_json::json!({
+        "path": path,
+        "agent_id": agent,
+        "allowed": allowed,
+        "reason": reason,
+        "lock": lock,
+        "recent_modifications": recent,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(holder: &str, expires_ms: u64) -> FileLock {
+        FileLock { path: "/a".into(), agent_id: holder.into(), expires_ms, acquired_ms: 0, intent: None, task_id: None }
+    }
+
+    #[test]
+    fn a_lock_binds_until_its_expiry_measured_by_an_explicit_now() {
+        let alive = |_: &str| true;
+        assert!(!may_write(Some(lock("x", 1_000)), alive, "y", 999).0);
+        let (allowed, reason, _) = may_write(Some(lock("x", 1_000)), alive, "y", 1_000);
+        assert!(allowed, "{reason}");
+        assert!(reason.contains("expired"));
+        assert!(may_write(Some(lock("x", 1_000)), alive, "x", 10).0, "the holder may write");
+        assert!(may_write(Some(lock("x", 1_000)), |_: &str| false, "y", 10).0, "a gone holder frees the lock");
+        assert!(may_write(None, alive, "y", 10).0);
+        let (_, reason, _) = may_write(Some(lock("x", 1_000)), alive, "y", 10);
+        assert!(reason.starts_with("File is already locked by x until 1970-01-01T00:00:01.000Z"), "{reason}");
+    }
+
+    #[test]
+    fn paths_are_absolute_and_lexically_normalised() {
+        assert_eq!(normalize("/a/./b/../c//d").unwrap(), "/a/c/d");
+        assert_eq!(normalize("/../../etc").unwrap(), "/etc");
+        assert!(normalize("relative/path").is_err());
+        assert!(normalize("").is_err());
+    }
+}

@@ -1,0 +1,228 @@
+//! `/file-safety/...`: locks, modification records, checks (SPEC §5).
+
+use super::{ApiError, ApiResult, AppState, parse_body, parse_query};
+use crate::broker::command::{Command, CommandError, Outcome};
+use crate::broker::file_safety::{self, FileCommand, LOCK_DEFAULT_DURATION_SECONDS};
+use crate::event::ChangeType;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::json;
+use std::time::Duration;
+
+pub fn routes() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route("/file-safety/status", get(status))
+        .route("/file-safety/locks", get(locks))
+        .route("/file-safety/lock", post(lock))
+        .route("/file-safety/unlock", post(unlock))
+        .route("/file-safety/history", get(history))
+        .route("/file-safety/recent", get(recent))
+        .route("/file-safety/record", post(record))
+        .route("/file-safety/validate", post(validate))
+        .route("/file-safety/cleanup", post(cleanup))
+}
+
+/// Largest `limit` accepted.
+const MAX_LIMIT: usize = 10_000;
+
+fn limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(50),
+        Some(limit) if (1..=MAX_LIMIT).contains(&limit) => Ok(limit),
+        Some(limit) => Err(ApiError::bad(format!("Error: limit must be between 1 and {MAX_LIMIT} (got {limit})"))),
+    }
+}
+
+fn path(raw: &str) -> Result<String, ApiError> {
+    file_safety::normalize(raw).map_err(|reason| ApiError::bad(format!("Error: {reason}")))
+}
+
+async fn submit(state: &AppState, command: FileCommand) -> Result<u64, CommandError> {
+    match state.writer.submit(Command::FileSafety(command)).await? {
+        Outcome::Appended { seq } => Ok(seq),
+        _ => Err(CommandError::Unavailable { message: "unexpected answer from the writer".into() }),
+    }
+}
+
+async fn status(State(state): State<AppState>) -> ApiResult {
+    let (locks, modifications) =
+        state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
+    Ok(Json(json!({"locks": locks, "modifications": modifications})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentQuery {
+    #[serde(default)]
+    agent: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+async fn locks(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
+    let query: AgentQuery = parse_query(uri.query())?;
+    let now = crate::broker::writer::now_ms();
+    let locks: Vec<_> = state
+        .store
+        .read(|view| view.locks())?
+        .into_iter()
+        .filter(|lock| query.agent.as_ref().is_none_or(|agent| &lock.agent_id == agent))
+        .map(|lock| {
+            let expired = lock.expires_ms <= now;
+            json!({"lock": lock, "expired": expired})
+        })
+        .collect();
+    Ok(Json(json!({"locks": locks})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LockBody {
+    path: String,
+    agent_id: String,
+    #[serde(default)]
+    duration_seconds: Option<u64>,
+    #[serde(default)]
+    intent: Option<String>,
+    #[serde(default)]
+    task_id: Option<String>,
+    /// Wait up to this many seconds for the file to be free.
+    #[serde(default)]
+    wait_seconds: Option<u64>,
+}
+
+/// `POST /file-safety/lock`; with `wait_seconds`, a refused lock is tried again after each
+/// new event in the log (a release) or when the holder's lock expires, not by polling.
+async fn lock(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: LockBody = parse_body(body)?;
+    let path = path(&body.path)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(body.wait_seconds.unwrap_or(0).min(24 * 3600));
+    loop {
+        let cursor = *state.head.borrow();
+        let command = FileCommand::Lock {
+            path: path.clone(),
+            agent_id: body.agent_id.clone(),
+            duration_seconds: body.duration_seconds.unwrap_or(LOCK_DEFAULT_DURATION_SECONDS),
+            intent: body.intent.clone(),
+            task_id: body.task_id.clone(),
+        };
+        match submit(&state, command).await {
+            Ok(_) => {
+                let lock = state.store.read(|view| view.lock(&path))?;
+                return Ok(Json(json!({"locked": true, "lock": lock})));
+            }
+            Err(CommandError::Conflict { message }) if tokio::time::Instant::now() < deadline => {
+                let expires = state.store.read(|view| view.lock(&path))?.map(|lock| lock.expires_ms);
+                let now = crate::broker::writer::now_ms();
+                let until_expiry = expires.map(|at| Duration::from_millis(at.saturating_sub(now) + 1));
+                let wake = match until_expiry {
+                    Some(wait) => deadline.min(tokio::time::Instant::now() + wait),
+                    None => deadline,
+                };
+                let _ = tokio::time::timeout_at(wake, crate::broker::tail::wait_past(&state, cursor)).await;
+                tracing::debug!("retrying lock of {path}: {message}");
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnlockBody {
+    path: String,
+    #[serde(default)]
+    agent_id: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+async fn unlock(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: UnlockBody = parse_body(body)?;
+    let path = path(&body.path)?;
+    submit(&state, FileCommand::Unlock { path: path.clone(), agent_id: body.agent_id, force: body.force }).await?;
+    Ok(Json(json!({"unlocked": path})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PathQuery {
+    path: String,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
+    let query: PathQuery = parse_query(uri.query())?;
+    let path = path(&query.path)?;
+    let limit = limit(query.limit)?;
+    let modifications = state.store.read(|view| view.modifications_of(&path, limit))?;
+    Ok(Json(json!({"path": path, "modifications": modifications})))
+}
+
+async fn recent(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
+    let query: AgentQuery = parse_query(uri.query())?;
+    let limit = limit(query.limit)?;
+    let modifications = state.store.read(|view| view.recent_modifications(query.agent.as_deref(), limit))?;
+    Ok(Json(json!({"modifications": modifications})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordBody {
+    path: String,
+    agent_id: String,
+    task_id: String,
+    #[serde(default)]
+    change_type: Option<String>,
+    #[serde(default)]
+    intent: Option<String>,
+}
+
+async fn record(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: RecordBody = parse_body(body)?;
+    let change_type = match body.change_type.as_deref().map(str::to_ascii_uppercase).as_deref() {
+        None | Some("MODIFY") => ChangeType::Modify,
+        Some("CREATE") => ChangeType::Create,
+        Some("DELETE") => ChangeType::Delete,
+        Some(other) => {
+            return Err(ApiError::bad(format!("Error: unknown change type '{other}' (CREATE, MODIFY, DELETE)")));
+        }
+    };
+    let path = path(&body.path)?;
+    let command = FileCommand::Record {
+        path: path.clone(),
+        agent_id: body.agent_id,
+        task_id: body.task_id,
+        change_type,
+        intent: body.intent,
+    };
+    submit(&state, command).await?;
+    Ok(Json(json!({"recorded": path, "change_type": change_type})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValidateBody {
+    path: String,
+    agent_id: String,
+}
+
+async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: ValidateBody = parse_body(body)?;
+    let path = path(&body.path)?;
+    let now = crate::broker::writer::now_ms();
+    let answer = state.store.read(|view| file_safety::check(view, &path, &body.agent_id, now))?;
+    Ok(Json(answer))
+}
+
+async fn cleanup(State(state): State<AppState>) -> ApiResult {
+    let before = state.store.read(|view| view.locks())?.len();
+    submit(&state, FileCommand::Cleanup).await?;
+    let after = state.store.read(|view| view.locks())?.len();
+    Ok(Json(json!({"released": before.saturating_sub(after)})))
+}

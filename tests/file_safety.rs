@@ -1,0 +1,185 @@
+//! File safety through the real binary (issue 5, file-safety part).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::process::{Command, Stdio};
+
+fn fs(home: &Home, args: &[&str]) -> Command {
+    let mut command = home.cmd(&[&["file-safety"], args].concat());
+    command.env("SYNAPSE_FILE_SAFETY_ENABLED", "true");
+    command
+}
+
+fn run(home: &Home, args: &[&str]) -> std::process::Output {
+    fs(home, args).output().unwrap()
+}
+
+#[test]
+fn without_the_flag_each_command_says_how_to_enable_it() {
+    let home = Home::new();
+    let status = home.run(&["file-safety", "status"]);
+    assert!(status.status.success());
+    assert!(stdout(&status).contains("SYNAPSE_FILE_SAFETY_ENABLED=true"));
+    let locked = home.run(&["file-safety", "lock", "/tmp/x", "someone"]);
+    assert_eq!(locked.status.code(), Some(1));
+    assert!(stderr(&locked).contains("SYNAPSE_FILE_SAFETY_ENABLED=true"), "{}", describe(&locked));
+}
+
+#[test]
+fn locks_are_exclusive_renewable_releasable_and_checked() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(project.join("src")).unwrap();
+    let file = project.join("src/main.rs");
+    let file_text = file.to_str().unwrap();
+
+    // A relative path with '..' names the same absolute file.
+    let locked = fs(&home, &["lock", "src/../src/main.rs", &alice.id, "--intent", "refactor"])
+        .current_dir(&project)
+        .output()
+        .unwrap();
+    assert!(locked.status.success(), "{}", describe(&locked));
+    assert!(stdout(&locked).contains(&format!("Locked {file_text} for {}", alice.id)), "{}", describe(&locked));
+    let refused = run(&home, &["lock", file_text, &bob.id]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains(&format!("File is already locked by {} until", alice.id)),
+        "{}",
+        describe(&refused)
+    );
+    assert!(run(&home, &["lock", file_text, &alice.id, "--duration", "600"]).status.success(), "the holder renews");
+
+    let denied = run(&home, &["check", file_text, &bob.id]);
+    assert_eq!(denied.status.code(), Some(1));
+    assert!(stdout(&denied).starts_with("DENIED"));
+    let allowed = run(&home, &["check", file_text, &alice.id]);
+    assert!(allowed.status.success() && stdout(&allowed).starts_with("ALLOWED"));
+    let locks = stdout(&run(&home, &["locks"]));
+    assert!(locks.contains(file_text) && locks.contains(&alice.id) && locks.contains("refactor"), "{locks}");
+
+    let not_holder = run(&home, &["unlock", file_text, &bob.id]);
+    assert_eq!(not_holder.status.code(), Some(1));
+    assert!(stderr(&not_holder).contains("--force"));
+    assert!(run(&home, &["unlock", file_text, &alice.id]).status.success());
+    assert!(stdout(&run(&home, &["locks"])).contains("No locks."));
+    assert!(run(&home, &["lock", file_text, &bob.id]).status.success());
+    assert!(run(&home, &["unlock", file_text, "--force"]).status.success());
+    let nothing = run(&home, &["unlock", file_text, &bob.id]);
+    assert_eq!(nothing.status.code(), Some(1));
+    assert!(stderr(&nothing).contains("is not locked"));
+    assert!(home.ok(&["admin", "verify"]).starts_with("ok"), "locks rebuild to the same state");
+}
+
+#[test]
+fn modifications_are_recorded_and_shown_to_the_next_writer() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let sent: serde_json::Value =
+        serde_json::from_str(&stdout(&home.run_as(&alice, &["send", "bob", "edit it", "--json"]))).unwrap();
+    let task = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    let recorded =
+        run(&home, &["record", "/srv/app/lib.rs", &bob.id, &task[..8], "--type", "CREATE", "--intent", "new module"]);
+    assert!(recorded.status.success(), "{}", describe(&recorded));
+    assert!(run(&home, &["record", "/srv/app/lib.rs", &bob.id, &task, "--type", "modify"]).status.success());
+    let history = stdout(&run(&home, &["history", "/srv/app/lib.rs"]));
+    let lines: Vec<&str> = history.lines().collect();
+    assert_eq!(lines.len(), 2, "{history}");
+    assert!(lines[0].contains("MODIFY") && lines[1].contains("CREATE") && lines[1].contains("new module"), "{history}");
+    let check = stdout(&run(&home, &["check", "/srv/app/lib.rs", &alice.id]));
+    assert!(check.starts_with("ALLOWED") && check.contains("CREATE"), "the check shows recent changes: {check}");
+    assert!(stdout(&run(&home, &["recent", "--agent", &bob.id])).contains("/srv/app/lib.rs"));
+    assert!(stdout(&run(&home, &["recent", "--agent", &alice.id])).contains("No recorded modifications"));
+    assert!(stdout(&run(&home, &["status"])).contains("2 recorded modification(s)"));
+}
+
+#[test]
+fn bad_input_is_refused_with_a_clear_error_and_nothing_appended() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let head = home.head();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["lock", "/a", "synapse-ghost-1"], "is not registered"),
+        (vec!["lock", "/a", &alice.id, "--duration", "0"], "positive number of seconds"),
+        (vec!["lock", "/a", &alice.id, "--duration", "-5"], "positive number of seconds"),
+        (vec!["lock", "/a", &alice.id, "--duration", "99999999"], "between 1 and"),
+        (vec!["record", "/a", &alice.id, "deadbeef"], "Task deadbeef not found"),
+        (vec!["record", "/a", &alice.id, "deadbeef", "--type", "RENAME"], "unknown change type"),
+        (vec!["record", "/a", "synapse-ghost-1", "deadbeef"], "is not registered"),
+        (vec!["history", "/a", "--limit", "99999999"], "limit must be between"),
+        (vec!["history", "/a", "--limit", "0"], "limit must be between"),
+    ];
+    for (args, expected) in cases {
+        let output = run(&home, &args);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", describe(&output));
+        assert!(stderr(&output).contains(expected), "{args:?}: {}", describe(&output));
+    }
+    let (status, answer) =
+        home.http("POST", "/file-safety/lock", Some(br#"{"path":"relative/x","agent_id":"a"}"#), &[]);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("not an absolute path"));
+    assert_eq!(home.head(), head, "nothing appended");
+}
+
+/// Two agents racing for the same file from parallel processes: exactly one wins, every time.
+#[test]
+fn two_agents_racing_for_one_file_get_exactly_one_winner_in_100_rounds() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    for round in 0..100 {
+        let file = format!("/race/file-{round}");
+        let racers: Vec<_> = [&alice.id, &bob.id]
+            .iter()
+            .map(|agent| {
+                fs(&home, &["lock", &file, agent]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+            })
+            .collect();
+        let winners =
+            racers.into_iter().map(|child| child.wait_with_output().unwrap()).filter(|o| o.status.success()).count();
+        assert_eq!(winners, 1, "round {round}");
+    }
+}
+
+#[test]
+fn lock_wait_returns_when_the_holder_releases() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    assert!(run(&home, &["lock", "/shared/config.toml", &alice.id]).status.success());
+    let waiter = fs(&home, &["lock", "/shared/config.toml", &bob.id, "--wait", "--wait-timeout", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The waiter either finds the file free already or waits for the release event; either
+    // way it must end holding the lock.
+    assert!(run(&home, &["unlock", "/shared/config.toml", &alice.id]).status.success());
+    let output = waiter.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(stdout(&output).contains(&format!("for {}", bob.id)));
+    let timed_out = run(&home, &["lock", "/shared/config.toml", &alice.id, "--wait", "--wait-timeout", "1"]);
+    assert_eq!(timed_out.status.code(), Some(1));
+    assert!(stderr(&timed_out).contains("already locked by"), "{}", describe(&timed_out));
+}
+
+#[test]
+fn lock_wait_also_ends_when_the_holders_lock_expires() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    assert!(run(&home, &["lock", "/shared/short.lock", &alice.id, "--duration", "1"]).status.success());
+    let waited = run(&home, &["lock", "/shared/short.lock", &bob.id, "--wait", "--wait-timeout", "30"]);
+    assert!(waited.status.success(), "{}", describe(&waited));
+    // Bob's lock was taken no earlier than the moment Alice's expired.
+    let events = home.events();
+    let acquired: Vec<&serde_json::Value> =
+        events.iter().filter(|event| event["event"]["kind"] == "file_lock_acquired").collect();
+    assert_eq!(acquired.len(), 2);
+    let alice_expiry = acquired[0]["event"]["data"]["expires_ms"].as_u64().unwrap();
+    assert!(acquired[1]["time_ms"].as_u64().unwrap() >= alice_expiry);
+}
