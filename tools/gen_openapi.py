@@ -54,6 +54,11 @@ add("/webhooks","post","Register a webhook",tags=["webhooks"],body="WebhookBody"
 add("/webhooks","delete","Remove a webhook",tags=["webhooks"],params=[q("url","string","the registered URL")],responses=resp(extra={400:"No url",404:"Not registered"}))
 add("/webhooks/deliveries","get","Pending and recent webhook deliveries",tags=["webhooks"])
 add("/openapi.json","get","This document",tags=["broker"])
+add("/history","get","History records, newest first (one per task and side)",tags=["history"],params=[q("agent"),q("limit","integer")],responses=resp(extra={400:"Bad limit"}))
+add("/history/{id}","get","The records of one task (full id or prefix)",tags=["history"],params=pp("id"),responses=resp(extra={400:"Ambiguous or malformed id",404:"Not in the history"}))
+add("/history/search","get","Records with words starting with the keywords (q=comma-separated; logic OR|AND; case_sensitive)",tags=["history"],params=[q("q"),q("logic"),q("case_sensitive","boolean"),q("agent"),q("limit","integer")],responses=resp(extra={400:"No keyword, bad logic or limit"}))
+add("/history/stats","get","Totals by state, success rate, per agent, date range, size",tags=["history"],params=[q("agent")])
+add("/history/cleanup","post","Prune records last updated before days ago (or beyond max_size_mb); dry_run counts only",tags=["history"],body="HistoryCleanupBody",responses=resp(extra={400:"Bad days or size"}))
 add("/file-safety/status","get","Lock and modification counts",tags=["file-safety"])
 add("/file-safety/locks","get","Current locks (with expired flag)",tags=["file-safety"],params=[q("agent")])
 add("/file-safety/lock","post","Lock a file for an agent (renews for the holder); wait_seconds waits for the release",tags=["file-safety"],body="LockBody",responses=resp(extra={400:"Bad path or duration",404:"Unknown agent",409:"File is already locked by <holder>"}))
@@ -103,6 +108,7 @@ comps={
  "UnlockBody":S({"path":st,"agent_id":st,"force":bo},["path"]),
  "RecordBody":S({"path":st,"agent_id":st,"task_id":st,"change_type":{"type":"string","enum":["CREATE","MODIFY","DELETE"]},"intent":st},["path","agent_id","task_id"]),
  "ValidateBody":S({"path":st,"agent_id":st},["path","agent_id"]),
+ "HistoryCleanupBody":S({"days":it,"max_size_mb":it,"dry_run":bo}),
  "WebhookBody":S({"url":st,"events":{"type":"array","items":{"type":"string","enum":["task.completed","task.failed","task.canceled","task.replied"]}},"secret":st},["url"]),
 }
 doc={"openapi":"3.0.3","info":{"title":"Synapse broker and agent API","version":"0.1.0","description":"Every HTTP endpoint of Synapse. The broker serves its API on $SYNAPSE_UDS_DIR/broker.sock and 127.0.0.1:$SYNAPSE_BROKER_PORT; each agent's endpoints are served on its port and $SYNAPSE_UDS_DIR/<agent_id>.sock and under /agents/{agent} on the broker. Errors are JSON objects (Error) with a 4xx status for bad input. With SYNAPSE_AUTH_ENABLED=true every endpoint except agent cards and status needs X-API-Key or Authorization: Bearer."},

@@ -47,6 +47,8 @@ pub enum Command {
     External(super::externals::ExternalCommand),
     /// File locks and modification records (see `broker::file_safety`).
     FileSafety(super::file_safety::FileCommand),
+    /// Prune the history view (the event is `HistoryPruned`, built by the caller).
+    Prune(Event),
 }
 
 /// The body of [`Command::UpdateTask`].
@@ -537,6 +539,12 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
         Command::Webhook(command) => super::webhooks::decide(command),
         Command::External(command) => super::externals::decide(command),
         Command::FileSafety(command) => super::file_safety::decide(view, command, now_ms),
+        Command::Prune(event) => match event {
+            Event::HistoryPruned { .. } => {
+                Ok(Decision { actor: None, events: vec![event.clone()], answer: Answer::Appended })
+            }
+            _ => Err(CommandError::bad("only history_pruned events can be appended this way").into()),
+        },
     }
 }
 

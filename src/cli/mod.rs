@@ -7,6 +7,7 @@ mod agents;
 mod demo;
 mod external;
 mod file_safety;
+mod history;
 mod messaging;
 mod setup;
 mod system;
@@ -82,6 +83,11 @@ pub enum Command {
         /// Keep the temporary home instead of deleting it
         #[arg(long)]
         keep: bool,
+    },
+    /// Look back: list, show, search, stats, export, cleanup
+    History {
+        #[command(subcommand)]
+        command: history::HistoryCommand,
     },
     /// File safety: locks and modification records between agents
     #[command(name = "file-safety")]
@@ -315,6 +321,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::Agent { command } => system::agent(&paths, command).await,
             Command::External { command } => external::run(&paths, command).await,
             Command::FileSafety { command } => file_safety::run(&paths, command).await,
+            Command::History { command } => history::run(&paths, command).await,
             Command::DummyAgent
             | Command::Init { .. }
             | Command::Reset { .. }

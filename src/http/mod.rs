@@ -9,6 +9,7 @@ pub mod agent_tasks;
 pub mod auth;
 pub mod externals;
 pub mod file_safety;
+pub mod history;
 pub mod jsonrpc;
 pub mod openapi;
 pub mod outbound;
@@ -191,6 +192,7 @@ pub fn broker_router(state: AppState) -> Router {
         .merge(webhooks::routes())
         .merge(externals::routes())
         .merge(file_safety::routes())
+        .merge(history::routes())
         .nest("/agents/{agent}", a2a_routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -8,6 +8,7 @@
 //!   [`Store::verify`] can prove it.
 //! - Reads use short read transactions: a long one makes the file grow while writes go on.
 
+pub mod history;
 pub mod projection;
 pub mod records;
 

@@ -1,0 +1,137 @@
+//! History views through the real binary (issue 5, history part).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// A small RFC 4180 reader, to check that exported CSV survives a round trip.
+fn parse_csv(text: &str) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let mut row = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quoted, c) {
+            (true, '"') if chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            (true, '"') => quoted = false,
+            (true, c) => field.push(c),
+            (false, '"') => quoted = true,
+            (false, ',') => row.push(std::mem::take(&mut field)),
+            (false, '\r') => {}
+            (false, '\n') => {
+                row.push(std::mem::take(&mut field));
+                rows.push(std::mem::take(&mut row));
+            }
+            (false, c) => field.push(c),
+        }
+    }
+    rows
+}
+
+fn history_home() -> (Home, Agent, Agent, String) {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let sent: Value = serde_json::from_str(&stdout(
+        &home.run_as(&alice, &["send", "bob", "Please review the Parser, \"carefully\"\nthanks", "--json"]),
+    ))
+    .unwrap();
+    assert!(home.run_as(&bob, &["reply", "Parser looks fine, one nit"]).status.success());
+    assert!(home.run_as(&alice, &["send", "bob", "deploy tonight", "--no-response"]).status.success());
+    (home, alice, bob, sent["sender_task"]["id"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn list_show_and_stats_keep_both_sides_of_each_exchange() {
+    let (home, alice, bob, task) = history_home();
+    let listed = home.ok(&["history", "list"]);
+    assert_eq!(listed.lines().count(), 4, "two messages, each sent and received:\n{listed}");
+    let for_bob = home.ok(&["history", "list", "--agent", &bob.id]);
+    assert_eq!(for_bob.lines().count(), 2);
+    assert!(for_bob.lines().all(|line| line.contains("received")));
+    let shown = home.ok(&["history", "show", &task[..8]]);
+    assert!(shown.contains("Parser looks fine") && shown.contains(&alice.id), "{shown}");
+    let stats = home.ok(&["history", "stats"]);
+    assert!(stats.contains("Total records: 4"), "{stats}");
+    assert!(stats.contains("completed") && stats.contains("Success rate: 100.0%"), "{stats}");
+    let missing = home.run(&["history", "show", "ffffffff"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(stderr(&missing).contains("not found"));
+}
+
+#[test]
+fn search_matches_words_with_or_and_and_case_rules() {
+    let (home, _alice, bob, _task) = history_home();
+    let parser = home.ok(&["history", "search", "parser"]);
+    assert_eq!(parser.lines().count(), 2, "{parser}");
+    let either = home.ok(&["history", "search", "parser", "deploy", "--logic", "OR"]);
+    assert_eq!(either.lines().count(), 4, "{either}");
+    let both = home.ok(&["history", "search", "review", "nit", "--logic", "AND"]);
+    assert_eq!(both.lines().count(), 2, "input and output of the same record: {both}");
+    assert!(home.ok(&["history", "search", "parser", "--case-sensitive"]).contains("No records."));
+    assert_eq!(home.ok(&["history", "search", "Parser", "--case-sensitive"]).lines().count(), 2);
+    assert_eq!(home.ok(&["history", "search", "deploy", "--agent", &bob.id]).lines().count(), 1);
+    let bad = home.run(&["history", "search", "x", "--logic", "XOR"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("logic must be OR or AND"));
+}
+
+#[test]
+fn export_writes_json_and_csv_that_survive_a_round_trip() {
+    let (home, ..) = history_home();
+    let json_file = home.dir.path().join("history.json");
+    home.ok(&["history", "export", "--output", json_file.to_str().unwrap()]);
+    let exported: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json_file).unwrap()).unwrap();
+    assert_eq!(exported.len(), 4);
+    let csv = home.ok(&["history", "export", "--format", "csv"]);
+    let rows = parse_csv(&csv);
+    assert_eq!(rows.len(), 5, "a header and four records");
+    assert_eq!(rows[0][0], "task_id");
+    let input_column = rows[0].iter().position(|name| name == "input").unwrap();
+    assert!(
+        rows.iter().any(|row| row[input_column] == "Please review the Parser, \"carefully\"\nthanks"),
+        "quotes, commas and newlines survive"
+    );
+    assert!(rows.iter().skip(1).all(|row| row.len() == rows[0].len()));
+}
+
+#[test]
+fn cleanup_asks_first_and_dry_run_changes_nothing() {
+    let (home, ..) = history_home();
+    let head = home.head();
+    let refused = home.run(&["history", "cleanup", "--days", "1"]);
+    assert_eq!(refused.status.code(), Some(1), "stdin is not a terminal");
+    assert!(stderr(&refused).contains("--force"));
+    // Everything is younger than a day: nothing to remove.
+    let dry = home.ok(&["history", "cleanup", "--days", "1", "--dry-run"]);
+    assert!(dry.contains("Would remove 0 record(s)"), "{dry}");
+    // A size budget of 1 MB keeps everything too.
+    assert!(home.ok(&["history", "cleanup", "--max-size", "1", "--force"]).contains("Removed 0"));
+    assert_eq!(home.head(), head, "nothing appended when nothing is removed");
+    for args in [vec!["--days", "0"], vec!["--days", "-3"], vec!["--max-size", "0"], vec![]] {
+        let mut all = vec!["history", "cleanup", "--force"];
+        all.extend(args.iter());
+        let output = home.run(&all);
+        assert_eq!(output.status.code(), Some(1), "{all:?}");
+    }
+}
+
+#[test]
+fn the_views_are_off_when_history_is_disabled_and_limits_are_checked() {
+    let (home, ..) = history_home();
+    let off = home.cmd(&["history", "list"]).env("SYNAPSE_HISTORY_ENABLED", "false").output().unwrap();
+    assert_eq!(off.status.code(), Some(1));
+    assert!(stderr(&off).contains("history is disabled"));
+    for limit in ["0", "99999999"] {
+        let output = home.run(&["history", "list", "--limit", limit]);
+        assert_eq!(output.status.code(), Some(1));
+        assert!(stderr(&output).contains("limit must be between"));
+    }
+    assert!(home.ok(&["admin", "verify"]).starts_with("ok"), "history rebuilds to the same state");
+}
