@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 const MAX_BATCH_JOBS: usize = 4096;
 
 enum Job {
-    Command { command: Command, answer: oneshot::Sender<Result<Outcome, CommandError>> },
+    Command { command: Box<Command>, answer: oneshot::Sender<Result<Outcome, CommandError>> },
     Rebuild { answer: oneshot::Sender<Result<RebuildReport, CommandError>> },
     Verify { answer: oneshot::Sender<Result<VerifyReport, CommandError>> },
 }
@@ -59,7 +59,7 @@ impl WriterHandle {
     pub async fn submit(&self, command: Command) -> Result<Outcome, CommandError> {
         let (answer, receiver) = oneshot::channel();
         self.jobs
-            .send(Job::Command { command, answer })
+            .send(Job::Command { command: Box::new(command), answer })
             .map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?;
         receiver.await.map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?
     }
@@ -68,7 +68,7 @@ impl WriterHandle {
     pub fn submit_blocking(&self, command: Command) -> Result<Outcome, CommandError> {
         let (answer, receiver) = oneshot::channel();
         self.jobs
-            .send(Job::Command { command, answer })
+            .send(Job::Command { command: Box::new(command), answer })
             .map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?;
         receiver.blocking_recv().map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?
     }
@@ -99,7 +99,7 @@ fn run(
         let mut next = Some(job);
         while let Some(job) = next.take() {
             match job {
-                Job::Command { command, answer } => batch.push((command, answer)),
+                Job::Command { command, answer } => batch.push((*command, answer)),
                 Job::Rebuild { answer } => {
                     commit_batch(&store, &mut batch, &head, &recent);
                     let _ = answer.send(store.rebuild().map_err(unavailable));
