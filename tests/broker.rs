@@ -241,3 +241,29 @@ fn every_acknowledged_event_survives_a_sigkill_in_the_middle_of_a_load() {
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "the recovered log has no gaps");
     assert!(home.ok(&["admin", "verify"]).starts_with("ok"));
 }
+
+/// Issue 6: the broker-wide stream resumes from Last-Event-ID without gaps or repeats, and
+/// filters by agent and kind.
+#[test]
+fn the_event_stream_resumes_from_last_event_id_and_filters_by_agent_and_kind() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    home.register(Some("bob"));
+    for text in ["one", "two", "three"] {
+        home.ok(&["send", "bob", text, "--no-response"]);
+    }
+    let head = home.head();
+    // A client that dropped after event 4 resumes with Last-Event-ID: 4.
+    let (status, body) = home.http("GET", "/events?after=0", None, &[("Last-Event-ID", "4")]);
+    assert_eq!(status, 200);
+    let text = body.as_str().unwrap().to_string();
+    let ids: Vec<u64> =
+        text.lines().filter_map(|line| line.strip_prefix("id: ")).map(|id| id.parse().unwrap()).collect();
+    assert_eq!(ids, (5..=head).collect::<Vec<_>>(), "no gap, no repeat");
+    let (_, body) = home.http("GET", &format!("/events?kind=message_sent&agent={}", alice.id), None, &[]);
+    assert!(body.as_str().unwrap().lines().all(|line| !line.starts_with("event: ") || line == "event: message_sent"));
+    let (_, body) = home.http("GET", "/events?kind=message_sent", None, &[]);
+    assert_eq!(body.as_str().unwrap().lines().filter(|line| *line == "event: message_sent").count(), 3);
+    let (status, _) = home.http("GET", "/events", None, &[("Last-Event-ID", "not-a-number")]);
+    assert_eq!(status, 400);
+}

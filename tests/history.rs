@@ -120,6 +120,20 @@ fn cleanup_asks_first_and_dry_run_changes_nothing() {
         let output = home.run(&all);
         assert_eq!(output.status.code(), Some(1), "{all:?}");
     }
+    // Bad options are named before any confirmation is asked for.
+    for (args, message) in [
+        (vec!["--days", "0"], "must be positive"),
+        (vec!["--days", "-3"], "must be positive"),
+        (vec!["--days", "1", "--max-size", "1"], "not both"),
+        (vec![], "give --days N or --max-size MB"),
+    ] {
+        let mut all = vec!["history", "cleanup"];
+        all.extend(args.iter());
+        let output = home.run(&all);
+        assert_eq!(output.status.code(), Some(1), "{all:?}");
+        assert!(stderr(&output).contains(message), "{all:?}: {}", stderr(&output));
+    }
+    assert_eq!(home.head(), head, "nothing appended by refused cleanups");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! `synapse-bench`: performance scenarios for Synapse (see `tools/README.md`).
 //!
 //! Usage: `synapse-bench <scenario>... [--seconds N] [--synapse PATH]`, or `synapse-bench all`.
-//! Scenarios: append, rebuild, memory, cli-send, http-send, round-trip.
+//! Scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
+//! history-search, lock-contention.
 //!
 //! Every scenario works in a fresh directory under the system's temporary directory (removed
 //! afterwards), lets the system choose every port, and prints human lines plus machine-readable
@@ -24,8 +25,18 @@ use synapse::config::Paths;
 use synapse::event::{AgentStatus, Artifact, Direction, Event, Message, Role, TaskState};
 use synapse::store::{Appender, Store, StoreError};
 
-const SCENARIOS: [&str; 8] =
-    ["append", "rebuild", "memory", "cli-send", "http-send", "round-trip", "delivery", "sse-fanout"];
+const SCENARIOS: [&str; 10] = [
+    "append",
+    "rebuild",
+    "memory",
+    "cli-send",
+    "http-send",
+    "round-trip",
+    "delivery",
+    "sse-fanout",
+    "history-search",
+    "lock-contention",
+];
 /// `sse-fanout`: subscribers on `/events`, events appended, concurrent appenders.
 const FANOUT_SUBSCRIBERS: usize = 1000;
 const FANOUT_EVENTS: usize = 5000;
@@ -56,8 +67,9 @@ const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
 const SECRET_HEADER: &str = "x-synapse-agent-secret";
 
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
-scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout, all
-  --seconds N      length of the timed scenarios (append, http-send); default 10,
+scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
+           history-search, lock-contention, all
+  --seconds N      length of the timed scenarios (append, http-send, lock-contention); default 10,
                    or SYNAPSE_BENCH_SECONDS
   --synapse PATH   the synapse binary (default: next to synapse-bench), or SYNAPSE_BENCH_BIN
   SYNAPSE_BENCH_APPEND=send|status   what the append producers submit (default send)";
@@ -92,6 +104,8 @@ fn run() -> Result<ExitCode> {
             "round-trip" => runtime.block_on(round_trip(&options)),
             "delivery" => runtime.block_on(delivery(&options)),
             "sse-fanout" => runtime.block_on(sse_fanout(&options)),
+            "history-search" => history_search(),
+            "lock-contention" => runtime.block_on(lock_contention(&options)),
             other => Err(anyhow!("unknown scenario '{other}'")),
         };
         if let Err(error) = outcome {
@@ -1264,5 +1278,202 @@ async fn sse_fanout(options: &Options) -> Result<()> {
         samples.summary()
     );
     result("sse_fanout_p99_ms", samples.percentile(99.0), 3, "ms");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// history-search: two keywords over 1,000,000 history records
+
+/// Messages written (each gives a sent and a received record).
+const HISTORY_MESSAGES: u64 = 500_000;
+const HISTORY_BATCH: u64 = 10_000;
+/// Distinct words the generated texts draw from, and words per text.
+const HISTORY_VOCABULARY: u64 = 20_000;
+const HISTORY_WORDS_PER_TEXT: u64 = 8;
+/// Timed searches (alternating OR and AND).
+const HISTORY_SEARCHES: usize = 200;
+
+/// A deterministic pseudo-random sequence (splitmix64), so that runs compare.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn history_word(index: u64) -> String {
+    format!("w{index}x")
+}
+
+fn history_search() -> Result<()> {
+    use synapse::store::history::Logic;
+    let dir = BenchDir::new("history-search")?;
+    let database = dir.paths().database();
+    let store = Store::open(&database)?;
+    let building = Instant::now();
+    let mut random = 42u64;
+    let time_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as u64);
+    let mut written = 0u64;
+    let mut batch = 0u64;
+    while written < HISTORY_MESSAGES {
+        let count = HISTORY_BATCH.min(HISTORY_MESSAGES - written);
+        let events: Vec<Event> = (0..count)
+            .map(|offset| {
+                let n = written + offset;
+                let mut words: Vec<String> = (0..HISTORY_WORDS_PER_TEXT)
+                    .map(|_| history_word(splitmix(&mut random) % HISTORY_VOCABULARY))
+                    .collect();
+                // One common word per text, in a tenth of all records each.
+                words.push(format!("topic{}", n % 10));
+                let text = words.join(" ");
+                // A message that expected no reply: its receiver's task gives both history
+                // records (sent and received).
+                Event::TaskCreated {
+                    task_id: format!("task-{n:07}"),
+                    owner: Some(format!("agent-{}", (n + 1) % 8)),
+                    context_id: "bench".into(),
+                    direction: Direction::Incoming,
+                    peer: Some(format!("agent-{}", n % 8)),
+                    state: TaskState::Submitted,
+                    message: Message::text(Role::User, text),
+                    priority: 3,
+                    response_expected: false,
+                    sender_task_id: None,
+                    in_reply_to: None,
+                    peer_task_id: None,
+                }
+            })
+            .collect();
+        store.transact(time_ms + batch, |appender| appender.append(Some("bench"), events))?;
+        written += count;
+        batch += 1;
+    }
+    println!(
+        "built {} history records ({HISTORY_MESSAGES} messages, {HISTORY_WORDS_PER_TEXT} of {HISTORY_VOCABULARY} words each) in {:.2} s",
+        2 * HISTORY_MESSAGES,
+        building.elapsed().as_secs_f64()
+    );
+    let last = store.read(|view| view.history_of_task(&format!("task-{:07}", HISTORY_MESSAGES - 1)))?;
+    if last.len() != 2 {
+        bail!("the last message has {} history records, expected 2 (sent and received)", last.len());
+    }
+
+    let mut durations = Vec::with_capacity(HISTORY_SEARCHES);
+    let mut found_total = 0usize;
+    for search in 0..HISTORY_SEARCHES {
+        let keywords = vec![
+            history_word(splitmix(&mut random) % HISTORY_VOCABULARY),
+            history_word(splitmix(&mut random) % HISTORY_VOCABULARY),
+        ];
+        let logic = if search % 2 == 0 { Logic::Or } else { Logic::And };
+        let started = Instant::now();
+        let found = store.read(|view| view.search_history(&keywords, logic, false, None, 50))?;
+        durations.push(started.elapsed());
+        found_total += found.len();
+    }
+    let samples = Samples::new(durations);
+    println!(
+        "{HISTORY_SEARCHES} searches (two keywords, OR and AND, limit 50), {found_total} records found: {}",
+        samples.summary()
+    );
+    result("history_search_p50_ms", samples.median(), 3, "ms");
+
+    // Not a target: common words match a tenth of the records each.
+    let mut durations = Vec::new();
+    for search in 0..10u64 {
+        let keywords = vec![format!("topic{search}"), format!("topic{}", (search + 1) % 10)];
+        let logic = if search % 2 == 0 { Logic::Or } else { Logic::And };
+        let started = Instant::now();
+        store.read(|view| view.search_history(&keywords, logic, false, None, 50))?;
+        durations.push(started.elapsed());
+    }
+    println!("10 searches for two common words (each in 100,000 records): {}", Samples::new(durations).summary());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// lock-contention: agents contending for files through the writer
+
+const LOCK_AGENTS: usize = 16;
+const LOCK_FILES: usize = 100;
+
+async fn lock_contention(options: &Options) -> Result<()> {
+    use synapse::broker::file_safety::FileCommand;
+    let dir = BenchDir::new("lock-contention")?;
+    let paths = dir.paths();
+    let store = Store::open(&paths.database())?;
+    let (state, writer_thread) = BrokerState::start(store, paths)?;
+    let pid = std::process::id();
+    let mut agent_ids = Vec::new();
+    for agent in 0..LOCK_AGENTS {
+        let command = Command::RegisterAgent(RegisterRequest {
+            agent_type: "bench".into(),
+            name: None,
+            role: None,
+            pid,
+            working_dir: String::new(),
+            port: 42_000 + agent as u16,
+            secret_hash: hash_secret("bench-secret"),
+        });
+        match state.writer.submit(command).await {
+            Ok(Outcome::Registered { agent }) => agent_ids.push(agent.agent_id),
+            Ok(other) => bail!("unexpected answer to a registration: {other:?}"),
+            Err(error) => bail!("registration refused: {error}"),
+        }
+    }
+
+    let duration = Duration::from_secs_f64(options.seconds);
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut contenders = Vec::with_capacity(LOCK_AGENTS);
+    for (index, agent_id) in agent_ids.into_iter().enumerate() {
+        let writer = state.writer.clone();
+        contenders.push(tokio::spawn(async move {
+            let (mut granted, mut refused, mut released) = (0u64, 0u64, 0u64);
+            let mut random = 7 + index as u64;
+            while Instant::now() < deadline {
+                let path = format!("/bench/file-{}.rs", splitmix(&mut random) % LOCK_FILES as u64);
+                let lock = Command::FileSafety(FileCommand::Lock {
+                    path: path.clone(),
+                    agent_id: agent_id.clone(),
+                    duration_seconds: 300,
+                    intent: None,
+                    task_id: None,
+                });
+                if writer.submit(lock).await.is_err() {
+                    refused += 1;
+                    continue;
+                }
+                granted += 1;
+                let unlock =
+                    Command::FileSafety(FileCommand::Unlock { path, agent_id: Some(agent_id.clone()), force: false });
+                writer
+                    .submit(unlock)
+                    .await
+                    .map_err(|error| anyhow!("the holder could not release its lock: {error}"))?;
+                released += 1;
+            }
+            Ok::<_, anyhow::Error>((granted, refused, released))
+        }));
+    }
+    let (mut granted, mut refused, mut released) = (0u64, 0u64, 0u64);
+    for contender in contenders {
+        let (g, r, u) = contender.await??;
+        granted += g;
+        refused += r;
+        released += u;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let decisions = granted + refused + released;
+    println!(
+        "{LOCK_AGENTS} agents, {LOCK_FILES} files, {elapsed:.2} s: {granted} locks granted, {refused} refused, {released} released ({:.0} decisions/s)",
+        decisions as f64 / elapsed
+    );
+    result("lock_decisions_per_s", decisions as f64 / elapsed, 0, "decisions/s");
+    drop(state);
+    tokio::task::spawn_blocking(move || writer_thread.join())
+        .await?
+        .map_err(|_| anyhow!("the writer thread panicked"))?;
     Ok(())
 }

@@ -128,9 +128,10 @@ struct Shared {
     master: Mutex<Box<dyn MasterPty + Send>>,
     child_pid: Option<u32>,
     log: PathBuf,
-    /// The status the broker last recorded for this agent (set by the reporter, and by the
-    /// watcher when an acknowledgement records PROCESSING).
-    reported: Mutex<Option<AgentStatus>>,
+    /// Set by the watcher after an acknowledgement (which records PROCESSING in the broker):
+    /// the reporter then reports the current status again, after that event. Only the reporter
+    /// keeps what it last reported, so no update of another task can be lost.
+    report_again: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -305,7 +306,7 @@ async fn run_registered(
         master: Mutex::new(pty.master),
         child_pid,
         log: log.to_path_buf(),
-        reported: Mutex::new(None),
+        report_again: std::sync::atomic::AtomicBool::new(false),
     });
 
     // Writer thread: the one owner of the PTY writer (dropping it would send EOF to the CLI).
@@ -403,6 +404,7 @@ async fn report_status(shared: Arc<Shared>) {
     let mut client = connect(&shared.paths, &shared.secret).await;
     let path = format!("/agents/{}/status", shared.agent_id);
     let mut changes = shared.output_changed.subscribe();
+    let mut reported: Option<AgentStatus> = None;
     loop {
         changes.borrow_and_update();
         let (status, recheck) = shared.lock_readiness().status(Instant::now());
@@ -411,12 +413,15 @@ async fn report_status(shared: Arc<Shared>) {
             *current = status;
             changed
         });
-        let reported = *shared.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if status != AgentStatus::Starting && reported != Some(status) {
+        let again = shared.report_again.swap(false, std::sync::atomic::Ordering::SeqCst);
+        if status != AgentStatus::Starting && (again || reported != Some(status)) {
             match client.post(&path, &json!({"status": status})).await {
-                Ok(_) => *shared.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(status),
+                Ok(_) => reported = Some(status),
                 Err(error) => {
                     tracing::debug!("status report failed: {error:#}");
+                    if again {
+                        shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
                     client = connect(&shared.paths, &shared.secret).await;
                     continue;
                 }
@@ -508,8 +513,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
                     // The acknowledgement recorded PROCESSING; the reporter reports READY
                     // again once the CLI is back at its prompt, after this event.
                     unacknowledged = None;
-                    *shared.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                        Some(AgentStatus::Processing);
+                    shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
                     shared.output_changed.send_modify(|count| *count += 1);
                 }
                 Err(error) if is_gone(&error) => unacknowledged = None,

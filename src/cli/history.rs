@@ -191,6 +191,15 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
             }
         }
         HistoryCommand::Cleanup { days, max_size, dry_run, force } => {
+            // Bad options are refused before asking (the broker checks them again).
+            match (days, max_size) {
+                (Some(_), Some(_)) => anyhow::bail!("Error: give --days or --max-size, not both"),
+                (None, None) => anyhow::bail!("Error: give --days N or --max-size MB"),
+                (Some(value), None) | (None, Some(value)) if value <= 0 => {
+                    anyhow::bail!("Error: --days and --max-size must be positive")
+                }
+                _ => {}
+            }
             if !dry_run && !force {
                 if !std::io::stdin().is_terminal() {
                     anyhow::bail!(

@@ -17,8 +17,7 @@ type ReplyTargetsDef = TableDefinition<'static, (&'static str, &'static str), &'
 type InboxDef = TableDefinition<'static, (&'static str, u8, u64), &'static [u8]>;
 type LocksDef = TableDefinition<'static, &'static str, &'static [u8]>;
 type ModificationsDef = TableDefinition<'static, (&'static str, u64), &'static [u8]>;
-type HistoryDef = TableDefinition<'static, (&'static str, u8), &'static [u8]>;
-type HistoryWordsDef = TableDefinition<'static, (&'static str, &'static str, u8), &'static [u8]>;
+type HistoryMetaDef = TableDefinition<'static, &'static str, u64>;
 
 /// Names of one complete set of projection tables (live, or scratch for `verify`).
 pub struct ProjectionNames {
@@ -30,10 +29,8 @@ pub struct ProjectionNames {
     pub locks: LocksDef,
     /// File safety: modifications by (path, sequence number).
     pub modifications: ModificationsDef,
-    /// History: one record per (task, side).
-    pub history: HistoryDef,
-    /// History search index: (lowercase word, task, side).
-    pub history_words: HistoryWordsDef,
+    /// History: the prune cut-off (the records themselves are derived from the tasks).
+    pub history_meta: HistoryMetaDef,
 }
 
 pub const LIVE: ProjectionNames = ProjectionNames {
@@ -43,8 +40,7 @@ pub const LIVE: ProjectionNames = ProjectionNames {
     inbox: TableDefinition::new("inbox"),
     locks: TableDefinition::new("file_locks"),
     modifications: TableDefinition::new("file_modifications"),
-    history: TableDefinition::new("history"),
-    history_words: TableDefinition::new("history_words"),
+    history_meta: TableDefinition::new("history_meta"),
 };
 
 pub const SCRATCH: ProjectionNames = ProjectionNames {
@@ -54,8 +50,7 @@ pub const SCRATCH: ProjectionNames = ProjectionNames {
     inbox: TableDefinition::new("scratch_inbox"),
     locks: TableDefinition::new("scratch_file_locks"),
     modifications: TableDefinition::new("scratch_file_modifications"),
-    history: TableDefinition::new("scratch_history"),
-    history_words: TableDefinition::new("scratch_history_words"),
+    history_meta: TableDefinition::new("scratch_history_meta"),
 };
 
 impl ProjectionNames {
@@ -66,8 +61,7 @@ impl ProjectionNames {
         txn.delete_table(self.inbox)?;
         txn.delete_table(self.locks)?;
         txn.delete_table(self.modifications)?;
-        txn.delete_table(self.history)?;
-        txn.delete_table(self.history_words)?;
+        txn.delete_table(self.history_meta)?;
         Ok(())
     }
 }
@@ -86,8 +80,7 @@ pub struct Projections<'txn> {
     inbox: redb::Table<'txn, (&'static str, u8, u64), &'static [u8]>,
     locks: redb::Table<'txn, &'static str, &'static [u8]>,
     modifications: redb::Table<'txn, (&'static str, u64), &'static [u8]>,
-    pub(super) history: redb::Table<'txn, (&'static str, u8), &'static [u8]>,
-    pub(super) history_words: redb::Table<'txn, (&'static str, &'static str, u8), &'static [u8]>,
+    pub(super) history_meta: redb::Table<'txn, &'static str, u64>,
     /// Replay only: every row kept in memory and written once, in key order, by
     /// [`Projections::flush`]. A replay starts from empty tables, so the cache is the whole
     /// state; a task changes 3-4 times in its life and most tickets leave the inbox again, so
@@ -111,8 +104,7 @@ pub struct ReadProjections {
     inbox: redb::ReadOnlyTable<(&'static str, u8, u64), &'static [u8]>,
     locks: redb::ReadOnlyTable<&'static str, &'static [u8]>,
     modifications: redb::ReadOnlyTable<(&'static str, u64), &'static [u8]>,
-    pub(super) history: redb::ReadOnlyTable<(&'static str, u8), &'static [u8]>,
-    pub(super) history_words: redb::ReadOnlyTable<(&'static str, &'static str, u8), &'static [u8]>,
+    pub(super) history_meta: redb::ReadOnlyTable<&'static str, u64>,
 }
 
 impl<'txn> Projections<'txn> {
@@ -124,8 +116,7 @@ impl<'txn> Projections<'txn> {
             inbox: txn.open_table(names.inbox)?,
             locks: txn.open_table(names.locks)?,
             modifications: txn.open_table(names.modifications)?,
-            history: txn.open_table(names.history)?,
-            history_words: txn.open_table(names.history_words)?,
+            history_meta: txn.open_table(names.history_meta)?,
             replay: None,
         })
     }
@@ -457,8 +448,7 @@ impl ReadProjections {
             inbox: txn.open_table(names.inbox)?,
             locks: txn.open_table(names.locks)?,
             modifications: txn.open_table(names.modifications)?,
-            history: txn.open_table(names.history)?,
-            history_words: txn.open_table(names.history_words)?,
+            history_meta: txn.open_table(names.history_meta)?,
         })
     }
 }
@@ -631,8 +621,11 @@ pub(crate) fn compare(
     compare_table(txn, live.inbox, scratch.inbox, "inbox", &mut differences)?;
     compare_table(txn, live.locks, scratch.locks, "file_locks", &mut differences)?;
     compare_table(txn, live.modifications, scratch.modifications, "file_modifications", &mut differences)?;
-    compare_table(txn, live.history, scratch.history, "history", &mut differences)?;
-    compare_table(txn, live.history_words, scratch.history_words, "history_words", &mut differences)?;
+    let live_cutoff = txn.open_table(live.history_meta)?.get(super::history::PRUNED_BEFORE)?.map(|v| v.value());
+    let replay_cutoff = txn.open_table(scratch.history_meta)?.get(super::history::PRUNED_BEFORE)?.map(|v| v.value());
+    if live_cutoff != replay_cutoff {
+        differences.push(format!("history_meta: live {live_cutoff:?}, replay {replay_cutoff:?}"));
+    }
     Ok(differences)
 }
 

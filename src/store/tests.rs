@@ -131,6 +131,7 @@ fn event() -> impl Strategy<Value = Event> {
             change_type: ChangeType::Modify,
             intent: None
         }),
+        (1_000u64..1_012).prop_map(|before_ms| Event::HistoryPruned { before_ms, max_size_mb: None }),
     ]
 }
 
@@ -144,6 +145,15 @@ fn snapshot(store: &Store) -> Vec<String> {
             }
             for task in view.tasks()? {
                 rows.push(format!("{task:?}"));
+            }
+            for lock in view.locks()? {
+                rows.push(format!("{lock:?}"));
+            }
+            for modification in view.recent_modifications(None, usize::MAX)? {
+                rows.push(format!("{modification:?}"));
+            }
+            for record in view.history_records(None)? {
+                rows.push(format!("{record:?}"));
             }
             for agent in AGENTS {
                 for target in view.reply_targets(agent)? {
