@@ -149,3 +149,16 @@ fn the_views_are_off_when_history_is_disabled_and_limits_are_checked() {
     }
     assert!(home.ok(&["admin", "verify"]).starts_with("ok"), "history rebuilds to the same state");
 }
+
+#[test]
+fn thread_shows_the_message_and_its_reply_from_both_sides() {
+    let (home, alice, bob, task) = history_home();
+    let thread = home.ok(&["history", "thread", &task[..8]]);
+    let lines: Vec<&str> = thread.lines().collect();
+    assert!(lines.iter().any(|line| line.contains("sent") && line.contains(&alice.id)), "{thread}");
+    assert!(lines.iter().any(|line| line.contains("received") && line.contains(&bob.id)), "{thread}");
+    assert!(thread.contains("reply:") && thread.contains("Parser looks fine"), "{thread}");
+    assert!(!thread.contains("deploy tonight"), "another conversation is not part of this thread");
+    let missing = home.run(&["history", "thread", "ffffffff"]);
+    assert_eq!(missing.status.code(), Some(1));
+}

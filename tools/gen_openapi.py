@@ -56,6 +56,7 @@ add("/webhooks/deliveries","get","Pending and recent webhook deliveries",tags=["
 add("/openapi.json","get","This document",tags=["broker"])
 add("/history","get","History records, newest first (one per task and side)",tags=["history"],params=[q("agent"),q("limit","integer")],responses=resp(extra={400:"Bad limit"}))
 add("/history/{id}","get","The records of one task (full id or prefix)",tags=["history"],params=pp("id"),responses=resp(extra={400:"Ambiguous or malformed id",404:"Not in the history"}))
+add("/threads/{id}","get","The conversation a task belongs to (its context: message, sender task, reply), oldest first",tags=["history"],params=pp("id"),responses=resp(extra={400:"Malformed id",404:"Unknown or ambiguous"}))
 add("/history/search","get","Records with words starting with the keywords (q=comma-separated; logic OR|AND; case_sensitive)",tags=["history"],params=[q("q"),q("logic"),q("case_sensitive","boolean"),q("agent"),q("limit","integer")],responses=resp(extra={400:"No keyword, bad logic or limit"}))
 add("/history/stats","get","Totals by state, success rate, per agent, date range, size",tags=["history"],params=[q("agent")])
 add("/history/cleanup","post","Prune records last updated before days ago (or beyond max_size_mb); dry_run counts only",tags=["history"],body="HistoryCleanupBody",responses=resp(extra={400:"Bad days or size"}))

@@ -17,6 +17,8 @@ pub enum HistoryCommand {
     },
     /// The records of one task (full id or prefix)
     Show { task_id: String },
+    /// The whole conversation a task belongs to, oldest first (message, reply)
+    Thread { task_id: String },
     /// Records whose input or output has words starting with the keywords
     Search {
         #[arg(required = true)]
@@ -140,6 +142,15 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
             let answer = client.get(&format!("/history/{}", percent_encode(&task_id))).await?;
             for record in answer["records"].as_array().cloned().unwrap_or_default() {
                 println!("{}", serde_json::to_string_pretty(&record)?);
+            }
+        }
+        HistoryCommand::Thread { task_id } => {
+            let answer = client.get(&format!("/threads/{}", percent_encode(&task_id))).await?;
+            for record in answer["records"].as_array().cloned().unwrap_or_default() {
+                println!("{}", line(&record));
+                if let Some(output) = record["output"].as_str().filter(|output| !output.is_empty()) {
+                    println!("{:>30} {}", "reply:", crate::event::preview(output, 80));
+                }
             }
         }
         HistoryCommand::Search { keywords, logic, case_sensitive, agent, limit } => {

@@ -20,6 +20,7 @@ pub fn routes() -> axum::Router<AppState> {
         .route("/history/stats", get(stats))
         .route("/history/cleanup", post(cleanup))
         .route("/history/{id}", get(show))
+        .route("/threads/{id}", get(thread))
 }
 
 const MAX_LIMIT: usize = 1_000_000;
@@ -63,6 +64,16 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> ApiResul
             Err(error)
         }
     }
+}
+
+/// `GET /threads/{id}`: the conversation the task belongs to, oldest first.
+async fn thread(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let reference = crate::broker::command::validate_task_ref(&id)?;
+    let records = state
+        .store
+        .read(|view| view.thread_of(&reference))?
+        .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found (or the prefix is ambiguous)")))?;
+    Ok(Json(json!({"records": records})))
 }
 
 #[derive(Deserialize)]

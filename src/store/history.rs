@@ -133,6 +133,23 @@ impl ReadProjections {
             .collect())
     }
 
+    /// The whole conversation a task belongs to (SPEC §4, seed 004): every task of its context
+    /// (a message, its sender's task, the reply that completed them), as history records,
+    /// oldest first. None when the task is unknown or ambiguous.
+    pub fn thread_of(&self, prefix: &str) -> Result<Option<Vec<HistoryRecord>>, StoreError> {
+        let candidates = self.tasks_with_prefix(prefix, 2)?;
+        let [task] = candidates.as_slice() else { return Ok(None) };
+        let mut records: Vec<HistoryRecord> =
+            self.tasks()?.iter().filter(|other| other.context_id == task.context_id).flat_map(records_of).collect();
+        records.sort_by(|left, right| {
+            left.created_ms
+                .cmp(&right.created_ms)
+                .then(right.side.cmp(&left.side))
+                .then(left.task_id.cmp(&right.task_id))
+        });
+        Ok(Some(records))
+    }
+
     /// Records matching the keywords (word prefixes), newest first, at most `limit`.
     pub fn search_history(
         &self,
