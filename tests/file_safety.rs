@@ -95,6 +95,10 @@ fn modifications_are_recorded_and_shown_to_the_next_writer() {
     assert!(stdout(&run(&home, &["recent", "--agent", &bob.id])).contains("/srv/app/lib.rs"));
     assert!(stdout(&run(&home, &["recent", "--agent", &alice.id])).contains("No recorded modifications"));
     assert!(stdout(&run(&home, &["status"])).contains("2 recorded modification(s)"));
+    // Records of today are kept by a cleanup that keeps the last day.
+    let cleaned = stdout(&run(&home, &["cleanup", "--days", "1"]));
+    assert!(cleaned.contains("removed 0 modification record(s)"), "{cleaned}");
+    assert!(stdout(&run(&home, &["status"])).contains("2 recorded modification(s)"));
 }
 
 #[test]
@@ -112,6 +116,8 @@ fn bad_input_is_refused_with_a_clear_error_and_nothing_appended() {
         (vec!["record", "/a", "synapse-ghost-1", "deadbeef"], "is not registered"),
         (vec!["history", "/a", "--limit", "99999999"], "limit must be between"),
         (vec!["history", "/a", "--limit", "0"], "limit must be between"),
+        (vec!["cleanup", "--days", "0"], "positive number of days"),
+        (vec!["cleanup", "--days", "-2"], "positive number of days"),
     ];
     for (args, expected) in cases {
         let output = run(&home, &args);

@@ -68,7 +68,7 @@ add("/file-safety/history","get","A file's modifications, newest first",tags=["f
 add("/file-safety/recent","get","Recent modifications of every file",tags=["file-safety"],params=[q("agent"),q("limit","integer")],responses=resp(extra={400:"Bad limit"}))
 add("/file-safety/record","post","Record a modification (CREATE, MODIFY, DELETE)",tags=["file-safety"],body="RecordBody",responses=resp(extra={400:"Bad path or type",404:"Unknown agent or task"}))
 add("/file-safety/validate","post","May this agent write this file? Reason and recent modifications",tags=["file-safety"],body="ValidateBody",responses=resp(extra={400:"Bad path"}))
-add("/file-safety/cleanup","post","Release expired locks and locks of agents that are gone",tags=["file-safety"])
+add("/file-safety/cleanup","post","Release expired and orphaned locks; drop modification records older than days (default 30)",tags=["file-safety"],body="FileCleanupBody",responses=resp(extra={400:"Bad days"}))
 # per agent
 add("/","post","A2A JSON-RPC 2.0 (v1.0: SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask; 0.3 names without A2A-Version). "+A2A,tags=["a2a"],body="JsonRpcRequest",responses=resp(schema={"$ref":"#/components/schemas/JsonRpcResponse"}))
 add("/status","get","READY / PROCESSING / WAITING and queue depth (open). "+A2A,tags=["a2a"])
@@ -110,6 +110,7 @@ comps={
  "RecordBody":S({"path":st,"agent_id":st,"task_id":st,"change_type":{"type":"string","enum":["CREATE","MODIFY","DELETE"]},"intent":st},["path","agent_id","task_id"]),
  "ValidateBody":S({"path":st,"agent_id":st},["path","agent_id"]),
  "HistoryCleanupBody":S({"days":it,"max_size_mb":it,"dry_run":bo}),
+ "FileCleanupBody":S({"days":it}),
  "WebhookBody":S({"url":st,"events":{"type":"array","items":{"type":"string","enum":["task.completed","task.failed","task.canceled","task.replied"]}},"secret":st},["url"]),
 }
 doc={"openapi":"3.0.3","info":{"title":"Synapse broker and agent API","version":"0.1.0","description":"Every HTTP endpoint of Synapse. The broker serves its API on $SYNAPSE_UDS_DIR/broker.sock and 127.0.0.1:$SYNAPSE_BROKER_PORT; each agent's endpoints are served on its port and $SYNAPSE_UDS_DIR/<agent_id>.sock and under /agents/{agent} on the broker. Errors are JSON objects (Error) with a 4xx status for bad input. With SYNAPSE_AUTH_ENABLED=true every endpoint except agent cards and status needs X-API-Key or Authorization: Bearer."},

@@ -34,8 +34,11 @@ pub enum FileCommand {
         change_type: ChangeType,
         intent: Option<String>,
     },
-    /// Releases expired locks and locks of agents that are gone.
-    Cleanup,
+    /// Releases expired locks and locks of agents that are gone, and drops modification
+    /// records older than `keep_days` days.
+    Cleanup {
+        keep_days: Option<u64>,
+    },
 }
 
 /// An absolute path with `.` and `..` removed (lexically: the file need not exist).
@@ -164,8 +167,16 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Res
                 }],
             )
         }
-        FileCommand::Cleanup => {
+        FileCommand::Cleanup { keep_days } => {
             let mut events = Vec::new();
+            if let Some(days) = keep_days {
+                if *days == 0 {
+                    return Err(CommandError::bad("Error: --days must be a positive number of days").into());
+                }
+                events.push(Event::FileModificationsPruned {
+                    before_ms: now_ms.saturating_sub(days.saturating_mul(86_400_000)),
+                });
+            }
             for lock in view.locks()? {
                 let stale = lock.expires_ms <= now_ms || view.agent(&lock.agent_id)?.is_none();
                 if stale {

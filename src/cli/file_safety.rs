@@ -65,8 +65,12 @@ pub enum FileSafetyCommand {
     },
     /// May this agent write this file? With the reason and the file's recent modifications
     Check { file: String, agent: String },
-    /// Release expired locks and locks of agents that are gone
-    Cleanup,
+    /// Release expired locks and locks of agents that are gone; drop old modification records
+    Cleanup {
+        /// Keep modification records of the last DAYS days
+        #[arg(long, default_value_t = 30, allow_hyphen_values = true)]
+        days: i64,
+    },
     /// Paths, settings and counts, for troubleshooting
     Debug,
 }
@@ -207,9 +211,12 @@ pub async fn run(paths: &Paths, command: FileSafetyCommand) -> anyhow::Result<i3
             print_modifications(answer["recent_modifications"].as_array().map(Vec::as_slice).unwrap_or_default());
             return Ok(if allowed { 0 } else { 1 });
         }
-        FileSafetyCommand::Cleanup => {
-            let answer = client.post("/file-safety/cleanup", &Value::Null).await?;
-            println!("Released {} stale lock(s)", answer["released"]);
+        FileSafetyCommand::Cleanup { days } => {
+            let answer = client.post("/file-safety/cleanup", &json!({"days": days})).await?;
+            println!(
+                "Released {} stale lock(s); removed {} modification record(s) older than {days} days",
+                answer["released"], answer["pruned"]
+            );
         }
         FileSafetyCommand::Debug => {
             let status = client.get("/file-safety/status").await?;

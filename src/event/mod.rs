@@ -263,6 +263,11 @@ pub enum Event {
     ExternalAgentRemoved {
         alias: String,
     },
+    /// `synapse file-safety cleanup --days N`: modification records older than the cut-off
+    /// leave the file-safety views.
+    FileModificationsPruned {
+        before_ms: u64,
+    },
 }
 
 impl Event {
@@ -289,6 +294,7 @@ impl Event {
             Event::WebhookDeliveryAttempted { .. } => "webhook_delivery_attempted",
             Event::ExternalAgentAdded { .. } => "external_agent_added",
             Event::ExternalAgentRemoved { .. } => "external_agent_removed",
+            Event::FileModificationsPruned { .. } => "file_modifications_pruned",
         }
     }
 
@@ -368,6 +374,9 @@ impl Event {
             ),
             Event::ExternalAgentAdded { alias, url, .. } => format!("external agent {alias} at {url}"),
             Event::ExternalAgentRemoved { alias } => format!("external agent {alias} removed"),
+            Event::FileModificationsPruned { before_ms } => {
+                format!("file modifications before {} pruned", crate::http::wire::rfc3339(*before_ms))
+            }
         }
     }
 }

@@ -95,7 +95,7 @@ fn without_nulls(value: Value) -> Value {
 }
 
 /// Number of variants of [`Event`]; [`variant_number`] names each one.
-const VARIANT_COUNT: usize = 20;
+const VARIANT_COUNT: usize = 21;
 
 /// Position of the event's variant in the enum. Exhaustive on purpose: a new variant does not
 /// compile until it is numbered here, and `samples_cover_every_variant_in_enum_order` then fails
@@ -122,6 +122,7 @@ fn variant_number(event: &Event) -> usize {
         Event::WebhookDeliveryAttempted { .. } => 17,
         Event::ExternalAgentAdded { .. } => 18,
         Event::ExternalAgentRemoved { .. } => 19,
+        Event::FileModificationsPruned { .. } => 20,
     }
 }
 
@@ -245,6 +246,7 @@ fn samples() -> Vec<Event> {
             description: Some("Runs the CI build".into()),
         },
         Event::ExternalAgentRemoved { alias: "builder".into() },
+        Event::FileModificationsPruned { before_ms: 1_767_225_600_000 },
     ]
 }
 

@@ -220,9 +220,31 @@ async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesReject
     Ok(Json(answer))
 }
 
-async fn cleanup(State(state): State<AppState>) -> ApiResult {
-    let before = state.store.read(|view| view.locks())?.len();
-    submit(&state, FileCommand::Cleanup).await?;
-    let after = state.store.read(|view| view.locks())?.len();
-    Ok(Json(json!({"released": before.saturating_sub(after)})))
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CleanupBody {
+    /// Keep modification records of the last `days` days (default 30).
+    #[serde(default)]
+    days: Option<i64>,
+}
+
+async fn cleanup(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: CleanupBody = match &body {
+        Ok(bytes) if bytes.is_empty() || bytes.as_ref() == b"null" => CleanupBody::default(),
+        _ => parse_body(body)?,
+    };
+    let days = body.days.unwrap_or(30);
+    let keep_days = u64::try_from(days)
+        .ok()
+        .filter(|days| *days > 0)
+        .ok_or_else(|| ApiError::bad(format!("Error: --days must be a positive number of days (got {days})")))?;
+    let (locks_before, records_before) =
+        state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
+    submit(&state, FileCommand::Cleanup { keep_days: Some(keep_days) }).await?;
+    let (locks_after, records_after) =
+        state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
+    Ok(Json(json!({
+        "released": locks_before.saturating_sub(locks_after),
+        "pruned": records_before.saturating_sub(records_after),
+    })))
 }

@@ -402,6 +402,20 @@ impl<'txn> Projections<'txn> {
                 };
                 self.modifications.insert((path.as_str(), envelope.seq), records::encode(&modification).as_slice())?;
             }
+            Event::FileModificationsPruned { before_ms } => {
+                let mut old = Vec::new();
+                for row in self.modifications.iter()? {
+                    let (key, value) = row?;
+                    let modification: FileModification = records::decode(value.value())?;
+                    if modification.time_ms < *before_ms {
+                        let (path, seq) = key.value();
+                        old.push((path.to_string(), seq));
+                    }
+                }
+                for (path, seq) in old {
+                    self.modifications.remove((path.as_str(), seq))?;
+                }
+            }
             Event::HistoryPruned { .. }
             | Event::WebhookRegistered { .. }
             | Event::WebhookRemoved { .. }

@@ -124,6 +124,7 @@ fn event() -> impl Strategy<Value = Event> {
         }),
         (agent(), prop::sample::select(vec!["/tmp/a", "/tmp/b"]))
             .prop_map(|(agent_id, path)| Event::FileLockReleased { path: path.into(), agent_id, forced: false }),
+        (0u64..3000).prop_map(|before_ms| Event::FileModificationsPruned { before_ms }),
         (agent(), task()).prop_map(|(agent_id, task_id)| Event::FileModified {
             path: "/tmp/a".into(),
             agent_id,
@@ -313,4 +314,25 @@ fn a_full_disk_is_reported_clearly_and_nothing_half_written_is_acknowledged() {
     if let Ok(events) = events {
         assert_eq!(events.len(), 1);
     }
+}
+
+#[test]
+fn pruning_file_modifications_drops_only_the_older_records() {
+    let store = memory_store();
+    let modified = |path: &str| Event::FileModified {
+        path: path.into(),
+        agent_id: "a".into(),
+        task_id: "t".into(),
+        change_type: ChangeType::Modify,
+        intent: None,
+    };
+    store.transact(1_000, |appender| appender.append(None, vec![modified("/old")])).unwrap();
+    store.transact(5_000, |appender| appender.append(None, vec![modified("/new")])).unwrap();
+    store
+        .transact(6_000, |appender| appender.append(None, vec![Event::FileModificationsPruned { before_ms: 2_000 }]))
+        .unwrap();
+    let left: Vec<String> =
+        store.read(|view| view.recent_modifications(None, 10)).unwrap().into_iter().map(|m| m.path).collect();
+    assert_eq!(left, vec!["/new".to_string()]);
+    assert!(store.verify().unwrap().differences.is_empty());
 }
