@@ -24,7 +24,10 @@ use std::path::PathBuf;
     long_about = "Synapse runs AI coding CLIs side by side and carries messages between them.\n\
 Every message, reply and state change is an event in one durable log kept by a broker\n\
 (started on demand). State lives in SYNAPSE_HOME (default ~/.synapse); sockets in\n\
-SYNAPSE_UDS_DIR (default /tmp/synapse-a2a)."
+SYNAPSE_UDS_DIR (default /tmp/synapse-a2a).\n\n\
+Run an agent with `synapse <profile> [--name NAME] [--port N] [-- tool args]`, where the profile is\n\
+claude, gemini, codex, opencode, copilot or dummy (or one in SYNAPSE_HOME/profiles).\n\
+New here? `synapse demo` shows two agents talking."
 )]
 pub struct Cli {
     #[command(subcommand)]
