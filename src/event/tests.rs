@@ -527,14 +527,7 @@ fn value_types_use_their_documented_spellings() {
         assert_eq!(text.parse::<AgentStatus>().unwrap(), status);
         assert!(EVENTS_DOC.contains(&format!("`{text}`")), "AgentStatus {text} is not in events.md");
     }
-    let states = [
-        TaskState::Submitted,
-        TaskState::Working,
-        TaskState::InputRequired,
-        TaskState::Completed,
-        TaskState::Failed,
-        TaskState::Canceled,
-    ];
+    let states = TaskState::ALL;
     for state in states {
         let text = spelled(serde_json::to_value(state).unwrap());
         assert_eq!(text, state.as_str());

@@ -54,6 +54,16 @@ pub enum TaskState {
 }
 
 impl TaskState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [TaskState; 6] = [
+        TaskState::Submitted,
+        TaskState::Working,
+        TaskState::InputRequired,
+        TaskState::Completed,
+        TaskState::Failed,
+        TaskState::Canceled,
+    ];
+
     /// A final state never changes again.
     pub fn is_final(self) -> bool {
         matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Canceled)

@@ -157,16 +157,7 @@ pub fn state_name(version: Version, state: TaskState) -> &'static str {
 
 /// A state filter as a client spells it (either version's spelling).
 pub fn parse_state(text: &str) -> Option<TaskState> {
-    [
-        TaskState::Submitted,
-        TaskState::Working,
-        TaskState::InputRequired,
-        TaskState::Completed,
-        TaskState::Failed,
-        TaskState::Canceled,
-    ]
-    .into_iter()
-    .find(|state| {
+    TaskState::ALL.into_iter().find(|state| {
         text == state_name(Version::V10, *state) || text == state_name(Version::V03, *state) || text == state.as_str()
     })
 }

@@ -26,14 +26,7 @@ fn task() -> impl Strategy<Value = String> {
 }
 
 fn state() -> impl Strategy<Value = TaskState> {
-    prop::sample::select(vec![
-        TaskState::Submitted,
-        TaskState::Working,
-        TaskState::InputRequired,
-        TaskState::Completed,
-        TaskState::Failed,
-        TaskState::Canceled,
-    ])
+    prop::sample::select(TaskState::ALL.to_vec())
 }
 
 fn status() -> impl Strategy<Value = AgentStatus> {
