@@ -60,49 +60,17 @@ impl Write for Tee {
     }
 }
 
-/// The wrapper's records of the ticket it is writing, kept beside the log (`<agent>.writing`:
-/// the ticket and the log's length before the write; `<agent>.delivered`: the ticket, written
-/// by the PTY writer thread right after the submit key). A wrapper killed between writing and
-/// acknowledging leaves them behind, and its successor decides without writing twice:
-/// delivered, or writing with the ticket's line in the log since that length, means written.
+/// The wrapper's record of the last ticket it wrote completely (`<agent>.delivered` beside the
+/// log), written by the PTY writer thread right after the submit key, before the
+/// acknowledgement. A wrapper killed in between leaves it behind and its successor acknowledges
+/// that ticket without writing it again. A ticket whose text was written but not its submit key
+/// is written again: the CLI that saw the text died with its wrapper.
 fn delivered_path(log: &std::path::Path) -> PathBuf {
     log.with_extension("delivered")
 }
 
-fn writing_path(log: &std::path::Path) -> PathBuf {
-    log.with_extension("writing")
-}
-
 fn last_delivered(log: &std::path::Path) -> Option<u64> {
     std::fs::read_to_string(delivered_path(log)).ok()?.trim().parse().ok()
-}
-
-/// Was ticket `number` (shown as `prefix`) written by a wrapper that died before acknowledging?
-fn written_before_restart(log: &std::path::Path, number: u64, prefix: &str) -> bool {
-    if last_delivered(log) == Some(number) {
-        return true;
-    }
-    let Ok(writing) = std::fs::read_to_string(writing_path(log)) else { return false };
-    let mut fields = writing.split_whitespace();
-    let (Some(ticket), Some(offset)) = (fields.next(), fields.next()) else { return false };
-    if ticket.parse::<u64>().ok() != Some(number) {
-        return false;
-    }
-    let Ok(offset) = offset.parse::<u64>() else { return false };
-    log_shows_since(log, offset, prefix)
-}
-
-/// Does the log show `needle` after byte `offset`?
-fn log_shows_since(log: &std::path::Path, offset: u64, needle: &str) -> bool {
-    use std::io::Seek;
-    let Ok(mut file) = std::fs::File::open(log) else { return false };
-    if file.seek(std::io::SeekFrom::Start(offset)).is_err() {
-        return false;
-    }
-    let mut tail = Vec::new();
-    let _ = file.read_to_end(&mut tail);
-    let needle = needle.as_bytes();
-    !needle.is_empty() && tail.windows(needle.len()).any(|window| window == needle)
 }
 
 /// One write into the PTY; `done` is answered once the bytes are written.
@@ -123,7 +91,6 @@ struct Shared {
     /// Bumped on every output chunk and every input written: wakes the status reporter and
     /// anyone waiting for the CLI to react (a watch, so no wake-up is lost and many can wait).
     output_changed: watch::Sender<u64>,
-    status: watch::Sender<AgentStatus>,
     pty_input: std::sync::mpsc::Sender<PtyWrite>,
     master: Mutex<Box<dyn MasterPty + Send>>,
     child_pid: Option<u32>,
@@ -293,7 +260,6 @@ async fn run_registered(
     }
 
     let (pty_input, pty_queue) = std::sync::mpsc::channel::<PtyWrite>();
-    let (status_sender, _) = watch::channel(AgentStatus::Starting);
     let shared = Arc::new(Shared {
         paths: paths.clone(),
         profile: options.profile.clone(),
@@ -301,7 +267,6 @@ async fn run_registered(
         secret: secret.to_string(),
         readiness: Mutex::new(Readiness::new(options.profile.idle.clone(), rows, cols)),
         output_changed: watch::channel(0).0,
-        status: status_sender,
         pty_input,
         master: Mutex::new(pty.master),
         child_pid,
@@ -408,11 +373,6 @@ async fn report_status(shared: Arc<Shared>) {
     loop {
         changes.borrow_and_update();
         let (status, recheck) = shared.lock_readiness().status(Instant::now());
-        shared.status.send_if_modified(|current| {
-            let changed = *current != status;
-            *current = status;
-            changed
-        });
         let again = shared.report_again.swap(false, std::sync::atomic::Ordering::SeqCst);
         if status != AgentStatus::Starting && (again || reported != Some(status)) {
             match client.post(&path, &json!({"status": status})).await {
@@ -490,8 +450,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
         })
         .unwrap_or_default();
     if !files.is_empty() {
-        let mut status = shared.status.subscribe();
-        if status.wait_for(|status| *status == AgentStatus::Ready).await.is_err() {
+        if !wait_until_ready(&shared).await {
             return;
         }
         if let Err(error) = write_input(&shared, startup_message(&shared, &files), None).await {
@@ -532,18 +491,15 @@ async fn watch_inbox(shared: Arc<Shared>) {
         };
         let Some(ticket) = answer["tickets"].as_array().and_then(|tickets| tickets.first()).cloned() else { continue };
         let Some(number) = ticket["ticket"].as_u64() else { continue };
-        if std::mem::take(&mut first_after_start)
-            && written_before_restart(&shared.log, number, ticket["prefix"].as_str().unwrap_or_default())
-        {
+        if std::mem::take(&mut first_after_start) && last_delivered(&shared.log) == Some(number) {
             tracing::info!("ticket {number} was written before a restart; acknowledging it");
             unacknowledged = Some(number);
             continue;
         }
         if ticket["priority"].as_u64() == Some(5) {
             interrupt_and_settle(&shared).await;
-        } else if *shared.status.borrow() != AgentStatus::Ready {
-            let mut status = shared.status.subscribe();
-            if status.wait_for(|status| *status == AgentStatus::Ready).await.is_err() {
+        } else if !is_ready_now(&shared) {
+            if !wait_until_ready(&shared).await {
                 return;
             }
             // Ask again: a more urgent ticket may have arrived while the CLI was busy.
@@ -554,6 +510,35 @@ async fn watch_inbox(shared: Arc<Shared>) {
             return;
         }
         unacknowledged = Some(number);
+    }
+}
+
+/// Is the CLI at its prompt now? Asked of the screen model itself, not of the reporter's last
+/// published status, which may not yet have seen the input just written.
+fn is_ready_now(shared: &Shared) -> bool {
+    shared.lock_readiness().status(Instant::now()).0 == AgentStatus::Ready
+}
+
+/// Waits until the screen model says READY (after output, or when a quiet period ends);
+/// false when the wrapper is going away.
+async fn wait_until_ready(shared: &Arc<Shared>) -> bool {
+    let mut changes = shared.output_changed.subscribe();
+    loop {
+        changes.borrow_and_update();
+        let (status, recheck) = shared.lock_readiness().status(Instant::now());
+        if status == AgentStatus::Ready {
+            return true;
+        }
+        match recheck {
+            Some(at) => {
+                let _ = tokio::time::timeout_at(at.into(), changes.changed()).await;
+            }
+            None => {
+                if changes.changed().await.is_err() {
+                    return false;
+                }
+            }
+        }
     }
 }
 
@@ -592,9 +577,6 @@ fn ticket_text(shared: &Shared, ticket: &Value, bracketed: bool) -> anyhow::Resu
 async fn inject(shared: &Arc<Shared>, ticket: &Value, number: u64) -> anyhow::Result<()> {
     let bracketed = shared.lock_readiness().bracketed_paste();
     let text = ticket_text(shared, ticket, bracketed)?;
-    let log_length = std::fs::metadata(&shared.log).map(|meta| meta.len()).unwrap_or(0);
-    std::fs::write(writing_path(&shared.log), format!("{number} {log_length}"))
-        .with_context(|| format!("cannot write {}", writing_path(&shared.log).display()))?;
     write_input(shared, text, Some((delivered_path(&shared.log), number.to_string()))).await
 }
 

@@ -115,7 +115,9 @@ pub async fn register(state: &Arc<BrokerState>, body: RegisterBody) -> Result<Re
         if port != 0 && taken.contains(&port) {
             continue;
         }
-        let listener = match bind_port(port, releasing.contains(&port)).await {
+        // An explicit port may still be held by the server of an agent pruned a moment ago.
+        let may_be_releasing = releasing.contains(&port) || (port != 0 && body.port == Some(port));
+        let listener = match bind_port(port, may_be_releasing).await {
             Ok(listener) => listener,
             Err(error) => {
                 last_error = Some(format!("port {port}: {error}"));

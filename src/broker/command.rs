@@ -231,10 +231,14 @@ pub enum Answer {
 
 pub fn hash_secret(secret: &str) -> String {
     use sha2::Digest;
+    to_hex(&sha2::Sha256::digest(secret.as_bytes()))
+}
+
+/// Lowercase hexadecimal (digests, signatures).
+pub fn to_hex(bytes: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = sha2::Sha256::digest(secret.as_bytes());
-    let mut hex = String::with_capacity(digest.len() * 2);
-    for byte in digest {
+    let mut hex = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
         hex.push(char::from(HEX[usize::from(byte >> 4)]));
         hex.push(char::from(HEX[usize::from(byte & 0x0f)]));
     }
@@ -307,11 +311,15 @@ pub fn validate_task_ref(reference: &str) -> Result<String, CommandError> {
 /// Finds one task by full id or unique prefix.
 pub fn find_task(view: &Projections<'_>, reference: &str) -> Result<Option<TaskRecord>, DecideError> {
     let reference = validate_task_ref(reference)?;
-    let candidates = view.tasks_with_prefix(&reference, 11)?;
+    Ok(unique_task(&reference, view.tasks_with_prefix(&reference, 11)?)?)
+}
+
+/// The task a prefix names among `candidates` (the tasks whose id starts with it): none, the
+/// one, or an ambiguity error listing them.
+pub fn unique_task(reference: &str, candidates: Vec<TaskRecord>) -> Result<Option<TaskRecord>, CommandError> {
     match candidates.len() {
-        0 => Ok(None),
-        1 => Ok(candidates.into_iter().next()),
-        _ => Err(ambiguous_task(&reference, &candidates).into()),
+        0 | 1 => Ok(candidates.into_iter().next()),
+        _ => Err(ambiguous_task(reference, &candidates)),
     }
 }
 

@@ -285,10 +285,6 @@ pub fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
     outer.finalize().into()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
 fn retry_base_ms() -> u64 {
     std::env::var("SYNAPSE_WEBHOOK_RETRY_BASE_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(1000)
 }
@@ -298,7 +294,7 @@ async fn post(url: &str, delivery: &Delivery, secret: Option<&str>) -> Result<u1
     let mut headers =
         vec![("x-synapse-event", delivery.event.clone()), ("x-synapse-event-id", delivery.delivery_id.clone())];
     if let Some(secret) = secret {
-        let signature = hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
+        let signature = super::command::to_hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
         headers.push(("x-synapse-signature", format!("sha256={signature}")));
     }
     let answer = crate::http::outbound::request(
@@ -395,7 +391,7 @@ mod tests {
     #[test]
     fn hmac_matches_rfc_4231_test_case_2() {
         assert_eq!(
-            hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            crate::broker::command::to_hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }

@@ -146,11 +146,12 @@ fn commit_batch(
     });
     match result {
         Ok(new_head) => {
+            // Into the tails' ring before anyone hears of them (an answered caller may read the
+            // log at once) and before the head moves (woken tails find them there).
+            recent.push(appended);
             for ((_, answer), outcome) in jobs.into_iter().zip(outcomes) {
                 let _ = answer.send(outcome);
             }
-            // Into the tails' ring before the head moves, so woken tails find them there.
-            recent.push(appended);
             head.send_if_modified(|current| {
                 let moved = *current != new_head;
                 *current = new_head;

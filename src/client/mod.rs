@@ -267,7 +267,8 @@ pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
             let last: Vec<&str> = last.into_iter().rev().collect();
             bail!("the broker exited at start ({status}): {}", last.join(" | "));
         }
-        if connect_unix(paths).await.is_ok() {
+        // Ready means answering its health check, not only accepting connections.
+        if answers_health(paths).await {
             break;
         }
         if started.elapsed() > START_TIMEOUT {
@@ -280,6 +281,13 @@ pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
     // The child is detached (own process group); it is reaped by init when this CLI exits.
     std::mem::forget(child);
     Ok(())
+}
+
+/// Does the broker on the Unix socket answer `GET /broker/health`?
+async fn answers_health(paths: &Paths) -> bool {
+    let Ok(sender) = connect_unix(paths).await else { return false };
+    let mut client = Client { sender, secret: None };
+    client.get("/broker/health").await.is_ok()
 }
 
 /// Asks the broker to stop and waits until it has (its socket stops answering).

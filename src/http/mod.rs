@@ -265,16 +265,7 @@ struct EventsQuery {
 /// `GET /events`: the log as SSE (`id:` = sequence number); `Last-Event-ID` resumes.
 async fn events(State(state): State<AppState>, headers: HeaderMap, uri: axum::http::Uri) -> Result<Response, ApiError> {
     let query: EventsQuery = parse_query(uri.query())?;
-    let resume = match headers.get("last-event-id") {
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
-                .and_then(|text| text.trim().parse::<u64>().ok())
-                .ok_or_else(|| ApiError::bad("Last-Event-ID must be a sequence number"))?,
-        ),
-        None => None,
-    };
+    let resume = subscribe::last_event_id(&headers)?;
     let mut cursor = resume.or(query.after).unwrap_or(0);
     let follow = query.follow.unwrap_or(false);
     let filter = tail::TailFilter {
@@ -538,12 +529,9 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
 
 fn find_task_global(state: &AppState, reference: &str) -> Result<TaskRecord, ApiError> {
     let reference = command::validate_task_ref(reference)?;
-    let mut candidates = state.store.read(|view| view.tasks_with_prefix(&reference, 11))?;
-    match candidates.len() {
-        0 => Err(ApiError::not_found(format!("Task {reference} not found"))),
-        1 => Ok(candidates.remove(0)),
-        _ => Err(command::ambiguous_task(&reference, &candidates).into()),
-    }
+    let candidates = state.store.read(|view| view.tasks_with_prefix(&reference, 11))?;
+    command::unique_task(&reference, candidates)?
+        .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found")))
 }
 
 async fn global_task(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
@@ -785,11 +773,8 @@ fn find_agent_task(state: &AppState, agent: &str, reference: &str) -> Result<Tas
         .into_iter()
         .filter(|task| task.owner.as_deref() == Some(agent))
         .collect();
-    match candidates.len() {
-        0 => Err(ApiError::not_found(format!("Task {reference} not found"))),
-        1 => Ok(candidates.into_iter().next().ok_or_else(|| ApiError::not_found("Task not found"))?),
-        _ => Err(command::ambiguous_task(&reference, &candidates).into()),
-    }
+    command::unique_task(&reference, candidates)?
+        .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found")))
 }
 
 async fn agent_task(

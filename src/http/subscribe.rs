@@ -153,11 +153,7 @@ pub fn find_task_of_agent(state: &AppState, agent: &str, reference: &str) -> Res
         .into_iter()
         .filter(|task| belongs_to(task, agent))
         .collect();
-    match candidates.len() {
-        0 => Ok(None),
-        1 => Ok(candidates.into_iter().next()),
-        _ => Err(command::ambiguous_task(&reference, &candidates).into()),
-    }
+    Ok(command::unique_task(&reference, candidates)?)
 }
 
 /// Is `task` one of `agent`'s, as its endpoints see them?
