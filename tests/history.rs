@@ -82,6 +82,42 @@ fn search_matches_words_with_or_and_and_case_rules() {
     assert!(stderr(&bad).contains("logic must be OR or AND"));
 }
 
+/// The broker indexes the history in the background; `synapse admin index` brings the index up
+/// to the newest event at once. Searches answer the same whether the index has reached the
+/// events or not, and after a rebuild (which empties the index).
+#[test]
+fn searches_answer_the_same_before_and_after_indexing_and_after_a_rebuild() {
+    let (home, alice, ..) = history_home();
+    let searches: [&[&str]; 4] = [
+        &["history", "search", "parser"],
+        &["history", "search", "parser", "deploy"],
+        &["history", "search", "REVIEW", "nit", "--logic", "AND"],
+        &["history", "search", "Parser", "--case-sensitive"],
+    ];
+    let answers = |home: &Home| searches.iter().map(|args| home.ok(args)).collect::<Vec<_>>();
+    let before = answers(&home);
+    assert_eq!(before[1].lines().count(), 4, "{}", before[1]);
+
+    let indexed = home.ok(&["admin", "index"]);
+    let head = home.head();
+    assert!(indexed.contains(&format!("up to event {head} of {head}")), "{indexed}");
+    let (status, progress) = home.http("GET", "/admin/index", None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(progress["indexed_through"], head);
+    assert!(progress["segments"].as_u64().unwrap() >= 1, "{progress}");
+    assert_eq!(answers(&home), before);
+
+    // A message the index has not reached yet (or has: either way it is found).
+    assert!(home.run_as(&alice, &["send", "bob", "parser again", "--no-response"]).status.success());
+    assert_eq!(home.ok(searches[0]).lines().count(), 4);
+
+    home.ok(&["admin", "rebuild"]);
+    let after_rebuild = answers(&home);
+    home.ok(&["admin", "index"]);
+    assert_eq!(answers(&home), after_rebuild);
+    assert_eq!(after_rebuild[1].lines().count(), 6, "{}", after_rebuild[1]);
+}
+
 #[test]
 fn export_writes_json_and_csv_that_survive_a_round_trip() {
     let (home, ..) = history_home();

@@ -30,6 +30,8 @@ add("/broker/shutdown","post","Stop the broker cleanly",tags=["broker"],response
 add("/events","get","The event log as server-sent events (id = sequence number; Last-Event-ID resumes)",tags=["broker"],params=[q("after","integer","start after this sequence number"),q("follow","boolean","keep streaming new events"),q("agent","string","only events about this agent"),q("kind","string","comma-separated event kinds")],responses={"200":{"description":"SSE stream; each data is an Envelope as JSON","content":{"text/event-stream":{"schema":{"type":"string"}}}},"400":{"description":"Bad query","content":{"application/json":{"schema":E}}}})
 add("/admin/rebuild","post","Drop and replay every projection",tags=["admin"],responses=resp(schema={"$ref":"#/components/schemas/RebuildReport"}))
 add("/admin/verify","post","Replay into scratch tables and compare with the live projections",tags=["admin"],responses=resp(schema={"$ref":"#/components/schemas/VerifyReport"}))
+add("/admin/index","get","Where the history search index stands",tags=["admin"],responses=resp(schema={"$ref":"#/components/schemas/IndexProgress"}))
+add("/admin/index","post","Bring the history search index up to the newest event",tags=["admin"],responses=resp(schema={"$ref":"#/components/schemas/IndexProgress"}))
 add("/agents","get","Live agents with status and queue depth",tags=["agents"],responses=resp())
 add("/agents","post","Register an agent (the broker allocates the port and returns the id and a secret)",tags=["agents"],body="RegisterBody",responses=resp(schema={"$ref":"#/components/schemas/Registration"},extra={400:"Bad input",409:"Port or name taken"}))
 add("/agents/{agent}","delete","Deregister the agent (X-Synapse-Agent-Secret)",tags=["agents"],params=pp("agent"),responses=resp(extra={403:"Secret missing or wrong",404:"Unknown agent"}))
@@ -89,6 +91,7 @@ comps={
  "Error":S({"error":st,"message":st,"candidates":{"type":"array","items":st}},["error","message"]),
  "BrokerInfo":S({"pid":it,"version":st,"schema":it,"home":st,"socket":st,"port":it,"head":it}),
  "RebuildReport":S({"events":it,"elapsed_ms":{"type":"number"}}),
+ "IndexProgress":S({"indexed_through":it,"head":it,"segments":it}),
  "VerifyReport":S({"events":it,"differences":{"type":"array","items":st}}),
  "RegisterBody":S({"agent_type":st,"name":st,"role":st,"pid":it,"working_dir":st,"port":it},["agent_type","pid"]),
  "Registration":S({"agent":{"type":"object"},"secret":st,"socket":st,"endpoint":st}),

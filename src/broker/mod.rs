@@ -9,6 +9,7 @@ pub mod agents;
 pub mod command;
 pub mod externals;
 pub mod file_safety;
+pub mod indexer;
 pub mod tail;
 pub mod webhooks;
 pub mod writer;
@@ -149,6 +150,7 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     spawn_signal_handler(state.clone());
     spawn_liveness_sweeper(state.clone());
     webhooks::spawn(state.clone());
+    indexer::spawn(state.clone());
 
     let router = crate::http::broker_router(state.clone());
     let unix_server = {

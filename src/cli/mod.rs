@@ -50,7 +50,7 @@ pub enum Command {
     },
     /// Print the event log (and follow it)
     Events(EventsArgs),
-    /// Maintenance: rebuild or verify the projections
+    /// Maintenance: rebuild or verify the projections, index the history
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
@@ -260,6 +260,9 @@ pub enum AdminCommand {
     Rebuild,
     /// Replay into scratch tables and compare with the live projections (exit 1 on a difference)
     Verify,
+    /// Bring the history search index up to the newest event (the broker also does it by itself,
+    /// in the background; searches are exact either way)
+    Index,
 }
 
 #[derive(Subcommand, Debug)]

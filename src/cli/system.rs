@@ -131,6 +131,14 @@ pub async fn admin(paths: &Paths, command: AdminCommand) -> anyhow::Result<i32> 
                 Ok(1)
             }
         }
+        AdminCommand::Index => {
+            let progress = client.post("/admin/index", &Value::Null).await?;
+            println!(
+                "history index: up to event {} of {} ({} segments)",
+                progress["indexed_through"], progress["head"], progress["segments"]
+            );
+            Ok(0)
+        }
     }
 }
 

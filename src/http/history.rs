@@ -104,9 +104,8 @@ async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
         Some(other) => return Err(ApiError::bad(format!("Error: logic must be OR or AND (got '{other}')"))),
     };
     let limit = limit(query.limit, 50)?;
-    let records = state.store.read(|view| {
-        view.search_history(&keywords, logic, query.case_sensitive.unwrap_or(false), query.agent.as_deref(), limit)
-    })?;
+    let case_sensitive = query.case_sensitive.unwrap_or(false);
+    let records = state.store.search_history(&keywords, logic, case_sensitive, query.agent.as_deref(), limit)?;
     Ok(Json(json!({"records": records})))
 }
 

@@ -178,6 +178,7 @@ pub fn broker_router(state: AppState) -> Router {
         .route("/events", get(events))
         .route("/admin/rebuild", post(rebuild))
         .route("/admin/verify", post(verify))
+        .route("/admin/index", get(index_progress).post(index_history))
         .route("/agents", get(list_agents).post(register))
         .route("/agents/{agent}", axum::routing::delete(deregister).post(jsonrpc::handle))
         .route("/agents/{agent}/", post(jsonrpc::handle))
@@ -247,6 +248,20 @@ async fn rebuild(State(state): State<AppState>) -> ApiResult {
 
 async fn verify(State(state): State<AppState>) -> ApiResult {
     Ok(Json(json!(state.writer.verify().await?)))
+}
+
+/// Where the history search index stands (the broker keeps it up in the background).
+async fn index_progress(State(state): State<AppState>) -> ApiResult {
+    Ok(Json(json!(state.store.index_progress()?)))
+}
+
+/// Brings the history search index up to the newest event now.
+async fn index_history(State(state): State<AppState>) -> ApiResult {
+    let store = state.store.clone();
+    let progress = tokio::task::spawn_blocking(move || store.index_history())
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the indexer stopped"))??;
+    Ok(Json(json!(progress)))
 }
 
 #[derive(Deserialize)]

@@ -3,9 +3,9 @@
 //! write path. `history_pruned` moves a cut-off: records last updated before it leave the view.
 //!
 //! Search matches words by prefix: a keyword matches a record when a word of its input or
-//! output starts with it (case-insensitive unless asked otherwise). It scans the records; there
-//! is no word index (an index written with every message cost more than it saved, see the
-//! notes of issue 5).
+//! output starts with it (case-insensitive unless asked otherwise; case is folded char by char,
+//! so that folding a text folds each of its words). [`ReadProjections::search_history`] scans
+//! every task and is the definition; [`super::search_index`] answers the same from a word index.
 
 use super::StoreError;
 use super::projection::{Projections, ReadProjections};
@@ -33,12 +33,45 @@ pub struct HistoryRecord {
     pub updated_ms: u64,
 }
 
+/// Lowercases char by char (unlike `str::to_lowercase`, which treats a final sigma apart), so
+/// that `lowercase(a + b) == lowercase(a) + lowercase(b)`: a word that starts with a keyword
+/// still does once both are folded, which the index relies on.
+pub fn lowercase(text: &str) -> String {
+    text.chars().flat_map(char::to_lowercase).collect()
+}
+
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !c.is_alphanumeric()).filter(|word| !word.is_empty())
+}
+
 /// Does `text` have a word starting with `keyword` (the search's definition of a match)?
 pub fn text_matches(text: &str, keyword: &str, case_sensitive: bool) -> bool {
-    let keyword_lower = keyword.to_lowercase();
-    text.split(|c: char| !c.is_alphanumeric()).filter(|word| !word.is_empty()).any(|word| {
-        if case_sensitive { word.starts_with(keyword) } else { word.to_lowercase().starts_with(&keyword_lower) }
-    })
+    if case_sensitive {
+        return words(text).any(|word| word.starts_with(keyword));
+    }
+    let keyword = lowercase(keyword);
+    words(text).any(|word| lowercase(word).starts_with(&keyword))
+}
+
+/// The searchable text of a task: its message, then its output.
+fn searchable_text(task: &TaskRecord) -> String {
+    format!("{}\n{}", task.message.joined_text(), output_of(task))
+}
+
+/// Calls `visit` with each lowercased word of a task's searchable text, repeats included
+/// (what the index holds). Parts are joined with newlines, so no word spans two of them.
+pub fn visit_task_words(task: &TaskRecord, mut visit: impl FnMut(&str)) {
+    let message = task.message.parts.iter();
+    let output = task.artifacts.iter().flat_map(|artifact| artifact.parts.iter());
+    let mut folded = String::new();
+    for part in message.chain(output) {
+        let Part::Text { text } = part else { continue };
+        for word in words(text) {
+            folded.clear();
+            folded.extend(word.chars().flat_map(char::to_lowercase));
+            visit(&folded);
+        }
+    }
 }
 
 fn output_of(task: &TaskRecord) -> String {
@@ -105,7 +138,7 @@ pub enum Logic {
 }
 
 impl ReadProjections {
-    fn pruned_before(&self) -> Result<u64, StoreError> {
+    pub(super) fn pruned_before(&self) -> Result<u64, StoreError> {
         Ok(self.history_meta.get(PRUNED_BEFORE)?.map_or(0, |value| value.value()))
     }
 
@@ -150,7 +183,8 @@ impl ReadProjections {
         Ok(Some(records))
     }
 
-    /// Records matching the keywords (word prefixes), newest first, at most `limit`.
+    /// Records matching the keywords (word prefixes), newest first, at most `limit`: the
+    /// definition of a search, by a scan of every task.
     pub fn search_history(
         &self,
         keywords: &[String],
@@ -159,22 +193,46 @@ impl ReadProjections {
         agent: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        let mut found: Vec<HistoryRecord> = self
-            .history_records(agent)?
-            .into_iter()
-            .filter(|record| {
-                let text = format!("{}\n{}", record.input, record.output);
-                let hits = keywords.iter().filter(|keyword| text_matches(&text, keyword, case_sensitive)).count();
-                match logic {
-                    Logic::Or => hits > 0,
-                    Logic::And => hits == keywords.len(),
-                }
-            })
-            .collect();
-        newest_first(&mut found);
-        found.truncate(limit);
-        Ok(found)
+        select(self, &self.tasks()?, keywords, logic, case_sensitive, agent, limit)
     }
+}
+
+/// The records of `tasks` that a search keeps (not pruned, of the agent, matching the
+/// keywords), newest first, at most `limit`.
+pub(super) fn select(
+    view: &ReadProjections,
+    tasks: &[TaskRecord],
+    keywords: &[String],
+    logic: Logic,
+    case_sensitive: bool,
+    agent: Option<&str>,
+    limit: usize,
+) -> Result<Vec<HistoryRecord>, StoreError> {
+    let cutoff = view.pruned_before()?;
+    let mut found = Vec::new();
+    for task in tasks {
+        let records = records_of(task);
+        if !records.iter().any(|record| record.updated_ms >= cutoff && agent.is_none_or(|agent| record.agent == agent))
+        {
+            continue;
+        }
+        let text = searchable_text(task);
+        let hits = keywords.iter().filter(|keyword| text_matches(&text, keyword, case_sensitive)).count();
+        let matched = match logic {
+            Logic::Or => hits > 0,
+            Logic::And => hits == keywords.len(),
+        };
+        if matched {
+            found.extend(
+                records
+                    .into_iter()
+                    .filter(|record| record.updated_ms >= cutoff && agent.is_none_or(|agent| record.agent == agent)),
+            );
+        }
+    }
+    newest_first(&mut found);
+    found.truncate(limit);
+    Ok(found)
 }
 
 #[cfg(test)]

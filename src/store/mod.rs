@@ -11,6 +11,7 @@
 pub mod history;
 pub mod projection;
 pub mod records;
+pub mod search_index;
 
 use crate::event::{DecodeError, Envelope, Event, SCHEMA_VERSION};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
@@ -79,6 +80,8 @@ storage_error_from!(redb::Error, redb::StorageError, redb::TableError, redb::Tra
 /// The event log and its projections.
 pub struct Store {
     db: Database,
+    /// Held by the history indexer for a whole step, and by a rebuild (which empties the index).
+    index_lock: std::sync::Mutex<()>,
 }
 
 /// What a rebuild did.
@@ -134,9 +137,10 @@ impl Store {
             }
             txn.open_table(LOG)?;
             Projections::open(&txn, &LIVE)?;
+            search_index::create_tables(&txn)?;
         }
         txn.commit()?;
-        Ok(Store { db })
+        Ok(Store { db, index_lock: std::sync::Mutex::new(()) })
     }
 
     /// The sequence number of the last event (0 when the log is empty).
@@ -196,11 +200,14 @@ impl Store {
         }
     }
 
-    /// Drops every projection and replays the whole log into fresh ones.
+    /// Drops every projection and replays the whole log into fresh ones. The history index is
+    /// emptied too; the indexer builds it again from the first event.
     pub fn rebuild(&self) -> Result<RebuildReport, StoreError> {
         let started = Instant::now();
+        let _indexer = self.index_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let txn = self.db.begin_write()?;
         let events = replay_into(&txn, &LIVE)?;
+        search_index::clear(&txn)?;
         txn.commit()?;
         Ok(RebuildReport { events, elapsed_ms: millis(started.elapsed()) })
     }

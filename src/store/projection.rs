@@ -282,6 +282,7 @@ impl<'txn> Projections<'txn> {
                     replied_by: None,
                     created_ms: time_ms,
                     updated_ms: time_ms,
+                    created_seq: envelope.seq,
                 };
                 self.put_task(&record)?;
             }

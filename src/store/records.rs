@@ -49,6 +49,9 @@ pub struct TaskRecord {
     pub replied_by: Option<String>,
     pub created_ms: u64,
     pub updated_ms: u64,
+    /// Sequence number of the `task_created` event: the task's number in the history index.
+    #[serde(default)]
+    pub created_seq: u64,
 }
 
 /// An agent waiting for `receiver`'s answer: the newest request from one sender.

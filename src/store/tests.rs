@@ -329,3 +329,191 @@ fn pruning_file_modifications_drops_only_the_older_records() {
     assert_eq!(left, vec!["/new".to_string()]);
     assert!(store.verify().unwrap().differences.is_empty());
 }
+
+// ---------------------------------------------------------------------------------------------
+// History search: the scan against a naive filter, and the index against the scan.
+
+/// Texts over few letters and both cases, so that keywords and words collide often.
+fn search_text() -> impl Strategy<Value = String> {
+    "[abAB ,Ωω]{0,14}"
+}
+
+/// Events that change what a search sees, mixed with every other kind.
+fn search_event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        1 => event(),
+        2 => (task(), prop::option::of(agent()), prop::option::of(agent()), any::<bool>(), search_text()).prop_map(
+            |(task_id, owner, peer, incoming, text)| Event::TaskCreated {
+                task_id,
+                owner,
+                context_id: "ctx".into(),
+                direction: if incoming { Direction::Incoming } else { Direction::Outgoing },
+                peer,
+                state: TaskState::Submitted,
+                message: Message::text(Role::User, text),
+                priority: 3,
+                response_expected: false,
+                sender_task_id: None,
+                in_reply_to: None,
+                peer_task_id: None,
+            }
+        ),
+        2 => (task(), state(), search_text()).prop_map(|(task_id, state, text)| Event::TaskStateChanged {
+            task_id,
+            state,
+            artifacts: vec![Artifact::text(text)],
+            error: None,
+        }),
+    ]
+}
+
+fn search_keywords() -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec("[abAB,Ωω]{1,3}", 1..4)
+}
+
+/// The search, written as plainly as possible: every record whose input or output has a
+/// whitespace- or punctuation-separated word starting with the keyword.
+fn naive_search(
+    store: &Store,
+    keywords: &[String],
+    logic: history::Logic,
+    case_sensitive: bool,
+    agent: Option<&str>,
+    limit: usize,
+) -> Vec<history::HistoryRecord> {
+    let fold = |text: &str| -> String {
+        if case_sensitive { text.to_string() } else { text.chars().flat_map(char::to_lowercase).collect() }
+    };
+    let mut found: Vec<history::HistoryRecord> = store
+        .read(|view| view.history_records(agent))
+        .unwrap()
+        .into_iter()
+        .filter(|record| {
+            let text = format!("{} {}", record.input, record.output);
+            let mut words = Vec::new();
+            let mut current = String::new();
+            for c in text.chars() {
+                if c.is_alphanumeric() {
+                    current.push(c);
+                } else if !current.is_empty() {
+                    words.push(std::mem::take(&mut current));
+                }
+            }
+            words.push(current);
+            let has = |keyword: &String| words.iter().any(|word| fold(word).starts_with(&fold(keyword)));
+            match logic {
+                history::Logic::Or => keywords.iter().any(has),
+                history::Logic::And => keywords.iter().all(has),
+            }
+        })
+        .collect();
+    found.truncate(limit);
+    found
+}
+
+fn logic() -> impl Strategy<Value = history::Logic> {
+    prop::sample::select(vec![history::Logic::Or, history::Logic::And])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn history_search_equals_a_naive_filter(
+        batches in prop::collection::vec(prop::collection::vec(search_event(), 1..8), 1..10),
+        keywords in search_keywords(),
+        logic in logic(),
+        case_sensitive in any::<bool>(),
+        agent in prop::option::of(agent()),
+        limit in 1usize..20,
+    ) {
+        let store = memory_store();
+        for (index, batch) in batches.into_iter().enumerate() {
+            store.transact(1_000 + index as u64, |appender| appender.append(Some("tester"), batch)).unwrap();
+        }
+        let expected = naive_search(&store, &keywords, logic, case_sensitive, agent.as_deref(), limit);
+        let found = store
+            .read(|view| view.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit))
+            .unwrap();
+        prop_assert_eq!(found, expected);
+    }
+
+    /// Whatever part of the log the indexer has reached (none, some steps, all, after a rebuild),
+    /// the indexed search answers exactly what the scan answers.
+    #[test]
+    fn indexed_history_search_equals_the_scan(
+        batches in prop::collection::vec(
+            (prop::collection::vec(search_event(), 1..8), prop::option::weighted(0.7, 1usize..6)),
+            1..10,
+        ),
+        keywords in search_keywords(),
+        logic in logic(),
+        case_sensitive in any::<bool>(),
+        agent in prop::option::of(agent()),
+        limit in 1usize..20,
+        rebuild in any::<bool>(),
+    ) {
+        let store = memory_store();
+        for (index, (batch, index_step)) in batches.into_iter().enumerate() {
+            store.transact(1_000 + index as u64, |appender| appender.append(Some("tester"), batch)).unwrap();
+            if let Some(events) = index_step {
+                store.index_history_step(events).unwrap();
+            }
+        }
+        let search = |store: &Store| {
+            let scanned = store
+                .read(|view| view.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit))
+                .unwrap();
+            let indexed = store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit).unwrap();
+            (scanned, indexed)
+        };
+        let (scanned, indexed) = search(&store);
+        prop_assert_eq!(&indexed, &scanned, "partly indexed");
+        store.index_history().unwrap();
+        let (scanned, indexed) = search(&store);
+        prop_assert_eq!(&indexed, &scanned, "fully indexed");
+        if rebuild {
+            store.rebuild().unwrap();
+            prop_assert_eq!(store.index_progress().unwrap().indexed_through, 0, "a rebuild empties the index");
+            store.index_history_step(3).unwrap();
+            let (scanned, indexed) = search(&store);
+            prop_assert_eq!(&indexed, &scanned, "after a rebuild");
+        }
+    }
+}
+
+#[test]
+fn the_index_keeps_few_segments_and_finds_words_by_prefix() {
+    let store = memory_store();
+    for n in 0..300u64 {
+        let event = Event::TaskCreated {
+            task_id: format!("task-{n:04}"),
+            owner: Some("alice".into()),
+            context_id: "ctx".into(),
+            direction: Direction::Outgoing,
+            peer: Some("bob".into()),
+            state: TaskState::Submitted,
+            message: Message::text(Role::User, format!("Parser number{n} ready")),
+            priority: 3,
+            response_expected: true,
+            sender_task_id: None,
+            in_reply_to: None,
+            peer_task_id: None,
+        };
+        store.transact(1_000 + n, |appender| appender.append(None, vec![event])).unwrap();
+        store.index_history_step(1).unwrap();
+    }
+    let progress = store.index_progress().unwrap();
+    assert!(progress.caught_up());
+    // Segments merge like a binary counter: at most log2(postings) + 1 of them.
+    assert!(progress.segments <= 11, "{progress:?}");
+    let keywords = |words: &[&str]| words.iter().map(|word| word.to_string()).collect::<Vec<_>>();
+    let found = store.search_history(&keywords(&["number12"]), history::Logic::Or, false, None, 100).unwrap();
+    let ids: Vec<&str> = found.iter().map(|record| record.task_id.as_str()).collect();
+    assert_eq!(ids.len(), 11, "number12 and number120..129: {ids:?}");
+    let both = store.search_history(&keywords(&["PARS", "number7"]), history::Logic::And, false, None, 5).unwrap();
+    assert_eq!(both.len(), 5);
+    assert!(both.iter().all(|record| record.input.contains("number7")));
+    assert!(store.search_history(&keywords(&["pars"]), history::Logic::Or, true, None, 5).unwrap().is_empty());
+    assert_eq!(store.verify().unwrap().differences, Vec::<String>::new());
+}

@@ -1,0 +1,43 @@
+//! Keeps the history search index up with the log, off the writer's path: after events
+//! arrive it lets a burst settle, then indexes it in steps of its own transactions
+//! ([`crate::store::search_index`]). Searches never wait for it: they read the events it has
+//! not reached yet themselves.
+
+use super::BrokerState;
+use crate::store::search_index::INDEX_STEP_EVENTS;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a burst of events may go on before the indexer takes it (one step, one segment).
+const SETTLE: Duration = Duration::from_millis(250);
+/// Pause after a failed step (a full disk, say) before trying again.
+const RETRY: Duration = Duration::from_secs(5);
+
+pub fn spawn(state: Arc<BrokerState>) {
+    tokio::spawn(async move {
+        let mut head = state.head.clone();
+        let mut stop = state.shutdown.subscribe();
+        loop {
+            let store = state.store.clone();
+            let pause = match tokio::task::spawn_blocking(move || store.index_history_step(INDEX_STEP_EVENTS)).await {
+                Err(_) => return,
+                Ok(Ok(progress)) if !progress.caught_up() => continue,
+                Ok(Ok(progress)) => {
+                    tokio::select! {
+                        moved = head.wait_for(|seq| *seq > progress.head) => if moved.is_err() { return },
+                        _ = stop.wait_for(|stopping| *stopping) => return,
+                    }
+                    SETTLE
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!("history index: {error}; searches read the log until it catches up");
+                    RETRY
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stop.wait_for(|stopping| *stopping) => return,
+            }
+        }
+    });
+}

@@ -1,0 +1,390 @@
+//! The history search index: for each word of the tasks' texts, the tasks that contain it, so a
+//! search reads a few posting lists instead of decoding every task.
+//!
+//! It is derived data, like the projections, but kept off the acknowledgement path: writing
+//! a word index in the writer's transaction cost the write path four times its throughput (the
+//! notes of issue 5), so an indexer catches up with the log in steps of its own
+//! ([`Store::index_history_step`], run by the broker after writes settle and in batches).
+//! A search combines what is indexed with the events the indexer has not reached yet, so it
+//! always sees everything acknowledged, and checks every candidate against the real text: the
+//! index only narrows the tasks to read, it never decides a match.
+//!
+//! Layout (log-structured, so a step writes a fresh table instead of touching a page per word
+//! all over one big tree): each step writes one *segment*, a table of its own with rows
+//! `word → posting list` where a posting is the task's `created_seq` (ascending, delta-varint
+//! encoded); a merged segment's table is dropped whole. Words are lowercased
+//! char by char, like the search's case-insensitive match. A new segment is merged with the
+//! newer end of the older ones while they are no larger than it together, so the number of
+//! segments stays logarithmic in the number of postings and each posting is rewritten a
+//! logarithmic number of times.
+
+use super::history::{HistoryRecord, Logic, lowercase, select, visit_task_words};
+use super::projection::{LIVE, ReadProjections};
+use super::{LOG, Store, StoreError};
+use crate::event::{Envelope, Event};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use std::collections::{BTreeSet, HashMap};
+
+const INDEX_META: TableDefinition<&str, u64> = TableDefinition::new("history_index_meta");
+/// Segment id → number of postings in it.
+const SEGMENTS: TableDefinition<u64, u64> = TableDefinition::new("history_index_segments");
+
+/// The name of a segment's table (word → posting list).
+fn segment_table(id: u64) -> String {
+    format!("history_index_segment_{id}")
+}
+
+fn words_of(name: &str) -> TableDefinition<'_, &'static str, &'static [u8]> {
+    TableDefinition::new(name)
+}
+
+fn segment_ids(segments: &impl ReadableTable<u64, u64>) -> Result<Vec<(u64, u64)>, StoreError> {
+    let mut ids = Vec::new();
+    for row in segments.iter()? {
+        let (id, size) = row?;
+        ids.push((id.value(), size.value()));
+    }
+    Ok(ids)
+}
+
+/// Every task changed by an event up to this sequence number is in the index.
+const INDEXED_THROUGH: &str = "indexed_through";
+const NEXT_SEGMENT: &str = "next_segment";
+/// Set when the indexer met a task without a creation number (a projection written by an
+/// older build): searches then scan every task until `synapse admin rebuild` renumbers them.
+const INCOMPLETE: &str = "incomplete";
+
+/// Events read by one indexing step at most.
+pub const INDEX_STEP_EVENTS: usize = 20_000;
+/// Unindexed events a search reads itself at most; with more (an indexer far behind, just
+/// after a rebuild) it scans every task instead, which is slower but as exact.
+const TAIL_LIMIT: usize = 20_000;
+
+/// Where the indexer stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct IndexProgress {
+    pub indexed_through: u64,
+    pub head: u64,
+    pub segments: u64,
+}
+
+impl IndexProgress {
+    pub fn caught_up(&self) -> bool {
+        self.indexed_through >= self.head
+    }
+}
+
+/// Creates the index tables (at open) so that read transactions find them.
+pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
+    txn.open_table(INDEX_META)?;
+    txn.open_table(SEGMENTS)?;
+    Ok(())
+}
+
+/// Empties the index (a rebuild renumbers tasks): the indexer starts again from the first event.
+pub(super) fn clear(txn: &WriteTransaction) -> Result<(), StoreError> {
+    let mut segments = txn.open_table(SEGMENTS)?;
+    for (id, _) in segment_ids(&segments)? {
+        txn.delete_table(words_of(&segment_table(id)))?;
+    }
+    segments.retain(|_, _| false)?;
+    txn.open_table(INDEX_META)?.retain(|_, _| false)?;
+    Ok(())
+}
+
+/// The tasks whose searchable text or state an event may change.
+fn touched_tasks(event: &Event) -> impl Iterator<Item = &str> {
+    let (first, second): (Option<&String>, Option<&String>) = match event {
+        Event::TaskCreated { task_id, .. }
+        | Event::ReverseTicketIssued { task_id, .. }
+        | Event::TaskStateChanged { task_id, .. }
+        | Event::TaskCanceled { task_id, .. } => (Some(task_id), None),
+        Event::MessageSent { task_id, sender_task_id, .. } | Event::ReplyPosted { task_id, sender_task_id, .. } => {
+            (Some(task_id), sender_task_id.as_ref())
+        }
+        _ => (None, None),
+    };
+    first.into_iter().chain(second).map(String::as_str)
+}
+
+fn encode_postings(postings: &[u64]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(postings.len() * 2);
+    let mut previous = 0u64;
+    for &posting in postings {
+        let mut delta = posting - previous;
+        previous = posting;
+        loop {
+            let low = (delta & 0x7f) as u8;
+            delta >>= 7;
+            if delta == 0 {
+                bytes.push(low);
+                break;
+            }
+            bytes.push(low | 0x80);
+        }
+    }
+    bytes
+}
+
+fn decode_postings(bytes: &[u8], into: &mut Vec<u64>) -> Result<(), StoreError> {
+    let malformed = || StoreError::Corrupt("history index: malformed posting list".into());
+    let mut previous = 0u64;
+    let mut delta = 0u64;
+    let mut shift = 0u32;
+    for &byte in bytes {
+        if shift > 63 {
+            return Err(malformed());
+        }
+        delta |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            previous = previous.checked_add(delta).ok_or_else(malformed)?;
+            into.push(previous);
+            delta = 0;
+            shift = 0;
+        } else {
+            shift += 7;
+        }
+    }
+    if shift != 0 { Err(malformed()) } else { Ok(()) }
+}
+
+fn sort_postings(segment: &mut HashMap<String, Vec<u64>>) -> u64 {
+    let mut total = 0;
+    for postings in segment.values_mut() {
+        postings.sort_unstable();
+        postings.dedup();
+        total += postings.len() as u64;
+    }
+    total
+}
+
+fn meta_value(meta: &impl ReadableTable<&'static str, u64>, key: &str) -> Result<u64, StoreError> {
+    Ok(meta.get(key)?.map_or(0, |value| value.value()))
+}
+
+impl Store {
+    /// Indexes the tasks changed by up to `max_events` events after the index's watermark, as
+    /// one new segment (merged with small older ones), in a transaction of its own.
+    pub fn index_history_step(&self, max_events: usize) -> Result<IndexProgress, StoreError> {
+        let _indexer = self.index_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(INDEX_META)?;
+        let from = meta_value(&meta, INDEXED_THROUGH)?;
+        let log = txn.open_table(LOG)?;
+        let head = log.last()?.map_or(0, |(seq, _)| seq.value());
+        let segments = segment_ids(&txn.open_table(SEGMENTS)?)?;
+        if from >= head {
+            return Ok(IndexProgress { indexed_through: from, head, segments: segments.len() as u64 });
+        }
+
+        let mut touched = BTreeSet::new();
+        let mut through = from;
+        for row in log.range(from + 1..)?.take(max_events.max(1)) {
+            let (seq, bytes) = row?;
+            through = seq.value();
+            let envelope = Envelope::decode(bytes.value())?;
+            touched.extend(touched_tasks(&envelope.event).map(str::to_string));
+        }
+        let projections = ReadProjections::open(&txn, &LIVE)?;
+        let mut segment: HashMap<String, Vec<u64>> = HashMap::new();
+        let mut incomplete = false;
+        for task_id in &touched {
+            let Some(task) = projections.task(task_id)? else { continue };
+            if task.created_seq == 0 {
+                incomplete = true;
+                continue;
+            }
+            visit_task_words(&task, |word| match segment.get_mut(word) {
+                Some(postings) => postings.push(task.created_seq),
+                None => {
+                    segment.insert(word.to_string(), vec![task.created_seq]);
+                }
+            });
+        }
+        let mut size = sort_postings(&mut segment);
+
+        // Merge with the newest older segments while each is no larger than what is merged.
+        let mut merged = Vec::new();
+        if size > 0 {
+            for &(id, older) in segments.iter().rev() {
+                if older > size {
+                    break;
+                }
+                merged.push(id);
+                size += older;
+            }
+        }
+        if !merged.is_empty() {
+            for &id in &merged {
+                let name = segment_table(id);
+                for row in txn.open_table(words_of(&name))?.iter()? {
+                    let (word, postings) = row?;
+                    let word = word.value();
+                    let into = match segment.get_mut(word) {
+                        Some(into) => into,
+                        None => segment.entry(word.to_string()).or_default(),
+                    };
+                    decode_postings(postings.value(), into)?;
+                }
+            }
+            size = sort_postings(&mut segment);
+        }
+        drop((meta, log, projections, txn));
+
+        let txn = self.db.begin_write()?;
+        let segment_count;
+        {
+            let mut meta = txn.open_table(INDEX_META)?;
+            if meta_value(&meta, INDEXED_THROUGH)? != from {
+                // Only this indexer (holding the lock) moves the watermark; a rebuild takes the
+                // lock too. Nothing to write if that ever changes.
+                drop(meta);
+                txn.abort()?;
+                return Err(StoreError::Storage("history index: the watermark moved during a step".into()));
+            }
+            let mut segment_sizes = txn.open_table(SEGMENTS)?;
+            for &id in &merged {
+                segment_sizes.remove(id)?;
+                txn.delete_table(words_of(&segment_table(id)))?;
+            }
+            if size > 0 {
+                let id = meta_value(&meta, NEXT_SEGMENT)?;
+                let mut rows: Vec<(String, Vec<u64>)> = segment.into_iter().collect();
+                rows.sort_unstable_by(|left, right| left.0.cmp(&right.0));
+                let name = segment_table(id);
+                let mut words = txn.open_table(words_of(&name))?;
+                for (word, postings) in &rows {
+                    words.insert(word.as_str(), encode_postings(postings).as_slice())?;
+                }
+                segment_sizes.insert(id, size)?;
+                meta.insert(NEXT_SEGMENT, id + 1)?;
+            }
+            meta.insert(INDEXED_THROUGH, through)?;
+            if incomplete {
+                meta.insert(INCOMPLETE, 1)?;
+            }
+            segment_count = segment_sizes.len()?;
+        }
+        txn.commit()?;
+        Ok(IndexProgress { indexed_through: through, head, segments: segment_count })
+    }
+
+    /// Runs indexing steps until the index has reached the head it saw.
+    pub fn index_history(&self) -> Result<IndexProgress, StoreError> {
+        loop {
+            let progress = self.index_history_step(INDEX_STEP_EVENTS)?;
+            if progress.caught_up() {
+                return Ok(progress);
+            }
+        }
+    }
+
+    /// Where the indexer stands.
+    pub fn index_progress(&self) -> Result<IndexProgress, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(INDEX_META)?;
+        let head = txn.open_table(LOG)?.last()?.map_or(0, |(seq, _)| seq.value());
+        Ok(IndexProgress {
+            indexed_through: meta_value(&meta, INDEXED_THROUGH)?,
+            head,
+            segments: txn.open_table(SEGMENTS)?.len()?,
+        })
+    }
+
+    /// History records matching the keywords (see [`ReadProjections::search_history`] for the
+    /// rules), newest first, at most `limit`. Reads the index and the events it has not reached;
+    /// scans every task when the index cannot answer (an empty keyword, an old projection, an
+    /// indexer far behind).
+    pub fn search_history(
+        &self,
+        keywords: &[String],
+        logic: Logic,
+        case_sensitive: bool,
+        agent: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<HistoryRecord>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let projections = ReadProjections::open(&txn, &LIVE)?;
+        let scan =
+            |projections: &ReadProjections| projections.search_history(keywords, logic, case_sensitive, agent, limit);
+        let prefixes: Vec<String> = keywords.iter().map(|keyword| lowercase(keyword)).collect();
+        let meta = txn.open_table(INDEX_META)?;
+        if prefixes.is_empty() || prefixes.iter().any(String::is_empty) || meta_value(&meta, INCOMPLETE)? != 0 {
+            return scan(&projections);
+        }
+        let log = txn.open_table(LOG)?;
+        let mut candidates = BTreeSet::new();
+        for (read, row) in log.range(meta_value(&meta, INDEXED_THROUGH)? + 1..)?.enumerate() {
+            if read >= TAIL_LIMIT {
+                return scan(&projections);
+            }
+            let (_, bytes) = row?;
+            candidates.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(str::to_string));
+        }
+
+        let mut segments = Vec::new();
+        for (id, _) in segment_ids(&txn.open_table(SEGMENTS)?)? {
+            segments.push(txn.open_table(words_of(&segment_table(id)))?);
+        }
+        let mut matching: Option<Vec<u64>> = None;
+        for prefix in &prefixes {
+            let mut postings = Vec::new();
+            for words in &segments {
+                for row in words.range(prefix.as_str()..)? {
+                    let (word, value) = row?;
+                    if !word.value().starts_with(prefix.as_str()) {
+                        break;
+                    }
+                    decode_postings(value.value(), &mut postings)?;
+                }
+            }
+            postings.sort_unstable();
+            postings.dedup();
+            matching = Some(match (matching, logic) {
+                (None, _) => postings,
+                (Some(mut so_far), Logic::Or) => {
+                    so_far.extend(postings);
+                    so_far.sort_unstable();
+                    so_far.dedup();
+                    so_far
+                }
+                (Some(so_far), Logic::And) => {
+                    so_far.into_iter().filter(|seq| postings.binary_search(seq).is_ok()).collect()
+                }
+            });
+        }
+        for seq in matching.unwrap_or_default() {
+            let Some(bytes) = log.get(seq)? else { continue };
+            if let Event::TaskCreated { task_id, .. } = Envelope::decode(bytes.value())?.event {
+                candidates.insert(task_id);
+            }
+        }
+
+        let mut tasks = Vec::with_capacity(candidates.len());
+        for task_id in &candidates {
+            tasks.extend(projections.task(task_id)?);
+        }
+        select(&projections, &tasks, keywords, logic, case_sensitive, agent, limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postings_round_trip() {
+        for postings in [vec![], vec![1], vec![1, 2, 3, 200, 20_000, 1 << 40, u64::MAX]] {
+            let mut decoded = Vec::new();
+            decode_postings(&encode_postings(&postings), &mut decoded).unwrap();
+            assert_eq!(decoded, postings);
+        }
+    }
+
+    #[test]
+    fn malformed_postings_are_an_error() {
+        let mut decoded = Vec::new();
+        assert!(decode_postings(&[0x80], &mut decoded).is_err());
+        assert!(decode_postings(&[0xff; 11], &mut decoded).is_err());
+    }
+}
