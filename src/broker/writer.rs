@@ -7,15 +7,27 @@
 //!
 //! The job queue is an unbounded channel: lossless (nothing is dropped); callers wait for their
 //! answer, so the queue is bounded in practice by the number of callers waiting.
+//!
+//! Gathering: the callers a commit answered usually send again within microseconds, but not
+//! all before the writer looks. So when fewer jobs are queued than the last batch held, it
+//! waits up to [`GATHER`] (a fraction of one commit) for the rest, instead of committing a
+//! small batch and making the others wait a whole commit. Only under load (a last batch of
+//! [`GATHER_FROM`] jobs or more): a lone caller, or a conversation where one step follows
+//! another, never waits.
 
 use super::command::{self, Command, CommandError, DecideError, Outcome};
 use crate::store::{RebuildReport, Store, StoreError, VerifyReport};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
-use tokio::sync::{mpsc, oneshot, watch};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{oneshot, watch};
 
 /// Most jobs decided in one transaction.
 const MAX_BATCH_JOBS: usize = 4096;
+/// Longest wait for the callers of the last batch to send again (see the module's notes).
+const GATHER: Duration = Duration::from_micros(200);
+/// Smallest last batch that makes the writer gather.
+const GATHER_FROM: usize = 4;
 
 enum Job {
     Command { command: Box<Command>, answer: oneshot::Sender<Result<Outcome, CommandError>> },
@@ -26,7 +38,7 @@ enum Job {
 /// A cheap, cloneable handle to the writer thread.
 #[derive(Clone)]
 pub struct WriterHandle {
-    jobs: mpsc::UnboundedSender<Job>,
+    jobs: mpsc::Sender<Job>,
 }
 
 pub fn now_ms() -> u64 {
@@ -48,7 +60,7 @@ impl WriterHandle {
         head: watch::Sender<u64>,
         recent: Arc<super::tail::RecentEvents>,
     ) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
-        let (jobs, receiver) = mpsc::unbounded_channel();
+        let (jobs, receiver) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("synapse-writer".into())
             .spawn(move || run(store, receiver, head, recent))?;
@@ -90,29 +102,35 @@ type Pending = (Command, oneshot::Sender<Result<Outcome, CommandError>>);
 
 fn run(
     store: Arc<Store>,
-    mut receiver: mpsc::UnboundedReceiver<Job>,
+    receiver: mpsc::Receiver<Job>,
     head: watch::Sender<u64>,
     recent: Arc<super::tail::RecentEvents>,
 ) {
     let mut batch: Vec<Pending> = Vec::new();
-    while let Some(job) = receiver.blocking_recv() {
-        let mut next = Some(job);
-        while let Some(job) = next.take() {
-            match job {
-                Job::Command { command, answer } => batch.push((*command, answer)),
-                Job::Rebuild { answer } => {
-                    commit_batch(&store, &mut batch, &head, &recent);
-                    let _ = answer.send(store.rebuild().map_err(unavailable));
-                }
-                Job::Verify { answer } => {
-                    commit_batch(&store, &mut batch, &head, &recent);
-                    let _ = answer.send(store.verify().map_err(unavailable));
-                }
-            }
-            if batch.len() < MAX_BATCH_JOBS {
-                next = receiver.try_recv().ok();
-            }
+    let mut last_batch = 0;
+    let take = |job: Job, batch: &mut Vec<Pending>| match job {
+        Job::Command { command, answer } => batch.push((*command, answer)),
+        Job::Rebuild { answer } => {
+            commit_batch(&store, batch, &head, &recent);
+            let _ = answer.send(store.rebuild().map_err(unavailable));
         }
+        Job::Verify { answer } => {
+            commit_batch(&store, batch, &head, &recent);
+            let _ = answer.send(store.verify().map_err(unavailable));
+        }
+    };
+    while let Ok(job) = receiver.recv() {
+        take(job, &mut batch);
+        while batch.len() < MAX_BATCH_JOBS {
+            let Ok(job) = receiver.try_recv() else { break };
+            take(job, &mut batch);
+        }
+        let deadline = Instant::now() + GATHER;
+        while last_batch >= GATHER_FROM && batch.len() < last_batch.min(MAX_BATCH_JOBS) {
+            let Ok(job) = receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) else { break };
+            take(job, &mut batch);
+        }
+        last_batch = batch.len();
         commit_batch(&store, &mut batch, &head, &recent);
     }
 }
