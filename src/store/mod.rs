@@ -24,6 +24,11 @@ pub use records::*;
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_SCHEMA: &str = "schema_version";
+const META_PROJECTIONS: &str = "projection_version";
+/// The shape of the projection tables. When a build changes what they hold (version 2: task
+/// records carry `created_seq`, which the history index needs), opening a store written by
+/// another build replays the log into fresh projections: they are derived, the log is not.
+const PROJECTION_VERSION: u64 = 2;
 
 /// redb page cache (allocated as pages are used: an idle broker stays at a few MB).
 const CACHE_SIZE_BYTES: usize = 64 << 20;
@@ -135,9 +140,20 @@ impl Store {
                     meta.insert(META_SCHEMA, u64::from(SCHEMA_VERSION))?;
                 }
             }
-            txn.open_table(LOG)?;
+            let log = txn.open_table(LOG)?;
+            let stale = meta.get(META_PROJECTIONS)?.map(|v| v.value()) != Some(PROJECTION_VERSION);
+            let replay = stale && !log.is_empty()?;
+            drop(log);
             Projections::open(&txn, &LIVE)?;
             search_index::create_tables(&txn)?;
+            if replay {
+                let events = replay_into(&txn, &LIVE)?;
+                search_index::clear(&txn)?;
+                tracing::info!("projections rebuilt from {events} events (their shape changed with this build)");
+            }
+            if stale {
+                meta.insert(META_PROJECTIONS, PROJECTION_VERSION)?;
+            }
         }
         txn.commit()?;
         Ok(Store { db, index_lock: std::sync::Mutex::new(()) })

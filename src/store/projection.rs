@@ -427,7 +427,7 @@ impl<'txn> Projections<'txn> {
         self.apply_history(envelope)
     }
 
-    fn put_task(&mut self, task: &TaskRecord) -> Result<(), StoreError> {
+    pub(super) fn put_task(&mut self, task: &TaskRecord) -> Result<(), StoreError> {
         match self.replay.as_mut() {
             Some(cache) => {
                 cache.tasks.insert(task.id.clone(), task.clone());

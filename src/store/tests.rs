@@ -517,3 +517,48 @@ fn the_index_keeps_few_segments_and_finds_words_by_prefix() {
     assert!(store.search_history(&keywords(&["pars"]), history::Logic::Or, true, None, 5).unwrap().is_empty());
     assert_eq!(store.verify().unwrap().differences, Vec::<String>::new());
 }
+
+/// A store whose projections were written by an older build (task records without
+/// `created_seq`) is replayed when opened, so the history index can number every task.
+#[test]
+fn projections_of_an_older_shape_are_replayed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("synapse.redb");
+    let task_id = "0a000000-0000-4000-8000-000000000000";
+    {
+        let store = Store::open(&path).unwrap();
+        let created = Event::TaskCreated {
+            task_id: task_id.into(),
+            owner: Some("alice".into()),
+            context_id: "ctx".into(),
+            direction: Direction::Outgoing,
+            peer: Some("bob".into()),
+            state: TaskState::Submitted,
+            message: Message::text(Role::User, "legacy parser note"),
+            priority: 3,
+            response_expected: true,
+            sender_task_id: None,
+            in_reply_to: None,
+            peer_task_id: None,
+        };
+        store.transact(1_000, |appender| appender.append(None, vec![created])).unwrap();
+        // What the previous build left: no projection version, a task without its number.
+        let txn = store.db.begin_write().unwrap();
+        {
+            txn.open_table(META).unwrap().remove(META_PROJECTIONS).unwrap();
+            let mut projections = Projections::open(&txn, &LIVE).unwrap();
+            let mut task = projections.task(task_id).unwrap().unwrap();
+            task.created_seq = 0;
+            projections.put_task(&task).unwrap();
+        }
+        txn.commit().unwrap();
+        let task = store.read(|view| view.task(task_id)).unwrap().unwrap();
+        assert_eq!(task.created_seq, 0);
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.read(|view| view.task(task_id)).unwrap().unwrap().created_seq, 1);
+    store.index_history().unwrap();
+    let found = store.search_history(&["parser".to_string()], history::Logic::Or, false, None, 10).unwrap();
+    assert_eq!(found.len(), 1);
+    assert!(store.verify().unwrap().differences.is_empty());
+}
