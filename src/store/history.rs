@@ -113,7 +113,7 @@ pub fn records_of(task: &TaskRecord) -> Vec<HistoryRecord> {
     }
 }
 
-fn newest_first(records: &mut [HistoryRecord]) {
+pub(super) fn newest_first(records: &mut [HistoryRecord]) {
     records.sort_by(|left, right| {
         right.updated_ms.cmp(&left.updated_ms).then(left.task_id.cmp(&right.task_id)).then(left.side.cmp(&right.side))
     });
@@ -211,28 +211,38 @@ pub(super) fn select(
     let cutoff = view.pruned_before()?;
     let mut found = Vec::new();
     for task in tasks {
-        let records = records_of(task);
-        if !records.iter().any(|record| record.updated_ms >= cutoff && agent.is_none_or(|agent| record.agent == agent))
-        {
-            continue;
-        }
-        let text = searchable_text(task);
-        let hits = keywords.iter().filter(|keyword| text_matches(&text, keyword, case_sensitive)).count();
-        let matched = match logic {
-            Logic::Or => hits > 0,
-            Logic::And => hits == keywords.len(),
-        };
-        if matched {
-            found.extend(
-                records
-                    .into_iter()
-                    .filter(|record| record.updated_ms >= cutoff && agent.is_none_or(|agent| record.agent == agent)),
-            );
-        }
+        found.extend(matching_records(task, keywords, logic, case_sensitive, agent, cutoff));
     }
     newest_first(&mut found);
     found.truncate(limit);
     Ok(found)
+}
+
+/// The records of one task that a search keeps (not pruned, of the agent, matching the
+/// keywords).
+pub(super) fn matching_records(
+    task: &TaskRecord,
+    keywords: &[String],
+    logic: Logic,
+    case_sensitive: bool,
+    agent: Option<&str>,
+    cutoff: u64,
+) -> Vec<HistoryRecord> {
+    let mut records = records_of(task);
+    records.retain(|record| record.updated_ms >= cutoff && agent.is_none_or(|agent| record.agent == agent));
+    if records.is_empty() {
+        return records;
+    }
+    let text = searchable_text(task);
+    let hits = keywords.iter().filter(|keyword| text_matches(&text, keyword, case_sensitive)).count();
+    let matched = match logic {
+        Logic::Or => hits > 0,
+        Logic::And => hits == keywords.len(),
+    };
+    if !matched {
+        records.clear();
+    }
+    records
 }
 
 #[cfg(test)]

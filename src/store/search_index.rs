@@ -18,7 +18,7 @@
 //! segments stays logarithmic in the number of postings and each posting is rewritten a
 //! logarithmic number of times.
 
-use super::history::{HistoryRecord, Logic, lowercase, select, visit_task_words};
+use super::history::{HistoryRecord, Logic, lowercase, matching_records, newest_first, visit_task_words};
 use super::projection::{LIVE, ReadProjections};
 use super::{LOG, Store, StoreError};
 use crate::event::{Envelope, Event};
@@ -28,6 +28,13 @@ use std::collections::{BTreeSet, HashMap};
 const INDEX_META: TableDefinition<&str, u64> = TableDefinition::new("history_index_meta");
 /// Segment id → number of postings in it.
 const SEGMENTS: TableDefinition<u64, u64> = TableDefinition::new("history_index_segments");
+
+/// Indexed tasks by last update, `(updated_ms, created_seq)`, newest last: a search for
+/// common words walks it from the newest end and stops once `limit` records are found that
+/// no older task can displace.
+const RECENCY: TableDefinition<(u64, u64), ()> = TableDefinition::new("history_index_recency");
+/// created_seq → the updated_ms under which the task is in [`RECENCY`].
+const UPDATED: TableDefinition<u64, u64> = TableDefinition::new("history_index_updated");
 
 /// The name of a segment's table (word → posting list).
 fn segment_table(id: u64) -> String {
@@ -78,6 +85,8 @@ impl IndexProgress {
 pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     txn.open_table(INDEX_META)?;
     txn.open_table(SEGMENTS)?;
+    txn.open_table(RECENCY)?;
+    txn.open_table(UPDATED)?;
     Ok(())
 }
 
@@ -88,6 +97,8 @@ pub(super) fn clear(txn: &WriteTransaction) -> Result<(), StoreError> {
         txn.delete_table(words_of(&segment_table(id)))?;
     }
     segments.retain(|_, _| false)?;
+    txn.open_table(RECENCY)?.retain(|_, _| false)?;
+    txn.open_table(UPDATED)?.retain(|_, _| false)?;
     txn.open_table(INDEX_META)?.retain(|_, _| false)?;
     Ok(())
 }
@@ -188,12 +199,14 @@ impl Store {
         let projections = ReadProjections::open(&txn, &LIVE)?;
         let mut segment: HashMap<String, Vec<u64>> = HashMap::new();
         let mut incomplete = false;
+        let mut updates = Vec::with_capacity(touched.len());
         for task_id in &touched {
             let Some(task) = projections.task(task_id)? else { continue };
             if task.created_seq == 0 {
                 incomplete = true;
                 continue;
             }
+            updates.push((task.created_seq, task.updated_ms));
             visit_task_words(&task, |word| match segment.get_mut(word) {
                 Some(postings) => postings.push(task.created_seq),
                 None => {
@@ -259,6 +272,17 @@ impl Store {
                 segment_sizes.insert(id, size)?;
                 meta.insert(NEXT_SEGMENT, id + 1)?;
             }
+            let mut recency = txn.open_table(RECENCY)?;
+            let mut updated = txn.open_table(UPDATED)?;
+            for &(seq, updated_ms) in &updates {
+                let before = updated.insert(seq, updated_ms)?.map(|old| old.value());
+                if before != Some(updated_ms) {
+                    if let Some(before) = before {
+                        recency.remove((before, seq))?;
+                    }
+                    recency.insert((updated_ms, seq), ())?;
+                }
+            }
             meta.insert(INDEXED_THROUGH, through)?;
             if incomplete {
                 meta.insert(INCOMPLETE, 1)?;
@@ -313,13 +337,14 @@ impl Store {
             return scan(&projections);
         }
         let log = txn.open_table(LOG)?;
-        let mut candidates = BTreeSet::new();
+        // Tasks changed by events the indexer has not reached: read whatever they hold now.
+        let mut tail = BTreeSet::new();
         for (read, row) in log.range(meta_value(&meta, INDEXED_THROUGH)? + 1..)?.enumerate() {
             if read >= TAIL_LIMIT {
                 return scan(&projections);
             }
             let (_, bytes) = row?;
-            candidates.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(str::to_string));
+            tail.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(str::to_string));
         }
 
         let mut segments = Vec::new();
@@ -353,18 +378,60 @@ impl Store {
                 }
             });
         }
-        for seq in matching.unwrap_or_default() {
-            let Some(bytes) = log.get(seq)? else { continue };
-            if let Event::TaskCreated { task_id, .. } = Envelope::decode(bytes.value())?.event {
-                candidates.insert(task_id);
+        let matching = matching.unwrap_or_default();
+
+        let cutoff = projections.pruned_before()?;
+        let keep = |task: &super::TaskRecord| matching_records(task, keywords, logic, case_sensitive, agent, cutoff);
+        let mut found = Vec::new();
+        for task_id in &tail {
+            if let Some(task) = projections.task(task_id)? {
+                found.extend(keep(&task));
             }
         }
-
-        let mut tasks = Vec::with_capacity(candidates.len());
-        for task_id in &candidates {
-            tasks.extend(projections.task(task_id)?);
+        // An indexed task by its number, unless the tail has it (then it is read from there) or
+        // the number is stale (a `task_created` for an id that already existed renumbers it).
+        let indexed_task = |seq: u64| -> Result<Option<super::TaskRecord>, StoreError> {
+            let Some(bytes) = log.get(seq)? else { return Ok(None) };
+            let Event::TaskCreated { task_id, .. } = Envelope::decode(bytes.value())?.event else { return Ok(None) };
+            if tail.contains(&task_id) {
+                return Ok(None);
+            }
+            Ok(projections.task(&task_id)?.filter(|task| task.created_seq == seq))
+        };
+        let recency = txn.open_table(RECENCY)?;
+        // Reading every candidate costs about 30 times a step of the walk by recency; the walk
+        // needs about limit × tasks / candidates steps.
+        let candidates = matching.len() as u64;
+        let walk = candidates > 0 && (limit as u64).saturating_mul(recency.len()?) / candidates < 30 * candidates;
+        if walk {
+            // Newest first: once `limit` records are newer than the task at hand, no older task
+            // can displace them (a task outside the tail is in RECENCY under its current
+            // updated_ms).
+            for row in recency.iter()?.rev() {
+                let (key, _) = row?;
+                let (updated_ms, seq) = key.value();
+                if updated_ms < cutoff
+                    || (found.len() >= limit
+                        && found.iter().filter(|record| record.updated_ms > updated_ms).count() >= limit)
+                {
+                    break;
+                }
+                if matching.binary_search(&seq).is_ok()
+                    && let Some(task) = indexed_task(seq)?
+                {
+                    found.extend(keep(&task));
+                }
+            }
+        } else {
+            for &seq in &matching {
+                if let Some(task) = indexed_task(seq)? {
+                    found.extend(keep(&task));
+                }
+            }
         }
-        select(&projections, &tasks, keywords, logic, case_sensitive, agent, limit)
+        newest_first(&mut found);
+        found.truncate(limit);
+        Ok(found)
     }
 }
 
