@@ -4,12 +4,14 @@
 //! not reached yet themselves.
 
 use super::BrokerState;
-use crate::store::search_index::INDEX_STEP_EVENTS;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a burst of events may go on before the indexer takes it (one step, one segment).
 const SETTLE: Duration = Duration::from_millis(250);
+/// Events per step: each step's transaction makes the writer wait (a few ms per thousand
+/// events), so the broker takes small ones and lets the writer in between.
+const STEP_EVENTS: usize = 4_096;
 /// Pause after a failed step (a full disk, say) before trying again.
 const RETRY: Duration = Duration::from_secs(5);
 
@@ -19,7 +21,7 @@ pub fn spawn(state: Arc<BrokerState>) {
         let mut stop = state.shutdown.subscribe();
         loop {
             let store = state.store.clone();
-            let pause = match tokio::task::spawn_blocking(move || store.index_history_step(INDEX_STEP_EVENTS)).await {
+            let pause = match tokio::task::spawn_blocking(move || store.index_history_step(STEP_EVENTS)).await {
                 Err(_) => return,
                 Ok(Ok(progress)) if !progress.caught_up() => continue,
                 Ok(Ok(progress)) => {

@@ -16,7 +16,8 @@
 //! char by char, like the search's case-insensitive match. A new segment is merged with the
 //! newer end of the older ones while they are no larger than it together, so the number of
 //! segments stays logarithmic in the number of postings and each posting is rewritten a
-//! logarithmic number of times.
+//! logarithmic number of times; segments stop growing at about a million postings, so that
+//! no merge holds the writer long.
 
 use super::history::{HistoryRecord, Logic, lowercase, matching_records, newest_first, visit_task_words};
 use super::projection::{LIVE, ReadProjections};
@@ -61,8 +62,12 @@ const NEXT_SEGMENT: &str = "next_segment";
 /// older build): searches then scan every task until `synapse admin rebuild` renumbers them.
 const INCOMPLETE: &str = "incomplete";
 
-/// Events read by one indexing step at most.
+/// Events read by one indexing step at most when catching up in one go.
 pub const INDEX_STEP_EVENTS: usize = 20_000;
+/// A merge stops growing a segment past this many postings: the merge is written in one
+/// transaction, during which the broker's writer waits (about 35 ms per million postings
+/// measured). Past it, segments are left as they are: a few more lookups per search.
+const MAX_MERGED_POSTINGS: u64 = 1_000_000;
 /// Unindexed events a search reads itself at most; with more (an indexer far behind, just
 /// after a rebuild) it scans every task instead, which is slower but as exact.
 const TAIL_LIMIT: usize = 20_000;
@@ -220,7 +225,7 @@ impl Store {
         let mut merged = Vec::new();
         if size > 0 {
             for &(id, older) in segments.iter().rev() {
-                if older > size {
+                if older > size || older + size > MAX_MERGED_POSTINGS {
                     break;
                 }
                 merged.push(id);
