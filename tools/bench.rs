@@ -1402,6 +1402,18 @@ fn history_search() -> Result<()> {
         durations.push(started.elapsed());
     }
     println!("4 searches for two common words (each in 100,000 records): {}", Samples::new(durations).summary());
+
+    // Not a target: `history list` (the newest 50 records) walks the index by last update.
+    let mut durations = Vec::new();
+    for _ in 0..4 {
+        let started = Instant::now();
+        let listed = store.recent_history(None, 50)?;
+        durations.push(started.elapsed());
+        if listed.len() != 50 {
+            bail!("history list gave {} records, expected 50", listed.len());
+        }
+    }
+    println!("4 lists of the newest 50 records: {}", Samples::new(durations).summary());
     Ok(())
 }
 

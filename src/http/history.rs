@@ -45,8 +45,7 @@ struct ListQuery {
 async fn list(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: ListQuery = parse_query(uri.query())?;
     let limit = limit(query.limit, 50)?;
-    let mut records = state.store.read(|view| view.history_records(query.agent.as_deref()))?;
-    records.truncate(limit);
+    let records = state.store.recent_history(query.agent.as_deref(), limit)?;
     Ok(Json(json!({"records": records})))
 }
 

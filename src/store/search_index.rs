@@ -72,6 +72,16 @@ const MAX_MERGED_POSTINGS: u64 = 1_000_000;
 /// after a rebuild) it scans every task instead, which is slower but as exact.
 const TAIL_LIMIT: usize = 20_000;
 
+/// What a search asks for (see [`ReadProjections::search_history`]).
+#[derive(Clone, Copy)]
+struct Query<'a> {
+    keywords: &'a [String],
+    logic: Logic,
+    case_sensitive: bool,
+    agent: Option<&'a str>,
+    limit: usize,
+}
+
 /// Where the indexer stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct IndexProgress {
@@ -332,13 +342,43 @@ impl Store {
         agent: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        let txn = self.db.begin_read()?;
-        let projections = ReadProjections::open(&txn, &LIVE)?;
         let scan =
             |projections: &ReadProjections| projections.search_history(keywords, logic, case_sensitive, agent, limit);
         let prefixes: Vec<String> = keywords.iter().map(|keyword| lowercase(keyword)).collect();
+        if prefixes.is_empty() || prefixes.iter().any(String::is_empty) {
+            return self.read(scan);
+        }
+        let query = Query { keywords, logic, case_sensitive, agent, limit };
+        self.indexed_query(Some(&prefixes), &query, scan)
+    }
+
+    /// The newest history records (of one agent, or all), at most `limit`: `history list`
+    /// without reading every task.
+    pub fn recent_history(&self, agent: Option<&str>, limit: usize) -> Result<Vec<HistoryRecord>, StoreError> {
+        let scan = |projections: &ReadProjections| {
+            let mut records = projections.history_records(agent)?;
+            records.truncate(limit);
+            Ok(records)
+        };
+        // No keyword, AND: every record matches.
+        let query = Query { keywords: &[], logic: Logic::And, case_sensitive: false, agent, limit };
+        self.indexed_query(None, &query, scan)
+    }
+
+    /// Answers a query from the index: the tasks with a word starting with each prefix (every
+    /// task when `prefixes` is None) plus those the indexer has not reached, checked against
+    /// the query; `scan` when the index cannot answer.
+    fn indexed_query(
+        &self,
+        prefixes: Option<&[String]>,
+        query: &Query<'_>,
+        scan: impl FnOnce(&ReadProjections) -> Result<Vec<HistoryRecord>, StoreError>,
+    ) -> Result<Vec<HistoryRecord>, StoreError> {
+        let Query { keywords, logic, case_sensitive, agent, limit } = *query;
+        let txn = self.db.begin_read()?;
+        let projections = ReadProjections::open(&txn, &LIVE)?;
         let meta = txn.open_table(INDEX_META)?;
-        if prefixes.is_empty() || prefixes.iter().any(String::is_empty) || meta_value(&meta, INCOMPLETE)? != 0 {
+        if meta_value(&meta, INCOMPLETE)? != 0 {
             return scan(&projections);
         }
         let log = txn.open_table(LOG)?;
@@ -357,7 +397,7 @@ impl Store {
             segments.push(txn.open_table(words_of(&segment_table(id)))?);
         }
         let mut matching: Option<Vec<u64>> = None;
-        for prefix in &prefixes {
+        for prefix in prefixes.unwrap_or_default() {
             let mut postings = Vec::new();
             for words in &segments {
                 for row in words.range(prefix.as_str()..)? {
@@ -383,7 +423,8 @@ impl Store {
                 }
             });
         }
-        let matching = matching.unwrap_or_default();
+        // None: every indexed task is a candidate.
+        let matching = prefixes.map(|_| matching.unwrap_or_default());
 
         let cutoff = projections.pruned_before()?;
         let keep = |task: &super::TaskRecord| matching_records(task, keywords, logic, case_sensitive, agent, cutoff);
@@ -406,29 +447,45 @@ impl Store {
         let recency = txn.open_table(RECENCY)?;
         // Reading every candidate costs about 30 times a step of the walk by recency; the walk
         // needs about limit × tasks / candidates steps.
-        let candidates = matching.len() as u64;
-        let walk = candidates > 0 && (limit as u64).saturating_mul(recency.len()?) / candidates < 30 * candidates;
+        let walk = match &matching {
+            None => true,
+            Some(matching) => {
+                let candidates = matching.len() as u64;
+                candidates > 0 && (limit as u64).saturating_mul(recency.len()?) / candidates < 30 * candidates
+            }
+        };
         if walk {
             // Newest first: once `limit` records are newer than the task at hand, no older task
             // can displace them (a task outside the tail is in RECENCY under its current
             // updated_ms).
+            // Records found so far that are strictly newer than the task at hand: the tail's
+            // (by binary search) and the walk's (its records have their key's updated_ms, and
+            // keys come in non-increasing order, so a count per key value is enough).
+            let mut tail_times: Vec<u64> = found.iter().map(|record| record.updated_ms).collect();
+            tail_times.sort_unstable();
+            let (mut walked_newer, mut walked_at_current, mut current) = (0usize, 0usize, u64::MAX);
             for row in recency.iter()?.rev() {
                 let (key, _) = row?;
                 let (updated_ms, seq) = key.value();
-                if updated_ms < cutoff
-                    || (found.len() >= limit
-                        && found.iter().filter(|record| record.updated_ms > updated_ms).count() >= limit)
-                {
+                if updated_ms < current {
+                    walked_newer += walked_at_current;
+                    walked_at_current = 0;
+                    current = updated_ms;
+                }
+                let tail_newer = tail_times.len() - tail_times.partition_point(|&time| time <= updated_ms);
+                if updated_ms < cutoff || walked_newer + tail_newer >= limit {
                     break;
                 }
-                if matching.binary_search(&seq).is_ok()
+                if matching.as_ref().is_none_or(|matching| matching.binary_search(&seq).is_ok())
                     && let Some(task) = indexed_task(seq)?
                 {
-                    found.extend(keep(&task));
+                    let records = keep(&task);
+                    walked_at_current += records.len();
+                    found.extend(records);
                 }
             }
         } else {
-            for &seq in &matching {
+            for &seq in matching.iter().flatten() {
                 if let Some(task) = indexed_task(seq)? {
                     found.extend(keep(&task));
                 }

@@ -416,7 +416,7 @@ fn logic() -> impl Strategy<Value = history::Logic> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn history_search_equals_a_naive_filter(
@@ -465,7 +465,10 @@ proptest! {
                 .read(|view| view.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit))
                 .unwrap();
             let indexed = store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit).unwrap();
-            (scanned, indexed)
+            let mut listed = store.read(|view| view.history_records(agent.as_deref())).unwrap();
+            listed.truncate(limit);
+            let recent = store.recent_history(agent.as_deref(), limit).unwrap();
+            ((scanned, listed), (indexed, recent))
         };
         let (scanned, indexed) = search(&store);
         prop_assert_eq!(&indexed, &scanned, "partly indexed");
