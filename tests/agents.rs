@@ -398,3 +398,37 @@ fn at_agent_lines_typed_in_the_interactive_wrapper_are_sent_and_other_input_pass
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// An agent deregistered while its wrapper runs (by hand, or by a broker that lost it): the
+/// wrapper says so once in its log and keeps retrying with a growing pause, instead of
+/// re-posting its status in a busy loop.
+#[test]
+fn a_wrapper_whose_agent_was_deregistered_says_so_and_keeps_running() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let bob = start(&home, "bob", &[("SYNAPSE_DUMMY_REPLY_DELAY_MS", "1500")], None);
+    let _wrappers = Wrappers(&home, vec!["bob".into()]);
+    let bob_id = id(&bob);
+    follower.wait_until("bob ready", |events| ready(events, &bob_id));
+    // Busy with a message for 1.5 s: its next status report (READY) comes after the deregistration.
+    home.ok(&["send", "bob", "think hard", "--no-response"]);
+    follower.wait_until("bob busy", |events| {
+        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == bob_id.as_str())
+    });
+    let secret = bob["secret"].as_str().unwrap();
+    let (status, _) = home.http("DELETE", &format!("/agents/{bob_id}"), None, &[("X-Synapse-Agent-Secret", secret)]);
+    assert_eq!(status, 200);
+    let wrapper_log = home.home().join("logs").join("dummy-wrapper.log");
+    let deadline = Instant::now() + EVENT_DEADLINE;
+    let warning = "the broker no longer knows agent";
+    loop {
+        let log = std::fs::read_to_string(&wrapper_log).unwrap_or_default();
+        if log.contains(warning) {
+            assert_eq!(log.matches(warning).count(), 1, "said once:\n{log}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no warning in the wrapper log:\n{log}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(is_alive(u32::try_from(bob["pid"].as_u64().unwrap()).unwrap()), "{bob}");
+}

@@ -370,18 +370,32 @@ async fn report_status(shared: Arc<Shared>) {
     let path = format!("/agents/{}/status", shared.agent_id);
     let mut changes = shared.output_changed.subscribe();
     let mut reported: Option<AgentStatus> = None;
+    let mut backoff = Backoff::default();
+    let mut warned_gone = false;
     loop {
         changes.borrow_and_update();
         let (status, recheck) = shared.lock_readiness().status(Instant::now());
         let again = shared.report_again.swap(false, std::sync::atomic::Ordering::SeqCst);
         if status != AgentStatus::Starting && (again || reported != Some(status)) {
             match client.post(&path, &json!({"status": status})).await {
-                Ok(_) => reported = Some(status),
+                Ok(_) => {
+                    reported = Some(status);
+                    backoff.reset();
+                    warned_gone = false;
+                }
                 Err(error) => {
-                    tracing::debug!("status report failed: {error:#}");
+                    if is_gone(&error) && !std::mem::replace(&mut warned_gone, true) {
+                        tracing::warn!(
+                            "the broker no longer knows agent {} (deregistered?): messages cannot reach it; retrying",
+                            shared.agent_id
+                        );
+                    } else {
+                        tracing::debug!("status report failed: {error:#}");
+                    }
                     if again {
                         shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
                     }
+                    backoff.wait().await;
                     client = connect(&shared.paths, &shared.secret).await;
                     continue;
                 }
@@ -397,6 +411,39 @@ async fn report_status(shared: Arc<Shared>) {
                 }
             }
         }
+    }
+}
+
+/// Pauses between failed calls to the broker that did answer (a refused status report, a
+/// failed acknowledgement): doubling from 50 ms to 5 s, so a persistent refusal does not
+/// become a busy loop. Reset by a success.
+struct Backoff {
+    delay: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+    const LONGEST: Duration = Duration::from_secs(5);
+
+    fn reset(&mut self) {
+        self.delay = Self::FIRST;
+    }
+
+    /// The pause to take now; the next one is twice as long (up to [`Self::LONGEST`]).
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.delay;
+        self.delay = (self.delay * 2).min(Self::LONGEST);
+        delay
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.next_delay()).await;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { delay: Self::FIRST }
     }
 }
 
@@ -464,6 +511,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
     // died before acknowledging it: its records say so, and it is acknowledged without being
     // written again.
     let mut first_after_start = true;
+    let mut backoff = Backoff::default();
     let inbox = format!("/agents/{}/inbox?wait_ms={INBOX_WAIT_MS}&limit=1", shared.agent_id);
     loop {
         if let Some(ticket) = unacknowledged {
@@ -477,14 +525,19 @@ async fn watch_inbox(shared: Arc<Shared>) {
                 }
                 Err(error) if is_gone(&error) => unacknowledged = None,
                 Err(_) => {
+                    backoff.wait().await;
                     client = connect(&shared.paths, &shared.secret).await;
                     continue;
                 }
             }
         }
         let answer = match client.get(&inbox).await {
-            Ok(answer) => answer,
+            Ok(answer) => {
+                backoff.reset();
+                answer
+            }
             Err(_) => {
+                backoff.wait().await;
                 client = connect(&shared.paths, &shared.secret).await;
                 continue;
             }
@@ -662,4 +715,21 @@ fn spawn_resize(shared: Arc<Shared>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_longest_and_resets() {
+        let mut backoff = Backoff::default();
+        let delays: Vec<Duration> = (0..10).map(|_| backoff.next_delay()).collect();
+        assert_eq!(delays[0], Backoff::FIRST);
+        assert_eq!(delays[1], Backoff::FIRST * 2);
+        assert!(delays.windows(2).all(|pair| pair[1] >= pair[0]));
+        assert_eq!(*delays.last().unwrap(), Backoff::LONGEST);
+        backoff.reset();
+        assert_eq!(backoff.next_delay(), Backoff::FIRST);
+    }
 }
