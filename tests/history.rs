@@ -111,8 +111,24 @@ fn searches_answer_the_same_before_and_after_indexing_and_after_a_rebuild() {
     assert!(home.run_as(&alice, &["send", "bob", "parser again", "--no-response"]).status.success());
     assert_eq!(home.ok(searches[0]).lines().count(), 4);
 
+    // The broker's indexer takes up new events by itself, and again after a rebuild (which
+    // empties the index without moving the head).
+    let caught_up = |home: &Home, after: &str| {
+        let head = home.head();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (_, progress) = home.http("GET", "/admin/index", None, &[]);
+            if progress["indexed_through"] == head {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "the indexer did not catch up {after}: {progress}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    caught_up(&home, "after a send");
     home.ok(&["admin", "rebuild"]);
     let after_rebuild = answers(&home);
+    caught_up(&home, "after a rebuild");
     home.ok(&["admin", "index"]);
     assert_eq!(answers(&home), after_rebuild);
     assert_eq!(after_rebuild[1].lines().count(), 6, "{}", after_rebuild[1]);

@@ -22,11 +22,16 @@ pub fn spawn(state: Arc<BrokerState>) {
         loop {
             let store = state.store.clone();
             let pause = match tokio::task::spawn_blocking(move || store.index_history_step(STEP_EVENTS)).await {
-                Err(_) => return,
+                Err(error) => {
+                    tracing::error!("history index step failed ({error}); searches read the log until it works");
+                    RETRY
+                }
                 Ok(Ok(progress)) if !progress.caught_up() => continue,
                 Ok(Ok(progress)) => {
                     tokio::select! {
                         moved = head.wait_for(|seq| *seq > progress.head) => if moved.is_err() { return },
+                        // A rebuild empties the index without moving the head.
+                        _ = state.index_wake.notified() => {}
                         _ = stop.wait_for(|stopping| *stopping) => return,
                     }
                     SETTLE

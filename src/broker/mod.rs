@@ -44,6 +44,8 @@ pub struct BrokerState {
     pub webhooks: webhooks::Webhooks,
     /// External agents (kept in memory by the same worker).
     pub externals: externals::Externals,
+    /// Wakes the history indexer when the index changed without the head moving (a rebuild).
+    pub index_wake: tokio::sync::Notify,
     /// API-key authentication, read from the environment at start.
     pub auth: Arc<crate::http::auth::AuthConfig>,
 }
@@ -69,6 +71,7 @@ impl BrokerState {
             auth: Arc::new(crate::http::auth::AuthConfig::from_env()),
             webhooks: webhooks::Webhooks::default(),
             externals: externals::Externals::default(),
+            index_wake: tokio::sync::Notify::new(),
         });
         Ok((state, thread))
     }

@@ -243,7 +243,9 @@ async fn shutdown(State(state): State<AppState>) -> Json<Value> {
 }
 
 async fn rebuild(State(state): State<AppState>) -> ApiResult {
-    Ok(Json(json!(state.writer.rebuild().await?)))
+    let report = state.writer.rebuild().await?;
+    state.index_wake.notify_one();
+    Ok(Json(json!(report)))
 }
 
 async fn verify(State(state): State<AppState>) -> ApiResult {

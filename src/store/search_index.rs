@@ -34,8 +34,9 @@ const SEGMENTS: TableDefinition<u64, u64> = TableDefinition::new("history_index_
 /// common words walks it from the newest end and stops once `limit` records are found that
 /// no older task can displace.
 const RECENCY: TableDefinition<(u64, u64), ()> = TableDefinition::new("history_index_recency");
-/// created_seq → the updated_ms under which the task is in [`RECENCY`].
-const UPDATED: TableDefinition<u64, u64> = TableDefinition::new("history_index_updated");
+/// created_seq → the updated_ms under which the task is in [`RECENCY`], and the task's id (so
+/// that a search finds the task without decoding its `task_created` event).
+const UPDATED: TableDefinition<u64, (u64, &str)> = TableDefinition::new("history_index_tasks");
 
 /// The name of a segment's table (word → posting list).
 fn segment_table(id: u64) -> String {
@@ -221,7 +222,7 @@ impl Store {
                 incomplete = true;
                 continue;
             }
-            updates.push((task.created_seq, task.updated_ms));
+            updates.push((task.created_seq, task.updated_ms, task_id.as_str()));
             visit_task_words(&task, |word| match segment.get_mut(word) {
                 Some(postings) => postings.push(task.created_seq),
                 None => {
@@ -289,8 +290,8 @@ impl Store {
             }
             let mut recency = txn.open_table(RECENCY)?;
             let mut updated = txn.open_table(UPDATED)?;
-            for &(seq, updated_ms) in &updates {
-                let before = updated.insert(seq, updated_ms)?.map(|old| old.value());
+            for &(seq, updated_ms, task_id) in &updates {
+                let before = updated.insert(seq, (updated_ms, task_id))?.map(|old| old.value().0);
                 if before != Some(updated_ms) {
                     if let Some(before) = before {
                         recency.remove((before, seq))?;
@@ -382,12 +383,15 @@ impl Store {
             return scan(&projections);
         }
         let log = txn.open_table(LOG)?;
-        // Tasks changed by events the indexer has not reached: read whatever they hold now.
+        // Tasks changed by events the indexer has not reached: read whatever they hold now
+        // (sequence numbers have no gaps, so the tail's length is known before reading it).
+        let indexed_through = meta_value(&meta, INDEXED_THROUGH)?;
+        let head = log.last()?.map_or(0, |(seq, _)| seq.value());
+        if head.saturating_sub(indexed_through) > TAIL_LIMIT as u64 {
+            return scan(&projections);
+        }
         let mut tail = BTreeSet::new();
-        for (read, row) in log.range(meta_value(&meta, INDEXED_THROUGH)? + 1..)?.enumerate() {
-            if read >= TAIL_LIMIT {
-                return scan(&projections);
-            }
+        for row in log.range(indexed_through + 1..)? {
             let (_, bytes) = row?;
             tail.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(str::to_string));
         }
@@ -436,13 +440,14 @@ impl Store {
         }
         // An indexed task by its number, unless the tail has it (then it is read from there) or
         // the number is stale (a `task_created` for an id that already existed renumbers it).
+        let updated = txn.open_table(UPDATED)?;
         let indexed_task = |seq: u64| -> Result<Option<super::TaskRecord>, StoreError> {
-            let Some(bytes) = log.get(seq)? else { return Ok(None) };
-            let Event::TaskCreated { task_id, .. } = Envelope::decode(bytes.value())?.event else { return Ok(None) };
-            if tail.contains(&task_id) {
+            let Some(row) = updated.get(seq)? else { return Ok(None) };
+            let (_, task_id) = row.value();
+            if tail.contains(task_id) {
                 return Ok(None);
             }
-            Ok(projections.task(&task_id)?.filter(|task| task.created_seq == seq))
+            Ok(projections.task(task_id)?.filter(|task| task.created_seq == seq))
         };
         let recency = txn.open_table(RECENCY)?;
         // Reading every candidate costs about 30 times a step of the walk by recency; the walk
