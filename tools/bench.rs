@@ -868,7 +868,7 @@ async fn memory(options: &Options) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let wrapper_kib = proc_status_kib(agent.wrapper_pid, "VmRSS")?;
     println!("idle wrapper with a dummy agent: VmRSS {wrapper_kib} kB (the dummy itself is a separate process)");
-    stop_dummy(&broker.env, &agent);
+    drop(agent);
     broker.stop()?;
     result("broker_idle_rss_mb", rss_kib as f64 / 1024.0, 1, "MB");
     result("wrapper_rss_mb", wrapper_kib as f64 / 1024.0, 1, "MB");
@@ -876,10 +876,19 @@ async fn memory(options: &Options) -> Result<()> {
 }
 
 /// A dummy agent started with `synapse start dummy --json`.
+/// A background dummy agent, stopped when dropped: a scenario that fails half-way must not
+/// leave a wrapper behind (it would start a broker of its own in the removed directory).
 struct StartedAgent {
     id: String,
     wrapper_pid: u32,
     log: PathBuf,
+    env: SynapseEnv,
+}
+
+impl Drop for StartedAgent {
+    fn drop(&mut self) {
+        let _ = self.env.command(["stop", self.id.as_str()]).output();
+    }
 }
 
 fn start_dummy(env: &SynapseEnv) -> Result<StartedAgent> {
@@ -893,11 +902,8 @@ fn start_dummy(env: &SynapseEnv) -> Result<StartedAgent> {
         id: announce["agent_id"].as_str().context("no agent_id")?.to_string(),
         wrapper_pid: announce["pid"].as_u64().and_then(|pid| u32::try_from(pid).ok()).context("no pid")?,
         log: PathBuf::from(announce["log"].as_str().context("no log")?),
+        env: env.clone(),
     })
-}
-
-fn stop_dummy(env: &SynapseEnv, agent: &StartedAgent) {
-    let _ = env.command(["stop", agent.id.as_str()]).output();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -953,7 +959,7 @@ async fn delivery(options: &Options) -> Result<()> {
         wait_in_log(&agent.log, &mut offset, &mut seen, "> ")?;
     }
     drop(http);
-    stop_dummy(&env, &agent);
+    drop(agent);
     broker.stop()?;
     let samples = Samples::new(samples);
     println!("send answered -> line echoed by the target PTY (dummy, settle 0): {}", samples.summary());

@@ -63,14 +63,37 @@ impl Write for Tee {
 /// The wrapper's record of the last ticket it wrote completely (`<agent>.delivered` beside the
 /// log), written by the PTY writer thread right after the submit key, before the
 /// acknowledgement. A wrapper killed in between leaves it behind and its successor acknowledges
-/// that ticket without writing it again. A ticket whose text was written but not its submit key
-/// is written again: the CLI that saw the text died with its wrapper.
+/// that ticket without writing it again, provided the terminal log shows that the CLI saw it
+/// (see [`written_before_restart`]). A ticket whose text was written but not its submit key is
+/// written again: the CLI that saw the text died with its wrapper.
 fn delivered_path(log: &std::path::Path) -> PathBuf {
     log.with_extension("delivered")
 }
 
 fn last_delivered(log: &std::path::Path) -> Option<u64> {
     std::fs::read_to_string(delivered_path(log)).ok()?.trim().parse().ok()
+}
+
+/// How much of the end of the terminal log [`written_before_restart`] reads.
+const LOG_TAIL_BYTES: u64 = 256 << 10;
+
+/// Did the wrapper before this one write ticket `number` into its CLI before it died? Its
+/// record says it wrote the submit key, and the terminal log shows the ticket's header
+/// (`prefix`), so the CLI echoed or drew it. A record without that trace means the bytes may
+/// have sat unread in the PTY when the wrapper (and with it the CLI) was killed, or that the
+/// echo never reached the log: the ticket is written again, since nothing may be lost.
+fn written_before_restart(log: &std::path::Path, number: u64, prefix: &str) -> bool {
+    use std::io::{Read, Seek};
+    if prefix.is_empty() || last_delivered(log) != Some(number) {
+        return false;
+    }
+    let Ok(mut file) = std::fs::File::open(log) else { return false };
+    let start = file.metadata().map_or(0, |meta| meta.len().saturating_sub(LOG_TAIL_BYTES));
+    let mut tail = Vec::new();
+    if file.seek(std::io::SeekFrom::Start(start)).and_then(|_| file.read_to_end(&mut tail)).is_err() {
+        return false;
+    }
+    String::from_utf8_lossy(&tail).contains(prefix)
 }
 
 /// One write into the PTY; `done` is answered once the bytes are written.
@@ -544,7 +567,9 @@ async fn watch_inbox(shared: Arc<Shared>) {
         };
         let Some(ticket) = answer["tickets"].as_array().and_then(|tickets| tickets.first()).cloned() else { continue };
         let Some(number) = ticket["ticket"].as_u64() else { continue };
-        if std::mem::take(&mut first_after_start) && last_delivered(&shared.log) == Some(number) {
+        if std::mem::take(&mut first_after_start)
+            && written_before_restart(&shared.log, number, ticket["prefix"].as_str().unwrap_or_default())
+        {
             tracing::info!("ticket {number} was written before a restart; acknowledging it");
             unacknowledged = Some(number);
             continue;
@@ -720,6 +745,26 @@ fn spawn_resize(shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ticket_counts_as_written_before_a_restart_only_with_its_record_and_its_echo() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("bob.log");
+        let prefix = "[A2A:c54af1ff:alice:R]";
+        std::fs::write(&log, format!("> {prefix} burst-024\r\n[DUMMY] You said: ...\r\n> ")).unwrap();
+        assert!(!written_before_restart(&log, 7, prefix), "no record");
+        std::fs::write(delivered_path(&log), "6").unwrap();
+        assert!(!written_before_restart(&log, 7, prefix), "the record is of another ticket");
+        std::fs::write(delivered_path(&log), "7").unwrap();
+        assert!(written_before_restart(&log, 7, prefix));
+        assert!(!written_before_restart(&log, 7, "[A2A:0000aaaa:alice:R]"), "recorded, but the CLI never showed it");
+        assert!(!written_before_restart(&log, 7, ""));
+        // Only the end of a long log is read: the ticket was the last thing written.
+        let mut long = format!("> {prefix} early\r\n").into_bytes();
+        long.resize(long.len() + 2 * LOG_TAIL_BYTES as usize, b'.');
+        std::fs::write(&log, long).unwrap();
+        assert!(!written_before_restart(&log, 7, prefix));
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_longest_and_resets() {
