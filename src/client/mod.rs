@@ -63,11 +63,13 @@ async fn connect_any(paths: &Paths) -> std::io::Result<Sender> {
     match connect_unix(paths).await {
         Ok(sender) => Ok(sender),
         Err(unix_error) => {
+            // broker.json outlives a killed broker, and its port may by now belong to another
+            // process (another home's broker, an agent): only a live broker's port is tried.
             let port = std::fs::read(paths.broker_info())
                 .ok()
                 .and_then(|bytes| serde_json::from_slice::<BrokerInfo>(&bytes).ok())
-                .map(|info| info.port)
-                .filter(|port| *port != 0);
+                .filter(|info| info.port != 0 && crate::broker::command::is_pid_alive(info.pid))
+                .map(|info| info.port);
             match port {
                 Some(port) => connect_tcp(port).await.map_err(|_| unix_error),
                 None => Err(unix_error),
@@ -76,25 +78,63 @@ async fn connect_any(paths: &Paths) -> std::io::Result<Sender> {
     }
 }
 
+/// Tries to reach a broker just started before giving up.
+const CONNECT_ATTEMPTS: u64 = 5;
+
+/// The running broker is another version than this synapse.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the running broker is version {running} (pid {pid}), this synapse is {}. Run 'synapse broker stop' and try again",
+    crate::broker::VERSION
+)]
+pub struct VersionMismatch {
+    running: String,
+    pid: u32,
+}
+
 impl Client {
     /// Connects to the running broker, starting one when `autostart` is set and none runs.
     pub async fn connect(paths: &Paths, autostart: bool) -> anyhow::Result<Client> {
         let secret = std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty());
         if let Ok(sender) = connect_any(paths).await {
-            let mut client = Client { sender, secret };
-            client.check_version().await?;
-            return Ok(client);
+            let mut client = Client { sender, secret: secret.clone() };
+            match client.check_version().await {
+                Ok(()) => return Ok(client),
+                Err(error) if !autostart || error.downcast_ref::<VersionMismatch>().is_some() => return Err(error),
+                // A broker that accepted the connection and then dropped it (stopping, or a
+                // stale socket): start one if none answers, as below.
+                Err(error) => tracing::debug!("the broker did not answer: {error:#}"),
+            }
         }
         if !autostart {
             bail!("no broker is running for SYNAPSE_HOME={}", paths.home.display());
         }
         start_broker(paths).await?;
-        let sender = connect_any(paths)
-            .await
-            .with_context(|| format!("the broker started but {} does not answer", paths.broker_socket().display()))?;
-        let mut client = Client { sender, secret };
-        client.check_version().await?;
-        Ok(client)
+        // The broker has answered its health check; a connection it resets now (seen under
+        // heavy load, about once in forty restarts) is tried again rather than reported.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = async {
+                let sender = connect_any(paths).await.with_context(|| {
+                    format!("the broker started but {} does not answer", paths.broker_socket().display())
+                })?;
+                let mut client = Client { sender, secret: secret.clone() };
+                client.check_version().await?;
+                anyhow::Ok(client)
+            }
+            .await;
+            match result {
+                Ok(client) => return Ok(client),
+                Err(error) if attempt >= CONNECT_ATTEMPTS || error.downcast_ref::<VersionMismatch>().is_some() => {
+                    return Err(error);
+                }
+                Err(error) => {
+                    tracing::debug!("connecting to the new broker: {error:#}; trying again");
+                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                }
+            }
+        }
     }
 
     /// Only connects: None when no broker runs.
@@ -107,12 +147,7 @@ impl Client {
         let info: BrokerInfo = serde_json::from_value(self.get("/broker/health").await?)
             .context("the broker's health answer is not understood")?;
         if info.version != crate::broker::VERSION {
-            bail!(
-                "the running broker is version {} (pid {}), this synapse is {}. Run 'synapse broker stop' and try again",
-                info.version,
-                info.pid,
-                crate::broker::VERSION
-            );
+            return Err(VersionMismatch { running: info.version, pid: info.pid }.into());
         }
         Ok(())
     }
