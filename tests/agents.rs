@@ -406,12 +406,12 @@ fn at_agent_lines_typed_in_the_interactive_wrapper_are_sent_and_other_input_pass
 fn a_wrapper_whose_agent_was_deregistered_says_so_and_keeps_running() {
     let home = Home::new();
     let mut follower = Follower::new(&home);
-    let bob = start(&home, "bob", &[("SYNAPSE_DUMMY_REPLY_DELAY_MS", "1500")], None);
+    let bob = start(&home, "bob", &[("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "1500")], None);
     let _wrappers = Wrappers(&home, vec!["bob".into()]);
     let bob_id = id(&bob);
     follower.wait_until("bob ready", |events| ready(events, &bob_id));
     // Busy with a message for 1.5 s: its next status report (READY) comes after the deregistration.
-    home.ok(&["send", "bob", "think hard", "--no-response"]);
+    home.ok(&["send", "bob", "think hard", "--response"]);
     follower.wait_until("bob busy", |events| {
         events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == bob_id.as_str())
     });
@@ -430,5 +430,9 @@ fn a_wrapper_whose_agent_was_deregistered_says_so_and_keeps_running() {
         assert!(Instant::now() < deadline, "no warning in the wrapper log:\n{log}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(is_alive(u32::try_from(bob["pid"].as_u64().unwrap()).unwrap()), "{bob}");
+    let wrapper_pid = u32::try_from(bob["pid"].as_u64().unwrap()).unwrap();
+    assert!(is_alive(wrapper_pid), "{bob}");
+    // `synapse stop bob` cannot find an agent the broker forgot: end the wrapper by its pid.
+    kill(wrapper_pid, libc::SIGTERM);
+    wait_until_dead(wrapper_pid);
 }
