@@ -193,56 +193,48 @@ impl ReadProjections {
         agent: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        select(self, &self.tasks()?, keywords, logic, case_sensitive, agent, limit)
+        let query = Query { keywords, logic, case_sensitive, agent, limit };
+        let cutoff = self.pruned_before()?;
+        let mut found = Vec::new();
+        for task in self.tasks()? {
+            found.extend(query.records_of(&task, cutoff));
+        }
+        newest_first(&mut found);
+        found.truncate(limit);
+        Ok(found)
     }
 }
 
-/// The records of `tasks` that a search keeps (not pruned, of the agent, matching the
-/// keywords), newest first, at most `limit`.
-pub(super) fn select(
-    view: &ReadProjections,
-    tasks: &[TaskRecord],
-    keywords: &[String],
-    logic: Logic,
-    case_sensitive: bool,
-    agent: Option<&str>,
-    limit: usize,
-) -> Result<Vec<HistoryRecord>, StoreError> {
-    let cutoff = view.pruned_before()?;
-    let mut found = Vec::new();
-    for task in tasks {
-        found.extend(matching_records(task, keywords, logic, case_sensitive, agent, cutoff));
-    }
-    newest_first(&mut found);
-    found.truncate(limit);
-    Ok(found)
+/// What a search asks for (see [`ReadProjections::search_history`]).
+#[derive(Clone, Copy)]
+pub(super) struct Query<'a> {
+    pub keywords: &'a [String],
+    pub logic: Logic,
+    pub case_sensitive: bool,
+    pub agent: Option<&'a str>,
+    pub limit: usize,
 }
 
-/// The records of one task that a search keeps (not pruned, of the agent, matching the
-/// keywords).
-pub(super) fn matching_records(
-    task: &TaskRecord,
-    keywords: &[String],
-    logic: Logic,
-    case_sensitive: bool,
-    agent: Option<&str>,
-    cutoff: u64,
-) -> Vec<HistoryRecord> {
-    let mut records = records_of(task);
-    records.retain(|record| record.updated_ms >= cutoff && agent.is_none_or(|agent| record.agent == agent));
-    if records.is_empty() {
-        return records;
+impl Query<'_> {
+    /// The records of one task that the search keeps (not pruned, of the agent, matching the
+    /// keywords).
+    pub(super) fn records_of(&self, task: &TaskRecord, cutoff: u64) -> Vec<HistoryRecord> {
+        let mut records = records_of(task);
+        records.retain(|record| record.updated_ms >= cutoff && self.agent.is_none_or(|agent| record.agent == agent));
+        if records.is_empty() {
+            return records;
+        }
+        let text = searchable_text(task);
+        let hits = self.keywords.iter().filter(|keyword| text_matches(&text, keyword, self.case_sensitive)).count();
+        let matched = match self.logic {
+            Logic::Or => hits > 0,
+            Logic::And => hits == self.keywords.len(),
+        };
+        if !matched {
+            records.clear();
+        }
+        records
     }
-    let text = searchable_text(task);
-    let hits = keywords.iter().filter(|keyword| text_matches(&text, keyword, case_sensitive)).count();
-    let matched = match logic {
-        Logic::Or => hits > 0,
-        Logic::And => hits == keywords.len(),
-    };
-    if !matched {
-        records.clear();
-    }
-    records
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 //! logarithmic number of times; segments stop growing at about a million postings, so that
 //! no merge holds the writer long.
 
-use super::history::{HistoryRecord, Logic, lowercase, matching_records, newest_first, visit_task_words};
+use super::history::{HistoryRecord, Logic, Query, lowercase, newest_first, visit_task_words};
 use super::projection::{LIVE, ReadProjections};
 use super::{LOG, Store, StoreError};
 use crate::event::{Envelope, Event};
@@ -59,9 +59,6 @@ fn segment_ids(segments: &impl ReadableTable<u64, u64>) -> Result<Vec<(u64, u64)
 /// Every task changed by an event up to this sequence number is in the index.
 const INDEXED_THROUGH: &str = "indexed_through";
 const NEXT_SEGMENT: &str = "next_segment";
-/// Set when the indexer met a task without a creation number (a projection written by an
-/// older build): searches then scan every task until `synapse admin rebuild` renumbers them.
-const INCOMPLETE: &str = "incomplete";
 
 /// Events read by one indexing step at most when catching up in one go.
 pub const INDEX_STEP_EVENTS: usize = 20_000;
@@ -71,17 +68,7 @@ pub const INDEX_STEP_EVENTS: usize = 20_000;
 const MAX_MERGED_POSTINGS: u64 = 1_000_000;
 /// Unindexed events a search reads itself at most; with more (an indexer far behind, just
 /// after a rebuild) it scans every task instead, which is slower but as exact.
-const TAIL_LIMIT: usize = 20_000;
-
-/// What a search asks for (see [`ReadProjections::search_history`]).
-#[derive(Clone, Copy)]
-struct Query<'a> {
-    keywords: &'a [String],
-    logic: Logic,
-    case_sensitive: bool,
-    agent: Option<&'a str>,
-    limit: usize,
-}
+pub(super) const TAIL_LIMIT: usize = 20_000;
 
 /// Where the indexer stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -214,14 +201,11 @@ impl Store {
         }
         let projections = ReadProjections::open(&txn, &LIVE)?;
         let mut segment: HashMap<String, Vec<u64>> = HashMap::new();
-        let mut incomplete = false;
         let mut updates = Vec::with_capacity(touched.len());
         for task_id in &touched {
+            // Every task has its creation number: projections of an older shape are replayed
+            // when the store is opened (`projection_version`).
             let Some(task) = projections.task(task_id)? else { continue };
-            if task.created_seq == 0 {
-                incomplete = true;
-                continue;
-            }
             updates.push((task.created_seq, task.updated_ms, task_id.as_str()));
             visit_task_words(&task, |word| match segment.get_mut(word) {
                 Some(postings) => postings.push(task.created_seq),
@@ -300,9 +284,6 @@ impl Store {
                 }
             }
             meta.insert(INDEXED_THROUGH, through)?;
-            if incomplete {
-                meta.insert(INCOMPLETE, 1)?;
-            }
             segment_count = segment_sizes.len()?;
         }
         txn.commit()?;
@@ -333,8 +314,7 @@ impl Store {
 
     /// History records matching the keywords (see [`ReadProjections::search_history`] for the
     /// rules), newest first, at most `limit`. Reads the index and the events it has not reached;
-    /// scans every task when the index cannot answer (an empty keyword, an old projection, an
-    /// indexer far behind).
+    /// scans every task when the index cannot answer (an empty keyword, an indexer far behind).
     pub fn search_history(
         &self,
         keywords: &[String],
@@ -375,13 +355,10 @@ impl Store {
         query: &Query<'_>,
         scan: impl FnOnce(&ReadProjections) -> Result<Vec<HistoryRecord>, StoreError>,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        let Query { keywords, logic, case_sensitive, agent, limit } = *query;
+        let Query { logic, limit, .. } = *query;
         let txn = self.db.begin_read()?;
         let projections = ReadProjections::open(&txn, &LIVE)?;
         let meta = txn.open_table(INDEX_META)?;
-        if meta_value(&meta, INCOMPLETE)? != 0 {
-            return scan(&projections);
-        }
         let log = txn.open_table(LOG)?;
         // Tasks changed by events the indexer has not reached: read whatever they hold now
         // (sequence numbers have no gaps, so the tail's length is known before reading it).
@@ -431,7 +408,7 @@ impl Store {
         let matching = prefixes.map(|_| matching.unwrap_or_default());
 
         let cutoff = projections.pruned_before()?;
-        let keep = |task: &super::TaskRecord| matching_records(task, keywords, logic, case_sensitive, agent, cutoff);
+        let keep = |task: &super::TaskRecord| query.records_of(task, cutoff);
         let mut found = Vec::new();
         for task_id in &tail {
             if let Some(task) = projections.task(task_id)? {

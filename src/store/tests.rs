@@ -485,24 +485,29 @@ proptest! {
     }
 }
 
+/// Alice's own task for a question to bob.
+fn alice_asks_bob(task_id: &str, text: &str) -> Event {
+    Event::TaskCreated {
+        task_id: task_id.into(),
+        owner: Some("alice".into()),
+        context_id: "ctx".into(),
+        direction: Direction::Outgoing,
+        peer: Some("bob".into()),
+        state: TaskState::Submitted,
+        message: Message::text(Role::User, text),
+        priority: 3,
+        response_expected: true,
+        sender_task_id: None,
+        in_reply_to: None,
+        peer_task_id: None,
+    }
+}
+
 #[test]
 fn the_index_keeps_few_segments_and_finds_words_by_prefix() {
     let store = memory_store();
     for n in 0..300u64 {
-        let event = Event::TaskCreated {
-            task_id: format!("task-{n:04}"),
-            owner: Some("alice".into()),
-            context_id: "ctx".into(),
-            direction: Direction::Outgoing,
-            peer: Some("bob".into()),
-            state: TaskState::Submitted,
-            message: Message::text(Role::User, format!("Parser number{n} ready")),
-            priority: 3,
-            response_expected: true,
-            sender_task_id: None,
-            in_reply_to: None,
-            peer_task_id: None,
-        };
+        let event = alice_asks_bob(&format!("task-{n:04}"), &format!("Parser number{n} ready"));
         store.transact(1_000 + n, |appender| appender.append(None, vec![event])).unwrap();
         store.index_history_step(1).unwrap();
     }
@@ -530,20 +535,7 @@ fn projections_of_an_older_shape_are_replayed_at_open() {
     let task_id = "0a000000-0000-4000-8000-000000000000";
     {
         let store = Store::open(&path).unwrap();
-        let created = Event::TaskCreated {
-            task_id: task_id.into(),
-            owner: Some("alice".into()),
-            context_id: "ctx".into(),
-            direction: Direction::Outgoing,
-            peer: Some("bob".into()),
-            state: TaskState::Submitted,
-            message: Message::text(Role::User, "legacy parser note"),
-            priority: 3,
-            response_expected: true,
-            sender_task_id: None,
-            in_reply_to: None,
-            peer_task_id: None,
-        };
+        let created = alice_asks_bob(task_id, "legacy parser note");
         store.transact(1_000, |appender| appender.append(None, vec![created])).unwrap();
         // What the previous build left: no projection version, a task without its number.
         let txn = store.db.begin_write().unwrap();
@@ -564,4 +556,24 @@ fn projections_of_an_older_shape_are_replayed_at_open() {
     let found = store.search_history(&["parser".to_string()], history::Logic::Or, false, None, 10).unwrap();
     assert_eq!(found.len(), 1);
     assert!(store.verify().unwrap().differences.is_empty());
+}
+
+/// An indexer far behind (more unindexed events than a search reads itself): the search scans
+/// the tasks instead, and answers the same.
+#[test]
+fn a_search_far_ahead_of_the_indexer_scans_and_answers_the_same() {
+    let store = memory_store();
+    let task = |n: usize, text: &str| alice_asks_bob(&format!("task-{n}"), text);
+    store.transact(1_000, |appender| appender.append(None, vec![task(1, "parser first")])).unwrap();
+    store.index_history().unwrap();
+    let mut events: Vec<Event> =
+        (0..search_index::TAIL_LIMIT).map(|_| Event::FileModificationsPruned { before_ms: 0 }).collect();
+    events.push(task(2, "parser second"));
+    store.transact(2_000, |appender| appender.append(None, events)).unwrap();
+    let keywords = vec!["parser".to_string()];
+    let found = store.search_history(&keywords, history::Logic::Or, false, None, 10).unwrap();
+    let scanned = store.read(|view| view.search_history(&keywords, history::Logic::Or, false, None, 10)).unwrap();
+    assert_eq!(found, scanned);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(store.recent_history(None, 10).unwrap().len(), 2);
 }
