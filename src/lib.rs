@@ -12,6 +12,7 @@ pub mod broker;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod escape;
 pub mod event;
 pub mod http;
 pub mod settings;
