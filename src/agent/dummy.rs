@@ -75,8 +75,12 @@ pub fn run() -> anyhow::Result<i32> {
                     interrupts = 0;
                     println!("[DUMMY] You said: {line}");
                     if auto_reply && let Some((id8, sender)) = reply_request(&line) {
-                        tokio::time::sleep(delay).await;
-                        answer(&id8, &sender, &line).await;
+                        // Busy until the reply is sent; an interrupt meanwhile abandons it, as
+                        // a real CLI abandons its turn.
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => answer(&id8, &sender, &line).await,
+                            _ = interrupt.recv() => println!("\n[DUMMY] Interrupted while answering {id8}."),
+                        }
                     }
                     prompt();
                 }

@@ -8,19 +8,67 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// How the wrapper interrupts the CLI for a priority-5 message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// In a profile file: `"interrupt": "ctrl_c"`, `"interrupt": "signal"`, or
+/// `"interrupt": {"keys": ["esc", "esc"]}` (see [`parse_key`] for the key names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InterruptStyle {
-    /// SIGINT to the PTY's foreground process group.
+    /// SIGINT to the PTY's foreground process group. Most real CLIs exit on it: none of the
+    /// built-in profiles of the five CLIs uses it.
     Signal,
     /// Write the Ctrl-C byte (0x03) into the PTY.
     CtrlC,
+    /// Write these keys one by one, [`KEY_GAP`] apart (OpenCode interrupts on Esc twice).
+    Keys(Vec<String>),
+}
+
+/// Pause between the keys of [`InterruptStyle::Keys`], so that a CLI reads two Esc as two
+/// presses, not as one Alt-Esc.
+pub const KEY_GAP: std::time::Duration = std::time::Duration::from_millis(120);
+
+/// The bytes of one named key: `esc`, `enter`, `tab`, `backspace`, `space`, `up`, `down`,
+/// `left`, `right`, `ctrl-a` … `ctrl-z`, or a single printable character.
+pub fn parse_key(name: &str) -> Result<Vec<u8>, String> {
+    let bytes = match name {
+        "esc" | "escape" => vec![0x1b],
+        "enter" | "return" => vec![b'\r'],
+        "tab" => vec![b'\t'],
+        "backspace" => vec![0x7f],
+        "space" => vec![b' '],
+        "up" => b"\x1b[A".to_vec(),
+        "down" => b"\x1b[B".to_vec(),
+        "right" => b"\x1b[C".to_vec(),
+        "left" => b"\x1b[D".to_vec(),
+        _ => {
+            if let Some(letter) = name.strip_prefix("ctrl-")
+                && let [letter] = letter.as_bytes()
+                && letter.is_ascii_lowercase()
+            {
+                vec![letter - b'a' + 1]
+            } else {
+                let mut chars = name.chars();
+                match (chars.next(), chars.next()) {
+                    (Some(c), None) if !crate::escape::is_control(c) => c.to_string().into_bytes(),
+                    _ => {
+                        return Err(format!(
+                            "'{}' is not a key (esc, enter, tab, backspace, space, up, down, left, right, ctrl-a..ctrl-z, or one printable character)",
+                            crate::escape::visible_line(name)
+                        ));
+                    }
+                }
+            }
+        }
+    };
+    Ok(bytes)
 }
 
 /// When the CLI counts as idle (READY).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct IdleStrategy {
-    /// Text the line under the cursor ends with when the CLI waits for input (e.g. `> `).
+    /// Text the line under the cursor ends with when the CLI waits for input (e.g. `> `). Only
+    /// what is left of the cursor counts, so a half-typed line (`> fix the`) is not a prompt:
+    /// the user's input is never merged with a message.
     #[serde(default)]
     pub prompt: Option<String>,
     /// Milliseconds without output before the CLI counts as idle.
@@ -29,7 +77,8 @@ pub struct IdleStrategy {
     /// Idle only once the CLI has enabled bracketed paste (`ESC[?2004h`).
     #[serde(default)]
     pub needs_bracketed_paste: bool,
-    /// Text on screen that means the CLI asks the user something (WAITING).
+    /// Text anywhere on screen that means the CLI asks the user something (WAITING): nothing is
+    /// written while one shows, so no message's keystrokes can answer a dialog.
     #[serde(default)]
     pub waiting_patterns: Vec<String>,
 }
@@ -49,35 +98,109 @@ pub struct Profile {
     pub settle_ms: u64,
     pub idle: IdleStrategy,
     pub interrupt: InterruptStyle,
+    /// After an interrupt, how long to wait for the prompt to come back before giving up on
+    /// this try (the message stays queued and the agent's status says why).
+    #[serde(default = "default_interrupt_timeout_ms")]
+    pub interrupt_timeout_ms: u64,
 }
 
-fn quiet(prompt: Option<&str>, quiet_ms: u64, needs_bracketed_paste: bool) -> IdleStrategy {
+fn default_interrupt_timeout_ms() -> u64 {
+    15_000
+}
+
+impl Profile {
+    /// Checks what serde cannot: key names, non-empty patterns and submit key.
+    fn validate(&self) -> Result<(), (String, String)> {
+        if let InterruptStyle::Keys(keys) = &self.interrupt {
+            if keys.is_empty() {
+                return Err(("keys".into(), "interrupt keys: the list is empty".into()));
+            }
+            for key in keys {
+                parse_key(key).map_err(|error| (key.clone(), format!("interrupt keys: {error}")))?;
+            }
+        }
+        if let Some(prompt) = &self.idle.prompt
+            && prompt.trim().is_empty()
+        {
+            return Err(("prompt".into(), "idle.prompt: must contain a visible character".into()));
+        }
+        for pattern in &self.idle.waiting_patterns {
+            if pattern.trim().is_empty() {
+                return Err(("waiting_patterns".into(), "idle.waiting_patterns: a pattern is empty".into()));
+            }
+            if pattern.chars().any(crate::escape::is_control) {
+                return Err((
+                    pattern.clone(),
+                    "idle.waiting_patterns: a pattern contains a control character (screen text never does)".into(),
+                ));
+            }
+        }
+        if self.submit.is_empty() {
+            return Err(("submit".into(), "submit: the submit key is empty".into()));
+        }
+        Ok(())
+    }
+}
+/// Dialogs of the real CLIs as measured (../shared/REAL_CLIS.md): trust, permission and
+/// selection prompts. Matched anywhere on the screen.
+const DIALOGS: &[&str] = &[
+    "(y/n)",
+    "[Y/n]",
+    "[y/N]",
+    "Do you want to",
+    // Claude Code: folder trust, permissions.
+    "Esc to cancel",
+    "Enter to confirm",
+    // Gemini CLI and OpenCode: "Allow execution of [Shell]? ● 1. Allow once", "△ Permission required".
+    "Allow execution",
+    "Allow once",
+    "Permission required",
+    // Codex: "Would you like to run the following command? … Press enter to confirm".
+    "Would you like to",
+    "Press enter to confirm",
+    // Copilot CLI: "Confirm folder trust", "Do you want to run this command?", menus.
+    "Confirm folder trust",
+    "enter to select",
+    "Enter to select",
+];
+
+fn idle(prompt: Option<&str>, quiet_ms: u64, needs_bracketed_paste: bool) -> IdleStrategy {
     IdleStrategy {
         prompt: prompt.map(str::to_string),
         quiet_ms: Some(quiet_ms),
         needs_bracketed_paste,
-        waiting_patterns: vec!["(y/n)".into(), "[Y/n]".into(), "Do you want to".into()],
+        waiting_patterns: DIALOGS.iter().map(|pattern| pattern.to_string()).collect(),
     }
 }
 
-/// The built-in profiles (SPEC §1).
+/// The built-in profiles (SPEC §1), fitted to the real CLIs' screens (REAL_CLIS.md): Ctrl-C or
+/// keys to interrupt (a SIGINT to the process group ends every one of them), the input box's
+/// prompt so that READY means "empty input box", 300 ms between the paste and the Enter.
 pub fn builtin(name: &str) -> Option<Profile> {
-    let profile = |command: &str, port_range, submit: &str, settle_ms, idle, interrupt| Profile {
+    let profile = |command: &str, args: &[&str], port_range, idle, interrupt| Profile {
         name: name.to_string(),
         command: command.to_string(),
-        args: Vec::new(),
+        args: args.iter().map(|arg| arg.to_string()).collect(),
         port_range,
-        submit: submit.to_string(),
-        settle_ms,
+        submit: "\r".to_string(),
+        settle_ms: 300,
         idle,
         interrupt,
+        interrupt_timeout_ms: default_interrupt_timeout_ms(),
     };
+    let esc_twice = || InterruptStyle::Keys(vec!["esc".into(), "esc".into()]);
     Some(match name {
-        "claude" => profile("claude", (8100, 8109), "\r", 300, quiet(None, 500, true), InterruptStyle::Signal),
-        "gemini" => profile("gemini", (8110, 8119), "\r", 300, quiet(None, 3000, true), InterruptStyle::Signal),
-        "codex" => profile("codex", (8120, 8129), "\r", 300, quiet(Some("›"), 3000, false), InterruptStyle::Signal),
-        "opencode" => profile("opencode", (8130, 8139), "\r", 300, quiet(None, 1000, false), InterruptStyle::Signal),
-        "copilot" => profile("copilot", (8140, 8149), "\r", 300, quiet(Some("❯"), 500, true), InterruptStyle::Signal),
+        "claude" => profile("claude", &[], (8100, 8109), idle(Some("❯"), 500, true), InterruptStyle::CtrlC),
+        "gemini" => profile("gemini", &[], (8110, 8119), idle(None, 3000, true), InterruptStyle::CtrlC),
+        // --no-daemon: without it Codex runs shell commands in a shared `codex app-server` that
+        // outlives the agent and lacks its SYNAPSE_AGENT_ID (two Codex agents shared one identity).
+        "codex" => {
+            profile("codex", &["--no-daemon"], (8120, 8129), idle(Some("›"), 3000, false), InterruptStyle::CtrlC)
+        }
+        // OpenCode exits on Ctrl-C; Esc twice interrupts it. READY only once its input box
+        // (the `┃` border at the cursor) is drawn: before that a message is lost.
+        "opencode" => profile("opencode", &[], (8130, 8139), idle(Some("┃"), 1000, false), esc_twice()),
+        "copilot" => profile("copilot", &[], (8140, 8149), idle(Some("❯"), 500, true), InterruptStyle::CtrlC),
         "dummy" => Profile {
             name: "dummy".into(),
             command: "{synapse}".into(),
@@ -92,6 +215,7 @@ pub fn builtin(name: &str) -> Option<Profile> {
                 waiting_patterns: Vec::new(),
             },
             interrupt: InterruptStyle::Signal,
+            interrupt_timeout_ms: default_interrupt_timeout_ms(),
         },
         _ => return None,
     })
@@ -126,7 +250,19 @@ pub fn load(name: &str, home: &Path) -> anyhow::Result<Profile> {
         None => serde_json::json!({"name": name}),
     };
     merge(&mut merged, overrides);
-    serde_json::from_value(merged).map_err(|error| anyhow::anyhow!("Error: {}: {error}", file.display()))
+    let profile: Profile =
+        serde_json::from_value(merged).map_err(|error| anyhow::anyhow!("Error: {}: {error}", file.display()))?;
+    profile.validate().map_err(|(needle, error)| match line_of(&text, &needle) {
+        Some(line) => anyhow::anyhow!("Error: {} line {line}: {error}", file.display()),
+        None => anyhow::anyhow!("Error: {}: {error}", file.display()),
+    })?;
+    Ok(profile)
+}
+
+/// The first line of `text` (1-based) that holds `needle` as a JSON string or key.
+fn line_of(text: &str, needle: &str) -> Option<usize> {
+    let quoted = serde_json::to_string(needle).ok()?;
+    text.lines().position(|line| line.contains(&quoted)).map(|index| index + 1)
 }
 
 fn merge(base: &mut serde_json::Value, overrides: serde_json::Value) {
@@ -154,6 +290,22 @@ mod tests {
     }
 
     #[test]
+    fn the_five_real_clis_are_never_interrupted_by_a_signal() {
+        for name in ["claude", "gemini", "codex", "opencode", "copilot"] {
+            let profile = builtin(name).unwrap();
+            assert_ne!(profile.interrupt, InterruptStyle::Signal, "{name}");
+            assert_eq!(profile.settle_ms, 300, "{name}");
+            assert!(profile.validate().is_ok(), "{name}");
+        }
+        assert_eq!(builtin("opencode").unwrap().interrupt, InterruptStyle::Keys(vec!["esc".into(), "esc".into()]));
+        assert!(builtin("codex").unwrap().args.contains(&"--no-daemon".to_string()));
+        assert_eq!(parse_key("esc").unwrap(), vec![0x1b]);
+        assert_eq!(parse_key("ctrl-c").unwrap(), vec![0x03]);
+        assert_eq!(parse_key("é").unwrap(), "é".as_bytes());
+        assert!(parse_key("\u{1b}").is_err() && parse_key("").is_err() && parse_key("ctrl-").is_err());
+    }
+
+    #[test]
     fn a_profile_file_overrides_single_fields_and_a_bad_one_names_its_line() {
         let home = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(home.path().join("profiles")).unwrap();
@@ -167,6 +319,25 @@ mod tests {
         let error = load("codex", home.path()).unwrap_err().to_string();
         assert!(error.contains("codex.json line 2"), "{error}");
         assert!(load("nosuch", home.path()).unwrap_err().to_string().contains("unknown profile"));
+        std::fs::write(
+            home.path().join("profiles/opencode.json"),
+            "{\n  \"settle_ms\": 10,\n  \"interrupt\": {\"keys\": [\"esc\", \"hyper-x\"]}\n}",
+        )
+        .unwrap();
+        let error = load("opencode", home.path()).unwrap_err().to_string();
+        assert!(error.contains("opencode.json line 3") && error.contains("'hyper-x' is not a key"), "{error}");
+        std::fs::write(home.path().join("profiles/gemini.json"), "{\"idle\": {\n\"waiting_patterns\": [\"\"]}}")
+            .unwrap();
+        let error = load("gemini", home.path()).unwrap_err().to_string();
+        assert!(error.contains("gemini.json line 2") && error.contains("empty"), "{error}");
+        std::fs::write(home.path().join("profiles/copilot.json"), r#"{"interrupt": {"keys": ["esc", "ctrl-c", "x"]}}"#)
+            .unwrap();
+        assert_eq!(
+            load("copilot", home.path()).unwrap().interrupt,
+            InterruptStyle::Keys(vec!["esc".into(), "ctrl-c".into(), "x".into()])
+        );
+        std::fs::write(home.path().join("profiles/copilot.json"), r#"{"interrupt": "sigint"}"#).unwrap();
+        assert!(load("copilot", home.path()).unwrap_err().to_string().contains("copilot.json"));
         assert!(load("../x", home.path()).is_err());
     }
 }

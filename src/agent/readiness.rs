@@ -76,7 +76,8 @@ impl Readiness {
         if self.idle.needs_bracketed_paste && !self.seen_bracketed_paste {
             return (AgentStatus::Processing, None);
         }
-        let screen_text = self.excerpt(6);
+        // A dialog's question may sit far above its last line: the whole screen is looked at.
+        let screen_text = self.parser.screen().contents();
         if self.idle.waiting_patterns.iter().any(|pattern| screen_text.contains(pattern.as_str())) {
             return (AgentStatus::Waiting, None);
         }
@@ -136,7 +137,7 @@ mod tests {
         let start = Instant::now();
         ready.feed(b"\x1b[?25l Claude Code \r\n\x1b[?25h", start);
         assert_eq!(ready.status(start + Duration::from_secs(5)).0, AgentStatus::Processing);
-        ready.feed(b"\x1b[?2004h\r\n\xe2\x95\xad\xe2\x94\x80 > \r\n", start);
+        ready.feed("\x1b[?2004h\r\n────\r\n❯\u{a0}".as_bytes(), start);
         let (status, recheck) = ready.status(start + Duration::from_millis(100));
         assert_eq!(status, AgentStatus::Processing);
         assert_eq!(recheck, Some(start + Duration::from_millis(500)));
@@ -167,8 +168,50 @@ mod tests {
         assert_eq!(copilot.status(start + Duration::from_millis(600)).0, AgentStatus::Ready);
         let mut opencode = detector("opencode");
         opencode.feed(b"\x1b[2J thinking...", start);
+        assert_eq!(opencode.status(start + Duration::from_secs(5)).0, AgentStatus::Processing, "no input box yet");
+        opencode.feed("\x1b[2J\x1b[10;3H┃  \x1b[10;4H".as_bytes(), start);
         assert_eq!(opencode.status(start + Duration::from_millis(999)).0, AgentStatus::Processing);
         assert_eq!(opencode.status(start + Duration::from_millis(1000)).0, AgentStatus::Ready);
+    }
+
+    #[test]
+    fn a_half_typed_line_is_not_a_prompt() {
+        let start = Instant::now();
+        let mut claude = detector("claude");
+        claude.feed("\x1b[?2004h────\r\n❯\u{a0}".as_bytes(), start);
+        assert_eq!(claude.status(start + Duration::from_secs(1)).0, AgentStatus::Ready);
+        claude.feed("user typed half".as_bytes(), start + Duration::from_secs(1));
+        assert_eq!(claude.status(start + Duration::from_secs(5)).0, AgentStatus::Processing);
+        claude.feed(b"\x1b[15D\x1b[K", start + Duration::from_secs(5));
+        assert_eq!(claude.status(start + Duration::from_secs(6)).0, AgentStatus::Ready, "the box is empty again");
+    }
+
+    #[test]
+    fn a_dialog_far_above_the_cursor_still_means_waiting() {
+        // Codex draws its question at the top and the choices below it (REAL_CLIS.md).
+        let start = Instant::now();
+        let mut codex = detector("codex");
+        let mut screen = String::from("\x1b[2J\x1b[HWould you like to run the following command?\r\n");
+        for line in 0..12 {
+            screen.push_str(&format!("  $ echo line {line}\r\n"));
+        }
+        screen.push_str("› 1. Yes, proceed\r\n  2. No\r\n\r\n› ");
+        codex.feed(screen.as_bytes(), start);
+        assert_eq!(codex.status(start + Duration::from_secs(10)).0, AgentStatus::Waiting);
+        for (profile, dialog) in [
+            (
+                "claude",
+                "Do you trust the files in this folder?\r\n❯ 1. Yes, I trust this folder\r\n  2. No, exit\r\n\r\n Enter to confirm · Esc to cancel\r\n",
+            ),
+            ("gemini", "Allow execution of [Shell]?\r\n● 1. Allow once\r\n  2. Allow always\r\n"),
+            ("opencode", "△ Permission required\r\n$ rm -rf build\r\n Allow once  Allow always  Reject\r\n┃ "),
+            ("copilot", "Confirm folder trust\r\n❯ 1. Yes\r\n  2. No\r\n↑↓ to navigate · enter to select\r\n"),
+        ] {
+            let mut ready = detector(profile);
+            ready.feed(b"\x1b[?2004h", start);
+            ready.feed(dialog.as_bytes(), start);
+            assert_eq!(ready.status(start + Duration::from_secs(10)).0, AgentStatus::Waiting, "{profile}");
+        }
     }
 
     #[test]

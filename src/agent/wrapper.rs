@@ -141,8 +141,10 @@ impl Shared {
         written.await.map_err(|_| anyhow::anyhow!("the PTY is closed"))
     }
 
-    fn interrupt(&self) {
-        match self.profile.interrupt {
+    /// Interrupts the CLI as its profile says (never called while it is STARTING or WAITING:
+    /// interrupt keys could answer a dialog).
+    async fn interrupt(&self) {
+        match &self.profile.interrupt {
             InterruptStyle::Signal => {
                 let group = self
                     .master
@@ -155,7 +157,18 @@ impl Shared {
                 }
             }
             InterruptStyle::CtrlC => {
-                let _ = self.pty_input.send(PtyWrite { bytes: vec![0x03], done: None, then_record: None });
+                let _ = self.write(vec![0x03]).await;
+            }
+            InterruptStyle::Keys(keys) => {
+                for (index, key) in keys.iter().enumerate() {
+                    if index > 0 {
+                        tokio::time::sleep(super::profile::KEY_GAP).await;
+                    }
+                    // Checked when the profile was loaded.
+                    if let Ok(bytes) = super::profile::parse_key(key) {
+                        let _ = self.write(bytes).await;
+                    }
+                }
             }
         }
     }
@@ -500,7 +513,7 @@ pub fn instruction_files(dir: &std::path::Path) -> Vec<PathBuf> {
 fn startup_message(shared: &Shared, files: &[PathBuf]) -> String {
     let list: Vec<String> = files.iter().map(|file| file.display().to_string()).collect();
     format!(
-        "[SYNAPSE] You are agent {} ({}). Read your instructions in: {}. Messages from other agents arrive as [A2A:<id>:<sender>] lines; answer those marked :R with `synapse reply \"...\"`.",
+        "You are agent {} ({}). Read your instructions in: {}. Messages from other agents arrive as [A2A:<id>:<sender>] lines; answer those marked :R with `synapse reply \"...\"`.",
         shared.agent_id,
         shared.profile.name,
         list.join(", ")
@@ -523,7 +536,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
         if !wait_until_ready(&shared).await {
             return;
         }
-        if let Err(error) = write_input(&shared, startup_message(&shared, &files), None).await {
+        if let Err(error) = write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), None).await {
             tracing::warn!("cannot write the start-up message: {error:#}");
             return;
         }
@@ -534,6 +547,8 @@ async fn watch_inbox(shared: Arc<Shared>) {
     // died before acknowledging it: its records say so, and it is acknowledged without being
     // written again.
     let mut first_after_start = true;
+    // The priority-5 ticket last interrupted for: each is interrupted for once.
+    let mut interrupted: Option<u64> = None;
     let mut backoff = Backoff::default();
     let inbox = format!("/agents/{}/inbox?wait_ms={INBOX_WAIT_MS}&limit=1", shared.agent_id);
     loop {
@@ -574,10 +589,25 @@ async fn watch_inbox(shared: Arc<Shared>) {
             unacknowledged = Some(number);
             continue;
         }
-        if ticket["priority"].as_u64() == Some(5) {
-            interrupt_and_settle(&shared).await;
-        } else if !is_ready_now(&shared) {
-            if !wait_until_ready(&shared).await {
+        let status = shared.lock_readiness().status(Instant::now()).0;
+        if status != AgentStatus::Ready {
+            // Priority 5 interrupts a CLI that is working, once per ticket. A CLI that is
+            // starting or shows a dialog is never interrupted or written to: the keys could
+            // answer the dialog.
+            if ticket["priority"].as_u64() == Some(5)
+                && status == AgentStatus::Processing
+                && interrupted != Some(number)
+            {
+                interrupted = Some(number);
+                shared.interrupt().await;
+                let timeout = Duration::from_millis(shared.profile.interrupt_timeout_ms);
+                if tokio::time::timeout(timeout, wait_until_ready(&shared)).await.is_err() {
+                    tracing::warn!(
+                        "ticket {number}: the CLI did not show its prompt within {} ms of the interrupt; the message stays queued",
+                        shared.profile.interrupt_timeout_ms
+                    );
+                }
+            } else if !wait_until_ready(&shared).await {
                 return;
             }
             // Ask again: a more urgent ticket may have arrived while the CLI was busy.
@@ -589,12 +619,6 @@ async fn watch_inbox(shared: Arc<Shared>) {
         }
         unacknowledged = Some(number);
     }
-}
-
-/// Is the CLI at its prompt now? Asked of the screen model itself, not of the reporter's last
-/// published status, which may not yet have seen the input just written.
-fn is_ready_now(shared: &Shared) -> bool {
-    shared.lock_readiness().status(Instant::now()).0 == AgentStatus::Ready
 }
 
 /// Waits until the screen model says READY (after output, or when a quiet period ends);
@@ -620,26 +644,12 @@ async fn wait_until_ready(shared: &Arc<Shared>) -> bool {
     }
 }
 
-/// Longest wait, after interrupting the CLI, for it to show that it noticed.
-const INTERRUPT_SETTLE: Duration = Duration::from_millis(500);
-
-/// Interrupts the CLI, then waits until it answers with output (it has handled the interrupt
-/// and redrawn) or [`INTERRUPT_SETTLE`] passes, so the message is not read before the
-/// interrupt is.
-async fn interrupt_and_settle(shared: &Arc<Shared>) {
-    let mut changes = shared.output_changed.subscribe();
-    changes.borrow_and_update();
-    shared.interrupt();
-    let _ = tokio::time::timeout(INTERRUPT_SETTLE, changes.changed()).await;
-}
-
-/// The text written for a ticket: its prefix and the message, or a file reference when the
+/// The text written for a ticket after its header: the message, or a file reference when the
 /// message is long (or multi-line and the CLI cannot take a paste).
 fn ticket_text(shared: &Shared, ticket: &Value, bracketed: bool) -> anyhow::Result<String> {
-    let prefix = ticket["prefix"].as_str().unwrap_or_default();
     let text = ticket["text"].as_str().unwrap_or_default();
-    if text.chars().count() <= long_message_threshold() && (bracketed || !text.contains('\n')) {
-        return Ok(format!("{prefix} {text}"));
+    if text.chars().count() <= long_message_threshold() && (bracketed || !text.contains(['\n', '\r'])) {
+        return Ok(text.to_string());
     }
     let dir = shared.paths.home.join("messages").join(&shared.agent_id);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -649,27 +659,34 @@ fn ticket_text(shared: &Shared, ticket: &Value, bracketed: bool) -> anyhow::Resu
         crate::event::short_id(ticket["task_id"].as_str().unwrap_or("x"))
     ));
     std::fs::write(&file, text).with_context(|| format!("cannot write {}", file.display()))?;
-    Ok(format!("{prefix} [LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()))
+    Ok(format!("[LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()))
 }
 
 async fn inject(shared: &Arc<Shared>, ticket: &Value, number: u64) -> anyhow::Result<()> {
     let bracketed = shared.lock_readiness().bracketed_paste();
     let text = ticket_text(shared, ticket, bracketed)?;
-    write_input(shared, text, Some((delivered_path(&shared.log), number.to_string()))).await
+    let header = ticket["prefix"].as_str().unwrap_or_default();
+    write_input(shared, header, &text, Some((delivered_path(&shared.log), number.to_string()))).await
 }
 
-/// Types `text` into the CLI like a paste (bracketed when the CLI enabled it), then the submit
-/// key after the profile's settle delay (and, right after it, `then_record`).
-async fn write_input(shared: &Arc<Shared>, text: String, then_record: Option<(PathBuf, String)>) -> anyhow::Result<()> {
+/// Types `header` and `text` into the CLI like a paste (bracketed when the CLI enabled it), then
+/// the submit key after the profile's settle delay (and, right after it, `then_record`). The
+/// bytes are decided by [`crate::escape::keystrokes`]: nothing in the text acts as a control.
+async fn write_input(
+    shared: &Arc<Shared>,
+    header: &str,
+    text: &str,
+    then_record: Option<(PathBuf, String)>,
+) -> anyhow::Result<()> {
     let bracketed = shared.lock_readiness().bracketed_paste();
     shared.lock_readiness().input_written(Instant::now());
     shared.output_changed.send_modify(|count| *count += 1);
-    let bytes = if bracketed { format!("\x1b[200~{text}\x1b[201~").into_bytes() } else { text.into_bytes() };
-    shared.write(bytes).await?;
+    let keys = crate::escape::keystrokes(header, text, bracketed, &shared.profile.submit);
+    shared.write(keys.paste).await?;
     if shared.profile.settle_ms > 0 {
         tokio::time::sleep(Duration::from_millis(shared.profile.settle_ms)).await;
     }
-    shared.write_then_record(shared.profile.submit.clone().into_bytes(), then_record).await?;
+    shared.write_then_record(keys.submit, then_record).await?;
     Ok(())
 }
 
