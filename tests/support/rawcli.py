@@ -1,0 +1,55 @@
+"""A raw-mode CLI with bracketed paste, like the real AI CLIs, for the injection tests.
+
+Puts its terminal in raw mode, turns bracketed paste on, draws `rawcli> ` and reads keys. Enter
+outside a paste submits the line; Ctrl-C, Ctrl-\\ and Ctrl-D outside a paste end the program (as
+they end or interrupt a real CLI). Every submitted line and every such key is appended to the
+log file (argv[1]) as one JSON line, so a test can see exactly what was submitted.
+"""
+import json
+import os
+import sys
+import termios
+import tty
+
+START, END = b"\x1b[200~", b"\x1b[201~"
+
+
+def main():
+    log = open(sys.argv[1], "a", buffering=1)
+    saved = termios.tcgetattr(0)
+    tty.setraw(0)
+    try:
+        os.write(1, b"\x1b[?2004hrawcli ready\r\nrawcli> ")
+        pending, line, in_paste = b"", b"", False
+        while True:
+            data = os.read(0, 4096)
+            if not data:
+                return 0
+            pending += data
+            while pending:
+                if pending.startswith(START):
+                    in_paste, pending = True, pending[len(START):]
+                    continue
+                if pending.startswith(END):
+                    in_paste, pending = False, pending[len(END):]
+                    continue
+                if (START.startswith(pending) or END.startswith(pending)) and len(pending) < len(START):
+                    break  # the rest of a marker is still to come
+                key, pending = pending[:1], pending[1:]
+                if not in_paste and key in (b"\x03", b"\x04", b"\x1c"):
+                    log.write(json.dumps({"control": key.hex()}) + "\n")
+                    os.write(1, b"\r\nrawcli: ended by a control key\r\n")
+                    return 1
+                if not in_paste and key in (b"\r", b"\n"):
+                    log.write(json.dumps({"line": line.decode("utf-8", "replace")}) + "\n")
+                    os.write(1, b"\r\nrawcli: got %d bytes\r\nrawcli> " % len(line))
+                    line = b""
+                    continue
+                line += key
+                os.write(1, key if key >= b" " else b"?")
+    finally:
+        termios.tcsetattr(0, termios.TCSANOW, saved)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
