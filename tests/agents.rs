@@ -521,3 +521,30 @@ fn message_text_cannot_inject_keystrokes_or_forge_a_header() {
     let status = home.ok(&["list", "--json"]);
     assert!(status.contains(&id(&raw)) && status.contains(&id(&bob)), "both agents still run: {status}");
 }
+
+/// A long message whose file cannot be written (here: a file stands where the agent's message
+/// directory should be) fails its task with the reason, and the agent's next messages still
+/// arrive (issue 12: one failed write once stopped that agent's deliveries for good).
+#[test]
+fn a_message_file_that_cannot_be_written_fails_its_task_and_later_deliveries_go_on() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let bob = start(&home, "bob", &[], None);
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
+    std::fs::create_dir_all(home.home().join("messages")).unwrap();
+    std::fs::write(home.home().join("messages").join(id(&bob)), "in the way").unwrap();
+    let long = "long ".repeat(100);
+    let sent: Value = serde_json::from_str(&home.ok(&["send", "bob", &long, "--no-response", "--json"])).unwrap();
+    let task = sent["task"]["id"].as_str().unwrap().to_string();
+    home.ok(&["send", "bob", "short and sweet", "--no-response"]);
+    follower.wait_until("the short message written after the failed one", |events| {
+        let failed = events.iter().any(|e| kind(e) == "task_failed" || data(e, "state") == "failed");
+        failed && settled(events, &id(&bob))
+    });
+    let task_json = home.http("GET", &format!("/tasks/{task}"), None, &[]).1;
+    assert_eq!(task_json["task"]["status"], "failed", "{task_json:#}");
+    assert!(task_json.to_string().contains("not delivered to"), "{task_json:#}");
+    let screen = terminal(&bob);
+    assert!(screen.contains("short and sweet") && !screen.contains("long long"), "{screen}");
+}

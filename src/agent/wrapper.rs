@@ -613,7 +613,22 @@ async fn watch_inbox(shared: Arc<Shared>) {
             // Ask again: a more urgent ticket may have arrived while the CLI was busy.
             continue;
         }
-        if let Err(error) = inject(&shared, &ticket, number).await {
+        let bracketed = shared.lock_readiness().bracketed_paste();
+        let text = match ticket_text(&shared, &ticket, bracketed) {
+            Ok(text) => text,
+            Err(error) => {
+                // The message cannot reach this CLI (its file could not be written): its task
+                // fails, visibly to the sender, and the next tickets go on.
+                let reason = format!("{error:#}");
+                tracing::warn!("ticket {number}: {reason}");
+                fail_ticket(&mut client, &shared, &ticket, &reason).await;
+                unacknowledged = Some(number);
+                continue;
+            }
+        };
+        let header = ticket["prefix"].as_str().unwrap_or_default();
+        let record = Some((delivered_path(&shared.log), number.to_string()));
+        if let Err(error) = write_input(&shared, header, &text, record).await {
             tracing::warn!("cannot write ticket {number}: {error:#}");
             return;
         }
@@ -662,11 +677,15 @@ fn ticket_text(shared: &Shared, ticket: &Value, bracketed: bool) -> anyhow::Resu
     Ok(format!("[LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()))
 }
 
-async fn inject(shared: &Arc<Shared>, ticket: &Value, number: u64) -> anyhow::Result<()> {
-    let bracketed = shared.lock_readiness().bracketed_paste();
-    let text = ticket_text(shared, ticket, bracketed)?;
-    let header = ticket["prefix"].as_str().unwrap_or_default();
-    write_input(shared, header, &text, Some((delivered_path(&shared.log), number.to_string()))).await
+/// Marks the task of a ticket that cannot be written as failed, with the reason (best effort:
+/// a reply's ticket belongs to a task that is already over).
+async fn fail_ticket(client: &mut Client, shared: &Shared, ticket: &Value, reason: &str) {
+    let Some(task_id) = ticket["task_id"].as_str() else { return };
+    let path = format!("/agents/{}/tasks/{task_id}/update", shared.agent_id);
+    let body = json!({"state": "failed", "error": format!("not delivered to {}: {reason}", shared.agent_id)});
+    if let Err(error) = client.post(&path, &body).await {
+        tracing::debug!("cannot mark task {task_id} failed: {error:#}");
+    }
 }
 
 /// Types `header` and `text` into the CLI like a paste (bracketed when the CLI enabled it), then
