@@ -220,16 +220,27 @@ pub fn example_value(schema: &Value) -> Value {
     }
 }
 
-/// Whether a text block is context a CLI injected into the user turn (`<system-reminder>`,
-/// `<environment_context>`, ...) rather than what the user typed.
-pub fn is_injected_context(text: &str) -> bool {
-    let text = text.trim();
-    text.starts_with('<') && text.ends_with('>')
+/// A text block without the context a CLI put in front of what the user typed: leading
+/// `<tag>...</tag>` blocks (Claude's `<system-reminder>`, Codex's `<environment_context>`,
+/// Copilot's `<current_datetime>`, ...).
+pub fn without_injected_context(text: &str) -> &str {
+    let mut rest = text.trim();
+    while let Some(after_open) = rest.strip_prefix('<') {
+        let Some(name_end) = after_open.find(['>', ' ']) else { break };
+        let name = &after_open[..name_end];
+        if name.is_empty() || name.starts_with('/') {
+            break;
+        }
+        let close = format!("</{name}>");
+        let Some(close_at) = rest.find(&close) else { break };
+        rest = rest[close_at + close.len()..].trim_start();
+    }
+    rest
 }
 
 /// The user's own text out of a turn's text blocks: injected context left out, the rest joined.
 pub fn user_text<'a>(blocks: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let typed: Vec<&str> = blocks.into_iter().filter(|text| !is_injected_context(text)).collect();
+    let typed: Vec<&str> = blocks.into_iter().map(without_injected_context).filter(|text| !text.is_empty()).collect();
     (!typed.is_empty()).then(|| typed.join("\n"))
 }
 
@@ -314,6 +325,10 @@ mod tests {
         let blocks = ["<system-reminder>be slow</system-reminder>", "hello"];
         assert_eq!(user_text(blocks), Some("hello".to_string()));
         assert_eq!(user_text(["<environment_context>x</environment_context>"]), None);
+        let copilot = "<current_datetime>2026-11-23T16:08</current_datetime>\n\n[A2A:1:a:R] what is 2+2";
+        assert_eq!(user_text([copilot]).as_deref(), Some("[A2A:1:a:R] what is 2+2"));
+        assert_eq!(user_text(["<b>bold</b> text"]).as_deref(), Some("text"));
+        assert_eq!(user_text(["a <b>c</b>"]).as_deref(), Some("a <b>c</b>"));
     }
 
     #[test]
