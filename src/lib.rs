@@ -6,6 +6,7 @@
 //! - `broker`: the daemon: writer thread (group commit), commands, tails, HTTP servers.
 //! - `client`: the CLI's connection to the broker over its Unix socket, with autostart.
 //! - `cli`: command-line definitions and one module per command group.
+//! - [`scripted_model`]: a model server answering by script, for tests with the real CLIs.
 
 pub mod agent;
 pub mod broker;
@@ -15,5 +16,6 @@ pub mod config;
 pub mod escape;
 pub mod event;
 pub mod http;
+pub mod scripted_model;
 pub mod settings;
 pub mod store;

@@ -133,6 +133,17 @@ pub enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+    /// A scripted model server (Anthropic, Responses, Chat Completions, Gemini) for tests with
+    /// the real CLIs; prints {"port":N} and serves until killed
+    #[command(name = "scripted-model", hide = true)]
+    ScriptedModel {
+        /// Port on 127.0.0.1 (0: any free port)
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Append every request to this file, one JSON line each
+        #[arg(long)]
+        log: Option<PathBuf>,
+    },
     /// Run an agent: synapse <profile> [--port N] [--name NAME] [--role ROLE] [-- tool args]
     #[command(external_subcommand)]
     Profile(Vec<OsString>),
@@ -306,6 +317,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Reset { scope, force } => return setup::reset(&paths, &scope, force),
         Command::ScenarioAgent { port, name } => return crate::agent::scenario::run(paths, port, name),
         Command::Profile(words) => return agents::run_profile(paths, words),
+        Command::ScriptedModel { port, log } => return crate::scripted_model::run(port, log),
         Command::Start { profile, args, json } => {
             let args = agents::ProfileArgs { common: args, headless: true, announce: true };
             return agents::start(&paths, &profile, &args, json);
@@ -332,6 +344,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             | Command::Init { .. }
             | Command::Reset { .. }
             | Command::ScenarioAgent { .. }
+            | Command::ScriptedModel { .. }
             | Command::Profile(_)
             | Command::Start { .. }
             | Command::Demo { .. } => {

@@ -261,3 +261,4 @@ pub fn http_tcp(port: u16, method: &str, path: &str, body: Option<&[u8]>, header
     write_request(&mut stream, method, path, body, headers);
     read_response(stream)
 }
+pub mod clis;
