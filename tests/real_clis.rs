@@ -1,39 +1,393 @@
-//! The five real AI CLIs, end to end against the scripted model (issue 11). They need
-//! `tools/install-clis`; without them each test is skipped with one line saying so, except under
-//! `CI=true`, where a missing CLI is a failure.
+//! The five real AI CLIs, end to end against the scripted model (issue 11): each runs in
+//! `synapse <cli>` inside a PTY this test owns (it is the user's terminal: it can type and read the
+//! screen), configured in a temporary HOME and work dir as tests/common/clis.rs describes.
+//!
+//! They need `tools/install-clis`; without the CLIs each test is skipped with one line saying
+//! so, except under `CI=true`, where a missing CLI is a failure. nextest runs at most two of these
+//! at a time (.config/nextest.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::path::PathBuf;
+use common::clis::{self, CLI_NAMES, ScriptedModel};
+use common::*;
+use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-const CLIS: [&str; 5] = ["claude", "codex", "gemini", "opencode", "copilot"];
-
-/// Where tools/install-clis put the CLIs.
-fn clis_dir() -> PathBuf {
-    std::env::var_os("SYNAPSE_CLIS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/synapse/clis"))
-}
+/// Longest wait for anything a CLI does (start-up of a cold node program included).
+const DEADLINE: Duration = Duration::from_secs(90);
 
 /// The CLI's executable, or None (and one line on stderr) when it is not installed; under
 /// CI=true a missing CLI fails the test.
-fn cli(name: &str) -> Option<PathBuf> {
-    let path = clis_dir().join("node_modules/.bin").join(name);
-    if path.exists() {
+fn installed(name: &str) -> Option<PathBuf> {
+    if let Some(path) = clis::cli_binary(name) {
         return Some(path);
     }
-    let hint = format!("{name} is not installed in {}: run tools/install-clis", clis_dir().display());
+    let hint = format!("{name} is not installed in {}: run tools/install-clis", clis::clis_dir().display());
     assert!(std::env::var("CI").as_deref() != Ok("true"), "{hint}");
     eprintln!("SKIPPED: {hint}");
     None
 }
 
-#[test]
-fn the_five_clis_are_installed_at_their_pinned_versions() {
-    for name in CLIS {
-        if cli(name).is_none() {
-            continue;
-        }
+/// Waits until `done` holds, checking every 50 ms, or fails with `what` and `describe()`.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool, describe: impl Fn() -> String) {
+    let deadline = Instant::now() + DEADLINE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", describe());
+        std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A Synapse home and a scripted model, shared by the sessions of one test.
+struct World {
+    home: Home,
+    model: ScriptedModel,
+}
+
+impl World {
+    fn new() -> Arc<World> {
+        let home = Home::new();
+        let model = ScriptedModel::start(Some(&home.dir.path().join("model.jsonl")));
+        Arc::new(World { home, model })
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = self.home.run(&["broker", "stop"]);
+    }
+}
+
+/// One real CLI wrapped by `synapse <cli>` in a PTY of ours.
+struct Session {
+    world: Arc<World>,
+    cli: &'static str,
+    name: String,
+    agent_id: String,
+    child: Box<dyn portable_pty::Child + Send + Sync>,
+    keyboard: Box<dyn Write + Send>,
+    screen: Arc<Mutex<vt100::Parser>>,
+    _master: Box<dyn MasterPty + Send>,
+}
+
+/// PATH for the CLI: this build's `synapse` first (the model's shell tool calls it), then the
+/// installed CLIs, then the system's.
+fn search_path() -> String {
+    let synapse_dir = Path::new(BIN).parent().unwrap().display().to_string();
+    let clis_bin = clis::clis_dir().join("node_modules/.bin").display().to_string();
+    format!("{synapse_dir}:{clis_bin}:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+impl Session {
+    /// Starts `synapse <cli> --name <name>` in a new home with a new scripted model; None when the
+    /// CLI is not installed (skipped).
+    fn start(cli: &'static str, name: &str) -> Option<Session> {
+        installed(cli)?;
+        Some(Session::start_in(World::new(), cli, name))
+    }
+
+    fn start_in(world: Arc<World>, cli: &'static str, name: &str) -> Session {
+        let (home, model) = (&world.home, &world.model);
+        let cli_home = home.dir.path().join(format!("{name}-home"));
+        let work = home.dir.path().join(format!("{name}-work"));
+        let setup = clis::setup(cli, &cli_home, &work, model.port).unwrap();
+        let pty = native_pty_system().openpty(PtySize { rows: 40, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
+        let mut command = CommandBuilder::new(BIN);
+        command.args([cli, "--name", name]);
+        // The profile passes its own arguments (Codex: --no-daemon); the setup's others follow `--`.
+        let profile_args = synapse::agent::profile::builtin(cli).unwrap().args;
+        let extra: Vec<&String> = setup.args.iter().filter(|arg| !profile_args.contains(arg)).collect();
+        if !extra.is_empty() {
+            command.arg("--");
+            command.args(extra);
+        }
+        command.cwd(&work);
+        command.env("SYNAPSE_HOME", home.home());
+        command.env("SYNAPSE_UDS_DIR", home.uds());
+        command.env("SYNAPSE_BROKER_PORT", "0");
+        command.env("PATH", search_path());
+        command.env("TERM", "xterm-256color");
+        command.env_remove("SYNAPSE_AGENT_ID");
+        command.env_remove("SYNAPSE_AGENT_SECRET");
+        command.env_remove("CI");
+        for (key, value) in &setup.env {
+            command.env(key, value);
+        }
+        let child = pty.slave.spawn_command(command).unwrap();
+        drop(pty.slave);
+        let screen = Arc::new(Mutex::new(vt100::Parser::new(40, 120, 0)));
+        let mut reader = pty.master.try_clone_reader().unwrap();
+        let collected = screen.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 8192];
+            while let Ok(count) = reader.read(&mut buffer) {
+                if count == 0 {
+                    break;
+                }
+                collected.lock().unwrap().process(&buffer[..count]);
+            }
+        });
+        let keyboard = pty.master.take_writer().unwrap();
+        let mut session = Session {
+            world: world.clone(),
+            cli,
+            name: name.to_string(),
+            agent_id: String::new(),
+            child,
+            keyboard,
+            screen,
+            _master: pty.master,
+        };
+        session.agent_id = session.wait_registered();
+        session
+    }
+
+    fn screen(&self) -> String {
+        self.screen.lock().unwrap().screen().contents()
+    }
+
+    /// The agent as `synapse list --json` shows it.
+    fn agent(&self) -> Option<Value> {
+        let output = self.world.home.run(&["list", "--json"]);
+        let list: Value = serde_json::from_slice(&output.stdout).ok()?;
+        let agents = list["agents"].as_array().cloned().or_else(|| list.as_array().cloned())?;
+        agents.into_iter().find(|agent| agent["name"] == self.name.as_str())
+    }
+
+    fn status(&self) -> String {
+        self.agent().and_then(|agent| agent["status"].as_str().map(str::to_string)).unwrap_or_default()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} ({}) status {:?}\n--- screen ---\n{}\n--- model requests ---\n{}",
+            self.cli,
+            self.agent_id,
+            self.status(),
+            self.screen(),
+            self.world.model
+                .requests()
+                .iter()
+                .map(|request| format!(
+                    "{} internal={} {:?}",
+                    request["path"],
+                    request["internal"],
+                    request["last_user_text"].as_str().unwrap_or_default()
+                ))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    }
+
+    fn wait_registered(&self) -> String {
+        let mut id = String::new();
+        wait_for(
+            "the agent to register",
+            || match self.agent() {
+                Some(agent) => {
+                    id = agent["agent_id"].as_str().unwrap_or_default().to_string();
+                    true
+                }
+                None => false,
+            },
+            || self.screen(),
+        );
+        id
+    }
+
+    fn wait_status(&self, status: &str) {
+        wait_for(&format!("{} {status}", self.cli), || self.status() == status, || self.describe());
+    }
+
+    fn wait_screen(&self, text: &str) {
+        wait_for(&format!("{text:?} on {}'s screen", self.cli), || self.screen().contains(text), || self.describe());
+    }
+
+    /// How many of the model's requests brought `needle` as the user's new turn.
+    fn reached_model(&self, needle: &str) -> usize {
+        self.world.model.count_user_text(needle)
+    }
+
+    fn wait_reached_model(&self, needle: &str) {
+        wait_for(&format!("{needle:?} to reach the model"), || self.reached_model(needle) > 0, || self.describe());
+    }
+
+    fn type_keys(&mut self, bytes: &[u8]) {
+        self.keyboard.write_all(bytes).unwrap();
+        self.keyboard.flush().unwrap();
+    }
+
+    /// `synapse send <agent> ...` from the user's shell (no agent identity).
+    fn send(&self, args: &[&str]) -> String {
+        let mut full = vec!["send", self.agent_id.as_str()];
+        full.extend_from_slice(args);
+        self.world.home.ok(&full)
+    }
+
+    /// The ticket numbers still queued for the agent.
+    fn queued(&self) -> usize {
+        self.world.home.inbox(&Agent {
+            id: self.agent_id.clone(),
+            secret: String::new(),
+            port: 0,
+            socket: PathBuf::new(),
+        })
+        .len()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start → READY; a plain message reaches the model exactly once; a multi-line and a long
+/// (file-reference) message arrive intact; `send --response --wait` gets the answer the model
+/// gave through the CLI's own shell tool (`synapse reply "4"`), which also proves the shell knows
+/// which agent it is in.
+fn round_trip(cli: &'static str) {
+    let Some(session) = Session::start(cli, "solo") else { return };
+    session.wait_status("READY");
+
+    session.send(&["plain-marker-one hello", "--no-response"]);
+    session.wait_reached_model("plain-marker-one");
+    session.wait_status("READY");
+    assert_eq!(session.reached_model("plain-marker-one"), 1, "{}", session.describe());
+
+    let lines = "multi-marker first line\nsecond line\nthird line";
+    session.send(&[lines, "--no-response"]);
+    session.wait_reached_model("multi-marker");
+    let request = session.world.model.requests().into_iter().rev().find(|request| {
+        request["last_user_text"].as_str().is_some_and(|text| text.contains("multi-marker"))
+    });
+    let text = request.as_ref().and_then(|request| request["last_user_text"].as_str()).unwrap_or_default();
+    assert!(text.contains("multi-marker first line\nsecond line\nthird line"), "{text:?}\n{}", session.describe());
+    session.wait_status("READY");
+
+    let long: String = format!("long-marker {}", "0123456789 ".repeat(40));
+    session.send(&[&long, "--no-response"]);
+    session.wait_reached_model("[LONG MESSAGE - FILE ATTACHED]");
+    let files = std::fs::read_dir(session.world.home.home().join("messages").join(&session.agent_id)).unwrap();
+    let contents: Vec<String> = files.map(|file| std::fs::read_to_string(file.unwrap().path()).unwrap()).collect();
+    assert!(contents.contains(&long), "the long message's file holds it whole");
+    session.wait_status("READY");
+
+    let answer = session.send(&["[q] what is 2+2", "--response", "--wait", "60"]);
+    assert_eq!(answer.lines().last().map(str::trim), Some("4"), "{answer}\n{}", session.describe());
+    assert_eq!(session.reached_model("what is 2+2"), 1, "{}", session.describe());
+}
+
+/// The model asks to run a command the CLI does not allow by itself: the permission dialog makes
+/// the agent WAITING, a message sent meanwhile stays queued (its keystrokes never answer the
+/// dialog), and once the test answers the dialog (Esc: deny) the message arrives, once.
+fn dialog(cli: &'static str, deny: &[u8]) {
+    let Some(mut session) = Session::start(cli, "asker") else { return };
+    session.wait_status("READY");
+    session.send(&["please run: touch permission-probe", "--no-response"]);
+    session.wait_status("WAITING");
+    session.send(&["queued-marker while the dialog is up", "--no-response"]);
+    // The broker has the ticket and the agent stays WAITING with it queued: nothing typed.
+    wait_for("the ticket queued", || session.queued() == 1, || session.describe());
+    assert_eq!(session.reached_model("queued-marker"), 0, "{}", session.describe());
+    assert_eq!(session.status(), "WAITING", "{}", session.describe());
+    session.type_keys(deny);
+    session.wait_reached_model("queued-marker");
+    session.wait_status("READY");
+    assert_eq!(session.reached_model("queued-marker"), 1, "{}", session.describe());
+    assert!(!session.world.home.dir.path().join("asker-work/permission-probe").exists(), "the command was not approved");
+}
+
+/// Priority 5 during a slow streamed answer interrupts it (Ctrl-C, or Esc twice for OpenCode); the
+/// CLI survives, and the priority-5 message then reaches the model once.
+fn interrupt(cli: &'static str) {
+    let Some(session) = Session::start(cli, "busy") else { return };
+    session.wait_status("READY");
+    session.send(&["slow-marker please answer slow", "--no-response"]);
+    session.wait_reached_model("slow-marker");
+    session.wait_status("PROCESSING");
+    session.send(&["urgent-marker stop now", "--no-response", "-p", "5"]);
+    session.wait_reached_model("urgent-marker");
+    session.wait_status("READY");
+    assert_eq!(session.reached_model("urgent-marker"), 1, "{}", session.describe());
+    assert!(session.agent().is_some(), "the CLI survived the interrupt: {}", session.describe());
+}
+
+/// A half-typed line of the user is never merged with a message: the message waits until the
+/// input box is empty again.
+fn half_typed(cli: &'static str) {
+    let Some(mut session) = Session::start(cli, "typist") else { return };
+    session.wait_status("READY");
+    session.type_keys(b"userhalf");
+    session.wait_screen("userhalf");
+    session.wait_status("PROCESSING");
+    session.send(&["merge-marker from another agent", "--no-response"]);
+    wait_for("the ticket queued", || session.queued() == 1, || session.describe());
+    // The user deletes what they typed: the box is empty, the message goes in alone.
+    session.type_keys(&[0x7f; 8]);
+    session.wait_reached_model("merge-marker");
+    let merged = session.world.model.requests().iter().any(|request| {
+        request["last_user_text"].as_str().is_some_and(|text| text.contains("userhalf"))
+    });
+    assert!(!merged, "{}", session.describe());
+}
+
+macro_rules! per_cli {
+    ($($cli:ident),*) => {
+        $(
+            mod $cli {
+                #[test]
+                fn round_trip() {
+                    super::round_trip(stringify!($cli));
+                }
+                #[test]
+                fn dialog_holds_messages_until_answered() {
+                    super::dialog(stringify!($cli), b"\x1b");
+                }
+                #[test]
+                fn priority_five_interrupts_and_the_cli_survives() {
+                    super::interrupt(stringify!($cli));
+                }
+                #[test]
+                fn a_half_typed_line_is_not_merged() {
+                    super::half_typed(stringify!($cli));
+                }
+            }
+        )*
+    };
+}
+
+per_cli!(claude, codex, gemini, opencode, copilot);
+
+#[test]
+fn the_five_clis_are_installed() {
+    for name in CLI_NAMES {
+        let _ = installed(name);
+    }
+}
+
+/// Claude asks Codex with `--response` through its own shell tool; Codex answers through its
+/// shell tool with `synapse reply`; the answer comes back into Claude's terminal as
+/// `[A2A:<id8>:<codex agent>:REPLY] 4` (and so reaches Claude's model).
+#[test]
+fn claude_asks_codex_and_the_reply_comes_back_into_claudes_terminal() {
+    if installed("claude").is_none() || installed("codex").is_none() {
+        return;
+    }
+    let world = World::new();
+    let codex = Session::start_in(world.clone(), "codex", "coder");
+    let claude = Session::start_in(world.clone(), "claude", "lead");
+    codex.wait_status("READY");
+    claude.wait_status("READY");
+    claude.send(&["please run: synapse send coder \"[q] what is 2+2\" --response", "--no-response"]);
+    let reply = format!(":{}:REPLY] 4", codex.agent_id);
+    claude.wait_reached_model(&reply);
+    codex.wait_status("READY");
+    assert_eq!(claude.reached_model(&reply), 1, "{}", claude.describe());
+    assert_eq!(codex.reached_model(&format!(":{}:R] [q] what is 2+2", claude.agent_id)), 1, "{}", codex.describe());
 }

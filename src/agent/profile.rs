@@ -191,12 +191,19 @@ pub fn builtin(name: &str) -> Option<Profile> {
     let esc_twice = || InterruptStyle::Keys(vec!["esc".into(), "esc".into()]);
     Some(match name {
         "claude" => profile("claude", &[], (8100, 8109), idle(Some("❯"), 500, true), InterruptStyle::CtrlC),
-        "gemini" => profile("gemini", &[], (8110, 8119), idle(None, 3000, true), InterruptStyle::CtrlC),
+        // Gemini's box: ` >   Type your message`, the cursor right after `> `.
+        "gemini" => profile("gemini", &[], (8110, 8119), idle(Some(">"), 3000, true), InterruptStyle::CtrlC),
         // --no-daemon: without it Codex runs shell commands in a shared `codex app-server` that
         // outlives the agent and lacks its SYNAPSE_AGENT_ID (two Codex agents shared one identity).
-        "codex" => {
-            profile("codex", &["--no-daemon"], (8120, 8129), idle(Some("›"), 3000, false), InterruptStyle::CtrlC)
-        }
+        // Its sandbox refuses every socket unless network access is on, and `synapse reply`
+        // talks to the broker over a Unix socket.
+        "codex" => profile(
+            "codex",
+            &["--no-daemon", "-c", "sandbox_workspace_write.network_access=true"],
+            (8120, 8129),
+            idle(Some("›"), 3000, false),
+            InterruptStyle::CtrlC,
+        ),
         // OpenCode exits on Ctrl-C; Esc twice interrupts it. READY only once its input box
         // (the `┃` border at the cursor) is drawn: before that a message is lost.
         "opencode" => profile("opencode", &[], (8130, 8139), idle(Some("┃"), 1000, false), esc_twice()),

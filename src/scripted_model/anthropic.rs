@@ -23,7 +23,7 @@ pub fn turn_of(body: &Value) -> Turn {
             _ => Vec::new(),
         }
     };
-    let is_after_tool_result = messages.last().is_some_and(|message| {
+    let has_tool_result = messages.last().is_some_and(|message| {
         message.get("role") == Some(&json!("user"))
             && blocks_of(message).iter().any(|block| block.get("type") == Some(&json!("tool_result")))
     });
@@ -37,6 +37,9 @@ pub fn turn_of(body: &Value) -> Turn {
                 .collect();
             script::user_text(texts.iter().map(String::as_str))
         });
+    // A user message after a refused or interrupted tool call comes with its tool_result in the
+    // same turn: that is a new message, not the end of the tool call.
+    let is_after_tool_result = has_tool_result && last_user_text.is_none();
     Turn { last_user_text, is_after_tool_result }
 }
 
@@ -143,6 +146,18 @@ pub async fn count_tokens(State(state): State<SharedState>, body: Bytes) -> Json
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_sent_with_a_refused_tool_result_is_a_new_turn() {
+        let turn = turn_of(&json!({"messages": [
+            {"role": "user", "content": "please run: touch x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t", "content": "interrupted", "is_error": true},
+                {"type": "text", "text": "[A2A:1234abcd:anonymous] next message"}]}]}));
+        assert!(!turn.is_after_tool_result);
+        assert_eq!(turn.last_user_text.as_deref(), Some("[A2A:1234abcd:anonymous] next message"));
+    }
 
     #[test]
     fn a_tool_result_ends_the_turn_and_reminders_are_not_user_text() {

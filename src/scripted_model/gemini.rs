@@ -18,7 +18,7 @@ use std::convert::Infallible;
 pub fn turn_of(body: &Value) -> Turn {
     let contents = body.get("contents").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     let parts_of = |content: &Value| content.get("parts").and_then(Value::as_array).cloned().unwrap_or_default();
-    let is_after_tool_result = contents
+    let has_tool_result = contents
         .last()
         .is_some_and(|content| parts_of(content).iter().any(|part| part.get("functionResponse").is_some()));
     let last_user_text =
@@ -31,6 +31,8 @@ pub fn turn_of(body: &Value) -> Turn {
                 script::user_text(texts.iter().map(String::as_str))
             },
         );
+    // Text beside the function response in the last turn is a new message.
+    let is_after_tool_result = has_tool_result && last_user_text.is_none();
     Turn { last_user_text, is_after_tool_result }
 }
 
