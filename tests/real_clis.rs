@@ -310,6 +310,9 @@ fn interrupt(cli: &'static str) {
     session.wait_status("READY");
     session.send(&["slow-marker please answer slow", "--no-response"]);
     session.wait_reached_model("slow-marker");
+    // The answer is streaming (an interrupt before the first words makes Claude put the message
+    // back into its input box, where it waits for the user like half-typed text).
+    session.wait_screen("tick 2");
     session.wait_status("PROCESSING");
     session.send(&["urgent-marker stop now", "--no-response", "-p", "5"]);
     session.wait_reached_model("urgent-marker");
