@@ -6,6 +6,8 @@
 
 use super::BrokerState;
 use super::command::{Command, CommandError, Outcome, RegisterRequest, hash_secret, is_pid_alive};
+use super::process;
+use crate::http::caller::RegistrationProof;
 use crate::store::AgentRecord;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -82,10 +84,32 @@ pub struct RegisterBody {
 }
 
 /// Registers an agent: finds and binds a port, records the registration, serves its endpoints.
-pub async fn register(state: &Arc<BrokerState>, body: RegisterBody) -> Result<Registration, CommandError> {
+///
+/// The registration must prove its pid: over the Unix socket the registered process is the
+/// peer itself, one of its ancestors or its child (a wrapper registers itself; `synapse agent
+/// register --pid $PPID` its caller); with the admin key any live process. A live agent's name
+/// or id is never taken by another pid (409, decided by the writer), and the process's start
+/// time is recorded so a reused pid is never mistaken for the agent.
+pub async fn register(
+    state: &Arc<BrokerState>,
+    body: RegisterBody,
+    proof: RegistrationProof,
+) -> Result<Registration, CommandError> {
     if body.pid == 0 {
         return Err(CommandError::bad("pid must be the agent's process id (not 0)"));
     }
+    if !is_pid_alive(body.pid) {
+        return Err(CommandError::bad(format!("process {} is not running", body.pid)));
+    }
+    if let RegistrationProof::Peer(peer) = proof
+        && !process::is_related(peer, body.pid)
+    {
+        return Err(CommandError::forbidden(format!(
+            "Error: process {peer} may not register process {}: an agent registers itself, an ancestor or its child, never an unrelated process (the admin key may register any)",
+            body.pid
+        )));
+    }
+    let pid_start = process::start_ticks(body.pid);
     let candidates: Vec<u16> = match body.port {
         Some(port) => vec![port],
         None => match port_range(&body.agent_type) {
@@ -134,6 +158,7 @@ pub async fn register(state: &Arc<BrokerState>, body: RegisterBody) -> Result<Re
             working_dir: body.working_dir.clone(),
             port,
             secret_hash: hash_secret(&secret),
+            pid_start,
         };
         match state.writer.submit(Command::RegisterAgent(request)).await {
             Ok(Outcome::Registered { agent }) => {
@@ -178,7 +203,9 @@ fn serve(state: &Arc<BrokerState>, agent: &AgentRecord, listener: tokio::net::Tc
     let (tcp_signal, unix_signal) = (stop_signal(state, &stop), stop_signal(state, &stop));
     let cleanup_path = socket_path.clone();
     tokio::spawn(async move {
-        let unix_server = axum::serve(unix, router.into_make_service()).with_graceful_shutdown(unix_signal);
+        let unix_server =
+            axum::serve(unix, router.into_make_service_with_connect_info::<crate::http::caller::PeerCredentials>())
+                .with_graceful_shutdown(unix_signal);
         let tcp_server =
             axum::serve(listener, router_tcp.into_make_service_with_connect_info::<std::net::SocketAddr>())
                 .with_graceful_shutdown(tcp_signal);
@@ -215,12 +242,18 @@ pub async fn deregister(state: &Arc<BrokerState>, agent_id: &str, reason: &str) 
 pub async fn prune_dead(state: &Arc<BrokerState>) -> Vec<u16> {
     let Ok(agents) = state.store.read(|view| view.agents()) else { return Vec::new() };
     let mut ports = Vec::new();
-    for agent in agents.into_iter().filter(|agent| !is_pid_alive(agent.pid)) {
+    for agent in agents.into_iter().filter(|agent| !is_agent_alive(agent)) {
         tracing::info!("{} (pid {}) is gone; deregistering", agent.agent_id, agent.pid);
         let _ = deregister(state, &agent.agent_id, "process gone").await;
         ports.push(agent.port);
     }
     ports
+}
+
+/// Is the agent's process still the one that registered? Its pid runs and, when the start
+/// time was recorded, started at that time (a reused pid belongs to another process).
+pub fn is_agent_alive(agent: &AgentRecord) -> bool {
+    is_pid_alive(agent.pid) && agent.pid_start.is_none_or(|start| process::start_ticks(agent.pid) == Some(start))
 }
 
 /// Binds 127.0.0.1:`port`. A port just released by a stopped agent server is retried briefly

@@ -30,9 +30,12 @@ pub enum Command {
         message: Message,
         peer: Option<String>,
     },
+    /// Cancel a task: by its sender or receiver (proved), or the user; a task sent anonymously
+    /// may also be canceled anonymously (its sender cannot prove itself, A2A clients do this).
     CancelTask {
         task_id: String,
         reason: Option<String>,
+        actor: Actor,
     },
     AckInjection {
         agent_id: String,
@@ -49,6 +52,18 @@ pub enum Command {
     FileSafety(super::file_safety::FileCommand),
     /// Prune the history view (the event is `HistoryPruned`, built by the caller).
     Prune(Event),
+}
+
+/// Who acts in a command, as the HTTP layer proved it (see `http::caller`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    /// The user: the same uid over the broker's Unix socket with no agent secret, or the admin
+    /// key. May act for any agent.
+    User,
+    /// A registered agent, proved by its secret. Acts only as itself.
+    Agent(String),
+    /// Nobody proved: may act for no agent.
+    Anonymous,
 }
 
 /// The body of [`Command::UpdateTask`].
@@ -83,6 +98,9 @@ pub struct RegisterRequest {
     pub port: u16,
     #[serde(default, skip_serializing)]
     pub secret_hash: String,
+    /// The start time of `pid`, read by the broker when it checked the registration.
+    #[serde(default, skip_serializing)]
+    pub pid_start: Option<u64>,
 }
 
 /// A message to an agent (the body of `synapse send` and `POST /tasks/send`).
@@ -246,7 +264,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 }
 
 /// Constant-time comparison of two hex digests.
-fn digests_equal(left: &str, right: &str) -> bool {
+pub fn digests_equal(left: &str, right: &str) -> bool {
     left.len() == right.len() && left.bytes().zip(right.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
@@ -436,6 +454,32 @@ fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// The agent that sent the message a task records (None: anonymous).
+fn task_sender(task: &TaskRecord) -> Option<&str> {
+    match task.direction {
+        Direction::Incoming => task.peer.as_deref(),
+        Direction::Outgoing => task.owner.as_deref(),
+    }
+}
+
+/// The agent that received the message a task records.
+fn task_receiver(task: &TaskRecord) -> Option<&str> {
+    match task.direction {
+        Direction::Incoming => task.owner.as_deref(),
+        Direction::Outgoing => task.peer.as_deref(),
+    }
+}
+
+/// Cancel rights: the user; the task's sender or receiver; anyone when the sender was
+/// anonymous (an anonymous sender has nothing to prove itself with).
+fn may_cancel(task: &TaskRecord, actor: &Actor) -> bool {
+    match actor {
+        Actor::User => true,
+        Actor::Agent(agent) => task_sender(task) == Some(agent.as_str()) || task_receiver(task) == Some(agent.as_str()),
+        Actor::Anonymous => task_sender(task).is_none(),
+    }
+}
+
 /// Decides one command against the current projections; `now_ms` is the batch's time (lock
 /// expiry is measured against it).
 pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<Decision, DecideError> {
@@ -487,10 +531,19 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
                 answer: Answer::Task { task_id },
             })
         }
-        Command::CancelTask { task_id, reason } => {
+        Command::CancelTask { task_id, reason, actor } => {
             let Some(task) = find_task(view, task_id)? else {
                 return Err(CommandError::not_found(format!("Task {task_id} not found")).into());
             };
+            if !may_cancel(&task, actor) {
+                return Err(CommandError::forbidden(format!(
+                    "Error: task {} may be canceled only by its sender ({}), its receiver ({}) or the user",
+                    short_id(&task.id),
+                    task_sender(&task).unwrap_or("anonymous"),
+                    task_receiver(&task).unwrap_or("anonymous"),
+                ))
+                .into());
+            }
             if !matches!(task.state, TaskState::Submitted | TaskState::Working | TaskState::InputRequired) {
                 return Err(CommandError::bad(format!(
                     "Task {} is {} and cannot be canceled",
@@ -661,6 +714,7 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
         port: request.port,
         working_dir: request.working_dir.clone(),
         secret_hash: request.secret_hash.clone(),
+        pid_start: request.pid_start,
     });
     Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Registered { agent_id } })
 }

@@ -98,6 +98,11 @@ pub enum Event {
         working_dir: String,
         /// SHA-256 (hex) of the agent's secret; the secret itself is never stored.
         secret_hash: String,
+        /// Start time of process `pid` (field 22 of `/proc/<pid>/stat`) when the broker checked
+        /// it: with the pid it names one process, so a reused pid is not mistaken for the agent
+        /// and `synapse stop` never signals a process that merely got the same number.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid_start: Option<u64>,
     },
     AgentStatusChanged {
         agent_id: String,

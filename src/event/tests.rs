@@ -144,6 +144,7 @@ fn samples() -> Vec<Event> {
             port: 8100,
             working_dir: "/home/ada/project".into(),
             secret_hash: "9f86d081".into(),
+            pid_start: Some(1_234_567),
         },
         Event::AgentStatusChanged { agent_id: sender(), status: AgentStatus::Processing },
         Event::AgentDeregistered { agent_id: sender(), reason: "stopped".into() },

@@ -222,7 +222,17 @@ impl<'txn> Projections<'txn> {
     pub fn apply(&mut self, envelope: &Envelope) -> Result<(), StoreError> {
         let time_ms = envelope.time_ms;
         match &envelope.event {
-            Event::AgentRegistered { agent_id, agent_type, name, role, pid, port, working_dir, secret_hash } => {
+            Event::AgentRegistered {
+                agent_id,
+                agent_type,
+                name,
+                role,
+                pid,
+                port,
+                working_dir,
+                secret_hash,
+                pid_start,
+            } => {
                 let record = AgentRecord {
                     agent_id: agent_id.clone(),
                     agent_type: agent_type.clone(),
@@ -233,6 +243,7 @@ impl<'txn> Projections<'txn> {
                     working_dir: working_dir.clone(),
                     status: crate::event::AgentStatus::Starting,
                     secret_hash: secret_hash.clone(),
+                    pid_start: *pid_start,
                     registered_ms: time_ms,
                     status_ms: time_ms,
                 };

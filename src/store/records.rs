@@ -16,6 +16,9 @@ pub struct AgentRecord {
     pub working_dir: String,
     pub status: AgentStatus,
     pub secret_hash: String,
+    /// Start time of the process `pid` at registration (see `Event::AgentRegistered`).
+    #[serde(default)]
+    pub pid_start: Option<u64>,
     pub registered_ms: u64,
     pub status_ms: u64,
 }

@@ -45,6 +45,7 @@ fn event() -> impl Strategy<Value = Event> {
             port,
             working_dir: "/tmp".into(),
             secret_hash: "00".into(),
+            pid_start: Some(u64::from(pid) * 7),
         }),
         (agent(), status()).prop_map(|(agent_id, status)| Event::AgentStatusChanged { agent_id, status }),
         agent().prop_map(|agent_id| Event::AgentDeregistered { agent_id, reason: "gone".into() }),
