@@ -76,6 +76,122 @@ impl Drop for Bystander {
     }
 }
 
+/// A process that registered itself as an agent (a shell that became `sleep`), as a crashed
+/// wrapper would look once killed. Returns it and its registration.
+fn self_registered(home: &Home, name: &str, port: u16) -> (Bystander, Value) {
+    let registration = home.dir.path().join(format!("{name}-{port}.json"));
+    let _ = std::fs::remove_file(&registration);
+    let script = format!(
+        "'{BIN}' agent register --type dummy --pid $$ --name {name} --port {port} > '{path}.part' && mv '{path}.part' '{path}' && exec sleep 120",
+        path = registration.display()
+    );
+    let mut process = Bystander(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("SYNAPSE_HOME", home.home())
+            .env("SYNAPSE_UDS_DIR", home.uds())
+            .env("SYNAPSE_BROKER_PORT", "0")
+            .env_remove("SYNAPSE_AGENT_ID")
+            .env_remove("SYNAPSE_AGENT_SECRET")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    loop {
+        if let Ok(bytes) = std::fs::read(&registration) {
+            return (process, serde_json::from_slice(&bytes).unwrap());
+        }
+        assert!(process.is_running(), "{name} could not register");
+        assert!(started.elapsed() < DEADLINE, "{name} never registered");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Kills the process and waits until the broker has deregistered `agent_id`.
+fn crash(home: &Home, mut process: Bystander, agent_id: &str) {
+    let _ = process.0.kill();
+    let _ = process.0.wait();
+    let started = Instant::now();
+    while agents(home).iter().any(|agent| agent["agent_id"] == agent_id) {
+        assert!(started.elapsed() < DEADLINE, "{agent_id} was never found gone");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn inbox_texts(home: &Home, agent_id: &str) -> Vec<String> {
+    let value: Value = serde_json::from_str(&home.ok(&["agent", "inbox", agent_id])).unwrap();
+    value["tickets"].as_array().unwrap().iter().map(|ticket| ticket["text"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn a_crashed_agents_queue_never_reaches_a_new_agent_on_its_port_and_waits_for_it_under_its_name() {
+    let home = Home::new();
+    home.events(); // starts the broker
+    let port = free_port();
+    let (bob, registered) = self_registered(&home, "bob", port);
+    let bob_id = registered["agent"]["agent_id"].as_str().unwrap().to_string();
+    home.ok(&["send", "bob", "first for bob", "--no-response"]);
+    home.ok(&["send", "bob", "second for bob", "--no-response"]);
+    crash(&home, bob, &bob_id);
+
+    // carol on bob's port: refused with the reason; carol elsewhere gets another id, empty.
+    let test_pid = std::process::id().to_string();
+    let port_text = port.to_string();
+    let on_bobs_port = home
+        .run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--name", "carol", "--port", &port_text]);
+    assert!(!on_bobs_port.status.success(), "{}", describe(&on_bobs_port));
+    assert!(stderr(&on_bobs_port).contains("holds 2 queued message(s) of bob"), "{}", describe(&on_bobs_port));
+    let carol = home.register(Some("carol"));
+    assert_ne!(carol.id, bob_id);
+    assert!(inbox_texts(&home, &carol.id).is_empty(), "carol never receives bob's messages");
+
+    // bob started again with --name bob, on another port, gets his id and queue back.
+    let (_bob_again, again) = self_registered(&home, "bob", 0);
+    assert_eq!(again["agent"]["agent_id"], bob_id.as_str(), "{again}");
+    assert_ne!(again["agent"]["port"].as_u64(), Some(u64::from(port)));
+    assert_eq!(inbox_texts(&home, &bob_id), ["first for bob", "second for bob"]);
+    // And a message to bob reaches the same inbox.
+    home.ok(&["send", "bob", "third for bob", "--no-response"]);
+    assert_eq!(inbox_texts(&home, &bob_id).len(), 3);
+}
+
+#[test]
+fn a_queue_nobody_takes_back_expires_with_a_visible_reason_and_frees_the_id() {
+    let home = Home::new();
+    let started = home.cmd(&["events", "--json"]).env("SYNAPSE_INBOX_HOLD_SECONDS", "1").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let alice = home.register(Some("alice"));
+    let port = free_port();
+    let (dave, registered) = self_registered(&home, "dave", port);
+    let dave_id = registered["agent"]["agent_id"].as_str().unwrap().to_string();
+    let sent = home.run_as(&alice, &["send", "dave", "are you there?", "--response", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let sent: Value = serde_json::from_slice(&sent.stdout).unwrap();
+    let alice_task = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    crash(&home, dave, &dave_id);
+
+    let waited = Instant::now();
+    while !home.events().iter().any(|e| e["event"]["kind"] == "inbox_expired") {
+        assert!(waited.elapsed() < DEADLINE, "the queue never expired");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, task) = home.http("GET", &format!("/tasks/{alice_task}"), None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(task["task"]["status"], "failed", "{task}");
+    assert!(task.to_string().contains("was not started again"), "{task}");
+    assert!(inbox_texts(&home, &dave_id).is_empty());
+    let test_pid = std::process::id().to_string();
+    let port_text = port.to_string();
+    let reused = home.run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--port", &port_text]);
+    assert!(reused.status.success(), "the id is free again: {}", describe(&reused));
+}
+
 #[test]
 fn re_registering_bobs_name_with_bobs_pid_from_another_process_is_refused_and_bob_keeps_working() {
     let home = Home::new();

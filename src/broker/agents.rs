@@ -1,5 +1,16 @@
 //! Registered agents: port allocation, per-agent endpoints, liveness.
 //!
+//! **The inbox belongs to the agent, not to the port.** An agent's id is `synapse-<type>-<port>`
+//! from the port it first got. When it leaves (exit, crash, deregistration) with messages still
+//! queued, its id keeps them (projection `departed_agents`): no other agent is given that id —
+//! allocation skips the port, and an explicit `--port` for it is refused with the reason —
+//! until an agent of the same type is started again with the same explicit `--name` (by the
+//! user: registration is proved by peer credentials of the broker's uid), which takes the id
+//! and its queue back, even on another port (its id then keeps the old port's number). Queues
+//! nobody takes back within the hold time (`SYNAPSE_INBOX_HOLD_SECONDS`, default 24 h) expire:
+//! the waiting tasks fail with the reason and `inbox_expired` frees the id. An id whose
+//! agent left with an empty inbox is free at once.
+//!
 //! While an agent is registered the broker serves its A2A endpoints on the agent's port
 //! (127.0.0.1) and on `$SYNAPSE_UDS_DIR/<agent_id>.sock`, and stops serving them when the agent
 //! goes. Each server has its own stop channel, held in [`AgentServers`].
@@ -173,7 +184,9 @@ pub async fn register(
                 });
             }
             Ok(_) => return Err(CommandError::Unavailable { message: "unexpected answer to registration".into() }),
-            Err(CommandError::Conflict { message }) if body.port.is_none() && !message.contains("name") => {
+            // A port taken (by a live agent, or by the id of a departed agent's queue): try the
+            // next one. A name taken is final.
+            Err(CommandError::Conflict { message }) if body.port.is_none() && message.starts_with("port ") => {
                 last_error = Some(message);
             }
             Err(error) => return Err(error),
@@ -269,6 +282,36 @@ async fn bind_port(port: u16, releasing: bool) -> std::io::Result<tokio::net::Tc
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("cannot bind")))
+}
+
+/// How long a departed agent's queue waits for it (`SYNAPSE_INBOX_HOLD_SECONDS`, default 24 h).
+pub fn inbox_hold() -> std::time::Duration {
+    std::env::var("SYNAPSE_INBOX_HOLD_SECONDS")
+        .ok()
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .map_or(INBOX_HOLD_DEFAULT, std::time::Duration::from_secs)
+}
+
+pub const INBOX_HOLD_DEFAULT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Expires the queues of departed agents held longer than `hold` (asks the writer only when
+/// one is due, so an idle broker appends nothing).
+pub async fn expire_held_inboxes(state: &Arc<BrokerState>, hold: std::time::Duration) {
+    let hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
+    let now = super::writer::now_ms();
+    let due = state.store.read(|view| {
+        for departed in view.departed_agents()? {
+            if now >= departed.departed_ms.saturating_add(hold_ms) && view.inbox_depth(&departed.agent_id)? > 0 {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    });
+    if due.unwrap_or(false)
+        && let Err(error) = state.writer.submit(Command::ExpireInboxes { hold_ms }).await
+    {
+        tracing::warn!("cannot expire held inboxes: {error}");
+    }
 }
 
 /// At broker start: serve the endpoints of agents that are still alive, prune the others.

@@ -5,7 +5,7 @@
 //! caller; a rejected command returns an error and appends nothing.
 
 use crate::event::{Artifact, Direction, Event, Message, Part, Role, TaskState, short_id};
-use crate::store::{AgentRecord, Projections, StoreError, TaskRecord};
+use crate::store::{AgentRecord, DepartedAgent, Projections, StoreError, TaskRecord};
 use serde::{Deserialize, Serialize};
 
 /// Largest accepted message text, in bytes.
@@ -52,6 +52,11 @@ pub enum Command {
     FileSafety(super::file_safety::FileCommand),
     /// Prune the history view (the event is `HistoryPruned`, built by the caller).
     Prune(Event),
+    /// Drop the queues of departed agents that nobody took back within `hold_ms` (see
+    /// [`crate::broker::agents`] for the rule).
+    ExpireInboxes {
+        hold_ms: u64,
+    },
 }
 
 /// Who acts in a command, as the HTTP layer proved it (see `http::caller`).
@@ -600,6 +605,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
         Command::Webhook(command) => super::webhooks::decide(command),
         Command::External(command) => super::externals::decide(command),
         Command::FileSafety(command) => super::file_safety::decide(view, command, now_ms),
+        Command::ExpireInboxes { hold_ms } => decide_expire_inboxes(view, *hold_ms, now_ms),
         Command::Prune(event) => match event {
             Event::HistoryPruned { .. } => {
                 Ok(Decision { actor: None, events: vec![event.clone()], answer: Answer::Appended })
@@ -654,6 +660,77 @@ fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -> Re
     Ok(Decision { actor: Some(request.agent_id.clone()), events, answer: Answer::Task { task_id: task.id } })
 }
 
+/// Does `agent_id` still hold a departed agent's queue? Then it is that agent's until it is
+/// started again with the same name, or the queue expires.
+fn held_queue(view: &Projections<'_>, agent_id: &str) -> Result<Option<(DepartedAgent, usize)>, StoreError> {
+    let Some(departed) = view.departed(agent_id)? else { return Ok(None) };
+    let depth = view.inbox_depth(agent_id)?;
+    Ok((depth > 0).then_some((departed, depth)))
+}
+
+/// The id an agent registering with `name` takes back: the id a departed agent of the same name
+/// and type left with messages queued.
+fn reclaimable_id(view: &Projections<'_>, request: &RegisterRequest) -> Result<Option<String>, StoreError> {
+    let Some(name) = &request.name else { return Ok(None) };
+    for departed in view.departed_agents()? {
+        if departed.name.as_ref() == Some(name)
+            && departed.agent_type == request.agent_type
+            && view.inbox_depth(&departed.agent_id)? > 0
+        {
+            return Ok(Some(departed.agent_id));
+        }
+    }
+    Ok(None)
+}
+
+/// Drops the queues nobody took back in time: the tasks still waiting on them fail with a
+/// visible reason (the sender's task too), then `inbox_expired` empties the inbox.
+fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) -> Result<Decision, DecideError> {
+    let mut events = Vec::new();
+    for departed in view.departed_agents()? {
+        if now_ms < departed.departed_ms.saturating_add(hold_ms) {
+            continue;
+        }
+        let tickets = view.inbox(&departed.agent_id, usize::MAX)?;
+        if tickets.is_empty() {
+            continue;
+        }
+        let reason = format!(
+            "{}{} left with this message queued and was not started again (same --name) within {} s; the message was dropped",
+            departed.agent_id,
+            departed.name.as_ref().map(|name| format!(" ({name})")).unwrap_or_default(),
+            hold_ms / 1000
+        );
+        for ticket in &tickets {
+            if ticket.kind != crate::store::TicketKind::Message {
+                continue;
+            }
+            let Some(task) = view.task(&ticket.task_id)? else { continue };
+            if task.state.is_final() {
+                continue;
+            }
+            let failed = |task_id: &str| Event::TaskStateChanged {
+                task_id: task_id.to_string(),
+                state: TaskState::Failed,
+                artifacts: Vec::new(),
+                error: Some(reason.clone()),
+            };
+            if let Some(sender_task) = view.open_outgoing_of(&task)?
+                && !sender_task.state.is_final()
+            {
+                events.push(failed(&sender_task.id));
+            }
+            events.push(failed(&task.id));
+        }
+        events.push(Event::InboxExpired {
+            agent_id: departed.agent_id.clone(),
+            reason,
+            tickets: u64::try_from(tickets.len()).unwrap_or(u64::MAX),
+        });
+    }
+    Ok(Decision { actor: None, events, answer: Answer::Appended })
+}
+
 fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<Decision, DecideError> {
     if !is_valid_agent_type(&request.agent_type) {
         return Err(CommandError::bad(format!(
@@ -678,7 +755,24 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
         ))
         .into());
     }
-    let agent_id = agent_id_for(&request.agent_type, request.port);
+    // The inbox belongs to the agent: the same name takes its departed id (and its queue) back,
+    // even on another port; no other agent gets an id that still holds someone's queue.
+    let agent_id = match reclaimable_id(view, request)? {
+        Some(agent_id) => agent_id,
+        None => {
+            let agent_id = agent_id_for(&request.agent_type, request.port);
+            if let Some((departed, depth)) = held_queue(view, &agent_id)? {
+                return Err(CommandError::conflict(format!(
+                    "port {}: its id {agent_id} holds {depth} queued message(s) of {} which left; they wait for it to start again{} or expire",
+                    request.port,
+                    departed.name.as_deref().unwrap_or(agent_id.as_str()),
+                    departed.name.as_ref().map(|name| format!(" with --name {name}")).unwrap_or_default(),
+                ))
+                .into());
+            }
+            agent_id
+        }
+    };
     let mut events = Vec::new();
     let agents = view.agents()?;
     for other in &agents {

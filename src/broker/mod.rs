@@ -206,6 +206,7 @@ fn spawn_signal_handler(state: Arc<BrokerState>) {
 
 /// Deregisters agents whose process has gone (heartbeat by pid liveness).
 fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
+    let hold = agents::inbox_hold();
     tokio::spawn(async move {
         let mut stop = state.shutdown.subscribe();
         loop {
@@ -214,6 +215,7 @@ fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
                 _ = stop.wait_for(|stopping| *stopping) => return,
             }
             agents::prune_dead(&state).await;
+            agents::expire_held_inboxes(&state, hold).await;
         }
     });
 }

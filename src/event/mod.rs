@@ -18,7 +18,7 @@ pub mod types;
 pub use types::*;
 
 /// Version of the event encoding written by this build.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// One event as stored in the log: the event plus where and when it happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -273,6 +273,16 @@ pub enum Event {
     FileModificationsPruned {
         before_ms: u64,
     },
+    /// An agent left with messages still queued and no agent started again under its name
+    /// took them back within the hold time: its inbox is emptied (the tasks waiting on it were
+    /// failed, with `reason`, by events just before this one) and its id may be used again.
+    InboxExpired {
+        agent_id: String,
+        /// Why the queue was dropped, as shown to the senders.
+        reason: String,
+        /// How many tickets were dropped.
+        tickets: u64,
+    },
 }
 
 impl Event {
@@ -300,6 +310,7 @@ impl Event {
             Event::ExternalAgentAdded { .. } => "external_agent_added",
             Event::ExternalAgentRemoved { .. } => "external_agent_removed",
             Event::FileModificationsPruned { .. } => "file_modifications_pruned",
+            Event::InboxExpired { .. } => "inbox_expired",
         }
     }
 
@@ -314,7 +325,8 @@ impl Event {
             | Event::ReverseTicketIssued { agent_id, .. }
             | Event::FileLockAcquired { agent_id, .. }
             | Event::FileLockReleased { agent_id, .. }
-            | Event::FileModified { agent_id, .. } => vec![agent_id.as_str()],
+            | Event::FileModified { agent_id, .. }
+            | Event::InboxExpired { agent_id, .. } => vec![agent_id.as_str()],
             Event::TaskCreated { owner, peer, .. } => {
                 [owner.as_deref(), peer.as_deref()].into_iter().flatten().collect()
             }
@@ -381,6 +393,9 @@ impl Event {
             Event::ExternalAgentRemoved { alias } => format!("external agent {alias} removed"),
             Event::FileModificationsPruned { before_ms } => {
                 format!("file modifications before {} pruned", crate::http::wire::rfc3339(*before_ms))
+            }
+            Event::InboxExpired { agent_id, reason, tickets } => {
+                format!("{tickets} queued ticket(s) of {agent_id} dropped: {reason}")
             }
         }
     }

@@ -23,6 +23,18 @@ pub struct AgentRecord {
     pub status_ms: u64,
 }
 
+/// The last agent that held an id, kept after it left: its inbox (and the id) wait for an
+/// agent started again with the same name, or expire (see `broker::agents`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DepartedAgent {
+    pub agent_id: String,
+    pub agent_type: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    pub port: u16,
+    pub departed_ms: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecord {
     pub id: String,
