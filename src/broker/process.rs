@@ -54,6 +54,19 @@ pub fn is_related(peer: u32, pid: u32) -> bool {
     false
 }
 
+/// Is `pid` a descendant of one of `ancestors` (its parent, grandparent, ...)?
+pub fn descends_from(pid: u32, ancestors: &[u32]) -> bool {
+    let mut current = pid;
+    for _ in 0..MAX_ANCESTRY {
+        match parent_of(current) {
+            Some(parent) if ancestors.contains(&parent) => return true,
+            Some(parent) if parent > 1 && parent != current => current = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// Does `pid` run the same executable file as this process (same device and inode)? A
 /// `synapse` wrapper does; a shell, a test binary or an editor does not.
 pub fn runs_this_executable(pid: u32) -> bool {
@@ -89,6 +102,9 @@ mod tests {
         let mut other = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
         assert!(!is_related(child.id(), other.id()));
         assert!(!runs_this_executable(child.id()));
+        assert!(descends_from(child.id(), &[me]));
+        assert!(!descends_from(child.id(), &[other.id()]));
+        assert!(!descends_from(me, &[child.id()]));
         let _ = child.kill();
         let _ = other.kill();
         let _ = child.wait();

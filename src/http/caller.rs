@@ -6,8 +6,9 @@
 //! - otherwise the admin key (an API key, when auth is on), or the broker's Unix socket with the
 //!   peer's uid (from the kernel, `SO_PEERCRED`) equal to the broker's, is **the user**: the CLI
 //!   typed in a plain shell, the dashboard;
-//! - anything else (a TCP caller without a key, a stale secret) is **anonymous**: it may send
-//!   messages and read what is public, never act for an agent.
+//! - anything else (a TCP caller without a key, a stale secret, a process below an agent's
+//!   wrapper that left the agent's secret out) is **anonymous**: it may send messages and read
+//!   what is public, never act for an agent.
 //!
 //! The peer's credentials are attached to every request on a Unix socket by
 //! [`PeerCredentials`] (axum's connect info), so handlers see what the kernel says rather than
@@ -126,7 +127,8 @@ pub fn peer_of(parts: &Parts) -> Option<PeerCredentials> {
 
 /// Determines the caller of a request.
 pub fn caller_of(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
-    if let Some(secret) = parts.headers.get(SECRET_HEADER).and_then(|value| value.to_str().ok()) {
+    if let Some(value) = parts.headers.get(SECRET_HEADER) {
+        let Ok(secret) = value.to_str() else { return Ok(Caller::Anonymous) };
         let digest = hash_secret(secret);
         let agents = state.store.read(|view| view.agents())?;
         // A stale or wrong secret makes the caller anonymous, never the user.
@@ -140,10 +142,33 @@ pub fn caller_of(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
     if has_admin_key(state, &parts.headers) {
         return Ok(Caller::User);
     }
-    if peer_of(parts).is_some_and(|peer| peer.uid == broker_uid()) {
-        return Ok(Caller::User);
+    if let Some(peer) = peer_of(parts)
+        && peer.uid == broker_uid()
+    {
+        // A process inside an agent (below a wrapper Synapse started) that left its secret out
+        // is not the user: it gets no more rights than it had with the secret.
+        let inside_an_agent = match peer.pid {
+            Some(pid) => is_inside_a_wrapper(state, pid)?,
+            None => true,
+        };
+        return Ok(if inside_an_agent { Caller::Anonymous } else { Caller::User });
     }
     Ok(Caller::Anonymous)
+}
+
+/// Is `pid` a descendant of a registered agent's wrapper (a `synapse` process)? Registrations
+/// of other processes (a test, a shell) do not count: only a wrapper puts an agent's identity
+/// into its children's environment.
+fn is_inside_a_wrapper(state: &AppState, pid: u32) -> Result<bool, ApiError> {
+    use crate::broker::process;
+    let wrappers: Vec<u32> = state
+        .store
+        .read(|view| view.agents())?
+        .into_iter()
+        .map(|agent| agent.pid)
+        .filter(|&wrapper| process::runs_this_executable(wrapper))
+        .collect();
+    Ok(!wrappers.is_empty() && process::descends_from(pid, &wrappers))
 }
 
 impl FromRequestParts<AppState> for Caller {
