@@ -146,7 +146,7 @@ fn a_crashed_agents_queue_never_reaches_a_new_agent_on_its_port_and_waits_for_it
     let on_bobs_port = home
         .run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--name", "carol", "--port", &port_text]);
     assert!(!on_bobs_port.status.success(), "{}", describe(&on_bobs_port));
-    assert!(stderr(&on_bobs_port).contains("holds 2 queued message(s) of bob"), "{}", describe(&on_bobs_port));
+    assert!(stderr(&on_bobs_port).contains("holds 2 pending message(s) of bob"), "{}", describe(&on_bobs_port));
     let carol = home.register(Some("carol"));
     assert_ne!(carol.id, bob_id);
     assert!(inbox_texts(&home, &carol.id).is_empty(), "carol never receives bob's messages");
@@ -159,6 +159,39 @@ fn a_crashed_agents_queue_never_reaches_a_new_agent_on_its_port_and_waits_for_it
     // And a message to bob reaches the same inbox.
     home.ok(&["send", "bob", "third for bob", "--no-response"]);
     assert_eq!(inbox_texts(&home, &bob_id).len(), 3);
+}
+
+#[test]
+fn a_request_an_agent_received_but_did_not_answer_also_keeps_its_id_from_another_agent() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let port = free_port();
+    let (erin, registered) = self_registered(&home, "erin", port);
+    let erin_agent = Agent {
+        id: registered["agent"]["agent_id"].as_str().unwrap().to_string(),
+        secret: registered["secret"].as_str().unwrap().to_string(),
+        port,
+        socket: registered["socket"].as_str().unwrap().into(),
+    };
+    let asked = home.run_as(&alice, &["send", "erin", "the password is swordfish; ok?", "--response"]);
+    assert!(asked.status.success(), "{}", describe(&asked));
+    // Erin's CLI got the message (the ticket is acknowledged) but never answered.
+    let ticket = home.inbox(&erin_agent)[0]["ticket"].as_u64().unwrap().to_string();
+    let acked = home.run_as(&erin_agent, &["agent", "ack", &erin_agent.id, &ticket]);
+    assert!(acked.status.success(), "{}", describe(&acked));
+    assert!(home.inbox(&erin_agent).is_empty());
+    crash(&home, erin, &erin_agent.id);
+
+    let test_pid = std::process::id().to_string();
+    let port_text = port.to_string();
+    let taken = home
+        .run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--name", "mallory", "--port", &port_text]);
+    assert!(!taken.status.success(), "mallory would see erin's reply stack: {}", describe(&taken));
+    let (_erin_again, again) = self_registered(&home, "erin", 0);
+    assert_eq!(again["agent"]["agent_id"], erin_agent.id.as_str(), "{again}");
+    let (status, target) = home.http("GET", &format!("/agents/{}/reply-stack/get", erin_agent.id), None, &[]);
+    assert_eq!(status, 200, "erin can still answer alice: {target}");
+    assert_eq!(target["sender_id"], alice.id.as_str());
 }
 
 #[test]

@@ -2,14 +2,16 @@
 //!
 //! **The inbox belongs to the agent, not to the port.** An agent's id is `synapse-<type>-<port>`
 //! from the port it first got. When it leaves (exit, crash, deregistration) with messages still
-//! queued, its id keeps them (projection `departed_agents`): no other agent is given that id —
+//! queued or requests not yet answered (its reply targets: they show the senders' words and let
+//! it answer as that agent), its id keeps them (projection `departed_agents`): no other agent
+//! is given that id —
 //! allocation skips the port, and an explicit `--port` for it is refused with the reason —
 //! until an agent of the same type is started again with the same explicit `--name` (by the
 //! user: registration is proved by peer credentials of the broker's uid), which takes the id
 //! and its queue back, even on another port (its id then keeps the old port's number). Queues
 //! nobody takes back within the hold time (`SYNAPSE_INBOX_HOLD_SECONDS`, default 24 h) expire:
 //! the waiting tasks fail with the reason and `inbox_expired` frees the id. An id whose
-//! agent left with an empty inbox is free at once.
+//! agent left with nothing pending is free at once.
 //!
 //! While an agent is registered the broker serves its A2A endpoints on the agent's port
 //! (127.0.0.1) and on `$SYNAPSE_UDS_DIR/<agent_id>.sock`, and stops serving them when the agent
@@ -301,7 +303,7 @@ pub async fn expire_held_inboxes(state: &Arc<BrokerState>, hold: std::time::Dura
     let now = super::writer::now_ms();
     let due = state.store.read(|view| {
         for departed in view.departed_agents()? {
-            if now >= departed.departed_ms.saturating_add(hold_ms) && view.inbox_depth(&departed.agent_id)? > 0 {
+            if now >= departed.departed_ms.saturating_add(hold_ms) && view.pending_for(&departed.agent_id)? > 0 {
                 return Ok(true);
             }
         }

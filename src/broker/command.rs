@@ -664,8 +664,8 @@ fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -> Re
 /// started again with the same name, or the queue expires.
 fn held_queue(view: &Projections<'_>, agent_id: &str) -> Result<Option<(DepartedAgent, usize)>, StoreError> {
     let Some(departed) = view.departed(agent_id)? else { return Ok(None) };
-    let depth = view.inbox_depth(agent_id)?;
-    Ok((depth > 0).then_some((departed, depth)))
+    let pending = view.pending_for(agent_id)?;
+    Ok((pending > 0).then_some((departed, pending)))
 }
 
 /// The id an agent registering with `name` takes back: the id a departed agent of the same name
@@ -675,7 +675,7 @@ fn reclaimable_id(view: &Projections<'_>, request: &RegisterRequest) -> Result<O
     for departed in view.departed_agents()? {
         if departed.name.as_ref() == Some(name)
             && departed.agent_type == request.agent_type
-            && view.inbox_depth(&departed.agent_id)? > 0
+            && view.pending_for(&departed.agent_id)? > 0
         {
             return Ok(Some(departed.agent_id));
         }
@@ -691,21 +691,29 @@ fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) -> R
         if now_ms < departed.departed_ms.saturating_add(hold_ms) {
             continue;
         }
-        let tickets = view.inbox(&departed.agent_id, usize::MAX)?;
-        if tickets.is_empty() {
+        if view.pending_for(&departed.agent_id)? == 0 {
             continue;
         }
+        let tickets = view.inbox(&departed.agent_id, usize::MAX)?;
         let reason = format!(
             "{}{} left with this message queued and was not started again (same --name) within {} s; the message was dropped",
             departed.agent_id,
             departed.name.as_ref().map(|name| format!(" ({name})")).unwrap_or_default(),
             hold_ms / 1000
         );
-        for ticket in &tickets {
-            if ticket.kind != crate::store::TicketKind::Message {
-                continue;
+        // The messages queued and the requests received but not answered: each task once.
+        let mut waiting: Vec<String> = tickets
+            .iter()
+            .filter(|ticket| ticket.kind == crate::store::TicketKind::Message)
+            .map(|ticket| ticket.task_id.clone())
+            .collect();
+        for target in view.reply_targets(&departed.agent_id)? {
+            if !waiting.contains(&target.receiver_task_id) {
+                waiting.push(target.receiver_task_id);
             }
-            let Some(task) = view.task(&ticket.task_id)? else { continue };
+        }
+        for task_id in waiting {
+            let Some(task) = view.task(&task_id)? else { continue };
             if task.state.is_final() {
                 continue;
             }
@@ -761,9 +769,9 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
         Some(agent_id) => agent_id,
         None => {
             let agent_id = agent_id_for(&request.agent_type, request.port);
-            if let Some((departed, depth)) = held_queue(view, &agent_id)? {
+            if let Some((departed, pending)) = held_queue(view, &agent_id)? {
                 return Err(CommandError::conflict(format!(
-                    "port {}: its id {agent_id} holds {depth} queued message(s) of {} which left; they wait for it to start again{} or expire",
+                    "port {}: its id {agent_id} holds {pending} pending message(s) of {} which left (queued, or received and not answered); they wait for it to start again{} or expire",
                     request.port,
                     departed.name.as_deref().unwrap_or(agent_id.as_str()),
                     departed.name.as_ref().map(|name| format!(" with --name {name}")).unwrap_or_default(),

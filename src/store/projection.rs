@@ -214,6 +214,19 @@ impl<'txn> Projections<'txn> {
         Ok(())
     }
 
+    /// The senders `receiver` owes an answer (replay-aware).
+    fn reply_targets_of(&self, receiver: &str) -> Result<Vec<String>, StoreError> {
+        if let Some(cache) = &self.replay {
+            return Ok(cache
+                .reply_targets
+                .range((receiver.to_string(), String::new())..)
+                .take_while(|((owner, _), _)| owner == receiver)
+                .map(|((_, sender), _)| sender.clone())
+                .collect());
+        }
+        Ok(self.reply_targets(receiver)?.into_iter().map(|target| target.sender_id).collect())
+    }
+
     /// Drops every ticket of `agent_id`.
     fn remove_inbox(&mut self, agent_id: &str) -> Result<(), StoreError> {
         let low = (agent_id.to_string(), 0u8, 0u64);
@@ -311,6 +324,9 @@ impl<'txn> Projections<'txn> {
             }
             Event::InboxExpired { agent_id, .. } => {
                 self.remove_inbox(agent_id)?;
+                for target in self.reply_targets_of(agent_id)? {
+                    self.remove_reply_target(agent_id, &target)?;
+                }
                 self.departed.remove(agent_id.as_str())?;
             }
             Event::TaskCreated {
@@ -607,6 +623,19 @@ macro_rules! impl_queries {
             /// The agent that last held `agent_id` and left (None while one holds it).
             pub fn departed(&self, agent_id: &str) -> Result<Option<DepartedAgent>, StoreError> {
                 self.departed.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
+            }
+
+            /// What still waits for `agent_id`: tickets in its inbox, and requests it has not
+            /// answered yet (reply targets whose task is open). A departed agent's id is held
+            /// while this is not zero.
+            pub fn pending_for(&self, agent_id: &str) -> Result<usize, StoreError> {
+                let mut pending = self.inbox_depth(agent_id)?;
+                for target in self.reply_targets(agent_id)? {
+                    if self.task(&target.receiver_task_id)?.is_some_and(|task| !task.state.is_final()) {
+                        pending += 1;
+                    }
+                }
+                Ok(pending)
             }
 
             /// Every departed agent (one per id that was ever left).
