@@ -1,11 +1,26 @@
 //! Registered agents: port allocation, per-agent endpoints, liveness.
 //!
+//! **The inbox belongs to the agent, not to the port.** An agent's id is `synapse-<type>-<port>`
+//! from the port it first got. When it leaves (exit, crash, deregistration) with messages still
+//! queued or requests not yet answered (its reply targets: they show the senders' words and let
+//! it answer as that agent), its id keeps them (projection `departed_agents`): no other agent
+//! is given that id —
+//! allocation skips the port, and an explicit `--port` for it is refused with the reason —
+//! until an agent of the same type is started again with the same explicit `--name` (by the
+//! user: registration is proved by peer credentials of the broker's uid), which takes the id
+//! and its queue back, even on another port (its id then keeps the old port's number). Queues
+//! nobody takes back within the hold time (`SYNAPSE_INBOX_HOLD_SECONDS`, default 24 h) expire:
+//! the waiting tasks fail with the reason and `inbox_expired` frees the id. An id whose
+//! agent left with nothing pending is free at once.
+//!
 //! While an agent is registered the broker serves its A2A endpoints on the agent's port
 //! (127.0.0.1) and on `$SYNAPSE_UDS_DIR/<agent_id>.sock`, and stops serving them when the agent
 //! goes. Each server has its own stop channel, held in [`AgentServers`].
 
 use super::BrokerState;
 use super::command::{Command, CommandError, Outcome, RegisterRequest, hash_secret, is_pid_alive};
+use super::process;
+use crate::http::caller::RegistrationProof;
 use crate::store::AgentRecord;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -82,10 +97,32 @@ pub struct RegisterBody {
 }
 
 /// Registers an agent: finds and binds a port, records the registration, serves its endpoints.
-pub async fn register(state: &Arc<BrokerState>, body: RegisterBody) -> Result<Registration, CommandError> {
+///
+/// The registration must prove its pid: over the Unix socket the registered process is the
+/// peer itself, one of its ancestors or its child (a wrapper registers itself; `synapse agent
+/// register --pid $PPID` its caller); with the admin key any live process. A live agent's name
+/// or id is never taken by another pid (409, decided by the writer), and the process's start
+/// time is recorded so a reused pid is never mistaken for the agent.
+pub async fn register(
+    state: &Arc<BrokerState>,
+    body: RegisterBody,
+    proof: RegistrationProof,
+) -> Result<Registration, CommandError> {
     if body.pid == 0 {
         return Err(CommandError::bad("pid must be the agent's process id (not 0)"));
     }
+    if !is_pid_alive(body.pid) {
+        return Err(CommandError::bad(format!("process {} is not running", body.pid)));
+    }
+    if let RegistrationProof::Peer(peer) = proof
+        && !process::is_related(peer, body.pid)
+    {
+        return Err(CommandError::forbidden(format!(
+            "Error: process {peer} may not register process {}: an agent registers itself, an ancestor or its child, never an unrelated process (the admin key may register any)",
+            body.pid
+        )));
+    }
+    let pid_start = process::start_ticks(body.pid);
     let candidates: Vec<u16> = match body.port {
         Some(port) => vec![port],
         None => match port_range(&body.agent_type) {
@@ -134,6 +171,7 @@ pub async fn register(state: &Arc<BrokerState>, body: RegisterBody) -> Result<Re
             working_dir: body.working_dir.clone(),
             port,
             secret_hash: hash_secret(&secret),
+            pid_start,
         };
         match state.writer.submit(Command::RegisterAgent(request)).await {
             Ok(Outcome::Registered { agent }) => {
@@ -148,7 +186,9 @@ pub async fn register(state: &Arc<BrokerState>, body: RegisterBody) -> Result<Re
                 });
             }
             Ok(_) => return Err(CommandError::Unavailable { message: "unexpected answer to registration".into() }),
-            Err(CommandError::Conflict { message }) if body.port.is_none() && !message.contains("name") => {
+            // A port taken (by a live agent, or by the id of a departed agent's queue): try the
+            // next one. A name taken is final.
+            Err(CommandError::Conflict { message }) if body.port.is_none() && message.starts_with("port ") => {
                 last_error = Some(message);
             }
             Err(error) => return Err(error),
@@ -178,7 +218,9 @@ fn serve(state: &Arc<BrokerState>, agent: &AgentRecord, listener: tokio::net::Tc
     let (tcp_signal, unix_signal) = (stop_signal(state, &stop), stop_signal(state, &stop));
     let cleanup_path = socket_path.clone();
     tokio::spawn(async move {
-        let unix_server = axum::serve(unix, router.into_make_service()).with_graceful_shutdown(unix_signal);
+        let unix_server =
+            axum::serve(unix, router.into_make_service_with_connect_info::<crate::http::caller::PeerCredentials>())
+                .with_graceful_shutdown(unix_signal);
         let tcp_server =
             axum::serve(listener, router_tcp.into_make_service_with_connect_info::<std::net::SocketAddr>())
                 .with_graceful_shutdown(tcp_signal);
@@ -215,12 +257,18 @@ pub async fn deregister(state: &Arc<BrokerState>, agent_id: &str, reason: &str) 
 pub async fn prune_dead(state: &Arc<BrokerState>) -> Vec<u16> {
     let Ok(agents) = state.store.read(|view| view.agents()) else { return Vec::new() };
     let mut ports = Vec::new();
-    for agent in agents.into_iter().filter(|agent| !is_pid_alive(agent.pid)) {
+    for agent in agents.into_iter().filter(|agent| !is_agent_alive(agent)) {
         tracing::info!("{} (pid {}) is gone; deregistering", agent.agent_id, agent.pid);
         let _ = deregister(state, &agent.agent_id, "process gone").await;
         ports.push(agent.port);
     }
     ports
+}
+
+/// Is the agent's process still the one that registered? Its pid runs and, when the start
+/// time was recorded, started at that time (a reused pid belongs to another process).
+pub fn is_agent_alive(agent: &AgentRecord) -> bool {
+    is_pid_alive(agent.pid) && agent.pid_start.is_none_or(|start| process::start_ticks(agent.pid) == Some(start))
 }
 
 /// Binds 127.0.0.1:`port`. A port just released by a stopped agent server is retried briefly
@@ -236,6 +284,36 @@ async fn bind_port(port: u16, releasing: bool) -> std::io::Result<tokio::net::Tc
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("cannot bind")))
+}
+
+/// How long a departed agent's queue waits for it (`SYNAPSE_INBOX_HOLD_SECONDS`, default 24 h).
+pub fn inbox_hold() -> std::time::Duration {
+    std::env::var("SYNAPSE_INBOX_HOLD_SECONDS")
+        .ok()
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .map_or(INBOX_HOLD_DEFAULT, std::time::Duration::from_secs)
+}
+
+pub const INBOX_HOLD_DEFAULT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Expires the queues of departed agents held longer than `hold` (asks the writer only when
+/// one is due, so an idle broker appends nothing).
+pub async fn expire_held_inboxes(state: &Arc<BrokerState>, hold: std::time::Duration) {
+    let hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
+    let now = super::writer::now_ms();
+    let due = state.store.read(|view| {
+        for departed in view.departed_agents()? {
+            if now >= departed.departed_ms.saturating_add(hold_ms) && view.pending_for(&departed.agent_id)? > 0 {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    });
+    if due.unwrap_or(false)
+        && let Err(error) = state.writer.submit(Command::ExpireInboxes { hold_ms }).await
+    {
+        tracing::warn!("cannot expire held inboxes: {error}");
+    }
 }
 
 /// At broker start: serve the endpoints of agents that are still alive, prune the others.

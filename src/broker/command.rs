@@ -5,7 +5,7 @@
 //! caller; a rejected command returns an error and appends nothing.
 
 use crate::event::{Artifact, Direction, Event, Message, Part, Role, TaskState, short_id};
-use crate::store::{AgentRecord, Projections, StoreError, TaskRecord};
+use crate::store::{AgentRecord, DepartedAgent, Projections, StoreError, TaskRecord};
 use serde::{Deserialize, Serialize};
 
 /// Largest accepted message text, in bytes.
@@ -30,9 +30,12 @@ pub enum Command {
         message: Message,
         peer: Option<String>,
     },
+    /// Cancel a task: by its sender or receiver (proved), or the user; a task sent anonymously
+    /// may also be canceled anonymously (its sender cannot prove itself, A2A clients do this).
     CancelTask {
         task_id: String,
         reason: Option<String>,
+        actor: Actor,
     },
     AckInjection {
         agent_id: String,
@@ -49,6 +52,23 @@ pub enum Command {
     FileSafety(super::file_safety::FileCommand),
     /// Prune the history view (the event is `HistoryPruned`, built by the caller).
     Prune(Event),
+    /// Drop the queues of departed agents that nobody took back within `hold_ms` (see
+    /// [`crate::broker::agents`] for the rule).
+    ExpireInboxes {
+        hold_ms: u64,
+    },
+}
+
+/// Who acts in a command, as the HTTP layer proved it (see `http::caller`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    /// The user: the same uid over the broker's Unix socket with no agent secret, or the admin
+    /// key. May act for any agent.
+    User,
+    /// A registered agent, proved by its secret. Acts only as itself.
+    Agent(String),
+    /// Nobody proved: may act for no agent.
+    Anonymous,
 }
 
 /// The body of [`Command::UpdateTask`].
@@ -83,6 +103,9 @@ pub struct RegisterRequest {
     pub port: u16,
     #[serde(default, skip_serializing)]
     pub secret_hash: String,
+    /// The start time of `pid`, read by the broker when it checked the registration.
+    #[serde(default, skip_serializing)]
+    pub pid_start: Option<u64>,
 }
 
 /// A message to an agent (the body of `synapse send` and `POST /tasks/send`).
@@ -246,7 +269,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 }
 
 /// Constant-time comparison of two hex digests.
-fn digests_equal(left: &str, right: &str) -> bool {
+pub fn digests_equal(left: &str, right: &str) -> bool {
     left.len() == right.len() && left.bytes().zip(right.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
@@ -436,6 +459,32 @@ fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// The agent that sent the message a task records (None: anonymous).
+fn task_sender(task: &TaskRecord) -> Option<&str> {
+    match task.direction {
+        Direction::Incoming => task.peer.as_deref(),
+        Direction::Outgoing => task.owner.as_deref(),
+    }
+}
+
+/// The agent that received the message a task records.
+fn task_receiver(task: &TaskRecord) -> Option<&str> {
+    match task.direction {
+        Direction::Incoming => task.owner.as_deref(),
+        Direction::Outgoing => task.peer.as_deref(),
+    }
+}
+
+/// Cancel rights: the user; the task's sender or receiver; anyone when the sender was
+/// anonymous (an anonymous sender has nothing to prove itself with).
+fn may_cancel(task: &TaskRecord, actor: &Actor) -> bool {
+    match actor {
+        Actor::User => true,
+        Actor::Agent(agent) => task_sender(task) == Some(agent.as_str()) || task_receiver(task) == Some(agent.as_str()),
+        Actor::Anonymous => task_sender(task).is_none(),
+    }
+}
+
 /// Decides one command against the current projections; `now_ms` is the batch's time (lock
 /// expiry is measured against it).
 pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<Decision, DecideError> {
@@ -487,10 +536,19 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
                 answer: Answer::Task { task_id },
             })
         }
-        Command::CancelTask { task_id, reason } => {
+        Command::CancelTask { task_id, reason, actor } => {
             let Some(task) = find_task(view, task_id)? else {
                 return Err(CommandError::not_found(format!("Task {task_id} not found")).into());
             };
+            if !may_cancel(&task, actor) {
+                return Err(CommandError::forbidden(format!(
+                    "Error: task {} may be canceled only by its sender ({}), its receiver ({}) or the user",
+                    short_id(&task.id),
+                    task_sender(&task).unwrap_or("anonymous"),
+                    task_receiver(&task).unwrap_or("anonymous"),
+                ))
+                .into());
+            }
             if !matches!(task.state, TaskState::Submitted | TaskState::Working | TaskState::InputRequired) {
                 return Err(CommandError::bad(format!(
                     "Task {} is {} and cannot be canceled",
@@ -547,6 +605,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
         Command::Webhook(command) => super::webhooks::decide(command),
         Command::External(command) => super::externals::decide(command),
         Command::FileSafety(command) => super::file_safety::decide(view, command, now_ms),
+        Command::ExpireInboxes { hold_ms } => decide_expire_inboxes(view, *hold_ms, now_ms),
         Command::Prune(event) => match event {
             Event::HistoryPruned { .. } => {
                 Ok(Decision { actor: None, events: vec![event.clone()], answer: Answer::Appended })
@@ -601,6 +660,85 @@ fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -> Re
     Ok(Decision { actor: Some(request.agent_id.clone()), events, answer: Answer::Task { task_id: task.id } })
 }
 
+/// Does `agent_id` still hold a departed agent's queue? Then it is that agent's until it is
+/// started again with the same name, or the queue expires.
+fn held_queue(view: &Projections<'_>, agent_id: &str) -> Result<Option<(DepartedAgent, usize)>, StoreError> {
+    let Some(departed) = view.departed(agent_id)? else { return Ok(None) };
+    let pending = view.pending_for(agent_id)?;
+    Ok((pending > 0).then_some((departed, pending)))
+}
+
+/// The id an agent registering with `name` takes back: the id a departed agent of the same name
+/// and type left with messages queued.
+fn reclaimable_id(view: &Projections<'_>, request: &RegisterRequest) -> Result<Option<String>, StoreError> {
+    let Some(name) = &request.name else { return Ok(None) };
+    for departed in view.departed_agents()? {
+        if departed.name.as_ref() == Some(name)
+            && departed.agent_type == request.agent_type
+            && view.pending_for(&departed.agent_id)? > 0
+        {
+            return Ok(Some(departed.agent_id));
+        }
+    }
+    Ok(None)
+}
+
+/// Drops the queues nobody took back in time: the tasks still waiting on them fail with a
+/// visible reason (the sender's task too), then `inbox_expired` empties the inbox.
+fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) -> Result<Decision, DecideError> {
+    let mut events = Vec::new();
+    for departed in view.departed_agents()? {
+        if now_ms < departed.departed_ms.saturating_add(hold_ms) {
+            continue;
+        }
+        if view.pending_for(&departed.agent_id)? == 0 {
+            continue;
+        }
+        let tickets = view.inbox(&departed.agent_id, usize::MAX)?;
+        let reason = format!(
+            "{}{} left with this message queued and was not started again (same --name) within {} s; the message was dropped",
+            departed.agent_id,
+            departed.name.as_ref().map(|name| format!(" ({name})")).unwrap_or_default(),
+            hold_ms / 1000
+        );
+        // The messages queued and the requests received but not answered: each task once.
+        let mut waiting: Vec<String> = tickets
+            .iter()
+            .filter(|ticket| ticket.kind == crate::store::TicketKind::Message)
+            .map(|ticket| ticket.task_id.clone())
+            .collect();
+        for target in view.reply_targets(&departed.agent_id)? {
+            if !waiting.contains(&target.receiver_task_id) {
+                waiting.push(target.receiver_task_id);
+            }
+        }
+        for task_id in waiting {
+            let Some(task) = view.task(&task_id)? else { continue };
+            if task.state.is_final() {
+                continue;
+            }
+            let failed = |task_id: &str| Event::TaskStateChanged {
+                task_id: task_id.to_string(),
+                state: TaskState::Failed,
+                artifacts: Vec::new(),
+                error: Some(reason.clone()),
+            };
+            if let Some(sender_task) = view.open_outgoing_of(&task)?
+                && !sender_task.state.is_final()
+            {
+                events.push(failed(&sender_task.id));
+            }
+            events.push(failed(&task.id));
+        }
+        events.push(Event::InboxExpired {
+            agent_id: departed.agent_id.clone(),
+            reason,
+            tickets: u64::try_from(tickets.len()).unwrap_or(u64::MAX),
+        });
+    }
+    Ok(Decision { actor: None, events, answer: Answer::Appended })
+}
+
 fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<Decision, DecideError> {
     if !is_valid_agent_type(&request.agent_type) {
         return Err(CommandError::bad(format!(
@@ -625,7 +763,24 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
         ))
         .into());
     }
-    let agent_id = agent_id_for(&request.agent_type, request.port);
+    // The inbox belongs to the agent: the same name takes its departed id (and its queue) back,
+    // even on another port; no other agent gets an id that still holds someone's queue.
+    let agent_id = match reclaimable_id(view, request)? {
+        Some(agent_id) => agent_id,
+        None => {
+            let agent_id = agent_id_for(&request.agent_type, request.port);
+            if let Some((departed, pending)) = held_queue(view, &agent_id)? {
+                return Err(CommandError::conflict(format!(
+                    "port {}: its id {agent_id} holds {pending} pending message(s) of {} which left (queued, or received and not answered); they wait for it to start again{} or expire",
+                    request.port,
+                    departed.name.as_deref().unwrap_or(agent_id.as_str()),
+                    departed.name.as_ref().map(|name| format!(" with --name {name}")).unwrap_or_default(),
+                ))
+                .into());
+            }
+            agent_id
+        }
+    };
     let mut events = Vec::new();
     let agents = view.agents()?;
     for other in &agents {
@@ -661,6 +816,7 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
         port: request.port,
         working_dir: request.working_dir.clone(),
         secret_hash: request.secret_hash.clone(),
+        pid_start: request.pid_start,
     });
     Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Registered { agent_id } })
 }

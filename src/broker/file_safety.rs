@@ -26,6 +26,9 @@ pub enum FileCommand {
         path: String,
         agent_id: Option<String>,
         force: bool,
+        /// The user asked (not an agent): may force-release any lock. An agent may force only
+        /// a lock whose holder's time ran out or whose holder is gone.
+        by_user: bool,
     },
     Record {
         path: String,
@@ -133,11 +136,21 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Res
                 }],
             )
         }
-        FileCommand::Unlock { path, agent_id, force } => {
+        FileCommand::Unlock { path, agent_id, force, by_user } => {
             let path = normalize(path).map_err(CommandError::bad)?;
             let Some(lock) = view.lock(&path)? else {
                 return Err(CommandError::not_found(format!("File {path} is not locked")).into());
             };
+            let holder_alive =
+                view.agent(&lock.agent_id)?.is_some_and(|holder| super::command::is_pid_alive(holder.pid));
+            let is_foreign = agent_id.as_deref() != Some(lock.agent_id.as_str());
+            if *force && is_foreign && !by_user && lock.expires_ms > now_ms && holder_alive {
+                return Err(CommandError::forbidden(format!(
+                    "File {path} is locked by {} until its lock expires, and that agent is running: only the user may force-release it",
+                    lock.agent_id
+                ))
+                .into());
+            }
             if !force && agent_id.as_deref() != Some(lock.agent_id.as_str()) {
                 return Err(CommandError::forbidden(format!(
                     "File {path} is locked by {}, not {}; pass --force to release it anyway",

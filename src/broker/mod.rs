@@ -10,6 +10,7 @@ pub mod command;
 pub mod externals;
 pub mod file_safety;
 pub mod indexer;
+pub mod process;
 pub mod tail;
 pub mod webhooks;
 pub mod writer;
@@ -158,9 +159,10 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     let router = crate::http::broker_router(state.clone());
     let unix_server = {
         let mut stop = state.shutdown.subscribe();
-        axum::serve(unix, router.clone().into_make_service()).with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|stopping| *stopping).await;
-        })
+        axum::serve(unix, router.clone().into_make_service_with_connect_info::<crate::http::caller::PeerCredentials>())
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|stopping| *stopping).await;
+            })
     };
     let tcp_server = {
         let mut stop = state.shutdown.subscribe();
@@ -204,6 +206,7 @@ fn spawn_signal_handler(state: Arc<BrokerState>) {
 
 /// Deregisters agents whose process has gone (heartbeat by pid liveness).
 fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
+    let hold = agents::inbox_hold();
     tokio::spawn(async move {
         let mut stop = state.shutdown.subscribe();
         loop {
@@ -212,6 +215,7 @@ fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
                 _ = stop.wait_for(|stopping| *stopping) => return,
             }
             agents::prune_dead(&state).await;
+            agents::expire_held_inboxes(&state, hold).await;
         }
     });
 }

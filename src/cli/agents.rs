@@ -125,7 +125,29 @@ async fn resolve(paths: &Paths, target: &str) -> anyhow::Result<Vec<Value>> {
     Ok(agents.into_iter().filter(|agent| agent["agent_type"] == target).collect())
 }
 
-/// `synapse stop <agent|profile> [--all]`: SIGTERM, then SIGKILL after 5 s.
+/// Why `synapse stop` may signal a registered agent's pid, or None when it may.
+///
+/// The rule: only a process Synapse itself started and that is still the registered agent —
+/// it runs this very executable (a `synapse` wrapper: `/proc/<pid>/exe` is the same file as
+/// ours) and started at the time recorded when the broker checked its registration (so a pid
+/// reused by another process is never signalled). A registration naming any other process (a
+/// shell, a test, an editor) is listed and reachable, but never killed by `synapse stop`.
+fn refusal_to_stop(agent: &Value, pid: u32) -> Option<String> {
+    use crate::broker::process;
+    let Some(recorded) = agent["pid_start"].as_u64() else {
+        return Some(format!("its registration has no process start time to check pid {pid} against"));
+    };
+    if process::start_ticks(pid) != Some(recorded) {
+        return Some(format!("process {pid} is not the one that registered (its pid was reused)"));
+    }
+    if !process::runs_this_executable(pid) {
+        return Some(format!("process {pid} is not a synapse wrapper; Synapse stops only the agents it started"));
+    }
+    None
+}
+
+/// `synapse stop <agent|profile> [--all]`: SIGTERM, then SIGKILL after 5 s, only to wrappers
+/// that Synapse started (see [`refusal_to_stop`]).
 pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32> {
     let agents = resolve(paths, target).await?;
     if agents.is_empty() {
@@ -135,9 +157,15 @@ pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32>
         let ids: Vec<&str> = agents.iter().filter_map(|agent| agent["agent_id"].as_str()).collect();
         bail!("Error: '{target}' matches several agents: {}. Name one, or pass --all.", ids.join(", "));
     }
+    let mut refused = 0;
     for agent in agents {
         let id = agent["agent_id"].as_str().unwrap_or_default();
         let Some(pid) = agent["pid"].as_u64().and_then(|pid| i32::try_from(pid).ok()) else { continue };
+        if let Some(reason) = refusal_to_stop(&agent, pid.unsigned_abs()) {
+            eprintln!("Error: not stopping {id}: {reason}");
+            refused += 1;
+            continue;
+        }
         crate::agent::terminal::signal(pid, libc::SIGTERM);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while crate::broker::command::is_pid_alive(pid.unsigned_abs()) && std::time::Instant::now() < deadline {
@@ -150,7 +178,7 @@ pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32>
             println!("Stopped {id} (pid {pid})");
         }
     }
-    Ok(0)
+    Ok(if refused > 0 { 1 } else { 0 })
 }
 
 /// `synapse logs <agent> [--follow]`.

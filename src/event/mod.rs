@@ -18,7 +18,7 @@ pub mod types;
 pub use types::*;
 
 /// Version of the event encoding written by this build.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// One event as stored in the log: the event plus where and when it happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -98,6 +98,11 @@ pub enum Event {
         working_dir: String,
         /// SHA-256 (hex) of the agent's secret; the secret itself is never stored.
         secret_hash: String,
+        /// Start time of process `pid` (field 22 of `/proc/<pid>/stat`) when the broker checked
+        /// it: with the pid it names one process, so a reused pid is not mistaken for the agent
+        /// and `synapse stop` never signals a process that merely got the same number.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid_start: Option<u64>,
     },
     AgentStatusChanged {
         agent_id: String,
@@ -268,6 +273,16 @@ pub enum Event {
     FileModificationsPruned {
         before_ms: u64,
     },
+    /// An agent left with messages still queued and no agent started again under its name
+    /// took them back within the hold time: its inbox is emptied (the tasks waiting on it were
+    /// failed, with `reason`, by events just before this one) and its id may be used again.
+    InboxExpired {
+        agent_id: String,
+        /// Why the queue was dropped, as shown to the senders.
+        reason: String,
+        /// How many tickets were dropped.
+        tickets: u64,
+    },
 }
 
 impl Event {
@@ -295,6 +310,7 @@ impl Event {
             Event::ExternalAgentAdded { .. } => "external_agent_added",
             Event::ExternalAgentRemoved { .. } => "external_agent_removed",
             Event::FileModificationsPruned { .. } => "file_modifications_pruned",
+            Event::InboxExpired { .. } => "inbox_expired",
         }
     }
 
@@ -309,7 +325,8 @@ impl Event {
             | Event::ReverseTicketIssued { agent_id, .. }
             | Event::FileLockAcquired { agent_id, .. }
             | Event::FileLockReleased { agent_id, .. }
-            | Event::FileModified { agent_id, .. } => vec![agent_id.as_str()],
+            | Event::FileModified { agent_id, .. }
+            | Event::InboxExpired { agent_id, .. } => vec![agent_id.as_str()],
             Event::TaskCreated { owner, peer, .. } => {
                 [owner.as_deref(), peer.as_deref()].into_iter().flatten().collect()
             }
@@ -376,6 +393,9 @@ impl Event {
             Event::ExternalAgentRemoved { alias } => format!("external agent {alias} removed"),
             Event::FileModificationsPruned { before_ms } => {
                 format!("file modifications before {} pruned", crate::http::wire::rfc3339(*before_ms))
+            }
+            Event::InboxExpired { agent_id, reason, tickets } => {
+                format!("{tickets} queued ticket(s) of {agent_id} dropped: {reason}")
             }
         }
     }

@@ -95,7 +95,7 @@ fn without_nulls(value: Value) -> Value {
 }
 
 /// Number of variants of [`Event`]; [`variant_number`] names each one.
-const VARIANT_COUNT: usize = 21;
+const VARIANT_COUNT: usize = 22;
 
 /// Position of the event's variant in the enum. Exhaustive on purpose: a new variant does not
 /// compile until it is numbered here, and `samples_cover_every_variant_in_enum_order` then fails
@@ -123,6 +123,7 @@ fn variant_number(event: &Event) -> usize {
         Event::ExternalAgentAdded { .. } => 18,
         Event::ExternalAgentRemoved { .. } => 19,
         Event::FileModificationsPruned { .. } => 20,
+        Event::InboxExpired { .. } => 21,
     }
 }
 
@@ -144,6 +145,7 @@ fn samples() -> Vec<Event> {
             port: 8100,
             working_dir: "/home/ada/project".into(),
             secret_hash: "9f86d081".into(),
+            pid_start: Some(1_234_567),
         },
         Event::AgentStatusChanged { agent_id: sender(), status: AgentStatus::Processing },
         Event::AgentDeregistered { agent_id: sender(), reason: "stopped".into() },
@@ -247,6 +249,11 @@ fn samples() -> Vec<Event> {
         },
         Event::ExternalAgentRemoved { alias: "builder".into() },
         Event::FileModificationsPruned { before_ms: 1_767_225_600_000 },
+        Event::InboxExpired {
+            agent_id: receiver(),
+            reason: "synapse-codex-8120 left and was not started again within 24 h".into(),
+            tickets: 2,
+        },
     ]
 }
 

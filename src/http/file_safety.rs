@@ -1,5 +1,6 @@
 //! `/file-safety/...`: locks, modification records, checks (SPEC §5).
 
+use super::caller::Caller;
 use super::{ApiError, ApiResult, AppState, parse_body, parse_query};
 use crate::broker::command::{Command, CommandError, Outcome};
 use crate::broker::file_safety::{self, FileCommand, LOCK_DEFAULT_DURATION_SECONDS};
@@ -97,8 +98,9 @@ struct LockBody {
 
 /// `POST /file-safety/lock`; with `wait_seconds`, a refused lock is tried again after each
 /// new event in the log (a release) or when the holder's lock expires, not by polling.
-async fn lock(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+async fn lock(State(state): State<AppState>, caller: Caller, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: LockBody = parse_body(body)?;
+    caller.require_act_as(&body.agent_id, "lock files")?;
     let path = path(&body.path)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(body.wait_seconds.unwrap_or(0).min(24 * 3600));
     loop {
@@ -141,10 +143,25 @@ struct UnlockBody {
     force: bool,
 }
 
-async fn unlock(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+/// An agent unlocks as itself (a force only for an expired or gone holder); the user may unlock
+/// or force-unlock for any agent; an anonymous caller not at all.
+async fn unlock(State(state): State<AppState>, caller: Caller, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: UnlockBody = parse_body(body)?;
     let path = path(&body.path)?;
-    submit(&state, FileCommand::Unlock { path: path.clone(), agent_id: body.agent_id, force: body.force }).await?;
+    let agent_id = match (&caller, body.agent_id) {
+        (Caller::Agent(agent), None) => Some(agent.agent_id.clone()),
+        (_, Some(agent_id)) => {
+            caller.require_act_as(&agent_id, "unlock files")?;
+            Some(agent_id)
+        }
+        (Caller::User, None) => None,
+        (Caller::Anonymous, None) => {
+            caller.require_act_as("an agent", "unlock files")?;
+            None
+        }
+    };
+    let by_user = caller.is_user();
+    submit(&state, FileCommand::Unlock { path: path.clone(), agent_id, force: body.force, by_user }).await?;
     Ok(Json(json!({"unlocked": path})))
 }
 
@@ -183,8 +200,9 @@ struct RecordBody {
     intent: Option<String>,
 }
 
-async fn record(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+async fn record(State(state): State<AppState>, caller: Caller, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: RecordBody = parse_body(body)?;
+    caller.require_act_as(&body.agent_id, "record file changes")?;
     let change_type = match body.change_type.as_deref().map(str::to_ascii_uppercase).as_deref() {
         None | Some("MODIFY") => ChangeType::Modify,
         Some("CREATE") => ChangeType::Create,

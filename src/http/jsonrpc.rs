@@ -14,7 +14,7 @@
 
 use super::subscribe::{self, StreamEnd, TaskChange};
 use super::{AppState, FixedAgent, MAX_WAIT, Scope};
-use crate::broker::command::{Command, CommandError, Outcome, SendRequest, default_priority};
+use crate::broker::command::{Actor, Command, CommandError, Outcome, SendRequest, default_priority};
 use crate::broker::tail;
 use crate::event::{Artifact, Part, Role, TaskState};
 use crate::store::TaskRecord;
@@ -435,6 +435,7 @@ pub async fn handle(
     State(state): State<AppState>,
     Scope(agent): Scope,
     fixed: Option<Extension<FixedAgent>>,
+    caller: super::caller::Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -456,7 +457,7 @@ pub async fn handle(
         Method::Send => send(&state, &agent, version, &call.params).await,
         Method::Get => get_task(&state, &agent, version, &call.params),
         Method::List => list_tasks(&state, &agent, version, &call.params),
-        Method::Cancel => cancel_task(&state, &agent, version, &call.params).await,
+        Method::Cancel => cancel_task(&state, &agent, caller.actor(), version, &call.params).await,
         Method::Stream => return stream_send(state, agent, version, call, served_by).await,
         Method::Subscribe => return subscribe_task(state, agent, version, call, served_by),
         Method::PushConfig => {
@@ -743,7 +744,13 @@ pub fn parse_rfc3339_ms(text: &str) -> Option<u64> {
     u64::try_from(total).ok()
 }
 
-async fn cancel_task(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
+async fn cancel_task(
+    state: &AppState,
+    agent: &str,
+    actor: Actor,
+    version: Version,
+    params: &Value,
+) -> Result<Value, RpcError> {
     let task = find_task(state, agent, task_id_param(params)?)?;
     if task.state.is_final() {
         return Err(RpcError::new(
@@ -752,17 +759,20 @@ async fn cancel_task(state: &AppState, agent: &str, version: Version, params: &V
         ));
     }
     let reason = Some("canceled by the A2A client".to_string());
-    let canceled =
-        match state.writer.submit(Command::CancelTask { task_id: task.id.clone(), reason: reason.clone() }).await {
-            Ok(Outcome::Task { task }) => task,
-            Ok(_) => return Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a cancel")),
-            // Decided against a newer state than the one read above: it became final meanwhile.
-            Err(CommandError::BadRequest { message }) => return Err(RpcError::new(TASK_NOT_CANCELABLE, message)),
-            Err(error) => return Err(error.into()),
-        };
+    let canceled = match state
+        .writer
+        .submit(Command::CancelTask { task_id: task.id.clone(), reason: reason.clone(), actor: actor.clone() })
+        .await
+    {
+        Ok(Outcome::Task { task }) => task,
+        Ok(_) => return Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a cancel")),
+        // Decided against a newer state than the one read above: it became final meanwhile.
+        Err(CommandError::BadRequest { message }) => return Err(RpcError::new(TASK_NOT_CANCELABLE, message)),
+        Err(error) => return Err(error.into()),
+    };
     // The agent's side of the exchange stops too (best effort: it may have finished already).
     if let Some(peer) = &task.peer_task_id {
-        let _ = state.writer.submit(Command::CancelTask { task_id: peer.clone(), reason }).await;
+        let _ = state.writer.submit(Command::CancelTask { task_id: peer.clone(), reason, actor }).await;
     }
     Ok(task_json(version, &canceled, None, true))
 }

@@ -7,6 +7,7 @@
 pub mod a2a_card;
 pub mod agent_tasks;
 pub mod auth;
+pub mod caller;
 pub mod externals;
 pub mod file_safety;
 pub mod history;
@@ -362,9 +363,15 @@ async fn list_agents(State(state): State<AppState>) -> ApiResult {
     Ok(Json(json!({"agents": agents})))
 }
 
-async fn register(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+/// `POST /agents`: only over the Unix socket (the kernel names the peer process) or with the
+/// admin key; see [`agents::register`] for which pids a peer may register.
+async fn register(
+    State(state): State<AppState>,
+    proof: caller::RegistrationProof,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
     let body: agents::RegisterBody = parse_body(body)?;
-    let registration = agents::register(&state, body).await?;
+    let registration = agents::register(&state, body, proof).await?;
     Ok(Json(json!(registration)))
 }
 
@@ -415,8 +422,15 @@ struct InboxQuery {
 
 /// `GET /agents/{agent}/inbox`: the tickets still to be written, in delivery order, with their
 /// text. With `wait_ms`, an empty inbox is long-polled until a ticket arrives.
-async fn inbox(State(state): State<AppState>, Scope(agent): Scope, uri: axum::http::Uri) -> ApiResult {
+async fn inbox(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    caller: caller::Caller,
+    uri: axum::http::Uri,
+) -> ApiResult {
     let query: InboxQuery = parse_query(uri.query())?;
+    // An inbox holds other agents' words to this one: only it, or the user, reads it.
+    caller.require_act_as(&agent, "read the inbox")?;
     let limit = query.limit.unwrap_or(100).clamp(1, 10_000);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(query.wait_ms.unwrap_or(0)).min(MAX_WAIT);
     loop {
@@ -806,11 +820,13 @@ async fn agent_task(
 async fn tasks_cancel(
     State(state): State<AppState>,
     Scope(agent): Scope,
+    caller: caller::Caller,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult {
     let id = params.get("id").cloned().unwrap_or_default();
     let task = find_agent_task(&state, &agent, &id)?;
-    match state.writer.submit(Command::CancelTask { task_id: task.id, reason: Some("canceled".into()) }).await? {
+    let cancel = Command::CancelTask { task_id: task.id, reason: Some("canceled".into()), actor: caller.actor() };
+    match state.writer.submit(cancel).await? {
         Outcome::Task { task } => Ok(Json(json!({"task": wire::task_json(&task)}))),
         other => Ok(Json(json!(other))),
     }

@@ -103,6 +103,7 @@ pub fn agent_json(agent: &AgentRecord, socket: &str, queue_depth: usize, current
         "port": agent.port,
         "status": agent.status,
         "pid": agent.pid,
+        "pid_start": agent.pid_start,
         "working_dir": agent.working_dir,
         "endpoint": format!("http://127.0.0.1:{}", agent.port),
         "uds_path": socket,

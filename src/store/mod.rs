@@ -26,9 +26,10 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_SCHEMA: &str = "schema_version";
 const META_PROJECTIONS: &str = "projection_version";
 /// The shape of the projection tables. When a build changes what they hold (version 2: task
-/// records carry `created_seq`, which the history index needs), opening a store written by
+/// records carry `created_seq`, which the history index needs; version 3: `departed_agents`, whose
+/// queue an id holds), opening a store written by
 /// another build replays the log into fresh projections: they are derived, the log is not.
-const PROJECTION_VERSION: u64 = 2;
+const PROJECTION_VERSION: u64 = 3;
 
 /// redb page cache (allocated as pages are used: an idle broker stays at a few MB).
 const CACHE_SIZE_BYTES: usize = 64 << 20;

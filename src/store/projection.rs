@@ -31,6 +31,8 @@ pub struct ProjectionNames {
     pub modifications: ModificationsDef,
     /// History: the prune cut-off (the records themselves are derived from the tasks).
     pub history_meta: HistoryMetaDef,
+    /// Agents that left, by id: whose queue an id still holds.
+    pub departed: AgentsDef,
 }
 
 pub const LIVE: ProjectionNames = ProjectionNames {
@@ -41,6 +43,7 @@ pub const LIVE: ProjectionNames = ProjectionNames {
     locks: TableDefinition::new("file_locks"),
     modifications: TableDefinition::new("file_modifications"),
     history_meta: TableDefinition::new("history_meta"),
+    departed: TableDefinition::new("departed_agents"),
 };
 
 pub const SCRATCH: ProjectionNames = ProjectionNames {
@@ -51,6 +54,7 @@ pub const SCRATCH: ProjectionNames = ProjectionNames {
     locks: TableDefinition::new("scratch_file_locks"),
     modifications: TableDefinition::new("scratch_file_modifications"),
     history_meta: TableDefinition::new("scratch_history_meta"),
+    departed: TableDefinition::new("scratch_departed_agents"),
 };
 
 impl ProjectionNames {
@@ -62,6 +66,7 @@ impl ProjectionNames {
         txn.delete_table(self.locks)?;
         txn.delete_table(self.modifications)?;
         txn.delete_table(self.history_meta)?;
+        txn.delete_table(self.departed)?;
         Ok(())
     }
 }
@@ -81,6 +86,8 @@ pub struct Projections<'txn> {
     locks: redb::Table<'txn, &'static str, &'static [u8]>,
     modifications: redb::Table<'txn, (&'static str, u64), &'static [u8]>,
     pub(super) history_meta: redb::Table<'txn, &'static str, u64>,
+    /// Small (one row per id ever left) and rarely written: not cached during a replay.
+    departed: redb::Table<'txn, &'static str, &'static [u8]>,
     /// Replay only: every row kept in memory and written once, in key order, by
     /// [`Projections::flush`]. A replay starts from empty tables, so the cache is the whole
     /// state; a task changes 3-4 times in its life and most tickets leave the inbox again, so
@@ -105,6 +112,7 @@ pub struct ReadProjections {
     locks: redb::ReadOnlyTable<&'static str, &'static [u8]>,
     modifications: redb::ReadOnlyTable<(&'static str, u64), &'static [u8]>,
     pub(super) history_meta: redb::ReadOnlyTable<&'static str, u64>,
+    departed: redb::ReadOnlyTable<&'static str, &'static [u8]>,
 }
 
 impl<'txn> Projections<'txn> {
@@ -117,6 +125,7 @@ impl<'txn> Projections<'txn> {
             locks: txn.open_table(names.locks)?,
             modifications: txn.open_table(names.modifications)?,
             history_meta: txn.open_table(names.history_meta)?,
+            departed: txn.open_table(names.departed)?,
             replay: None,
         })
     }
@@ -205,6 +214,45 @@ impl<'txn> Projections<'txn> {
         Ok(())
     }
 
+    /// The senders `receiver` owes an answer (replay-aware).
+    fn reply_targets_of(&self, receiver: &str) -> Result<Vec<String>, StoreError> {
+        if let Some(cache) = &self.replay {
+            return Ok(cache
+                .reply_targets
+                .range((receiver.to_string(), String::new())..)
+                .take_while(|((owner, _), _)| owner == receiver)
+                .map(|((_, sender), _)| sender.clone())
+                .collect());
+        }
+        Ok(self.reply_targets(receiver)?.into_iter().map(|target| target.sender_id).collect())
+    }
+
+    /// Drops every ticket of `agent_id`.
+    fn remove_inbox(&mut self, agent_id: &str) -> Result<(), StoreError> {
+        let low = (agent_id.to_string(), 0u8, 0u64);
+        let high = (agent_id.to_string(), u8::MAX, u64::MAX);
+        match self.replay.as_mut() {
+            Some(cache) => {
+                let keys: Vec<_> = cache.inbox.range(low..=high).map(|(key, _)| key.clone()).collect();
+                for key in keys {
+                    cache.inbox.remove(&key);
+                }
+            }
+            None => {
+                let mut keys = Vec::new();
+                for row in self.inbox.range((agent_id, 0u8, 0u64)..=(agent_id, u8::MAX, u64::MAX))? {
+                    let (key, _) = row?;
+                    let (_, rank, ticket) = key.value();
+                    keys.push((rank, ticket));
+                }
+                for (rank, ticket) in keys {
+                    self.inbox.remove((agent_id, rank, ticket))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn remove_ticket(&mut self, agent_id: &str, priority: u8, ticket: u64) -> Result<(), StoreError> {
         let rank = inbox_rank(priority);
         match self.replay.as_mut() {
@@ -222,7 +270,17 @@ impl<'txn> Projections<'txn> {
     pub fn apply(&mut self, envelope: &Envelope) -> Result<(), StoreError> {
         let time_ms = envelope.time_ms;
         match &envelope.event {
-            Event::AgentRegistered { agent_id, agent_type, name, role, pid, port, working_dir, secret_hash } => {
+            Event::AgentRegistered {
+                agent_id,
+                agent_type,
+                name,
+                role,
+                pid,
+                port,
+                working_dir,
+                secret_hash,
+                pid_start,
+            } => {
                 let record = AgentRecord {
                     agent_id: agent_id.clone(),
                     agent_type: agent_type.clone(),
@@ -233,10 +291,13 @@ impl<'txn> Projections<'txn> {
                     working_dir: working_dir.clone(),
                     status: crate::event::AgentStatus::Starting,
                     secret_hash: secret_hash.clone(),
+                    pid_start: *pid_start,
                     registered_ms: time_ms,
                     status_ms: time_ms,
                 };
                 self.put_agent(&record)?;
+                // The id is held again: whatever waited under it is this agent's.
+                self.departed.remove(agent_id.as_str())?;
             }
             Event::AgentStatusChanged { agent_id, status } => {
                 if let Some(mut record) = self.agent(agent_id)? {
@@ -246,9 +307,27 @@ impl<'txn> Projections<'txn> {
                 }
             }
             Event::AgentDeregistered { agent_id, .. } => {
-                // The inbox and reply targets stay: an agent restarted under the same id picks up
-                // what was still waiting for it (nothing is lost).
+                // The inbox and reply targets stay, and the departed row says whose they are:
+                // an agent started again with the same name takes the id (and so them) back;
+                // no other agent gets an id that still holds a queue (`broker::agents`).
+                if let Some(agent) = self.agent(agent_id)? {
+                    let departed = DepartedAgent {
+                        agent_id: agent.agent_id.clone(),
+                        agent_type: agent.agent_type.clone(),
+                        name: agent.name.clone(),
+                        port: agent.port,
+                        departed_ms: time_ms,
+                    };
+                    self.departed.insert(agent_id.as_str(), records::encode(&departed).as_slice())?;
+                }
                 self.remove_agent(agent_id)?;
+            }
+            Event::InboxExpired { agent_id, .. } => {
+                self.remove_inbox(agent_id)?;
+                for target in self.reply_targets_of(agent_id)? {
+                    self.remove_reply_target(agent_id, &target)?;
+                }
+                self.departed.remove(agent_id.as_str())?;
             }
             Event::TaskCreated {
                 task_id,
@@ -464,6 +543,7 @@ impl ReadProjections {
             locks: txn.open_table(names.locks)?,
             modifications: txn.open_table(names.modifications)?,
             history_meta: txn.open_table(names.history_meta)?,
+            departed: txn.open_table(names.departed)?,
         })
     }
 }
@@ -538,6 +618,34 @@ macro_rules! impl_queries {
             pub fn inbox_depth(&self, agent_id: &str) -> Result<usize, StoreError> {
                 let range = self.inbox.range((agent_id, 0u8, 0u64)..=(agent_id, u8::MAX, u64::MAX))?;
                 Ok(range.count())
+            }
+
+            /// The agent that last held `agent_id` and left (None while one holds it).
+            pub fn departed(&self, agent_id: &str) -> Result<Option<DepartedAgent>, StoreError> {
+                self.departed.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
+            }
+
+            /// What still waits for `agent_id`: tickets in its inbox, and requests it has not
+            /// answered yet (reply targets whose task is open). A departed agent's id is held
+            /// while this is not zero.
+            pub fn pending_for(&self, agent_id: &str) -> Result<usize, StoreError> {
+                let mut pending = self.inbox_depth(agent_id)?;
+                for target in self.reply_targets(agent_id)? {
+                    if self.task(&target.receiver_task_id)?.is_some_and(|task| !task.state.is_final()) {
+                        pending += 1;
+                    }
+                }
+                Ok(pending)
+            }
+
+            /// Every departed agent (one per id that was ever left).
+            pub fn departed_agents(&self) -> Result<Vec<DepartedAgent>, StoreError> {
+                let mut departed = Vec::new();
+                for row in self.departed.iter()? {
+                    let (_, value) = row?;
+                    departed.push(records::decode(value.value())?);
+                }
+                Ok(departed)
             }
 
             pub fn lock(&self, path: &str) -> Result<Option<FileLock>, StoreError> {
@@ -636,6 +744,7 @@ pub(crate) fn compare(
     compare_table(txn, live.inbox, scratch.inbox, "inbox", &mut differences)?;
     compare_table(txn, live.locks, scratch.locks, "file_locks", &mut differences)?;
     compare_table(txn, live.modifications, scratch.modifications, "file_modifications", &mut differences)?;
+    compare_table(txn, live.departed, scratch.departed, "departed_agents", &mut differences)?;
     let live_cutoff = txn.open_table(live.history_meta)?.get(super::history::PRUNED_BEFORE)?.map(|v| v.value());
     let replay_cutoff = txn.open_table(scratch.history_meta)?.get(super::history::PRUNED_BEFORE)?.map(|v| v.value());
     if live_cutoff != replay_cutoff {

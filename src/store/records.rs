@@ -16,8 +16,23 @@ pub struct AgentRecord {
     pub working_dir: String,
     pub status: AgentStatus,
     pub secret_hash: String,
+    /// Start time of the process `pid` at registration (see `Event::AgentRegistered`).
+    #[serde(default)]
+    pub pid_start: Option<u64>,
     pub registered_ms: u64,
     pub status_ms: u64,
+}
+
+/// The last agent that held an id, kept after it left: its inbox (and the id) wait for an
+/// agent started again with the same name, or expire (see `broker::agents`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DepartedAgent {
+    pub agent_id: String,
+    pub agent_type: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    pub port: u16,
+    pub departed_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -45,9 +45,11 @@ fn event() -> impl Strategy<Value = Event> {
             port,
             working_dir: "/tmp".into(),
             secret_hash: "00".into(),
+            pid_start: Some(u64::from(pid) * 7),
         }),
         (agent(), status()).prop_map(|(agent_id, status)| Event::AgentStatusChanged { agent_id, status }),
         agent().prop_map(|agent_id| Event::AgentDeregistered { agent_id, reason: "gone".into() }),
+        agent().prop_map(|agent_id| Event::InboxExpired { agent_id, reason: "expired".into(), tickets: 1 }),
         (task(), prop::option::of(agent()), any::<bool>(), prop::option::of(task()), "[a-z ]{0,12}").prop_map(
             |(task_id, owner, incoming, sender_task_id, text)| Event::TaskCreated {
                 task_id,

@@ -72,7 +72,8 @@ impl Home {
         String::from_utf8(output.stdout).unwrap()
     }
 
-    /// Registers an agent through the contract (pid: this test process, any free port).
+    /// Registers an agent through the contract (pid: this test process, any free port). The
+    /// test process is the registering CLI's parent, an ancestor: the broker accepts it.
     pub fn register(&self, name: Option<&str>) -> Agent {
         let pid = std::process::id().to_string();
         let mut args = vec!["agent", "register", "--type", "dummy", "--pid", &pid, "--port", "0"];

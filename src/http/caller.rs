@@ -1,0 +1,208 @@
+//! Who is calling: the user, an agent (proved by its secret), or an anonymous caller.
+//!
+//! The rule (issue 12):
+//! - a request carrying an agent's secret (`x-synapse-agent-secret`) acts as that agent and
+//!   only as it — even when it also carries the admin key;
+//! - otherwise the admin key (an API key, when auth is on), or the broker's Unix socket with the
+//!   peer's uid (from the kernel, `SO_PEERCRED`) equal to the broker's, is **the user**: the CLI
+//!   typed in a plain shell, the dashboard;
+//! - anything else (a TCP caller without a key, a stale secret, a process below an agent's
+//!   wrapper that left the agent's secret out) is **anonymous**: it may send messages and read
+//!   what is public, never act for an agent.
+//!
+//! The peer's credentials are attached to every request on a Unix socket by
+//! [`PeerCredentials`] (axum's connect info), so handlers see what the kernel says rather than
+//! what the request claims.
+
+use super::{ApiError, AppState, SECRET_HEADER};
+use crate::broker::command::{Actor, hash_secret};
+use crate::store::AgentRecord;
+use axum::extract::FromRequestParts;
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::http::{HeaderMap, StatusCode, request::Parts};
+use axum::serve::IncomingStream;
+
+/// The other end of a Unix-socket connection, as the kernel reports it.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerCredentials {
+    pub uid: u32,
+    /// The peer's pid when the kernel gives it (always on Linux).
+    pub pid: Option<u32>,
+}
+
+impl Connected<IncomingStream<'_, tokio::net::UnixListener>> for PeerCredentials {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+        match stream.io().peer_cred() {
+            Ok(credentials) => PeerCredentials {
+                uid: credentials.uid(),
+                pid: credentials.pid().and_then(|pid| u32::try_from(pid).ok()),
+            },
+            // Unknown credentials prove nothing: a uid no one has.
+            Err(_) => PeerCredentials { uid: u32::MAX, pid: None },
+        }
+    }
+}
+
+/// The broker's effective uid.
+pub fn broker_uid() -> u32 {
+    #[allow(unsafe_code)]
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe {
+        libc::geteuid()
+    }
+}
+
+/// The caller of a request (see the module documentation for the rule).
+#[derive(Debug, Clone)]
+pub enum Caller {
+    User,
+    Agent(Box<AgentRecord>),
+    Anonymous,
+}
+
+impl Caller {
+    /// Who acts, for decisions in the writer.
+    pub fn actor(&self) -> Actor {
+        match self {
+            Caller::User => Actor::User,
+            Caller::Agent(agent) => Actor::Agent(agent.agent_id.clone()),
+            Caller::Anonymous => Actor::Anonymous,
+        }
+    }
+
+    pub fn is_user(&self) -> bool {
+        matches!(self, Caller::User)
+    }
+
+    /// May this caller act as `agent_id`? The user may act for any agent; an agent only for
+    /// itself.
+    pub fn may_act_as(&self, agent_id: &str) -> bool {
+        match self {
+            Caller::User => true,
+            Caller::Agent(agent) => agent.agent_id == agent_id,
+            Caller::Anonymous => false,
+        }
+    }
+
+    /// Refuses with 403 unless the caller may act as `agent_id`.
+    pub fn require_act_as(&self, agent_id: &str, what: &str) -> Result<(), ApiError> {
+        if self.may_act_as(agent_id) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            match self {
+                Caller::Agent(agent) => {
+                    format!("Error: {} may not {what} as {agent_id}: an agent acts only as itself", agent.agent_id)
+                }
+                _ => format!(
+                    "Error: to {what} as {agent_id}, run the command inside that agent (its secret in {SECRET_HEADER}), or as the user (the CLI over the broker's Unix socket, or the admin key)"
+                ),
+            },
+        ))
+    }
+}
+
+/// The API key a request presents (`X-API-Key` or `Authorization: Bearer`).
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(key) = headers.get("x-api-key").and_then(|value| value.to_str().ok()) {
+        return Some(key);
+    }
+    headers
+        .get("authorization")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
+        .map(str::trim)
+}
+
+/// Does the request carry the admin key? Only when auth is on (there is no key otherwise).
+pub fn has_admin_key(state: &AppState, headers: &HeaderMap) -> bool {
+    state.auth.enabled && presented_key(headers).is_some_and(|key| state.auth.accepts(key))
+}
+
+/// The peer credentials of a Unix-socket request (None over TCP).
+pub fn peer_of(parts: &Parts) -> Option<PeerCredentials> {
+    parts.extensions.get::<ConnectInfo<PeerCredentials>>().map(|ConnectInfo(peer)| *peer)
+}
+
+/// Determines the caller of a request.
+pub fn caller_of(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
+    if let Some(value) = parts.headers.get(SECRET_HEADER) {
+        let Ok(secret) = value.to_str() else { return Ok(Caller::Anonymous) };
+        let digest = hash_secret(secret);
+        let agents = state.store.read(|view| view.agents())?;
+        // A stale or wrong secret makes the caller anonymous, never the user.
+        return Ok(
+            match agents.into_iter().find(|agent| crate::broker::command::digests_equal(&agent.secret_hash, &digest)) {
+                Some(agent) => Caller::Agent(Box::new(agent)),
+                None => Caller::Anonymous,
+            },
+        );
+    }
+    if has_admin_key(state, &parts.headers) {
+        return Ok(Caller::User);
+    }
+    if let Some(peer) = peer_of(parts)
+        && peer.uid == broker_uid()
+    {
+        // A process inside an agent (below a wrapper Synapse started) that left its secret out
+        // is not the user: it gets no more rights than it had with the secret.
+        let inside_an_agent = match peer.pid {
+            Some(pid) => is_inside_a_wrapper(state, pid)?,
+            None => true,
+        };
+        return Ok(if inside_an_agent { Caller::Anonymous } else { Caller::User });
+    }
+    Ok(Caller::Anonymous)
+}
+
+/// Is `pid` a descendant of a registered agent's wrapper (a `synapse` process)? Registrations
+/// of other processes (a test, a shell) do not count: only a wrapper puts an agent's identity
+/// into its children's environment.
+fn is_inside_a_wrapper(state: &AppState, pid: u32) -> Result<bool, ApiError> {
+    use crate::broker::process;
+    let wrappers: Vec<u32> = state
+        .store
+        .read(|view| view.agents())?
+        .into_iter()
+        .map(|agent| agent.pid)
+        .filter(|&wrapper| process::runs_this_executable(wrapper))
+        .collect();
+    Ok(!wrappers.is_empty() && process::descends_from(pid, &wrappers))
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        caller_of(state, parts)
+    }
+}
+
+/// How a registration proved its pid, for [`crate::broker::agents::register`].
+#[derive(Debug, Clone, Copy)]
+pub enum RegistrationProof {
+    /// Over the Unix socket, by a peer of the broker's uid with this pid.
+    Peer(u32),
+    /// With the admin key.
+    AdminKey,
+}
+
+impl FromRequestParts<AppState> for RegistrationProof {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        if has_admin_key(state, &parts.headers) {
+            return Ok(RegistrationProof::AdminKey);
+        }
+        match peer_of(parts) {
+            Some(PeerCredentials { uid, pid: Some(pid) }) if uid == broker_uid() => Ok(RegistrationProof::Peer(pid)),
+            Some(_) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "Error: only the broker's own user may register agents over its Unix socket",
+            )),
+            None => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "Error: agents register over the broker's Unix socket (which proves the process), or with the admin key; a TCP request without it cannot prove which process it is",
+            )),
+        }
+    }
+}

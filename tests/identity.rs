@@ -1,0 +1,406 @@
+//! Trust boundaries of identity (issue 12): an agent registers only as a process it can prove,
+//! a live agent's name can't be taken, `synapse stop` signals only Synapse's own wrappers, and
+//! agents act only as themselves while the user acts for any.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Starts a background dummy agent (`synapse start`); returns what it announced.
+fn start(home: &Home, name: &str) -> Value {
+    let output = home.cmd(&["start", "dummy", "--name", name, "--json"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn as_agent(agent: &Value) -> Agent {
+    Agent {
+        id: agent["agent_id"].as_str().unwrap().to_string(),
+        secret: agent["secret"].as_str().unwrap().to_string(),
+        port: u16::try_from(agent["port"].as_u64().unwrap()).unwrap(),
+        socket: agent["socket"].as_str().unwrap().into(),
+    }
+}
+
+fn pid_of(agent: &Value) -> u32 {
+    u32::try_from(agent["pid"].as_u64().unwrap()).unwrap()
+}
+
+/// Stops the started wrappers when the test ends, whatever happens.
+struct Wrappers<'a>(&'a Home, Vec<String>);
+
+impl Drop for Wrappers<'_> {
+    fn drop(&mut self) {
+        for agent in &self.1 {
+            let _ = self.0.cmd(&["stop", agent]).output();
+        }
+    }
+}
+
+fn broker_port(home: &Home) -> u16 {
+    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
+    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
+}
+
+fn agents(home: &Home) -> Vec<Value> {
+    let (status, list) = home.http("GET", "/agents", None, &[]);
+    assert_eq!(status, 200, "{list}");
+    list["agents"].as_array().unwrap().clone()
+}
+
+/// A child process that is not Synapse, killed when dropped.
+struct Bystander(std::process::Child);
+
+impl Bystander {
+    fn sleep() -> Bystander {
+        Bystander(std::process::Command::new("sleep").arg("120").stdin(Stdio::null()).spawn().unwrap())
+    }
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+    fn is_running(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Bystander {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A process that registered itself as an agent (a shell that became `sleep`), as a crashed
+/// wrapper would look once killed. Returns it and its registration.
+fn self_registered(home: &Home, name: &str, port: u16) -> (Bystander, Value) {
+    let registration = home.dir.path().join(format!("{name}-{port}.json"));
+    let _ = std::fs::remove_file(&registration);
+    let script = format!(
+        "'{BIN}' agent register --type dummy --pid $$ --name {name} --port {port} > '{path}.part' && mv '{path}.part' '{path}' && exec sleep 120",
+        path = registration.display()
+    );
+    let mut process = Bystander(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("SYNAPSE_HOME", home.home())
+            .env("SYNAPSE_UDS_DIR", home.uds())
+            .env("SYNAPSE_BROKER_PORT", "0")
+            .env_remove("SYNAPSE_AGENT_ID")
+            .env_remove("SYNAPSE_AGENT_SECRET")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    loop {
+        if let Ok(bytes) = std::fs::read(&registration) {
+            return (process, serde_json::from_slice(&bytes).unwrap());
+        }
+        assert!(process.is_running(), "{name} could not register");
+        assert!(started.elapsed() < DEADLINE, "{name} never registered");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Kills the process and waits until the broker has deregistered `agent_id`.
+fn crash(home: &Home, mut process: Bystander, agent_id: &str) {
+    let _ = process.0.kill();
+    let _ = process.0.wait();
+    let started = Instant::now();
+    while agents(home).iter().any(|agent| agent["agent_id"] == agent_id) {
+        assert!(started.elapsed() < DEADLINE, "{agent_id} was never found gone");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn inbox_texts(home: &Home, agent_id: &str) -> Vec<String> {
+    let value: Value = serde_json::from_str(&home.ok(&["agent", "inbox", agent_id])).unwrap();
+    value["tickets"].as_array().unwrap().iter().map(|ticket| ticket["text"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn a_crashed_agents_queue_never_reaches_a_new_agent_on_its_port_and_waits_for_it_under_its_name() {
+    let home = Home::new();
+    home.events(); // starts the broker
+    let port = free_port();
+    let (bob, registered) = self_registered(&home, "bob", port);
+    let bob_id = registered["agent"]["agent_id"].as_str().unwrap().to_string();
+    home.ok(&["send", "bob", "first for bob", "--no-response"]);
+    home.ok(&["send", "bob", "second for bob", "--no-response"]);
+    crash(&home, bob, &bob_id);
+
+    // carol on bob's port: refused with the reason; carol elsewhere gets another id, empty.
+    let test_pid = std::process::id().to_string();
+    let port_text = port.to_string();
+    let on_bobs_port = home
+        .run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--name", "carol", "--port", &port_text]);
+    assert!(!on_bobs_port.status.success(), "{}", describe(&on_bobs_port));
+    assert!(stderr(&on_bobs_port).contains("holds 2 pending message(s) of bob"), "{}", describe(&on_bobs_port));
+    let carol = home.register(Some("carol"));
+    assert_ne!(carol.id, bob_id);
+    assert!(inbox_texts(&home, &carol.id).is_empty(), "carol never receives bob's messages");
+
+    // bob started again with --name bob, on another port, gets his id and queue back.
+    let (_bob_again, again) = self_registered(&home, "bob", 0);
+    assert_eq!(again["agent"]["agent_id"], bob_id.as_str(), "{again}");
+    assert_ne!(again["agent"]["port"].as_u64(), Some(u64::from(port)));
+    assert_eq!(inbox_texts(&home, &bob_id), ["first for bob", "second for bob"]);
+    // And a message to bob reaches the same inbox.
+    home.ok(&["send", "bob", "third for bob", "--no-response"]);
+    assert_eq!(inbox_texts(&home, &bob_id).len(), 3);
+}
+
+#[test]
+fn a_request_an_agent_received_but_did_not_answer_also_keeps_its_id_from_another_agent() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let port = free_port();
+    let (erin, registered) = self_registered(&home, "erin", port);
+    let erin_agent = Agent {
+        id: registered["agent"]["agent_id"].as_str().unwrap().to_string(),
+        secret: registered["secret"].as_str().unwrap().to_string(),
+        port,
+        socket: registered["socket"].as_str().unwrap().into(),
+    };
+    let asked = home.run_as(&alice, &["send", "erin", "the password is swordfish; ok?", "--response"]);
+    assert!(asked.status.success(), "{}", describe(&asked));
+    // Erin's CLI got the message (the ticket is acknowledged) but never answered.
+    let ticket = home.inbox(&erin_agent)[0]["ticket"].as_u64().unwrap().to_string();
+    let acked = home.run_as(&erin_agent, &["agent", "ack", &erin_agent.id, &ticket]);
+    assert!(acked.status.success(), "{}", describe(&acked));
+    assert!(home.inbox(&erin_agent).is_empty());
+    crash(&home, erin, &erin_agent.id);
+
+    let test_pid = std::process::id().to_string();
+    let port_text = port.to_string();
+    let taken = home
+        .run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--name", "mallory", "--port", &port_text]);
+    assert!(!taken.status.success(), "mallory would see erin's reply stack: {}", describe(&taken));
+    let (_erin_again, again) = self_registered(&home, "erin", 0);
+    assert_eq!(again["agent"]["agent_id"], erin_agent.id.as_str(), "{again}");
+    let (status, target) = home.http("GET", &format!("/agents/{}/reply-stack/get", erin_agent.id), None, &[]);
+    assert_eq!(status, 200, "erin can still answer alice: {target}");
+    assert_eq!(target["sender_id"], alice.id.as_str());
+}
+
+#[test]
+fn a_queue_nobody_takes_back_expires_with_a_visible_reason_and_frees_the_id() {
+    let home = Home::new();
+    let started = home.cmd(&["events", "--json"]).env("SYNAPSE_INBOX_HOLD_SECONDS", "1").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let alice = home.register(Some("alice"));
+    let port = free_port();
+    let (dave, registered) = self_registered(&home, "dave", port);
+    let dave_id = registered["agent"]["agent_id"].as_str().unwrap().to_string();
+    let sent = home.run_as(&alice, &["send", "dave", "are you there?", "--response", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let sent: Value = serde_json::from_slice(&sent.stdout).unwrap();
+    let alice_task = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    crash(&home, dave, &dave_id);
+
+    let waited = Instant::now();
+    while !home.events().iter().any(|e| e["event"]["kind"] == "inbox_expired") {
+        assert!(waited.elapsed() < DEADLINE, "the queue never expired");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, task) = home.http("GET", &format!("/tasks/{alice_task}"), None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(task["task"]["status"], "failed", "{task}");
+    assert!(task.to_string().contains("was not started again"), "{task}");
+    assert!(inbox_texts(&home, &dave_id).is_empty());
+    let test_pid = std::process::id().to_string();
+    let port_text = port.to_string();
+    let reused = home.run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--port", &port_text]);
+    assert!(reused.status.success(), "the id is free again: {}", describe(&reused));
+}
+
+#[test]
+fn re_registering_bobs_name_with_bobs_pid_from_another_process_is_refused_and_bob_keeps_working() {
+    let home = Home::new();
+    let announced = start(&home, "bob");
+    let bob = as_agent(&announced);
+    let _wrappers = Wrappers(&home, vec![bob.id.clone()]);
+    let bob_pid = pid_of(&announced).to_string();
+
+    // The attack of issue 12: bob's pid and name, from a process that is not bob.
+    let hijack = home.run(&["agent", "register", "--type", "dummy", "--pid", &bob_pid, "--name", "bob"]);
+    assert!(!hijack.status.success(), "{}", describe(&hijack));
+    assert!(stderr(&hijack).contains("may not register process"), "{}", describe(&hijack));
+    assert!(!stdout(&hijack).contains("secret"), "the caller gets no secret");
+
+    // Over TCP, no process is proved at all.
+    let body = json!({"agent_type": "dummy", "pid": pid_of(&announced), "name": "bob"}).to_string();
+    let (status, refused) = http_tcp(broker_port(&home), "POST", "/agents", Some(body.as_bytes()), &[]);
+    assert_eq!(status, 403, "{refused}");
+    assert!(refused.get("secret").is_none());
+
+    // With its own (provable) pid the name is still bob's while bob lives.
+    let test_pid = std::process::id().to_string();
+    let taken = home.run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--name", "bob", "--port", "0"]);
+    assert!(!taken.status.success(), "{}", describe(&taken));
+    assert!(stderr(&taken).contains("is taken by agent"), "{}", describe(&taken));
+    // And so is bob's id (its port).
+    let port = bob.port.to_string();
+    let slot = home.run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--port", &port]);
+    assert!(!slot.status.success(), "{}", describe(&slot));
+
+    // Bob keeps working: same registration, its secret still accepted, messages reach it.
+    let listed = agents(&home);
+    let listed_bob = listed.iter().find(|agent| agent["name"] == "bob").expect("bob is listed");
+    assert_eq!(listed_bob["agent_id"], bob.id.as_str());
+    assert_eq!(listed_bob["pid"].as_u64().unwrap().to_string(), bob_pid);
+    let own = home.run_as(&bob, &["agent", "status", &bob.id, "READY"]);
+    assert!(own.status.success(), "bob's secret still works: {}", describe(&own));
+    home.ok(&["send", "bob", "still yours", "--no-response"]);
+    let registrations = home.events().iter().filter(|e| e["event"]["kind"] == "agent_registered").count();
+    assert_eq!(registrations, 1, "nothing re-registered bob");
+}
+
+#[test]
+fn registering_the_pid_of_an_unrelated_process_is_refused() {
+    let home = Home::new();
+    // A child of the test is neither the registering CLI, nor its ancestor, nor its child.
+    let mut bystander = Bystander::sleep();
+    let pid = bystander.pid().to_string();
+    let refused = home.run(&["agent", "register", "--type", "dummy", "--pid", &pid, "--name", "victim", "--port", "0"]);
+    assert!(!refused.status.success(), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("never an unrelated process"), "{}", describe(&refused));
+    assert!(agents(&home).is_empty());
+    assert!(bystander.is_running());
+
+    // Registering one's caller (an ancestor: the test process) is how the helpers work.
+    let agent = home.register(Some("helper"));
+    assert!(agent.id.starts_with("synapse-dummy-"));
+}
+
+#[test]
+fn synapse_stop_never_signals_a_process_synapse_did_not_start() {
+    let home = Home::new();
+    // A shell registers itself (a proved registration), then becomes a plain `sleep`.
+    let registration = home.dir.path().join("victim.json");
+    let script = format!(
+        "'{BIN}' agent register --type dummy --pid $$ --name victim --port 0 > '{}' && exec sleep 120",
+        registration.display()
+    );
+    home.events(); // starts the broker
+    let mut victim = Bystander(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("SYNAPSE_HOME", home.home())
+            .env("SYNAPSE_UDS_DIR", home.uds())
+            .env("SYNAPSE_BROKER_PORT", "0")
+            .env_remove("SYNAPSE_AGENT_ID")
+            .env_remove("SYNAPSE_AGENT_SECRET")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    while !agents(&home).iter().any(|agent| agent["name"] == "victim") {
+        assert!(victim.is_running(), "the registering shell ended early");
+        assert!(started.elapsed() < DEADLINE, "the victim never registered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let stop = home.run(&["stop", "victim"]);
+    assert!(!stop.status.success(), "{}", describe(&stop));
+    assert!(stderr(&stop).contains("not a synapse wrapper"), "{}", describe(&stop));
+    assert!(victim.is_running(), "synapse stop signalled a process it did not start");
+
+    // A wrapper Synapse started is still stopped.
+    let bob = start(&home, "bob");
+    let stopped = home.run(&["stop", "bob"]);
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    wait_until_dead(pid_of(&bob));
+}
+
+#[test]
+fn agents_cancel_lock_and_read_inboxes_only_as_themselves_and_the_user_for_anyone() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let carol = home.register(Some("carol"));
+
+    // Inbox: bob's own and the user's reads pass; carol's and an anonymous TCP caller's do not.
+    let sent = home.run_as(&alice, &["send", "bob", "for bob only", "--response", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let sent: Value = serde_json::from_slice(&sent.stdout).unwrap();
+    let task_id = sent["task"]["id"].as_str().unwrap().to_string();
+    let snoop = home.run_as(&carol, &["agent", "inbox", &bob.id]);
+    assert!(!snoop.status.success(), "{}", describe(&snoop));
+    assert!(!stdout(&snoop).contains("for bob only"));
+    let (status, _) = http_tcp(broker_port(&home), "GET", &format!("/agents/{}/inbox", bob.id), None, &[]);
+    assert_eq!(status, 403);
+    assert!(home.run_as(&bob, &["agent", "inbox", &bob.id]).status.success());
+    assert_eq!(home.inbox(&bob).len(), 1, "the user reads any inbox");
+
+    // Cancel: not carol, not an anonymous TCP caller (the sender is an agent); the user may.
+    let cancel = format!("/agents/{}/tasks/{task_id}/cancel", bob.id);
+    let (status, body) = home.http("POST", &cancel, None, &[("x-synapse-agent-secret", &carol.secret)]);
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = http_tcp(bob.port, "POST", &format!("/tasks/{task_id}/cancel"), None, &[]);
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = home.http("POST", &cancel, None, &[]);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["task"]["status"], "canceled");
+    // The receiver may cancel a task it received.
+    let sent: Value =
+        serde_json::from_slice(&home.run_as(&alice, &["send", "bob", "again", "--response", "--json"]).stdout).unwrap();
+    let again = sent["task"]["id"].as_str().unwrap();
+    let (status, body) = home.http(
+        "POST",
+        &format!("/agents/{}/tasks/{again}/cancel", bob.id),
+        None,
+        &[("x-synapse-agent-secret", &bob.secret)],
+    );
+    assert_eq!(status, 200, "{body}");
+
+    // File safety: carol can't lock, record or unlock as alice, nor force alice's live lock.
+    let file = home.dir.path().join("shared.rs");
+    let file = file.to_str().unwrap();
+    let fs_as = |agent: &Agent, args: &[&str]| {
+        home.cmd(&[&["file-safety"], args].concat())
+            .env("SYNAPSE_FILE_SAFETY_ENABLED", "true")
+            .env("SYNAPSE_AGENT_ID", &agent.id)
+            .env("SYNAPSE_AGENT_SECRET", &agent.secret)
+            .output()
+            .unwrap()
+    };
+    let fs_user = |args: &[&str]| {
+        home.cmd(&[&["file-safety"], args].concat()).env("SYNAPSE_FILE_SAFETY_ENABLED", "true").output().unwrap()
+    };
+    let forged = fs_as(&carol, &["lock", file, &alice.id]);
+    assert!(!forged.status.success(), "{}", describe(&forged));
+    assert!(stderr(&forged).contains("acts only as itself"), "{}", describe(&forged));
+    let locked = fs_as(&alice, &["lock", file, &alice.id]);
+    assert!(locked.status.success(), "{}", describe(&locked));
+    assert!(!fs_as(&carol, &["unlock", file, &alice.id]).status.success());
+    let forced = fs_as(&carol, &["unlock", file, &carol.id, "--force"]);
+    assert!(!forced.status.success(), "{}", describe(&forced));
+    assert!(stderr(&forced).contains("only the user may force-release"), "{}", describe(&forced));
+    assert!(!fs_as(&carol, &["record", file, &alice.id, &task_id]).status.success());
+    let (status, _) = http_tcp(
+        broker_port(&home),
+        "POST",
+        "/file-safety/unlock",
+        Some(json!({"path": file, "agent_id": alice.id, "force": true}).to_string().as_bytes()),
+        &[],
+    );
+    assert_eq!(status, 403, "an anonymous TCP caller unlocks nothing");
+    // The user may force-unlock anyone's lock, and lock for any agent.
+    let user_forced = fs_user(&["unlock", file, "--force"]);
+    assert!(user_forced.status.success(), "{}", describe(&user_forced));
+    assert!(fs_user(&["lock", file, &bob.id]).status.success());
+    assert!(fs_user(&["unlock", file, &bob.id]).status.success());
+}
