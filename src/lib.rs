@@ -6,6 +6,7 @@
 //! - `broker`: the daemon: writer thread (group commit), commands, tails, HTTP servers.
 //! - `client`: the CLI's connection to the broker over its Unix socket, with autostart.
 //! - `cli`: command-line definitions and one module per command group.
+//! - `private_files`: creating files and directories in the home as 0600 / 0700.
 
 pub mod agent;
 pub mod broker;
@@ -15,5 +16,6 @@ pub mod config;
 pub mod escape;
 pub mod event;
 pub mod http;
+pub mod private_files;
 pub mod settings;
 pub mod store;

@@ -99,12 +99,7 @@ impl BrokerState {
 
 /// Creates a directory (and parents) readable only by the user.
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))
+    crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))
 }
 
 /// Binds a Unix socket at `path`, removing a stale socket file left by a dead process. Fails
@@ -130,6 +125,13 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     create_private_dir(&paths.home)?;
     create_private_dir(&paths.uds_dir)?;
     let store = Store::open(&paths.database())?;
+    // A home made by an older version (or by hand) may be readable by others: the log and the
+    // terminal logs hold every message.
+    match crate::private_files::tighten_home(&paths.home) {
+        Ok(0) => {}
+        Ok(changed) => tracing::warn!("{}: removed group/other access from {changed} entries", paths.home.display()),
+        Err(error) => tracing::warn!("cannot restrict the permissions of {}: {error}", paths.home.display()),
+    }
 
     let socket_path = paths.broker_socket();
     let unix = bind_unix(&socket_path)?;
@@ -146,7 +148,7 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     agents::restore(&state).await;
 
     let info_path = paths.broker_info();
-    std::fs::write(&info_path, serde_json::to_vec_pretty(&state.info())?)
+    crate::private_files::write(&info_path, serde_json::to_vec_pretty(&state.info())?)
         .with_context(|| format!("cannot write {}", info_path.display()))?;
     tracing::info!("broker {} listening on {} and 127.0.0.1:{port}", VERSION, socket_path.display());
 
