@@ -48,6 +48,10 @@ pub struct BrokerState {
     pub index_wake: tokio::sync::Notify,
     /// API-key authentication, read from the environment at start.
     pub auth: Arc<crate::http::auth::AuthConfig>,
+    /// Host / Origin / content-type rules of every HTTP server, read from the environment at start.
+    pub request_rules: crate::http::guard::RequestRules,
+    /// Idle timeout and connection limit shared by every HTTP server of this broker.
+    pub connection_limits: Arc<crate::http::server::ConnectionLimits>,
 }
 
 impl BrokerState {
@@ -69,6 +73,8 @@ impl BrokerState {
             port: std::sync::atomic::AtomicU16::new(0),
             agent_servers: agents::AgentServers::default(),
             auth: Arc::new(crate::http::auth::AuthConfig::from_env()),
+            request_rules: crate::http::guard::RequestRules::from_env(),
+            connection_limits: Arc::new(crate::http::server::ConnectionLimits::from_env()),
             webhooks: webhooks::Webhooks::default(),
             externals: externals::Externals::default(),
             index_wake: tokio::sync::Notify::new(),
@@ -158,21 +164,17 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     indexer::spawn(state.clone());
 
     let router = crate::http::broker_router(state.clone());
-    let unix_server = {
+    let stop_signal = || {
         let mut stop = state.shutdown.subscribe();
-        axum::serve(unix, router.clone().into_make_service()).with_graceful_shutdown(async move {
+        async move {
             let _ = stop.wait_for(|stopping| *stopping).await;
-        })
+        }
     };
-    let tcp_server = {
-        let mut stop = state.shutdown.subscribe();
-        axum::serve(tcp, router.into_make_service_with_connect_info::<std::net::SocketAddr>()).with_graceful_shutdown(
-            async move {
-                let _ = stop.wait_for(|stopping| *stopping).await;
-            },
-        )
-    };
-    let (unix_result, tcp_result) = tokio::join!(unix_server.into_future(), tcp_server.into_future());
+    let limits = state.connection_limits.clone();
+    tokio::join!(
+        crate::http::server::serve(unix, router.clone(), limits.clone(), stop_signal()),
+        crate::http::server::serve(tcp, router, limits, stop_signal()),
+    );
 
     agents::stop_all(&state).await;
     let _ = std::fs::remove_file(&socket_path);
@@ -180,8 +182,6 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     // Dropping the last handle ends the writer after it has answered everything queued.
     drop(state);
     let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
-    unix_result.context("the Unix socket server failed")?;
-    tcp_result.context("the TCP server failed")?;
     tracing::info!("broker stopped");
     Ok(())
 }
