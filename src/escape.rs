@@ -124,10 +124,88 @@ pub fn keystrokes(header: &str, text: &str, bracketed: bool, submit: &str) -> Ke
     Keystrokes { paste, submit: submit.as_bytes().to_vec() }
 }
 
+/// [`visible`] over a byte stream read in chunks (a terminal log): a UTF-8 sequence or a `\r\n`
+/// cut by a chunk boundary is held back until the next chunk; bytes that are not UTF-8 are shown
+/// as `\xNN`.
+#[derive(Debug, Default)]
+pub struct VisibleStream {
+    pending: Vec<u8>,
+}
+
+impl VisibleStream {
+    /// The visible text of everything pushed so far that is complete.
+    pub fn push(&mut self, chunk: &[u8]) -> String {
+        self.pending.extend_from_slice(chunk);
+        let mut out = String::new();
+        let mut start = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[start..]) {
+                Ok(text) => {
+                    // A final `\r` may be the first half of a `\r\n`.
+                    let keep = usize::from(text.ends_with('\r'));
+                    out.push_str(&visible(&text[..text.len() - keep]));
+                    start = self.pending.len() - keep;
+                    break;
+                }
+                Err(error) => {
+                    let valid = start + error.valid_up_to();
+                    // Valid up to there: checked just above.
+                    out.push_str(&visible(std::str::from_utf8(&self.pending[start..valid]).unwrap_or_default()));
+                    match error.error_len() {
+                        Some(length) => {
+                            for byte in &self.pending[valid..valid + length] {
+                                out.push_str(&format!("\\x{byte:02X}"));
+                            }
+                            start = valid + length;
+                        }
+                        // An incomplete sequence at the end: wait for the rest.
+                        None => {
+                            start = valid;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.pending.drain(..start);
+        out
+    }
+
+    /// What is left at the end of the stream.
+    pub fn finish(&mut self) -> String {
+        let rest = std::mem::take(&mut self.pending);
+        let mut out = String::new();
+        for chunk in rest.utf8_chunks() {
+            out.push_str(&visible(chunk.valid()));
+            for byte in chunk.invalid() {
+                out.push_str(&format!("\\x{byte:02X}"));
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_stream_cut_anywhere_reads_like_the_whole() {
+        let bytes = "a\r\nb é\u{1b}]52;c;eA==\u{7}日\r".as_bytes();
+        let whole = {
+            let mut stream = VisibleStream::default();
+            stream.push(bytes) + &stream.finish()
+        };
+        assert_eq!(whole, "a\nb é^[]52;c;eA==^G日^M");
+        for cut in 0..bytes.len() {
+            let mut stream = VisibleStream::default();
+            let text = stream.push(&bytes[..cut]) + &stream.push(&bytes[cut..]) + &stream.finish();
+            assert_eq!(text, whole, "cut at {cut}");
+        }
+        let mut stream = VisibleStream::default();
+        assert_eq!(stream.push(b"x\xffy"), "x\\xFFy");
+    }
 
     /// Control bytes as a terminal sees them: C0 and DEL bytes, and C1 as UTF-8 (0xC2 0x80-0x9F).
     fn control_positions(bytes: &[u8]) -> Vec<usize> {

@@ -7,6 +7,7 @@
 //! - `client`: the CLI's connection to the broker over its Unix socket, with autostart.
 //! - `cli`: command-line definitions and one module per command group.
 //! - [`scripted_model`]: a model server answering by script, for tests with the real CLIs.
+//! - `private_files`: creating files and directories in the home as 0600 / 0700.
 
 pub mod agent;
 pub mod broker;
@@ -17,5 +18,6 @@ pub mod escape;
 pub mod event;
 pub mod http;
 pub mod scripted_model;
+pub mod private_files;
 pub mod settings;
 pub mod store;

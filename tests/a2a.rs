@@ -115,7 +115,7 @@ impl Stream {
         let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         socket.set_read_timeout(Some(READ_DEADLINE)).unwrap();
         let body = body.unwrap_or("");
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: synapse\r\nConnection: close\r\n");
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
         for (name, value) in headers {
             head.push_str(&format!("{name}: {value}\r\n"));
         }

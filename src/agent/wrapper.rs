@@ -316,7 +316,7 @@ async fn run_registered(
         while let Ok(write) = pty_queue.recv() {
             let ok = writer.write_all(&write.bytes).and_then(|_| writer.flush()).is_ok();
             if let (true, Some((file, content))) = (ok, &write.then_record)
-                && let Err(error) = std::fs::write(file, content)
+                && let Err(error) = crate::private_files::write(file, content)
             {
                 tracing::warn!("cannot write {}: {error}", file.display());
             }
@@ -331,13 +331,9 @@ async fn run_registered(
     // Reader thread: output to the user's terminal (interactive) and always to the log (what
     // `synapse logs` shows, and the watcher's evidence of what was written before a crash).
     if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let log_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("cannot open {}", log.display()))?;
+    let log_file = crate::private_files::open_append(log).with_context(|| format!("cannot open {}", log.display()))?;
     let sink: Box<dyn Write + Send> =
         if interactive { Box::new(Tee(std::io::stdout(), log_file)) } else { Box::new(log_file) };
     let reader_shared = shared.clone();
@@ -667,13 +663,13 @@ fn ticket_text(shared: &Shared, ticket: &Value, bracketed: bool) -> anyhow::Resu
         return Ok(text.to_string());
     }
     let dir = shared.paths.home.join("messages").join(&shared.agent_id);
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    crate::private_files::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let file = dir.join(format!(
         "{}-{}.txt",
         ticket["ticket"],
         crate::event::short_id(ticket["task_id"].as_str().unwrap_or("x"))
     ));
-    std::fs::write(&file, text).with_context(|| format!("cannot write {}", file.display()))?;
+    crate::private_files::write(&file, text).with_context(|| format!("cannot write {}", file.display()))?;
     Ok(format!("[LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()))
 }
 

@@ -217,14 +217,12 @@ fn serve(state: &Arc<BrokerState>, agent: &AgentRecord, listener: tokio::net::Tc
     let router_tcp = router.clone();
     let (tcp_signal, unix_signal) = (stop_signal(state, &stop), stop_signal(state, &stop));
     let cleanup_path = socket_path.clone();
+    let limits = state.connection_limits.clone();
     tokio::spawn(async move {
-        let unix_server =
-            axum::serve(unix, router.into_make_service_with_connect_info::<crate::http::caller::PeerCredentials>())
-                .with_graceful_shutdown(unix_signal);
-        let tcp_server =
-            axum::serve(listener, router_tcp.into_make_service_with_connect_info::<std::net::SocketAddr>())
-                .with_graceful_shutdown(tcp_signal);
-        let _ = tokio::join!(unix_server.into_future(), tcp_server.into_future());
+        tokio::join!(
+            crate::http::server::serve(unix, router, limits.clone(), unix_signal),
+            crate::http::server::serve(listener, router_tcp, limits, tcp_signal),
+        );
         let _ = std::fs::remove_file(&cleanup_path);
     });
     state.agent_servers.insert(&agent.agent_id, stop);

@@ -49,6 +49,10 @@ pub struct BrokerState {
     pub index_wake: tokio::sync::Notify,
     /// API-key authentication, read from the environment at start.
     pub auth: Arc<crate::http::auth::AuthConfig>,
+    /// Host / Origin / content-type rules of every HTTP server, read from the environment at start.
+    pub request_rules: crate::http::guard::RequestRules,
+    /// Idle timeout and connection limit shared by every HTTP server of this broker.
+    pub connection_limits: Arc<crate::http::server::ConnectionLimits>,
 }
 
 impl BrokerState {
@@ -70,6 +74,8 @@ impl BrokerState {
             port: std::sync::atomic::AtomicU16::new(0),
             agent_servers: agents::AgentServers::default(),
             auth: Arc::new(crate::http::auth::AuthConfig::from_env()),
+            request_rules: crate::http::guard::RequestRules::from_env(),
+            connection_limits: Arc::new(crate::http::server::ConnectionLimits::from_env()),
             webhooks: webhooks::Webhooks::default(),
             externals: externals::Externals::default(),
             index_wake: tokio::sync::Notify::new(),
@@ -100,12 +106,7 @@ impl BrokerState {
 
 /// Creates a directory (and parents) readable only by the user.
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))
+    crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))
 }
 
 /// Binds a Unix socket at `path`, removing a stale socket file left by a dead process. Fails
@@ -131,6 +132,13 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     create_private_dir(&paths.home)?;
     create_private_dir(&paths.uds_dir)?;
     let store = Store::open(&paths.database())?;
+    // A home made by an older version (or by hand) may be readable by others: the log and the
+    // terminal logs hold every message.
+    match crate::private_files::tighten_home(&paths.home) {
+        Ok(0) => {}
+        Ok(changed) => tracing::warn!("{}: removed group/other access from {changed} entries", paths.home.display()),
+        Err(error) => tracing::warn!("cannot restrict the permissions of {}: {error}", paths.home.display()),
+    }
 
     let socket_path = paths.broker_socket();
     let unix = bind_unix(&socket_path)?;
@@ -147,7 +155,7 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     agents::restore(&state).await;
 
     let info_path = paths.broker_info();
-    std::fs::write(&info_path, serde_json::to_vec_pretty(&state.info())?)
+    crate::private_files::write(&info_path, serde_json::to_vec_pretty(&state.info())?)
         .with_context(|| format!("cannot write {}", info_path.display()))?;
     tracing::info!("broker {} listening on {} and 127.0.0.1:{port}", VERSION, socket_path.display());
 
@@ -157,22 +165,17 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     indexer::spawn(state.clone());
 
     let router = crate::http::broker_router(state.clone());
-    let unix_server = {
+    let stop_signal = || {
         let mut stop = state.shutdown.subscribe();
-        axum::serve(unix, router.clone().into_make_service_with_connect_info::<crate::http::caller::PeerCredentials>())
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|stopping| *stopping).await;
-            })
+        async move {
+            let _ = stop.wait_for(|stopping| *stopping).await;
+        }
     };
-    let tcp_server = {
-        let mut stop = state.shutdown.subscribe();
-        axum::serve(tcp, router.into_make_service_with_connect_info::<std::net::SocketAddr>()).with_graceful_shutdown(
-            async move {
-                let _ = stop.wait_for(|stopping| *stopping).await;
-            },
-        )
-    };
-    let (unix_result, tcp_result) = tokio::join!(unix_server.into_future(), tcp_server.into_future());
+    let limits = state.connection_limits.clone();
+    tokio::join!(
+        crate::http::server::serve(unix, router.clone(), limits.clone(), stop_signal()),
+        crate::http::server::serve(tcp, router, limits, stop_signal()),
+    );
 
     agents::stop_all(&state).await;
     let _ = std::fs::remove_file(&socket_path);
@@ -180,8 +183,6 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     // Dropping the last handle ends the writer after it has answered everything queued.
     drop(state);
     let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
-    unix_result.context("the Unix socket server failed")?;
-    tcp_result.context("the TCP server failed")?;
     tracing::info!("broker stopped");
     Ok(())
 }

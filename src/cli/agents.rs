@@ -58,9 +58,10 @@ pub fn run_profile(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Resu
 pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) -> anyhow::Result<i32> {
     profile::load(profile_name, &paths.home)?;
     let logs = paths.home.join("logs");
-    std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    crate::private_files::create_dir(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
     let wrapper_log = logs.join(format!("{profile_name}-wrapper.log"));
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(&wrapper_log)?;
+    let log = crate::private_files::open_append(&wrapper_log)
+        .with_context(|| format!("cannot open {}", wrapper_log.display()))?;
     let start_of_log = log.metadata().map(|meta| meta.len()).unwrap_or(0);
     let exe = std::env::current_exe().context("cannot find the synapse executable")?;
     let mut command = std::process::Command::new(exe);
@@ -181,15 +182,41 @@ pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32>
     Ok(if refused > 0 { 1 } else { 0 })
 }
 
-/// `synapse logs <agent> [--follow]`.
-pub async fn logs(paths: &Paths, target: &str, follow: bool) -> anyhow::Result<i32> {
+/// Can `word` name an agent (id or name), and so never a path? Only letters, digits, `-`, `_`,
+/// `.` and `@`, not starting with a dot: no `/`, no `..`, no control characters.
+fn is_agent_word(word: &str) -> bool {
+    !word.is_empty()
+        && word.len() <= 128
+        && !word.starts_with('.')
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+}
+
+/// `synapse logs <agent> [--follow] [--raw]`: the agent's terminal log, its controls made visible
+/// unless `--raw` (the log holds what the CLI printed, and through it what others sent).
+pub async fn logs(paths: &Paths, target: &str, follow: bool, raw: bool) -> anyhow::Result<i32> {
+    // The target picks a file under logs/: it must be an agent's id or name, never a path.
+    if !is_agent_word(target) {
+        bail!(
+            "Error: '{}' is not an agent id or name. 'synapse logs' takes an agent (see 'synapse list'), not a path.",
+            crate::escape::visible_line(target)
+        );
+    }
     let direct = wrapper::log_path(paths, target);
-    let path = if direct.exists() {
+    let path = if direct.is_file() {
         direct
     } else {
         let agents = resolve(paths, target).await?;
         match agents.as_slice() {
-            [agent] => wrapper::log_path(paths, agent["agent_id"].as_str().unwrap_or_default()),
+            [agent] => {
+                let id = agent["agent_id"].as_str().unwrap_or_default();
+                if !is_agent_word(id) {
+                    bail!(
+                        "Error: the broker named agent '{}', which is not a valid id",
+                        crate::escape::visible_line(id)
+                    );
+                }
+                wrapper::log_path(paths, id)
+            }
             [] => bail!("Error: No agent or log found matching '{target}'"),
             many => bail!(
                 "Error: '{target}' matches several agents: {}",
@@ -201,15 +228,24 @@ pub async fn logs(paths: &Paths, target: &str, follow: bool) -> anyhow::Result<i
         std::fs::File::open(&path).with_context(|| format!("Error: no terminal log at {}", path.display()))?;
     let mut stdout = std::io::stdout();
     let mut buffer = vec![0u8; 64 * 1024];
+    let mut escaper = crate::escape::VisibleStream::default();
     loop {
         let count = file.read(&mut buffer)?;
         if count > 0 {
-            if stdout.write_all(&buffer[..count]).and_then(|_| stdout.flush()).is_err() {
+            let chunk = &buffer[..count];
+            let written = if raw { stdout.write_all(chunk) } else { stdout.write_all(escaper.push(chunk).as_bytes()) };
+            if written.and_then(|_| stdout.flush()).is_err() {
                 return Ok(0);
             }
             continue;
         }
         if !follow {
+            if !raw {
+                let rest = escaper.finish();
+                if stdout.write_all(rest.as_bytes()).and_then(|_| stdout.flush()).is_err() {
+                    return Ok(0);
+                }
+            }
             return Ok(0);
         }
         // Like `tail -f`: the log is a plain file written by another process.

@@ -70,8 +70,10 @@ fn enabled() -> bool {
         .is_ok_and(|value| matches!(value.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off"))
 }
 
+/// One record on one line; every field but the time and status comes from others, so the whole
+/// line has its controls made visible.
 fn line(record: &Value) -> String {
-    format!(
+    crate::escape::visible_line(&format!(
         "{}  {}  {:<8} {:<24} {} {:<24} {:<10} {}",
         record["updated_ms"].as_u64().map(crate::http::wire::rfc3339).unwrap_or_default(),
         crate::event::short_id(record["task_id"].as_str().unwrap_or_default()),
@@ -81,7 +83,7 @@ fn line(record: &Value) -> String {
         record["peer"].as_str().unwrap_or_default(),
         record["status"].as_str().unwrap_or_default(),
         crate::event::preview(record["input"].as_str().unwrap_or_default(), 50),
-    )
+    ))
 }
 
 fn print_records(records: &[Value]) {
@@ -149,7 +151,7 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
             for record in answer["records"].as_array().cloned().unwrap_or_default() {
                 println!("{}", line(&record));
                 if let Some(output) = record["output"].as_str().filter(|output| !output.is_empty()) {
-                    println!("{:>30} {}", "reply:", crate::event::preview(output, 80));
+                    println!("{:>30} {}", "reply:", crate::escape::visible_line(&crate::event::preview(output, 80)));
                 }
             }
         }

@@ -4,6 +4,7 @@ use super::system::percent_encode;
 use super::{ReplyArgs, SendArgs, read_message};
 use crate::client::Client;
 use crate::config::Paths;
+use crate::escape::visible_line;
 use crate::event::short_id;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -109,7 +110,12 @@ async fn wait_for_reply(client: &mut Client, task_id: &str, seconds: u64) -> any
             let state = str_of(&answer, "/task/status");
             match answer.get("reply").and_then(Value::as_str) {
                 Some(reply) if state == "completed" => {
-                    println!("{reply}");
+                    // Exact for a script; on a terminal, the replier's controls are made visible.
+                    if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                        println!("{}", crate::escape::visible(reply));
+                    } else {
+                        println!("{reply}");
+                    }
                     return Ok(0);
                 }
                 _ => {
@@ -149,10 +155,10 @@ pub async fn reply(paths: &Paths, args: ReplyArgs) -> anyhow::Result<i32> {
                 let task = target["sender_task_id"].as_str().or(target["task_id"].as_str()).unwrap_or_default();
                 println!(
                     "{}  task {}  {}  {}",
-                    str_of(&target, "/sender_id"),
-                    short_id(task),
+                    visible_line(str_of(&target, "/sender_id")),
+                    visible_line(short_id(task)),
                     str_of(&target, "/received_at"),
-                    str_of(&target, "/preview")
+                    visible_line(str_of(&target, "/preview"))
                 );
             }
         }
@@ -191,18 +197,19 @@ pub async fn list(paths: &Paths, json_output: bool) -> anyhow::Result<i32> {
         "{:<10} {:<24} {:<10} {:<6} {:<11} {:>7} {:>5}  {:<28} {}",
         header[0], header[1], header[2], header[3], header[4], header[5], header[6], header[7], header[8]
     );
+    // Every text field comes from a registration or a message: shown with its controls visible.
     for agent in agents {
         println!(
             "{:<10} {:<24} {:<10} {:<6} {:<11} {:>7} {:>5}  {:<28} {}",
-            str_of(&agent, "/agent_type"),
-            str_of(&agent, "/agent_id"),
-            agent["name"].as_str().unwrap_or("-"),
+            visible_line(str_of(&agent, "/agent_type")),
+            visible_line(str_of(&agent, "/agent_id")),
+            visible_line(agent["name"].as_str().unwrap_or("-")),
             agent["port"].to_string(),
-            str_of(&agent, "/status"),
+            visible_line(str_of(&agent, "/status")),
             agent["pid"].to_string(),
             agent["queue_depth"].to_string(),
-            agent.pointer("/current_task/preview").and_then(Value::as_str).unwrap_or("-"),
-            str_of(&agent, "/working_dir"),
+            visible_line(agent.pointer("/current_task/preview").and_then(Value::as_str).unwrap_or("-")),
+            visible_line(str_of(&agent, "/working_dir")),
         );
     }
     Ok(0)

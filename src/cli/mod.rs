@@ -80,6 +80,9 @@ pub enum Command {
         /// Keep printing new output
         #[arg(short, long)]
         follow: bool,
+        /// Print the log's bytes as they are (escape sequences act on your terminal)
+        #[arg(long)]
+        raw: bool,
     },
     /// Watch Synapse work: a broker and two dummy agents in a temporary home
     Demo {
@@ -330,7 +333,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         match command {
             Command::Broker(args) => system::broker_control(&paths, args.command).await,
             Command::Stop { target, all } => agents::stop(&paths, &target, all).await,
-            Command::Logs { agent, follow } => agents::logs(&paths, &agent, follow).await,
+            Command::Logs { agent, follow, raw } => agents::logs(&paths, &agent, follow, raw).await,
             Command::Send(args) => messaging::send(&paths, args).await,
             Command::Reply(args) => messaging::reply(&paths, args).await,
             Command::List { json } => messaging::list(&paths, json).await,

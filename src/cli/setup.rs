@@ -21,10 +21,11 @@ pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
         bail!("Error: {} already exists; pass --force to overwrite it", path.display());
     }
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("Error: cannot create {}", dir.display()))?;
+        crate::private_files::create_dir(dir).with_context(|| format!("Error: cannot create {}", dir.display()))?;
     }
     let text = serde_json::to_string_pretty(&template())?;
-    std::fs::write(&path, format!("{text}\n")).with_context(|| format!("Error: cannot write {}", path.display()))?;
+    crate::private_files::write(&path, format!("{text}\n"))
+        .with_context(|| format!("Error: cannot write {}", path.display()))?;
     println!("Wrote {} ({scope} settings)", path.display());
     Ok(0)
 }

@@ -51,14 +51,15 @@ fn unreachable_foreground() -> anyhow::Result<i32> {
     anyhow::bail!("internal: the foreground broker is started before the runtime")
 }
 
-/// One line of `synapse events`: sequence, time, kind, summary.
+/// One line of `synapse events`: sequence, time, kind, summary. The summary quotes others' text
+/// (names, messages): its controls are made visible.
 pub fn event_line(envelope: &Envelope) -> String {
     format!(
         "{:>8}  {}  {:<24} {}",
         envelope.seq,
         crate::http::wire::rfc3339(envelope.time_ms),
         envelope.event.kind(),
-        envelope.event.summary()
+        crate::escape::visible_line(&envelope.event.summary())
     )
 }
 

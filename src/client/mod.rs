@@ -6,6 +6,12 @@
 //! meanwhile), spawn `synapse broker` detached with its output in `broker.log`, and wait until
 //! it answers its health check. The health answer carries the version: a broker of another
 //! version is reported, never silently used.
+//!
+//! Every call has a time limit ([`Timeout`]): connecting and each request within
+//! `SYNAPSE_CLIENT_TIMEOUT_MS` (default 30 s, 0 = none). A request that is itself a wait (a
+//! `wait_ms` / `timeout_ms` query: inbox long polls, `send --wait`) gets that wait on top, and a
+//! followed event stream (`follow=true`) has no limit once the broker has answered (it sends
+//! keep-alives); so a broker that accepts and never answers cannot hang a command.
 
 use crate::config::{BrokerInfo, Paths};
 use anyhow::{Context, anyhow, bail};
@@ -18,6 +24,62 @@ use std::time::{Duration, Instant};
 
 /// How long a command waits for a broker it started to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long connecting, or one request, may take by default.
+const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The limit on one call: `SYNAPSE_CLIENT_TIMEOUT_MS` (0 = none), else [`DEFAULT_CALL_TIMEOUT`].
+pub fn call_timeout() -> Option<Duration> {
+    match std::env::var("SYNAPSE_CLIENT_TIMEOUT_MS").ok().and_then(|ms| ms.trim().parse::<u64>().ok()) {
+        Some(0) => None,
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None => Some(DEFAULT_CALL_TIMEOUT),
+    }
+}
+
+/// The broker did not answer in time.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "timed out after {} ms waiting for the broker ({what}); it may be overloaded or stuck. Set SYNAPSE_CLIENT_TIMEOUT_MS to wait longer (0 = no limit), or restart it with 'synapse broker stop'",
+    limit.as_millis()
+)]
+pub struct Timeout {
+    pub limit: Duration,
+    pub what: String,
+}
+
+/// Runs `future` within `limit` (none: no limit); a late answer becomes a [`Timeout`].
+async fn within<T>(
+    limit: Option<Duration>,
+    what: impl FnOnce() -> String,
+    future: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    match limit {
+        None => future.await,
+        Some(limit) => match tokio::time::timeout(limit, future).await {
+            Ok(result) => result,
+            Err(_) => Err(Timeout { limit, what: what() }.into()),
+        },
+    }
+}
+
+/// The longest wait a request asks the broker for (`wait_ms=` or `timeout_ms=` in its query).
+fn requested_wait(path: &str) -> Duration {
+    let Some((_, query)) = path.split_once('?') else { return Duration::ZERO };
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(name, _)| matches!(*name, "wait_ms" | "timeout_ms"))
+        .filter_map(|(_, value)| value.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .max()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// The limit for a request to `path`: the call limit plus the wait it asks for.
+fn limit_for(path: &str) -> Option<Duration> {
+    call_timeout().map(|limit| limit.saturating_add(requested_wait(path)))
+}
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
@@ -58,8 +120,20 @@ where
     Ok(sender)
 }
 
-/// Connects over the Unix socket, or TCP when the socket cannot be reached.
+/// Connects over the Unix socket, or TCP when the socket cannot be reached, within the call limit.
 async fn connect_any(paths: &Paths) -> std::io::Result<Sender> {
+    match call_timeout() {
+        None => connect_any_now(paths).await,
+        Some(limit) => tokio::time::timeout(limit, connect_any_now(paths)).await.unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("timed out after {} ms connecting to the broker", limit.as_millis()),
+            ))
+        }),
+    }
+}
+
+async fn connect_any_now(paths: &Paths) -> std::io::Result<Sender> {
     match connect_unix(paths).await {
         Ok(sender) => Ok(sender),
         Err(unix_error) => {
@@ -100,7 +174,15 @@ impl Client {
             let mut client = Client { sender, secret: secret.clone() };
             match client.check_version().await {
                 Ok(()) => return Ok(client),
-                Err(error) if !autostart || error.downcast_ref::<VersionMismatch>().is_some() => return Err(error),
+                // A broker that holds the connection without answering is stuck, not absent:
+                // starting another one would only fail on its socket.
+                Err(error)
+                    if !autostart
+                        || error.downcast_ref::<VersionMismatch>().is_some()
+                        || error.downcast_ref::<Timeout>().is_some() =>
+                {
+                    return Err(error);
+                }
                 // A broker that accepted the connection and then dropped it (stopping, or a
                 // stale socket): start one if none answers, as below.
                 Err(error) => tracing::debug!("the broker did not answer: {error:#}"),
@@ -126,7 +208,11 @@ impl Client {
             .await;
             match result {
                 Ok(client) => return Ok(client),
-                Err(error) if attempt >= CONNECT_ATTEMPTS || error.downcast_ref::<VersionMismatch>().is_some() => {
+                Err(error)
+                    if attempt >= CONNECT_ATTEMPTS
+                        || error.downcast_ref::<VersionMismatch>().is_some()
+                        || error.downcast_ref::<Timeout>().is_some() =>
+                {
                     return Err(error);
                 }
                 Err(error) => {
@@ -174,7 +260,8 @@ impl Client {
     }
 
     fn build(&self, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Request<Full<Bytes>>> {
-        let mut builder = Request::builder().method(method).uri(path).header("host", "synapse");
+        // A loopback name: the broker refuses other hosts (a browser page's DNS rebinding).
+        let mut builder = Request::builder().method(method).uri(path).header("host", "localhost");
         if let Some(key) = api_key() {
             builder = builder.header("x-api-key", key);
         }
@@ -193,10 +280,16 @@ impl Client {
 
     /// One request; a non-2xx answer becomes an [`ApiFailure`] error carrying the message.
     pub async fn request(&mut self, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
-        let request = self.build(method, path, body)?;
-        let response = self.sender.send_request(request).await.context("the broker closed the connection")?;
-        let status = response.status();
-        let bytes = response.into_body().collect().await.context("reading the broker's answer")?.to_bytes();
+        let request = self.build(method.clone(), path, body)?;
+        let sender = &mut self.sender;
+        let (status, bytes) =
+            within(limit_for(path), || format!("{method} {}", path.split('?').next().unwrap_or(path)), async move {
+                let response = sender.send_request(request).await.context("the broker closed the connection")?;
+                let status = response.status();
+                let bytes = response.into_body().collect().await.context("reading the broker's answer")?.to_bytes();
+                anyhow::Ok((status, bytes))
+            })
+            .await?;
         let value: Value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
         if status.is_success() {
@@ -213,19 +306,30 @@ impl Client {
 
     /// Opens a server-sent-event stream; `on_event` gets each event's `data` until it returns
     /// false or the stream ends.
+    ///
+    /// The broker must answer within the call limit; after that a stream that is not followed
+    /// (`follow=true`) must bring something (an event or a keep-alive) within the limit each time.
     pub async fn sse(&mut self, path: &str, mut on_event: impl FnMut(&str) -> bool) -> anyhow::Result<()> {
         let request = self.build(Method::GET, path, None)?;
-        let response = self.sender.send_request(request).await.context("the broker closed the connection")?;
+        let limit = call_timeout();
+        let what = || format!("GET {}", path.split('?').next().unwrap_or(path));
+        let sender = &mut self.sender;
+        let response = within(limit, what, async move {
+            sender.send_request(request).await.context("the broker closed the connection")
+        })
+        .await?;
+        let follows = path.contains("follow=true");
+        let frame_limit = if follows { None } else { limit };
         let status = response.status();
         let mut body = response.into_body();
         if !status.is_success() {
-            let bytes = body.collect().await?.to_bytes();
+            let bytes = within(limit, what, async { Ok(body.collect().await?.to_bytes()) }).await?;
             let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             let message = value.get("message").and_then(Value::as_str).unwrap_or("request failed").to_string();
             return Err(ApiFailure { status, message, body: value }.into());
         }
         let mut buffer: Vec<u8> = Vec::new();
-        while let Some(frame) = body.frame().await {
+        while let Some(frame) = within(frame_limit, what, async { Ok(body.frame().await) }).await? {
             let frame = frame.context("the event stream broke")?;
             let Some(data) = frame.data_ref() else { continue };
             buffer.extend_from_slice(data);
@@ -266,14 +370,10 @@ fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
 
 /// Starts a broker in the background and waits until it answers.
 pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&paths.home).with_context(|| format!("cannot create {}", paths.home.display()))?;
+    crate::private_files::create_dir(&paths.home).with_context(|| format!("cannot create {}", paths.home.display()))?;
     let lock_path = paths.start_lock();
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("cannot open {}", lock_path.display()))?;
+    let lock =
+        crate::private_files::open_write(&lock_path).with_context(|| format!("cannot open {}", lock_path.display()))?;
     let lock = tokio::task::spawn_blocking(move || lock.lock().map(|_| lock))
         .await?
         .with_context(|| format!("cannot take the start-up lock {}", lock_path.display()))?;
@@ -283,11 +383,8 @@ pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
     }
     let exe = std::env::current_exe().context("cannot find the synapse executable")?;
     let log_path = paths.broker_log();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let log =
+        crate::private_files::open_append(&log_path).with_context(|| format!("cannot open {}", log_path.display()))?;
     let log_err = log.try_clone()?;
     let mut command = std::process::Command::new(exe);
     command.arg("broker").stdin(std::process::Stdio::null()).stdout(log).stderr(log_err);

@@ -18,9 +18,8 @@ use super::{ApiError, AppState, SECRET_HEADER};
 use crate::broker::command::{Actor, hash_secret};
 use crate::store::AgentRecord;
 use axum::extract::FromRequestParts;
-use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::connect_info::ConnectInfo;
 use axum::http::{HeaderMap, StatusCode, request::Parts};
-use axum::serve::IncomingStream;
 
 /// The other end of a Unix-socket connection, as the kernel reports it.
 #[derive(Debug, Clone, Copy)]
@@ -30,9 +29,10 @@ pub struct PeerCredentials {
     pub pid: Option<u32>,
 }
 
-impl Connected<IncomingStream<'_, tokio::net::UnixListener>> for PeerCredentials {
-    fn connect_info(stream: IncomingStream<'_, tokio::net::UnixListener>) -> Self {
-        match stream.io().peer_cred() {
+impl PeerCredentials {
+    /// What the kernel says of the other end of `stream`.
+    pub fn of(stream: &tokio::net::UnixStream) -> PeerCredentials {
+        match stream.peer_cred() {
             Ok(credentials) => PeerCredentials {
                 uid: credentials.uid(),
                 pid: credentials.pid().and_then(|pid| u32::try_from(pid).ok()),

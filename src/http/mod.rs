@@ -10,10 +10,12 @@ pub mod auth;
 pub mod caller;
 pub mod externals;
 pub mod file_safety;
+pub mod guard;
 pub mod history;
 pub mod jsonrpc;
 pub mod openapi;
 pub mod outbound;
+pub mod server;
 pub mod subscribe;
 pub mod webhooks;
 pub mod wire;
@@ -199,6 +201,7 @@ pub fn broker_router(state: AppState) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(state.auth.clone(), auth::check))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard::check))
         .with_state(state)
 }
 
@@ -211,6 +214,7 @@ pub fn agent_router(state: AppState, agent_id: String) -> Router {
         .layer(axum::Extension(FixedAgent(agent_id)))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(state.auth.clone(), auth::check))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard::check))
         .with_state(state)
 }
 

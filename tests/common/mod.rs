@@ -234,7 +234,7 @@ fn read_response(stream: impl Read) -> (u16, Value) {
 }
 
 fn write_request(stream: &mut impl Write, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: synapse\r\nConnection: close\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }

@@ -1,0 +1,309 @@
+//! The accept loop of every HTTP server of the broker (its TCP port and Unix socket, each agent's
+//! port and socket): HTTP/1.1 connections with an idle timeout and a connection limit.
+//!
+//! - **Idle timeout** (`SYNAPSE_HTTP_IDLE_TIMEOUT_MS`, default 60 s): a connection with no request
+//!   in flight for that long is closed. A request is in flight from its headers until its response
+//!   body has been sent, so an SSE stream or a long poll (which have their own keep-alives and
+//!   deadlines) is never cut; a client that opens connections and sends nothing, or half a
+//!   request, is.
+//! - **Connection limit** (`SYNAPSE_HTTP_MAX_CONNECTIONS`, default 512): open connections are
+//!   counted per transport for the whole broker (TCP and Unix sockets apart, so a flood on the
+//!   loopback ports cannot lock the user's CLI out of its socket). A connection beyond the limit
+//!   gets a 503 JSON answer and is closed, rather than waiting unseen behind the others.
+//! - **Shutdown**: when `stop` resolves the listener closes, every connection is asked to finish
+//!   its current response and close, and `serve` returns once all have.
+
+use crate::http::ApiError;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Semaphore, watch};
+
+/// How a request reached the broker, for the request rules (`guard`). Inserted into every
+/// request's extensions; TCP requests also get `ConnectInfo<SocketAddr>` (authentication).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Unix,
+    Tcp { peer: SocketAddr },
+}
+
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Refusals being written at once; beyond this a refused connection is closed without an answer.
+const MAX_REFUSALS_IN_PROGRESS: usize = 64;
+/// How long a refusal may take (writing the answer, then reading what the client sent so that
+/// closing does not reset the connection before the answer is read).
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
+
+/// The broker-wide connection budget, shared by all its servers.
+#[derive(Debug)]
+pub struct ConnectionLimits {
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    tcp_slots: Arc<Semaphore>,
+    unix_slots: Arc<Semaphore>,
+    refusals: Arc<Semaphore>,
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|value| value.trim().parse().ok()).filter(|value| *value > 0)
+}
+
+impl ConnectionLimits {
+    pub fn new(idle_timeout: Duration, max_connections: usize) -> ConnectionLimits {
+        ConnectionLimits {
+            idle_timeout,
+            max_connections,
+            tcp_slots: Arc::new(Semaphore::new(max_connections)),
+            unix_slots: Arc::new(Semaphore::new(max_connections)),
+            refusals: Arc::new(Semaphore::new(MAX_REFUSALS_IN_PROGRESS)),
+        }
+    }
+
+    /// Reads `SYNAPSE_HTTP_IDLE_TIMEOUT_MS` and `SYNAPSE_HTTP_MAX_CONNECTIONS` (once, at start).
+    pub fn from_env() -> ConnectionLimits {
+        ConnectionLimits::new(
+            env_number("SYNAPSE_HTTP_IDLE_TIMEOUT_MS").map_or(DEFAULT_IDLE_TIMEOUT, Duration::from_millis),
+            env_number("SYNAPSE_HTTP_MAX_CONNECTIONS")
+                .and_then(|max| usize::try_from(max).ok())
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        )
+    }
+}
+
+/// A listener the loop can serve: TCP or Unix.
+pub trait Accept: Send + 'static {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn accept_one(&self) -> impl std::future::Future<Output = std::io::Result<(Self::Io, Transport)>> + Send;
+    fn slots(limits: &ConnectionLimits) -> Arc<Semaphore>;
+    /// The peer's credentials (Unix sockets): who registers and who is the user.
+    fn peer_credentials(_io: &Self::Io) -> Option<super::caller::PeerCredentials> {
+        None
+    }
+}
+
+impl Accept for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+    async fn accept_one(&self) -> std::io::Result<(Self::Io, Transport)> {
+        let (stream, peer) = self.accept().await?;
+        // Small requests and answers: waiting to fill a packet only adds latency.
+        let _ = stream.set_nodelay(true);
+        Ok((stream, Transport::Tcp { peer }))
+    }
+    fn slots(limits: &ConnectionLimits) -> Arc<Semaphore> {
+        limits.tcp_slots.clone()
+    }
+}
+
+impl Accept for tokio::net::UnixListener {
+    type Io = tokio::net::UnixStream;
+    async fn accept_one(&self) -> std::io::Result<(Self::Io, Transport)> {
+        let (stream, _) = self.accept().await?;
+        Ok((stream, Transport::Unix))
+    }
+    fn slots(limits: &ConnectionLimits) -> Arc<Semaphore> {
+        limits.unix_slots.clone()
+    }
+    fn peer_credentials(io: &Self::Io) -> Option<super::caller::PeerCredentials> {
+        Some(super::caller::PeerCredentials::of(io))
+    }
+}
+
+/// Serves `router` on `listener` until `stop` resolves and every connection has closed.
+pub async fn serve<L: Accept>(
+    listener: L,
+    router: Router,
+    limits: Arc<ConnectionLimits>,
+    stop: impl std::future::Future<Output = ()> + Send,
+) {
+    let slots = L::slots(&limits);
+    // Closing: `true` asks every connection to finish; `closed()` tells when all have.
+    let (closing, closing_receiver) = watch::channel(false);
+    tokio::pin!(stop);
+    loop {
+        let (io, transport) = tokio::select! {
+            accepted = listener.accept_one() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors and the like: wait a little instead of spinning.
+                    tracing::warn!("cannot accept a connection: {error}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => continue,
+                        _ = &mut stop => break,
+                    }
+                }
+            },
+            _ = &mut stop => break,
+        };
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                let connection = Connection {
+                    router: router.clone(),
+                    transport,
+                    peer: L::peer_credentials(&io),
+                    idle_timeout: limits.idle_timeout,
+                    closing: closing_receiver.clone(),
+                };
+                tokio::spawn(async move {
+                    connection.run(io).await;
+                    drop(slot);
+                });
+            }
+            Err(_) => {
+                if let Ok(permit) = limits.refusals.clone().try_acquire_owned() {
+                    let max = limits.max_connections;
+                    tokio::spawn(async move {
+                        refuse(io, max).await;
+                        drop(permit);
+                    });
+                }
+            }
+        }
+    }
+    drop(listener);
+    drop(closing_receiver);
+    closing.send_replace(true);
+    closing.closed().await;
+}
+
+/// Answers 503 on a connection beyond the limit, then closes it.
+async fn refuse<I: AsyncRead + AsyncWrite + Unpin>(mut io: I, max: usize) {
+    let error = ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "too many open connections (limit {max}, SYNAPSE_HTTP_MAX_CONNECTIONS): this one is refused; try again when others have closed"
+        ),
+    );
+    let body = error.body.to_string();
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        io.write_all(answer.as_bytes()).await?;
+        io.shutdown().await?;
+        // Read (and drop) what the client sends until it closes, so that closing with unread
+        // data does not reset the connection before the client has read the answer.
+        let mut sink = [0u8; 4096];
+        let mut total = 0usize;
+        while total < 64 << 10 {
+            match io.read(&mut sink).await? {
+                0 => break,
+                count => total += count,
+            }
+        }
+        std::io::Result::Ok(())
+    })
+    .await;
+}
+
+/// Counts the requests in flight on one connection; each [`InFlight`] is one.
+#[derive(Clone)]
+struct Activity(Arc<watch::Sender<usize>>);
+
+/// One request in flight: from its headers until its response body is dropped (sent, or the
+/// connection gone).
+struct InFlight(Activity);
+
+impl Activity {
+    fn begin(&self) -> InFlight {
+        self.0.send_modify(|count| *count += 1);
+        InFlight(self.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        (self.0).0.send_modify(|count| *count = count.saturating_sub(1));
+    }
+}
+
+/// Resolves once no request has been in flight for `idle`.
+async fn idle_for(activity: &mut watch::Receiver<usize>, idle: Duration) {
+    loop {
+        if activity.wait_for(|count| *count == 0).await.is_err() {
+            return std::future::pending().await;
+        }
+        match tokio::time::timeout(idle, activity.changed()).await {
+            Err(_) => return,
+            Ok(Ok(())) => continue,
+            Ok(Err(_)) => return std::future::pending().await,
+        }
+    }
+}
+
+struct Connection {
+    router: Router,
+    transport: Transport,
+    peer: Option<super::caller::PeerCredentials>,
+    idle_timeout: Duration,
+    closing: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn run<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(mut self, io: I) {
+        let (sender, mut activity_receiver) = watch::channel(0usize);
+        let activity = Activity(Arc::new(sender));
+        let transport = self.transport;
+        let peer = self.peer;
+        let service = TowerToHyperService::new(self.router);
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+            request.extensions_mut().insert(transport);
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(ConnectInfo(peer));
+            }
+            if let Transport::Tcp { peer } = transport {
+                request.extensions_mut().insert(ConnectInfo(peer));
+            }
+            let in_flight = activity.begin();
+            let answer = hyper::service::Service::call(&service, request);
+            async move {
+                let response = answer.await?;
+                // The count goes down when hyper drops the body, i.e. once it is sent.
+                Ok::<_, Infallible>(response.map(|body| {
+                    Body::new(body.map_frame(move |frame| {
+                        let _still_in_flight = &in_flight;
+                        frame
+                    }))
+                }))
+            }
+        });
+        let connection = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), service);
+        tokio::pin!(connection);
+        // Set when the connection was asked to close because it sat idle: one more idle period
+        // and it is dropped even if the client never finishes a half-sent request.
+        let mut idle_close_requested = false;
+        let mut shutting_down = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!("connection ended: {error}");
+                    }
+                    return;
+                }
+                _ = idle_for(&mut activity_receiver, self.idle_timeout), if !shutting_down => {
+                    if idle_close_requested {
+                        tracing::debug!("dropping a connection idle for twice {:?}", self.idle_timeout);
+                        return;
+                    }
+                    idle_close_requested = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                _ = self.closing.wait_for(|closing| *closing), if !shutting_down => {
+                    shutting_down = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Files in `SYNAPSE_HOME` are the user's alone: directories 0700, files 0600, whoever creates
+//! them (the broker, a client that autostarts it, an agent wrapper).
+//!
+//! The mode is given at creation (`DirBuilderExt::mode`, `OpenOptionsExt::mode`), so it does not
+//! depend on the umask of the process that happens to create the file; a home left too open by an
+//! older version is tightened when the broker starts ([`tighten_home`]). What must stay true:
+//! nothing under the home is created through plain `create_dir_all` / `File::create` /
+//! `fs::write`, which would give 0755 / 0644 under the usual umask 022.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// Mode of every directory Synapse creates under its home.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of every file Synapse creates under its home.
+pub const FILE_MODE: u32 = 0o600;
+
+/// Creates a directory and its missing parents, each readable only by the user. Directories that
+/// exist already keep their mode.
+pub fn create_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
+}
+
+/// Opens `path` for appending, creating it 0600 if needed.
+pub fn open_append(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().create(true).append(true).mode(FILE_MODE).open(path)
+}
+
+/// Opens `path` for writing without truncating it (a lock file), creating it 0600 if needed.
+pub fn open_write(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().create(true).truncate(false).write(true).mode(FILE_MODE).open(path)
+}
+
+/// Writes `contents` to `path` (replacing it), creating it 0600 if needed.
+pub fn write(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
+    let mut file = OpenOptions::new().create(true).truncate(true).write(true).mode(FILE_MODE).open(path)?;
+    file.write_all(contents.as_ref())
+}
+
+/// Removes group and other permissions from the home, and from every directory and file in it
+/// (sockets and symlinks are left alone; a symlink is never followed). Returns how many entries
+/// were changed. Errors on single entries are skipped: a file that vanished meanwhile is fine.
+pub fn tighten_home(home: &Path) -> std::io::Result<usize> {
+    let mut changed = 0;
+    let mut pending = vec![home.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        if tighten(&dir, DIR_MODE)? {
+            changed += 1;
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else { continue };
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else if kind.is_file() && tighten(&entry.path(), FILE_MODE).unwrap_or(false) {
+                changed += 1;
+            }
+        }
+    }
+    Ok(changed)
+}
+
+/// Clears the group/other bits of `path` (keeping the user's own, capped by `mode`); true when
+/// the mode changed.
+fn tighten(path: &Path, mode: u32) -> std::io::Result<bool> {
+    let metadata = std::fs::symlink_metadata(path)?;
+    let current = metadata.permissions().mode() & 0o7777;
+    if current & 0o077 == 0 {
+        return Ok(false);
+    }
+    let wanted = current & mode;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(wanted))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn created_files_and_directories_are_private_whatever_the_umask() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("home/logs");
+        create_dir(&dir).unwrap();
+        assert_eq!(mode_of(&dir), 0o700);
+        assert_eq!(mode_of(&base.path().join("home")), 0o700);
+        let file = dir.join("a.log");
+        drop(open_append(&file).unwrap());
+        assert_eq!(mode_of(&file), 0o600);
+        write(&dir.join("b.txt"), "x").unwrap();
+        assert_eq!(mode_of(&dir.join("b.txt")), 0o600);
+    }
+
+    #[test]
+    fn an_open_home_is_tightened_recursively() {
+        let base = tempfile::tempdir().unwrap();
+        let home = base.path().join("home");
+        std::fs::create_dir_all(home.join("messages/agent")).unwrap();
+        std::fs::write(home.join("messages/agent/1.txt"), "secret").unwrap();
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(home.join("messages/agent/1.txt"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(tighten_home(&home).unwrap() >= 2);
+        assert_eq!(mode_of(&home), 0o700);
+        assert_eq!(mode_of(&home.join("messages/agent/1.txt")), 0o600);
+        assert_eq!(tighten_home(&home).unwrap(), 0);
+    }
+}

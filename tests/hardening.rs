@@ -1,0 +1,379 @@
+//! Issue 12, local attacks on the HTTP servers, the CLI and the files, through the real binary:
+//! web pages (Host, Origin, content type), idle and surplus connections, a broker that never
+//! answers, file modes, `synapse logs` with a path, and others' escape sequences on the user's
+//! terminal.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn broker_port(home: &Home) -> u16 {
+    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
+    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
+}
+
+/// Sends a raw request (head lines as given, `Connection: close`) and reads the whole answer.
+fn raw(stream: &mut (impl Read + Write), method: &str, path: &str, headers: &[&str], body: &str) -> (u16, String) {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    for header in headers {
+        head.push_str(header);
+        head.push_str("\r\n");
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    (status, answer)
+}
+
+fn tcp(port: u16) -> TcpStream {
+    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    stream
+}
+
+fn unix(home: &Home) -> std::os::unix::net::UnixStream {
+    let stream = std::os::unix::net::UnixStream::connect(home.socket()).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    stream
+}
+
+/// The JSON body of an answer read by [`raw`].
+fn json_body(answer: &str) -> Value {
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_foreign_host_is_refused_on_the_broker_and_agent_ports() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let port = broker_port(&home);
+    let (status, answer) = raw(&mut tcp(port), "GET", "/agents", &["Host: attacker.example"], "");
+    assert_eq!(status, 421, "{answer}");
+    assert!(json_body(&answer)["message"].as_str().unwrap().contains("attacker.example"), "{answer}");
+    let (status, _) = raw(&mut tcp(bob.port), "GET", "/tasks", &["Host: attacker.example:8100"], "");
+    assert_eq!(status, 421);
+    for host in [format!("localhost:{port}"), "127.0.0.1".to_string(), format!("[::1]:{port}")] {
+        let (status, answer) = raw(&mut tcp(port), "GET", "/agents", &[&format!("Host: {host}")], "");
+        assert_eq!(status, 200, "{host}: {answer}");
+    }
+    // The CLI's own socket: no Host needed.
+    let (status, answer) = raw(&mut unix(&home), "GET", "/agents", &[], "");
+    assert_eq!(status, 200, "{answer}");
+}
+
+#[test]
+fn a_foreign_origin_is_refused_and_the_broker_origin_and_configured_ones_are_allowed() {
+    let home = Home::new();
+    let started = home.cmd(&["list"]).env("SYNAPSE_ALLOWED_ORIGINS", "https://ok.example").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let bob = home.register(Some("bob"));
+    let port = broker_port(&home);
+    let body = r#"{"to": "bob", "text": "from a web page", "response_expected": false}"#;
+    let evil = ["Host: localhost", "Origin: https://evil.example", "Content-Type: application/json"];
+    let (status, answer) = raw(&mut tcp(port), "POST", "/send", &evil, body);
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(json_body(&answer)["error"], "Forbidden");
+    let (status, _) = raw(&mut unix(&home), "POST", "/send", &evil, body);
+    assert_eq!(status, 403);
+    let (status, _) = raw(&mut tcp(bob.port), "GET", "/tasks", &["Host: localhost", "Origin: http://localhost:1"], "");
+    assert_eq!(status, 403);
+    assert!(home.inbox(&bob).is_empty(), "a refused request must not send");
+    let own = format!("Origin: http://127.0.0.1:{port}");
+    let (status, answer) =
+        raw(&mut tcp(port), "POST", "/send", &["Host: localhost", &own, "Content-Type: application/json"], body);
+    assert_eq!(status, 200, "{answer}");
+    let (status, _) = raw(&mut tcp(port), "GET", "/agents", &["Host: localhost", "Origin: https://ok.example"], "");
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn a_post_that_is_not_json_is_refused_and_nothing_is_appended() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let port = broker_port(&home);
+    let head = home.head();
+    let body = r#"{"to": "bob", "text": "simple request", "response_expected": false}"#;
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"] {
+        let headers = ["Host: localhost", &format!("Content-Type: {content_type}")];
+        let (status, answer) = raw(&mut tcp(port), "POST", "/send", &headers, body);
+        assert_eq!(status, 415, "{content_type}: {answer}");
+        assert_eq!(json_body(&answer)["error"], "Unsupported Media Type");
+        let (status, _) = raw(&mut tcp(bob.port), "POST", "/tasks/send", &headers, body);
+        assert_eq!(status, 415);
+    }
+    let (status, _) = raw(&mut unix(&home), "POST", "/send", &[], body);
+    assert_eq!(status, 415, "a body without a type");
+    assert_eq!(home.head(), head, "nothing may be appended to the log");
+    let (status, answer) = raw(
+        &mut tcp(port),
+        "POST",
+        "/send",
+        &["Host: localhost", "Content-Type: application/json; charset=utf-8"],
+        body,
+    );
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// Reads from `stream` until `wanted` shows up; panics at the deadline.
+fn read_until(stream: &mut TcpStream, wanted: &str, seen: &mut String) {
+    let started = Instant::now();
+    let mut buffer = [0u8; 4096];
+    while !seen.contains(wanted) {
+        assert!(started.elapsed() < DEADLINE, "never saw {wanted:?} in {seen:?}");
+        match stream.read(&mut buffer) {
+            Ok(0) => panic!("the stream closed before {wanted:?}: {seen:?}"),
+            Ok(count) => seen.push_str(&String::from_utf8_lossy(&buffer[..count])),
+            Err(error) => panic!("reading: {error}; seen {seen:?}"),
+        }
+    }
+}
+
+/// Waits until the server closes `stream` (EOF); returns how long that took.
+fn wait_for_close(stream: &mut TcpStream) -> Duration {
+    let started = Instant::now();
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return started.elapsed(),
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return started.elapsed(),
+            Err(error) => panic!("the idle connection was not closed within {DEADLINE:?}: {error}"),
+        }
+    }
+}
+
+#[test]
+fn idle_connections_are_closed_while_long_polls_and_event_streams_stay_open() {
+    let home = Home::new();
+    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_IDLE_TIMEOUT_MS", "400").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let bob = home.register(Some("bob"));
+    let port = broker_port(&home);
+
+    // A long poll and an event stream, both open before the idle connections.
+    let mut poll = tcp(port);
+    poll.write_all(
+        format!(
+            "GET /agents/{}/inbox?wait_ms=15000 HTTP/1.1\r\nHost: localhost\r\nx-synapse-agent-secret: {}\r\nConnection: close\r\n\r\n",
+            bob.id, bob.secret
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut stream = tcp(port);
+    let head = home.head();
+    stream
+        .write_all(format!("GET /events?after={head}&follow=true HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut seen = String::new();
+    read_until(&mut stream, "text/event-stream", &mut seen);
+
+    // A connection that never sends anything, and one that sent a request and sits on keep-alive.
+    let mut silent = tcp(port);
+    let mut kept = tcp(port);
+    kept.write_all(b"GET /broker/health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    read_until(&mut kept, "\"version\"", &mut answer);
+    let silent_closed_after = wait_for_close(&mut silent);
+    assert!(silent_closed_after >= Duration::from_millis(300), "closed too early: {silent_closed_after:?}");
+    wait_for_close(&mut kept);
+
+    // Both waits outlived the idle timeout; they still deliver.
+    home.ok(&["send", "bob", "still-listening", "--no-response"]);
+    read_until(&mut stream, "still-listening", &mut seen);
+    let mut polled = String::new();
+    read_until(&mut poll, "still-listening", &mut polled);
+    assert!(polled.starts_with("HTTP/1.1 200"), "{polled}");
+}
+
+#[test]
+fn connections_beyond_the_limit_get_a_503_and_a_freed_slot_is_reused() {
+    let home = Home::new();
+    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_MAX_CONNECTIONS", "3").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let port = broker_port(&home);
+    let mut held: Vec<TcpStream> = (0..3).map(|_| tcp(port)).collect();
+    // Each held connection is served (answers a keep-alive request), so all three count.
+    for stream in &mut held {
+        stream.write_all(b"GET /broker/health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        read_until(stream, "\"version\"", &mut answer);
+    }
+    let (status, answer) = raw(&mut tcp(port), "GET", "/broker/health", &["Host: localhost"], "");
+    assert_eq!(status, 503, "{answer}");
+    assert!(json_body(&answer)["message"].as_str().unwrap().contains("SYNAPSE_HTTP_MAX_CONNECTIONS"), "{answer}");
+    // The CLI's socket has its own budget.
+    home.ok(&["list"]);
+    // A closed connection frees its slot (once the server has seen the close).
+    drop(held.pop());
+    let started = Instant::now();
+    loop {
+        let (status, _) = raw(&mut tcp(port), "GET", "/broker/health", &["Host: localhost"], "");
+        if status == 200 {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "the freed slot was never reused");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_cli_gives_up_on_a_broker_that_never_answers() {
+    let home = Home::new();
+    std::fs::create_dir_all(home.uds()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(home.socket()).unwrap();
+    // Accepts every connection and never answers.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    let started = Instant::now();
+    let output = home.cmd(&["list"]).env("SYNAPSE_CLIENT_TIMEOUT_MS", "500").output().unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(stderr(&output).contains("timed out after 500 ms"), "{}", describe(&output));
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    let output = home.cmd(&["send", "bob", "hello"]).env("SYNAPSE_CLIENT_TIMEOUT_MS", "500").output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(stderr(&output).contains("timed out"), "{}", describe(&output));
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// Every directory and regular file under `dir`, with its mode.
+fn modes(dir: &Path, out: &mut Vec<(String, bool, u32)>) {
+    out.push((dir.display().to_string(), true, mode(dir)));
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let kind = entry.file_type().unwrap();
+        if kind.is_dir() {
+            modes(&entry.path(), out);
+        } else if kind.is_file() {
+            out.push((entry.path().display().to_string(), false, mode(&entry.path())));
+        }
+    }
+}
+
+/// `synapse args...` with umask 022, as most shells have it.
+fn with_umask_022(home: &Path, uds: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg("umask 022 && exec \"$0\" \"$@\"")
+        .arg(BIN)
+        .args(args)
+        .env("SYNAPSE_HOME", home)
+        .env("SYNAPSE_UDS_DIR", uds)
+        .env("SYNAPSE_BROKER_PORT", "0")
+        .env_remove("SYNAPSE_AGENT_ID")
+        .env_remove("SYNAPSE_AGENT_SECRET")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_home_made_by_an_autostarting_client_and_a_wrapper_is_private() {
+    let base = Home::new();
+    let home = base.dir.path().join("fresh");
+    let uds = base.dir.path().join("uds2");
+    let run = |args: &[&str]| {
+        let output = with_umask_022(&home, &uds, args);
+        assert!(output.status.success(), "{args:?}: {}", describe(&output));
+        stdout(&output)
+    };
+    run(&["list"]);
+    let bob: Value = serde_json::from_str(&run(&["start", "dummy", "--name", "bob", "--json"])).unwrap();
+    let bob_id = bob["agent_id"].as_str().unwrap().to_string();
+    // A long message goes through a file in messages/.
+    run(&["send", "bob", &"x".repeat(400), "--no-response"]);
+    let messages = home.join("messages").join(&bob_id);
+    let started = Instant::now();
+    while std::fs::read_dir(&messages).map(|entries| entries.count()).unwrap_or(0) == 0 {
+        assert!(started.elapsed() < DEADLINE, "the long message file never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut found = Vec::new();
+    modes(&home, &mut found);
+    run(&["stop", "bob"]);
+    run(&["broker", "stop"]);
+    assert!(found.iter().any(|(path, _, _)| path.ends_with("synapse.redb")), "{found:?}");
+    assert!(found.iter().any(|(path, _, _)| path.contains("/logs/")), "{found:?}");
+    for (path, is_dir, mode) in found {
+        assert_eq!(mode, if is_dir { 0o700 } else { 0o600 }, "{path} is {mode:o}");
+    }
+}
+
+#[test]
+fn the_broker_tightens_a_home_that_is_too_open() {
+    let home = Home::new();
+    std::fs::set_permissions(home.home(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(home.home().join("notes.json"), "{}").unwrap();
+    std::fs::set_permissions(home.home().join("notes.json"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    home.ok(&["list"]);
+    assert_eq!(mode(&home.home()), 0o700);
+    assert_eq!(mode(&home.home().join("notes.json")), 0o600);
+}
+
+#[test]
+fn logs_takes_an_agent_never_a_path() {
+    let home = Home::new();
+    // A file outside the home that `logs/<target>.log` would reach with `..`.
+    std::fs::write(home.dir.path().join("secret.log"), "TOP-SECRET contents\n").unwrap();
+    std::fs::create_dir_all(home.home().join("logs")).unwrap();
+    for target in ["../../secret", "../../../../etc/passwd", "/etc/passwd", "..", "a/b"] {
+        let output = home.run(&["logs", target]);
+        assert_eq!(output.status.code(), Some(1), "{target}: {}", describe(&output));
+        assert!(stderr(&output).contains("not an agent id or name"), "{target}: {}", describe(&output));
+        assert!(!stdout(&output).contains("TOP-SECRET") && !stdout(&output).contains("root:"), "{target}");
+    }
+}
+
+#[test]
+fn others_escape_sequences_are_shown_visibly_in_list_events_history_and_logs() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let attack = "\u{1b}]52;c;SGk=\u{7}pwn\u{1b}[2J";
+    let visible = "^[]52;c;SGk=^Gpwn^[[2J";
+    let sent = home.run_as(&alice, &["send", "bob", attack, "--no-response"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    // bob takes the message: it becomes his current task (the CURRENT column of `list`).
+    let ticket = home.inbox(&bob)[0]["ticket"].to_string();
+    let ack = home.run_as(&bob, &["agent", "ack", &bob.id, &ticket]);
+    assert!(ack.status.success(), "{}", describe(&ack));
+    // A terminal log holding the same bytes.
+    std::fs::create_dir_all(home.home().join("logs")).unwrap();
+    std::fs::write(home.home().join("logs").join(format!("{}.log", bob.id)), format!("> {attack}\r\n")).unwrap();
+
+    let no_controls = |what: &str, text: &str| {
+        assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "{what} prints raw controls: {text:?}");
+        assert!(text.contains(visible), "{what} does not show the sequence visibly: {text}");
+    };
+    no_controls("list", &home.ok(&["list"]));
+    no_controls("events", &home.ok(&["events"]));
+    no_controls("history list", &home.ok(&["history", "list"]));
+    no_controls("history search", &home.ok(&["history", "search", "pwn"]));
+    no_controls("logs", &home.ok(&["logs", "bob"]));
+    // Exact where asked for: JSON and --raw.
+    assert!(home.ok(&["events", "--json"]).contains(r"\u001b]52;c;SGk=\u0007pwn"));
+    assert!(home.ok(&["list", "--json"]).contains(r"\u001b]52;c;SGk=\u0007pwn"));
+    assert_eq!(home.ok(&["logs", "bob", "--raw"]), format!("> {attack}\r\n"));
+}
