@@ -6,6 +6,7 @@
 //! - `broker`: the daemon: writer thread (group commit), commands, tails, HTTP servers.
 //! - `client`: the CLI's connection to the broker over its Unix socket, with autostart.
 //! - `cli`: command-line definitions and one module per command group.
+//! - `trust`: the broker's security settings file in `SYNAPSE_HOME` and the deliberate-stop marker.
 
 pub mod agent;
 pub mod broker;
@@ -17,3 +18,4 @@ pub mod event;
 pub mod http;
 pub mod settings;
 pub mod store;
+pub mod trust;

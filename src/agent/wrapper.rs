@@ -183,7 +183,8 @@ pub fn run(paths: Paths, options: Options) -> anyhow::Result<i32> {
 pub(crate) async fn connect(paths: &Paths, secret: &str) -> Client {
     let mut delay = Duration::from_millis(20);
     loop {
-        match Client::connect(paths, true).await {
+        // Never restarts a broker stopped on purpose: waits until someone starts one.
+        match Client::connect_unless_stopped(paths).await {
             Ok(mut client) => {
                 client.set_secret(secret.to_string());
                 return client;

@@ -46,13 +46,17 @@ pub struct BrokerState {
     pub externals: externals::Externals,
     /// Wakes the history indexer when the index changed without the head moving (a rebuild).
     pub index_wake: tokio::sync::Notify,
-    /// API-key authentication, read from the environment at start.
+    /// API-key authentication, from the home's security settings at start.
     pub auth: Arc<crate::http::auth::AuthConfig>,
+    /// The home's security settings (`broker-settings.json`), read once at start.
+    pub trust: crate::trust::TrustSettings,
 }
 
 impl BrokerState {
     /// Starts the writer over an opened store (used by the daemon, tests and benchmarks).
     pub fn start(store: Store, paths: Paths) -> anyhow::Result<(Arc<BrokerState>, std::thread::JoinHandle<()>)> {
+        // Security comes from the home, never from the environment of whoever started us.
+        let trust = crate::trust::TrustSettings::load(&paths.home)?;
         let store = Arc::new(store);
         let (head_sender, head) = watch::channel(store.head()?);
         let recent = Arc::new(tail::RecentEvents::default());
@@ -68,7 +72,8 @@ impl BrokerState {
             paths,
             port: std::sync::atomic::AtomicU16::new(0),
             agent_servers: agents::AgentServers::default(),
-            auth: Arc::new(crate::http::auth::AuthConfig::from_env()),
+            auth: Arc::new(crate::http::auth::AuthConfig::from_trust(&trust)),
+            trust,
             webhooks: webhooks::Webhooks::default(),
             externals: externals::Externals::default(),
             index_wake: tokio::sync::Notify::new(),
@@ -130,6 +135,10 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     create_private_dir(&paths.home)?;
     create_private_dir(&paths.uds_dir)?;
     let store = Store::open(&paths.database())?;
+    // This broker owns the home now: a deliberate stop of the previous one is over, and
+    // wrappers waiting for a broker may connect.
+    crate::trust::clear_stopped(&paths.home)
+        .with_context(|| format!("cannot remove {}", paths.home.join(crate::trust::STOPPED_MARKER).display()))?;
 
     let socket_path = paths.broker_socket();
     let unix = bind_unix(&socket_path)?;

@@ -26,6 +26,9 @@ pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
     let text = serde_json::to_string_pretty(&template())?;
     std::fs::write(&path, format!("{text}\n")).with_context(|| format!("Error: cannot write {}", path.display()))?;
     println!("Wrote {} ({scope} settings)", path.display());
+    // The broker's security settings (auth, keys, localhost rule, file safety) live in the home,
+    // so that a broker autostarted after a crash has them too.
+    crate::trust::TrustSettings::update_from_env(&paths.home)?;
     Ok(0)
 }
 

@@ -238,6 +238,11 @@ async fn health(State(state): State<AppState>) -> Json<Value> {
 }
 
 async fn shutdown(State(state): State<AppState>) -> Json<Value> {
+    // Marked before the socket closes, so a wrapper that sees the broker gone knows the stop
+    // was deliberate and waits instead of autostarting a new one.
+    if let Err(error) = crate::trust::mark_stopped(&state.paths.home) {
+        tracing::warn!("cannot record the deliberate stop: {error}");
+    }
     state.request_shutdown();
     Json(json!({"stopping": true, "pid": std::process::id()}))
 }
