@@ -91,3 +91,198 @@ fn a_broker_stopped_on_purpose_stays_stopped_while_an_agent_runs_and_the_wrapper
     let answer = home.ok(&["send", "bob", "are you back?", "--wait", "30"]);
     assert!(answer.contains("Auto-reply"), "{answer}");
 }
+
+/// Waits until `done` holds, or fails naming `what`.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One request a test server got, and whether its whole answer could be written.
+struct Served {
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    answer_written: bool,
+}
+
+impl Served {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
+    }
+}
+
+/// A local HTTP server answering every request 200 with a body of `answer_bytes` bytes.
+fn server(answer_bytes: usize) -> (u16, std::sync::mpsc::Receiver<Served>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sender, served) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let mut headers = Vec::new();
+            let mut length = 0;
+            loop {
+                let mut header = String::new();
+                reader.read_line(&mut header).unwrap();
+                let header = header.trim_end();
+                if header.is_empty() {
+                    break;
+                }
+                let (key, value) = header.split_once(':').unwrap();
+                if key.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+                headers.push((key.to_string(), value.trim().to_string()));
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let mut answer_written =
+                write!(stream, "HTTP/1.1 200 OK\r\nContent-Length: {answer_bytes}\r\nConnection: close\r\n\r\n")
+                    .is_ok();
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut left = answer_bytes;
+            while answer_written && left > 0 {
+                let now = left.min(chunk.len());
+                answer_written = stream.write_all(&chunk[..now]).is_ok();
+                left -= now;
+            }
+            if sender.send(Served { headers, body, answer_written }).is_err() {
+                break;
+            }
+        }
+    });
+    (port, served)
+}
+
+fn register_hook(home: &Home, body: Value) -> (u16, Value) {
+    home.http("POST", "/webhooks", Some(body.to_string().as_bytes()), &[])
+}
+
+/// A task whose reply fires `task.replied` webhooks.
+fn reply_once(home: &Home) {
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let sent = home.run_as(&alice, &["send", "bob", "question"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let replied = home.run_as(&bob, &["reply", "answer"]);
+    assert!(replied.status.success(), "{}", describe(&replied));
+}
+
+fn deliveries(home: &Home) -> Vec<Value> {
+    let (_, answer) = home.http("GET", "/webhooks/deliveries", None, &[]);
+    answer["deliveries"].as_array().cloned().unwrap_or_default()
+}
+
+/// Peak resident memory of a process, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_webhook_or_external_agent_aimed_at_the_broker_itself_is_refused_and_the_broker_keeps_running() {
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let port = broker_port(&home);
+    let agent = home.register(Some("carol"));
+    for url in [
+        format!("http://127.0.0.1:{port}/broker/shutdown"),
+        format!("http://localhost:{port}/broker/shutdown"),
+        format!("http://0.0.0.0:{port}/broker/shutdown"),
+        format!("http://[::ffff:127.0.0.1]:{port}/broker/shutdown"),
+        format!("http://127.0.0.1:{}/tasks/send", agent.port),
+    ] {
+        let (status, answer) = register_hook(&home, serde_json::json!({"url": url}));
+        assert_eq!(status, 400, "{url}: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains("this Synapse broker itself"), "{url}: {answer}");
+    }
+    let body = serde_json::json!({"url": format!("http://127.0.0.1:{port}")});
+    let (status, answer) = home.http("POST", "/external", Some(body.to_string().as_bytes()), &[]);
+    assert_eq!(status, 400, "{answer}");
+    let (_, listed) = home.http("GET", "/webhooks", None, &[]);
+    assert_eq!(listed["webhooks"], serde_json::json!([]));
+    // Tasks complete and the broker is still there.
+    reply_once(&home);
+    let (status, _) = home.http("GET", "/broker/health", None, &[]);
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn loopback_targets_are_refused_unless_the_home_allows_private_targets() {
+    let home = Home::new();
+    let started = home.cmd(&["broker", "start"]).env("SYNAPSE_OUTBOUND_ALLOW_PRIVATE", "false").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let (receiver, _served) = server(0);
+    let (status, answer) =
+        register_hook(&home, serde_json::json!({"url": format!("http://127.0.0.1:{receiver}/hook")}));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("SYNAPSE_OUTBOUND_ALLOW_PRIVATE"), "{answer}");
+    let body = serde_json::json!({"url": format!("http://127.0.0.1:{receiver}")});
+    let (status, answer) = home.http("POST", "/external", Some(body.to_string().as_bytes()), &[]);
+    assert_eq!(status, 400, "{answer}");
+}
+
+#[test]
+fn a_huge_webhook_answer_is_read_only_up_to_the_cap() {
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let broker = home.broker_pid().unwrap();
+    const ANSWER_BYTES: usize = 128 * 1024 * 1024;
+    let (receiver, served) = server(ANSWER_BYTES);
+    let (status, answer) = register_hook(
+        &home,
+        serde_json::json!({"url": format!("http://127.0.0.1:{receiver}/hook"), "events": ["task.replied"]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let before = peak_rss_kib(broker);
+    reply_once(&home);
+    let request = served.recv_timeout(Duration::from_secs(30)).expect("a delivery");
+    assert!(!request.answer_written, "the broker read the whole {ANSWER_BYTES}-byte answer");
+    wait_until("the delivery to be recorded", || deliveries(&home).iter().any(|d| d["state"] == "delivered"));
+    let delivery = deliveries(&home).into_iter().find(|d| d["state"] == "delivered").unwrap();
+    assert_eq!(delivery["last_status"], 200);
+    assert!(delivery["last_error"].as_str().unwrap().contains("reading stopped"), "{delivery}");
+    let grown_kib = peak_rss_kib(broker).saturating_sub(before);
+    assert!(grown_kib < 32 * 1024, "the broker's peak memory grew by {grown_kib} KiB");
+}
+
+#[test]
+fn a_webhook_secret_stays_out_of_the_log_and_still_signs_after_a_restart() {
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let secret = "hunter2-do-not-log-me";
+    let (receiver, served) = server(0);
+    let (status, answer) = register_hook(
+        &home,
+        serde_json::json!({"url": format!("http://127.0.0.1:{receiver}/hook"), "events": ["task.replied"], "secret": secret}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["webhook"]["has_secret"], true);
+    home.ok(&["broker", "stop"]);
+    home.ok(&["broker", "start"]);
+
+    reply_once(&home);
+    let request = served.recv_timeout(Duration::from_secs(30)).expect("a delivery");
+    let signature = synapse::broker::webhooks::hmac_sha256(secret.as_bytes(), &request.body);
+    let expected: String = signature.iter().map(|byte| format!("{byte:02x}")).collect();
+    assert_eq!(request.header("x-synapse-signature"), Some(format!("sha256={expected}").as_str()));
+
+    let events = home.ok(&["events", "--json"]);
+    assert!(events.contains("webhook_registered") && !events.contains(secret), "{events}");
+    let log = std::fs::read(home.home().join("synapse.redb")).unwrap();
+    assert!(!log.windows(secret.len()).any(|window| window == secret.as_bytes()), "the secret is in the log file");
+    use std::os::unix::fs::PermissionsExt;
+    let files: Vec<_> = std::fs::read_dir(home.home().join("webhook-secrets")).unwrap().map(|e| e.unwrap()).collect();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].metadata().unwrap().permissions().mode() & 0o777, 0o600);
+}

@@ -93,6 +93,23 @@ impl BrokerState {
         }
     }
 
+    /// Which targets outgoing requests (webhooks, external agents) may reach now: private ones
+    /// per the home's settings, never this broker's own port or its agents' ports. When the
+    /// agents cannot be read, local targets are refused altogether (fail closed).
+    pub fn outbound_policy(&self) -> crate::http::outbound::Policy {
+        let broker_port = self.port.load(std::sync::atomic::Ordering::Relaxed);
+        match self.store.read(|view| view.agents()) {
+            Ok(agents) => crate::http::outbound::Policy {
+                allow_private: self.trust.outbound_allow_private,
+                own_ports: std::iter::once(broker_port).chain(agents.iter().map(|agent| agent.port)).collect(),
+            },
+            Err(error) => {
+                tracing::warn!("cannot read the agents' ports ({error}); refusing local targets");
+                crate::http::outbound::Policy { allow_private: false, own_ports: vec![broker_port] }
+            }
+        }
+    }
+
     pub fn request_shutdown(&self) {
         self.shutdown.send_replace(true);
     }
