@@ -286,3 +286,46 @@ fn a_webhook_secret_stays_out_of_the_log_and_still_signs_after_a_restart() {
     assert_eq!(files.len(), 1);
     assert_eq!(files[0].metadata().unwrap().permissions().mode() & 0o777, 0o600);
 }
+
+#[test]
+fn a_send_retried_with_its_idempotency_key_returns_the_first_task_and_sends_once() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let body = br#"{"to":"bob","text":"only once","response_expected":true}"#;
+    let (status, first) = home.http("POST", "/send", Some(body), &[("Idempotency-Key", "k-1")]);
+    assert_eq!(status, 200, "{first}");
+    let (status, second) = home.http("POST", "/send", Some(body), &[("Idempotency-Key", "k-1")]);
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(first["task"]["id"], second["task"]["id"]);
+    assert_eq!(first["sender_task"]["id"], second["sender_task"]["id"]);
+    // The A2A send endpoint honours the header the same way.
+    let message = br#"{"message":{"role":"user","parts":[{"type":"text","text":"a2a once"}]}}"#;
+    let (_, a2a_first) = http_tcp(bob.port, "POST", "/tasks/send", Some(message), &[("Idempotency-Key", "k-2")]);
+    let (_, a2a_second) = http_tcp(bob.port, "POST", "/tasks/send", Some(message), &[("Idempotency-Key", "k-2")]);
+    assert_eq!(a2a_first["task"]["id"], a2a_second["task"]["id"], "{a2a_first} {a2a_second}");
+    // And the CLI flag, across a broker restart (the key is in the log).
+    let cli = |home: &Home| -> Value {
+        serde_json::from_str(&home.ok(&[
+            "send",
+            "bob",
+            "cli once",
+            "--no-response",
+            "--idempotency-key",
+            "k-3",
+            "--json",
+        ]))
+        .unwrap()
+    };
+    let cli_first = cli(&home);
+    home.ok(&["broker", "stop"]);
+    home.ok(&["admin", "rebuild"]);
+    let cli_second = cli(&home);
+    assert_eq!(cli_first["task"]["id"], cli_second["task"]["id"]);
+    // A different key is a new send.
+    let (_, other) = home.http("POST", "/send", Some(body), &[("Idempotency-Key", "k-4")]);
+    assert_ne!(other["task"]["id"], first["task"]["id"]);
+
+    let sent: Vec<Value> = home.events().into_iter().filter(|event| event["event"]["kind"] == "message_sent").collect();
+    assert_eq!(sent.len(), 4, "one message per key: {sent:#?}");
+    assert_eq!(home.inbox(&bob).len(), 4);
+}

@@ -213,6 +213,10 @@ pub struct SendArgs {
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,
+    /// A retry with the same key within 24 h returns the first send's task instead of sending
+    /// again (default: a fresh key, used when this command retries a broken connection)
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Args, Debug)]

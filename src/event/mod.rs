@@ -157,6 +157,10 @@ pub enum Event {
         text: String,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         parts: Vec<Part>,
+        /// The sender's `Idempotency-Key`: a retry with the same key (same sender, within
+        /// 24 h) answers this send's tasks instead of sending again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<String>,
     },
     /// Something the agent's watcher must write into its PTY. The ticket's id is the sequence
     /// number of this event.

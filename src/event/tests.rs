@@ -182,6 +182,7 @@ fn samples() -> Vec<Event> {
             in_reply_to: Some("5d0e8b3a".into()),
             text: "review this\nplease".into(),
             parts: vec![Part::File { name: None, uri: Some("file:///a.md".into()), mime_type: None }],
+            idempotency_key: Some("retry-7f3a".into()),
         },
         Event::TicketIssued {
             agent_id: receiver(),
@@ -475,6 +476,7 @@ fn defaulted_fields_of_other_kinds_decode_when_absent() {
                 in_reply_to: None,
                 text: "x".into(),
                 parts: Vec::new(),
+                idempotency_key: None,
             },
         ),
     ];
