@@ -8,6 +8,7 @@
 //! - `cli`: command-line definitions and one module per command group.
 //! - [`scripted_model`]: a model server answering by script, for tests with the real CLIs.
 //! - `private_files`: creating files and directories in the home as 0600 / 0700.
+//! - `trust`: the broker's security settings file in `SYNAPSE_HOME` and the deliberate-stop marker.
 
 pub mod agent;
 pub mod broker;
@@ -21,3 +22,4 @@ pub mod scripted_model;
 pub mod private_files;
 pub mod settings;
 pub mod store;
+pub mod trust;

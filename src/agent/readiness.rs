@@ -160,7 +160,8 @@ mod tests {
     fn gemini_and_copilot_follow_their_quiet_periods() {
         let start = Instant::now();
         let mut gemini = detector("gemini");
-        gemini.feed(b"\x1b[?2004h> Type your message\r\n", start);
+        // The cursor stands after `> `, the placeholder to its right (as measured).
+        gemini.feed(b"\x1b[?2004h\x1b[20;1H >   Type your message\x1b[20;4H", start);
         assert_eq!(gemini.status(start + Duration::from_millis(2999)).0, AgentStatus::Processing);
         assert_eq!(gemini.status(start + Duration::from_millis(3000)).0, AgentStatus::Ready);
         let mut copilot = detector("copilot");

@@ -93,8 +93,9 @@ pub fn run(paths: Paths, port: Option<u16>, name: Option<String>) -> anyhow::Res
             _ = terminate.recv() => {}
             _ = interrupt.recv() => {}
         }
-        let mut client = connect(&paths, &secret).await;
-        let _ = client.delete(&format!("/agents/{agent_id}")).await;
+        if let Some(mut client) = super::wrapper::connect_to_leave(&paths, &secret).await {
+            let _ = client.delete(&format!("/agents/{agent_id}")).await;
+        }
         Ok(0)
     })
 }

@@ -196,11 +196,33 @@ pub fn run(paths: Paths, options: Options) -> anyhow::Result<i32> {
 pub(crate) async fn connect(paths: &Paths, secret: &str) -> Client {
     let mut delay = Duration::from_millis(20);
     loop {
-        match Client::connect(paths, true).await {
+        // Never restarts a broker stopped on purpose: waits until someone starts one.
+        match Client::connect_unless_stopped(paths).await {
             Ok(mut client) => {
                 client.set_secret(secret.to_string());
                 return client;
             }
+            Err(error) => {
+                tracing::warn!("cannot reach the broker ({error:#}); retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// The connection for an exiting agent's deregistration: None when the broker was stopped on
+/// purpose (waiting for a new one would keep a finished agent alive; the next broker prunes
+/// its dead pid anyway).
+pub(crate) async fn connect_to_leave(paths: &Paths, secret: &str) -> Option<Client> {
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match Client::connect_unless_stopped(paths).await {
+            Ok(mut client) => {
+                client.set_secret(secret.to_string());
+                return Some(client);
+            }
+            Err(error) if error.downcast_ref::<crate::client::StoppedOnPurpose>().is_some() => return None,
             Err(error) => {
                 tracing::warn!("cannot reach the broker ({error:#}); retrying");
                 tokio::time::sleep(delay).await;
@@ -232,8 +254,9 @@ async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
 
     let result = run_registered(&paths, &options, &agent_id, &secret, port, &log, &registration).await;
     // Deregister whatever happened (best effort: the broker also prunes dead pids).
-    let mut client = connect(&paths, &secret).await;
-    let _ = client.delete(&format!("/agents/{agent_id}")).await;
+    if let Some(mut client) = connect_to_leave(&paths, &secret).await {
+        let _ = client.delete(&format!("/agents/{agent_id}")).await;
+    }
     result
 }
 

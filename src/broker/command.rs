@@ -133,7 +133,16 @@ pub struct SendRequest {
     /// should complete, instead of a new one.
     #[serde(default)]
     pub sender_task_id: Option<String>,
+    /// `Idempotency-Key`: a second send with the same key from the same sender within
+    /// [`IDEMPOTENCY_WINDOW_MS`] answers the first send's tasks and sends nothing.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
 }
+
+/// How long an idempotency key holds: a retry after this is a new send.
+pub const IDEMPOTENCY_WINDOW_MS: u64 = 24 * 60 * 60 * 1000;
+/// The longest idempotency key accepted.
+const IDEMPOTENCY_KEY_MAX_CHARS: usize = 200;
 
 pub fn default_priority() -> u8 {
     3
@@ -512,7 +521,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
                 answer: Answer::Deregistered,
             })
         }
-        Command::Send(request) => decide_send(view, request),
+        Command::Send(request) => decide_send(view, request, now_ms),
         Command::CreateTask { owner, secret, message, peer } => {
             check_sender(view, Some(owner), secret.as_deref())?;
             validate_text(&message.joined_text())?;
@@ -821,11 +830,36 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
     Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Registered { agent_id } })
 }
 
-fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision, DecideError> {
+fn decide_send(view: &Projections<'_>, request: &SendRequest, now_ms: u64) -> Result<Decision, DecideError> {
     validate_text(&request.text)?;
     validate_priority(request.priority)?;
     let sender = check_sender(view, request.from.as_deref(), request.secret.as_deref())?;
     let sender_id = sender.as_ref().map(|agent| agent.agent_id.clone());
+
+    // A retry of a send whose answer was lost: the first send's tasks, nothing new. Decided
+    // here, in the writer, so two retries in one batch are decided once.
+    if let Some(key) = &request.idempotency_key {
+        if key.is_empty() || key.chars().count() > IDEMPOTENCY_KEY_MAX_CHARS || key.chars().any(char::is_control) {
+            return Err(CommandError::bad(format!(
+                "Error: an idempotency key must be 1-{IDEMPOTENCY_KEY_MAX_CHARS} characters without control characters"
+            ))
+            .into());
+        }
+        if let Some(first) = view.idempotent_send(sender_id.as_deref(), key)?
+            && now_ms.saturating_sub(first.time_ms) < IDEMPOTENCY_WINDOW_MS
+        {
+            return Ok(Decision {
+                actor: sender_id,
+                events: Vec::new(),
+                answer: Answer::Sent {
+                    task_id: first.task_id,
+                    sender_task_id: first.sender_task_id,
+                    is_reply: false,
+                    warning: None,
+                },
+            });
+        }
+    }
 
     // A reply is decided by the task it answers: its sender may be anonymous or gone, and the
     // reply still completes the task (the reverse ticket waits in the sender's inbox).
@@ -916,6 +950,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest) -> Result<Decision
         in_reply_to: None,
         text: request.text.clone(),
         parts: Vec::new(),
+        idempotency_key: request.idempotency_key.clone(),
     });
     events.push(Event::TicketIssued {
         agent_id: target.agent_id.clone(),

@@ -47,17 +47,21 @@ pub struct BrokerState {
     pub externals: externals::Externals,
     /// Wakes the history indexer when the index changed without the head moving (a rebuild).
     pub index_wake: tokio::sync::Notify,
-    /// API-key authentication, read from the environment at start.
+    /// API-key authentication, from the home's security settings at start.
     pub auth: Arc<crate::http::auth::AuthConfig>,
     /// Host / Origin / content-type rules of every HTTP server, read from the environment at start.
     pub request_rules: crate::http::guard::RequestRules,
     /// Idle timeout and connection limit shared by every HTTP server of this broker.
     pub connection_limits: Arc<crate::http::server::ConnectionLimits>,
+    /// The home's security settings (`broker-settings.json`), read once at start.
+    pub trust: crate::trust::TrustSettings,
 }
 
 impl BrokerState {
     /// Starts the writer over an opened store (used by the daemon, tests and benchmarks).
     pub fn start(store: Store, paths: Paths) -> anyhow::Result<(Arc<BrokerState>, std::thread::JoinHandle<()>)> {
+        // Security comes from the home, never from the environment of whoever started us.
+        let trust = crate::trust::TrustSettings::load(&paths.home)?;
         let store = Arc::new(store);
         let (head_sender, head) = watch::channel(store.head()?);
         let recent = Arc::new(tail::RecentEvents::default());
@@ -73,9 +77,10 @@ impl BrokerState {
             paths,
             port: std::sync::atomic::AtomicU16::new(0),
             agent_servers: agents::AgentServers::default(),
-            auth: Arc::new(crate::http::auth::AuthConfig::from_env()),
+            auth: Arc::new(crate::http::auth::AuthConfig::from_trust(&trust)),
             request_rules: crate::http::guard::RequestRules::from_env(),
             connection_limits: Arc::new(crate::http::server::ConnectionLimits::from_env()),
+            trust,
             webhooks: webhooks::Webhooks::default(),
             externals: externals::Externals::default(),
             index_wake: tokio::sync::Notify::new(),
@@ -92,6 +97,23 @@ impl BrokerState {
             socket: self.paths.broker_socket().display().to_string(),
             port: self.port.load(std::sync::atomic::Ordering::Relaxed),
             head: *self.head.borrow(),
+        }
+    }
+
+    /// Which targets outgoing requests (webhooks, external agents) may reach now: private ones
+    /// per the home's settings, never this broker's own port or its agents' ports. When the
+    /// agents cannot be read, local targets are refused altogether (fail closed).
+    pub fn outbound_policy(&self) -> crate::http::outbound::Policy {
+        let broker_port = self.port.load(std::sync::atomic::Ordering::Relaxed);
+        match self.store.read(|view| view.agents()) {
+            Ok(agents) => crate::http::outbound::Policy {
+                allow_private: self.trust.outbound_allow_private,
+                own_ports: std::iter::once(broker_port).chain(agents.iter().map(|agent| agent.port)).collect(),
+            },
+            Err(error) => {
+                tracing::warn!("cannot read the agents' ports ({error}); refusing local targets");
+                crate::http::outbound::Policy { allow_private: false, own_ports: vec![broker_port] }
+            }
         }
     }
 
@@ -139,6 +161,10 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
         Ok(changed) => tracing::warn!("{}: removed group/other access from {changed} entries", paths.home.display()),
         Err(error) => tracing::warn!("cannot restrict the permissions of {}: {error}", paths.home.display()),
     }
+    // This broker owns the home now: a deliberate stop of the previous one is over, and
+    // wrappers waiting for a broker may connect.
+    crate::trust::clear_stopped(&paths.home)
+        .with_context(|| format!("cannot remove {}", paths.home.join(crate::trust::STOPPED_MARKER).display()))?;
 
     let socket_path = paths.broker_socket();
     let unix = bind_unix(&socket_path)?;

@@ -6,6 +6,15 @@
 //! restart resumes delivery where it stopped. A delivery's id (`<webhook8>-<seq>`) is stable
 //! across attempts and restarts, for receivers to dedupe on.
 //!
+//! Secrets: a signing secret never enters the log (which `GET /events` serves). It is written
+//! to `$SYNAPSE_HOME/webhook-secrets/<ref>` (0600, fsynced before the registration commits) and
+//! the event holds only the reference; the delivery worker reads the file when it signs. Logs
+//! from before this carry `secret` inline: still read, never written.
+//!
+//! Targets: every attempt goes through [`crate::http::outbound`] with the broker's policy (no
+//! private targets unless allowed, never the broker itself), a 10 s limit and a 64 KB cap on
+//! the answer's body.
+//!
 //! Retries: 5xx answers and network errors are retried with exponential backoff
 //! (`SYNAPSE_WEBHOOK_RETRY_BASE_MS`, default 1000 ms, doubling, at most [`MAX_ATTEMPTS`]);
 //! 2xx and 4xx answers end a delivery.
@@ -22,15 +31,24 @@ use tokio::sync::watch;
 
 pub const EVENTS: [&str; 4] = ["task.completed", "task.failed", "task.canceled", "task.replied"];
 pub const MAX_ATTEMPTS: u32 = 8;
-/// How long one delivery attempt may take.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one delivery attempt may take once connected.
+const ATTEMPT_TIMEOUT: Duration = crate::http::outbound::READ_TIMEOUT;
+/// The directory of the signing secrets, inside `SYNAPSE_HOME`.
+pub const SECRETS_DIR: &str = "webhook-secrets";
 /// Finished deliveries kept for `GET /webhooks/deliveries`.
 const KEPT_FINISHED: usize = 500;
 
 #[derive(Debug, Clone)]
 pub enum WebhookCommand {
-    Register { url: String, events: Vec<String>, secret: Option<String> },
-    Remove { url: String },
+    /// `secret_ref`: the file [`store_secret`] wrote, never the secret itself.
+    Register {
+        url: String,
+        events: Vec<String>,
+        secret_ref: Option<String>,
+    },
+    Remove {
+        url: String,
+    },
     RecordAttempt(Attempt),
 }
 
@@ -49,7 +67,7 @@ pub use crate::http::outbound::parse_url;
 
 pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
     let event = match command {
-        WebhookCommand::Register { url, events, secret } => {
+        WebhookCommand::Register { url, events, secret_ref } => {
             parse_url(url).map_err(|message| CommandError::bad(format!("Invalid webhook URL {message}")))?;
             for event in events {
                 if !EVENTS.contains(&event.as_str()) {
@@ -66,7 +84,8 @@ pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
                 webhook_id: uuid::Uuid::new_v4().to_string(),
                 url: url.clone(),
                 events,
-                secret: secret.clone().filter(|secret| !secret.is_empty()),
+                secret: None,
+                secret_ref: secret_ref.clone(),
             }
         }
         WebhookCommand::Remove { url } => Event::WebhookRemoved { webhook_id: String::new(), url: url.clone() },
@@ -88,8 +107,9 @@ pub struct Hook {
     pub webhook_id: String,
     pub url: String,
     pub events: Vec<String>,
+    /// Where the signing secret is (the secret itself only for old logs).
     #[serde(skip)]
-    pub secret: Option<String>,
+    pub secret: Option<SecretSource>,
     pub has_secret: bool,
     pub registered_seq: u64,
 }
@@ -107,6 +127,49 @@ pub struct Delivery {
     pub next_attempt_ms: Option<u64>,
     #[serde(skip)]
     pub body: String,
+}
+
+/// Where a hook's signing secret is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// In the registration event (logs written before secrets moved out of the log).
+    Inline(String),
+    /// In `$SYNAPSE_HOME/webhook-secrets/<ref>`.
+    File(String),
+}
+
+/// Is `reference` a name [`store_secret`] could have made (no path tricks from the log)?
+fn is_valid_reference(reference: &str) -> bool {
+    !reference.is_empty() && reference.len() <= 64 && reference.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+/// Writes a signing secret to its own file (0600, in a 0700 directory, fsynced) and returns
+/// its reference, for the registration event.
+pub fn store_secret(home: &std::path::Path, secret: &str) -> std::io::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = home.join(SECRETS_DIR);
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+    let reference = uuid::Uuid::new_v4().to_string();
+    let mut file = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(dir.join(&reference))?;
+    file.write_all(secret.as_bytes())?;
+    file.sync_all()?;
+    // The file's name must survive a crash too, before the event that names it commits.
+    std::fs::File::open(&dir)?.sync_all()?;
+    Ok(reference)
+}
+
+/// Reads the secret of a hook.
+pub fn read_secret(home: &std::path::Path, source: &SecretSource) -> Result<String, String> {
+    match source {
+        SecretSource::Inline(secret) => Ok(secret.clone()),
+        SecretSource::File(reference) if is_valid_reference(reference) => {
+            let path = home.join(SECRETS_DIR).join(reference);
+            std::fs::read_to_string(&path)
+                .map_err(|error| format!("cannot read the signing secret {}: {error}", path.display()))
+        }
+        SecretSource::File(reference) => Err(format!("'{reference}' is not a webhook secret reference")),
+    }
 }
 
 /// The webhook projection: registrations, pending and recently finished deliveries.
@@ -143,15 +206,20 @@ impl Outbox {
     /// Applies one event. Pure: the same log gives the same outbox.
     pub fn apply(&mut self, envelope: &Envelope) {
         match &envelope.event {
-            Event::WebhookRegistered { webhook_id, url, events, secret } => {
+            Event::WebhookRegistered { webhook_id, url, events, secret, secret_ref } => {
+                let secret = match (secret_ref, secret) {
+                    (Some(reference), _) => Some(SecretSource::File(reference.clone())),
+                    (None, Some(secret)) => Some(SecretSource::Inline(secret.clone())),
+                    (None, None) => None,
+                };
                 self.hooks.insert(
                     url.clone(),
                     Hook {
                         webhook_id: webhook_id.clone(),
                         url: url.clone(),
                         events: events.clone(),
-                        secret: secret.clone(),
                         has_secret: secret.is_some(),
+                        secret,
                         registered_seq: envelope.seq,
                     },
                 );
@@ -221,7 +289,7 @@ impl Outbox {
         self.finished.iter().chain(self.pending.values()).cloned().collect()
     }
 
-    fn due(&self, now_ms: u64, in_flight: &HashSet<(String, u32)>) -> Vec<(Delivery, Option<String>)> {
+    fn due(&self, now_ms: u64, in_flight: &HashSet<(String, u32)>) -> Vec<(Delivery, Option<SecretSource>)> {
         self.pending
             .values()
             .filter(|delivery| delivery.next_attempt_ms.is_some_and(|at| at <= now_ms))
@@ -289,36 +357,47 @@ fn retry_base_ms() -> u64 {
     std::env::var("SYNAPSE_WEBHOOK_RETRY_BASE_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(1000)
 }
 
-/// One POST; Ok(status) or Err(network error).
-async fn post(url: &str, delivery: &Delivery, secret: Option<&str>) -> Result<u16, String> {
+/// What one attempt got: the status, and a note when the answer's body was cut at the cap.
+type PostResult = Result<(u16, Option<String>), String>;
+
+/// One POST; Ok(status, note) or Err(network error, refused target, unreadable secret).
+async fn post(state: &BrokerState, delivery: &Delivery, secret: Option<&SecretSource>) -> PostResult {
     let mut headers =
         vec![("x-synapse-event", delivery.event.clone()), ("x-synapse-event-id", delivery.delivery_id.clone())];
-    if let Some(secret) = secret {
+    if let Some(source) = secret {
+        let secret = read_secret(&state.paths.home, source)?;
         let signature = super::command::to_hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
         headers.push(("x-synapse-signature", format!("sha256={signature}")));
     }
     let answer = crate::http::outbound::request(
+        &state.outbound_policy(),
         hyper::Method::POST,
-        url,
+        &delivery.url,
         &headers,
         Some(delivery.body.clone().into_bytes()),
         ATTEMPT_TIMEOUT,
     )
     .await?;
-    Ok(answer.status)
+    let note = answer.truncated.then(|| {
+        format!(
+            "the answer's body is longer than {} bytes; reading stopped there",
+            crate::http::outbound::BODY_LIMIT_BYTES
+        )
+    });
+    Ok((answer.status, note))
 }
 
 /// The outcome of an attempt as the event to record.
-fn record(delivery: &Delivery, result: Result<u16, String>, now_ms: u64) -> Attempt {
+fn record(delivery: &Delivery, result: PostResult, now_ms: u64) -> Attempt {
     let attempt = delivery.attempts + 1;
     let retry = match &result {
-        Ok(status) => *status >= 500,
+        Ok((status, _)) => *status >= 500,
         Err(_) => true,
     };
     let next_attempt_ms = (retry && attempt < MAX_ATTEMPTS)
         .then(|| now_ms + retry_base_ms().saturating_mul(1u64 << (attempt - 1).min(20)));
     let (status, error) = match result {
-        Ok(status) => (Some(status), None),
+        Ok((status, note)) => (Some(status), note),
         Err(error) => (None, Some(error)),
     };
     let error = match (&error, next_attempt_ms, retry) {
@@ -368,7 +447,7 @@ pub fn spawn(state: Arc<BrokerState>) {
                 in_flight.insert((delivery.delivery_id.clone(), delivery.attempts));
                 let state = state.clone();
                 tokio::spawn(async move {
-                    let result = post(&delivery.url, &delivery, secret.as_deref()).await;
+                    let result = post(&state, &delivery, secret.as_ref()).await;
                     let attempt = record(&delivery, result, super::writer::now_ms());
                     let _ = state.writer.submit(Command::Webhook(WebhookCommand::RecordAttempt(attempt))).await;
                 });
@@ -420,6 +499,7 @@ mod tests {
                 url: "http://127.0.0.1:1/".into(),
                 events: vec!["task.completed".into()],
                 secret: None,
+                secret_ref: None,
             },
         ));
         outbox.apply(&envelope(
@@ -442,12 +522,12 @@ mod tests {
         assert_eq!(deliveries[0].delivery_id, "abcdef12-3");
         let due = outbox.due(5000, &HashSet::new());
         assert_eq!(due.len(), 1);
-        let retry = record(&due[0].0, Ok(503), 5000);
+        let retry = record(&due[0].0, Ok((503, None)), 5000);
         assert_eq!(retry.attempt, 1);
         assert!(retry.next_attempt_ms.is_some());
         outbox.apply(&envelope(5, decide(&WebhookCommand::RecordAttempt(retry)).ok().unwrap().events.remove(0)));
         assert_eq!(outbox.deliveries()[0].state, "pending");
-        let done = record(&outbox.deliveries()[0], Ok(200), 6000);
+        let done = record(&outbox.deliveries()[0], Ok((200, None)), 6000);
         assert!(done.next_attempt_ms.is_none());
         outbox.apply(&envelope(6, decide(&WebhookCommand::RecordAttempt(done)).ok().unwrap().events.remove(0)));
         assert_eq!(outbox.deliveries()[0].state, "delivered");
@@ -468,7 +548,7 @@ mod tests {
             next_attempt_ms: Some(0),
             body: "{}".into(),
         };
-        assert!(record(&delivery, Ok(404), 0).next_attempt_ms.is_none());
+        assert!(record(&delivery, Ok((404, None)), 0).next_attempt_ms.is_none());
         assert!(record(&delivery, Err("refused".into()), 0).next_attempt_ms.is_some());
         let last = Delivery { attempts: MAX_ATTEMPTS - 1, ..delivery };
         let gave_up = record(&last, Err("refused".into()), 0);

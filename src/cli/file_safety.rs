@@ -79,7 +79,8 @@ fn enabled(paths: &Paths) -> bool {
     let from_env = std::env::var("SYNAPSE_FILE_SAFETY_ENABLED")
         .ok()
         .map(|value| matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
-    from_env.unwrap_or_else(|| {
+    let from_home = || crate::trust::TrustSettings::load(&paths.home).ok().and_then(|trust| trust.file_safety_enabled);
+    from_env.or_else(from_home).unwrap_or_else(|| {
         crate::settings::Settings::load_current(&paths.home)
             .ok()
             .and_then(|settings| settings.merged.pointer("/file_safety/enabled").and_then(Value::as_bool))

@@ -9,6 +9,9 @@ use crate::event::short_id;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
+/// How many times `synapse send` tries when the connection breaks under a request.
+const SEND_ATTEMPTS: u32 = 3;
+
 /// The sender's identity: `--from`, else `SYNAPSE_AGENT_ID`.
 fn identity(from: Option<String>) -> Option<String> {
     from.or_else(|| std::env::var("SYNAPSE_AGENT_ID").ok()).filter(|id| !id.trim().is_empty())
@@ -47,6 +50,8 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         flow != crate::settings::Flow::Oneway
     };
     let mut client = Client::connect(paths, true).await?;
+    // Every send carries a key, so that retrying one whose answer was lost cannot send twice.
+    let idempotency_key = args.idempotency_key.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let body = json!({
         "to": args.target,
         "from": from,
@@ -55,8 +60,26 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         "priority": priority,
         "response_expected": response_expected,
         "reply_to": args.reply_to,
+        "idempotency_key": idempotency_key,
     });
-    let answer = client.post("/send", &body).await?;
+    let mut attempt = 1;
+    let answer = loop {
+        match client.post("/send", &body).await {
+            Ok(answer) => break answer,
+            // The request may have been decided before the connection broke: the same key
+            // makes the retry answer that send instead of making a second one.
+            Err(error)
+                if attempt < SEND_ATTEMPTS
+                    && error.downcast_ref::<crate::client::ApiFailure>().is_none()
+                    && format!("{error:#}").contains("closed the connection") =>
+            {
+                attempt += 1;
+                tracing::debug!("send: {error:#}; retrying with idempotency key {idempotency_key}");
+                client = Client::connect(paths, true).await?;
+            }
+            Err(error) => return Err(error),
+        }
+    };
     if let Some(warning) = answer.get("warning").and_then(Value::as_str) {
         eprintln!("{warning}");
     }

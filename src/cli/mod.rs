@@ -178,6 +178,10 @@ pub struct StartArgs {
 pub struct BrokerArgs {
     #[command(subcommand)]
     pub command: Option<BrokerCommand>,
+    /// Started by a client (autostart): the security settings come only from
+    /// `$SYNAPSE_HOME/broker-settings.json`, never from this process's environment
+    #[arg(long, hide = true)]
+    pub autostarted: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -223,6 +227,10 @@ pub struct SendArgs {
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,
+    /// A retry with the same key within 24 h returns the first send's task instead of sending
+    /// again (default: a fresh key, used when this command retries a broken connection)
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -314,7 +322,7 @@ pub enum AgentCommand {
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     let paths = crate::config::Paths::from_env()?;
     let command = match cli.command {
-        Command::Broker(BrokerArgs { command: None }) => return system::run_broker(paths),
+        Command::Broker(BrokerArgs { command: None, autostarted }) => return system::run_broker(paths, autostarted),
         Command::DummyAgent => return crate::agent::dummy::run(),
         Command::Init { scope, force } => return setup::init(&paths, &scope, force),
         Command::Reset { scope, force } => return setup::reset(&paths, &scope, force),

@@ -27,6 +27,9 @@ pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
     crate::private_files::write(&path, format!("{text}\n"))
         .with_context(|| format!("Error: cannot write {}", path.display()))?;
     println!("Wrote {} ({scope} settings)", path.display());
+    // The broker's security settings (auth, keys, localhost rule, file safety) live in the home,
+    // so that a broker autostarted after a crash has them too.
+    crate::trust::TrustSettings::update_from_env(&paths.home)?;
     Ok(0)
 }
 

@@ -7,8 +7,12 @@ use crate::event::Envelope;
 use serde_json::{Value, json};
 use std::io::Write;
 
-/// `synapse broker` in the foreground.
-pub fn run_broker(paths: Paths) -> anyhow::Result<i32> {
+/// `synapse broker` in the foreground. Typed by the user, its environment's security settings
+/// update `broker-settings.json`; autostarted by a client, it uses the file as it is.
+pub fn run_broker(paths: Paths, autostarted: bool) -> anyhow::Result<i32> {
+    if !autostarted {
+        crate::trust::TrustSettings::update_from_env(&paths.home)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(crate::broker::run(paths))?;
     Ok(0)
@@ -39,6 +43,13 @@ pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>) -> an
             }
         },
         Some(BrokerCommand::Start) => {
+            let (_, changed) = crate::trust::TrustSettings::update_from_env(&paths.home)?;
+            if changed && Client::try_connect(paths).await.is_some() {
+                eprintln!(
+                    "note: the security settings in {} changed; the running broker keeps its own until 'synapse broker stop' and start",
+                    crate::trust::TrustSettings::path(&paths.home).display()
+                );
+            }
             let mut client = Client::connect(paths, true).await?;
             let info = client.get("/broker/health").await?;
             println!("broker running (pid {}, socket {})", info["pid"], info["socket"].as_str().unwrap_or_default());

@@ -166,9 +166,36 @@ pub struct VersionMismatch {
     pid: u32,
 }
 
+/// The broker was stopped on purpose (`synapse broker stop`) and none has been started since;
+/// an agent wrapper waits for one instead of starting it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the broker for SYNAPSE_HOME={home} was stopped on purpose; waiting until one is started ('synapse broker start')"
+)]
+pub struct StoppedOnPurpose {
+    home: String,
+}
+
+fn refuse_if_stopped(paths: &Paths) -> anyhow::Result<()> {
+    if crate::trust::is_stopped_on_purpose(&paths.home) {
+        return Err(StoppedOnPurpose { home: paths.home.display().to_string() }.into());
+    }
+    Ok(())
+}
+
 impl Client {
     /// Connects to the running broker, starting one when `autostart` is set and none runs.
     pub async fn connect(paths: &Paths, autostart: bool) -> anyhow::Result<Client> {
+        Client::connect_with(paths, autostart, false).await
+    }
+
+    /// For agent wrappers: like `connect(paths, true)`, but never starts a broker that was
+    /// stopped on purpose ([`StoppedOnPurpose`]: the caller waits and tries again).
+    pub async fn connect_unless_stopped(paths: &Paths) -> anyhow::Result<Client> {
+        Client::connect_with(paths, true, true).await
+    }
+
+    async fn connect_with(paths: &Paths, autostart: bool, respect_stop: bool) -> anyhow::Result<Client> {
         let secret = std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty());
         if let Ok(sender) = connect_any(paths).await {
             let mut client = Client { sender, secret: secret.clone() };
@@ -191,7 +218,10 @@ impl Client {
         if !autostart {
             bail!("no broker is running for SYNAPSE_HOME={}", paths.home.display());
         }
-        start_broker(paths).await?;
+        if respect_stop {
+            refuse_if_stopped(paths)?;
+        }
+        start_broker_unless(paths, respect_stop).await?;
         // The broker has answered its health check; a connection it resets now (seen under
         // heavy load, about once in forty restarts) is tried again rather than reported.
         let mut attempt = 0;
@@ -370,6 +400,12 @@ fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
 
 /// Starts a broker in the background and waits until it answers.
 pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
+    start_broker_unless(paths, false).await
+}
+
+/// Starts a broker unless `respect_stop` and the last one was stopped on purpose (checked again
+/// under the start-up lock, so a stop that lands meanwhile is seen).
+async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Result<()> {
     crate::private_files::create_dir(&paths.home).with_context(|| format!("cannot create {}", paths.home.display()))?;
     let lock_path = paths.start_lock();
     let lock =
@@ -381,13 +417,17 @@ pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
     if connect_any(paths).await.is_ok() {
         return Ok(());
     }
+    if respect_stop {
+        refuse_if_stopped(paths)?;
+    }
     let exe = std::env::current_exe().context("cannot find the synapse executable")?;
     let log_path = paths.broker_log();
     let log =
         crate::private_files::open_append(&log_path).with_context(|| format!("cannot open {}", log_path.display()))?;
     let log_err = log.try_clone()?;
     let mut command = std::process::Command::new(exe);
-    command.arg("broker").stdin(std::process::Stdio::null()).stdout(log).stderr(log_err);
+    // `--autostarted`: this client's environment does not decide the broker's security.
+    command.arg("broker").arg("--autostarted").stdin(std::process::Stdio::null()).stdout(log).stderr(log_err);
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command.spawn().context("cannot start the broker")?;
     let started = Instant::now();

@@ -77,8 +77,17 @@ impl Envelope {
     }
 
     /// The envelope as one JSON object (what `synapse events --json` prints).
+    /// The envelope as served by `GET /events` and printed by `synapse events --json`. A
+    /// webhook secret from an old log (written before `secret_ref`) is shown as redacted: the
+    /// log keeps it for signing, nobody reads it back.
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+        let mut value = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        if let Event::WebhookRegistered { secret: Some(_), .. } = &self.event
+            && let Some(secret) = value.pointer_mut("/event/data/secret")
+        {
+            *secret = serde_json::Value::String("[redacted]".into());
+        }
+        value
     }
 }
 
@@ -153,6 +162,10 @@ pub enum Event {
         text: String,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         parts: Vec<Part>,
+        /// The sender's `Idempotency-Key`: a retry with the same key (same sender, within
+        /// 24 h) answers this send's tasks instead of sending again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<String>,
     },
     /// Something the agent's watcher must write into its PTY. The ticket's id is the sequence
     /// number of this event.
@@ -238,8 +251,12 @@ pub enum Event {
         webhook_id: String,
         url: String,
         events: Vec<String>,
+        /// Only in logs written before secrets moved out of the log: read, never written.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         secret: Option<String>,
+        /// The signing secret's file under `$SYNAPSE_HOME/webhook-secrets/`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secret_ref: Option<String>,
     },
     WebhookRemoved {
         webhook_id: String,

@@ -1,7 +1,8 @@
 //! API-key authentication (SPEC §6): off unless `SYNAPSE_AUTH_ENABLED=true`.
 //!
-//! Keys come from `SYNAPSE_API_KEYS` (comma-separated) and are kept only as SHA-256 digests,
-//! compared in constant time. A key is sent as `X-API-Key` or `Authorization: Bearer`.
+//! The settings come from `$SYNAPSE_HOME/broker-settings.json` (see [`crate::trust`]), never
+//! from the environment of whoever started the broker. Keys (`SYNAPSE_API_KEYS`,
+//! comma-separated) are kept only as SHA-256 digests, compared in constant time. A key is sent as `X-API-Key` or `Authorization: Bearer`.
 //! Requests over the Unix socket or from loopback pass unless `SYNAPSE_ALLOW_LOCALHOST=false`.
 //! Agent cards and `/status` stay open.
 
@@ -20,26 +21,15 @@ pub struct AuthConfig {
     pub allow_localhost: bool,
 }
 
-fn digest(key: &str) -> [u8; 32] {
-    use sha2::Digest;
-    sha2::Sha256::digest(key.trim().as_bytes()).into()
-}
-
-fn flag(name: &str, default: bool) -> bool {
-    match std::env::var(name) {
-        Ok(value) => matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"),
-        Err(_) => default,
-    }
-}
+use crate::trust::key_digest as digest;
 
 impl AuthConfig {
-    /// Reads the configuration from the broker's environment (once, at start).
-    pub fn from_env() -> AuthConfig {
-        let keys = std::env::var("SYNAPSE_API_KEYS").unwrap_or_default();
+    /// The configuration of the home's security settings (read once, at start).
+    pub fn from_trust(settings: &crate::trust::TrustSettings) -> AuthConfig {
         AuthConfig {
-            enabled: flag("SYNAPSE_AUTH_ENABLED", false),
-            key_digests: keys.split(',').filter(|key| !key.trim().is_empty()).map(digest).collect(),
-            allow_localhost: flag("SYNAPSE_ALLOW_LOCALHOST", true),
+            enabled: settings.auth_enabled,
+            key_digests: settings.key_digests(),
+            allow_localhost: settings.allow_localhost,
         }
     }
 

@@ -34,11 +34,12 @@ fn unreachable(message: String) -> ApiError {
 }
 
 /// Reads the agent card: `agent-card.json`, then `agent.json`.
-async fn discover(base: &str) -> Result<(String, Option<String>), ApiError> {
+async fn discover(policy: &outbound::Policy, base: &str) -> Result<(String, Option<String>), ApiError> {
     let mut last = String::new();
     for card in ["/.well-known/agent-card.json", "/.well-known/agent.json"] {
         let url = format!("{base}{card}");
-        let answer = outbound::request(hyper::Method::GET, &url, &[], None, limit()).await.map_err(unreachable)?;
+        let answer =
+            outbound::request(policy, hyper::Method::GET, &url, &[], None, limit()).await.map_err(unreachable)?;
         if answer.status != 200 {
             last = format!("{url} answered {}", answer.status);
             continue;
@@ -82,7 +83,11 @@ async fn add(State(state): State<AppState>, body: Result<Bytes, BytesRejection>)
     {
         return Err(ApiError::bad(format!("Invalid alias '{alias}': letters, digits, '-', '_' or '.', at most 64")));
     }
-    let (name, description) = discover(&url).await?;
+    let policy = state.outbound_policy();
+    let (host, port, _) =
+        outbound::parse_url(&url).map_err(|message| ApiError::bad(format!("Invalid URL {message}")))?;
+    policy.resolve(&host, port).await.map_err(|reason| ApiError::bad(format!("URL {url} refused: {reason}")))?;
+    let (name, description) = discover(&policy, &url).await?;
     let alias = body.alias.unwrap_or_else(|| alias_from_name(&name));
     if state.externals.get(&alias).is_some() {
         return Err(ApiError::new(
@@ -136,9 +141,11 @@ async fn send(
         "metadata": {"response_expected": body.wait_seconds.is_some()},
     });
     let url = format!("{}/tasks/send", external.url);
-    let answer = outbound::request(hyper::Method::POST, &url, &[], Some(message.to_string().into_bytes()), limit())
-        .await
-        .map_err(unreachable)?;
+    let policy = state.outbound_policy();
+    let answer =
+        outbound::request(&policy, hyper::Method::POST, &url, &[], Some(message.to_string().into_bytes()), limit())
+            .await
+            .map_err(unreachable)?;
     let sent: Value = serde_json::from_slice(&answer.body)
         .map_err(|error| ApiError::new(StatusCode::BAD_GATEWAY, format!("malformed answer from {url}: {error}")))?;
     if !(200..300).contains(&answer.status) {
@@ -151,16 +158,16 @@ async fn send(
     let task = sent.get("task").cloned().unwrap_or(Value::Null);
     let Some(seconds) = body.wait_seconds else { return Ok(Json(json!({"task": task}))) };
     let task_id = task.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
-    let followed = follow(&external.url, &task_id, Duration::from_secs(seconds.max(1))).await?;
+    let followed = follow(&policy, &external.url, &task_id, Duration::from_secs(seconds.max(1))).await?;
     Ok(Json(followed))
 }
 
 /// Follows the remote task's event stream until its final state, or the time runs out.
-async fn follow(base: &str, task_id: &str, limit: Duration) -> Result<Value, ApiError> {
+async fn follow(policy: &outbound::Policy, base: &str, task_id: &str, limit: Duration) -> Result<Value, ApiError> {
     use http_body_util::BodyExt;
     let url = format!("{base}/tasks/{task_id}/subscribe");
     let deadline = tokio::time::Instant::now() + limit;
-    let response = outbound::stream(&url, limit).await.map_err(unreachable)?;
+    let response = outbound::stream(policy, &url, limit).await.map_err(unreachable)?;
     if response.status() != StatusCode::OK {
         return Err(ApiError::new(StatusCode::BAD_GATEWAY, format!("{url} answered {}", response.status())));
     }
@@ -176,6 +183,13 @@ async fn follow(base: &str, task_id: &str, limit: Duration) -> Result<Value, Api
         };
         let Some(data) = frame.data_ref() else { continue };
         buffer.push_str(&String::from_utf8_lossy(data));
+        // One event may not grow without end (a stream that never sends a blank line).
+        if buffer.len() > outbound::BODY_LIMIT_BYTES {
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                format!("{url}: an event longer than {} bytes", outbound::BODY_LIMIT_BYTES),
+            ));
+        }
         while let Some(end) = buffer.find("\n\n") {
             let event: String = buffer.drain(..end + 2).collect();
             for line in event.lines() {

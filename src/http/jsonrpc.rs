@@ -611,6 +611,7 @@ async fn submit_send(state: &AppState, agent: &str, request: &SendParams) -> Res
         reply_to: None,
         context_id: request.context_id.clone(),
         sender_task_id: None,
+        idempotency_key: None,
     };
     match state.writer.submit(Command::Send(send)).await? {
         Outcome::Sent(sent) => match sent.sender_task {

@@ -243,6 +243,11 @@ async fn health(State(state): State<AppState>) -> Json<Value> {
 }
 
 async fn shutdown(State(state): State<AppState>) -> Json<Value> {
+    // Marked before the socket closes, so a wrapper that sees the broker gone knows the stop
+    // was deliberate and waits instead of autostarting a new one.
+    if let Err(error) = crate::trust::mark_stopped(&state.paths.home) {
+        tracing::warn!("cannot record the deliberate stop: {error}");
+    }
     state.request_shutdown();
     Json(json!({"stopping": true, "pid": std::process::id()}))
 }
@@ -503,9 +508,23 @@ fn sent_json(outcome: Outcome) -> ApiResult {
     }
 }
 
+/// The `Idempotency-Key` header of a send, if any.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match headers.get("idempotency-key") {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .map(|key| Some(key.trim().to_string()))
+            .map_err(|_| ApiError::bad("Error: the Idempotency-Key header must be visible ASCII")),
+    }
+}
+
 /// `POST /send`: what `synapse send` uses (target resolution by name, id, type-port or type).
-async fn send(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
-    let request: SendRequest = parse_body(body)?;
+async fn send(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let mut request: SendRequest = parse_body(body)?;
+    if let Some(key) = idempotency_key(&headers)? {
+        request.idempotency_key = Some(key);
+    }
     sent_json(state.writer.submit(Command::Send(request)).await?)
 }
 
@@ -558,6 +577,7 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
         reply_to: Some(target.sender_task_id.clone().unwrap_or_else(|| target.receiver_task_id.clone())),
         context_id: None,
         sender_task_id: None,
+        idempotency_key: None,
     };
     sent_json(state.writer.submit(Command::Send(request)).await?)
 }
@@ -753,6 +773,7 @@ async fn a2a_send(
         reply_to: metadata.in_reply_to,
         sender_task_id: metadata.sender_task_id,
         context_id: body.context_id,
+        idempotency_key: idempotency_key(headers)?,
     };
     sent_json(state.writer.submit(Command::Send(request)).await?)
 }

@@ -1,9 +1,114 @@
 //! Requests the broker makes to other HTTP servers (webhook receivers, external agents):
-//! plain HTTP/1.1 over TCP with a bounded time, no TLS.
+//! plain HTTP/1.1 over TCP, no TLS.
+//!
+//! What must stay true, whatever a registered URL or its server does:
+//! - the target is checked on the **resolved** address, and the connection goes to exactly the
+//!   address that was checked (no second lookup a DNS answer could change);
+//! - loopback, private, link-local and unspecified addresses are refused unless the home's
+//!   `outbound_allow_private` setting (`SYNAPSE_OUTBOUND_ALLOW_PRIVATE`) allows them, and this
+//!   broker itself (its port or an agent's port on a local address) is never a target;
+//! - connecting takes at most [`CONNECT_TIMEOUT`], the answer at most the caller's limit
+//!   (default [`READ_TIMEOUT`]), and at most [`BODY_LIMIT_BYTES`] of a body are read.
 
 use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
+
+/// How long establishing a connection may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the answer may take once connected (unless a caller gives its own limit).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most of a response body that is read; the rest is never received.
+pub const BODY_LIMIT_BYTES: usize = 64 * 1024;
+
+/// Which targets an outgoing request may reach (from the broker's state, at the call).
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// Loopback and private addresses are allowed (tests, single-machine setups).
+    pub allow_private: bool,
+    /// The ports this broker serves (its own and its agents'): never a target on a local
+    /// address, so a URL cannot make the broker call its own control routes.
+    pub own_ports: Vec<u16>,
+}
+
+/// Addresses of this machine or its private networks.
+pub fn is_private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+        }
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => is_private(IpAddr::V4(v4)),
+            None => {
+                let first = v6.segments()[0];
+                v6.is_loopback()
+                    || v6.is_unspecified()
+                    || v6.is_multicast()
+                    || (first & 0xfe00) == 0xfc00
+                    || (first & 0xffc0) == 0xfe80
+            }
+        },
+    }
+}
+
+/// An address that reaches this machine itself.
+fn is_local(ip: IpAddr) -> bool {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        other => other,
+    };
+    ip.is_loopback() || ip.is_unspecified()
+}
+
+impl Policy {
+    /// Refuses an address this policy does not allow, saying why.
+    pub fn check(&self, address: SocketAddr) -> Result<(), String> {
+        let ip = address.ip();
+        if is_local(ip) && self.own_ports.contains(&address.port()) {
+            return Err(format!("{address} is this Synapse broker itself; it is never a target"));
+        }
+        if is_private(ip) && !self.allow_private {
+            return Err(format!(
+                "{address} is a loopback or private address; set SYNAPSE_OUTBOUND_ALLOW_PRIVATE=true on 'synapse broker start' to allow such targets"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Resolves `host:port` and returns the first allowed address (every refused one is named
+    /// when none is allowed).
+    pub async fn resolve(&self, host: &str, port: u16) -> Result<SocketAddr, String> {
+        let addresses: Vec<SocketAddr> =
+            match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host((host, port))).await {
+                Ok(Ok(addresses)) => addresses.collect(),
+                Ok(Err(error)) => return Err(format!("cannot resolve {host}: {error}")),
+                Err(_) => return Err(format!("resolving {host} took more than {} s", CONNECT_TIMEOUT.as_secs())),
+            };
+        let mut refusals = Vec::new();
+        for address in addresses {
+            match self.check(address) {
+                Ok(()) => return Ok(address),
+                Err(refusal) => refusals.push(refusal),
+            }
+        }
+        Err(if refusals.is_empty() { format!("{host} has no address") } else { refusals.join("; ") })
+    }
+
+    /// Checks a URL before it is registered: parses it and resolves its host.
+    pub async fn check_url(&self, url: &str) -> Result<(), String> {
+        let (host, port, _) = parse_url(url)?;
+        self.resolve(&host, port).await.map(|_| ())
+    }
+}
 
 /// `http://host[:port][/path]`: (host, port, path).
 pub fn parse_url(url: &str) -> Result<(String, u16, String), String> {
@@ -28,25 +133,32 @@ pub fn parse_url(url: &str) -> Result<(String, u16, String), String> {
     Ok((host.trim_start_matches('[').trim_end_matches(']').to_string(), port, path.to_string()))
 }
 
-/// An answer: status and body.
+/// An answer: status and body (at most [`BODY_LIMIT_BYTES`] of it).
 pub struct Answer {
     pub status: u16,
     pub body: Bytes,
+    /// The body was longer than the limit: only its start was read, the rest was dropped.
+    pub truncated: bool,
 }
 
 /// An open response whose body is read piece by piece (server-sent events).
 pub type Streaming = hyper::Response<hyper::body::Incoming>;
 
 async fn open(
+    policy: &Policy,
     method: hyper::Method,
     url: &str,
     headers: &[(&str, String)],
     body: Option<Vec<u8>>,
 ) -> Result<Streaming, String> {
     let (host, port, path) = parse_url(url)?;
-    let stream = tokio::net::TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|error| format!("cannot reach {host}:{port}: {error}"))?;
+    // The address checked is the address connected to.
+    let address = policy.resolve(&host, port).await?;
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => return Err(format!("cannot reach {host}:{port}: {error}")),
+        Err(_) => return Err(format!("cannot reach {host}:{port} within {} s", CONNECT_TIMEOUT.as_secs())),
+    };
     let _ = stream.set_nodelay(true);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
         .await
@@ -67,8 +179,26 @@ async fn open(
     sender.send_request(request).await.map_err(|error| format!("{url}: {error}"))
 }
 
-/// One request with its whole answer, within `limit`.
+/// Reads at most [`BODY_LIMIT_BYTES`] of a body; dropping the rest closes the connection.
+async fn read_capped(url: &str, mut body: hyper::body::Incoming) -> Result<(Bytes, bool), String> {
+    let mut collected: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| format!("{url}: {error}"))?;
+        let Some(data) = frame.data_ref() else { continue };
+        let room = BODY_LIMIT_BYTES - collected.len();
+        if data.len() > room {
+            collected.extend_from_slice(&data[..room]);
+            return Ok((Bytes::from(collected), true));
+        }
+        collected.extend_from_slice(data);
+    }
+    Ok((Bytes::from(collected), false))
+}
+
+/// One request with its answer (the body capped at [`BODY_LIMIT_BYTES`]), connected within
+/// [`CONNECT_TIMEOUT`] and answered within `limit`.
 pub async fn request(
+    policy: &Policy,
     method: hyper::Method,
     url: &str,
     headers: &[(&str, String)],
@@ -76,10 +206,10 @@ pub async fn request(
     limit: Duration,
 ) -> Result<Answer, String> {
     let exchange = async {
-        let response = open(method, url, headers, body).await?;
+        let response = open(policy, method, url, headers, body).await?;
         let status = response.status().as_u16();
-        let body = response.into_body().collect().await.map_err(|error| format!("{url}: {error}"))?.to_bytes();
-        Ok(Answer { status, body })
+        let (body, truncated) = read_capped(url, response.into_body()).await?;
+        Ok(Answer { status, body, truncated })
     };
     match tokio::time::timeout(limit, exchange).await {
         Ok(result) => result,
@@ -88,11 +218,55 @@ pub async fn request(
 }
 
 /// Opens a streaming request (the headers must arrive within `limit`).
-pub async fn stream(url: &str, limit: Duration) -> Result<Streaming, String> {
-    match tokio::time::timeout(limit, open(hyper::Method::GET, url, &[("accept", "text/event-stream".into())], None))
-        .await
+pub async fn stream(policy: &Policy, url: &str, limit: Duration) -> Result<Streaming, String> {
+    match tokio::time::timeout(
+        limit,
+        open(policy, hyper::Method::GET, url, &[("accept", "text/event-stream".into())], None),
+    )
+    .await
     {
         Ok(result) => result,
         Err(_) => Err(format!("{url} did not answer within {:.1} s", limit.as_secs_f64())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_and_local_addresses_are_recognised_in_every_spelling() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "::1",
+            "::",
+            "fc00::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(is_private(private.parse().unwrap()), "{private}");
+        }
+        for public in ["93.184.216.34", "8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8"] {
+            assert!(!is_private(public.parse().unwrap()), "{public}");
+        }
+    }
+
+    #[test]
+    fn the_broker_itself_is_refused_even_when_private_targets_are_allowed() {
+        let policy = Policy { allow_private: true, own_ports: vec![8099, 8100] };
+        assert!(policy.check("127.0.0.1:8099".parse().unwrap()).is_err());
+        assert!(policy.check("[::ffff:127.0.0.1]:8100".parse().unwrap()).is_err());
+        assert!(policy.check("0.0.0.0:8099".parse().unwrap()).is_err());
+        assert!(policy.check("127.0.0.1:9000".parse().unwrap()).is_ok());
+        let strict = Policy { allow_private: false, own_ports: vec![] };
+        assert!(strict.check("127.0.0.1:9000".parse().unwrap()).is_err());
+        assert!(strict.check("8.8.8.8:80".parse().unwrap()).is_ok());
     }
 }

@@ -40,7 +40,26 @@ async fn appended(state: &AppState, command: WebhookCommand) -> Result<(), ApiEr
 async fn register(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: RegisterBody = parse_body(body)?;
     let url = body.url.trim().to_string();
-    appended(&state, WebhookCommand::Register { url: url.clone(), events: body.events, secret: body.secret }).await?;
+    crate::broker::webhooks::parse_url(&url)
+        .map_err(|message| ApiError::bad(format!("Invalid webhook URL {message}")))?;
+    // Refused now rather than at every delivery (each attempt checks again, on the address
+    // it connects to).
+    state
+        .outbound_policy()
+        .check_url(&url)
+        .await
+        .map_err(|reason| ApiError::bad(format!("Webhook URL {url} refused: {reason}")))?;
+    // The secret goes to its own file; the log (served by GET /events) holds the reference.
+    let secret_ref = match body.secret.filter(|secret| !secret.is_empty()) {
+        Some(secret) => Some(crate::broker::webhooks::store_secret(&state.paths.home, &secret).map_err(|error| {
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot store the webhook secret: {error}"),
+            )
+        })?),
+        None => None,
+    };
+    appended(&state, WebhookCommand::Register { url: url.clone(), events: body.events, secret_ref }).await?;
     let hook = state.webhooks.lock().hook(&url).cloned();
     Ok(Json(json!({"webhook": hook})))
 }

@@ -18,6 +18,12 @@ type InboxDef = TableDefinition<'static, (&'static str, u8, u64), &'static [u8]>
 type LocksDef = TableDefinition<'static, &'static str, &'static [u8]>;
 type ModificationsDef = TableDefinition<'static, (&'static str, u64), &'static [u8]>;
 type HistoryMetaDef = TableDefinition<'static, &'static str, u64>;
+type IdempotencyDef = TableDefinition<'static, &'static str, &'static [u8]>;
+
+/// The row key of an idempotency key: scoped by its sender (anonymous senders share one scope).
+pub fn idempotency_row(from: Option<&str>, key: &str) -> String {
+    format!("{}\0{key}", from.unwrap_or(""))
+}
 
 /// Names of one complete set of projection tables (live, or scratch for `verify`).
 pub struct ProjectionNames {
@@ -33,6 +39,8 @@ pub struct ProjectionNames {
     pub history_meta: HistoryMetaDef,
     /// Agents that left, by id: whose queue an id still holds.
     pub departed: AgentsDef,
+    /// Sends made with an `Idempotency-Key`: (sender, key) to the tasks it created.
+    pub idempotency: IdempotencyDef,
 }
 
 pub const LIVE: ProjectionNames = ProjectionNames {
@@ -44,6 +52,7 @@ pub const LIVE: ProjectionNames = ProjectionNames {
     modifications: TableDefinition::new("file_modifications"),
     history_meta: TableDefinition::new("history_meta"),
     departed: TableDefinition::new("departed_agents"),
+    idempotency: TableDefinition::new("idempotency_keys"),
 };
 
 pub const SCRATCH: ProjectionNames = ProjectionNames {
@@ -55,6 +64,7 @@ pub const SCRATCH: ProjectionNames = ProjectionNames {
     modifications: TableDefinition::new("scratch_file_modifications"),
     history_meta: TableDefinition::new("scratch_history_meta"),
     departed: TableDefinition::new("scratch_departed_agents"),
+    idempotency: TableDefinition::new("scratch_idempotency_keys"),
 };
 
 impl ProjectionNames {
@@ -67,6 +77,7 @@ impl ProjectionNames {
         txn.delete_table(self.modifications)?;
         txn.delete_table(self.history_meta)?;
         txn.delete_table(self.departed)?;
+        txn.delete_table(self.idempotency)?;
         Ok(())
     }
 }
@@ -88,6 +99,8 @@ pub struct Projections<'txn> {
     pub(super) history_meta: redb::Table<'txn, &'static str, u64>,
     /// Small (one row per id ever left) and rarely written: not cached during a replay.
     departed: redb::Table<'txn, &'static str, &'static [u8]>,
+    /// Written directly even during a replay (one row per keyed send, read only by decide).
+    idempotency: redb::Table<'txn, &'static str, &'static [u8]>,
     /// Replay only: every row kept in memory and written once, in key order, by
     /// [`Projections::flush`]. A replay starts from empty tables, so the cache is the whole
     /// state; a task changes 3-4 times in its life and most tickets leave the inbox again, so
@@ -126,6 +139,7 @@ impl<'txn> Projections<'txn> {
             modifications: txn.open_table(names.modifications)?,
             history_meta: txn.open_table(names.history_meta)?,
             departed: txn.open_table(names.departed)?,
+            idempotency: txn.open_table(names.idempotency)?,
             replay: None,
         })
     }
@@ -365,7 +379,15 @@ impl<'txn> Projections<'txn> {
                 };
                 self.put_task(&record)?;
             }
-            Event::MessageSent { task_id, from, to, response_expected, sender_task_id, text, .. } => {
+            Event::MessageSent {
+                task_id, from, to, response_expected, sender_task_id, text, idempotency_key, ..
+            } => {
+                if let Some(key) = idempotency_key {
+                    let row =
+                        IdempotentSend { task_id: task_id.clone(), sender_task_id: sender_task_id.clone(), time_ms };
+                    self.idempotency
+                        .insert(idempotency_row(from.as_deref(), key).as_str(), records::encode(&row).as_slice())?;
+                }
                 // A sender task created beforehand (POST /tasks/create) is linked to this message.
                 if let Some(sender_task) = sender_task_id
                     && let Some(mut record) = self.task(sender_task)?
@@ -705,6 +727,11 @@ impl_queries!(Projections<'_>);
 impl_queries!(ReadProjections);
 
 impl Projections<'_> {
+    /// The send an idempotency key of `from` made, if any (decide checks its age).
+    pub fn idempotent_send(&self, from: Option<&str>, key: &str) -> Result<Option<IdempotentSend>, StoreError> {
+        self.idempotency.get(idempotency_row(from, key).as_str())?.map(|row| records::decode(row.value())).transpose()
+    }
+
     pub fn agent(&self, agent_id: &str) -> Result<Option<AgentRecord>, StoreError> {
         if let Some(cache) = &self.replay {
             return Ok(cache.agents.get(agent_id).cloned());
@@ -745,6 +772,7 @@ pub(crate) fn compare(
     compare_table(txn, live.locks, scratch.locks, "file_locks", &mut differences)?;
     compare_table(txn, live.modifications, scratch.modifications, "file_modifications", &mut differences)?;
     compare_table(txn, live.departed, scratch.departed, "departed_agents", &mut differences)?;
+    compare_table(txn, live.idempotency, scratch.idempotency, "idempotency_keys", &mut differences)?;
     let live_cutoff = txn.open_table(live.history_meta)?.get(super::history::PRUNED_BEFORE)?.map(|v| v.value());
     let replay_cutoff = txn.open_table(scratch.history_meta)?.get(super::history::PRUNED_BEFORE)?.map(|v| v.value());
     if live_cutoff != replay_cutoff {

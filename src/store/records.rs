@@ -144,3 +144,14 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 pub(crate) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, super::StoreError> {
     rmp_serde::from_slice(bytes).map_err(|error| super::StoreError::Corrupt(format!("projection row: {error}")))
 }
+
+/// A send made with an idempotency key (table `idempotency_keys`, key: sender, NUL, key).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdempotentSend {
+    /// The receiver's task.
+    pub task_id: String,
+    #[serde(default)]
+    pub sender_task_id: Option<String>,
+    /// When the first send was decided (the event's time).
+    pub time_ms: u64,
+}

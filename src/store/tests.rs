@@ -66,8 +66,8 @@ fn event() -> impl Strategy<Value = Event> {
                 peer_task_id: None,
             }
         ),
-        (task(), prop::option::of(agent()), agent(), any::<bool>(), "[a-z ]{1,12}").prop_map(
-            |(task_id, from, to, response_expected, text)| Event::MessageSent {
+        (task(), prop::option::of(agent()), agent(), any::<bool>(), "[a-z ]{1,12}", prop::option::of("[a-c]{1,2}"))
+            .prop_map(|(task_id, from, to, response_expected, text, idempotency_key)| Event::MessageSent {
                 task_id,
                 from,
                 to,
@@ -77,8 +77,8 @@ fn event() -> impl Strategy<Value = Event> {
                 in_reply_to: None,
                 text,
                 parts: Vec::new(),
-            }
-        ),
+                idempotency_key,
+            }),
         (agent(), task(), 1u8..=5, prop::option::of(agent())).prop_map(|(agent_id, task_id, priority, from)| {
             Event::TicketIssued {
                 display_task_id: task_id.clone(),

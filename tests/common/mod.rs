@@ -27,6 +27,9 @@ impl Home {
         // A short base keeps socket paths under the 108-byte limit of sun_path.
         let dir = tempfile::Builder::new().prefix("syn").tempdir_in("/tmp").unwrap();
         std::fs::create_dir_all(dir.path().join("home")).unwrap();
+        // Tests' receivers and peers listen on 127.0.0.1: allow private outgoing targets in this
+        // home, as `SYNAPSE_OUTBOUND_ALLOW_PRIVATE=true synapse broker start` would.
+        std::fs::write(dir.path().join("home/broker-settings.json"), r#"{"outbound_allow_private": true}"#).unwrap();
         Home { dir }
     }
 

@@ -1,0 +1,331 @@
+//! Trust boundaries that must hold whoever starts the broker and whatever the targets answer
+//! (issue 12): security settings that survive a crash, a deliberate stop that stays stopped,
+//! outgoing requests that cannot be turned against the broker, secrets kept out of the log,
+//! idempotent sends.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+fn broker_port(home: &Home) -> u16 {
+    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
+    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
+}
+
+#[test]
+fn auth_stays_on_after_a_broker_sigkill_and_an_autostart_by_a_client_without_the_settings() {
+    let home = Home::new();
+    let started = home
+        .cmd(&["broker", "start"])
+        .env("SYNAPSE_AUTH_ENABLED", "true")
+        .env("SYNAPSE_API_KEYS", "key-one")
+        .env("SYNAPSE_ALLOW_LOCALHOST", "false")
+        .env("SYNAPSE_API_KEY", "key-one")
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let settings = std::fs::read_to_string(home.home().join("broker-settings.json")).unwrap();
+    assert!(!settings.contains("key-one"), "the key itself is stored: {settings}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(home.home().join("broker-settings.json")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    home.kill_broker();
+
+    // A client with a key but none of the broker settings in its environment starts the next
+    // broker (as a reconnecting wrapper would).
+    let listed = home.cmd(&["list"]).env("SYNAPSE_API_KEY", "key-one").output().unwrap();
+    assert!(listed.status.success(), "{}", describe(&listed));
+    let port = broker_port(&home);
+    let (status, answer) = http_tcp(port, "GET", "/agents", None, &[]);
+    assert_eq!(status, 401, "the autostarted broker dropped auth: {answer}");
+    let (status, _) = home.http("GET", "/agents", None, &[]);
+    assert_eq!(status, 401, "the localhost rule was lost");
+    let (status, _) = http_tcp(port, "GET", "/agents", None, &[("X-API-Key", "key-one")]);
+    assert_eq!(status, 200);
+
+    // Explicit settings on a new `synapse broker start` update the file.
+    let stopped = home.cmd(&["broker", "stop"]).env("SYNAPSE_API_KEY", "key-one").output().unwrap();
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    let started = home.cmd(&["broker", "start"]).env("SYNAPSE_AUTH_ENABLED", "false").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let (status, _) = http_tcp(broker_port(&home), "GET", "/agents", None, &[]);
+    assert_eq!(status, 200);
+}
+
+/// Stops a wrapper when the test ends, however it ends.
+struct StopAgent<'a>(&'a Home, String);
+
+impl Drop for StopAgent<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.cmd(&["stop", &self.1]).output();
+    }
+}
+
+#[test]
+fn a_broker_stopped_on_purpose_stays_stopped_while_an_agent_runs_and_the_wrapper_reconnects_to_the_next() {
+    let home = Home::new();
+    let output =
+        home.cmd(&["start", "dummy", "--name", "bob", "--json"]).env("SYNAPSE_DUMMY_AUTO_REPLY", "1").output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _bob = StopAgent(&home, bob["agent_id"].as_str().unwrap().to_string());
+    let first = home.broker_pid().unwrap();
+
+    home.ok(&["broker", "stop"]);
+    assert!(!is_alive(first));
+    // The old wrapper restarted a broker within half a second; watch well past its retry delay.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert!(
+            std::os::unix::net::UnixStream::connect(home.socket()).is_err(),
+            "a broker was started after 'synapse broker stop'"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    home.ok(&["broker", "start"]);
+    // The round trip needs bob's wrapper connected to the new broker (its watcher injects).
+    let answer = home.ok(&["send", "bob", "are you back?", "--wait", "30"]);
+    assert!(answer.contains("Auto-reply"), "{answer}");
+}
+
+/// Waits until `done` holds, or fails naming `what`.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One request a test server got, and whether its whole answer could be written.
+struct Served {
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    answer_written: bool,
+}
+
+impl Served {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
+    }
+}
+
+/// A local HTTP server answering every request 200 with a body of `answer_bytes` bytes.
+fn server(answer_bytes: usize) -> (u16, std::sync::mpsc::Receiver<Served>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sender, served) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let mut headers = Vec::new();
+            let mut length = 0;
+            loop {
+                let mut header = String::new();
+                reader.read_line(&mut header).unwrap();
+                let header = header.trim_end();
+                if header.is_empty() {
+                    break;
+                }
+                let (key, value) = header.split_once(':').unwrap();
+                if key.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+                headers.push((key.to_string(), value.trim().to_string()));
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let mut answer_written =
+                write!(stream, "HTTP/1.1 200 OK\r\nContent-Length: {answer_bytes}\r\nConnection: close\r\n\r\n")
+                    .is_ok();
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut left = answer_bytes;
+            while answer_written && left > 0 {
+                let now = left.min(chunk.len());
+                answer_written = stream.write_all(&chunk[..now]).is_ok();
+                left -= now;
+            }
+            if sender.send(Served { headers, body, answer_written }).is_err() {
+                break;
+            }
+        }
+    });
+    (port, served)
+}
+
+fn register_hook(home: &Home, body: Value) -> (u16, Value) {
+    home.http("POST", "/webhooks", Some(body.to_string().as_bytes()), &[])
+}
+
+/// A task whose reply fires `task.replied` webhooks.
+fn reply_once(home: &Home) {
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let sent = home.run_as(&alice, &["send", "bob", "question"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let replied = home.run_as(&bob, &["reply", "answer"]);
+    assert!(replied.status.success(), "{}", describe(&replied));
+}
+
+fn deliveries(home: &Home) -> Vec<Value> {
+    let (_, answer) = home.http("GET", "/webhooks/deliveries", None, &[]);
+    answer["deliveries"].as_array().cloned().unwrap_or_default()
+}
+
+/// Peak resident memory of a process, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_webhook_or_external_agent_aimed_at_the_broker_itself_is_refused_and_the_broker_keeps_running() {
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let port = broker_port(&home);
+    let agent = home.register(Some("carol"));
+    for url in [
+        format!("http://127.0.0.1:{port}/broker/shutdown"),
+        format!("http://localhost:{port}/broker/shutdown"),
+        format!("http://0.0.0.0:{port}/broker/shutdown"),
+        format!("http://[::ffff:127.0.0.1]:{port}/broker/shutdown"),
+        format!("http://127.0.0.1:{}/tasks/send", agent.port),
+    ] {
+        let (status, answer) = register_hook(&home, serde_json::json!({"url": url}));
+        assert_eq!(status, 400, "{url}: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains("this Synapse broker itself"), "{url}: {answer}");
+    }
+    let body = serde_json::json!({"url": format!("http://127.0.0.1:{port}")});
+    let (status, answer) = home.http("POST", "/external", Some(body.to_string().as_bytes()), &[]);
+    assert_eq!(status, 400, "{answer}");
+    let (_, listed) = home.http("GET", "/webhooks", None, &[]);
+    assert_eq!(listed["webhooks"], serde_json::json!([]));
+    // Tasks complete and the broker is still there.
+    reply_once(&home);
+    let (status, _) = home.http("GET", "/broker/health", None, &[]);
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn loopback_targets_are_refused_unless_the_home_allows_private_targets() {
+    let home = Home::new();
+    let started = home.cmd(&["broker", "start"]).env("SYNAPSE_OUTBOUND_ALLOW_PRIVATE", "false").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let (receiver, _served) = server(0);
+    let (status, answer) =
+        register_hook(&home, serde_json::json!({"url": format!("http://127.0.0.1:{receiver}/hook")}));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("SYNAPSE_OUTBOUND_ALLOW_PRIVATE"), "{answer}");
+    let body = serde_json::json!({"url": format!("http://127.0.0.1:{receiver}")});
+    let (status, answer) = home.http("POST", "/external", Some(body.to_string().as_bytes()), &[]);
+    assert_eq!(status, 400, "{answer}");
+}
+
+#[test]
+fn a_huge_webhook_answer_is_read_only_up_to_the_cap() {
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let broker = home.broker_pid().unwrap();
+    const ANSWER_BYTES: usize = 128 * 1024 * 1024;
+    let (receiver, served) = server(ANSWER_BYTES);
+    let (status, answer) = register_hook(
+        &home,
+        serde_json::json!({"url": format!("http://127.0.0.1:{receiver}/hook"), "events": ["task.replied"]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let before = peak_rss_kib(broker);
+    reply_once(&home);
+    let request = served.recv_timeout(Duration::from_secs(30)).expect("a delivery");
+    assert!(!request.answer_written, "the broker read the whole {ANSWER_BYTES}-byte answer");
+    wait_until("the delivery to be recorded", || deliveries(&home).iter().any(|d| d["state"] == "delivered"));
+    let delivery = deliveries(&home).into_iter().find(|d| d["state"] == "delivered").unwrap();
+    assert_eq!(delivery["last_status"], 200);
+    assert!(delivery["last_error"].as_str().unwrap().contains("reading stopped"), "{delivery}");
+    let grown_kib = peak_rss_kib(broker).saturating_sub(before);
+    assert!(grown_kib < 32 * 1024, "the broker's peak memory grew by {grown_kib} KiB");
+}
+
+#[test]
+fn a_webhook_secret_stays_out_of_the_log_and_still_signs_after_a_restart() {
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let secret = "hunter2-do-not-log-me";
+    let (receiver, served) = server(0);
+    let (status, answer) = register_hook(
+        &home,
+        serde_json::json!({"url": format!("http://127.0.0.1:{receiver}/hook"), "events": ["task.replied"], "secret": secret}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["webhook"]["has_secret"], true);
+    home.ok(&["broker", "stop"]);
+    home.ok(&["broker", "start"]);
+
+    reply_once(&home);
+    let request = served.recv_timeout(Duration::from_secs(30)).expect("a delivery");
+    let signature = synapse::broker::webhooks::hmac_sha256(secret.as_bytes(), &request.body);
+    let expected: String = signature.iter().map(|byte| format!("{byte:02x}")).collect();
+    assert_eq!(request.header("x-synapse-signature"), Some(format!("sha256={expected}").as_str()));
+
+    let events = home.ok(&["events", "--json"]);
+    assert!(events.contains("webhook_registered") && !events.contains(secret), "{events}");
+    let log = std::fs::read(home.home().join("synapse.redb")).unwrap();
+    assert!(!log.windows(secret.len()).any(|window| window == secret.as_bytes()), "the secret is in the log file");
+    use std::os::unix::fs::PermissionsExt;
+    let files: Vec<_> = std::fs::read_dir(home.home().join("webhook-secrets")).unwrap().map(|e| e.unwrap()).collect();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].metadata().unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+#[test]
+fn a_send_retried_with_its_idempotency_key_returns_the_first_task_and_sends_once() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let body = br#"{"to":"bob","text":"only once","response_expected":true}"#;
+    let (status, first) = home.http("POST", "/send", Some(body), &[("Idempotency-Key", "k-1")]);
+    assert_eq!(status, 200, "{first}");
+    let (status, second) = home.http("POST", "/send", Some(body), &[("Idempotency-Key", "k-1")]);
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(first["task"]["id"], second["task"]["id"]);
+    assert_eq!(first["sender_task"]["id"], second["sender_task"]["id"]);
+    // The A2A send endpoint honours the header the same way.
+    let message = br#"{"message":{"role":"user","parts":[{"type":"text","text":"a2a once"}]}}"#;
+    let (_, a2a_first) = http_tcp(bob.port, "POST", "/tasks/send", Some(message), &[("Idempotency-Key", "k-2")]);
+    let (_, a2a_second) = http_tcp(bob.port, "POST", "/tasks/send", Some(message), &[("Idempotency-Key", "k-2")]);
+    assert_eq!(a2a_first["task"]["id"], a2a_second["task"]["id"], "{a2a_first} {a2a_second}");
+    // And the CLI flag, across a broker restart (the key is in the log).
+    let cli = |home: &Home| -> Value {
+        serde_json::from_str(&home.ok(&[
+            "send",
+            "bob",
+            "cli once",
+            "--no-response",
+            "--idempotency-key",
+            "k-3",
+            "--json",
+        ]))
+        .unwrap()
+    };
+    let cli_first = cli(&home);
+    home.ok(&["broker", "stop"]);
+    home.ok(&["admin", "rebuild"]);
+    let cli_second = cli(&home);
+    assert_eq!(cli_first["task"]["id"], cli_second["task"]["id"]);
+    // A different key is a new send.
+    let (_, other) = home.http("POST", "/send", Some(body), &[("Idempotency-Key", "k-4")]);
+    assert_ne!(other["task"]["id"], first["task"]["id"]);
+
+    let sent: Vec<Value> = home.events().into_iter().filter(|event| event["event"]["kind"] == "message_sent").collect();
+    assert_eq!(sent.len(), 4, "one message per key: {sent:#?}");
+    assert_eq!(home.inbox(&bob).len(), 4);
+}
