@@ -90,14 +90,21 @@ pub fn decide(turn: &Turn, tools: &[Tool]) -> Action {
     }
     let text = turn.last_user_text.as_deref().unwrap_or_default();
     let sum = sum_asked(text);
+    // (command, escalate): a `please run:` command is one the user must approve, so it asks for
+    // unsandboxed execution where the tool has that (Codex runs sandboxed commands unasked).
     let command = match (sum, text.contains(":R]")) {
-        (Some(sum), true) => Some(format!("synapse reply \"{sum}\"")),
-        _ => run_request(text),
+        (Some(sum), true) => Some((format!("synapse reply \"{sum}\""), false)),
+        _ => run_request(text).map(|command| (command, true)),
     };
-    if let Some(command) = command {
+    if let Some((command, escalate)) = command {
         return match shell_tool(tools) {
             Some(tool) => {
-                Action::ToolCall { tool: tool.name.clone(), arguments: shell_arguments(&tool.schema, &command) }
+                let mut arguments = shell_arguments(&tool.schema, &command);
+                if escalate && tool.schema.pointer("/properties/sandbox_permissions").is_some() {
+                    arguments["sandbox_permissions"] = json!("require_escalated");
+                    arguments["justification"] = json!("The user asked to run this command.");
+                }
+                Action::ToolCall { tool: tool.name.clone(), arguments }
             }
             None => Action::Text(format!("I would run `{command}`, but no shell tool was offered.")),
         };

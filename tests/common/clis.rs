@@ -114,19 +114,25 @@ pub fn codex(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSetu
 }
 
 /// Gemini CLI: API-key auth, folder trust off (and the dir trusted anyway), `synapse` allowed
-/// for the shell tool. Ready: `Type your message`. Each turn starts with a tool-less
+/// for the shell tool by a policy file. Ready: `Type your message`. Each turn starts with a tool-less
 /// `:generateContent` routing request (JSON schema answer).
 pub fn gemini(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSetup> {
     write_json(
         &home.join(".gemini/settings.json"),
         &json!({
             "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": false}},
-            "tools": {"allowed": ["run_shell_command(synapse)"]},
             "general": {"disableAutoUpdate": true, "disableUpdateNag": true},
             "privacy": {"usageStatisticsEnabled": false},
         }),
     )?;
     write_json(&home.join(".gemini/trustedFolders.json"), &json!({work_dir.display().to_string(): "TRUST_FOLDER"}))?;
+    // `synapse` runs without asking; everything else asks (`tools.allowed` in settings.json
+    // instead denies every other command without a dialog).
+    std::fs::create_dir_all(home.join(".gemini/policies"))?;
+    std::fs::write(
+        home.join(".gemini/policies/synapse.toml"),
+        "[[rule]]\ntoolName = \"run_shell_command\"\ncommandPrefix = \"synapse\"\ndecision = \"allow\"\npriority = 100\n",
+    )?;
     Ok(CliSetup {
         env: pairs(&[
             ("GEMINI_API_KEY", FAKE_API_KEY.to_string()),
