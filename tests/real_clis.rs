@@ -95,7 +95,8 @@ impl Session {
         let cli_home = home.dir.path().join(format!("{name}-home"));
         let work = home.dir.path().join(format!("{name}-work"));
         let setup = clis::setup(cli, &cli_home, &work, model.port).unwrap();
-        let pty = native_pty_system().openpty(PtySize { rows: 40, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
+        let pty =
+            native_pty_system().openpty(PtySize { rows: 40, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
         let mut command = CommandBuilder::new(BIN);
         command.args([cli, "--name", name]);
         // The profile passes its own arguments (Codex: --no-daemon); the setup's others follow `--`.
@@ -169,7 +170,8 @@ impl Session {
             self.agent_id,
             self.status(),
             self.screen(),
-            self.world.model
+            self.world
+                .model
                 .requests()
                 .iter()
                 .map(|request| format!(
@@ -230,13 +232,10 @@ impl Session {
 
     /// The ticket numbers still queued for the agent.
     fn queued(&self) -> usize {
-        self.world.home.inbox(&Agent {
-            id: self.agent_id.clone(),
-            secret: String::new(),
-            port: 0,
-            socket: PathBuf::new(),
-        })
-        .len()
+        self.world
+            .home
+            .inbox(&Agent { id: self.agent_id.clone(), secret: String::new(), port: 0, socket: PathBuf::new() })
+            .len()
     }
 }
 
@@ -263,9 +262,13 @@ fn round_trip(cli: &'static str) {
     let lines = "multi-marker first line\nsecond line\nthird line";
     session.send(&[lines, "--no-response"]);
     session.wait_reached_model("multi-marker");
-    let request = session.world.model.requests().into_iter().rev().find(|request| {
-        request["last_user_text"].as_str().is_some_and(|text| text.contains("multi-marker"))
-    });
+    let request = session
+        .world
+        .model
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|request| request["last_user_text"].as_str().is_some_and(|text| text.contains("multi-marker")));
     let text = request.as_ref().and_then(|request| request["last_user_text"].as_str()).unwrap_or_default();
     assert!(text.contains("multi-marker first line\nsecond line\nthird line"), "{text:?}\n{}", session.describe());
     session.wait_status("READY");
@@ -300,7 +303,10 @@ fn dialog(cli: &'static str, deny: &[u8]) {
     session.wait_reached_model("queued-marker");
     session.wait_status("READY");
     assert_eq!(session.reached_model("queued-marker"), 1, "{}", session.describe());
-    assert!(!session.world.home.dir.path().join("asker-work/permission-probe").exists(), "the command was not approved");
+    assert!(
+        !session.world.home.dir.path().join("asker-work/permission-probe").exists(),
+        "the command was not approved"
+    );
 }
 
 /// Priority 5 during a slow streamed answer interrupts it (Ctrl-C, or Esc twice for OpenCode); the
@@ -334,9 +340,12 @@ fn half_typed(cli: &'static str) {
     // The user deletes what they typed: the box is empty, the message goes in alone.
     session.type_keys(&[0x7f; 8]);
     session.wait_reached_model("merge-marker");
-    let merged = session.world.model.requests().iter().any(|request| {
-        request["last_user_text"].as_str().is_some_and(|text| text.contains("userhalf"))
-    });
+    let merged = session
+        .world
+        .model
+        .requests()
+        .iter()
+        .any(|request| request["last_user_text"].as_str().is_some_and(|text| text.contains("userhalf")));
     assert!(!merged, "{}", session.describe());
 }
 

@@ -245,10 +245,11 @@ pub fn without_injected_context(text: &str) -> &str {
     rest
 }
 
-/// The user's own text out of a turn's text blocks: injected context left out, the rest joined.
+/// The user's newest text out of a turn's text blocks: injected context left out, the last block
+/// that remains. A CLI whose previous request was cancelled sends the old message and the new one
+/// in one turn (Gemini): the script answers the new one, and each message counts once.
 pub fn user_text<'a>(blocks: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let typed: Vec<&str> = blocks.into_iter().map(without_injected_context).filter(|text| !text.is_empty()).collect();
-    (!typed.is_empty()).then(|| typed.join("\n"))
+    blocks.into_iter().map(without_injected_context).filter(|text| !text.is_empty()).last().map(str::to_string)
 }
 
 #[cfg(test)]
@@ -325,6 +326,13 @@ mod tests {
             shell_arguments(&copilot, "ls"),
             json!({"command": "ls", "description": "Run a shell command", "mode": "sync", "initial_wait": 30})
         );
+    }
+
+    #[test]
+    fn of_two_messages_in_one_turn_the_newest_is_the_users_text() {
+        let blocks = ["[A2A:1:a] please run: touch x", "<ctx>y</ctx>", "[A2A:2:a] queued"];
+        assert_eq!(user_text(blocks).as_deref(), Some("[A2A:2:a] queued"));
+        assert_eq!(user_text(["<ctx>only</ctx>"]), None);
     }
 
     #[test]
