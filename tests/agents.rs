@@ -468,6 +468,91 @@ fn a_wrapper_whose_agent_was_deregistered_says_so_and_keeps_running() {
     wait_until_dead(wrapper_pid);
 }
 
+/// Starts tests/support/rawcli.py (a raw-mode CLI with bracketed paste) as agent `raw`; returns
+/// what `synapse start` announced and the program's own log of what it received.
+fn start_rawcli(home: &Home) -> (Value, std::path::PathBuf) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/rawcli.py");
+    let raw_log = home.dir.path().join("rawcli.jsonl");
+    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
+    let profile = json!({
+        "command": "python3", "args": [script, raw_log], "port_range": [8180, 8189], "submit": "\r",
+        "settle_ms": 50, "interrupt": "ctrl_c", "interrupt_timeout_ms": 1000,
+        "idle": {"prompt": "rawcli> ", "needs_bracketed_paste": true, "waiting_patterns": ["(y/n)"]},
+    });
+    std::fs::write(home.home().join("profiles/rawcli.json"), profile.to_string()).unwrap();
+    let output = home.cmd(&["start", "rawcli", "--name", "raw", "--port", "0", "--json"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    (serde_json::from_slice(&output.stdout).unwrap(), raw_log)
+}
+
+/// `synapse list` says why an agent takes no message: a dialog is open, or a priority-5 message
+/// waits because the CLI did not come back to its prompt after the interrupt (issue 11). The
+/// waiting messages are never written meanwhile.
+#[test]
+fn synapse_list_says_why_queued_messages_wait() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (raw, raw_log) = start_rawcli(&home);
+    let _wrappers = Wrappers(&home, vec![id(&raw)]);
+    let raw_id = id(&raw);
+    follower.wait_until("raw READY", |events| ready(events, &raw_id));
+    let note_is = |events: &[Value], part: &str| {
+        events
+            .iter()
+            .rev()
+            .find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == raw_id.as_str())
+            .is_some_and(|e| data(e, "note").as_str().is_some_and(|note| note.contains(part)))
+    };
+
+    // A dialog: WAITING, and a message sent meanwhile waits with the reason shown.
+    home.ok(&["send", "raw", "ASK-NOW please", "--no-response"]);
+    follower.wait_until("raw WAITING", |events| {
+        events
+            .iter()
+            .rev()
+            .find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == raw_id.as_str())
+            .is_some_and(|e| data(e, "status") == "WAITING")
+    });
+    home.ok(&["send", "raw", "second", "--no-response"]);
+    follower.wait_until("the dialog note", |events| note_is(events, "a dialog is open"));
+    let list = home.ok(&["list"]);
+    assert!(list.contains("WAITING") && list.contains("↳ a dialog is open"), "{list}");
+    let records = std::fs::read_to_string(&raw_log).unwrap();
+    assert_eq!(records.lines().count(), 1, "nothing typed into the dialog: {records}");
+}
+
+/// A priority-5 message for a CLI that does not come back to its prompt after the interrupt
+/// stays queued, and `synapse list` says why.
+#[test]
+fn a_priority_five_message_held_after_a_failed_interrupt_is_explained() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (raw, raw_log) = start_rawcli(&home);
+    let _wrappers = Wrappers(&home, vec![id(&raw)]);
+    let raw_id = id(&raw);
+    follower.wait_until("raw READY", |events| ready(events, &raw_id));
+    home.ok(&["send", "raw", "HANG-NOW please", "--no-response"]);
+    follower.wait_until("raw busy", |events| {
+        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == raw_id.as_str())
+    });
+    home.ok(&["send", "raw", "urgent", "--no-response", "-p", "5"]);
+    follower.wait_until("the interrupt note", |events| {
+        events
+            .iter()
+            .rev()
+            .find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == raw_id.as_str())
+            .is_some_and(|e| data(e, "note").as_str().is_some_and(|note| note.contains("priority-5 message waits")))
+    });
+    let list: Value = serde_json::from_str(&home.ok(&["list", "--json"])).unwrap();
+    let agent = &list["agents"][0];
+    assert_eq!(agent["queue_depth"], 1, "{agent:#}");
+    assert!(agent["status_note"].as_str().unwrap().contains("no prompt 1 s after the interrupt"), "{agent:#}");
+    let records: Vec<Value> =
+        std::fs::read_to_string(&raw_log).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(records.len(), 2, "the message, then the one Ctrl-C (ignored while busy): {records:#?}");
+    assert_eq!(records[1]["ignored"], "03", "{records:#?}");
+}
+
 /// A sender's text never acts on the receiving terminal (issue 12): neither in the dummy (a
 /// cooked-mode line reader) nor in a raw-mode CLI with bracketed paste, where the attack once
 /// ended the paste, submitted a second line and sent Ctrl-C.
@@ -475,17 +560,7 @@ fn a_wrapper_whose_agent_was_deregistered_says_so_and_keeps_running() {
 fn message_text_cannot_inject_keystrokes_or_forge_a_header() {
     let home = Home::new();
     let mut follower = Follower::new(&home);
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/rawcli.py");
-    let raw_log = home.dir.path().join("rawcli.jsonl");
-    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
-    let profile = json!({
-        "command": "python3", "args": [script, raw_log], "port_range": [8180, 8189], "submit": "\r",
-        "settle_ms": 50, "idle": {"prompt": "rawcli> ", "needs_bracketed_paste": true}, "interrupt": "ctrl_c",
-    });
-    std::fs::write(home.home().join("profiles/rawcli.json"), profile.to_string()).unwrap();
-    let output = home.cmd(&["start", "rawcli", "--name", "raw", "--port", "0", "--json"]).output().unwrap();
-    assert!(output.status.success(), "{}", describe(&output));
-    let raw: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let (raw, raw_log) = start_rawcli(&home);
     let bob = start(&home, "bob", &[], None);
     let _wrappers = Wrappers(&home, vec![id(&raw), id(&bob)]);
     follower.wait_until("both READY", |events| ready(events, &id(&raw)) && ready(events, &id(&bob)));

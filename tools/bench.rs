@@ -721,7 +721,8 @@ impl LogGenerator {
         };
         if room < needed {
             // Pad the end of a batch with status changes, so the log has exactly `target` events.
-            let event = Event::AgentStatusChanged { agent_id: receiver.clone(), status: AgentStatus::Ready };
+            let event =
+                Event::AgentStatusChanged { agent_id: receiver.clone(), status: AgentStatus::Ready, note: None };
             appender.append(Some(&receiver), vec![event])?;
             return Ok(());
         }
@@ -813,7 +814,7 @@ impl LogGenerator {
         )?;
         let Some(sender_task_id) = sender_task_id else { return Ok(()) };
 
-        let status = |status| Event::AgentStatusChanged { agent_id: receiver.into(), status };
+        let status = |status| Event::AgentStatusChanged { agent_id: receiver.into(), status, note: None };
         appender.append(Some(receiver), vec![status(AgentStatus::Processing)])?;
         let completed = |task_id: &str| Event::TaskStateChanged {
             task_id: task_id.into(),

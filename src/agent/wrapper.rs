@@ -122,11 +122,32 @@ struct Shared {
     /// the reporter then reports the current status again, after that event. Only the reporter
     /// keeps what it last reported, so no update of another task can be lost.
     report_again: std::sync::atomic::AtomicBool,
+    /// Why a queued message is not written now (reported with the status, shown by `synapse
+    /// list`); None when nothing is held back.
+    note: Mutex<Option<String>>,
 }
 
 impl Shared {
     fn lock_readiness(&self) -> std::sync::MutexGuard<'_, Readiness> {
         self.readiness.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn note(&self) -> Option<String> {
+        self.note.lock().map(|note| note.clone()).unwrap_or_default()
+    }
+
+    /// Sets (or clears) the note and wakes the reporter when it changed.
+    fn set_note(&self, note: Option<String>) {
+        let changed = match self.note.lock() {
+            Ok(mut current) if *current != note => {
+                *current = note;
+                true
+            }
+            _ => false,
+        };
+        if changed {
+            self.output_changed.send_modify(|count| *count += 1);
+        }
     }
 
     async fn write(&self, bytes: Vec<u8>) -> anyhow::Result<()> {
@@ -331,6 +352,7 @@ async fn run_registered(
         child_pid,
         log: log.to_path_buf(),
         report_again: std::sync::atomic::AtomicBool::new(false),
+        note: Mutex::new(None),
     });
 
     // Writer thread: the one owner of the PTY writer (dropping it would send EOF to the CLI).
@@ -424,17 +446,18 @@ async fn report_status(shared: Arc<Shared>) {
     let mut client = connect(&shared.paths, &shared.secret).await;
     let path = format!("/agents/{}/status", shared.agent_id);
     let mut changes = shared.output_changed.subscribe();
-    let mut reported: Option<AgentStatus> = None;
+    let mut reported: Option<(AgentStatus, Option<String>)> = None;
     let mut backoff = Backoff::default();
     let mut warned_gone = false;
     loop {
         changes.borrow_and_update();
         let (status, recheck) = shared.lock_readiness().status(Instant::now());
         let again = shared.report_again.swap(false, std::sync::atomic::Ordering::SeqCst);
-        if status != AgentStatus::Starting && (again || reported != Some(status)) {
-            match client.post(&path, &json!({"status": status})).await {
+        let now = (status, shared.note());
+        if status != AgentStatus::Starting && (again || reported.as_ref() != Some(&now)) {
+            match client.post(&path, &json!({"status": now.0, "note": now.1})).await {
                 Ok(_) => {
-                    reported = Some(status);
+                    reported = Some(now);
                     backoff.reset();
                     warned_gone = false;
                 }
@@ -621,13 +644,20 @@ async fn watch_inbox(shared: Arc<Shared>) {
                 shared.interrupt().await;
                 let timeout = Duration::from_millis(shared.profile.interrupt_timeout_ms);
                 if tokio::time::timeout(timeout, wait_until_ready(&shared)).await.is_err() {
-                    tracing::warn!(
-                        "ticket {number}: the CLI did not show its prompt within {} ms of the interrupt; the message stays queued",
-                        shared.profile.interrupt_timeout_ms
+                    let note = format!(
+                        "a priority-5 message waits: no prompt {} s after the interrupt (clear the input box or answer the CLI)",
+                        shared.profile.interrupt_timeout_ms / 1000
                     );
+                    tracing::warn!("ticket {number}: {note}");
+                    shared.set_note(Some(note));
                 }
-            } else if !wait_until_ready(&shared).await {
-                return;
+            } else {
+                if status == AgentStatus::Waiting {
+                    shared.set_note(Some("a dialog is open: messages wait until it is answered".into()));
+                }
+                if !wait_until_ready(&shared).await {
+                    return;
+                }
             }
             // Ask again: a more urgent ticket may have arrived while the CLI was busy.
             continue;
@@ -645,6 +675,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
                 continue;
             }
         };
+        shared.set_note(None);
         let header = ticket["prefix"].as_str().unwrap_or_default();
         let record = Some((delivered_path(&shared.log), number.to_string()));
         if let Err(error) = write_input(&shared, header, &text, record).await {

@@ -18,6 +18,7 @@ pub enum Command {
     SetStatus {
         agent_id: String,
         status: crate::event::AgentStatus,
+        note: Option<String>,
     },
     Deregister {
         agent_id: String,
@@ -499,13 +500,13 @@ fn may_cancel(task: &TaskRecord, actor: &Actor) -> bool {
 pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<Decision, DecideError> {
     match command {
         Command::RegisterAgent(request) => decide_register(view, request),
-        Command::SetStatus { agent_id, status } => {
+        Command::SetStatus { agent_id, status, note } => {
             let Some(agent) = view.agent(agent_id)? else {
                 return Err(CommandError::not_found(format!("Agent '{agent_id}' is not registered")).into());
             };
-            let changed = agent.status != *status;
+            let changed = agent.status != *status || agent.status_note != *note;
             let events = if changed {
-                vec![Event::AgentStatusChanged { agent_id: agent_id.clone(), status: *status }]
+                vec![Event::AgentStatusChanged { agent_id: agent_id.clone(), status: *status, note: note.clone() }]
             } else {
                 Vec::new()
             };
@@ -595,6 +596,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
                 events.push(Event::AgentStatusChanged {
                     agent_id: agent_id.clone(),
                     status: crate::event::AgentStatus::Processing,
+                    note: None,
                 });
             }
             if entry.kind == crate::store::TicketKind::Message

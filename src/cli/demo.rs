@@ -133,7 +133,7 @@ fn settled() -> impl FnMut(&Envelope) -> bool {
                 injected += 1;
                 ready.insert(agent_id.clone(), false);
             }
-            Event::AgentStatusChanged { agent_id, status } => {
+            Event::AgentStatusChanged { agent_id, status, .. } => {
                 ready.insert(agent_id.clone(), *status == AgentStatus::Ready);
             }
             _ => {}
@@ -172,7 +172,7 @@ fn script(demo: &mut Demo, runtime: &tokio::runtime::Runtime) -> anyhow::Result<
         let mut ready: HashMap<String, bool> = HashMap::new();
         let ids = ids.clone();
         move |envelope| {
-            if let crate::event::Event::AgentStatusChanged { agent_id, status } = &envelope.event {
+            if let crate::event::Event::AgentStatusChanged { agent_id, status, .. } = &envelope.event {
                 ready.insert(agent_id.clone(), *status == crate::event::AgentStatus::Ready);
             }
             ids.iter().all(|id| ready.get(id).copied().unwrap_or(false))

@@ -234,6 +234,10 @@ pub async fn list(paths: &Paths, json_output: bool) -> anyhow::Result<i32> {
             visible_line(agent.pointer("/current_task/preview").and_then(Value::as_str).unwrap_or("-")),
             visible_line(str_of(&agent, "/working_dir")),
         );
+        // Why it takes no message now, in its wrapper's words.
+        if let Some(note) = agent["status_note"].as_str() {
+            println!("{:<10} {:<24} ↳ {}", "", "", visible_line(note));
+        }
     }
     Ok(0)
 }

@@ -116,6 +116,10 @@ pub enum Event {
     AgentStatusChanged {
         agent_id: String,
         status: AgentStatus,
+        /// Why the agent takes no message although it could be expected to (e.g. a priority-5
+        /// message held because the CLI did not come back to its prompt after the interrupt).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
     },
     AgentDeregistered {
         agent_id: String,
@@ -362,7 +366,10 @@ impl Event {
             Event::AgentRegistered { agent_id, pid, port, .. } => {
                 format!("{agent_id} registered (pid {pid}, port {port})")
             }
-            Event::AgentStatusChanged { agent_id, status } => format!("{agent_id} is {status}"),
+            Event::AgentStatusChanged { agent_id, status, note: None } => format!("{agent_id} is {status}"),
+            Event::AgentStatusChanged { agent_id, status, note: Some(note) } => {
+                format!("{agent_id} is {status}: {note}")
+            }
             Event::AgentDeregistered { agent_id, reason } => format!("{agent_id} gone ({reason})"),
             Event::TaskCreated { task_id, owner, direction, .. } => {
                 format!("task {} ({direction}) for {}", short_id(task_id), anon(owner))

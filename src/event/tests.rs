@@ -147,7 +147,11 @@ fn samples() -> Vec<Event> {
             secret_hash: "9f86d081".into(),
             pid_start: Some(1_234_567),
         },
-        Event::AgentStatusChanged { agent_id: sender(), status: AgentStatus::Processing },
+        Event::AgentStatusChanged {
+            agent_id: sender(),
+            status: AgentStatus::Waiting,
+            note: Some("a dialog is open: messages wait until it is answered".into()),
+        },
         Event::AgentDeregistered { agent_id: sender(), reason: "stopped".into() },
         Event::TaskCreated {
             task_id: receiver_task(),
@@ -373,7 +377,11 @@ fn encoded_envelopes_are_maps_with_field_names() {
             "seq": 7,
             "time_ms": 1_767_225_600_007_u64,
             "actor": "synapse-claude-8100",
-            "event": {"kind": "agent_status_changed", "data": {"agent_id": "synapse-claude-8100", "status": "PROCESSING"}}
+            "event": {"kind": "agent_status_changed", "data": {
+                "agent_id": "synapse-claude-8100",
+                "status": "WAITING",
+                "note": "a dialog is open: messages wait until it is answered"
+            }}
         })
     );
 }
@@ -512,7 +520,11 @@ fn unknown_extra_fields_in_data_and_envelope_are_ignored() {
         envelope_at(
             3,
             5,
-            Event::AgentStatusChanged { agent_id: "synapse-claude-8100".into(), status: AgentStatus::Ready }
+            Event::AgentStatusChanged {
+                agent_id: "synapse-claude-8100".into(),
+                status: AgentStatus::Ready,
+                note: None
+            }
         )
     );
 }

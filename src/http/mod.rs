@@ -394,6 +394,9 @@ async fn deregister(State(state): State<AppState>, Scope(agent): Scope, headers:
 #[serde(deny_unknown_fields)]
 struct StatusBody {
     status: String,
+    /// Why the agent takes no message now (shown by `synapse list`); absent clears it.
+    #[serde(default)]
+    note: Option<String>,
 }
 
 async fn set_status(
@@ -405,7 +408,14 @@ async fn set_status(
     let body: StatusBody = parse_body(body)?;
     let status: AgentStatus = body.status.parse().map_err(ApiError::bad)?;
     authorize_agent(&state, &agent, &headers)?;
-    let outcome = state.writer.submit(Command::SetStatus { agent_id: agent, status }).await?;
+    let outcome = state
+        .writer
+        .submit(Command::SetStatus {
+            agent_id: agent,
+            status,
+            note: body.note.filter(|note| !note.is_empty()).map(|note| crate::event::preview(&note, 200)),
+        })
+        .await?;
     Ok(Json(json!(outcome)))
 }
 
@@ -415,6 +425,7 @@ async fn agent_status(State(state): State<AppState>, Scope(agent): Scope) -> Api
     Ok(Json(json!({
         "agent_id": record.agent_id,
         "status": record.status,
+        "status_note": record.status_note,
         "queue_depth": depth,
         "since": wire::rfc3339(record.status_ms),
     })))

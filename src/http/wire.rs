@@ -102,6 +102,7 @@ pub fn agent_json(agent: &AgentRecord, socket: &str, queue_depth: usize, current
         "role": agent.role,
         "port": agent.port,
         "status": agent.status,
+        "status_note": agent.status_note,
         "pid": agent.pid,
         "pid_start": agent.pid_start,
         "working_dir": agent.working_dir,

@@ -308,14 +308,16 @@ impl<'txn> Projections<'txn> {
                     pid_start: *pid_start,
                     registered_ms: time_ms,
                     status_ms: time_ms,
+                    status_note: None,
                 };
                 self.put_agent(&record)?;
                 // The id is held again: whatever waited under it is this agent's.
                 self.departed.remove(agent_id.as_str())?;
             }
-            Event::AgentStatusChanged { agent_id, status } => {
+            Event::AgentStatusChanged { agent_id, status, note } => {
                 if let Some(mut record) = self.agent(agent_id)? {
                     record.status = *status;
+                    record.status_note.clone_from(note);
                     record.status_ms = time_ms;
                     self.put_agent(&record)?;
                 }

@@ -21,6 +21,9 @@ pub struct AgentRecord {
     pub pid_start: Option<u64>,
     pub registered_ms: u64,
     pub status_ms: u64,
+    /// Why the agent takes no message now, when its wrapper said (see `agent_status_changed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_note: Option<String>,
 }
 
 /// The last agent that held an id, kept after it left: its inbox (and the id) wait for an

@@ -47,7 +47,7 @@ fn event() -> impl Strategy<Value = Event> {
             secret_hash: "00".into(),
             pid_start: Some(u64::from(pid) * 7),
         }),
-        (agent(), status()).prop_map(|(agent_id, status)| Event::AgentStatusChanged { agent_id, status }),
+        (agent(), status()).prop_map(|(agent_id, status)| Event::AgentStatusChanged { agent_id, status, note: None }),
         agent().prop_map(|agent_id| Event::AgentDeregistered { agent_id, reason: "gone".into() }),
         agent().prop_map(|agent_id| Event::InboxExpired { agent_id, reason: "expired".into(), tickets: 1 }),
         (task(), prop::option::of(agent()), any::<bool>(), prop::option::of(task()), "[a-z ]{0,12}").prop_map(
@@ -188,8 +188,10 @@ fn verify_reports_a_projection_that_drifted_from_the_log() {
     let store = memory_store();
     store
         .transact(5, |appender| {
-            appender
-                .append(None, vec![Event::AgentStatusChanged { agent_id: "nobody".into(), status: AgentStatus::Ready }])
+            appender.append(
+                None,
+                vec![Event::AgentStatusChanged { agent_id: "nobody".into(), status: AgentStatus::Ready, note: None }],
+            )
         })
         .unwrap();
     // Write a projection row that no event explains.
@@ -230,7 +232,10 @@ fn sequence_numbers_start_at_one_and_have_no_gaps_across_transactions() {
 fn a_failed_transaction_leaves_neither_events_nor_projection_changes() {
     let store = memory_store();
     let result: Result<(), StoreError> = store.transact(1, |appender| {
-        appender.append(None, vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready }])?;
+        appender.append(
+            None,
+            vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready, note: None }],
+        )?;
         Err(StoreError::Storage("injected".into()))
     });
     assert!(result.is_err());
@@ -296,7 +301,7 @@ impl redb::StorageBackend for FullDisk {
 fn a_full_disk_is_reported_clearly_and_nothing_half_written_is_acknowledged() {
     let full = Arc::new(AtomicBool::new(false));
     let store = Store::open_with_backend(FullDisk { inner: InMemoryBackend::new(), full: full.clone() }).unwrap();
-    let event = || vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready }];
+    let event = || vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready, note: None }];
     store.transact(1, |appender| appender.append(None, event())).unwrap();
     full.store(true, Ordering::SeqCst);
     let error = store.transact(2, |appender| appender.append(None, event())).unwrap_err();

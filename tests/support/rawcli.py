@@ -4,6 +4,9 @@ Puts its terminal in raw mode, turns bracketed paste on, draws `rawcli> ` and re
 outside a paste submits the line; Ctrl-C, Ctrl-\\ and Ctrl-D outside a paste end the program (as
 they end or interrupt a real CLI). Every submitted line and every such key is appended to the
 log file (argv[1]) as one JSON line, so a test can see exactly what was submitted.
+
+A submitted line containing `HANG-NOW` leaves it busy for good (no prompt again; control keys are
+then only logged); one containing `ASK-NOW` shows a `(y/n)` question instead of the prompt.
 """
 import json
 import os
@@ -20,7 +23,7 @@ def main():
     tty.setraw(0)
     try:
         os.write(1, b"\x1b[?2004hrawcli ready\r\nrawcli> ")
-        pending, line, in_paste = b"", b"", False
+        pending, line, in_paste, hung = b"", b"", False, False
         while True:
             data = os.read(0, 4096)
             if not data:
@@ -36,13 +39,24 @@ def main():
                 if (START.startswith(pending) or END.startswith(pending)) and len(pending) < len(START):
                     break  # the rest of a marker is still to come
                 key, pending = pending[:1], pending[1:]
+                if not in_paste and hung and key < b" ":
+                    log.write(json.dumps({"ignored": key.hex()}) + "\n")
+                    os.write(1, b"\r\nrawcli: still busy\r\n")
+                    continue
                 if not in_paste and key in (b"\x03", b"\x04", b"\x1c"):
                     log.write(json.dumps({"control": key.hex()}) + "\n")
                     os.write(1, b"\r\nrawcli: ended by a control key\r\n")
                     return 1
                 if not in_paste and key in (b"\r", b"\n"):
                     log.write(json.dumps({"line": line.decode("utf-8", "replace")}) + "\n")
-                    os.write(1, b"\r\nrawcli: got %d bytes\r\nrawcli> " % len(line))
+                    os.write(1, b"\r\nrawcli: got %d bytes\r\n" % len(line))
+                    if b"HANG-NOW" in line:
+                        hung = True
+                        os.write(1, b"rawcli: working for ever\r\n")
+                    elif b"ASK-NOW" in line:
+                        os.write(1, b"Do you want to proceed? (y/n) ")
+                    else:
+                        os.write(1, b"rawcli> ")
                     line = b""
                     continue
                 line += key
