@@ -25,6 +25,8 @@ use synapse::config::Paths;
 use synapse::event::{AgentStatus, Artifact, Direction, Event, Message, Role, TaskState};
 use synapse::store::{Appender, Store, StoreError};
 
+mod real_clis;
+
 const SCENARIOS: [&str; 10] = [
     "append",
     "rebuild",
@@ -68,7 +70,7 @@ const SECRET_HEADER: &str = "x-synapse-agent-secret";
 
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
 scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
-           history-search, lock-contention, all
+           history-search, lock-contention, all; real-clis (needs tools/install-clis; not in all)
   --seconds N      length of the timed scenarios (append, http-send, lock-contention); default 10,
                    or SYNAPSE_BENCH_SECONDS
   --synapse PATH   the synapse binary (default: next to synapse-bench), or SYNAPSE_BENCH_BIN
@@ -106,6 +108,7 @@ fn run() -> Result<ExitCode> {
             "sse-fanout" => runtime.block_on(sse_fanout(&options)),
             "history-search" => history_search(),
             "lock-contention" => runtime.block_on(lock_contention(&options)),
+            "real-clis" => real_clis::run(&options.synapse),
             other => Err(anyhow!("unknown scenario '{other}'")),
         };
         if let Err(error) = outcome {
@@ -138,7 +141,7 @@ fn parse_args(args: Vec<String>) -> Result<(Vec<String>, Options)> {
             "--seconds" => seconds = parse_seconds(&args.next().context("--seconds needs a value")?)?,
             "--synapse" => synapse = Some(PathBuf::from(args.next().context("--synapse needs a path")?)),
             "all" => scenarios.extend(SCENARIOS.iter().map(|name| name.to_string())),
-            name if SCENARIOS.contains(&name) => scenarios.push(name.to_string()),
+            name if SCENARIOS.contains(&name) || name == "real-clis" => scenarios.push(name.to_string()),
             other => bail!("unknown argument '{other}'\n{USAGE}"),
         }
     }
@@ -522,6 +525,7 @@ async fn append(options: &Options) -> Result<()> {
             working_dir: String::new(),
             port,
             secret_hash: hash_secret(secret),
+            pid_start: None,
         })
     };
     let mut agent_ids = Vec::new();
@@ -564,6 +568,7 @@ async fn append(options: &Options) -> Result<()> {
                     AppendWork::Status => Command::SetStatus {
                         agent_id: own_agent.clone(),
                         status: if n.is_multiple_of(2) { AgentStatus::Ready } else { AgentStatus::Processing },
+                        note: None,
                     },
                 };
                 let sent = Instant::now();
@@ -705,6 +710,7 @@ impl LogGenerator {
                 port,
                 working_dir: "/home/user/project".into(),
                 secret_hash: hash_secret(&agent_id),
+                pid_start: None,
             };
             appender.append(Some(&agent_id), vec![event])?;
             self.agents.push(agent_id);
@@ -786,6 +792,7 @@ impl LogGenerator {
             in_reply_to: None,
             text,
             parts: Vec::new(),
+            idempotency_key: None,
         });
         send.push(Event::TicketIssued {
             agent_id: receiver.into(),
@@ -1447,6 +1454,7 @@ async fn lock_contention(options: &Options) -> Result<()> {
             working_dir: String::new(),
             port: 42_000 + agent as u16,
             secret_hash: hash_secret("bench-secret"),
+            pid_start: None,
         });
         match state.writer.submit(command).await {
             Ok(Outcome::Registered { agent }) => agent_ids.push(agent.agent_id),
@@ -1478,8 +1486,12 @@ async fn lock_contention(options: &Options) -> Result<()> {
                     continue;
                 }
                 granted += 1;
-                let unlock =
-                    Command::FileSafety(FileCommand::Unlock { path, agent_id: Some(agent_id.clone()), force: false });
+                let unlock = Command::FileSafety(FileCommand::Unlock {
+                    path,
+                    agent_id: Some(agent_id.clone()),
+                    force: false,
+                    by_user: false,
+                });
                 writer
                     .submit(unlock)
                     .await

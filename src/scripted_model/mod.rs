@@ -14,6 +14,7 @@
 
 pub mod anthropic;
 pub mod chat;
+pub mod clis;
 pub mod gemini;
 pub mod record;
 pub mod responses;
