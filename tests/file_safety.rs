@@ -189,3 +189,39 @@ fn lock_wait_also_ends_when_the_holders_lock_expires() {
     let alice_expiry = acquired[0]["event"]["data"]["expires_ms"].as_u64().unwrap();
     assert!(acquired[1]["time_ms"].as_u64().unwrap() >= alice_expiry);
 }
+
+/// A lock is about the file, not the name it was reached by: a symlink to a locked file (or to its
+/// directory) is locked too, and a path with control characters is refused (issue 12).
+#[test]
+fn a_symlink_to_a_locked_file_is_locked_and_control_characters_are_refused() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(project.join("src")).unwrap();
+    std::fs::write(project.join("src/main.rs"), "fn main() {}").unwrap();
+    std::os::unix::fs::symlink(project.join("src/main.rs"), project.join("alias.rs")).unwrap();
+    std::os::unix::fs::symlink(project.join("src"), project.join("code")).unwrap();
+    let file = project.join("src/main.rs");
+    let locked = fs(&home, &["lock", file.to_str().unwrap(), &alice.id]).output().unwrap();
+    assert!(locked.status.success(), "{}", describe(&locked));
+    for alias in [project.join("alias.rs"), project.join("code/main.rs")] {
+        let as_bob = fs(&home, &["lock", alias.to_str().unwrap(), &bob.id])
+            .env("SYNAPSE_AGENT_ID", &bob.id)
+            .env("SYNAPSE_AGENT_SECRET", &bob.secret)
+            .output()
+            .unwrap();
+        assert_eq!(as_bob.status.code(), Some(1), "{}", describe(&as_bob));
+        assert!(stderr(&as_bob).contains(&format!("already locked by {}", alice.id)), "{}", describe(&as_bob));
+        let check = run(&home, &["check", alias.to_str().unwrap(), &bob.id]);
+        assert!(stdout(&check).starts_with("DENIED"), "{}", describe(&check));
+    }
+    let hostile = format!("{}/evil\u{1b}]52;c;cm0=\u{7}.rs", project.display());
+    let refused = run(&home, &["lock", &hostile, &alice.id]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(
+        stderr(&refused).contains("control character") && !stderr(&refused).contains('\u{1b}'),
+        "{}",
+        describe(&refused)
+    );
+}

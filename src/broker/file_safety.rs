@@ -44,10 +44,15 @@ pub enum FileCommand {
     },
 }
 
-/// An absolute path with `.` and `..` removed (lexically: the file need not exist).
+/// An absolute path with `.` and `..` removed (lexically: the file need not exist). Control
+/// characters are refused: no real file name of a project has them, and they would act on the
+/// terminal that shows the path.
 pub fn normalize(path: &str) -> Result<String, String> {
     if path.trim().is_empty() {
         return Err("the path is empty".into());
+    }
+    if path.chars().any(crate::escape::is_control) {
+        return Err(format!("'{}' contains a control character", crate::escape::visible_line(path)));
     }
     if !path.starts_with('/') {
         return Err(format!("'{path}' is not an absolute path"));
@@ -63,6 +68,33 @@ pub fn normalize(path: &str) -> Result<String, String> {
         }
     }
     Ok(format!("/{}", parts.join("/")))
+}
+
+/// The path a lock is about: [`normalize`]d, then with symlinks resolved in the longest part of it
+/// that exists (the file itself may not exist yet), so a link to a locked file names the locked
+/// file. Done where the request arrives, not in the writer, which reads no file system.
+pub fn canonical(path: &str) -> Result<String, String> {
+    let normalized = normalize(path)?;
+    let mut existing = std::path::Path::new(&normalized);
+    let mut missing: Vec<&std::ffi::OsStr> = Vec::new();
+    loop {
+        match std::fs::canonicalize(existing) {
+            Ok(mut real) => {
+                real.extend(missing.iter().rev());
+                return real
+                    .to_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("'{normalized}' resolves to a path that is not UTF-8"));
+            }
+            Err(_) => match (existing.parent(), existing.file_name()) {
+                (Some(parent), Some(name)) => {
+                    missing.push(name);
+                    existing = parent;
+                }
+                _ => return Ok(normalized),
+            },
+        }
+    }
 }
 
 /// Why `agent` may or may not write `path` now: (allowed, reason, the lock in force).
@@ -250,5 +282,15 @@ mod tests {
         assert_eq!(normalize("/../../etc").unwrap(), "/etc");
         assert!(normalize("relative/path").is_err());
         assert!(normalize("").is_err());
+        assert!(normalize("/tmp/a\u{1b}]52;c;x\u{7}").unwrap_err().contains("control character"));
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(real.join("src")).unwrap();
+        std::fs::write(real.join("src/main.rs"), "").unwrap();
+        std::os::unix::fs::symlink(real.join("src"), real.join("link")).unwrap();
+        let expected = real.join("src/main.rs").display().to_string();
+        assert_eq!(canonical(&real.join("link/main.rs").display().to_string()).unwrap(), expected);
+        let not_yet = real.join("link/new/file.rs").display().to_string();
+        assert_eq!(canonical(&not_yet).unwrap(), real.join("src/new/file.rs").display().to_string());
     }
 }

@@ -39,7 +39,7 @@ fn limit(limit: Option<usize>) -> Result<usize, ApiError> {
 }
 
 fn path(raw: &str) -> Result<String, ApiError> {
-    file_safety::normalize(raw).map_err(|reason| ApiError::bad(format!("Error: {reason}")))
+    file_safety::canonical(raw).map_err(|reason| ApiError::bad(format!("Error: {reason}")))
 }
 
 async fn submit(state: &AppState, command: FileCommand) -> Result<u64, CommandError> {
