@@ -403,3 +403,30 @@ fn claude_asks_codex_and_the_reply_comes_back_into_claudes_terminal() {
     assert_eq!(claude.reached_model(&reply), 1, "{}", claude.describe());
     assert_eq!(codex.reached_model(&format!(":{}:R] [q] what is 2+2", claude.agent_id)), 1, "{}", codex.describe());
 }
+
+/// Two Codex agents side by side each answer through their own shell tool as themselves: a
+/// `synapse reply` run with the other's identity would find no question to answer (REAL_CLIS.md:
+/// Codex's shared app-server once ran one agent's commands with the other's environment).
+#[test]
+fn two_codex_agents_answer_each_as_itself() {
+    if installed("codex").is_none() {
+        return;
+    }
+    let world = World::new();
+    let one = Session::start_in(world.clone(), "codex", "one");
+    let two = Session::start_in(world.clone(), "codex", "two");
+    one.wait_status("READY");
+    two.wait_status("READY");
+    for session in [&one, &two] {
+        let answer = session.send(&["[q] what is 2+2", "--response", "--wait", "60"]);
+        assert_eq!(answer.lines().last().map(str::trim), Some("4"), "{answer}\n{}", session.describe());
+    }
+    let replies: Vec<String> = world
+        .home
+        .events()
+        .iter()
+        .filter(|event| event["event"]["kind"] == "reply_posted")
+        .filter_map(|event| event["actor"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(replies, [one.agent_id.clone(), two.agent_id.clone()], "each replied as itself");
+}
