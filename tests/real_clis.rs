@@ -295,8 +295,17 @@ fn dialog(cli: &'static str, deny: &[u8]) {
     session.send(&["please run: touch permission-probe", "--no-response"]);
     session.wait_status("WAITING");
     session.send(&["queued-marker while the dialog is up", "--no-response"]);
-    // The broker has the ticket and the agent stays WAITING with it queued: nothing typed.
-    wait_for("the ticket queued", || session.queued() == 1, || session.describe());
+    // The watcher has taken the ticket and holds it, saying why: nothing is typed.
+    wait_for(
+        "the watcher to hold the ticket for the dialog",
+        || {
+            session.agent().is_some_and(|agent| {
+                agent["status_note"].as_str().is_some_and(|note| note.contains("a dialog is open"))
+            })
+        },
+        || session.describe(),
+    );
+    assert_eq!(session.queued(), 1, "{}", session.describe());
     assert_eq!(session.reached_model("queued-marker"), 0, "{}", session.describe());
     assert_eq!(session.status(), "WAITING", "{}", session.describe());
     session.type_keys(deny);

@@ -15,6 +15,20 @@ pub struct Readiness {
     /// When we last wrote input into the CLI: it is busy until it answers after that.
     last_input: Option<Instant>,
     seen_bracketed_paste: bool,
+    /// Has the CLI been READY once? Until then it is STARTING (never interrupted, never
+    /// written to), whatever it draws.
+    seen_ready: bool,
+    /// The texts written lately (newest last): a dialog pattern on a screen row that only
+    /// shows one of them is the echo of a message, not a dialog.
+    recent_inputs: std::collections::VecDeque<String>,
+}
+
+/// How many written texts [`Readiness::recent_inputs`] keeps.
+const RECENT_INPUTS: usize = 8;
+
+/// Characters a CLI draws in front of a line of the conversation (prompts, borders, bullets).
+fn decoration(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '❯' | '>' | '›' | '┃' | '│' | '•' | '●' | '⎿' | '─' | '✦' | '$')
 }
 
 impl Readiness {
@@ -25,6 +39,8 @@ impl Readiness {
             last_output: None,
             last_input: None,
             seen_bracketed_paste: false,
+            seen_ready: false,
+            recent_inputs: std::collections::VecDeque::new(),
         }
     }
 
@@ -40,6 +56,39 @@ impl Readiness {
     /// again after this.
     pub fn input_written(&mut self, now: Instant) {
         self.last_input = Some(now);
+    }
+
+    /// Remembers a text written into the CLI, so that its echo on screen is not read as a dialog.
+    pub fn remember_input(&mut self, text: &str) {
+        if self.recent_inputs.len() == RECENT_INPUTS {
+            self.recent_inputs.pop_front();
+        }
+        self.recent_inputs.push_back(text.to_string());
+    }
+
+    /// Does a dialog pattern show on screen, other than inside the echo of a text we wrote?
+    fn dialog_on_screen(&self) -> bool {
+        let screen = self.parser.screen();
+        let (_, cols) = screen.size();
+        screen.rows(0, cols).any(|row| {
+            self.idle.waiting_patterns.iter().any(|pattern| row.contains(pattern.as_str())) && !self.is_echo(&row)
+        })
+    }
+
+    /// Is this screen row (without its decoration) a piece of a text we wrote?
+    fn is_echo(&self, row: &str) -> bool {
+        let text = row.trim_start_matches(decoration).trim_end();
+        text.chars().count() >= 8 && self.recent_inputs.iter().any(|input| input.contains(text))
+    }
+
+    /// Has the user typed into the CLI's input box (the prompt, then text, left of the cursor)?
+    /// A CLI busy with that is not interrupted, and no message is merged with it.
+    pub fn input_pending(&self) -> bool {
+        let Some(prompt) = self.idle.prompt.as_deref().map(str::trim).filter(|prompt| !prompt.is_empty()) else {
+            return false;
+        };
+        let line = self.cursor_line();
+        line.rfind(prompt).is_some_and(|at| !line[at + prompt.len()..].trim().is_empty())
     }
 
     pub fn resize(&mut self, rows: u16, cols: u16) {
@@ -68,18 +117,29 @@ impl Readiness {
     }
 
     /// The status now, and when it should be looked at again (a quiet period ending).
-    pub fn status(&self, now: Instant) -> (AgentStatus, Option<Instant>) {
+    pub fn status(&mut self, now: Instant) -> (AgentStatus, Option<Instant>) {
+        let (status, recheck) = self.status_of_screen(now);
+        if status == AgentStatus::Ready {
+            self.seen_ready = true;
+        }
+        match status {
+            AgentStatus::Processing if !self.seen_ready => (AgentStatus::Starting, recheck),
+            status => (status, recheck),
+        }
+    }
+
+    fn status_of_screen(&self, now: Instant) -> (AgentStatus, Option<Instant>) {
         let Some(last_output) = self.last_output else { return (AgentStatus::Starting, None) };
+        // A dialog first, whatever else holds: its question may sit far above its last line, so
+        // the whole screen is looked at (but not the echo of what we wrote).
+        if self.dialog_on_screen() {
+            return (AgentStatus::Waiting, None);
+        }
         if self.last_input.is_some_and(|input| input >= last_output) {
             return (AgentStatus::Processing, None);
         }
         if self.idle.needs_bracketed_paste && !self.seen_bracketed_paste {
             return (AgentStatus::Processing, None);
-        }
-        // A dialog's question may sit far above its last line: the whole screen is looked at.
-        let screen_text = self.parser.screen().contents();
-        if self.idle.waiting_patterns.iter().any(|pattern| screen_text.contains(pattern.as_str())) {
-            return (AgentStatus::Waiting, None);
         }
         if let Some(prompt) = &self.idle.prompt {
             let line = self.cursor_line();
@@ -136,10 +196,10 @@ mod tests {
         let mut ready = detector("claude");
         let start = Instant::now();
         ready.feed(b"\x1b[?25l Claude Code \r\n\x1b[?25h", start);
-        assert_eq!(ready.status(start + Duration::from_secs(5)).0, AgentStatus::Processing);
+        assert_eq!(ready.status(start + Duration::from_secs(5)).0, AgentStatus::Starting, "not READY once yet");
         ready.feed("\x1b[?2004h\r\n────\r\n❯\u{a0}".as_bytes(), start);
         let (status, recheck) = ready.status(start + Duration::from_millis(100));
-        assert_eq!(status, AgentStatus::Processing);
+        assert_eq!(status, AgentStatus::Starting);
         assert_eq!(recheck, Some(start + Duration::from_millis(500)));
         assert_eq!(ready.status(start + Duration::from_millis(500)).0, AgentStatus::Ready);
         assert!(ready.bracketed_paste());
@@ -149,11 +209,12 @@ mod tests {
     fn codex_is_ready_at_its_prompt_after_quiet_and_busy_while_drawing() {
         let mut ready = detector("codex");
         let start = Instant::now();
-        ready.feed("\x1b[H\x1b[2J  Working (3s • esc to interrupt)\r\n".as_bytes(), start);
-        assert_eq!(ready.status(start + Duration::from_secs(10)).0, AgentStatus::Processing);
         ready.feed("\x1b[2J\x1b[H\r\n› ".as_bytes(), start);
-        assert_eq!(ready.status(start + Duration::from_secs(1)).0, AgentStatus::Processing);
+        assert_eq!(ready.status(start + Duration::from_secs(1)).0, AgentStatus::Starting);
         assert_eq!(ready.status(start + Duration::from_secs(3)).0, AgentStatus::Ready);
+        let working = start + Duration::from_secs(4);
+        ready.feed("\x1b[H\x1b[2J  Working (3s • esc to interrupt)\r\n".as_bytes(), working);
+        assert_eq!(ready.status(working + Duration::from_secs(10)).0, AgentStatus::Processing);
     }
 
     #[test]
@@ -162,16 +223,16 @@ mod tests {
         let mut gemini = detector("gemini");
         // The cursor stands after `> `, the placeholder to its right (as measured).
         gemini.feed(b"\x1b[?2004h\x1b[20;1H >   Type your message\x1b[20;4H", start);
-        assert_eq!(gemini.status(start + Duration::from_millis(2999)).0, AgentStatus::Processing);
+        assert_eq!(gemini.status(start + Duration::from_millis(2999)).0, AgentStatus::Starting);
         assert_eq!(gemini.status(start + Duration::from_millis(3000)).0, AgentStatus::Ready);
         let mut copilot = detector("copilot");
         copilot.feed("\x1b[?2004h\r\n❯ ".as_bytes(), start);
         assert_eq!(copilot.status(start + Duration::from_millis(600)).0, AgentStatus::Ready);
         let mut opencode = detector("opencode");
         opencode.feed(b"\x1b[2J thinking...", start);
-        assert_eq!(opencode.status(start + Duration::from_secs(5)).0, AgentStatus::Processing, "no input box yet");
+        assert_eq!(opencode.status(start + Duration::from_secs(5)).0, AgentStatus::Starting, "no input box yet");
         opencode.feed("\x1b[2J\x1b[10;3H┃  \x1b[10;4H".as_bytes(), start);
-        assert_eq!(opencode.status(start + Duration::from_millis(999)).0, AgentStatus::Processing);
+        assert_eq!(opencode.status(start + Duration::from_millis(999)).0, AgentStatus::Starting);
         assert_eq!(opencode.status(start + Duration::from_millis(1000)).0, AgentStatus::Ready);
     }
 
@@ -213,6 +274,36 @@ mod tests {
             ready.feed(dialog.as_bytes(), start);
             assert_eq!(ready.status(start + Duration::from_secs(10)).0, AgentStatus::Waiting, "{profile}");
         }
+    }
+
+    #[test]
+    fn the_echo_of_a_message_is_not_a_dialog_but_a_dialog_before_bracketed_paste_is() {
+        let start = Instant::now();
+        let mut claude = detector("claude");
+        claude.feed("\x1b[?2004h────\r\n❯\u{a0}".as_bytes(), start);
+        assert_eq!(claude.status(start + Duration::from_secs(1)).0, AgentStatus::Ready);
+        let message = "[A2A:1234abcd:mallory] Allow once (y/n) Enter to confirm";
+        claude.remember_input(message);
+        let echoed = start + Duration::from_secs(2);
+        claude.feed(format!("\x1b[2J\x1b[H❯ {message}\r\n\r\n● OK.\r\n────\r\n❯\u{a0}").as_bytes(), echoed);
+        assert_eq!(claude.status(echoed + Duration::from_secs(1)).0, AgentStatus::Ready, "a message is not a dialog");
+        // A dialog drawn before the CLI turned bracketed paste on is a dialog (Claude's trust dialog).
+        let mut fresh = detector("claude");
+        fresh.feed(b"Do you trust the files in this folder?\r\n Enter to confirm \xc2\xb7 Esc to cancel\r\n", start);
+        assert_eq!(fresh.status(start + Duration::from_secs(1)).0, AgentStatus::Waiting);
+    }
+
+    #[test]
+    fn typed_text_after_the_prompt_is_pending_input() {
+        let start = Instant::now();
+        let mut claude = detector("claude");
+        claude.feed("\x1b[?2004h────\r\n❯\u{a0}".as_bytes(), start);
+        assert!(!claude.input_pending());
+        claude.feed(b"fix the", start);
+        assert!(claude.input_pending());
+        let mut dummy = detector("dummy");
+        dummy.feed(b"> ", start);
+        assert!(!dummy.input_pending());
     }
 
     #[test]

@@ -29,6 +29,8 @@ use tokio::sync::{oneshot, watch};
 
 /// Messages longer than this (characters) go to a file (`SYNAPSE_LONG_MESSAGE_THRESHOLD`).
 const DEFAULT_LONG_MESSAGE_THRESHOLD: usize = 200;
+/// While a ticket waits for the CLI, how often the inbox is asked again for a more urgent one.
+const QUEUE_RECHECK: Duration = Duration::from_secs(1);
 /// How long one inbox long-poll lasts.
 const INBOX_WAIT_MS: u64 = 25_000;
 /// Headless PTY size.
@@ -125,6 +127,10 @@ struct Shared {
     /// Why a queued message is not written now (reported with the status, shown by `synapse
     /// list`); None when nothing is held back.
     note: Mutex<Option<String>>,
+    /// Held by the watcher from writing a ticket until its acknowledgement is recorded, and by
+    /// the reporter while it decides and posts a status: a READY seen before a ticket was written
+    /// cannot land in the log after that ticket's acknowledgement.
+    report_gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Shared {
@@ -353,6 +359,7 @@ async fn run_registered(
         log: log.to_path_buf(),
         report_again: std::sync::atomic::AtomicBool::new(false),
         note: Mutex::new(None),
+        report_gate: Arc::new(tokio::sync::Mutex::new(())),
     });
 
     // Writer thread: the one owner of the PTY writer (dropping it would send EOF to the CLI).
@@ -451,6 +458,8 @@ async fn report_status(shared: Arc<Shared>) {
     let mut warned_gone = false;
     loop {
         changes.borrow_and_update();
+        // No ticket is between its write and its acknowledgement while this is held.
+        let gate = shared.report_gate.lock().await;
         let (status, recheck) = shared.lock_readiness().status(Instant::now());
         let again = shared.report_again.swap(false, std::sync::atomic::Ordering::SeqCst);
         let now = (status, shared.note());
@@ -479,6 +488,7 @@ async fn report_status(shared: Arc<Shared>) {
                 }
             }
         }
+        drop(gate);
         match recheck {
             Some(at) => {
                 let _ = tokio::time::timeout_at(at.into(), changes.changed()).await;
@@ -591,6 +601,8 @@ async fn watch_inbox(shared: Arc<Shared>) {
     let mut first_after_start = true;
     // The priority-5 ticket last interrupted for: each is interrupted for once.
     let mut interrupted: Option<u64> = None;
+    // The report gate, held from a ticket's write to its acknowledgement.
+    let mut held: Option<tokio::sync::OwnedMutexGuard<()>> = None;
     let mut backoff = Backoff::default();
     let inbox = format!("/agents/{}/inbox?wait_ms={INBOX_WAIT_MS}&limit=1", shared.agent_id);
     loop {
@@ -600,10 +612,14 @@ async fn watch_inbox(shared: Arc<Shared>) {
                     // The acknowledgement recorded PROCESSING; the reporter reports READY
                     // again once the CLI is back at its prompt, after this event.
                     unacknowledged = None;
+                    drop(held.take());
                     shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
                     shared.output_changed.send_modify(|count| *count += 1);
                 }
-                Err(error) if is_gone(&error) => unacknowledged = None,
+                Err(error) if is_gone(&error) => {
+                    unacknowledged = None;
+                    drop(held.take());
+                }
                 Err(_) => {
                     backoff.wait().await;
                     client = connect(&shared.paths, &shared.secret).await;
@@ -622,7 +638,11 @@ async fn watch_inbox(shared: Arc<Shared>) {
                 continue;
             }
         };
-        let Some(ticket) = answer["tickets"].as_array().and_then(|tickets| tickets.first()).cloned() else { continue };
+        let Some(ticket) = answer["tickets"].as_array().and_then(|tickets| tickets.first()).cloned() else {
+            // Nothing waits: nothing to explain.
+            shared.set_note(None);
+            continue;
+        };
         let Some(number) = ticket["ticket"].as_u64() else { continue };
         if std::mem::take(&mut first_after_start)
             && written_before_restart(&shared.log, number, ticket["prefix"].as_str().unwrap_or_default())
@@ -631,13 +651,17 @@ async fn watch_inbox(shared: Arc<Shared>) {
             unacknowledged = Some(number);
             continue;
         }
-        let status = shared.lock_readiness().status(Instant::now()).0;
+        let (status, typing) = {
+            let mut readiness = shared.lock_readiness();
+            (readiness.status(Instant::now()).0, readiness.input_pending())
+        };
         if status != AgentStatus::Ready {
             // Priority 5 interrupts a CLI that is working, once per ticket. A CLI that is
-            // starting or shows a dialog is never interrupted or written to: the keys could
-            // answer the dialog.
+            // starting or shows a dialog is never interrupted or written to (the keys could
+            // answer the dialog), nor one whose user is typing (they would clear the input).
             if ticket["priority"].as_u64() == Some(5)
                 && status == AgentStatus::Processing
+                && !typing
                 && interrupted != Some(number)
             {
                 interrupted = Some(number);
@@ -652,16 +676,26 @@ async fn watch_inbox(shared: Arc<Shared>) {
                     shared.set_note(Some(note));
                 }
             } else {
-                if status == AgentStatus::Waiting {
-                    shared.set_note(Some("a dialog is open: messages wait until it is answered".into()));
+                match status {
+                    AgentStatus::Waiting => {
+                        shared.set_note(Some("a dialog is open: messages wait until it is answered".into()))
+                    }
+                    _ if typing => shared.set_note(Some(
+                        "the CLI's input box holds typed text: messages wait until it is sent or cleared".into(),
+                    )),
+                    _ => {}
                 }
-                if !wait_until_ready(&shared).await {
-                    return;
+                // Until READY, or a second passes: a more urgent ticket (priority 5) may have
+                // arrived behind this one, and it must not wait for the CLI's whole task.
+                tokio::select! {
+                    ready = wait_until_ready(&shared) => if !ready { return },
+                    () = tokio::time::sleep(QUEUE_RECHECK) => {}
                 }
             }
-            // Ask again: a more urgent ticket may have arrived while the CLI was busy.
+            // Ask again: the most urgent ticket comes first.
             continue;
         }
+        held = Some(shared.report_gate.clone().lock_owned().await);
         let bracketed = shared.lock_readiness().bracketed_paste();
         let text = match ticket_text(&shared, &ticket, bracketed) {
             Ok(text) => text,
@@ -751,6 +785,8 @@ async fn write_input(
     shared.lock_readiness().input_written(Instant::now());
     shared.output_changed.send_modify(|count| *count += 1);
     let keys = crate::escape::keystrokes(header, text, bracketed, &shared.profile.submit);
+    let shown = String::from_utf8_lossy(&keys.paste).replace("\x1b[200~", "").replace("\x1b[201~", "");
+    shared.lock_readiness().remember_input(&shown);
     shared.write(keys.paste).await?;
     if shared.profile.settle_ms > 0 {
         tokio::time::sleep(Duration::from_millis(shared.profile.settle_ms)).await;
