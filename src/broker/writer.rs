@@ -342,11 +342,12 @@ impl Writer {
                 // Nothing of this batch is in the log (the transaction was not committed), so
                 // every caller hears it failed; none is told it was stored.
                 tracing::error!("batch of {} commands not stored: {error}", jobs.len());
+                // Recorded before the callers hear: one that asks the health check next sees it.
+                self.storage_failed(&error);
                 let message = describe_storage_failure(&error);
                 for (_, answer) in jobs {
                     let _ = answer.send(Err(CommandError::Unavailable { message: message.clone() }));
                 }
-                self.storage_failed(&error);
             }
         }
     }

@@ -14,26 +14,41 @@ use redb::StorageBackend;
 use redb::backends::FileBackend;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The state of the simulated disk, shared by every backend opened on the file (a reopen
+/// must not forget which part of the file never got blocks).
+#[derive(Debug, Clone)]
+pub struct SimulatedDisk {
+    /// The disk is "full" while this file exists.
+    switch: PathBuf,
+    /// The length up to which the file has blocks: its length when first opened, and what it
+    /// grew to while the disk was not full. `u64::MAX` until first opened.
+    allocated: Arc<AtomicU64>,
+}
+
+impl SimulatedDisk {
+    pub fn new(switch: PathBuf) -> SimulatedDisk {
+        SimulatedDisk { switch, allocated: Arc::new(AtomicU64::new(u64::MAX)) }
+    }
+}
 
 #[derive(Debug)]
 pub struct DiskFullSwitch {
     file: FileBackend,
-    /// The disk is "full" while this file exists.
-    switch: PathBuf,
-    /// The length up to which the file has blocks: what it had when opened, and what it grew
-    /// to while the disk was not full.
-    allocated: AtomicU64,
+    disk: SimulatedDisk,
 }
 
 impl DiskFullSwitch {
-    pub fn new(file: FileBackend, switch: PathBuf) -> Result<DiskFullSwitch, io::Error> {
-        let allocated = AtomicU64::new(file.len()?);
-        Ok(DiskFullSwitch { file, switch, allocated })
+    pub fn new(file: FileBackend, disk: SimulatedDisk) -> Result<DiskFullSwitch, io::Error> {
+        let length = file.len()?;
+        let _ = disk.allocated.compare_exchange(u64::MAX, length, Ordering::SeqCst, Ordering::SeqCst);
+        Ok(DiskFullSwitch { file, disk })
     }
 
     fn is_full(&self) -> bool {
-        self.switch.exists()
+        self.disk.switch.exists()
     }
 
     fn no_space() -> io::Error {
@@ -53,7 +68,7 @@ impl StorageBackend for DiskFullSwitch {
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
         self.file.set_len(len)?;
         if !self.is_full() {
-            self.allocated.fetch_max(len, Ordering::SeqCst);
+            self.disk.allocated.fetch_max(len, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -64,11 +79,11 @@ impl StorageBackend for DiskFullSwitch {
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
         let end = offset.saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
-        if end > self.allocated.load(Ordering::SeqCst) {
+        if end > self.disk.allocated.load(Ordering::SeqCst) {
             if self.is_full() {
                 return Err(DiskFullSwitch::no_space());
             }
-            self.allocated.fetch_max(end, Ordering::SeqCst);
+            self.disk.allocated.fetch_max(end, Ordering::SeqCst);
         }
         self.file.write(offset, data)
     }

@@ -113,7 +113,7 @@ impl StoreError {
 struct FileSource {
     path: PathBuf,
     /// Tests only: see [`fault::DiskFullSwitch`].
-    disk_full_switch: Option<PathBuf>,
+    simulated_disk: Option<fault::SimulatedDisk>,
 }
 
 fn open_database(source: &FileSource) -> Result<Database, StoreError> {
@@ -126,9 +126,9 @@ fn open_database(source: &FileSource) -> Result<Database, StoreError> {
         }
         other => StoreError::Unreadable { path: shown.clone(), reason: other.to_string() },
     };
-    match &source.disk_full_switch {
+    match &source.simulated_disk {
         None => Database::builder().set_cache_size(CACHE_SIZE_BYTES).create(path).map_err(refused),
-        Some(switch) => {
+        Some(disk) => {
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -137,7 +137,7 @@ fn open_database(source: &FileSource) -> Result<Database, StoreError> {
                 .open(path)
                 .map_err(|error| StoreError::Unreadable { path: shown.clone(), reason: error.to_string() })?;
             let backend = redb::backends::FileBackend::new(file).map_err(refused)?;
-            let backend = fault::DiskFullSwitch::new(backend, switch.clone())
+            let backend = fault::DiskFullSwitch::new(backend, disk.clone())
                 .map_err(|error| StoreError::Unreadable { path: shown.clone(), reason: error.to_string() })?;
             Database::builder().set_cache_size(CACHE_SIZE_BYTES).create_with_backend(backend).map_err(refused)
         }
@@ -179,7 +179,10 @@ impl Store {
     /// Opens (or creates) the store at `path`; for fault-injection tests, the file behaves as
     /// on a full disk while `disk_full_switch` exists ([`fault::DiskFullSwitch`]).
     pub fn open_with_disk_full_switch(path: &Path, disk_full_switch: Option<&Path>) -> Result<Store, StoreError> {
-        let source = FileSource { path: path.to_path_buf(), disk_full_switch: disk_full_switch.map(Path::to_path_buf) };
+        let source = FileSource {
+            path: path.to_path_buf(),
+            simulated_disk: disk_full_switch.map(|switch| fault::SimulatedDisk::new(switch.to_path_buf())),
+        };
         let db = open_database(&source)?;
         Store::initialise(db, Some(source))
     }
