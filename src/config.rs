@@ -75,4 +75,14 @@ pub struct BrokerInfo {
     pub socket: String,
     pub port: u16,
     pub head: u64,
+    /// False while the broker cannot store (its last write failed and none has succeeded since).
+    #[serde(default = "is_true")]
+    pub healthy: bool,
+    /// Why it cannot store, and since when (absent when healthy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_failure: Option<crate::broker::writer::WriteFailure>,
+}
+
+fn is_true() -> bool {
+    true
 }

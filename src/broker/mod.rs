@@ -26,6 +26,9 @@ pub use writer::WriterHandle;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// Tests only: while the file this names exists, the log's file cannot grow, as on a full disk.
+const DISK_FULL_SWITCH_VARIABLE: &str = "SYNAPSE_TEST_DISK_FULL_FILE";
+
 /// How often the broker checks that registered agents' processes still run.
 const LIVENESS_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -36,6 +39,8 @@ pub struct BrokerState {
     pub head: watch::Receiver<u64>,
     /// The newest events, shared by the tails.
     pub recent: Arc<tail::RecentEvents>,
+    /// Whether the writer can store (reported by `/broker/health`).
+    pub write_health: Arc<writer::WriteHealth>,
     pub shutdown: watch::Sender<bool>,
     pub paths: Paths,
     /// The TCP port the broker listens on (resolved when 0 was asked for).
@@ -65,7 +70,8 @@ impl BrokerState {
         let store = Arc::new(store);
         let (head_sender, head) = watch::channel(store.head()?);
         let recent = Arc::new(tail::RecentEvents::default());
-        let (writer, thread) = WriterHandle::start(store.clone(), head_sender, recent.clone())
+        let write_health = Arc::new(writer::WriteHealth::default());
+        let (writer, thread) = WriterHandle::start(store.clone(), head_sender, recent.clone(), write_health.clone())
             .context("cannot start the writer thread")?;
         let (shutdown, _) = watch::channel(false);
         let state = Arc::new(BrokerState {
@@ -73,6 +79,7 @@ impl BrokerState {
             writer,
             head,
             recent,
+            write_health,
             shutdown,
             paths,
             port: std::sync::atomic::AtomicU16::new(0),
@@ -89,7 +96,10 @@ impl BrokerState {
     }
 
     pub fn info(&self) -> BrokerInfo {
+        let write_failure = self.write_health.failure();
         BrokerInfo {
+            healthy: write_failure.is_none(),
+            write_failure,
             pid: std::process::id(),
             version: VERSION.to_string(),
             schema: SCHEMA_VERSION,
@@ -153,7 +163,9 @@ pub fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListe
 pub async fn run(paths: Paths) -> anyhow::Result<()> {
     create_private_dir(&paths.home)?;
     create_private_dir(&paths.uds_dir)?;
-    let store = Store::open(&paths.database())?;
+    // Fault-injection tests make the disk look full while this file exists (see store::fault).
+    let disk_full_switch = std::env::var_os(DISK_FULL_SWITCH_VARIABLE).map(std::path::PathBuf::from);
+    let store = Store::open_with_disk_full_switch(&paths.database(), disk_full_switch.as_deref())?;
     // A home made by an older version (or by hand) may be readable by others: the log and the
     // terminal logs hold every message.
     match crate::private_files::tighten_home(&paths.home) {

@@ -5,6 +5,12 @@
 //! then answers every caller and moves the head (which wakes the tails). A batch whose storage
 //! fails answers every caller with an error and acknowledges nothing.
 //!
+//! Recovery: after a failed commit redb refuses the database ("Previous I/O error occurred"),
+//! reads included. The writer then reopens it ([`Store::reopen`]: redb repairs the file from
+//! the last commit), trying again with backoff until it opens; jobs that arrive meanwhile are
+//! refused with the reason. [`WriteHealth`] holds the failure from the failed commit until a
+//! commit stores events again; `/broker/health` reports it.
+//!
 //! The job queue is an unbounded channel: lossless (nothing is dropped); callers wait for their
 //! answer, so the queue is bounded in practice by the number of callers waiting.
 //!
@@ -28,11 +34,26 @@ const MAX_BATCH_JOBS: usize = 4096;
 const GATHER: Duration = Duration::from_micros(200);
 /// Smallest last batch that makes the writer gather.
 const GATHER_FROM: usize = 4;
+/// First pause between attempts to reopen the database, doubled after each failure.
+const REOPEN_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+/// Longest pause between attempts to reopen the database.
+const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 enum Job {
-    Command { command: Box<Command>, answer: oneshot::Sender<Result<Outcome, CommandError>> },
-    Rebuild { answer: oneshot::Sender<Result<RebuildReport, CommandError>> },
-    Verify { answer: oneshot::Sender<Result<VerifyReport, CommandError>> },
+    Command {
+        command: Box<Command>,
+        answer: oneshot::Sender<Result<Outcome, CommandError>>,
+    },
+    Rebuild {
+        answer: oneshot::Sender<Result<RebuildReport, CommandError>>,
+    },
+    Verify {
+        answer: oneshot::Sender<Result<VerifyReport, CommandError>>,
+    },
+    /// Another writer of the database (the history indexer) saw the storage fail: reopen it.
+    StorageFailed {
+        reason: String,
+    },
 }
 
 /// A cheap, cloneable handle to the writer thread.
@@ -59,11 +80,13 @@ impl WriterHandle {
         store: Arc<Store>,
         head: watch::Sender<u64>,
         recent: Arc<super::tail::RecentEvents>,
+        health: Arc<WriteHealth>,
     ) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
         let (jobs, receiver) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("synapse-writer".into())
-            .spawn(move || run(store, receiver, head, recent))?;
+        let thread = std::thread::Builder::new().name("synapse-writer".into()).spawn(move || {
+            let mut writer = Writer { store, head, recent, health, recovery: None };
+            run(&mut writer, &receiver);
+        })?;
         Ok((WriterHandle { jobs }, thread))
     }
 
@@ -91,6 +114,12 @@ impl WriterHandle {
         receiver.await.map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?
     }
 
+    /// Tells the writer that a write outside it (the history indexer's) failed on the storage:
+    /// the writer reopens the database, as after a failed batch.
+    pub fn report_storage_failure(&self, reason: String) {
+        let _ = self.jobs.send(Job::StorageFailed { reason });
+    }
+
     pub async fn verify(&self) -> Result<VerifyReport, CommandError> {
         let (answer, receiver) = oneshot::channel();
         self.jobs.send(Job::Verify { answer }).map_err(|_| CommandError::Unavailable { message: STOPPED.into() })?;
@@ -100,92 +129,280 @@ impl WriterHandle {
 
 type Pending = (Command, oneshot::Sender<Result<Outcome, CommandError>>);
 
-fn run(
+/// The writer's own state: what it writes to, whom it tells, and whether the database must be
+/// reopened before the next batch.
+struct Writer {
     store: Arc<Store>,
-    receiver: mpsc::Receiver<Job>,
     head: watch::Sender<u64>,
     recent: Arc<super::tail::RecentEvents>,
-) {
+    health: Arc<WriteHealth>,
+    /// Set when the storage failed: redb refuses the database until it is reopened.
+    recovery: Option<Recovery>,
+}
+
+/// A reopen that has not succeeded yet.
+struct Recovery {
+    reason: String,
+    next_attempt: Instant,
+    backoff: Duration,
+}
+
+fn run(writer: &mut Writer, receiver: &mpsc::Receiver<Job>) {
     let mut batch: Vec<Pending> = Vec::new();
     let mut last_batch = 0;
-    let take = |job: Job, batch: &mut Vec<Pending>| match job {
-        Job::Command { command, answer } => batch.push((*command, answer)),
-        Job::Rebuild { answer } => {
-            commit_batch(&store, batch, &head, &recent);
-            let _ = answer.send(store.rebuild().map_err(unavailable));
+    loop {
+        if writer.recovery.is_some() {
+            // Jobs that arrive before the database is back are refused at once (callers hear
+            // why), not held: a reopen may take a while when the disk is really broken.
+            match writer.recover(receiver) {
+                Recovering::Reopened | Recovering::Pending => {}
+                Recovering::Arrived(job) => writer.refuse(job),
+                Recovering::Stopped => return,
+            }
+            continue;
         }
-        Job::Verify { answer } => {
-            commit_batch(&store, batch, &head, &recent);
-            let _ = answer.send(store.verify().map_err(unavailable));
-        }
-    };
-    while let Ok(job) = receiver.recv() {
-        take(job, &mut batch);
+        let Ok(job) = receiver.recv() else { return };
+        writer.take(job, &mut batch);
         while batch.len() < MAX_BATCH_JOBS {
             let Ok(job) = receiver.try_recv() else { break };
-            take(job, &mut batch);
+            writer.take(job, &mut batch);
         }
         let deadline = Instant::now() + GATHER;
         while last_batch >= GATHER_FROM && batch.len() < last_batch.min(MAX_BATCH_JOBS) {
             let Ok(job) = receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) else { break };
-            take(job, &mut batch);
+            writer.take(job, &mut batch);
         }
         last_batch = batch.len();
-        commit_batch(&store, &mut batch, &head, &recent);
+        writer.commit_batch(&mut batch);
     }
 }
 
-fn commit_batch(
-    store: &Store,
-    batch: &mut Vec<Pending>,
-    head: &watch::Sender<u64>,
-    recent: &super::tail::RecentEvents,
-) {
-    if batch.is_empty() {
-        return;
-    }
-    let jobs = std::mem::take(batch);
-    let mut outcomes: Vec<Result<Outcome, CommandError>> = Vec::with_capacity(jobs.len());
-    let mut appended = Vec::new();
-    let result = store.transact(now_ms(), |appender| {
-        for (command, _) in &jobs {
-            match command::decide(appender.view(), command, appender.time_ms()) {
-                Ok(decision) => {
-                    let written = appender.append(decision.actor.as_deref(), decision.events)?;
-                    let last_seq = written.last().map_or(appender.next_seq() - 1, |envelope| envelope.seq);
-                    appended.extend(written);
-                    outcomes.push(Ok(command::complete(appender.view(), decision.answer, last_seq)?));
+/// What one step of recovery came to.
+enum Recovering {
+    Reopened,
+    /// A job arrived before the database was back.
+    Arrived(Job),
+    /// Nothing yet: the next attempt is due.
+    Pending,
+    /// Every handle has gone (the broker stopped).
+    Stopped,
+}
+
+impl Writer {
+    fn take(&mut self, job: Job, batch: &mut Vec<Pending>) {
+        match job {
+            Job::Command { command, answer } => batch.push((*command, answer)),
+            Job::Rebuild { answer } => {
+                self.commit_batch(batch);
+                if self.recovery.is_some() {
+                    let _ = answer.send(Err(self.refusal()));
+                    return;
                 }
-                Err(DecideError::Rejected(error)) => outcomes.push(Err(error)),
-                Err(DecideError::Storage(error)) => return Err(error),
+                let result = catch_storage_panic(|| self.store.rebuild());
+                match &result {
+                    Ok(_) => self.health.succeeded(),
+                    Err(error) => self.storage_failed(error),
+                }
+                let _ = answer.send(result.map_err(unavailable));
             }
-        }
-        Ok(appender.next_seq() - 1)
-    });
-    match result {
-        Ok(new_head) => {
-            // Into the tails' ring before anyone hears of them (an answered caller may read the
-            // log at once) and before the head moves (woken tails find them there).
-            recent.push(appended);
-            for ((_, answer), outcome) in jobs.into_iter().zip(outcomes) {
-                let _ = answer.send(outcome);
+            Job::Verify { answer } => {
+                self.commit_batch(batch);
+                if self.recovery.is_some() {
+                    let _ = answer.send(Err(self.refusal()));
+                    return;
+                }
+                let result = catch_storage_panic(|| self.store.verify());
+                if let Err(error) = &result
+                    && needs_reopen(error)
+                {
+                    self.start_recovery(error.to_string());
+                }
+                let _ = answer.send(result.map_err(unavailable));
             }
-            head.send_if_modified(|current| {
-                let moved = *current != new_head;
-                *current = new_head;
-                moved
-            });
-        }
-        Err(error) => {
-            tracing::error!("batch of {} commands not stored: {error}", jobs.len());
-            let message = describe_storage_failure(&error);
-            for (_, answer) in jobs {
-                let _ = answer.send(Err(CommandError::Unavailable { message: message.clone() }));
+            Job::StorageFailed { reason } => {
+                if self.recovery.is_none() {
+                    self.start_recovery(reason);
+                }
             }
         }
     }
+
+    /// Answers a job that arrived while the database is being reopened.
+    fn refuse(&mut self, job: Job) {
+        match job {
+            Job::Command { answer, .. } => {
+                let _ = answer.send(Err(self.refusal()));
+            }
+            Job::Rebuild { answer } => {
+                let _ = answer.send(Err(self.refusal()));
+            }
+            Job::Verify { answer } => {
+                let _ = answer.send(Err(self.refusal()));
+            }
+            Job::StorageFailed { .. } => {}
+        }
+    }
+
+    fn refusal(&self) -> CommandError {
+        let reason = self.recovery.as_ref().map_or("", |recovery| recovery.reason.as_str());
+        CommandError::Unavailable {
+            message: format!(
+                "not stored: the broker is reopening its database after a storage error ({reason}); nothing was written. Try again in a moment"
+            ),
+        }
+    }
+
+    fn start_recovery(&mut self, reason: String) {
+        tracing::warn!("reopening the database after a storage error: {reason}");
+        self.recovery = Some(Recovery { reason, next_attempt: Instant::now(), backoff: REOPEN_BACKOFF_FIRST });
+    }
+
+    /// Tries to reopen when an attempt is due; otherwise waits for the next job until then.
+    fn recover(&mut self, receiver: &mpsc::Receiver<Job>) -> Recovering {
+        let Some(recovery) = self.recovery.as_mut() else { return Recovering::Reopened };
+        let now = Instant::now();
+        if now >= recovery.next_attempt {
+            match catch_storage_panic(|| self.store.reopen()) {
+                Ok(()) => {
+                    tracing::info!("database reopened; writes are tried again");
+                    self.recovery = None;
+                    return Recovering::Reopened;
+                }
+                Err(error) => {
+                    tracing::warn!("cannot reopen the database yet ({error}); next try in {:?}", recovery.backoff);
+                    recovery.reason = format!("reopening failed: {error}");
+                    recovery.next_attempt = now + recovery.backoff;
+                    recovery.backoff = (recovery.backoff * 2).min(REOPEN_BACKOFF_MAX);
+                }
+            }
+        }
+        let wait = recovery.next_attempt.saturating_duration_since(Instant::now());
+        match receiver.recv_timeout(wait) {
+            Ok(job) => Recovering::Arrived(job),
+            Err(mpsc::RecvTimeoutError::Timeout) => Recovering::Pending,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Recovering::Stopped,
+        }
+    }
+
+    /// Records a failed write: the health check reports it, and an I/O failure makes the
+    /// writer reopen the database before the next batch.
+    fn storage_failed(&mut self, error: &StoreError) {
+        self.health.failed(error.to_string());
+        if needs_reopen(error) {
+            self.start_recovery(error.to_string());
+        }
+    }
+
+    fn commit_batch(&mut self, batch: &mut Vec<Pending>) {
+        if batch.is_empty() {
+            return;
+        }
+        let jobs = std::mem::take(batch);
+        let mut outcomes: Vec<Result<Outcome, CommandError>> = Vec::with_capacity(jobs.len());
+        let mut appended = Vec::new();
+        // redb asserts in some paths after a failed write (an abort after a failed allocation):
+        // a panic there is a storage failure like the others, not the end of the writer.
+        let result = catch_storage_panic(|| {
+            self.store.transact(now_ms(), |appender| {
+                for (command, _) in &jobs {
+                    match command::decide(appender.view(), command, appender.time_ms()) {
+                        Ok(decision) => {
+                            let written = appender.append(decision.actor.as_deref(), decision.events)?;
+                            let last_seq = written.last().map_or(appender.next_seq() - 1, |envelope| envelope.seq);
+                            appended.extend(written);
+                            outcomes.push(Ok(command::complete(appender.view(), decision.answer, last_seq)?));
+                        }
+                        Err(DecideError::Rejected(error)) => outcomes.push(Err(error)),
+                        Err(DecideError::Storage(error)) => return Err(error),
+                    }
+                }
+                Ok(appender.next_seq() - 1)
+            })
+        });
+        match result {
+            Ok(new_head) => {
+                // A commit that stored events proves the storage writes again (one that only
+                // refused commands may have written nothing).
+                if !appended.is_empty() {
+                    self.health.succeeded();
+                }
+                // Into the tails' ring before anyone hears of them (an answered caller may read the
+                // log at once) and before the head moves (woken tails find them there).
+                self.recent.push(appended);
+                for ((_, answer), outcome) in jobs.into_iter().zip(outcomes) {
+                    let _ = answer.send(outcome);
+                }
+                self.head.send_if_modified(|current| {
+                    let moved = *current != new_head;
+                    *current = new_head;
+                    moved
+                });
+            }
+            Err(error) => {
+                // Nothing of this batch is in the log (the transaction was not committed), so
+                // every caller hears it failed; none is told it was stored.
+                tracing::error!("batch of {} commands not stored: {error}", jobs.len());
+                // Recorded before the callers hear: one that asks the health check next sees it.
+                self.storage_failed(&error);
+                let message = describe_storage_failure(&error);
+                for (_, answer) in jobs {
+                    let _ = answer.send(Err(CommandError::Unavailable { message: message.clone() }));
+                }
+            }
+        }
+    }
+}
+
+/// Runs storage work, turning a panic inside redb into an I/O failure (the writer then reopens
+/// the database).
+fn catch_storage_panic<T>(work: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".into());
+        Err(StoreError::Io(format!("the storage engine failed ({what})")))
+    })
+}
+
+/// Does this error leave redb's database unusable until it is reopened?
+fn needs_reopen(error: &StoreError) -> bool {
+    error.is_io_failure() || matches!(error, StoreError::Reopening)
 }
 
 fn describe_storage_failure(error: &StoreError) -> String {
     format!("not stored: {error}")
+}
+
+/// Whether the broker can store: the failure of the last write, until a write succeeds.
+/// Shared by the writer (which sets it) and the health check (which reports it).
+#[derive(Debug, Default)]
+pub struct WriteHealth {
+    failure: std::sync::Mutex<Option<WriteFailure>>,
+}
+
+/// Why the broker cannot write, and since when.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WriteFailure {
+    pub reason: String,
+    /// When the first of the failures in a row happened (ms since the epoch).
+    pub since_ms: u64,
+}
+
+impl WriteHealth {
+    /// The current failure, or `None` when the last write succeeded.
+    pub fn failure(&self) -> Option<WriteFailure> {
+        self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn failed(&self, reason: String) {
+        let mut failure = self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let since_ms = failure.as_ref().map_or_else(now_ms, |earlier| earlier.since_ms);
+        *failure = Some(WriteFailure { reason, since_ms });
+    }
+
+    fn succeeded(&self) {
+        *self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
 }

@@ -221,7 +221,7 @@ pub async fn run(paths: &Paths, command: FileSafetyCommand) -> anyhow::Result<i3
         }
         FileSafetyCommand::Debug => {
             let status = client.get("/file-safety/status").await?;
-            let health = client.get("/broker/health").await?;
+            let health = client.broker_info().await?;
             println!(
                 "enabled: true\nhome: {}\nlog: {}\nbroker pid: {}\nlocks: {}\nmodifications: {}",
                 paths.home.display(),

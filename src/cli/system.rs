@@ -33,8 +33,15 @@ pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>) -> an
         },
         Some(BrokerCommand::Status) => match Client::try_connect(paths).await {
             Some(mut client) => {
-                let info = client.get("/broker/health").await?;
+                let info = client.broker_info().await?;
                 println!("{}", serde_json::to_string_pretty(&info)?);
+                if info.get("healthy").and_then(Value::as_bool) == Some(false) {
+                    eprintln!(
+                        "the broker cannot store: {} (reads still work; it recovers by itself once a write succeeds)",
+                        info.pointer("/write_failure/reason").and_then(Value::as_str).unwrap_or("unknown reason")
+                    );
+                    return Ok(1);
+                }
                 Ok(0)
             }
             None => {
@@ -51,7 +58,7 @@ pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>) -> an
                 );
             }
             let mut client = Client::connect(paths, true).await?;
-            let info = client.get("/broker/health").await?;
+            let info = client.broker_info().await?;
             println!("broker running (pid {}, socket {})", info["pid"], info["socket"].as_str().unwrap_or_default());
             Ok(0)
         }

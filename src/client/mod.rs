@@ -260,7 +260,7 @@ impl Client {
     }
 
     async fn check_version(&mut self) -> anyhow::Result<()> {
-        let info: BrokerInfo = serde_json::from_value(self.get("/broker/health").await?)
+        let info: BrokerInfo = serde_json::from_value(self.broker_info().await?)
             .context("the broker's health answer is not understood")?;
         if info.version != crate::broker::VERSION {
             return Err(VersionMismatch { running: info.version, pid: info.pid }.into());
@@ -279,6 +279,24 @@ impl Client {
 
     pub async fn get(&mut self, path: &str) -> anyhow::Result<Value> {
         self.request(Method::GET, path, None).await
+    }
+
+    /// `GET /broker/health`: the broker's info, also when it answers 503 because it cannot
+    /// store at the moment (`healthy: false`). It runs and serves reads then, so the version
+    /// handshake and the readiness probe accept it.
+    pub async fn broker_info(&mut self) -> anyhow::Result<Value> {
+        match self.get("/broker/health").await {
+            Ok(info) => Ok(info),
+            Err(error) => match error.downcast::<ApiFailure>() {
+                Ok(failure)
+                    if failure.status == StatusCode::SERVICE_UNAVAILABLE && failure.body.get("pid").is_some() =>
+                {
+                    Ok(failure.body)
+                }
+                Ok(failure) => Err(failure.into()),
+                Err(error) => Err(error),
+            },
+        }
     }
 
     pub async fn post(&mut self, path: &str, body: &Value) -> anyhow::Result<Value> {
@@ -459,7 +477,7 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
 async fn answers_health(paths: &Paths) -> bool {
     let Ok(sender) = connect_unix(paths).await else { return false };
     let mut client = Client { sender, secret: None };
-    client.get("/broker/health").await.is_ok()
+    client.broker_info().await.is_ok()
 }
 
 /// Asks the broker to stop and waits until it has (its socket stops answering).

@@ -238,8 +238,12 @@ async fn not_found() -> ApiError {
     ApiError::not_found("no such endpoint")
 }
 
-async fn health(State(state): State<AppState>) -> Json<Value> {
-    Json(json!(state.info()))
+/// The broker's identity (the clients' version handshake) and whether it can store: 503 with
+/// the same body plus the reason while its last write failed and none has succeeded since.
+async fn health(State(state): State<AppState>) -> Response {
+    let info = state.info();
+    let status = if info.healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(json!(info))).into_response()
 }
 
 async fn shutdown(State(state): State<AppState>) -> Json<Value> {

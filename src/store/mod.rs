@@ -7,7 +7,13 @@
 //!   clock or the environment, so [`Store::rebuild`] reproduces them exactly, and
 //!   [`Store::verify`] can prove it.
 //! - Reads use short read transactions: a long one makes the file grow while writes go on.
+//! - After a failed commit redb refuses every later read and write on that `Database`
+//!   ("Previous I/O error occurred"). [`Store::reopen`] drops it and opens the file again: redb
+//!   repairs it from the last committed transaction, so nothing committed is lost and nothing
+//!   of the failed one is kept. Everyone reaches the database through [`Store::db`], which
+//!   hands out the current one; while it is swapped, reads get [`StoreError::Reopening`].
 
+pub mod fault;
 pub mod history;
 pub mod projection;
 pub mod records;
@@ -15,7 +21,8 @@ pub mod search_index;
 
 use crate::event::{DecodeError, Envelope, Event, SCHEMA_VERSION};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 pub use projection::{LIVE, ProjectionNames, Projections, SCRATCH};
@@ -30,6 +37,10 @@ const META_PROJECTIONS: &str = "projection_version";
 /// queue an id holds), opening a store written by
 /// another build replays the log into fresh projections: they are derived, the log is not.
 const PROJECTION_VERSION: u64 = 3;
+
+/// How long a reopen waits for readers of the old database to let go of its file (its lock
+/// admits one open `Database`; reads are short).
+const REOPEN_WAIT: Duration = Duration::from_secs(2);
 
 /// redb page cache (allocated as pages are used: an idle broker stays at a few MB).
 const CACHE_SIZE_BYTES: usize = 64 << 20;
@@ -48,6 +59,10 @@ pub enum StoreError {
     NewerSchema { found: u32 },
     #[error("the disk is full: {0}. Free some space; nothing was written")]
     DiskFull(String),
+    #[error("the database could not be read or written: {0}")]
+    Io(String),
+    #[error("the database is being reopened after a storage error; try again in a moment")]
+    Reopening,
     #[error("the database is corrupt: {0}")]
     Corrupt(String),
     #[error("storage error: {0}")]
@@ -74,6 +89,9 @@ macro_rules! storage_error_from {
                 let error: redb::Error = error.into();
                 match error {
                     redb::Error::Io(io) if is_disk_full(&io) => StoreError::DiskFull(io.to_string()),
+                    redb::Error::Io(io) => StoreError::Io(io.to_string()),
+                    redb::Error::PreviousIo => StoreError::Io("an earlier write failed (Previous I/O error occurred)".into()),
+                    redb::Error::DatabaseClosed => StoreError::Reopening,
                     redb::Error::Corrupted(reason) => StoreError::Corrupt(reason),
                     other => StoreError::Storage(other.to_string()),
                 }
@@ -83,11 +101,59 @@ macro_rules! storage_error_from {
 }
 storage_error_from!(redb::Error, redb::StorageError, redb::TableError, redb::TransactionError, redb::CommitError);
 
+impl StoreError {
+    /// Did the storage itself fail (a full disk, an I/O error)? After such a failure in a
+    /// write, redb refuses the database until it is reopened ([`Store::reopen`]).
+    pub fn is_io_failure(&self) -> bool {
+        matches!(self, StoreError::DiskFull(_) | StoreError::Io(_))
+    }
+}
+
+/// Where a store's file is, to open it again after a failure.
+struct FileSource {
+    path: PathBuf,
+    /// Tests only: see [`fault::DiskFullSwitch`].
+    simulated_disk: Option<fault::SimulatedDisk>,
+}
+
+fn open_database(source: &FileSource) -> Result<Database, StoreError> {
+    let path = &source.path;
+    let shown = path.display().to_string();
+    let refused = |error: redb::DatabaseError| match error {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen { path: shown.clone() },
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_disk_full(&io) => {
+            StoreError::DiskFull(io.to_string())
+        }
+        other => StoreError::Unreadable { path: shown.clone(), reason: other.to_string() },
+    };
+    match &source.simulated_disk {
+        None => Database::builder().set_cache_size(CACHE_SIZE_BYTES).create(path).map_err(refused),
+        Some(disk) => {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|error| StoreError::Unreadable { path: shown.clone(), reason: error.to_string() })?;
+            let backend = redb::backends::FileBackend::new(file).map_err(refused)?;
+            let backend = fault::DiskFullSwitch::new(backend, disk.clone())
+                .map_err(|error| StoreError::Unreadable { path: shown.clone(), reason: error.to_string() })?;
+            Database::builder().set_cache_size(CACHE_SIZE_BYTES).create_with_backend(backend).map_err(refused)
+        }
+    }
+}
+
 /// The event log and its projections.
 pub struct Store {
-    db: Database,
+    /// The open database; `None` only while [`Store::reopen`] swaps it.
+    database: RwLock<Option<Arc<Database>>>,
+    /// How to open it again (`None` for a store on a custom backend, which cannot be reopened).
+    source: Option<FileSource>,
+    /// One reopen at a time.
+    reopening: Mutex<()>,
     /// Held by the history indexer for a whole step, and by a rebuild (which empties the index).
-    index_lock: std::sync::Mutex<()>,
+    index_lock: Mutex<()>,
 }
 
 /// What a rebuild did.
@@ -107,15 +173,18 @@ pub struct VerifyReport {
 impl Store {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let shown = path.display().to_string();
-        let db = Database::builder().set_cache_size(CACHE_SIZE_BYTES).create(path).map_err(|error| match error {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen { path: shown.clone() },
-            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_disk_full(&io) => {
-                StoreError::DiskFull(io.to_string())
-            }
-            other => StoreError::Unreadable { path: shown.clone(), reason: other.to_string() },
-        })?;
-        Store::initialise(db)
+        Store::open_with_disk_full_switch(path, None)
+    }
+
+    /// Opens (or creates) the store at `path`; for fault-injection tests, the file behaves as
+    /// on a full disk while `disk_full_switch` exists ([`fault::DiskFullSwitch`]).
+    pub fn open_with_disk_full_switch(path: &Path, disk_full_switch: Option<&Path>) -> Result<Store, StoreError> {
+        let source = FileSource {
+            path: path.to_path_buf(),
+            simulated_disk: disk_full_switch.map(|switch| fault::SimulatedDisk::new(switch.to_path_buf())),
+        };
+        let db = open_database(&source)?;
+        Store::initialise(db, Some(source))
     }
 
     /// Opens a store on any redb backend (tests use an in-memory or fault-injecting one).
@@ -124,10 +193,10 @@ impl Store {
             .set_cache_size(CACHE_SIZE_BYTES)
             .create_with_backend(backend)
             .map_err(|error| StoreError::Unreadable { path: "<backend>".into(), reason: error.to_string() })?;
-        Store::initialise(db)
+        Store::initialise(db, None)
     }
 
-    fn initialise(db: Database) -> Result<Store, StoreError> {
+    fn initialise(db: Database, source: Option<FileSource>) -> Result<Store, StoreError> {
         let txn = db.begin_write()?;
         {
             let mut meta = txn.open_table(META)?;
@@ -157,19 +226,65 @@ impl Store {
             }
         }
         txn.commit()?;
-        Ok(Store { db, index_lock: std::sync::Mutex::new(()) })
+        Ok(Store {
+            database: RwLock::new(Some(Arc::new(db))),
+            source,
+            reopening: Mutex::new(()),
+            index_lock: Mutex::new(()),
+        })
+    }
+
+    /// The database as it is now. Hold it only for one transaction: a reopen waits until the
+    /// old one is let go of.
+    pub(crate) fn db(&self) -> Result<Arc<Database>, StoreError> {
+        self.database.read().unwrap_or_else(PoisonError::into_inner).clone().ok_or(StoreError::Reopening)
+    }
+
+    /// Drops the database and opens the file again, after a failed commit made redb refuse it.
+    /// redb repairs the file from its last committed transaction. The schema and projections
+    /// were checked when the store was first opened and are not checked again.
+    ///
+    /// Fails when the file cannot be opened (the caller tries again later); until it succeeds,
+    /// every read and write gets [`StoreError::Reopening`].
+    pub fn reopen(&self) -> Result<(), StoreError> {
+        let Some(source) = &self.source else {
+            return Err(StoreError::Storage("a store on a custom backend cannot be reopened".into()));
+        };
+        let _one_at_a_time = self.reopening.lock().unwrap_or_else(PoisonError::into_inner);
+        // Out of the slot first, and the lock released at once: readers are not held up while
+        // the file is repaired, they get `Reopening`.
+        let old = self.database.write().unwrap_or_else(PoisonError::into_inner).take();
+        // Dropping a failed redb database may panic on its poisoned state; its file is closed
+        // either way, which is all a reopen needs.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(old))).is_err() {
+            tracing::warn!("the failed database panicked while closing");
+        }
+        let deadline = Instant::now() + REOPEN_WAIT;
+        let db = loop {
+            match open_database(source) {
+                Ok(db) => break db,
+                // A reader still holds the old database (its file lock); it lets go within
+                // milliseconds.
+                Err(StoreError::AlreadyOpen { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(error) => return Err(error),
+            }
+        };
+        *self.database.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(db));
+        Ok(())
     }
 
     /// The sequence number of the last event (0 when the log is empty).
     pub fn head(&self) -> Result<u64, StoreError> {
-        let txn = self.db.begin_read()?;
+        let txn = self.db()?.begin_read()?;
         let log = txn.open_table(LOG)?;
         Ok(log.last()?.map_or(0, |(seq, _)| seq.value()))
     }
 
     /// Up to `limit` events after `after`, in order.
     pub fn read_after(&self, after: u64, limit: usize) -> Result<Vec<Envelope>, StoreError> {
-        let txn = self.db.begin_read()?;
+        let txn = self.db()?.begin_read()?;
         let log = txn.open_table(LOG)?;
         let mut events = Vec::new();
         for row in log.range(after.saturating_add(1)..)?.take(limit) {
@@ -184,7 +299,7 @@ impl Store {
         &self,
         read: impl FnOnce(&projection::ReadProjections) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let txn = self.db.begin_read()?;
+        let txn = self.db()?.begin_read()?;
         let projections = projection::ReadProjections::open(&txn, &LIVE)?;
         read(&projections)
     }
@@ -197,7 +312,7 @@ impl Store {
         time_ms: u64,
         work: impl FnOnce(&mut Appender<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let txn = self.db.begin_write()?;
+        let txn = self.db()?.begin_write()?;
         let result = {
             let log = txn.open_table(LOG)?;
             let next_seq = log.last()?.map_or(0, |(seq, _)| seq.value()) + 1;
@@ -221,8 +336,8 @@ impl Store {
     /// emptied too; the indexer builds it again from the first event.
     pub fn rebuild(&self) -> Result<RebuildReport, StoreError> {
         let started = Instant::now();
-        let _indexer = self.index_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let txn = self.db.begin_write()?;
+        let _indexer = self.index_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let txn = self.db()?.begin_write()?;
         let events = replay_into(&txn, &LIVE)?;
         search_index::clear(&txn)?;
         txn.commit()?;
@@ -232,7 +347,7 @@ impl Store {
     /// Replays the log into scratch tables and compares them with the live projections.
     /// Writes nothing: the transaction is aborted.
     pub fn verify(&self) -> Result<VerifyReport, StoreError> {
-        let txn = self.db.begin_write()?;
+        let txn = self.db()?.begin_write()?;
         let events = replay_into(&txn, &SCRATCH)?;
         let differences = projection::compare(&txn, &LIVE, &SCRATCH)?;
         let _ = txn.abort();
@@ -241,7 +356,7 @@ impl Store {
 
     /// Number of events in the log.
     pub fn event_count(&self) -> Result<u64, StoreError> {
-        let txn = self.db.begin_read()?;
+        let txn = self.db()?.begin_read()?;
         Ok(txn.open_table(LOG)?.len()?)
     }
 }

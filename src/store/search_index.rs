@@ -181,7 +181,7 @@ impl Store {
     /// one new segment (merged with small older ones), in a transaction of its own.
     pub fn index_history_step(&self, max_events: usize) -> Result<IndexProgress, StoreError> {
         let _indexer = self.index_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let txn = self.db.begin_read()?;
+        let txn = self.db()?.begin_read()?;
         let meta = txn.open_table(INDEX_META)?;
         let from = meta_value(&meta, INDEXED_THROUGH)?;
         let log = txn.open_table(LOG)?;
@@ -244,7 +244,7 @@ impl Store {
         }
         drop((meta, log, projections, txn));
 
-        let txn = self.db.begin_write()?;
+        let txn = self.db()?.begin_write()?;
         let segment_count;
         {
             let mut meta = txn.open_table(INDEX_META)?;
@@ -302,7 +302,7 @@ impl Store {
 
     /// Where the indexer stands.
     pub fn index_progress(&self) -> Result<IndexProgress, StoreError> {
-        let txn = self.db.begin_read()?;
+        let txn = self.db()?.begin_read()?;
         let meta = txn.open_table(INDEX_META)?;
         let head = txn.open_table(LOG)?.last()?.map_or(0, |(seq, _)| seq.value());
         Ok(IndexProgress {
@@ -356,7 +356,7 @@ impl Store {
         scan: impl FnOnce(&ReadProjections) -> Result<Vec<HistoryRecord>, StoreError>,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
         let Query { logic, limit, .. } = *query;
-        let txn = self.db.begin_read()?;
+        let txn = self.db()?.begin_read()?;
         let projections = ReadProjections::open(&txn, &LIVE)?;
         let meta = txn.open_table(INDEX_META)?;
         let log = txn.open_table(LOG)?;

@@ -195,7 +195,7 @@ fn verify_reports_a_projection_that_drifted_from_the_log() {
         })
         .unwrap();
     // Write a projection row that no event explains.
-    let txn = store.db.begin_write().unwrap();
+    let txn = store.db().unwrap().begin_write().unwrap();
     {
         let mut agents = txn.open_table(LIVE.agents).unwrap();
         agents.insert("ghost", b"not a row".as_slice()).unwrap();
@@ -545,7 +545,7 @@ fn projections_of_an_older_shape_are_replayed_at_open() {
         let created = alice_asks_bob(task_id, "legacy parser note");
         store.transact(1_000, |appender| appender.append(None, vec![created])).unwrap();
         // What the previous build left: no projection version, a task without its number.
-        let txn = store.db.begin_write().unwrap();
+        let txn = store.db().unwrap().begin_write().unwrap();
         {
             txn.open_table(META).unwrap().remove(META_PROJECTIONS).unwrap();
             let mut projections = Projections::open(&txn, &LIVE).unwrap();
@@ -583,4 +583,29 @@ fn a_search_far_ahead_of_the_indexer_scans_and_answers_the_same() {
     assert_eq!(found, scanned);
     assert_eq!(found.len(), 2, "{found:?}");
     assert_eq!(store.recent_history(None, 10).unwrap().len(), 2);
+}
+
+#[test]
+fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let switch = dir.path().join("disk-full");
+    let store = Store::open_with_disk_full_switch(&dir.path().join("log.redb"), Some(&switch)).unwrap();
+    let small = || vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready }];
+    // Larger than the file: committing it needs the file to grow.
+    let large = || vec![Event::AgentStatusChanged { agent_id: "b".repeat(8 << 20), status: AgentStatus::Ready }];
+    store.transact(1, |appender| appender.append(None, small())).unwrap();
+
+    std::fs::write(&switch, b"").unwrap();
+    let error = store.transact(2, |appender| appender.append(None, large())).unwrap_err();
+    assert!(error.is_io_failure(), "{error:?}");
+    // redb refuses the database after a failed commit, reads included, until it is reopened.
+    let refused = store.head().unwrap_err();
+    assert!(refused.is_io_failure(), "{refused:?}");
+    store.reopen().unwrap();
+    assert_eq!(store.head().unwrap(), 1, "the committed event is there, the failed one is not");
+
+    std::fs::remove_file(&switch).unwrap();
+    store.transact(3, |appender| appender.append(None, large())).unwrap();
+    assert_eq!(store.head().unwrap(), 2);
+    assert!(store.verify().unwrap().differences.is_empty());
 }

@@ -1,0 +1,94 @@
+//! A storage backend for fault-injection tests of the real binary: the database file behaves as
+//! if the disk were full while a switch file exists.
+//!
+//! "Full" means what a full disk does to a file: no new blocks. As on Linux, extending the
+//! length (`set_len`, a sparse `ftruncate`) still works, but writing into the part that never
+//! held data fails with `ENOSPC`; writes into blocks the file already has, and fsync, succeed.
+//! So a commit that needs new pages fails when it writes them out, and reopening the database
+//! (a repair rewrites only the header) works.
+//!
+//! Only the broker's tests turn this on (`SYNAPSE_TEST_DISK_FULL_FILE`); without it the broker
+//! uses redb's plain file backend.
+
+use redb::StorageBackend;
+use redb::backends::FileBackend;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The state of the simulated disk, shared by every backend opened on the file (a reopen
+/// must not forget which part of the file never got blocks).
+#[derive(Debug, Clone)]
+pub struct SimulatedDisk {
+    /// The disk is "full" while this file exists.
+    switch: PathBuf,
+    /// The length up to which the file has blocks: its length when first opened, and what it
+    /// grew to while the disk was not full. `u64::MAX` until first opened.
+    allocated: Arc<AtomicU64>,
+}
+
+impl SimulatedDisk {
+    pub fn new(switch: PathBuf) -> SimulatedDisk {
+        SimulatedDisk { switch, allocated: Arc::new(AtomicU64::new(u64::MAX)) }
+    }
+}
+
+#[derive(Debug)]
+pub struct DiskFullSwitch {
+    file: FileBackend,
+    disk: SimulatedDisk,
+}
+
+impl DiskFullSwitch {
+    pub fn new(file: FileBackend, disk: SimulatedDisk) -> Result<DiskFullSwitch, io::Error> {
+        let length = file.len()?;
+        let _ = disk.allocated.compare_exchange(u64::MAX, length, Ordering::SeqCst, Ordering::SeqCst);
+        Ok(DiskFullSwitch { file, disk })
+    }
+
+    fn is_full(&self) -> bool {
+        self.disk.switch.exists()
+    }
+
+    fn no_space() -> io::Error {
+        io::Error::from_raw_os_error(libc::ENOSPC)
+    }
+}
+
+impl StorageBackend for DiskFullSwitch {
+    fn len(&self) -> Result<u64, io::Error> {
+        self.file.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        self.file.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        self.file.set_len(len)?;
+        if !self.is_full() {
+            self.disk.allocated.fetch_max(len, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), io::Error> {
+        self.file.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        let end = offset.saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
+        if end > self.disk.allocated.load(Ordering::SeqCst) {
+            if self.is_full() {
+                return Err(DiskFullSwitch::no_space());
+            }
+            self.disk.allocated.fetch_max(end, Ordering::SeqCst);
+        }
+        self.file.write(offset, data)
+    }
+
+    fn close(&self) -> Result<(), io::Error> {
+        self.file.close()
+    }
+}
