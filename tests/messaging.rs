@@ -426,3 +426,92 @@ fn messages_of_any_text_arrive_unchanged() {
     let texts: Vec<String> = home.inbox(&bob).iter().map(|t| t["text"].as_str().unwrap().to_string()).collect();
     assert_eq!(texts, [text, "from a file\n"]);
 }
+
+/// Issue 12 (storage): a long message and its reply are each stored once. Before, a send
+/// copied the text into both tasks' events and rows and every state change rewrote the rows
+/// (five 16 MB messages grew the log by 780 MB).
+#[test]
+fn a_multi_megabyte_message_and_its_reply_grow_the_log_by_about_their_size() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let words = |word: &str, bytes: usize| -> String {
+        let mut text = String::with_capacity(bytes + 16);
+        let mut n = 0u64;
+        while text.len() < bytes {
+            text.push_str(&format!("{word}{n} "));
+            n += 1;
+        }
+        text.truncate(bytes);
+        text
+    };
+    let (request, answer) = (words("question", 4_000_000), words("answer", 4_000_000));
+    let files = tempfile::tempdir().unwrap();
+    let (request_file, answer_file) = (files.path().join("request.txt"), files.path().join("answer.txt"));
+    std::fs::write(&request_file, &request).unwrap();
+    std::fs::write(&answer_file, &answer).unwrap();
+    let database = home.home().join("synapse.redb");
+    let size = || std::fs::metadata(&database).unwrap().len();
+    let before = size();
+
+    let sent =
+        home.run_as(&alice, &["send", "bob", "--message-file", request_file.to_str().unwrap(), "--response", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let sent: Value = serde_json::from_str(&stdout(&sent)).unwrap();
+    let sender_task = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    let receiver_task = sent["task"]["id"].as_str().unwrap().to_string();
+    let inbox = home.inbox(&bob);
+    assert_eq!(inbox[0]["text"], request.as_str());
+    let ticket = inbox[0]["ticket"].as_u64().unwrap();
+    let (status, body) = home.http(
+        "POST",
+        &format!("/agents/{}/inbox/{ticket}/ack", bob.id),
+        None,
+        &[("x-synapse-agent-secret", bob.secret.as_str())],
+    );
+    assert_eq!(status, 200, "{body}");
+    let replied = home
+        .run_as(&bob, &["send", "alice", "--message-file", answer_file.to_str().unwrap(), "--reply-to", &sender_task]);
+    assert!(replied.status.success(), "{}", describe(&replied));
+
+    let grown = size() - before;
+    let payload = (request.len() + answer.len()) as u64;
+    assert!(
+        grown * 10 <= payload * 25,
+        "the log grew {grown} bytes for {payload} bytes of text ({:.2}x)",
+        grown as f64 / payload as f64
+    );
+
+    let check = |home: &Home| {
+        for id in [&sender_task, &receiver_task] {
+            let task = task_of(home, id);
+            assert_eq!(task["status"], "completed");
+            assert_eq!(task["message"]["parts"][0]["text"], request.as_str());
+            assert_eq!(task["artifacts"][0]["parts"][0]["text"], answer.as_str());
+        }
+        // The log's readers see each event as if the text were copied into it.
+        let events = home.events();
+        let created: Vec<&Value> = events.iter().filter(|event| event["event"]["kind"] == "task_created").collect();
+        assert_eq!(created.len(), 2);
+        for event in created {
+            assert_eq!(event["event"]["data"]["message"]["parts"][0]["text"], request.as_str());
+            assert!(event["event"]["data"].get("message_in").is_none());
+        }
+        let completed: Vec<&Value> = events
+            .iter()
+            .filter(|event| {
+                event["event"]["kind"] == "task_state_changed" && event["event"]["data"]["state"] == "completed"
+            })
+            .collect();
+        assert_eq!(completed.len(), 2);
+        for event in completed {
+            assert_eq!(event["event"]["data"]["artifacts"][0]["parts"][0]["text"], answer.as_str());
+        }
+    };
+    check(&home);
+    home.kill_broker();
+    home.ok(&["broker", "start"]);
+    check(&home);
+    let verified = home.ok(&["admin", "verify"]);
+    assert!(verified.starts_with("ok:"), "{verified}");
+}

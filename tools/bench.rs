@@ -2,7 +2,7 @@
 //!
 //! Usage: `synapse-bench <scenario>... [--seconds N] [--synapse PATH]`, or `synapse-bench all`.
 //! Scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
-//! history-search, lock-contention.
+//! history-search, lock-contention, storage.
 //!
 //! Every scenario works in a fresh directory under the system's temporary directory (removed
 //! afterwards), lets the system choose every port, and prints human lines plus machine-readable
@@ -27,7 +27,7 @@ use synapse::store::{Appender, Store, StoreError};
 
 mod real_clis;
 
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 11] = [
     "append",
     "rebuild",
     "memory",
@@ -38,7 +38,12 @@ const SCENARIOS: [&str; 10] = [
     "sse-fanout",
     "history-search",
     "lock-contention",
+    "storage",
 ];
+/// `storage`: exchanges (a message with a reply expected, and its reply), and the size of
+/// each text (16 MB, decimal: the limit is 16 MiB).
+const STORAGE_EXCHANGES: usize = 5;
+const STORAGE_TEXT_BYTES: usize = 16_000_000;
 /// `sse-fanout`: subscribers on `/events`, events appended, concurrent appenders.
 const FANOUT_SUBSCRIBERS: usize = 1000;
 const FANOUT_EVENTS: usize = 5000;
@@ -70,7 +75,7 @@ const SECRET_HEADER: &str = "x-synapse-agent-secret";
 
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
 scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
-           history-search, lock-contention, all; real-clis (needs tools/install-clis; not in all)
+           history-search, lock-contention, storage, all; real-clis (needs tools/install-clis; not in all)
   --seconds N      length of the timed scenarios (append, http-send, lock-contention); default 10,
                    or SYNAPSE_BENCH_SECONDS
   --synapse PATH   the synapse binary (default: next to synapse-bench), or SYNAPSE_BENCH_BIN
@@ -109,6 +114,7 @@ fn run() -> Result<ExitCode> {
             "history-search" => history_search(),
             "lock-contention" => runtime.block_on(lock_contention(&options)),
             "real-clis" => real_clis::run(&options.synapse),
+            "storage" => runtime.block_on(storage(&options)),
             other => Err(anyhow!("unknown scenario '{other}'")),
         };
         if let Err(error) = outcome {
@@ -766,6 +772,7 @@ impl LogGenerator {
                 sender_task_id: None,
                 in_reply_to: None,
                 peer_task_id: Some(task_id.clone()),
+                message_in: None,
             });
         }
         send.push(Event::TaskCreated {
@@ -781,6 +788,7 @@ impl LogGenerator {
             sender_task_id: sender_task_id.clone(),
             in_reply_to: None,
             peer_task_id: None,
+            message_in: None,
         });
         send.push(Event::MessageSent {
             task_id: task_id.clone(),
@@ -816,6 +824,7 @@ impl LogGenerator {
                     state: TaskState::Working,
                     artifacts: Vec::new(),
                     error: None,
+                    reply_of: None,
                 },
             ],
         )?;
@@ -828,6 +837,7 @@ impl LogGenerator {
             state: TaskState::Completed,
             artifacts: vec![Artifact::text(REPLY_TEXT)],
             error: None,
+            reply_of: None,
         };
         let written = appender.append(
             Some(receiver),
@@ -1186,6 +1196,91 @@ async fn one_round_trip(http: &mut Http, a: &Agent, b: &Agent, round: usize) -> 
 }
 
 // ---------------------------------------------------------------------------------------------
+// storage: how much the log grows per byte of message text
+
+/// A text of `bytes` bytes made of words (what a long prompt or a pasted file looks like to the
+/// history index), different for every `seed`.
+fn storage_text(seed: u64, bytes: usize) -> String {
+    let mut text = String::with_capacity(bytes + 32);
+    let mut index = seed.wrapping_mul(1_000_003);
+    while text.len() < bytes {
+        text.push_str(&history_word(index % 20_000));
+        text.push(' ');
+        index += 1;
+    }
+    text.truncate(bytes);
+    text
+}
+
+fn file_bytes(path: &Path) -> Result<u64> {
+    Ok(std::fs::metadata(path).with_context(|| format!("cannot read the size of {}", path.display()))?.len())
+}
+
+fn megabytes(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+async fn storage(options: &Options) -> Result<()> {
+    let dir = BenchDir::new("storage")?;
+    let env = SynapseEnv::new(&options.synapse, &dir)?;
+    let database = dir.paths().database();
+    let broker = BrokerProcess::start(env, dir.root.join("broker.log")).await?;
+    let mut http = broker.connect().await?;
+    let a = register_agent(&mut http).await?;
+    let b = register_agent(&mut http).await?;
+    let start_bytes = file_bytes(&database)?;
+    println!(
+        "A = {}, B = {}; {STORAGE_EXCHANGES} exchanges of a {:.0} MB message (reply expected) and a {:.0} MB reply; log {:.1} MB at the start",
+        a.id,
+        b.id,
+        megabytes(STORAGE_TEXT_BYTES as u64),
+        megabytes(STORAGE_TEXT_BYTES as u64),
+        megabytes(start_bytes)
+    );
+    let mut payload = 0u64;
+    for exchange in 0..STORAGE_EXCHANGES {
+        let before = file_bytes(&database)?;
+        let seed = exchange as u64 * 2;
+        let request = json!({
+            "to": b.id, "from": a.id, "secret": a.secret,
+            "text": storage_text(seed, STORAGE_TEXT_BYTES), "response_expected": true,
+        });
+        http.json(Method::POST, "/send", Some(&request), None).await?;
+        // B's watcher writes the message into its PTY: the ticket leaves the inbox and the task
+        // starts working (a state change of the task that holds the message).
+        let inbox = http.json(Method::GET, &format!("/agents/{}/inbox", b.id), None, None).await?;
+        let ticket = inbox["tickets"][0]["ticket"].as_u64().with_context(|| format!("B's inbox is empty: {inbox}"))?;
+        http.json(Method::POST, &format!("/agents/{}/inbox/{ticket}/ack", b.id), None, Some(&b.secret)).await?;
+        let after_send = file_bytes(&database)?;
+        let reply = json!({"from": b.id, "secret": b.secret, "text": storage_text(seed + 1, STORAGE_TEXT_BYTES)});
+        http.json(Method::POST, "/reply", Some(&reply), None).await?;
+        let inbox = http.json(Method::GET, &format!("/agents/{}/inbox", a.id), None, None).await?;
+        let ticket = inbox["tickets"][0]["ticket"].as_u64().with_context(|| format!("A's inbox is empty: {inbox}"))?;
+        http.json(Method::POST, &format!("/agents/{}/inbox/{ticket}/ack", a.id), None, Some(&a.secret)).await?;
+        let after_reply = file_bytes(&database)?;
+        payload += 2 * STORAGE_TEXT_BYTES as u64;
+        println!(
+            "exchange {exchange}: message +{:.1} MB ({:.2}x), reply +{:.1} MB ({:.2}x)",
+            megabytes(after_send.saturating_sub(before)),
+            after_send.saturating_sub(before) as f64 / STORAGE_TEXT_BYTES as f64,
+            megabytes(after_reply.saturating_sub(after_send)),
+            after_reply.saturating_sub(after_send) as f64 / STORAGE_TEXT_BYTES as f64,
+        );
+    }
+    drop(http);
+    broker.stop()?;
+    let grown = file_bytes(&database)?.saturating_sub(start_bytes);
+    println!(
+        "log grew {:.1} MB for {:.1} MB of text sent ({:.1} MB per exchange of two texts)",
+        megabytes(grown),
+        megabytes(payload),
+        megabytes(grown) / STORAGE_EXCHANGES as f64
+    );
+    result("storage_amplification", grown as f64 / payload as f64, 2, "ratio");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
 // sse-fanout: many subscribers on /events while events are appended
 
 fn unix_ms() -> f64 {
@@ -1356,6 +1451,7 @@ fn history_search() -> Result<()> {
                     sender_task_id: None,
                     in_reply_to: None,
                     peer_task_id: None,
+                    message_in: None,
                 }
             })
             .collect();

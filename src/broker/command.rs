@@ -4,7 +4,7 @@
 //! the same batch. It returns the events to append (all or nothing) and the answer for the
 //! caller; a rejected command returns an error and appends nothing.
 
-use crate::event::{Artifact, Direction, Event, Message, Part, Role, TaskState, short_id};
+use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
 use crate::store::{AgentRecord, DepartedAgent, Projections, StoreError, TaskRecord};
 use serde::{Deserialize, Serialize};
 
@@ -542,6 +542,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
                     sender_task_id: None,
                     in_reply_to: None,
                     peer_task_id: None,
+                    message_in: None,
                 }],
                 answer: Answer::Task { task_id },
             })
@@ -608,6 +609,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
                     state: TaskState::Working,
                     artifacts: Vec::new(),
                     error: None,
+                    reply_of: None,
                 });
             }
             Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Injected { ticket: *ticket } })
@@ -661,6 +663,7 @@ fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -> Re
         state: request.state,
         artifacts: request.artifacts.clone(),
         error: request.error.clone(),
+        reply_of: None,
     };
     let mut events = vec![change(&task.id)];
     if let Some(sender_task) = view.open_outgoing_of(&task)?
@@ -733,6 +736,7 @@ fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) -> R
                 state: TaskState::Failed,
                 artifacts: Vec::new(),
                 error: Some(reason.clone()),
+                reply_of: None,
             };
             if let Some(sender_task) = view.open_outgoing_of(&task)?
                 && !sender_task.state.is_final()
@@ -910,7 +914,13 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest, now_ms: u64) -> Re
     let response_expected = request.response_expected || existing_sender_task.is_some();
     let sender_task_id = existing_sender_task.clone().or_else(|| response_expected.then(new_id));
     let context_id = request.context_id.clone().unwrap_or_else(new_id);
-    let message = Message::text(Role::User, request.text.clone());
+    // A long text is stored once, in the `message_sent` event; both tasks refer to it.
+    let is_long = request.text.len() > INLINE_TEXT_MAX_BYTES;
+    let (message, message_in) = if is_long {
+        (Message { role: Role::User, parts: Vec::new() }, Some(task_id.clone()))
+    } else {
+        (Message::text(Role::User, request.text.clone()), None)
+    };
     let mut events = Vec::with_capacity(4);
     if let (Some(sender_task_id), None) = (&sender_task_id, &existing_sender_task) {
         events.push(Event::TaskCreated {
@@ -926,6 +936,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest, now_ms: u64) -> Re
             sender_task_id: None,
             in_reply_to: None,
             peer_task_id: Some(task_id.clone()),
+            message_in: message_in.clone(),
         });
     }
     events.push(Event::TaskCreated {
@@ -941,6 +952,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest, now_ms: u64) -> Re
         sender_task_id: sender_task_id.clone(),
         in_reply_to: None,
         peer_task_id: None,
+        message_in,
     });
     events.push(Event::MessageSent {
         task_id: task_id.clone(),
@@ -1030,7 +1042,12 @@ fn decide_reply(
         ))
         .into());
     }
-    let artifact = Artifact { name: None, parts: vec![Part::Text { text: request.text.clone() }] };
+    // A long reply is stored once, in the `reply_posted` event; both tasks refer to it.
+    let (artifacts, reply_of) = if request.text.len() > INLINE_TEXT_MAX_BYTES {
+        (Vec::new(), Some(receiver_task.id.clone()))
+    } else {
+        (vec![Artifact { name: None, parts: vec![Part::Text { text: request.text.clone() }] }], None)
+    };
     let mut events = vec![
         Event::ReplyPosted {
             task_id: receiver_task.id.clone(),
@@ -1042,14 +1059,16 @@ fn decide_reply(
         Event::TaskStateChanged {
             task_id: sender_task.id.clone(),
             state: TaskState::Completed,
-            artifacts: vec![artifact.clone()],
+            artifacts: artifacts.clone(),
             error: None,
+            reply_of: reply_of.clone(),
         },
         Event::TaskStateChanged {
             task_id: receiver_task.id.clone(),
             state: TaskState::Completed,
-            artifacts: vec![artifact],
+            artifacts,
             error: None,
+            reply_of,
         },
     ];
     if let Some(owner) = &sender_task.owner {

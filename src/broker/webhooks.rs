@@ -182,7 +182,7 @@ pub struct Outbox {
 
 fn task_event(event: &Event) -> Option<(&'static str, Value)> {
     match event {
-        Event::TaskStateChanged { task_id, state, artifacts, error } => {
+        Event::TaskStateChanged { task_id, state, artifacts, error, .. } => {
             let name = match state {
                 TaskState::Completed => "task.completed",
                 TaskState::Failed => "task.failed",
@@ -504,7 +504,13 @@ mod tests {
         ));
         outbox.apply(&envelope(
             2,
-            Event::TaskStateChanged { task_id: "t".into(), state: TaskState::Working, artifacts: vec![], error: None },
+            Event::TaskStateChanged {
+                task_id: "t".into(),
+                state: TaskState::Working,
+                artifacts: vec![],
+                error: None,
+                reply_of: None,
+            },
         ));
         assert!(outbox.deliveries().is_empty(), "working is not a webhook event");
         outbox.apply(&envelope(
@@ -514,6 +520,7 @@ mod tests {
                 state: TaskState::Completed,
                 artifacts: vec![],
                 error: None,
+                reply_of: None,
             },
         ));
         outbox.apply(&envelope(4, Event::TaskCanceled { task_id: "u".into(), reason: None }));

@@ -17,8 +17,17 @@ use serde::{Deserialize, Serialize};
 pub mod types;
 pub use types::*;
 
-/// Version of the event encoding written by this build.
-pub const SCHEMA_VERSION: u32 = 2;
+/// Version of the event encoding written by this build. Version 3: a long text is stored once
+/// (`task_created.message_in`, `task_state_changed.reply_of`); an older build would read those
+/// tasks without their text, so it must refuse the log.
+pub const SCHEMA_VERSION: u32 = 3;
+
+/// Texts longer than this (bytes) are stored once per send and once per reply: the
+/// `message_sent` / `reply_posted` event carries the text, and the tasks refer to it
+/// (`message_in`, `reply_of`) instead of copying it. Shorter texts are copied into the tasks'
+/// events and rows, as before: a few hundred bytes more per message, and listings and searches
+/// read them without following a reference.
+pub const INLINE_TEXT_MAX_BYTES: usize = 1024;
 
 /// One event as stored in the log: the event plus where and when it happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -150,6 +159,10 @@ pub enum Event {
         /// For a sender's task: the receiver's task created with it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peer_task_id: Option<String>,
+        /// A long message is stored once: `message` has no parts, and its text is the `text` of
+        /// the `message_sent` event of this task id (the receiver's task), in the same batch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message_in: Option<String>,
     },
     MessageSent {
         /// The receiver's task that carries the message.
@@ -216,6 +229,10 @@ pub enum Event {
         artifacts: Vec<Artifact>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
+        /// A long reply is stored once: the `text` of the `reply_posted` event of this task
+        /// (the replier's task) becomes one more text artifact, after `artifacts`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply_of: Option<String>,
     },
     TaskCanceled {
         task_id: String,
@@ -333,6 +350,14 @@ impl Event {
             Event::FileModificationsPruned { .. } => "file_modifications_pruned",
             Event::InboxExpired { .. } => "inbox_expired",
         }
+    }
+
+    /// Does the event refer to a text stored in another event (`message_in`, `reply_of`)?
+    pub fn refers_to_text(&self) -> bool {
+        matches!(
+            self,
+            Event::TaskCreated { message_in: Some(_), .. } | Event::TaskStateChanged { reply_of: Some(_), .. }
+        )
     }
 
     /// Agents this event concerns (for filtering tails by agent).

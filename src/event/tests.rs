@@ -177,6 +177,7 @@ fn samples() -> Vec<Event> {
             sender_task_id: Some(sender_task()),
             in_reply_to: Some("5d0e8b3a".into()),
             peer_task_id: Some("3b7a9c1e".into()),
+            message_in: Some(receiver_task()),
         },
         Event::MessageSent {
             task_id: receiver_task(),
@@ -212,6 +213,7 @@ fn samples() -> Vec<Event> {
             state: TaskState::InputRequired,
             artifacts: vec![Artifact { name: Some("reply".into()), parts: vec![Part::Text { text: "ok".into() }] }],
             error: Some("needs a file name".into()),
+            reply_of: Some(receiver_task()),
         },
         Event::TaskCanceled { task_id: sender_task(), reason: Some("no longer needed".into()) },
         Event::FileLockAcquired {
@@ -464,6 +466,7 @@ fn an_envelope_without_actor_or_optional_data_fields_still_decodes() {
             sender_task_id: None,
             in_reply_to: None,
             peer_task_id: None,
+            message_in: None,
         }
     );
 }

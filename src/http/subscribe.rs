@@ -51,7 +51,7 @@ pub fn change_of(envelope: &crate::event::Envelope, task_id: &str) -> Option<Tas
     };
     match &envelope.event {
         Event::TaskCreated { task_id: id, state, .. } if id == task_id => Some(change(*state, &[], &None, true)),
-        Event::TaskStateChanged { task_id: id, state, artifacts, error } if id == task_id => {
+        Event::TaskStateChanged { task_id: id, state, artifacts, error, .. } if id == task_id => {
             Some(change(*state, artifacts, error, false))
         }
         Event::TaskCanceled { task_id: id, reason } if id == task_id => {

@@ -260,6 +260,7 @@ mod tests {
                 sender_task_id: None,
                 in_reply_to: None,
                 peer_task_id: Some(id.clone()),
+                message_in: None,
             });
         }
         events.push(Event::TaskCreated {
@@ -275,6 +276,7 @@ mod tests {
             sender_task_id: sender_task,
             in_reply_to: None,
             peer_task_id: None,
+            message_in: None,
         });
         events
     }

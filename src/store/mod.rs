@@ -34,9 +34,10 @@ const META_SCHEMA: &str = "schema_version";
 const META_PROJECTIONS: &str = "projection_version";
 /// The shape of the projection tables. When a build changes what they hold (version 2: task
 /// records carry `created_seq`, which the history index needs; version 3: `departed_agents`, whose
-/// queue an id holds), opening a store written by
+/// queue an id holds; version 4: task rows refer to a long text in the log instead of holding
+/// it: `message_seq`, `reply_seq`, `artifact_texts`), opening a store written by
 /// another build replays the log into fresh projections: they are derived, the log is not.
-const PROJECTION_VERSION: u64 = 3;
+const PROJECTION_VERSION: u64 = 4;
 
 /// How long a reopen waits for readers of the old database to let go of its file (its lock
 /// admits one open `Database`; reads are short).
@@ -291,6 +292,13 @@ impl Store {
             let (_, bytes) = row?;
             events.push(Envelope::decode(bytes.value())?);
         }
+        // An event that refers to a long text stored once gets it, as if it had been copied.
+        if events.iter().any(|envelope| envelope.event.refers_to_text()) {
+            let projections = projection::ReadProjections::open(&txn, &LIVE)?;
+            for envelope in &mut events {
+                projections.hydrate_event(&mut envelope.event)?;
+            }
+        }
         Ok(events)
     }
 
@@ -316,8 +324,9 @@ impl Store {
         let result = {
             let log = txn.open_table(LOG)?;
             let next_seq = log.last()?.map_or(0, |(seq, _)| seq.value()) + 1;
-            let projections = Projections::open(&txn, &LIVE)?;
-            let mut appender = Appender { log, projections, next_seq, time_ms };
+            let mut projections = Projections::open(&txn, &LIVE)?;
+            projections.log = Some(log);
+            let mut appender = Appender { projections, next_seq, time_ms };
             work(&mut appender)
         };
         match result {
@@ -382,7 +391,7 @@ fn replay_into(txn: &WriteTransaction, names: &ProjectionNames) -> Result<u64, S
 
 /// The writer's handle inside one transaction: reads see everything appended before.
 pub struct Appender<'txn> {
-    log: redb::Table<'txn, u64, &'static [u8]>,
+    /// Holds the log table too (`Projections::log`): reads of tasks take long texts from it.
     projections: Projections<'txn>,
     next_seq: u64,
     time_ms: u64,
@@ -404,8 +413,9 @@ impl<'txn> Appender<'txn> {
         self.next_seq
     }
 
-    /// Appends events to the log and applies them to the projections; returns their sequence
-    /// numbers.
+    /// Appends events to the log and applies them to the projections; returns them as readers
+    /// of the log see them (an event that refers to a long text elsewhere in `events` is given
+    /// the text, see `Store::read_after`).
     pub fn append(&mut self, actor: Option<&str>, events: Vec<Event>) -> Result<Vec<Envelope>, StoreError> {
         let mut written = Vec::with_capacity(events.len());
         for event in events {
@@ -416,10 +426,16 @@ impl<'txn> Appender<'txn> {
                 actor: actor.map(str::to_string),
                 event,
             };
-            self.log.insert(envelope.seq, envelope.encode().as_slice())?;
+            let Some(log) = self.projections.log.as_mut() else {
+                return Err(StoreError::Storage("the appender has no log table".into()));
+            };
+            log.insert(envelope.seq, envelope.encode().as_slice())?;
             self.projections.apply(&envelope)?;
             self.next_seq += 1;
             written.push(envelope);
+        }
+        for envelope in &mut written {
+            self.projections.hydrate_event(&mut envelope.event)?;
         }
         Ok(written)
     }

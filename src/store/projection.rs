@@ -8,7 +8,7 @@
 use super::StoreError;
 use super::records::{self, *};
 use crate::broker::command::reply_target_sender;
-use crate::event::{Direction, Envelope, Event, TaskState};
+use crate::event::{Artifact, Direction, Envelope, Event, Part, TaskState};
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
 type AgentsDef = TableDefinition<'static, &'static str, &'static [u8]>;
@@ -101,6 +101,9 @@ pub struct Projections<'txn> {
     departed: redb::Table<'txn, &'static str, &'static [u8]>,
     /// Written directly even during a replay (one row per keyed send, read only by decide).
     idempotency: redb::Table<'txn, &'static str, &'static [u8]>,
+    /// The log, in the writer's transaction (None during a replay, which reads it itself):
+    /// the appender writes it, and reads take long texts from it (see [`hydrate_task`]).
+    pub(super) log: Option<redb::Table<'txn, u64, &'static [u8]>>,
     /// Replay only: every row kept in memory and written once, in key order, by
     /// [`Projections::flush`]. A replay starts from empty tables, so the cache is the whole
     /// state; a task changes 3-4 times in its life and most tickets leave the inbox again, so
@@ -126,6 +129,70 @@ pub struct ReadProjections {
     modifications: redb::ReadOnlyTable<(&'static str, u64), &'static [u8]>,
     pub(super) history_meta: redb::ReadOnlyTable<&'static str, u64>,
     departed: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    /// Long texts are read from their event (see [`hydrate_task`]).
+    log: redb::ReadOnlyTable<u64, &'static [u8]>,
+}
+
+/// The text of the `message_sent` or `reply_posted` event at `seq`.
+fn text_at(log: &impl ReadableTable<u64, &'static [u8]>, seq: u64) -> Result<Option<String>, StoreError> {
+    let Some(row) = log.get(seq)? else { return Ok(None) };
+    Ok(match Envelope::decode(row.value())?.event {
+        Event::MessageSent { text, .. } | Event::ReplyPosted { text, .. } => Some(text),
+        _ => None,
+    })
+}
+
+/// Fills in the texts a task row refers to (a long message or reply is stored once, in its
+/// event): what every read of a task returns, so API output is the same as when rows held
+/// the text.
+fn hydrate_task(log: &impl ReadableTable<u64, &'static [u8]>, task: &mut TaskRecord) -> Result<(), StoreError> {
+    if let Some(seq) = task.message_seq
+        && task.message.parts.is_empty()
+        && let Some(text) = text_at(log, seq)?
+    {
+        task.message.parts.push(Part::Text { text });
+    }
+    for reference in &task.artifact_texts {
+        if let Some(artifact) = task.artifacts.get_mut(reference.index as usize)
+            && artifact.parts.is_empty()
+            && let Some(text) = text_at(log, reference.seq)?
+        {
+            artifact.parts.push(Part::Text { text });
+        }
+    }
+    Ok(())
+}
+
+/// Gives an event that refers to a long text (`message_in`, `reply_of`) the shape it has when
+/// the text is copied into it, so that `/events`, tails and webhooks show the same JSON for
+/// every message. `task_row` reads a raw task row.
+fn hydrate_event(
+    log: &impl ReadableTable<u64, &'static [u8]>,
+    event: &mut Event,
+    task_row: impl Fn(&str) -> Result<Option<TaskRecord>, StoreError>,
+) -> Result<(), StoreError> {
+    match event {
+        Event::TaskCreated { message, message_in, .. } => {
+            if let Some(holder) = message_in.as_deref()
+                && let Some(seq) = task_row(holder)?.and_then(|task| task.message_seq)
+                && let Some(text) = text_at(log, seq)?
+            {
+                message.parts = vec![Part::Text { text }];
+                *message_in = None;
+            }
+        }
+        Event::TaskStateChanged { artifacts, reply_of, .. } => {
+            if let Some(replier_task) = reply_of.as_deref()
+                && let Some(seq) = task_row(replier_task)?.and_then(|task| task.reply_seq)
+                && let Some(text) = text_at(log, seq)?
+            {
+                artifacts.push(Artifact::text(text));
+                *reply_of = None;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 impl<'txn> Projections<'txn> {
@@ -140,6 +207,7 @@ impl<'txn> Projections<'txn> {
             history_meta: txn.open_table(names.history_meta)?,
             departed: txn.open_table(names.departed)?,
             idempotency: txn.open_table(names.idempotency)?,
+            log: None,
             replay: None,
         })
     }
@@ -358,6 +426,7 @@ impl<'txn> Projections<'txn> {
                 sender_task_id,
                 in_reply_to,
                 peer_task_id,
+                message_in,
             } => {
                 let record = TaskRecord {
                     id: task_id.clone(),
@@ -378,6 +447,10 @@ impl<'txn> Projections<'txn> {
                     created_ms: time_ms,
                     updated_ms: time_ms,
                     created_seq: envelope.seq,
+                    message_in: message_in.clone(),
+                    message_seq: None,
+                    reply_seq: None,
+                    artifact_texts: Vec::new(),
                 };
                 self.put_task(&record)?;
             }
@@ -392,12 +465,22 @@ impl<'txn> Projections<'txn> {
                 }
                 // A sender task created beforehand (POST /tasks/create) is linked to this message.
                 if let Some(sender_task) = sender_task_id
-                    && let Some(mut record) = self.task(sender_task)?
+                    && let Some(mut record) = self.task_row(sender_task)?
                     && record.peer_task_id.is_none()
                 {
                     record.peer_task_id = Some(task_id.clone());
                     record.peer = Some(to.clone());
                     self.put_task(&record)?;
+                }
+                // Tasks whose long message this event carries point at it.
+                for holder in std::iter::once(task_id).chain(sender_task_id.iter()) {
+                    if let Some(mut record) = self.task_row(holder)?
+                        && record.message_in.as_ref() == Some(task_id)
+                        && record.message_seq.is_none()
+                    {
+                        record.message_seq = Some(envelope.seq);
+                        self.put_task(&record)?;
+                    }
                 }
                 let sender = reply_target_sender(from.as_deref(), sender_task_id.as_deref());
                 if let (true, Some(from)) = (*response_expected, sender) {
@@ -445,8 +528,9 @@ impl<'txn> Projections<'txn> {
                 self.remove_ticket(agent_id, *priority, *ticket)?;
             }
             Event::ReplyPosted { task_id, from, to, sender_task_id, .. } => {
-                if let Some(mut task) = self.task(task_id)? {
+                if let Some(mut task) = self.task_row(task_id)? {
                     task.replied_by = Some(from.clone());
+                    task.reply_seq = Some(envelope.seq);
                     task.updated_ms = time_ms;
                     self.put_task(&task)?;
                 }
@@ -457,10 +541,23 @@ impl<'txn> Projections<'txn> {
                     }
                 }
             }
-            Event::TaskStateChanged { task_id, state, artifacts, error } => {
-                if let Some(mut task) = self.task(task_id)? {
+            Event::TaskStateChanged { task_id, state, artifacts, error, reply_of } => {
+                if let Some(mut task) = self.task_row(task_id)? {
                     task.state = *state;
                     task.artifacts.extend(artifacts.iter().cloned());
+                    // A long reply: an artifact without parts, its text read from the log.
+                    if let Some(replier_task) = reply_of {
+                        let reply_seq = if replier_task == task_id {
+                            task.reply_seq
+                        } else {
+                            self.task_row(replier_task)?.and_then(|replier| replier.reply_seq)
+                        };
+                        if let Some(seq) = reply_seq {
+                            let index = u32::try_from(task.artifacts.len()).unwrap_or(u32::MAX);
+                            task.artifacts.push(Artifact { name: None, parts: Vec::new() });
+                            task.artifact_texts.push(ArtifactText { index, seq });
+                        }
+                    }
                     if error.is_some() {
                         task.error = error.clone();
                     }
@@ -469,7 +566,7 @@ impl<'txn> Projections<'txn> {
                 }
             }
             Event::TaskCanceled { task_id, reason } => {
-                if let Some(mut task) = self.task(task_id)? {
+                if let Some(mut task) = self.task_row(task_id)? {
                     task.state = TaskState::Canceled;
                     if reason.is_some() {
                         task.error = reason.clone();
@@ -568,7 +665,13 @@ impl ReadProjections {
             modifications: txn.open_table(names.modifications)?,
             history_meta: txn.open_table(names.history_meta)?,
             departed: txn.open_table(names.departed)?,
+            log: txn.open_table(super::LOG)?,
         })
+    }
+
+    /// See [`hydrate_event`].
+    pub(crate) fn hydrate_event(&self, event: &mut Event) -> Result<(), StoreError> {
+        hydrate_event(&self.log, event, |task_id| self.task_row(task_id))
     }
 }
 
@@ -593,7 +696,7 @@ macro_rules! impl_queries {
                     if !key.value().starts_with(prefix) || tasks.len() >= limit {
                         break;
                     }
-                    tasks.push(records::decode(value.value())?);
+                    tasks.push(self.hydrated(records::decode(value.value())?)?);
                 }
                 Ok(tasks)
             }
@@ -603,7 +706,7 @@ macro_rules! impl_queries {
                 let mut tasks = Vec::new();
                 for row in self.tasks.iter()? {
                     let (_, value) = row?;
-                    tasks.push(records::decode(value.value())?);
+                    tasks.push(self.hydrated(records::decode(value.value())?)?);
                 }
                 Ok(tasks)
             }
@@ -655,7 +758,7 @@ macro_rules! impl_queries {
             pub fn pending_for(&self, agent_id: &str) -> Result<usize, StoreError> {
                 let mut pending = self.inbox_depth(agent_id)?;
                 for target in self.reply_targets(agent_id)? {
-                    if self.task(&target.receiver_task_id)?.is_some_and(|task| !task.state.is_final()) {
+                    if self.task_row(&target.receiver_task_id)?.is_some_and(|task| !task.state.is_final()) {
                         pending += 1;
                     }
                 }
@@ -741,12 +844,34 @@ impl Projections<'_> {
         self.agents.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
     }
 
-    /// One task; during a replay the write-back cache holds the newest rows.
-    pub fn task(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+    /// One task as its row holds it (a long text only referred to); during a replay the
+    /// write-back cache holds the newest rows.
+    pub(crate) fn task_row(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         if let Some(cache) = &self.replay {
             return Ok(cache.tasks.get(task_id).cloned());
         }
         self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()
+    }
+
+    /// One task, with its texts.
+    pub fn task(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        self.task_row(task_id)?.map(|task| self.hydrated(task)).transpose()
+    }
+
+    /// The task with the texts its row refers to (as is during a replay, which needs none).
+    fn hydrated(&self, mut task: TaskRecord) -> Result<TaskRecord, StoreError> {
+        if let Some(log) = &self.log {
+            hydrate_task(log, &mut task)?;
+        }
+        Ok(task)
+    }
+
+    /// See [`hydrate_event`].
+    pub(crate) fn hydrate_event(&self, event: &mut Event) -> Result<(), StoreError> {
+        match &self.log {
+            Some(log) => hydrate_event(log, event, |task_id| self.task_row(task_id)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -755,8 +880,18 @@ impl ReadProjections {
         self.agents.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
     }
 
-    pub fn task(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+    fn task_row(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()
+    }
+
+    /// One task, with its texts.
+    pub fn task(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        self.task_row(task_id)?.map(|task| self.hydrated(task)).transpose()
+    }
+
+    fn hydrated(&self, mut task: TaskRecord) -> Result<TaskRecord, StoreError> {
+        hydrate_task(&self.log, &mut task)?;
+        Ok(task)
     }
 }
 

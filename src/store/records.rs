@@ -70,6 +70,29 @@ pub struct TaskRecord {
     /// Sequence number of the `task_created` event: the task's number in the history index.
     #[serde(default)]
     pub created_seq: u64,
+    /// A long message is stored once, in the log: the task id whose `message_sent` carries
+    /// the text (`task_created.message_in`). The row's `message` then has no parts; the reads
+    /// of the store fill them in from the event at `message_seq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_in: Option<String>,
+    /// Sequence number of that `message_sent`, set when it is applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_seq: Option<u64>,
+    /// For a replier's task: the sequence number of its `reply_posted`, which a
+    /// `task_state_changed.reply_of` turns into an artifact without copying the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_seq: Option<u64>,
+    /// Artifacts whose text is stored once, in the log: in the row they have no parts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifact_texts: Vec<ArtifactText>,
+}
+
+/// An artifact of a task whose text is the `text` of the `reply_posted` event at `seq`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactText {
+    /// Position in the task's `artifacts`.
+    pub index: u32,
+    pub seq: u64,
 }
 
 /// An agent waiting for `receiver`'s answer: the newest request from one sender.

@@ -50,34 +50,55 @@ fn event() -> impl Strategy<Value = Event> {
         (agent(), status()).prop_map(|(agent_id, status)| Event::AgentStatusChanged { agent_id, status, note: None }),
         agent().prop_map(|agent_id| Event::AgentDeregistered { agent_id, reason: "gone".into() }),
         agent().prop_map(|agent_id| Event::InboxExpired { agent_id, reason: "expired".into(), tickets: 1 }),
-        (task(), prop::option::of(agent()), any::<bool>(), prop::option::of(task()), "[a-z ]{0,12}").prop_map(
-            |(task_id, owner, incoming, sender_task_id, text)| Event::TaskCreated {
+        (
+            task(),
+            prop::option::of(agent()),
+            any::<bool>(),
+            prop::option::of(task()),
+            "[a-z ]{0,12}",
+            prop::option::of(task())
+        )
+            .prop_map(|(task_id, owner, incoming, sender_task_id, text, message_in)| Event::TaskCreated {
                 task_id,
                 owner,
                 context_id: "ctx".into(),
                 direction: if incoming { Direction::Incoming } else { Direction::Outgoing },
                 peer: None,
                 state: TaskState::Submitted,
-                message: Message::text(Role::User, text),
                 priority: 3,
                 response_expected: true,
                 sender_task_id,
                 in_reply_to: None,
                 peer_task_id: None,
-            }
-        ),
-        (task(), prop::option::of(agent()), agent(), any::<bool>(), "[a-z ]{1,12}", prop::option::of("[a-c]{1,2}"))
-            .prop_map(|(task_id, from, to, response_expected, text, idempotency_key)| Event::MessageSent {
-                task_id,
-                from,
-                to,
-                priority: 3,
-                response_expected,
-                sender_task_id: None,
-                in_reply_to: None,
-                text,
-                parts: Vec::new(),
-                idempotency_key,
+                // A long message: the text is in the `message_sent` of `message_in`.
+                message: match message_in {
+                    Some(_) => Message { role: Role::User, parts: Vec::new() },
+                    None => Message::text(Role::User, text),
+                },
+                message_in,
+            }),
+        (
+            task(),
+            prop::option::of(agent()),
+            agent(),
+            any::<bool>(),
+            "[a-z ]{1,12}",
+            prop::option::of("[a-c]{1,2}"),
+            prop::option::of(task())
+        )
+            .prop_map(|(task_id, from, to, response_expected, text, idempotency_key, sender_task_id)| {
+                Event::MessageSent {
+                    task_id,
+                    from,
+                    to,
+                    priority: 3,
+                    response_expected,
+                    sender_task_id,
+                    in_reply_to: None,
+                    text,
+                    parts: Vec::new(),
+                    idempotency_key,
+                }
             }),
         (agent(), task(), 1u8..=5, prop::option::of(agent())).prop_map(|(agent_id, task_id, priority, from)| {
             Event::TicketIssued {
@@ -101,17 +122,25 @@ fn event() -> impl Strategy<Value = Event> {
             to,
             text: "done".into(),
         }),
+        (task(), agent(), "[a-z ]{1,12}").prop_map(|(task_id, from, text)| Event::ReplyPosted {
+            task_id,
+            sender_task_id: None,
+            from,
+            to: None,
+            text,
+        }),
         (agent(), task(), agent()).prop_map(|(agent_id, task_id, from)| Event::ReverseTicketIssued {
             agent_id,
             task_id,
             from,
             priority: 3
         }),
-        (task(), state()).prop_map(|(task_id, state)| Event::TaskStateChanged {
+        (task(), state(), prop::option::of(task())).prop_map(|(task_id, state, reply_of)| Event::TaskStateChanged {
             task_id,
             state,
             artifacts: vec![Artifact::text("out")],
             error: None,
+            reply_of,
         }),
         task().prop_map(|task_id| Event::TaskCanceled { task_id, reason: None }),
         (agent(), prop::sample::select(vec!["/tmp/a", "/tmp/b"])).prop_map(|(agent_id, path)| {
@@ -363,6 +392,7 @@ fn search_event() -> impl Strategy<Value = Event> {
                 sender_task_id: None,
                 in_reply_to: None,
                 peer_task_id: None,
+                message_in: None,
             }
         ),
         2 => (task(), state(), search_text()).prop_map(|(task_id, state, text)| Event::TaskStateChanged {
@@ -370,6 +400,7 @@ fn search_event() -> impl Strategy<Value = Event> {
             state,
             artifacts: vec![Artifact::text(text)],
             error: None,
+            reply_of: None,
         }),
     ]
 }
@@ -507,6 +538,7 @@ fn alice_asks_bob(task_id: &str, text: &str) -> Event {
         sender_task_id: None,
         in_reply_to: None,
         peer_task_id: None,
+        message_in: None,
     }
 }
 
@@ -590,9 +622,10 @@ fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_s
     let dir = tempfile::tempdir().unwrap();
     let switch = dir.path().join("disk-full");
     let store = Store::open_with_disk_full_switch(&dir.path().join("log.redb"), Some(&switch)).unwrap();
-    let small = || vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready }];
+    let small = || vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready, note: None }];
     // Larger than the file: committing it needs the file to grow.
-    let large = || vec![Event::AgentStatusChanged { agent_id: "b".repeat(8 << 20), status: AgentStatus::Ready }];
+    let large =
+        || vec![Event::AgentStatusChanged { agent_id: "b".repeat(8 << 20), status: AgentStatus::Ready, note: None }];
     store.transact(1, |appender| appender.append(None, small())).unwrap();
 
     std::fs::write(&switch, b"").unwrap();
@@ -608,4 +641,110 @@ fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_s
     store.transact(3, |appender| appender.append(None, large())).unwrap();
     assert_eq!(store.head().unwrap(), 2);
     assert!(store.verify().unwrap().differences.is_empty());
+}
+
+/// The events a send of a long text with a reply expected and its reply append (see
+/// `broker::command`): the text is in `message_sent` and `reply_posted` only.
+fn long_exchange(text: &str, reply: &str) -> (Vec<Event>, Vec<Event>) {
+    let (sender_task, receiver_task) = (TASKS[0].to_string(), TASKS[1].to_string());
+    let created = |task_id: &str, owner: &str, direction: Direction| Event::TaskCreated {
+        task_id: task_id.into(),
+        owner: Some(owner.into()),
+        context_id: "ctx".into(),
+        direction,
+        peer: None,
+        state: TaskState::Working,
+        message: Message { role: Role::User, parts: Vec::new() },
+        priority: 3,
+        response_expected: true,
+        sender_task_id: (direction == Direction::Incoming).then(|| sender_task.clone()),
+        in_reply_to: None,
+        peer_task_id: (direction == Direction::Outgoing).then(|| receiver_task.clone()),
+        message_in: Some(receiver_task.clone()),
+    };
+    let send = vec![
+        created(&sender_task, AGENTS[0], Direction::Outgoing),
+        created(&receiver_task, AGENTS[1], Direction::Incoming),
+        Event::MessageSent {
+            task_id: receiver_task.clone(),
+            from: Some(AGENTS[0].into()),
+            to: AGENTS[1].into(),
+            priority: 3,
+            response_expected: true,
+            sender_task_id: Some(sender_task.clone()),
+            in_reply_to: None,
+            text: text.into(),
+            parts: Vec::new(),
+            idempotency_key: None,
+        },
+    ];
+    let completed = |task_id: &str| Event::TaskStateChanged {
+        task_id: task_id.into(),
+        state: TaskState::Completed,
+        artifacts: Vec::new(),
+        error: None,
+        reply_of: Some(receiver_task.clone()),
+    };
+    let answer = vec![
+        Event::ReplyPosted {
+            task_id: receiver_task.clone(),
+            sender_task_id: Some(sender_task.clone()),
+            from: AGENTS[1].into(),
+            to: Some(AGENTS[0].into()),
+            text: reply.into(),
+        },
+        completed(&sender_task),
+        completed(&receiver_task),
+    ];
+    (send, answer)
+}
+
+#[test]
+fn a_long_message_and_its_reply_are_stored_once_and_read_back_whole() {
+    let text = "long ".repeat(100_000);
+    let reply = "answer ".repeat(50_000);
+    let store = memory_store();
+    let (send, answer) = long_exchange(&text, &reply);
+    let written = store.transact(1_000, |appender| appender.append(None, send)).unwrap();
+    store.transact(2_000, |appender| appender.append(None, answer)).unwrap();
+
+    // Rows refer to the text: none of them holds it.
+    let txn = store.db().unwrap().begin_read().unwrap();
+    let tasks = txn.open_table(LIVE.tasks).unwrap();
+    for row in tasks.iter().unwrap() {
+        let (_, value) = row.unwrap();
+        assert!(value.value().len() < 1_000, "a task row holds {} bytes", value.value().len());
+    }
+    drop(tasks);
+    drop(txn);
+
+    // Every read gives the whole text, as if it had been copied.
+    for task_id in [TASKS[0], TASKS[1]] {
+        let task = store.read(|view| view.task(task_id)).unwrap().unwrap();
+        assert_eq!(task.message, Message::text(Role::User, text.clone()));
+        assert_eq!(task.artifacts, vec![Artifact::text(reply.clone())]);
+        assert_eq!(task.state, TaskState::Completed);
+    }
+    // Readers of the log and the writer's own answer see the events in their inline shape.
+    let events = store.read_after(0, 100).unwrap();
+    for envelope in events.iter().chain(&written) {
+        match &envelope.event {
+            Event::TaskCreated { message, message_in, .. } => {
+                assert_eq!(message, &Message::text(Role::User, text.clone()));
+                assert_eq!(message_in, &None);
+            }
+            Event::TaskStateChanged { artifacts, reply_of, .. } => {
+                assert_eq!(artifacts, &vec![Artifact::text(reply.clone())]);
+                assert_eq!(reply_of, &None);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(store.verify().unwrap().differences, Vec::<String>::new());
+    store.rebuild().unwrap();
+    let task = store.read(|view| view.task(TASKS[0])).unwrap().unwrap();
+    assert_eq!(task.artifacts, vec![Artifact::text(reply)]);
+    store.index_history().unwrap();
+    let found = store.search_history(&["answer".to_string()], history::Logic::Or, false, None, 10).unwrap();
+    assert_eq!(found.len(), 2, "both sides of the exchange are found by the reply's words");
 }
