@@ -404,3 +404,44 @@ fn agents_cancel_lock_and_read_inboxes_only_as_themselves_and_the_user_for_anyon
     assert!(fs_user(&["lock", file, &bob.id]).status.success());
     assert!(fs_user(&["unlock", file, &bob.id]).status.success());
 }
+
+#[test]
+fn broker_control_routes_are_refused_to_tcp_callers_without_the_key_and_to_agents_but_open_to_the_user() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let port = broker_port(&home);
+    let cleanup = br#"{"days":1,"dry_run":true}"#;
+    let routes: Vec<(&str, &str, Option<&[u8]>)> = vec![
+        ("GET", "/admin/index", None),
+        ("POST", "/admin/verify", None),
+        ("POST", "/history/cleanup", Some(cleanup)),
+        ("GET", "/webhooks", None),
+        ("POST", "/webhooks", Some(br#"{"url":"http://example.com/hook"}"#)),
+        ("GET", "/webhooks/deliveries", None),
+        ("GET", "/external", None),
+        ("POST", "/external", Some(br#"{"url":"http://example.com"}"#)),
+        ("POST", "/broker/shutdown", None),
+    ];
+    for (method, path, body) in &routes {
+        let (status, answer) = http_tcp(port, method, path, *body, &[]);
+        assert_eq!(status, 403, "{method} {path} over TCP: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains("for the user only"), "{answer}");
+        let (status, answer) = home.http(method, path, *body, &[("x-synapse-agent-secret", &bob.secret)]);
+        assert_eq!(status, 403, "{method} {path} as an agent: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains(&bob.id), "{answer}");
+    }
+    // From inside an agent the CLI (which sends the agent's secret) cannot stop the broker.
+    let refused = home.run_as(&bob, &["broker", "stop"]);
+    assert!(!refused.status.success(), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("for the user only"), "{}", describe(&refused));
+    let pid = home.broker_pid().expect("the broker still runs");
+    assert!(is_alive(pid));
+    // The user, from a plain shell over the socket: the read-only ones answer, then stop works.
+    for (method, path, body) in &routes[..4] {
+        let (status, answer) = home.http(method, path, *body, &[]);
+        assert_eq!(status, 200, "{method} {path} as the user: {answer}");
+    }
+    assert_eq!(home.http("GET", "/external", None, &[]).0, 200);
+    home.ok(&["broker", "stop"]);
+    wait_until_dead(pid);
+}

@@ -178,6 +178,34 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// The user, or a refusal: the extractor of the broker's control routes (stop the broker,
+/// rebuild or clean up the log, webhooks, external agents). An agent, a process inside one, or
+/// a caller over TCP without the admin key gets a 403 that says what is needed.
+#[derive(Debug, Clone, Copy)]
+pub struct TheUser;
+
+impl FromRequestParts<AppState> for TheUser {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let caller = caller_of(state, parts)?;
+        if caller.is_user() {
+            return Ok(TheUser);
+        }
+        let who = match &caller {
+            Caller::Agent(agent) => format!("agent {}", agent.agent_id),
+            _ => "an anonymous caller".to_string(),
+        };
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "Error: {} {} is for the user only, not for {who}: run the synapse CLI from a plain shell (the broker's Unix socket, outside any agent), or send the admin key (X-API-Key)",
+                parts.method,
+                parts.uri.path()
+            ),
+        ))
+    }
+}
+
 /// How a registration proved its pid, for [`crate::broker::agents::register`].
 #[derive(Debug, Clone, Copy)]
 pub enum RegistrationProof {

@@ -242,7 +242,7 @@ async fn health(State(state): State<AppState>) -> Json<Value> {
     Json(json!(state.info()))
 }
 
-async fn shutdown(State(state): State<AppState>) -> Json<Value> {
+async fn shutdown(State(state): State<AppState>, _user: caller::TheUser) -> Json<Value> {
     // Marked before the socket closes, so a wrapper that sees the broker gone knows the stop
     // was deliberate and waits instead of autostarting a new one.
     if let Err(error) = crate::trust::mark_stopped(&state.paths.home) {
@@ -252,23 +252,23 @@ async fn shutdown(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"stopping": true, "pid": std::process::id()}))
 }
 
-async fn rebuild(State(state): State<AppState>) -> ApiResult {
+async fn rebuild(State(state): State<AppState>, _user: caller::TheUser) -> ApiResult {
     let report = state.writer.rebuild().await?;
     state.index_wake.notify_one();
     Ok(Json(json!(report)))
 }
 
-async fn verify(State(state): State<AppState>) -> ApiResult {
+async fn verify(State(state): State<AppState>, _user: caller::TheUser) -> ApiResult {
     Ok(Json(json!(state.writer.verify().await?)))
 }
 
 /// Where the history search index stands (the broker keeps it up in the background).
-async fn index_progress(State(state): State<AppState>) -> ApiResult {
+async fn index_progress(State(state): State<AppState>, _user: caller::TheUser) -> ApiResult {
     Ok(Json(json!(state.store.index_progress()?)))
 }
 
 /// Brings the history search index up to the newest event now.
-async fn index_history(State(state): State<AppState>) -> ApiResult {
+async fn index_history(State(state): State<AppState>, _user: caller::TheUser) -> ApiResult {
     let store = state.store.clone();
     let progress = tokio::task::spawn_blocking(move || store.index_history())
         .await
