@@ -445,3 +445,92 @@ fn broker_control_routes_are_refused_to_tcp_callers_without_the_key_and_to_agent
     home.ok(&["broker", "stop"]);
     wait_until_dead(pid);
 }
+
+/// A helper in python3: `peer-gone` connects to the broker's socket, forks, and the connecting
+/// parent exits before the child sends on the inherited connection; `reparented` registers
+/// itself as an agent's wrapper, and a process two levels below it connects, lets its parent
+/// exit (so it is reparented to init) and then sends. Both send a cancel without a secret
+/// and print the answer's status.
+const CANCEL_HELPER: &str = r#"
+import http.client, json, os, socket, sys, time
+mode, sock_path, path = sys.argv[1], sys.argv[2], sys.argv[3]
+class Unix(http.client.HTTPConnection):
+    def __init__(self):
+        super().__init__("localhost")
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(sock_path)
+def call(conn, method, target, body=b""):
+    conn.request(method, target, body=body, headers={"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    return answer.status, answer.read()
+def wait_orphaned(parent):
+    deadline = time.time() + 20
+    while os.getppid() == parent and time.time() < deadline:
+        time.sleep(0.01)
+if mode == "peer-gone":
+    conn = Unix(); conn.connect()
+    parent = os.getpid()
+    if os.fork() == 0:
+        wait_orphaned(parent)
+        print(call(conn, "POST", path)[0], flush=True)
+        os._exit(0)
+    os._exit(0)
+else:
+    me = Unix()
+    body = json.dumps({"agent_type": "dummy", "name": "wrapped", "pid": os.getpid(), "port": 0}).encode()
+    status, answer = call(me, "POST", "/agents", body)
+    assert status == 200, answer
+    reader, writer = os.pipe()
+    if os.fork() == 0:
+        middle = os.getpid()
+        if os.fork() == 0:
+            conn = Unix(); conn.connect()
+            call(conn, "GET", "/broker/health")
+            os.write(writer, b"x")
+            wait_orphaned(middle)
+            print(call(conn, "POST", path)[0], flush=True)
+            os._exit(0)
+        os.read(reader, 1)
+        os._exit(0)
+    time.sleep(120)
+"#;
+
+fn cancel_from_helper(home: &Home, mode: &str, path: &str) -> (String, std::process::Child) {
+    let mut helper = std::process::Command::new("python3")
+        .args(["-c", CANCEL_HELPER, mode, home.socket().to_str().unwrap(), path])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut stdout = std::io::BufReader::new(helper.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    (line.trim().to_string(), helper)
+}
+
+#[test]
+fn a_connection_whose_peer_exited_or_whose_parent_left_an_agent_is_not_the_user() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let sent = home.run_as(&alice, &["send", "bob", "alice's task", "--response", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let sent: Value = serde_json::from_slice(&sent.stdout).unwrap();
+    let cancel = format!("/agents/{}/tasks/{}/cancel", bob.id, sent["task"]["id"].as_str().unwrap());
+
+    // The process that connected is gone: its child, sending on the connection, is anonymous.
+    let (status, mut helper) = cancel_from_helper(&home, "peer-gone", &cancel);
+    let _ = helper.wait();
+    assert_eq!(status, "403", "a child of a vanished peer cancelled another agent's task");
+
+    // Below a wrapper, then reparented to init before sending: still not the user.
+    let (status, mut wrapper) = cancel_from_helper(&home, "reparented", &cancel);
+    let _ = wrapper.kill();
+    let _ = wrapper.wait();
+    assert_eq!(status, "403", "a process that left its agent's wrapper cancelled another agent's task");
+
+    // A plain process of the user's is the user.
+    let (status, body) = home.http("POST", &cancel, None, &[]);
+    assert_eq!(status, 200, "{body}");
+}

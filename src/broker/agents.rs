@@ -114,7 +114,8 @@ pub async fn register(
     if !is_pid_alive(body.pid) {
         return Err(CommandError::bad(format!("process {} is not running", body.pid)));
     }
-    if let RegistrationProof::Peer(peer) = proof
+    if !proof.admin_key
+        && let Some(peer) = proof.peer
         && !process::is_related(peer, body.pid)
     {
         return Err(CommandError::forbidden(format!(
@@ -172,6 +173,8 @@ pub async fn register(
             port,
             secret_hash: hash_secret(&secret),
             pid_start,
+            wrapper: proof.peer == Some(body.pid),
+            by_user: proof.by_user,
         };
         match state.writer.submit(Command::RegisterAgent(request)).await {
             Ok(Outcome::Registered { agent }) => {

@@ -107,6 +107,13 @@ pub struct RegisterRequest {
     /// The start time of `pid`, read by the broker when it checked the registration.
     #[serde(default, skip_serializing)]
     pub pid_start: Option<u64>,
+    /// The registering peer is the process registered (see `Event::AgentRegistered`).
+    #[serde(default, skip_serializing)]
+    pub wrapper: bool,
+    /// The registration was made by the user (the admin key, or a peer not inside an agent):
+    /// only then may it take back a departed agent's queue.
+    #[serde(default, skip_serializing)]
+    pub by_user: bool,
 }
 
 /// A message to an agent (the body of `synapse send` and `POST /tasks/send`).
@@ -828,6 +835,7 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
         working_dir: request.working_dir.clone(),
         secret_hash: request.secret_hash.clone(),
         pid_start: request.pid_start,
+        wrapper: request.wrapper,
     });
     Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Registered { agent_id } })
 }

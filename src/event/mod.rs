@@ -112,6 +112,10 @@ pub enum Event {
         /// and `synapse stop` never signals a process that merely got the same number.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pid_start: Option<u64>,
+        /// The process registered itself over the broker's Unix socket (the peer's pid is
+        /// `pid`): a wrapper. Processes below it are inside the agent (they are not the user).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        wrapper: bool,
     },
     AgentStatusChanged {
         agent_id: String,

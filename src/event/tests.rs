@@ -146,6 +146,7 @@ fn samples() -> Vec<Event> {
             working_dir: "/home/ada/project".into(),
             secret_hash: "9f86d081".into(),
             pid_start: Some(1_234_567),
+            wrapper: true,
         },
         Event::AgentStatusChanged {
             agent_id: sender(),

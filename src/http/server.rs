@@ -258,8 +258,8 @@ impl Connection {
         let service = TowerToHyperService::new(self.router);
         let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             request.extensions_mut().insert(transport);
-            if let Some(peer) = peer {
-                request.extensions_mut().insert(ConnectInfo(peer));
+            if let Some(peer) = &peer {
+                request.extensions_mut().insert(ConnectInfo(peer.clone()));
             }
             if let Transport::Tcp { peer } = transport {
                 request.extensions_mut().insert(ConnectInfo(peer));

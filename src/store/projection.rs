@@ -294,6 +294,7 @@ impl<'txn> Projections<'txn> {
                 working_dir,
                 secret_hash,
                 pid_start,
+                wrapper,
             } => {
                 let record = AgentRecord {
                     agent_id: agent_id.clone(),
@@ -306,6 +307,7 @@ impl<'txn> Projections<'txn> {
                     status: crate::event::AgentStatus::Starting,
                     secret_hash: secret_hash.clone(),
                     pid_start: *pid_start,
+                    wrapper: *wrapper,
                     registered_ms: time_ms,
                     status_ms: time_ms,
                     status_note: None,

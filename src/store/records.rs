@@ -19,6 +19,9 @@ pub struct AgentRecord {
     /// Start time of the process `pid` at registration (see `Event::AgentRegistered`).
     #[serde(default)]
     pub pid_start: Option<u64>,
+    /// Registered by its own process over the Unix socket (see `Event::AgentRegistered`).
+    #[serde(default)]
+    pub wrapper: bool,
     pub registered_ms: u64,
     pub status_ms: u64,
     /// Why the agent takes no message now, when its wrapper said (see `agent_status_changed`).

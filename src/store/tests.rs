@@ -46,6 +46,7 @@ fn event() -> impl Strategy<Value = Event> {
             working_dir: "/tmp".into(),
             secret_hash: "00".into(),
             pid_start: Some(u64::from(pid) * 7),
+            wrapper: pid % 2 == 0,
         }),
         (agent(), status()).prop_map(|(agent_id, status)| Event::AgentStatusChanged { agent_id, status, note: None }),
         agent().prop_map(|agent_id| Event::AgentDeregistered { agent_id, reason: "gone".into() }),
