@@ -151,6 +151,14 @@ fn a_crashed_agents_queue_never_reaches_a_new_agent_on_its_port_and_waits_for_it
     assert_ne!(carol.id, bob_id);
     assert!(inbox_texts(&home, &carol.id).is_empty(), "carol never receives bob's messages");
 
+    // A process inside another agent (here carol's CLI, with carol's secret) can't take bob's
+    // name and queue.
+    let inside_carol = home
+        .run_as(&carol, &["agent", "register", "--type", "dummy", "--pid", &test_pid, "--name", "bob", "--port", "0"]);
+    assert!(!inside_carol.status.success(), "{}", describe(&inside_carol));
+    assert!(stderr(&inside_carol).contains("only the user takes them back"), "{}", describe(&inside_carol));
+    assert_eq!(inbox_texts(&home, &bob_id).len(), 2, "the queue still waits for bob");
+
     // bob started again with --name bob, on another port, gets his id and queue back.
     let (_bob_again, again) = self_registered(&home, "bob", 0);
     assert_eq!(again["agent"]["agent_id"], bob_id.as_str(), "{again}");

@@ -784,6 +784,15 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
     // The inbox belongs to the agent: the same name takes its departed id (and its queue) back,
     // even on another port; no other agent gets an id that still holds someone's queue.
     let agent_id = match reclaimable_id(view, request)? {
+        // Taking a queue back gives its messages (other agents' words) to the caller: only the
+        // user, never a process inside another agent.
+        Some(agent_id) if !request.by_user => {
+            return Err(CommandError::forbidden(format!(
+                "Error: {agent_id} left with messages queued; only the user takes them back: start the agent again with --name {} from a plain shell (not inside another agent), or register with the admin key",
+                request.name.as_deref().unwrap_or_default()
+            ))
+            .into());
+        }
         Some(agent_id) => agent_id,
         None => {
             let agent_id = agent_id_for(&request.agent_type, request.port);
