@@ -542,3 +542,27 @@ fn a_connection_whose_peer_exited_or_whose_parent_left_an_agent_is_not_the_user(
     let (status, body) = home.http("POST", &cancel, None, &[]);
     assert_eq!(status, 200, "{body}");
 }
+
+#[test]
+fn the_users_anonymous_send_is_cancelled_only_by_the_user_while_a_tcp_callers_stays_open_to_anyone() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let sent: Value =
+        serde_json::from_str(&home.ok(&["send", "bob", "from the user", "--response", "--json"])).unwrap();
+    let users = sent["task"]["id"].as_str().unwrap().to_string();
+    let (status, body) = http_tcp(bob.port, "POST", &format!("/tasks/{users}/cancel"), None, &[]);
+    assert_eq!(status, 403, "an anonymous TCP caller cancelled the user's send: {body}");
+
+    // Sent anonymously over TCP (A2A): anyone anonymous may cancel it, as before.
+    let message = br#"{"message":{"role":"user","parts":[{"type":"text","text":"from somebody"}]}}"#;
+    let (status, sent) = http_tcp(bob.port, "POST", "/tasks/send", Some(message), &[]);
+    assert_eq!(status, 200, "{sent}");
+    let theirs = sent["task"]["id"].as_str().unwrap();
+    let (status, body) = http_tcp(bob.port, "POST", &format!("/tasks/{theirs}/cancel"), None, &[]);
+    assert_eq!(status, 200, "{body}");
+
+    // The user cancels the user's own send.
+    let (status, body) = home.http("POST", &format!("/agents/{}/tasks/{users}/cancel", bob.id), None, &[]);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["task"]["status"], "canceled");
+}

@@ -796,6 +796,7 @@ impl LogGenerator {
             text,
             parts: Vec::new(),
             idempotency_key: None,
+            by_user: false,
         });
         send.push(Event::TicketIssued {
             agent_id: receiver.into(),

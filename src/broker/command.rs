@@ -145,6 +145,10 @@ pub struct SendRequest {
     /// [`IDEMPOTENCY_WINDOW_MS`] answers the first send's tasks and sends nothing.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Set by the broker, never read from the body: the request came from the user (see
+    /// `http::caller`). An anonymous send by the user may be cancelled only by the user.
+    #[serde(skip)]
+    pub by_user: bool,
 }
 
 /// How long an idempotency key holds: a retry after this is a new send.
@@ -493,12 +497,13 @@ fn task_receiver(task: &TaskRecord) -> Option<&str> {
 }
 
 /// Cancel rights: the user; the task's sender or receiver; anyone when the sender was
-/// anonymous (an anonymous sender has nothing to prove itself with).
+/// anonymous (an anonymous sender has nothing to prove itself with) — unless that sender was
+/// the user, whose sends only the user (and the receiver) cancel.
 fn may_cancel(task: &TaskRecord, actor: &Actor) -> bool {
     match actor {
         Actor::User => true,
         Actor::Agent(agent) => task_sender(task) == Some(agent.as_str()) || task_receiver(task) == Some(agent.as_str()),
-        Actor::Anonymous => task_sender(task).is_none(),
+        Actor::Anonymous => task_sender(task).is_none() && !task.sent_by_user,
     }
 }
 
@@ -970,6 +975,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest, now_ms: u64) -> Re
         text: request.text.clone(),
         parts: Vec::new(),
         idempotency_key: request.idempotency_key.clone(),
+        by_user: sender_id.is_none() && request.by_user,
     });
     events.push(Event::TicketIssued {
         agent_id: target.agent_id.clone(),

@@ -174,6 +174,10 @@ pub enum Event {
         /// 24 h) answers this send's tasks instead of sending again.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         idempotency_key: Option<String>,
+        /// An anonymous send by the user (the CLI in a plain shell, the admin key): only the
+        /// user may cancel it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        by_user: bool,
     },
     /// Something the agent's watcher must write into its PTY. The ticket's id is the sequence
     /// number of this event.

@@ -190,6 +190,7 @@ fn samples() -> Vec<Event> {
             text: "review this\nplease".into(),
             parts: vec![Part::File { name: None, uri: Some("file:///a.md".into()), mime_type: None }],
             idempotency_key: Some("retry-7f3a".into()),
+            by_user: true,
         },
         Event::TicketIssued {
             agent_id: receiver(),
@@ -493,6 +494,7 @@ fn defaulted_fields_of_other_kinds_decode_when_absent() {
                 text: "x".into(),
                 parts: Vec::new(),
                 idempotency_key: None,
+                by_user: false,
             },
         ),
     ];

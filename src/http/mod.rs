@@ -531,8 +531,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// `POST /send`: what `synapse send` uses (target resolution by name, id, type-port or type).
-async fn send(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult {
+async fn send(
+    State(state): State<AppState>,
+    caller: caller::Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
     let mut request: SendRequest = parse_body(body)?;
+    request.by_user = caller.is_user();
     if let Some(key) = idempotency_key(&headers)? {
         request.idempotency_key = Some(key);
     }
@@ -589,6 +595,7 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
         context_id: None,
         sender_task_id: None,
         idempotency_key: None,
+        by_user: false,
     };
     sent_json(state.writer.submit(Command::Send(request)).await?)
 }
@@ -785,6 +792,7 @@ async fn a2a_send(
         sender_task_id: metadata.sender_task_id,
         context_id: body.context_id,
         idempotency_key: idempotency_key(headers)?,
+        by_user: false,
     };
     sent_json(state.writer.submit(Command::Send(request)).await?)
 }

@@ -380,12 +380,25 @@ impl<'txn> Projections<'txn> {
                     created_ms: time_ms,
                     updated_ms: time_ms,
                     created_seq: envelope.seq,
+                    sent_by_user: false,
                 };
                 self.put_task(&record)?;
             }
             Event::MessageSent {
-                task_id, from, to, response_expected, sender_task_id, text, idempotency_key, ..
+                task_id,
+                from,
+                to,
+                response_expected,
+                sender_task_id,
+                text,
+                idempotency_key,
+                by_user,
+                ..
             } => {
+                if *by_user && let Some(mut record) = self.task(task_id)? {
+                    record.sent_by_user = true;
+                    self.put_task(&record)?;
+                }
                 if let Some(key) = idempotency_key {
                     let row =
                         IdempotentSend { task_id: task_id.clone(), sender_task_id: sender_task_id.clone(), time_ms };

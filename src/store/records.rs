@@ -73,6 +73,9 @@ pub struct TaskRecord {
     /// Sequence number of the `task_created` event: the task's number in the history index.
     #[serde(default)]
     pub created_seq: u64,
+    /// Sent anonymously by the user (see `Event::MessageSent`): only the user cancels it.
+    #[serde(default)]
+    pub sent_by_user: bool,
 }
 
 /// An agent waiting for `receiver`'s answer: the newest request from one sender.

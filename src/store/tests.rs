@@ -78,6 +78,7 @@ fn event() -> impl Strategy<Value = Event> {
                 in_reply_to: None,
                 text,
                 parts: Vec::new(),
+                by_user: response_expected,
                 idempotency_key,
             }),
         (agent(), task(), 1u8..=5, prop::option::of(agent())).prop_map(|(agent_id, task_id, priority, from)| {
