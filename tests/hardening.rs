@@ -377,3 +377,44 @@ fn others_escape_sequences_are_shown_visibly_in_list_events_history_and_logs() {
     assert!(home.ok(&["list", "--json"]).contains(r"\u001b]52;c;SGk=\u0007pwn"));
     assert_eq!(home.ok(&["logs", "bob", "--raw"]), format!("> {attack}\r\n"));
 }
+
+#[test]
+fn requests_whose_headers_or_body_trickle_in_are_ended_so_they_cannot_hold_every_slot() {
+    let home = Home::new();
+    let started = home
+        .cmd(&["list"])
+        .env("SYNAPSE_HTTP_MAX_CONNECTIONS", "2")
+        .env("SYNAPSE_HTTP_HEADER_TIMEOUT_MS", "400")
+        .env("SYNAPSE_HTTP_BODY_TIMEOUT_MS", "400")
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let port = broker_port(&home);
+    // One sends half its headers; the other its headers and a tenth of its body.
+    let mut half_headers = tcp(port);
+    half_headers.write_all(b"GET /broker/health HTTP/1.1\r\nHost: loc").unwrap();
+    let mut half_body = tcp(port);
+    half_body
+        .write_all(b"POST /send HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"to\":")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let (status, answer) = raw(&mut tcp(port), "GET", "/broker/health", &["Host: localhost"], "");
+    assert_eq!(status, 503, "both slots are held for now: {answer}");
+    // The body's deadline answers that request with a 4xx and ends it.
+    let mut answer = String::new();
+    read_until(&mut half_body, "SYNAPSE_HTTP_BODY_TIMEOUT_MS", &mut answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    drop(half_body);
+    // The headers' deadline closes the other: a new client is served again.
+    let mut rest = Vec::new();
+    let _ = half_headers.read_to_end(&mut rest);
+    let started = Instant::now();
+    loop {
+        let (status, _) = raw(&mut tcp(port), "GET", "/broker/health", &["Host: localhost"], "");
+        if status == 200 {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "the slots of the slow requests were never freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

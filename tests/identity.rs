@@ -151,6 +151,14 @@ fn a_crashed_agents_queue_never_reaches_a_new_agent_on_its_port_and_waits_for_it
     assert_ne!(carol.id, bob_id);
     assert!(inbox_texts(&home, &carol.id).is_empty(), "carol never receives bob's messages");
 
+    // A process inside another agent (here carol's CLI, with carol's secret) can't take bob's
+    // name and queue.
+    let inside_carol = home
+        .run_as(&carol, &["agent", "register", "--type", "dummy", "--pid", &test_pid, "--name", "bob", "--port", "0"]);
+    assert!(!inside_carol.status.success(), "{}", describe(&inside_carol));
+    assert!(stderr(&inside_carol).contains("only the user takes them back"), "{}", describe(&inside_carol));
+    assert_eq!(inbox_texts(&home, &bob_id).len(), 2, "the queue still waits for bob");
+
     // bob started again with --name bob, on another port, gets his id and queue back.
     let (_bob_again, again) = self_registered(&home, "bob", 0);
     assert_eq!(again["agent"]["agent_id"], bob_id.as_str(), "{again}");
@@ -403,4 +411,158 @@ fn agents_cancel_lock_and_read_inboxes_only_as_themselves_and_the_user_for_anyon
     assert!(user_forced.status.success(), "{}", describe(&user_forced));
     assert!(fs_user(&["lock", file, &bob.id]).status.success());
     assert!(fs_user(&["unlock", file, &bob.id]).status.success());
+}
+
+#[test]
+fn broker_control_routes_are_refused_to_tcp_callers_without_the_key_and_to_agents_but_open_to_the_user() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let port = broker_port(&home);
+    let cleanup = br#"{"days":1,"dry_run":true}"#;
+    let routes: Vec<(&str, &str, Option<&[u8]>)> = vec![
+        ("GET", "/admin/index", None),
+        ("POST", "/admin/verify", None),
+        ("POST", "/history/cleanup", Some(cleanup)),
+        ("GET", "/webhooks", None),
+        ("POST", "/webhooks", Some(br#"{"url":"http://example.com/hook"}"#)),
+        ("GET", "/webhooks/deliveries", None),
+        ("GET", "/external", None),
+        ("POST", "/external", Some(br#"{"url":"http://example.com"}"#)),
+        ("POST", "/broker/shutdown", None),
+    ];
+    for (method, path, body) in &routes {
+        let (status, answer) = http_tcp(port, method, path, *body, &[]);
+        assert_eq!(status, 403, "{method} {path} over TCP: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains("for the user only"), "{answer}");
+        let (status, answer) = home.http(method, path, *body, &[("x-synapse-agent-secret", &bob.secret)]);
+        assert_eq!(status, 403, "{method} {path} as an agent: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains(&bob.id), "{answer}");
+    }
+    // From inside an agent the CLI (which sends the agent's secret) cannot stop the broker.
+    let refused = home.run_as(&bob, &["broker", "stop"]);
+    assert!(!refused.status.success(), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("for the user only"), "{}", describe(&refused));
+    let pid = home.broker_pid().expect("the broker still runs");
+    assert!(is_alive(pid));
+    // The user, from a plain shell over the socket: the read-only ones answer, then stop works.
+    for (method, path, body) in &routes[..4] {
+        let (status, answer) = home.http(method, path, *body, &[]);
+        assert_eq!(status, 200, "{method} {path} as the user: {answer}");
+    }
+    assert_eq!(home.http("GET", "/external", None, &[]).0, 200);
+    home.ok(&["broker", "stop"]);
+    wait_until_dead(pid);
+}
+
+/// A helper in python3: `peer-gone` connects to the broker's socket, forks, and the connecting
+/// parent exits before the child sends on the inherited connection; `reparented` registers
+/// itself as an agent's wrapper, and a process two levels below it connects, lets its parent
+/// exit (so it is reparented to init) and then sends. Both send a cancel without a secret
+/// and print the answer's status.
+const CANCEL_HELPER: &str = r#"
+import http.client, json, os, socket, sys, time
+mode, sock_path, path = sys.argv[1], sys.argv[2], sys.argv[3]
+class Unix(http.client.HTTPConnection):
+    def __init__(self):
+        super().__init__("localhost")
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(sock_path)
+def call(conn, method, target, body=b""):
+    conn.request(method, target, body=body, headers={"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    return answer.status, answer.read()
+def wait_orphaned(parent):
+    deadline = time.time() + 20
+    while os.getppid() == parent and time.time() < deadline:
+        time.sleep(0.01)
+if mode == "peer-gone":
+    conn = Unix(); conn.connect()
+    parent = os.getpid()
+    if os.fork() == 0:
+        wait_orphaned(parent)
+        print(call(conn, "POST", path)[0], flush=True)
+        os._exit(0)
+    os._exit(0)
+else:
+    me = Unix()
+    body = json.dumps({"agent_type": "dummy", "name": "wrapped", "pid": os.getpid(), "port": 0}).encode()
+    status, answer = call(me, "POST", "/agents", body)
+    assert status == 200, answer
+    reader, writer = os.pipe()
+    if os.fork() == 0:
+        middle = os.getpid()
+        if os.fork() == 0:
+            conn = Unix(); conn.connect()
+            call(conn, "GET", "/broker/health")
+            os.write(writer, b"x")
+            wait_orphaned(middle)
+            print(call(conn, "POST", path)[0], flush=True)
+            os._exit(0)
+        os.read(reader, 1)
+        os._exit(0)
+    time.sleep(120)
+"#;
+
+fn cancel_from_helper(home: &Home, mode: &str, path: &str) -> (String, std::process::Child) {
+    let mut helper = std::process::Command::new("python3")
+        .args(["-c", CANCEL_HELPER, mode, home.socket().to_str().unwrap(), path])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut stdout = std::io::BufReader::new(helper.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    (line.trim().to_string(), helper)
+}
+
+#[test]
+fn a_connection_whose_peer_exited_or_whose_parent_left_an_agent_is_not_the_user() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let sent = home.run_as(&alice, &["send", "bob", "alice's task", "--response", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let sent: Value = serde_json::from_slice(&sent.stdout).unwrap();
+    let cancel = format!("/agents/{}/tasks/{}/cancel", bob.id, sent["task"]["id"].as_str().unwrap());
+
+    // The process that connected is gone: its child, sending on the connection, is anonymous.
+    let (status, mut helper) = cancel_from_helper(&home, "peer-gone", &cancel);
+    let _ = helper.wait();
+    assert_eq!(status, "403", "a child of a vanished peer cancelled another agent's task");
+
+    // Below a wrapper, then reparented to init before sending: still not the user.
+    let (status, mut wrapper) = cancel_from_helper(&home, "reparented", &cancel);
+    let _ = wrapper.kill();
+    let _ = wrapper.wait();
+    assert_eq!(status, "403", "a process that left its agent's wrapper cancelled another agent's task");
+
+    // A plain process of the user's is the user.
+    let (status, body) = home.http("POST", &cancel, None, &[]);
+    assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn the_users_anonymous_send_is_cancelled_only_by_the_user_while_a_tcp_callers_stays_open_to_anyone() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let sent: Value =
+        serde_json::from_str(&home.ok(&["send", "bob", "from the user", "--response", "--json"])).unwrap();
+    let users = sent["task"]["id"].as_str().unwrap().to_string();
+    let (status, body) = http_tcp(bob.port, "POST", &format!("/tasks/{users}/cancel"), None, &[]);
+    assert_eq!(status, 403, "an anonymous TCP caller cancelled the user's send: {body}");
+
+    // Sent anonymously over TCP (A2A): anyone anonymous may cancel it, as before.
+    let message = br#"{"message":{"role":"user","parts":[{"type":"text","text":"from somebody"}]}}"#;
+    let (status, sent) = http_tcp(bob.port, "POST", "/tasks/send", Some(message), &[]);
+    assert_eq!(status, 200, "{sent}");
+    let theirs = sent["task"]["id"].as_str().unwrap();
+    let (status, body) = http_tcp(bob.port, "POST", &format!("/tasks/{theirs}/cancel"), None, &[]);
+    assert_eq!(status, 200, "{body}");
+
+    // The user cancels the user's own send.
+    let (status, body) = home.http("POST", &format!("/agents/{}/tasks/{users}/cancel", bob.id), None, &[]);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["task"]["status"], "canceled");
 }

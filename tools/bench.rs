@@ -532,6 +532,8 @@ async fn append(options: &Options) -> Result<()> {
             port,
             secret_hash: hash_secret(secret),
             pid_start: None,
+            wrapper: false,
+            by_user: true,
         })
     };
     let mut agent_ids = Vec::new();
@@ -717,6 +719,7 @@ impl LogGenerator {
                 working_dir: "/home/user/project".into(),
                 secret_hash: hash_secret(&agent_id),
                 pid_start: None,
+                wrapper: false,
             };
             appender.append(Some(&agent_id), vec![event])?;
             self.agents.push(agent_id);
@@ -801,6 +804,7 @@ impl LogGenerator {
             text,
             parts: Vec::new(),
             idempotency_key: None,
+            by_user: false,
         });
         send.push(Event::TicketIssued {
             agent_id: receiver.into(),
@@ -1551,6 +1555,8 @@ async fn lock_contention(options: &Options) -> Result<()> {
             port: 42_000 + agent as u16,
             secret_hash: hash_secret("bench-secret"),
             pid_start: None,
+            wrapper: false,
+            by_user: true,
         });
         match state.writer.submit(command).await {
             Ok(Outcome::Registered { agent }) => agent_ids.push(agent.agent_id),

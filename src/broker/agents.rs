@@ -7,7 +7,8 @@
 //! is given that id —
 //! allocation skips the port, and an explicit `--port` for it is refused with the reason —
 //! until an agent of the same type is started again with the same explicit `--name` (by the
-//! user: registration is proved by peer credentials of the broker's uid), which takes the id
+//! user: the admin key, or a peer of the broker's uid not inside another agent — see
+//! `http::caller`; anyone else is refused), which takes the id
 //! and its queue back, even on another port (its id then keeps the old port's number). Queues
 //! nobody takes back within the hold time (`SYNAPSE_INBOX_HOLD_SECONDS`, default 24 h) expire:
 //! the waiting tasks fail with the reason and `inbox_expired` frees the id. An id whose
@@ -114,7 +115,8 @@ pub async fn register(
     if !is_pid_alive(body.pid) {
         return Err(CommandError::bad(format!("process {} is not running", body.pid)));
     }
-    if let RegistrationProof::Peer(peer) = proof
+    if !proof.admin_key
+        && let Some(peer) = proof.peer
         && !process::is_related(peer, body.pid)
     {
         return Err(CommandError::forbidden(format!(
@@ -172,6 +174,8 @@ pub async fn register(
             port,
             secret_hash: hash_secret(&secret),
             pid_start,
+            wrapper: proof.peer == Some(body.pid),
+            by_user: proof.by_user,
         };
         match state.writer.submit(Command::RegisterAgent(request)).await {
             Ok(Outcome::Registered { agent }) => {

@@ -107,6 +107,13 @@ pub struct RegisterRequest {
     /// The start time of `pid`, read by the broker when it checked the registration.
     #[serde(default, skip_serializing)]
     pub pid_start: Option<u64>,
+    /// The registering peer is the process registered (see `Event::AgentRegistered`).
+    #[serde(default, skip_serializing)]
+    pub wrapper: bool,
+    /// The registration was made by the user (the admin key, or a peer not inside an agent):
+    /// only then may it take back a departed agent's queue.
+    #[serde(default, skip_serializing)]
+    pub by_user: bool,
 }
 
 /// A message to an agent (the body of `synapse send` and `POST /tasks/send`).
@@ -138,6 +145,10 @@ pub struct SendRequest {
     /// [`IDEMPOTENCY_WINDOW_MS`] answers the first send's tasks and sends nothing.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Set by the broker, never read from the body: the request came from the user (see
+    /// `http::caller`). An anonymous send by the user may be cancelled only by the user.
+    #[serde(skip)]
+    pub by_user: bool,
 }
 
 /// How long an idempotency key holds: a retry after this is a new send.
@@ -486,12 +497,13 @@ fn task_receiver(task: &TaskRecord) -> Option<&str> {
 }
 
 /// Cancel rights: the user; the task's sender or receiver; anyone when the sender was
-/// anonymous (an anonymous sender has nothing to prove itself with).
+/// anonymous (an anonymous sender has nothing to prove itself with) — unless that sender was
+/// the user, whose sends only the user (and the receiver) cancel.
 fn may_cancel(task: &TaskRecord, actor: &Actor) -> bool {
     match actor {
         Actor::User => true,
         Actor::Agent(agent) => task_sender(task) == Some(agent.as_str()) || task_receiver(task) == Some(agent.as_str()),
-        Actor::Anonymous => task_sender(task).is_none(),
+        Actor::Anonymous => task_sender(task).is_none() && !task.sent_by_user,
     }
 }
 
@@ -781,6 +793,15 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
     // The inbox belongs to the agent: the same name takes its departed id (and its queue) back,
     // even on another port; no other agent gets an id that still holds someone's queue.
     let agent_id = match reclaimable_id(view, request)? {
+        // Taking a queue back gives its messages (other agents' words) to the caller: only the
+        // user, never a process inside another agent.
+        Some(agent_id) if !request.by_user => {
+            return Err(CommandError::forbidden(format!(
+                "Error: {agent_id} left with messages queued; only the user takes them back: start the agent again with --name {} from a plain shell (not inside another agent), or register with the admin key",
+                request.name.as_deref().unwrap_or_default()
+            ))
+            .into());
+        }
         Some(agent_id) => agent_id,
         None => {
             let agent_id = agent_id_for(&request.agent_type, request.port);
@@ -832,6 +853,7 @@ fn decide_register(view: &Projections<'_>, request: &RegisterRequest) -> Result<
         working_dir: request.working_dir.clone(),
         secret_hash: request.secret_hash.clone(),
         pid_start: request.pid_start,
+        wrapper: request.wrapper,
     });
     Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Registered { agent_id } })
 }
@@ -965,6 +987,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest, now_ms: u64) -> Re
         text: request.text.clone(),
         parts: Vec::new(),
         idempotency_key: request.idempotency_key.clone(),
+        by_user: sender_id.is_none() && request.by_user,
     });
     events.push(Event::TicketIssued {
         agent_id: target.agent_id.clone(),

@@ -5,11 +5,91 @@
 //! ([`is_related`]), the registered process's start time is recorded ([`start_ticks`]) so a
 //! reused pid is told apart, and `synapse stop` signals a process only when it is a `synapse`
 //! process ([`runs_this_executable`]) that started when the registration says it did.
+//!
+//! Whether a caller is inside an agent is decided from its [`lineage`] (read when its
+//! connection is accepted, before a parent can exit and have it reparented) against the
+//! registered wrappers' pids *and start times*, never from the executable file (which a
+//! rebuild replaces).
 
 /// The process's start time (field 22 of `/proc/<pid>/stat`, clock ticks since boot): with the
 /// pid it names one process for the machine's uptime. None when the process is gone.
 pub fn start_ticks(pid: u32) -> Option<u64> {
     stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// One process for the machine's uptime: its pid and start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessStamp {
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+impl ProcessStamp {
+    /// The process `pid` now; None when it is gone or unreadable.
+    pub fn of(pid: u32) -> Option<ProcessStamp> {
+        Some(ProcessStamp { pid, start_ticks: start_ticks(pid)? })
+    }
+
+    /// Is this very process (not a later one with its pid) still running? A zombie (exited,
+    /// not yet reaped by its parent) is not.
+    pub fn is_running(&self) -> bool {
+        running_start_ticks(self.pid) == Some(self.start_ticks)
+    }
+
+    /// Is this the process a registration recorded (`pid`, and `pid_start` when recorded)?
+    pub fn is(&self, pid: u32, pid_start: Option<u64>) -> bool {
+        self.pid == pid && pid_start.is_none_or(|start| start == self.start_ticks)
+    }
+}
+
+/// The process `pid` first, then its ancestors (nearest first), then its session leader and
+/// the leader's ancestors. The session leader is there because a process that double-forks
+/// to be reparented to init keeps its session (a wrapped CLI leads the session of its PTY):
+/// only `setsid` leaves it. None when `pid` itself is gone or unreadable: such a caller proves
+/// nothing.
+pub fn lineage(pid: u32) -> Option<Vec<ProcessStamp>> {
+    let fields = stat_fields(pid)?;
+    if is_exited(&fields) {
+        return None;
+    }
+    let mut lineage = vec![ProcessStamp { pid, start_ticks: fields.get(19)?.parse().ok()? }];
+    let session: Option<u32> = fields.get(3).and_then(|sid| sid.parse().ok());
+    push_ancestors(&mut lineage, fields.get(1).and_then(|ppid| ppid.parse().ok()));
+    if let Some(leader) = session
+        && leader > 1
+        && !lineage.iter().any(|stamp| stamp.pid == leader)
+        && let Some(stamp) = ProcessStamp::of(leader)
+    {
+        lineage.push(stamp);
+        push_ancestors(&mut lineage, parent_of(leader));
+    }
+    Some(lineage)
+}
+
+fn push_ancestors(lineage: &mut Vec<ProcessStamp>, mut parent: Option<u32>) {
+    for _ in 0..MAX_ANCESTRY {
+        let Some(pid) = parent.filter(|&pid| pid > 1) else { return };
+        if lineage.iter().any(|stamp| stamp.pid == pid) {
+            return;
+        }
+        let Some(stamp) = ProcessStamp::of(pid) else { return };
+        lineage.push(stamp);
+        parent = parent_of(pid);
+    }
+}
+
+/// Like [`start_ticks`], but None for a process that has exited and is not yet reaped.
+fn running_start_ticks(pid: u32) -> Option<u64> {
+    let fields = stat_fields(pid)?;
+    if is_exited(&fields) {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Zombie (`Z`) or dead (`X`, `x`): the process has exited.
+fn is_exited(fields: &[String]) -> bool {
+    fields.first().is_none_or(|state| matches!(state.as_str(), "Z" | "X" | "x"))
 }
 
 /// The parent's pid (field 4 of `/proc/<pid>/stat`).
@@ -18,7 +98,8 @@ pub fn parent_of(pid: u32) -> Option<u32> {
 }
 
 /// The fields after the command name (which is in parentheses and may hold spaces): index 0 is
-/// field 3 (state), index 1 is field 4 (ppid), index 19 is field 22 (start time).
+/// field 3 (state), index 1 is field 4 (ppid), index 3 is field 6 (session), index 19 is field 22
+/// (start time).
 fn stat_fields(pid: u32) -> Option<Vec<String>> {
     if pid == 0 {
         return None;
@@ -91,6 +172,23 @@ mod tests {
         assert!(!is_related(me, 1), "init is nobody's to register");
         assert!(start_ticks(me).is_some());
         assert!(runs_this_executable(me));
+    }
+
+    #[test]
+    fn a_lineage_starts_with_the_process_and_holds_its_parent_and_a_zombie_has_none() {
+        let me = std::process::id();
+        let lineage = lineage(me).expect("this process is readable");
+        assert_eq!(lineage[0], ProcessStamp::of(me).expect("a stamp"));
+        let parent = parent_of(me).expect("a parent");
+        assert!(parent <= 1 || lineage.iter().any(|stamp| stamp.pid == parent));
+        let mut child = std::process::Command::new("true").spawn().expect("true");
+        let pid = child.id();
+        // Not reaped yet: a zombie, which proves nothing.
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z ")) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(super::lineage(pid).is_none());
+        let _ = child.wait();
     }
 
     #[test]

@@ -256,7 +256,10 @@ impl Client {
     /// Only connects: None when no broker runs.
     pub async fn try_connect(paths: &Paths) -> Option<Client> {
         let sender = connect_any(paths).await.ok()?;
-        Some(Client { sender, secret: None })
+        // Inside an agent the agent's secret goes along, as with `connect`: the broker then
+        // knows the caller is that agent, not the user (who alone may stop the broker).
+        let secret = std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty());
+        Some(Client { sender, secret })
     }
 
     async fn check_version(&mut self) -> anyhow::Result<()> {

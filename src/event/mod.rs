@@ -121,6 +121,10 @@ pub enum Event {
         /// and `synapse stop` never signals a process that merely got the same number.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pid_start: Option<u64>,
+        /// The process registered itself over the broker's Unix socket (the peer's pid is
+        /// `pid`): a wrapper. Processes below it are inside the agent (they are not the user).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        wrapper: bool,
     },
     AgentStatusChanged {
         agent_id: String,
@@ -183,6 +187,10 @@ pub enum Event {
         /// 24 h) answers this send's tasks instead of sending again.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         idempotency_key: Option<String>,
+        /// An anonymous send by the user (the CLI in a plain shell, the admin key): only the
+        /// user may cancel it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        by_user: bool,
     },
     /// Something the agent's watcher must write into its PTY. The ticket's id is the sequence
     /// number of this event.

@@ -146,6 +146,7 @@ fn samples() -> Vec<Event> {
             working_dir: "/home/ada/project".into(),
             secret_hash: "9f86d081".into(),
             pid_start: Some(1_234_567),
+            wrapper: true,
         },
         Event::AgentStatusChanged {
             agent_id: sender(),
@@ -190,6 +191,7 @@ fn samples() -> Vec<Event> {
             text: "review this\nplease".into(),
             parts: vec![Part::File { name: None, uri: Some("file:///a.md".into()), mime_type: None }],
             idempotency_key: Some("retry-7f3a".into()),
+            by_user: true,
         },
         Event::TicketIssued {
             agent_id: receiver(),
@@ -495,6 +497,7 @@ fn defaulted_fields_of_other_kinds_decode_when_absent() {
                 text: "x".into(),
                 parts: Vec::new(),
                 idempotency_key: None,
+                by_user: false,
             },
         ),
     ];

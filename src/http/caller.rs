@@ -7,8 +7,12 @@
 //!   peer's uid (from the kernel, `SO_PEERCRED`) equal to the broker's, is **the user**: the CLI
 //!   typed in a plain shell, the dashboard;
 //! - anything else (a TCP caller without a key, a stale secret, a process below an agent's
-//!   wrapper that left the agent's secret out) is **anonymous**: it may send messages and read
-//!   what is public, never act for an agent.
+//!   wrapper that left the agent's secret out, a peer that has exited or cannot be read) is
+//!   **anonymous**: it may send messages and read what is public, never act for an agent.
+//!
+//! "Below a wrapper" is read from the peer's lineage taken when the connection is accepted
+//! (so a parent exiting later changes nothing) and compared with the wrappers' recorded pids
+//! and start times (registrations whose peer was the registered process).
 //!
 //! The peer's credentials are attached to every request on a Unix socket by
 //! [`PeerCredentials`] (axum's connect info), so handlers see what the kernel says rather than
@@ -16,30 +20,56 @@
 
 use super::{ApiError, AppState, SECRET_HEADER};
 use crate::broker::command::{Actor, hash_secret};
+use crate::broker::process::{self, ProcessStamp};
 use crate::store::AgentRecord;
 use axum::extract::FromRequestParts;
 use axum::extract::connect_info::ConnectInfo;
 use axum::http::{HeaderMap, StatusCode, request::Parts};
+use std::sync::Arc;
 
 /// The other end of a Unix-socket connection, as the kernel reports it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PeerCredentials {
     pub uid: u32,
     /// The peer's pid when the kernel gives it (always on Linux).
     pub pid: Option<u32>,
+    /// The peer and its ancestors, read when the connection was accepted (see
+    /// [`process::lineage`]): a parent that exits later cannot hide that the peer was inside an
+    /// agent. None when the peer was already gone or unreadable.
+    pub lineage: Option<Arc<[ProcessStamp]>>,
 }
 
 impl PeerCredentials {
-    /// What the kernel says of the other end of `stream`.
+    /// What the kernel says of the other end of `stream`, and the peer's lineage now.
     pub fn of(stream: &tokio::net::UnixStream) -> PeerCredentials {
         match stream.peer_cred() {
-            Ok(credentials) => PeerCredentials {
-                uid: credentials.uid(),
-                pid: credentials.pid().and_then(|pid| u32::try_from(pid).ok()),
-            },
+            Ok(credentials) => {
+                let pid = credentials.pid().and_then(|pid| u32::try_from(pid).ok());
+                PeerCredentials { uid: credentials.uid(), pid, lineage: pid.and_then(process::lineage).map(Arc::from) }
+            }
             // Unknown credentials prove nothing: a uid no one has.
-            Err(_) => PeerCredentials { uid: u32::MAX, pid: None },
+            Err(_) => PeerCredentials { uid: u32::MAX, pid: None, lineage: None },
         }
+    }
+
+    /// Is this peer the user: a process of the broker's uid, still the very process that
+    /// connected, and not below a registered agent's wrapper? A peer whose pid is gone (it
+    /// connected, handed the connection to a child and exited) or unreadable is not.
+    fn is_the_user(&self, agents: &[AgentRecord]) -> bool {
+        if self.uid != broker_uid() {
+            return false;
+        }
+        let Some(lineage) = &self.lineage else { return false };
+        let Some(peer) = lineage.first() else { return false };
+        if !peer.is_running() {
+            return false;
+        }
+        // The wrapper itself (lineage[0]) was started by the user; what runs below it is the
+        // agent's.
+        let inside_an_agent = lineage[1..]
+            .iter()
+            .any(|stamp| agents.iter().any(|agent| agent.wrapper && stamp.is(agent.pid, agent.pid_start)));
+        !inside_an_agent
     }
 }
 
@@ -122,7 +152,7 @@ pub fn has_admin_key(state: &AppState, headers: &HeaderMap) -> bool {
 
 /// The peer credentials of a Unix-socket request (None over TCP).
 pub fn peer_of(parts: &Parts) -> Option<PeerCredentials> {
-    parts.extensions.get::<ConnectInfo<PeerCredentials>>().map(|ConnectInfo(peer)| *peer)
+    parts.extensions.get::<ConnectInfo<PeerCredentials>>().map(|ConnectInfo(peer)| peer.clone())
 }
 
 /// Determines the caller of a request.
@@ -145,30 +175,14 @@ pub fn caller_of(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
     if let Some(peer) = peer_of(parts)
         && peer.uid == broker_uid()
     {
-        // A process inside an agent (below a wrapper Synapse started) that left its secret out
-        // is not the user: it gets no more rights than it had with the secret.
-        let inside_an_agent = match peer.pid {
-            Some(pid) => is_inside_a_wrapper(state, pid)?,
-            None => true,
-        };
-        return Ok(if inside_an_agent { Caller::Anonymous } else { Caller::User });
+        // A process inside an agent (below a wrapper that registered itself) that left its
+        // secret out is not the user: it gets no more rights than it had with the secret.
+        // Registrations made for another process (a test, `agent register --pid`) are not
+        // wrappers and do not count.
+        let agents = state.store.read(|view| view.agents())?;
+        return Ok(if peer.is_the_user(&agents) { Caller::User } else { Caller::Anonymous });
     }
     Ok(Caller::Anonymous)
-}
-
-/// Is `pid` a descendant of a registered agent's wrapper (a `synapse` process)? Registrations
-/// of other processes (a test, a shell) do not count: only a wrapper puts an agent's identity
-/// into its children's environment.
-fn is_inside_a_wrapper(state: &AppState, pid: u32) -> Result<bool, ApiError> {
-    use crate::broker::process;
-    let wrappers: Vec<u32> = state
-        .store
-        .read(|view| view.agents())?
-        .into_iter()
-        .map(|agent| agent.pid)
-        .filter(|&wrapper| process::runs_this_executable(wrapper))
-        .collect();
-    Ok(!wrappers.is_empty() && process::descends_from(pid, &wrappers))
 }
 
 impl FromRequestParts<AppState> for Caller {
@@ -178,23 +192,56 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// The user, or a refusal: the extractor of the broker's control routes (stop the broker,
+/// rebuild or clean up the log, webhooks, external agents). An agent, a process inside one, or
+/// a caller over TCP without the admin key gets a 403 that says what is needed.
+#[derive(Debug, Clone, Copy)]
+pub struct TheUser;
+
+impl FromRequestParts<AppState> for TheUser {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let caller = caller_of(state, parts)?;
+        if caller.is_user() {
+            return Ok(TheUser);
+        }
+        let who = match &caller {
+            Caller::Agent(agent) => format!("agent {}", agent.agent_id),
+            _ => "an anonymous caller".to_string(),
+        };
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "Error: {} {} is for the user only, not for {who}: run the synapse CLI from a plain shell (the broker's Unix socket, outside any agent), or send the admin key (X-API-Key)",
+                parts.method,
+                parts.uri.path()
+            ),
+        ))
+    }
+}
+
 /// How a registration proved its pid, for [`crate::broker::agents::register`].
 #[derive(Debug, Clone, Copy)]
-pub enum RegistrationProof {
-    /// Over the Unix socket, by a peer of the broker's uid with this pid.
-    Peer(u32),
-    /// With the admin key.
-    AdminKey,
+pub struct RegistrationProof {
+    /// The request carries the admin key: any live process may be registered.
+    pub admin_key: bool,
+    /// The pid of the peer, over the Unix socket with the broker's uid.
+    pub peer: Option<u32>,
+    /// The caller is the user (see [`caller_of`]): only the user takes back a departed
+    /// agent's queue.
+    pub by_user: bool,
 }
 
 impl FromRequestParts<AppState> for RegistrationProof {
     type Rejection = ApiError;
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        if has_admin_key(state, &parts.headers) {
-            return Ok(RegistrationProof::AdminKey);
+        let admin_key = has_admin_key(state, &parts.headers);
+        let peer = peer_of(parts).filter(|peer| peer.uid == broker_uid()).and_then(|peer| peer.pid);
+        let by_user = caller_of(state, parts)?.is_user();
+        if admin_key || peer.is_some() {
+            return Ok(RegistrationProof { admin_key, peer, by_user });
         }
         match peer_of(parts) {
-            Some(PeerCredentials { uid, pid: Some(pid) }) if uid == broker_uid() => Ok(RegistrationProof::Peer(pid)),
             Some(_) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "Error: only the broker's own user may register agents over its Unix socket",

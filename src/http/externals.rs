@@ -74,7 +74,11 @@ struct AddBody {
     alias: Option<String>,
 }
 
-async fn add(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+async fn add(
+    State(state): State<AppState>,
+    _user: super::caller::TheUser,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
     let body: AddBody = parse_body(body)?;
     let url = body.url.trim().trim_end_matches('/').to_string();
     outbound::parse_url(&url).map_err(|message| ApiError::bad(format!("Invalid URL {message}")))?;
@@ -99,7 +103,7 @@ async fn add(State(state): State<AppState>, body: Result<Bytes, BytesRejection>)
     Ok(Json(json!({"external": state.externals.get(&alias)})))
 }
 
-async fn list(State(state): State<AppState>) -> ApiResult {
+async fn list(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
     Ok(Json(json!({"externals": state.externals.list()})))
 }
 
@@ -107,11 +111,11 @@ fn known(state: &AppState, alias: &str) -> Result<crate::broker::externals::Exte
     state.externals.get(alias).ok_or_else(|| ApiError::not_found(format!("No external agent '{alias}'")))
 }
 
-async fn info(State(state): State<AppState>, Path(alias): Path<String>) -> ApiResult {
+async fn info(State(state): State<AppState>, _user: super::caller::TheUser, Path(alias): Path<String>) -> ApiResult {
     Ok(Json(json!({"external": known(&state, &alias)?})))
 }
 
-async fn remove(State(state): State<AppState>, Path(alias): Path<String>) -> ApiResult {
+async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, Path(alias): Path<String>) -> ApiResult {
     known(&state, &alias)?;
     appended(&state, ExternalCommand::Remove { alias: alias.clone() }).await?;
     Ok(Json(json!({"removed": alias})))
@@ -128,6 +132,7 @@ struct SendBody {
 
 async fn send(
     State(state): State<AppState>,
+    _user: super::caller::TheUser,
     Path(alias): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {

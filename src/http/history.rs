@@ -155,7 +155,11 @@ struct CleanupBody {
 
 /// Records last updated before a cut-off leave the view: `days` ago, or the oldest ones beyond
 /// `max_size_mb` of text (newest kept first). Appends one prune event unless `dry_run`.
-async fn cleanup(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+async fn cleanup(
+    State(state): State<AppState>,
+    _user: super::caller::TheUser,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
     let body: CleanupBody = parse_body(body)?;
     let records = state.store.read(|view| view.history_records(None))?;
     let now = crate::broker::writer::now_ms();

@@ -612,6 +612,7 @@ async fn submit_send(state: &AppState, agent: &str, request: &SendParams) -> Res
         context_id: request.context_id.clone(),
         sender_task_id: None,
         idempotency_key: None,
+        by_user: false,
     };
     match state.writer.submit(Command::Send(send)).await? {
         Outcome::Sent(sent) => match sent.sender_task {

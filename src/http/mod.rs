@@ -246,7 +246,7 @@ async fn health(State(state): State<AppState>) -> Response {
     (status, Json(json!(info))).into_response()
 }
 
-async fn shutdown(State(state): State<AppState>) -> Json<Value> {
+async fn shutdown(State(state): State<AppState>, _user: caller::TheUser) -> Json<Value> {
     // Marked before the socket closes, so a wrapper that sees the broker gone knows the stop
     // was deliberate and waits instead of autostarting a new one.
     if let Err(error) = crate::trust::mark_stopped(&state.paths.home) {
@@ -256,23 +256,23 @@ async fn shutdown(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"stopping": true, "pid": std::process::id()}))
 }
 
-async fn rebuild(State(state): State<AppState>) -> ApiResult {
+async fn rebuild(State(state): State<AppState>, _user: caller::TheUser) -> ApiResult {
     let report = state.writer.rebuild().await?;
     state.index_wake.notify_one();
     Ok(Json(json!(report)))
 }
 
-async fn verify(State(state): State<AppState>) -> ApiResult {
+async fn verify(State(state): State<AppState>, _user: caller::TheUser) -> ApiResult {
     Ok(Json(json!(state.writer.verify().await?)))
 }
 
 /// Where the history search index stands (the broker keeps it up in the background).
-async fn index_progress(State(state): State<AppState>) -> ApiResult {
+async fn index_progress(State(state): State<AppState>, _user: caller::TheUser) -> ApiResult {
     Ok(Json(json!(state.store.index_progress()?)))
 }
 
 /// Brings the history search index up to the newest event now.
-async fn index_history(State(state): State<AppState>) -> ApiResult {
+async fn index_history(State(state): State<AppState>, _user: caller::TheUser) -> ApiResult {
     let store = state.store.clone();
     let progress = tokio::task::spawn_blocking(move || store.index_history())
         .await
@@ -535,8 +535,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// `POST /send`: what `synapse send` uses (target resolution by name, id, type-port or type).
-async fn send(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult {
+async fn send(
+    State(state): State<AppState>,
+    caller: caller::Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
     let mut request: SendRequest = parse_body(body)?;
+    request.by_user = caller.is_user();
     if let Some(key) = idempotency_key(&headers)? {
         request.idempotency_key = Some(key);
     }
@@ -593,6 +599,7 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
         context_id: None,
         sender_task_id: None,
         idempotency_key: None,
+        by_user: false,
     };
     sent_json(state.writer.submit(Command::Send(request)).await?)
 }
@@ -789,6 +796,7 @@ async fn a2a_send(
         sender_task_id: metadata.sender_task_id,
         context_id: body.context_id,
         idempotency_key: idempotency_key(headers)?,
+        by_user: false,
     };
     sent_json(state.writer.submit(Command::Send(request)).await?)
 }

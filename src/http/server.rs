@@ -6,6 +6,12 @@
 //!   body has been sent, so an SSE stream or a long poll (which have their own keep-alives and
 //!   deadlines) is never cut; a client that opens connections and sends nothing, or half a
 //!   request, is.
+//! - **Header and body timeouts** (`SYNAPSE_HTTP_HEADER_TIMEOUT_MS`, default 10 s;
+//!   `SYNAPSE_HTTP_BODY_TIMEOUT_MS`, default 30 s): a request's headers must arrive within the
+//!   first, counted from when the connection waits for them (so it also bounds a keep-alive
+//!   connection waiting for its next request), and its body within the second, counted from
+//!   its headers; otherwise the connection is closed (headers) or the request fails with 400
+//!   (body) and ends. So slow clients trickling requests cannot hold every slot.
 //! - **Connection limit** (`SYNAPSE_HTTP_MAX_CONNECTIONS`, default 512): open connections are
 //!   counted per transport for the whole broker (TCP and Unix sockets apart, so a flood on the
 //!   loopback ports cannot lock the user's CLI out of its socket). A connection beyond the limit
@@ -37,6 +43,8 @@ pub enum Transport {
 }
 
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Refusals being written at once; beyond this a refused connection is closed without an answer.
 const MAX_REFUSALS_IN_PROGRESS: usize = 64;
@@ -48,6 +56,8 @@ const REFUSAL_TIME: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct ConnectionLimits {
     pub idle_timeout: Duration,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
     pub max_connections: usize,
     tcp_slots: Arc<Semaphore>,
     unix_slots: Arc<Semaphore>,
@@ -62,6 +72,8 @@ impl ConnectionLimits {
     pub fn new(idle_timeout: Duration, max_connections: usize) -> ConnectionLimits {
         ConnectionLimits {
             idle_timeout,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             max_connections,
             tcp_slots: Arc::new(Semaphore::new(max_connections)),
             unix_slots: Arc::new(Semaphore::new(max_connections)),
@@ -69,14 +81,20 @@ impl ConnectionLimits {
         }
     }
 
-    /// Reads `SYNAPSE_HTTP_IDLE_TIMEOUT_MS` and `SYNAPSE_HTTP_MAX_CONNECTIONS` (once, at start).
+    /// Reads `SYNAPSE_HTTP_IDLE_TIMEOUT_MS`, `SYNAPSE_HTTP_HEADER_TIMEOUT_MS`,
+    /// `SYNAPSE_HTTP_BODY_TIMEOUT_MS` and `SYNAPSE_HTTP_MAX_CONNECTIONS` (once, at start).
     pub fn from_env() -> ConnectionLimits {
-        ConnectionLimits::new(
+        let mut limits = ConnectionLimits::new(
             env_number("SYNAPSE_HTTP_IDLE_TIMEOUT_MS").map_or(DEFAULT_IDLE_TIMEOUT, Duration::from_millis),
             env_number("SYNAPSE_HTTP_MAX_CONNECTIONS")
                 .and_then(|max| usize::try_from(max).ok())
                 .unwrap_or(DEFAULT_MAX_CONNECTIONS),
-        )
+        );
+        limits.header_timeout =
+            env_number("SYNAPSE_HTTP_HEADER_TIMEOUT_MS").map_or(DEFAULT_HEADER_TIMEOUT, Duration::from_millis);
+        limits.body_timeout =
+            env_number("SYNAPSE_HTTP_BODY_TIMEOUT_MS").map_or(DEFAULT_BODY_TIMEOUT, Duration::from_millis);
+        limits
     }
 }
 
@@ -151,6 +169,8 @@ pub async fn serve<L: Accept>(
                     transport,
                     peer: L::peer_credentials(&io),
                     idle_timeout: limits.idle_timeout,
+                    header_timeout: limits.header_timeout,
+                    body_timeout: limits.body_timeout,
                     closing: closing_receiver.clone(),
                 };
                 tokio::spawn(async move {
@@ -246,7 +266,49 @@ struct Connection {
     transport: Transport,
     peer: Option<super::caller::PeerCredentials>,
     idle_timeout: Duration,
+    header_timeout: Duration,
+    body_timeout: Duration,
     closing: watch::Receiver<bool>,
+}
+
+/// A request body that fails when it has not fully arrived by its deadline (see the module
+/// documentation): the handler reading it gets an error and answers, so the request ends.
+struct DeadlineBody {
+    inner: Incoming,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
+impl hyper::body::Body for DeadlineBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_frame(context) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|frame| frame.map_err(Into::into))),
+            Poll::Pending => match this.deadline.as_mut().poll(context) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                    "the request body did not arrive within {} ms (SYNAPSE_HTTP_BODY_TIMEOUT_MS)",
+                    this.timeout.as_millis()
+                )
+                .into()))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 impl Connection {
@@ -255,11 +317,19 @@ impl Connection {
         let activity = Activity(Arc::new(sender));
         let transport = self.transport;
         let peer = self.peer;
+        let body_timeout = self.body_timeout;
         let service = TowerToHyperService::new(self.router);
-        let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let mut request = request.map(|inner| {
+                Body::new(DeadlineBody {
+                    inner,
+                    deadline: Box::pin(tokio::time::sleep(body_timeout)),
+                    timeout: body_timeout,
+                })
+            });
             request.extensions_mut().insert(transport);
-            if let Some(peer) = peer {
-                request.extensions_mut().insert(ConnectInfo(peer));
+            if let Some(peer) = &peer {
+                request.extensions_mut().insert(ConnectInfo(peer.clone()));
             }
             if let Transport::Tcp { peer } = transport {
                 request.extensions_mut().insert(ConnectInfo(peer));
@@ -277,7 +347,10 @@ impl Connection {
                 }))
             }
         });
-        let connection = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), service);
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(self.header_timeout)
+            .serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         // Set when the connection was asked to close because it sat idle: one more idle period
         // and it is dropped even if the client never finishes a half-sent request.

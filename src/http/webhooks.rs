@@ -37,7 +37,11 @@ async fn appended(state: &AppState, command: WebhookCommand) -> Result<(), ApiEr
     }
 }
 
-async fn register(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+async fn register(
+    State(state): State<AppState>,
+    _user: super::caller::TheUser,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
     let body: RegisterBody = parse_body(body)?;
     let url = body.url.trim().to_string();
     crate::broker::webhooks::parse_url(&url)
@@ -64,7 +68,7 @@ async fn register(State(state): State<AppState>, body: Result<Bytes, BytesReject
     Ok(Json(json!({"webhook": hook})))
 }
 
-async fn list(State(state): State<AppState>) -> ApiResult {
+async fn list(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
     Ok(Json(json!({"webhooks": state.webhooks.lock().hooks()})))
 }
 
@@ -74,7 +78,7 @@ struct RemoveQuery {
     url: Option<String>,
 }
 
-async fn remove(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
+async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, uri: axum::http::Uri) -> ApiResult {
     let query: RemoveQuery = parse_query(uri.query())?;
     let url = query.url.ok_or_else(|| ApiError::bad("DELETE /webhooks needs ?url=<registered url>"))?;
     if state.webhooks.lock().hook(&url).is_none() {
@@ -84,6 +88,6 @@ async fn remove(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     Ok(Json(json!({"removed": url})))
 }
 
-async fn deliveries(State(state): State<AppState>) -> ApiResult {
+async fn deliveries(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
     Ok(Json(json!({"deliveries": state.webhooks.lock().deliveries()})))
 }

@@ -362,6 +362,7 @@ impl<'txn> Projections<'txn> {
                 working_dir,
                 secret_hash,
                 pid_start,
+                wrapper,
             } => {
                 let record = AgentRecord {
                     agent_id: agent_id.clone(),
@@ -374,6 +375,7 @@ impl<'txn> Projections<'txn> {
                     status: crate::event::AgentStatus::Starting,
                     secret_hash: secret_hash.clone(),
                     pid_start: *pid_start,
+                    wrapper: *wrapper,
                     registered_ms: time_ms,
                     status_ms: time_ms,
                     status_note: None,
@@ -451,12 +453,25 @@ impl<'txn> Projections<'txn> {
                     message_seq: None,
                     reply_seq: None,
                     artifact_texts: Vec::new(),
+                    sent_by_user: false,
                 };
                 self.put_task(&record)?;
             }
             Event::MessageSent {
-                task_id, from, to, response_expected, sender_task_id, text, idempotency_key, ..
+                task_id,
+                from,
+                to,
+                response_expected,
+                sender_task_id,
+                text,
+                idempotency_key,
+                by_user,
+                ..
             } => {
+                if *by_user && let Some(mut record) = self.task(task_id)? {
+                    record.sent_by_user = true;
+                    self.put_task(&record)?;
+                }
                 if let Some(key) = idempotency_key {
                     let row =
                         IdempotentSend { task_id: task_id.clone(), sender_task_id: sender_task_id.clone(), time_ms };

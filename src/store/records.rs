@@ -19,6 +19,9 @@ pub struct AgentRecord {
     /// Start time of the process `pid` at registration (see `Event::AgentRegistered`).
     #[serde(default)]
     pub pid_start: Option<u64>,
+    /// Registered by its own process over the Unix socket (see `Event::AgentRegistered`).
+    #[serde(default)]
+    pub wrapper: bool,
     pub registered_ms: u64,
     pub status_ms: u64,
     /// Why the agent takes no message now, when its wrapper said (see `agent_status_changed`).
@@ -85,6 +88,9 @@ pub struct TaskRecord {
     /// Artifacts whose text is stored once, in the log: in the row they have no parts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifact_texts: Vec<ArtifactText>,
+    /// Sent anonymously by the user (see `Event::MessageSent`): only the user cancels it.
+    #[serde(default)]
+    pub sent_by_user: bool,
 }
 
 /// An artifact of a task whose text is the `text` of the `reply_posted` event at `seq`.

@@ -46,6 +46,7 @@ fn event() -> impl Strategy<Value = Event> {
             working_dir: "/tmp".into(),
             secret_hash: "00".into(),
             pid_start: Some(u64::from(pid) * 7),
+            wrapper: pid % 2 == 0,
         }),
         (agent(), status()).prop_map(|(agent_id, status)| Event::AgentStatusChanged { agent_id, status, note: None }),
         agent().prop_map(|agent_id| Event::AgentDeregistered { agent_id, reason: "gone".into() }),
@@ -97,6 +98,7 @@ fn event() -> impl Strategy<Value = Event> {
                     in_reply_to: None,
                     text,
                     parts: Vec::new(),
+                    by_user: response_expected,
                     idempotency_key,
                 }
             }),
@@ -675,6 +677,7 @@ fn long_exchange(text: &str, reply: &str) -> (Vec<Event>, Vec<Event>) {
             in_reply_to: None,
             text: text.into(),
             parts: Vec::new(),
+            by_user: false,
             idempotency_key: None,
         },
     ];
