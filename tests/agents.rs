@@ -623,3 +623,66 @@ fn a_message_file_that_cannot_be_written_fails_its_task_and_later_deliveries_go_
     let screen = terminal(&bob);
     assert!(screen.contains("short and sweet") && !screen.contains("long long"), "{screen}");
 }
+
+/// What the user types while a message is being typed into their CLI (between its paste and its
+/// submit key) is held back and passed on after it: it never joins the message (issue 11).
+#[test]
+fn keys_typed_while_a_message_is_written_do_not_join_it() {
+    use portable_pty::{CommandBuilder, PtySize, native_pty_system};
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    // A long settle delay: the window between the paste and the Enter is two seconds wide.
+    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
+    std::fs::write(home.home().join("profiles/dummy.json"), r#"{"settle_ms": 2000}"#).unwrap();
+    let pty = native_pty_system().openpty(PtySize { rows: 30, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
+    let mut command = CommandBuilder::new(BIN);
+    command.args(["dummy", "--name", "alice"]);
+    command.env("SYNAPSE_HOME", home.home());
+    command.env("SYNAPSE_UDS_DIR", home.uds());
+    command.env("SYNAPSE_BROKER_PORT", "0");
+    command.env_remove("SYNAPSE_AGENT_ID");
+    let mut child = pty.slave.spawn_command(command).unwrap();
+    drop(pty.slave);
+    let screen = Arc::new(Mutex::new(String::new()));
+    let mut reader = pty.master.try_clone_reader().unwrap();
+    let collected = screen.clone();
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(count) = reader.read(&mut buffer) {
+            if count == 0 {
+                break;
+            }
+            collected.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..count]));
+        }
+    });
+    let mut keyboard = pty.master.take_writer().unwrap();
+    let alice = |events: &[Value]| {
+        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
+    };
+    follower.wait_until("alice READY", |events| alice(events).is_some_and(|id| ready(events, &id)));
+    let alice = alice(&follower.seen).unwrap();
+    home.ok(&["send", "alice", "the message", "--no-response"]);
+    // The paste is on screen (the terminal echoes it): the Enter is two seconds away.
+    let deadline = Instant::now() + EVENT_DEADLINE;
+    while !screen.lock().unwrap().contains("the message") {
+        assert!(Instant::now() < deadline, "no paste: {}", screen.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    keyboard.write_all(b"typed meanwhile\r").unwrap();
+    keyboard.flush().unwrap();
+    follower.wait_until("the message written", |events| settled(events, &alice));
+    let log = home.home().join("logs").join(format!("{alice}.log"));
+    let deadline = Instant::now() + EVENT_DEADLINE;
+    while !std::fs::read_to_string(&log).unwrap().contains("You said: typed meanwhile") {
+        assert!(Instant::now() < deadline, "{}", std::fs::read_to_string(&log).unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("You said: [A2A:") && said.contains("] the message\r\n"), "the message alone: {said}");
+    assert!(!said.contains("the messagetyped"), "{said}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

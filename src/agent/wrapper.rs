@@ -131,11 +131,34 @@ struct Shared {
     /// the reporter while it decides and posts a status: a READY seen before a ticket was written
     /// cannot land in the log after that ticket's acknowledgement.
     report_gate: Arc<tokio::sync::Mutex<()>>,
+    /// The user's keystrokes held back while a message is typed (between its paste and its
+    /// submit key), then passed on: they can never land inside a message and be sent with it.
+    held_keys: Mutex<Option<Vec<u8>>>,
 }
 
 impl Shared {
     fn lock_readiness(&self) -> std::sync::MutexGuard<'_, Readiness> {
         self.readiness.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts holding the user's keystrokes back, or stops and passes on what was held.
+    fn hold_keys(&self, hold: bool) {
+        let Ok(mut held) = self.held_keys.lock() else { return };
+        if hold {
+            held.get_or_insert_with(Vec::new);
+        } else if let Some(bytes) = held.take().filter(|bytes| !bytes.is_empty()) {
+            let _ = self.pty_input.send(PtyWrite { bytes, done: None, then_record: None });
+        }
+    }
+
+    /// The user's keystrokes: to the CLI now, or held while a message is being typed.
+    fn user_keys(&self, bytes: Vec<u8>) {
+        match self.held_keys.lock() {
+            Ok(mut held) if held.is_some() => held.get_or_insert_with(Vec::new).extend_from_slice(&bytes),
+            _ => {
+                let _ = self.pty_input.send(PtyWrite { bytes, done: None, then_record: None });
+            }
+        }
     }
 
     fn note(&self) -> Option<String> {
@@ -360,6 +383,7 @@ async fn run_registered(
         report_again: std::sync::atomic::AtomicBool::new(false),
         note: Mutex::new(None),
         report_gate: Arc::new(tokio::sync::Mutex::new(())),
+        held_keys: Mutex::new(None),
     });
 
     // Writer thread: the one owner of the PTY writer (dropping it would send EOF to the CLI).
@@ -787,12 +811,17 @@ async fn write_input(
     let keys = crate::escape::keystrokes(header, text, bracketed, &shared.profile.submit);
     let shown = String::from_utf8_lossy(&keys.paste).replace("\x1b[200~", "").replace("\x1b[201~", "");
     shared.lock_readiness().remember_input(&shown);
-    shared.write(keys.paste).await?;
-    if shared.profile.settle_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(shared.profile.settle_ms)).await;
+    shared.hold_keys(true);
+    let written = async {
+        shared.write(keys.paste).await?;
+        if shared.profile.settle_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(shared.profile.settle_ms)).await;
+        }
+        shared.write_then_record(keys.submit, then_record).await
     }
-    shared.write_then_record(keys.submit, then_record).await?;
-    Ok(())
+    .await;
+    shared.hold_keys(false);
+    written
 }
 
 /// The user's keystrokes: `@agent message` lines go to the broker, the rest to the CLI.
@@ -810,9 +839,7 @@ fn spawn_keyboard(shared: Arc<Shared>) {
             };
             for routed in router.feed(&buffer[..count]) {
                 match routed {
-                    Routed::Pass(bytes) => {
-                        let _ = keyboard_shared.pty_input.send(PtyWrite { bytes, done: None, then_record: None });
-                    }
+                    Routed::Pass(bytes) => keyboard_shared.user_keys(bytes),
                     Routed::Echo(bytes) => {
                         let mut out = std::io::stdout().lock();
                         let _ = out.write_all(&bytes).and_then(|_| out.flush());
