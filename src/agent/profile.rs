@@ -81,6 +81,10 @@ pub struct IdleStrategy {
     /// written while one shows, so no message's keystrokes can answer a dialog.
     #[serde(default)]
     pub waiting_patterns: Vec<String>,
+    /// Text anywhere on screen that means the CLI is working (its "esc to interrupt" hint):
+    /// PROCESSING whatever the quiet period says, so the quiet period can be short.
+    #[serde(default)]
+    pub busy_patterns: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -124,7 +128,7 @@ impl Profile {
         {
             return Err(("prompt".into(), "idle.prompt: must contain a visible character".into()));
         }
-        for pattern in &self.idle.waiting_patterns {
+        for pattern in self.idle.waiting_patterns.iter().chain(&self.idle.busy_patterns) {
             if pattern.trim().is_empty() {
                 return Err(("waiting_patterns".into(), "idle.waiting_patterns: a pattern is empty".into()));
             }
@@ -164,12 +168,13 @@ const DIALOGS: &[&str] = &[
     "Enter to select",
 ];
 
-fn idle(prompt: Option<&str>, quiet_ms: u64, needs_bracketed_paste: bool) -> IdleStrategy {
+fn idle(prompt: Option<&str>, quiet_ms: u64, needs_bracketed_paste: bool, busy: &[&str]) -> IdleStrategy {
     IdleStrategy {
         prompt: prompt.map(str::to_string),
         quiet_ms: Some(quiet_ms),
         needs_bracketed_paste,
         waiting_patterns: DIALOGS.iter().map(|pattern| pattern.to_string()).collect(),
+        busy_patterns: busy.iter().map(|pattern| pattern.to_string()).collect(),
     }
 }
 
@@ -190,9 +195,17 @@ pub fn builtin(name: &str) -> Option<Profile> {
     };
     let esc_twice = || InterruptStyle::Keys(vec!["esc".into(), "esc".into()]);
     Some(match name {
-        "claude" => profile("claude", &[], (8100, 8109), idle(Some("❯"), 500, true), InterruptStyle::CtrlC),
+        "claude" => profile(
+            "claude",
+            &[],
+            (8100, 8109),
+            idle(Some("❯"), 500, true, &["esc to interrupt"]),
+            InterruptStyle::CtrlC,
+        ),
         // Gemini's box: ` >   Type your message`, the cursor right after `> `.
-        "gemini" => profile("gemini", &[], (8110, 8119), idle(Some(">"), 3000, true), InterruptStyle::CtrlC),
+        "gemini" => {
+            profile("gemini", &[], (8110, 8119), idle(Some(">"), 500, true, &["esc to cancel"]), InterruptStyle::CtrlC)
+        }
         // --no-daemon: without it Codex runs shell commands in a shared `codex app-server` that
         // outlives the agent and lacks its SYNAPSE_AGENT_ID (two Codex agents shared one identity).
         // Its sandbox refuses every socket unless network access is on, and `synapse reply`
@@ -201,13 +214,13 @@ pub fn builtin(name: &str) -> Option<Profile> {
             "codex",
             &["--no-daemon", "-c", "sandbox_workspace_write.network_access=true"],
             (8120, 8129),
-            idle(Some("›"), 3000, false),
+            idle(Some("›"), 500, false, &["esc to interrupt"]),
             InterruptStyle::CtrlC,
         ),
         // OpenCode exits on Ctrl-C; Esc twice interrupts it. READY only once its input box
         // (the `┃` border at the cursor) is drawn: before that a message is lost.
-        "opencode" => profile("opencode", &[], (8130, 8139), idle(Some("┃"), 1000, false), esc_twice()),
-        "copilot" => profile("copilot", &[], (8140, 8149), idle(Some("❯"), 500, true), InterruptStyle::CtrlC),
+        "opencode" => profile("opencode", &[], (8130, 8139), idle(Some("┃"), 1000, false, &[]), esc_twice()),
+        "copilot" => profile("copilot", &[], (8140, 8149), idle(Some("❯"), 500, true, &[]), InterruptStyle::CtrlC),
         "dummy" => Profile {
             name: "dummy".into(),
             command: "{synapse}".into(),
@@ -220,6 +233,7 @@ pub fn builtin(name: &str) -> Option<Profile> {
                 quiet_ms: None,
                 needs_bracketed_paste: false,
                 waiting_patterns: Vec::new(),
+                busy_patterns: Vec::new(),
             },
             interrupt: InterruptStyle::Signal,
             interrupt_timeout_ms: default_interrupt_timeout_ms(),

@@ -68,11 +68,19 @@ impl Readiness {
 
     /// Does a dialog pattern show on screen, other than inside the echo of a text we wrote?
     fn dialog_on_screen(&self) -> bool {
+        self.pattern_on_screen(&self.idle.waiting_patterns)
+    }
+
+    /// Does one of `patterns` show on a screen row that is not the echo of a text we wrote?
+    fn pattern_on_screen(&self, patterns: &[String]) -> bool {
+        if patterns.is_empty() {
+            return false;
+        }
         let screen = self.parser.screen();
         let (_, cols) = screen.size();
-        screen.rows(0, cols).any(|row| {
-            self.idle.waiting_patterns.iter().any(|pattern| row.contains(pattern.as_str())) && !self.is_echo(&row)
-        })
+        screen
+            .rows(0, cols)
+            .any(|row| patterns.iter().any(|pattern| row.contains(pattern.as_str())) && !self.is_echo(&row))
     }
 
     /// Is this screen row (without its decoration) a piece of a text we wrote?
@@ -141,6 +149,9 @@ impl Readiness {
         if self.idle.needs_bracketed_paste && !self.seen_bracketed_paste {
             return (AgentStatus::Processing, None);
         }
+        if self.pattern_on_screen(&self.idle.busy_patterns) {
+            return (AgentStatus::Processing, None);
+        }
         if let Some(prompt) = &self.idle.prompt {
             let line = self.cursor_line();
             let at_prompt = line.ends_with(prompt.as_str()) || line.trim_end().ends_with(prompt.trim_end());
@@ -206,15 +217,21 @@ mod tests {
     }
 
     #[test]
-    fn codex_is_ready_at_its_prompt_after_quiet_and_busy_while_drawing() {
+    fn codex_is_ready_at_its_prompt_after_quiet_and_busy_while_it_says_so() {
         let mut ready = detector("codex");
         let start = Instant::now();
         ready.feed("\x1b[2J\x1b[H\r\n› ".as_bytes(), start);
-        assert_eq!(ready.status(start + Duration::from_secs(1)).0, AgentStatus::Starting);
-        assert_eq!(ready.status(start + Duration::from_secs(3)).0, AgentStatus::Ready);
+        assert_eq!(ready.status(start + Duration::from_millis(499)).0, AgentStatus::Starting);
+        assert_eq!(ready.status(start + Duration::from_millis(500)).0, AgentStatus::Ready);
+        // Working: the prompt stays drawn below, quiet or not, the hint says busy.
         let working = start + Duration::from_secs(4);
-        ready.feed("\x1b[H\x1b[2J  Working (3s • esc to interrupt)\r\n".as_bytes(), working);
+        ready.feed("\x1b[2J\x1b[H  Working (3s • esc to interrupt)\r\n\r\n› ".as_bytes(), working);
         assert_eq!(ready.status(working + Duration::from_secs(10)).0, AgentStatus::Processing);
+        // The same words in the echo of a message we wrote are not the hint.
+        ready.remember_input("[A2A:1:a] please esc to interrupt now");
+        let echoed = working + Duration::from_secs(11);
+        ready.feed("\x1b[2J\x1b[H› [A2A:1:a] please esc to interrupt now\r\n\r\n› ".as_bytes(), echoed);
+        assert_eq!(ready.status(echoed + Duration::from_secs(1)).0, AgentStatus::Ready);
     }
 
     #[test]
@@ -223,8 +240,11 @@ mod tests {
         let mut gemini = detector("gemini");
         // The cursor stands after `> `, the placeholder to its right (as measured).
         gemini.feed(b"\x1b[?2004h\x1b[20;1H >   Type your message\x1b[20;4H", start);
-        assert_eq!(gemini.status(start + Duration::from_millis(2999)).0, AgentStatus::Starting);
-        assert_eq!(gemini.status(start + Duration::from_millis(3000)).0, AgentStatus::Ready);
+        assert_eq!(gemini.status(start + Duration::from_millis(499)).0, AgentStatus::Starting);
+        assert_eq!(gemini.status(start + Duration::from_millis(500)).0, AgentStatus::Ready);
+        let thinking = start + Duration::from_secs(1);
+        gemini.feed("\x1b[18;1H ⠋ Thinking... (esc to cancel, 0s)\x1b[20;4H".as_bytes(), thinking);
+        assert_eq!(gemini.status(thinking + Duration::from_secs(5)).0, AgentStatus::Processing);
         let mut copilot = detector("copilot");
         copilot.feed("\x1b[?2004h\r\n❯ ".as_bytes(), start);
         assert_eq!(copilot.status(start + Duration::from_millis(600)).0, AgentStatus::Ready);
