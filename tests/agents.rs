@@ -364,26 +364,28 @@ fn a_burst_of_200_messages_survives_sigkills_of_broker_and_wrapper_with_each_wri
     }
 }
 
-/// Seed 001: in the interactive wrapper, `@<agent> message` goes to that agent; other input
-/// reaches the CLI untouched. The wrapper runs in a real PTY made by the test.
-#[test]
-fn at_agent_lines_typed_in_the_interactive_wrapper_are_sent_and_other_input_passes_through() {
+/// `synapse dummy --name <name>` in a PTY made by the test (the user's terminal): its child, what
+/// it has drawn so far, and its keyboard.
+struct Interactive {
+    child: Box<dyn portable_pty::Child + Send + Sync>,
+    screen: std::sync::Arc<std::sync::Mutex<String>>,
+    keyboard: Box<dyn std::io::Write + Send>,
+    _master: Box<dyn portable_pty::MasterPty + Send>,
+}
+
+fn interactive_dummy(home: &Home, name: &str) -> Interactive {
     use portable_pty::{CommandBuilder, PtySize, native_pty_system};
-    use std::io::{Read, Write};
+    use std::io::Read;
     use std::sync::{Arc, Mutex};
 
-    let home = Home::new();
-    let mut follower = Follower::new(&home);
-    let bob = start(&home, "bob", &[], None);
-    let _wrappers = Wrappers(&home, vec![id(&bob)]);
     let pty = native_pty_system().openpty(PtySize { rows: 30, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
     let mut command = CommandBuilder::new(BIN);
-    command.args(["dummy", "--name", "alice"]);
+    command.args(["dummy", "--name", name]);
     command.env("SYNAPSE_HOME", home.home());
     command.env("SYNAPSE_UDS_DIR", home.uds());
     command.env("SYNAPSE_BROKER_PORT", "0");
     command.env_remove("SYNAPSE_AGENT_ID");
-    let mut child = pty.slave.spawn_command(command).unwrap();
+    let child = pty.slave.spawn_command(command).unwrap();
     drop(pty.slave);
     let screen = Arc::new(Mutex::new(String::new()));
     let mut reader = pty.master.try_clone_reader().unwrap();
@@ -397,7 +399,21 @@ fn at_agent_lines_typed_in_the_interactive_wrapper_are_sent_and_other_input_pass
             collected.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..count]));
         }
     });
-    let mut keyboard = pty.master.take_writer().unwrap();
+    let keyboard = pty.master.take_writer().unwrap();
+    Interactive { child, screen, keyboard, _master: pty.master }
+}
+
+/// Seed 001: in the interactive wrapper, `@<agent> message` goes to that agent; other input
+/// reaches the CLI untouched. The wrapper runs in a real PTY made by the test.
+#[test]
+fn at_agent_lines_typed_in_the_interactive_wrapper_are_sent_and_other_input_passes_through() {
+    use std::io::Write;
+
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let bob = start(&home, "bob", &[], None);
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    let Interactive { mut child, screen, mut keyboard, .. } = interactive_dummy(&home, "alice");
     let alice_id = |events: &[Value]| {
         events
             .iter()
@@ -628,37 +644,14 @@ fn a_message_file_that_cannot_be_written_fails_its_task_and_later_deliveries_go_
 /// submit key) is held back and passed on after it: it never joins the message (issue 11).
 #[test]
 fn keys_typed_while_a_message_is_written_do_not_join_it() {
-    use portable_pty::{CommandBuilder, PtySize, native_pty_system};
-    use std::io::{Read, Write};
-    use std::sync::{Arc, Mutex};
+    use std::io::Write;
 
     let home = Home::new();
     let mut follower = Follower::new(&home);
     // A long settle delay: the window between the paste and the Enter is two seconds wide.
     std::fs::create_dir_all(home.home().join("profiles")).unwrap();
     std::fs::write(home.home().join("profiles/dummy.json"), r#"{"settle_ms": 2000}"#).unwrap();
-    let pty = native_pty_system().openpty(PtySize { rows: 30, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
-    let mut command = CommandBuilder::new(BIN);
-    command.args(["dummy", "--name", "alice"]);
-    command.env("SYNAPSE_HOME", home.home());
-    command.env("SYNAPSE_UDS_DIR", home.uds());
-    command.env("SYNAPSE_BROKER_PORT", "0");
-    command.env_remove("SYNAPSE_AGENT_ID");
-    let mut child = pty.slave.spawn_command(command).unwrap();
-    drop(pty.slave);
-    let screen = Arc::new(Mutex::new(String::new()));
-    let mut reader = pty.master.try_clone_reader().unwrap();
-    let collected = screen.clone();
-    std::thread::spawn(move || {
-        let mut buffer = [0u8; 4096];
-        while let Ok(count) = reader.read(&mut buffer) {
-            if count == 0 {
-                break;
-            }
-            collected.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..count]));
-        }
-    });
-    let mut keyboard = pty.master.take_writer().unwrap();
+    let Interactive { mut child, screen, mut keyboard, .. } = interactive_dummy(&home, "alice");
     let alice = |events: &[Value]| {
         events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
     };
