@@ -138,16 +138,17 @@ impl TrustSettings {
     }
 
     /// Writes the file atomically (temporary file, fsync, rename), readable only by the user.
+    /// The home is created 0700 if missing (`synapse init` may be the first to make it).
     pub fn save(&self, home: &Path) -> anyhow::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
-        std::fs::create_dir_all(home).with_context(|| format!("cannot create {}", home.display()))?;
+        crate::private_files::create_dir(home).with_context(|| format!("cannot create {}", home.display()))?;
         let path = TrustSettings::path(home);
         let temporary = home.join(format!("{FILE_NAME}.{}.tmp", std::process::id()));
         let mut file = std::fs::OpenOptions::new()
             .create(true)
             .write(true)
             .truncate(true)
-            .mode(0o600)
+            .mode(crate::private_files::FILE_MODE)
             .open(&temporary)
             .with_context(|| format!("cannot write {}", temporary.display()))?;
         file.write_all(&serde_json::to_vec_pretty(self)?)?;
@@ -176,7 +177,7 @@ impl TrustSettings {
 
 /// Records that the broker was stopped on purpose (before it stops answering).
 pub fn mark_stopped(home: &Path) -> std::io::Result<()> {
-    std::fs::write(home.join(STOPPED_MARKER), b"stopped on request\n")
+    crate::private_files::write(&home.join(STOPPED_MARKER), b"stopped on request\n")
 }
 
 /// Was the last broker of this home stopped on purpose (and none started since)?

@@ -319,6 +319,31 @@ fn a_home_made_by_an_autostarting_client_and_a_wrapper_is_private() {
     for (path, is_dir, mode) in found {
         assert_eq!(mode, if is_dir { 0o700 } else { 0o600 }, "{path} is {mode:o}");
     }
+    // Written as the broker stops, after the walk above.
+    assert_eq!(mode(&home.join(synapse::trust::STOPPED_MARKER)), 0o600, "broker.stopped");
+
+    // `synapse init` may be the first to create the home (it writes the trust settings there).
+    let init_home = base.dir.path().join("made-by-init");
+    let project = base.dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg("umask 022 && exec \"$0\" \"$@\"")
+        .arg(BIN)
+        .arg("init")
+        .current_dir(&project)
+        .env("SYNAPSE_HOME", &init_home)
+        .env("SYNAPSE_UDS_DIR", &uds)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "init: {}", describe(&output));
+    let mut found = Vec::new();
+    modes(&init_home, &mut found);
+    assert_eq!(mode(&init_home), 0o700, "the home made by init");
+    for (path, is_dir, mode) in found {
+        assert_eq!(mode, if is_dir { 0o700 } else { 0o600 }, "{path} is {mode:o}");
+    }
 }
 
 #[test]

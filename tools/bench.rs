@@ -852,6 +852,7 @@ impl LogGenerator {
                     from: receiver.into(),
                     to: Some(sender.into()),
                     text: REPLY_TEXT.into(),
+                    idempotency_key: None,
                 },
                 completed(&sender_task_id),
                 completed(&task_id),

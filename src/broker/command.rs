@@ -58,6 +58,9 @@ pub enum Command {
     ExpireInboxes {
         hold_ms: u64,
     },
+    /// Drop the idempotency keys older than [`IDEMPOTENCY_WINDOW_MS`] (nothing is appended
+    /// when none is).
+    ExpireIdempotencyKeys,
 }
 
 /// Who acts in a command, as the HTTP layer proved it (see `http::caller`).
@@ -631,6 +634,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, now_ms: u64) -> Result<
         Command::External(command) => super::externals::decide(command),
         Command::FileSafety(command) => super::file_safety::decide(view, command, now_ms),
         Command::ExpireInboxes { hold_ms } => decide_expire_inboxes(view, *hold_ms, now_ms),
+        Command::ExpireIdempotencyKeys => decide_expire_idempotency_keys(view, now_ms),
         Command::Prune(event) => match event {
             Event::HistoryPruned { .. } => {
                 Ok(Decision { actor: None, events: vec![event.clone()], answer: Answer::Appended })
@@ -707,6 +711,18 @@ fn reclaimable_id(view: &Projections<'_>, request: &RegisterRequest) -> Result<O
         }
     }
     Ok(None)
+}
+
+/// Drops the keys whose window has passed: decide already ignores them, so this only keeps
+/// the table from growing with every keyed send.
+fn decide_expire_idempotency_keys(view: &Projections<'_>, now_ms: u64) -> Result<Decision, DecideError> {
+    let before_ms = now_ms.saturating_sub(IDEMPOTENCY_WINDOW_MS);
+    let events = if view.has_idempotency_keys_before(before_ms)? {
+        vec![Event::IdempotencyKeysExpired { before_ms }]
+    } else {
+        Vec::new()
+    };
+    Ok(Decision { actor: None, events, answer: Answer::Appended })
 }
 
 /// Drops the queues nobody took back in time: the tasks still waiting on them fail with a
@@ -882,7 +898,7 @@ fn decide_send(view: &Projections<'_>, request: &SendRequest, now_ms: u64) -> Re
                 answer: Answer::Sent {
                     task_id: first.task_id,
                     sender_task_id: first.sender_task_id,
-                    is_reply: false,
+                    is_reply: first.is_reply,
                     warning: None,
                 },
             });
@@ -1078,6 +1094,7 @@ fn decide_reply(
             from: replier.to_string(),
             to: sender_task.owner.clone(),
             text: request.text.clone(),
+            idempotency_key: request.idempotency_key.clone(),
         },
         Event::TaskStateChanged {
             task_id: sender_task.id.clone(),
@@ -1139,4 +1156,120 @@ pub fn complete(view: &Projections<'_>, answer: Answer, last_seq: u64) -> Result
         Answer::Injected { ticket } => Outcome::Injected { ticket },
         Answer::Appended => Outcome::Appended { seq: last_seq },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+    use redb::backends::InMemoryBackend;
+
+    const SENDER: &str = "synapse-claude-8100";
+    const RECEIVER: &str = "synapse-codex-8120";
+    const START_MS: u64 = 1_767_225_600_000;
+
+    fn registered(agent_id: &str, port: u16) -> Event {
+        Event::AgentRegistered {
+            agent_id: agent_id.into(),
+            agent_type: "dummy".into(),
+            name: None,
+            role: None,
+            // A live process, so the target resolves.
+            pid: std::process::id(),
+            port,
+            working_dir: "/tmp".into(),
+            secret_hash: hash_secret(agent_id),
+            pid_start: None,
+            wrapper: false,
+        }
+    }
+
+    /// Decides `command` at `now_ms` and appends its events, as the writer does.
+    fn run(store: &Store, now_ms: u64, command: Command) -> Answer {
+        store
+            .transact(now_ms, |appender| {
+                let decision = match decide(appender.view(), &command, now_ms) {
+                    Ok(decision) => decision,
+                    Err(DecideError::Rejected(error)) => panic!("rejected: {error}"),
+                    Err(DecideError::Storage(error)) => return Err(error),
+                };
+                appender.append(decision.actor.as_deref(), decision.events)?;
+                Ok(decision.answer)
+            })
+            .expect("the transaction commits")
+    }
+
+    fn send(from: &str, text: &str, reply_to: Option<&str>, key: &str) -> Command {
+        Command::Send(SendRequest {
+            to: if from == SENDER { RECEIVER.into() } else { SENDER.into() },
+            from: Some(from.into()),
+            secret: Some(from.into()),
+            text: text.into(),
+            priority: 3,
+            response_expected: reply_to.is_none(),
+            reply_to: reply_to.map(str::to_string),
+            idempotency_key: Some(key.into()),
+            ..SendRequest::default()
+        })
+    }
+
+    fn sent(answer: Answer) -> (String, Option<String>, bool) {
+        match answer {
+            Answer::Sent { task_id, sender_task_id, is_reply, .. } => (task_id, sender_task_id, is_reply),
+            _ => panic!("the answer is not a send"),
+        }
+    }
+
+    fn expired_events(store: &Store) -> usize {
+        store
+            .read_after(0, usize::MAX)
+            .expect("the log reads")
+            .iter()
+            .filter(|envelope| matches!(envelope.event, Event::IdempotencyKeysExpired { .. }))
+            .count()
+    }
+
+    #[test]
+    fn keys_older_than_a_day_expire_through_the_log_and_a_later_retry_sends_again() {
+        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
+        store
+            .transact(START_MS, |appender| {
+                appender.append(None, vec![registered(SENDER, 8100), registered(RECEIVER, 8120)])
+            })
+            .expect("agents registered");
+
+        let (first, first_sender_task, first_is_reply) = sent(run(&store, START_MS, send(SENDER, "hi", None, "k1")));
+        assert!(!first_is_reply);
+        let retry = sent(run(&store, START_MS + 1_000, send(SENDER, "hi", None, "k1")));
+        assert_eq!(retry, (first.clone(), first_sender_task.clone(), false), "a retry answers the first send");
+
+        // A reply retried with its key says it was a reply, as the first answer did.
+        let reply = sent(run(&store, START_MS + 2_000, send(RECEIVER, "done", Some(&first), "r1")));
+        assert!(reply.2, "the first answer is a reply");
+        let reply_retry = sent(run(&store, START_MS + 3_000, send(RECEIVER, "done", Some(&first), "r1")));
+        assert_eq!(reply_retry, reply, "a retried reply answers the first reply, is_reply included");
+
+        // Nothing is past its window yet: the sweep appends nothing.
+        run(&store, START_MS + IDEMPOTENCY_WINDOW_MS - 1, Command::ExpireIdempotencyKeys);
+        assert_eq!(expired_events(&store), 0);
+
+        let later = START_MS + IDEMPOTENCY_WINDOW_MS + 5_000;
+        run(&store, later, Command::ExpireIdempotencyKeys);
+        assert_eq!(expired_events(&store), 1, "one event drops the old keys");
+        run(&store, later + 1, Command::ExpireIdempotencyKeys);
+        assert_eq!(expired_events(&store), 1, "nothing is left to drop");
+        store
+            .transact(later, |appender| {
+                assert!(appender.view().idempotent_send(Some(SENDER), "k1")?.is_none(), "the key row is gone");
+                assert!(appender.view().idempotent_send(Some(RECEIVER), "r1")?.is_none(), "the reply key row is gone");
+                Ok(())
+            })
+            .expect("the view reads");
+
+        let (again, _, _) = sent(run(&store, later, send(SENDER, "hi", None, "k1")));
+        assert_ne!(again, first, "a retry after the window creates a new task");
+
+        let report = store.verify().expect("verify runs");
+        assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
+    }
 }

@@ -31,6 +31,10 @@ const DISK_FULL_SWITCH_VARIABLE: &str = "SYNAPSE_TEST_DISK_FULL_FILE";
 
 /// How often the broker checks that registered agents' processes still run.
 const LIVENESS_INTERVAL: Duration = Duration::from_secs(2);
+/// How often the sweeper asks the writer to expire idempotency keys past their 24 h window: a
+/// key may outlive its window by this much (decide ignores it by then), and the log gains at
+/// most one `idempotency_keys_expired` per interval.
+const IDEMPOTENCY_EXPIRY_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Everything the broker's tasks share. Cloned as `Arc<BrokerState>`.
 pub struct BrokerState {
@@ -243,11 +247,13 @@ fn spawn_signal_handler(state: Arc<BrokerState>) {
     });
 }
 
-/// Deregisters agents whose process has gone (heartbeat by pid liveness).
+/// Deregisters agents whose process has gone (heartbeat by pid liveness), expires held
+/// inboxes and, once per [`IDEMPOTENCY_EXPIRY_INTERVAL`], old idempotency keys.
 fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
     let hold = agents::inbox_hold();
     tokio::spawn(async move {
         let mut stop = state.shutdown.subscribe();
+        let mut idempotency_expired_at: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(LIVENESS_INTERVAL) => {}
@@ -255,6 +261,13 @@ fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
             }
             agents::prune_dead(&state).await;
             agents::expire_held_inboxes(&state, hold).await;
+            if idempotency_expired_at.is_none_or(|at| at.elapsed() >= IDEMPOTENCY_EXPIRY_INTERVAL) {
+                idempotency_expired_at = Some(std::time::Instant::now());
+                // The writer appends the event only when a key is past its window.
+                if let Err(error) = state.writer.submit(command::Command::ExpireIdempotencyKeys).await {
+                    tracing::warn!("cannot expire idempotency keys: {error}");
+                }
+            }
         }
     });
 }

@@ -194,7 +194,7 @@ fn task_event(event: &Event) -> Option<(&'static str, Value)> {
         Event::TaskCanceled { task_id, reason } => {
             Some(("task.canceled", json!({"task_id": task_id, "state": "canceled", "reason": reason})))
         }
-        Event::ReplyPosted { task_id, sender_task_id, from, to, text } => Some((
+        Event::ReplyPosted { task_id, sender_task_id, from, to, text, .. } => Some((
             "task.replied",
             json!({"task_id": task_id, "sender_task_id": sender_task_id, "from": from, "to": to, "text": text}),
         )),

@@ -19,8 +19,9 @@ pub use types::*;
 
 /// Version of the event encoding written by this build. Version 3: a long text is stored once
 /// (`task_created.message_in`, `task_state_changed.reply_of`); an older build would read those
-/// tasks without their text, so it must refuse the log.
-pub const SCHEMA_VERSION: u32 = 3;
+/// tasks without their text, so it must refuse the log. Version 4: `idempotency_keys_expired`
+/// and `reply_posted.idempotency_key`, which an older build does not know.
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Texts longer than this (bytes) are stored once per send and once per reply: the
 /// `message_sent` / `reply_posted` event carries the text, and the tasks refer to it
@@ -220,6 +221,10 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         to: Option<String>,
         text: String,
+        /// The replier's `Idempotency-Key`: a retry with the same key (same replier, within
+        /// 24 h) answers this reply's tasks instead of failing as already answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<String>,
     },
     /// A reply travelling back into the original sender's inbox. Its id is its sequence number.
     ReverseTicketIssued {
@@ -329,6 +334,12 @@ pub enum Event {
         /// How many tickets were dropped.
         tickets: u64,
     },
+    /// Idempotency keys older than their 24 h window leave the `idempotency_keys` projection,
+    /// so it holds about one day of keyed sends (the periodic sweep appends it, at most hourly).
+    IdempotencyKeysExpired {
+        /// Keys recorded before this time (Unix ms) are dropped.
+        before_ms: u64,
+    },
 }
 
 impl Event {
@@ -357,6 +368,7 @@ impl Event {
             Event::ExternalAgentRemoved { .. } => "external_agent_removed",
             Event::FileModificationsPruned { .. } => "file_modifications_pruned",
             Event::InboxExpired { .. } => "inbox_expired",
+            Event::IdempotencyKeysExpired { .. } => "idempotency_keys_expired",
         }
     }
 
@@ -453,6 +465,9 @@ impl Event {
             }
             Event::InboxExpired { agent_id, reason, tickets } => {
                 format!("{tickets} queued ticket(s) of {agent_id} dropped: {reason}")
+            }
+            Event::IdempotencyKeysExpired { before_ms } => {
+                format!("idempotency keys before {} expired", crate::http::wire::rfc3339(*before_ms))
             }
         }
     }

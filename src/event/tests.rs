@@ -95,7 +95,7 @@ fn without_nulls(value: Value) -> Value {
 }
 
 /// Number of variants of [`Event`]; [`variant_number`] names each one.
-const VARIANT_COUNT: usize = 22;
+const VARIANT_COUNT: usize = 23;
 
 /// Position of the event's variant in the enum. Exhaustive on purpose: a new variant does not
 /// compile until it is numbered here, and `samples_cover_every_variant_in_enum_order` then fails
@@ -124,6 +124,7 @@ fn variant_number(event: &Event) -> usize {
         Event::ExternalAgentRemoved { .. } => 19,
         Event::FileModificationsPruned { .. } => 20,
         Event::InboxExpired { .. } => 21,
+        Event::IdempotencyKeysExpired { .. } => 22,
     }
 }
 
@@ -208,6 +209,7 @@ fn samples() -> Vec<Event> {
             from: receiver(),
             to: Some(sender()),
             text: "looks good".into(),
+            idempotency_key: Some("retry-9b2e".into()),
         },
         Event::ReverseTicketIssued { agent_id: sender(), task_id: sender_task(), from: receiver(), priority: 3 },
         Event::TaskStateChanged {
@@ -265,6 +267,7 @@ fn samples() -> Vec<Event> {
             reason: "synapse-codex-8120 left and was not started again within 24 h".into(),
             tickets: 2,
         },
+        Event::IdempotencyKeysExpired { before_ms: 1_769_904_000_000 },
     ]
 }
 

@@ -473,8 +473,12 @@ impl<'txn> Projections<'txn> {
                     self.put_task(&record)?;
                 }
                 if let Some(key) = idempotency_key {
-                    let row =
-                        IdempotentSend { task_id: task_id.clone(), sender_task_id: sender_task_id.clone(), time_ms };
+                    let row = IdempotentSend {
+                        task_id: task_id.clone(),
+                        sender_task_id: sender_task_id.clone(),
+                        time_ms,
+                        is_reply: false,
+                    };
                     self.idempotency
                         .insert(idempotency_row(from.as_deref(), key).as_str(), records::encode(&row).as_slice())?;
                 }
@@ -542,7 +546,17 @@ impl<'txn> Projections<'txn> {
             Event::TicketInjected { agent_id, ticket, priority } => {
                 self.remove_ticket(agent_id, *priority, *ticket)?;
             }
-            Event::ReplyPosted { task_id, from, to, sender_task_id, .. } => {
+            Event::ReplyPosted { task_id, from, to, sender_task_id, idempotency_key, .. } => {
+                if let Some(key) = idempotency_key {
+                    let row = IdempotentSend {
+                        task_id: task_id.clone(),
+                        sender_task_id: sender_task_id.clone(),
+                        time_ms,
+                        is_reply: true,
+                    };
+                    self.idempotency
+                        .insert(idempotency_row(Some(from), key).as_str(), records::encode(&row).as_slice())?;
+                }
                 if let Some(mut task) = self.task_row(task_id)? {
                     task.replied_by = Some(from.clone());
                     task.reply_seq = Some(envelope.seq);
@@ -617,6 +631,19 @@ impl<'txn> Projections<'txn> {
                     seq: envelope.seq,
                 };
                 self.modifications.insert((path.as_str(), envelope.seq), records::encode(&modification).as_slice())?;
+            }
+            Event::IdempotencyKeysExpired { before_ms } => {
+                let mut old = Vec::new();
+                for row in self.idempotency.iter()? {
+                    let (key, value) = row?;
+                    let send: IdempotentSend = records::decode(value.value())?;
+                    if send.time_ms < *before_ms {
+                        old.push(key.value().to_string());
+                    }
+                }
+                for key in old {
+                    self.idempotency.remove(key.as_str())?;
+                }
             }
             Event::FileModificationsPruned { before_ms } => {
                 let mut old = Vec::new();
@@ -850,6 +877,18 @@ impl Projections<'_> {
     /// The send an idempotency key of `from` made, if any (decide checks its age).
     pub fn idempotent_send(&self, from: Option<&str>, key: &str) -> Result<Option<IdempotentSend>, StoreError> {
         self.idempotency.get(idempotency_row(from, key).as_str())?.map(|row| records::decode(row.value())).transpose()
+    }
+
+    /// Is any idempotency key older than `before_ms` still kept (so expiring them drops rows)?
+    pub fn has_idempotency_keys_before(&self, before_ms: u64) -> Result<bool, StoreError> {
+        for row in self.idempotency.iter()? {
+            let (_, value) = row?;
+            let send: IdempotentSend = records::decode(value.value())?;
+            if send.time_ms < before_ms {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     pub fn agent(&self, agent_id: &str) -> Result<Option<AgentRecord>, StoreError> {

@@ -186,4 +186,7 @@ pub struct IdempotentSend {
     pub sender_task_id: Option<String>,
     /// When the first send was decided (the event's time).
     pub time_ms: u64,
+    /// The send was a reply (`reply_posted`): a retry answers `is_reply` as the first did.
+    #[serde(default)]
+    pub is_reply: bool,
 }

@@ -117,19 +117,23 @@ fn event() -> impl Strategy<Value = Event> {
             ticket,
             priority
         }),
-        (task(), agent(), prop::option::of(agent())).prop_map(|(task_id, from, to)| Event::ReplyPosted {
-            task_id,
-            sender_task_id: None,
-            from,
-            to,
-            text: "done".into(),
-        }),
+        (task(), agent(), prop::option::of(agent()), prop::option::of("[a-c]{1,2}")).prop_map(
+            |(task_id, from, to, idempotency_key)| Event::ReplyPosted {
+                task_id,
+                sender_task_id: None,
+                from,
+                to,
+                text: "done".into(),
+                idempotency_key,
+            }
+        ),
         (task(), agent(), "[a-z ]{1,12}").prop_map(|(task_id, from, text)| Event::ReplyPosted {
             task_id,
             sender_task_id: None,
             from,
             to: None,
             text,
+            idempotency_key: None,
         }),
         (agent(), task(), agent()).prop_map(|(agent_id, task_id, from)| Event::ReverseTicketIssued {
             agent_id,
@@ -151,6 +155,8 @@ fn event() -> impl Strategy<Value = Event> {
         (agent(), prop::sample::select(vec!["/tmp/a", "/tmp/b"]))
             .prop_map(|(agent_id, path)| Event::FileLockReleased { path: path.into(), agent_id, forced: false }),
         (0u64..3000).prop_map(|before_ms| Event::FileModificationsPruned { before_ms }),
+        // Batches are written at 1_000 + their index: cut-offs inside that range drop some keys.
+        (900u64..1_100).prop_map(|before_ms| Event::IdempotencyKeysExpired { before_ms }),
         (agent(), task()).prop_map(|(agent_id, task_id)| Event::FileModified {
             path: "/tmp/a".into(),
             agent_id,
@@ -695,6 +701,7 @@ fn long_exchange(text: &str, reply: &str) -> (Vec<Event>, Vec<Event>) {
             from: AGENTS[1].into(),
             to: Some(AGENTS[0].into()),
             text: reply.into(),
+            idempotency_key: None,
         },
         completed(&sender_task),
         completed(&receiver_task),
