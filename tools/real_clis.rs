@@ -266,30 +266,30 @@ fn start_agent(synapse: &Path, cli: &str, place: &Place, model: &Model) -> Resul
     Ok((Terminal::spawn(command)?, spawned))
 }
 
-fn start_ready(synapse: &Path, cli: &str, model: &Model) -> Result<Duration> {
+/// A new place with its broker running (as it is for every agent but the first) and its events
+/// followed.
+fn place_with_broker(synapse: &Path) -> Result<(Place, Events)> {
     let place = Place::new(synapse)?;
     let env = place.synapse_env();
-    // The broker runs already, as it does for every agent but the first.
     let status =
         Command::new(synapse).arg("list").envs(env.clone()).stdin(Stdio::null()).stdout(Stdio::null()).status()?;
     if !status.success() {
         bail!("synapse list failed");
     }
     let events = Events::follow(synapse, &env)?;
+    Ok((place, events))
+}
+
+fn start_ready(synapse: &Path, cli: &str, model: &Model) -> Result<Duration> {
+    let (place, events) = place_with_broker(synapse)?;
     let (_terminal, spawned) = start_agent(synapse, cli, &place, model)?;
     let ready = events.wait(&format!("{cli} READY"), |event| is_ready(event, None))?;
     Ok(Duration::from_millis(ready.saturating_sub(spawned)))
 }
 
 fn delivery(synapse: &Path, model: &Model) -> Result<Samples> {
-    let place = Place::new(synapse)?;
+    let (place, events) = place_with_broker(synapse)?;
     let env = place.synapse_env();
-    let status =
-        Command::new(synapse).arg("list").envs(env.clone()).stdin(Stdio::null()).stdout(Stdio::null()).status()?;
-    if !status.success() {
-        bail!("synapse list failed");
-    }
-    let events = Events::follow(synapse, &env)?;
     let (_terminal, _) = start_agent(synapse, "claude", &place, model)?;
     events.wait("claude READY", |event| is_ready(event, None))?;
     let mut samples = Vec::new();
