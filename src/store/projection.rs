@@ -468,7 +468,10 @@ impl<'txn> Projections<'txn> {
                 by_user,
                 ..
             } => {
-                if *by_user && let Some(mut record) = self.task(task_id)? {
+                // The row as stored (`task_row`), not as read (`task`): a read fills in the long
+                // texts the row only refers to, and writing that back would copy them into the
+                // row live but not during a replay, which has no log to fill them from.
+                if *by_user && let Some(mut record) = self.task_row(task_id)? {
                     record.sent_by_user = true;
                     self.put_task(&record)?;
                 }
@@ -670,6 +673,15 @@ impl<'txn> Projections<'txn> {
     }
 
     pub(super) fn put_task(&mut self, task: &TaskRecord) -> Result<(), StoreError> {
+        // A row holds a long reply only by reference; a row read with `task` (texts filled in)
+        // must not be written back, or live rows would differ from replayed ones.
+        debug_assert!(
+            task.artifact_texts
+                .iter()
+                .all(|reference| task.artifacts.get(reference.index as usize).is_none_or(|a| a.parts.is_empty())),
+            "task {} written with the text of a long reply copied into its row",
+            task.id
+        );
         match self.replay.as_mut() {
             Some(cache) => {
                 cache.tasks.insert(task.id.clone(), task.clone());
