@@ -64,7 +64,7 @@ fn error_code(answer: &Value) -> i64 {
 }
 
 fn text_message(text: &str) -> Value {
-    json!({"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": text}]})
+    json!({"messageId": uuid::Uuid::new_v4().to_string(), "role": "ROLE_USER", "parts": [{"text": text}]})
 }
 
 fn send_v1(port: u16, text: &str, return_immediately: bool) -> Value {
@@ -281,6 +281,27 @@ fn send_message_waits_for_the_agent_and_get_task_shows_the_artifact_in_v1_shapes
     assert_eq!(rest["task"]["metadata"]["peer"], agent.id.as_str());
 }
 
+/// A client that sends the same message again (same `messageId`: a retry after a lost answer)
+/// gets the first task back; no second message reaches the agent (issue 12, idempotency).
+#[test]
+fn a_message_sent_again_with_the_same_message_id_is_the_same_task() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let message = json!({"messageId": "retry-7", "role": "ROLE_USER", "parts": [{"text": "wait here"}]});
+    let params = json!({"message": message, "configuration": {"returnImmediately": true}});
+    let first = v1(agent.port, "SendMessage", params.clone());
+    let again = v1(agent.port, "SendMessage", params);
+    assert_eq!(first["result"]["task"]["id"], again["result"]["task"]["id"], "{first} {again}");
+    let sent = home.events().iter().filter(|event| event["event"]["kind"] == "message_sent").count();
+    assert_eq!(sent, 1, "one message in the log");
+    let other = v1(
+        agent.port,
+        "SendMessage",
+        json!({"message": text_message("wait here"), "configuration": {"returnImmediately": true}}),
+    );
+    assert_ne!(other["result"]["task"]["id"], first["result"]["task"]["id"], "another messageId is another message");
+}
+
 #[test]
 fn the_scenario_agent_reaches_failed_and_input_required_and_stays_working_until_canceled() {
     let home = Home::new();
@@ -374,7 +395,7 @@ fn list_tasks_lists_this_agents_a2a_tasks_newest_first_with_filters_and_pages() 
     let agent = Scenario::start(&home);
     let context = "ctx-list-1";
     let with_context = |text: &str| {
-        let message = json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": text}], "contextId": context});
+        let message = json!({"messageId": uuid::Uuid::new_v4().to_string(), "role": "ROLE_USER", "parts": [{"text": text}], "contextId": context});
         v1(agent.port, "SendMessage", json!({"message": message}))["result"]["task"].clone()
     };
     let first = with_context("one");
@@ -454,8 +475,7 @@ fn json_rpc_errors_carry_the_a2a_and_json_rpc_codes() {
 fn without_an_a2a_version_header_the_0_3_methods_and_shapes_are_served() {
     let home = Home::new();
     let agent = Scenario::start(&home);
-    let message =
-        json!({"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "hello"}]});
+    let message = json!({"kind": "message", "messageId": uuid::Uuid::new_v4().to_string(), "role": "user", "parts": [{"kind": "text", "text": "hello"}]});
     let sent = rpc(agent.port, None, "message/send", json!({"message": message}));
     let task = &sent["result"];
     assert_eq!(task["kind"], "task", "{sent}");
@@ -466,20 +486,17 @@ fn without_an_a2a_version_header_the_0_3_methods_and_shapes_are_served() {
     assert_eq!(got["result"]["status"]["state"], "completed");
     assert_eq!(error_code(&rpc(agent.port, None, "tasks/resubscribe", json!({"id": task["id"]}))), -32004);
 
-    let asking =
-        json!({"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "input?"}]});
+    let asking = json!({"kind": "message", "messageId": uuid::Uuid::new_v4().to_string(), "role": "user", "parts": [{"kind": "text", "text": "input?"}]});
     let asked = rpc(agent.port, None, "message/send", json!({"message": asking}));
     assert_eq!(asked["result"]["status"]["state"], "input-required");
 
-    let waiting =
-        json!({"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "wait"}]});
+    let waiting = json!({"kind": "message", "messageId": uuid::Uuid::new_v4().to_string(), "role": "user", "parts": [{"kind": "text", "text": "wait"}]});
     let sent = rpc(agent.port, None, "message/send", json!({"message": waiting, "configuration": {"blocking": false}}));
     assert_eq!(sent["result"]["status"]["state"], "working");
     let canceled = rpc(agent.port, None, "tasks/cancel", json!({"id": sent["result"]["id"]}));
     assert_eq!(canceled["result"]["status"]["state"], "canceled");
 
-    let streamed =
-        json!({"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "stream"}]});
+    let streamed = json!({"kind": "message", "messageId": uuid::Uuid::new_v4().to_string(), "role": "user", "parts": [{"kind": "text", "text": "stream"}]});
     let mut stream = rpc_stream(agent.port, "0.3", "message/stream", json!({"message": streamed}));
     let results: Vec<Value> = stream.rest().iter().map(|event| event.json()["result"].clone()).collect();
     assert_eq!(results[0]["kind"], "task");

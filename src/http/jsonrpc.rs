@@ -533,6 +533,9 @@ fn find_task(state: &AppState, agent: &str, reference: &str) -> Result<TaskRecor
 /// What a send request asks for.
 struct SendParams {
     text: String,
+    /// The client's `messageId`: a message sent again with the same id (a retry) is the same
+    /// message, and gets the first one's task.
+    message_id: Option<String>,
     context_id: Option<String>,
     blocking: bool,
     history_length: Option<usize>,
@@ -591,6 +594,7 @@ fn parse_send(state: &AppState, agent: &str, version: Version, params: &Value) -
         Version::V03 => bool_param(&configuration, "blocking")?.unwrap_or(true),
     };
     Ok(SendParams {
+        message_id: string_param(message, "messageId")?.filter(|id| !id.is_empty()).map(str::to_string),
         text: texts.join("\n"),
         context_id: context_id.map(str::to_string),
         blocking,
@@ -611,7 +615,8 @@ async fn submit_send(state: &AppState, agent: &str, request: &SendParams) -> Res
         reply_to: None,
         context_id: request.context_id.clone(),
         sender_task_id: None,
-        idempotency_key: None,
+        // Anonymous senders share one key space: the key names the agent and the A2A binding.
+        idempotency_key: request.message_id.as_ref().map(|id| format!("a2a:{agent}:{id}")),
         by_user: false,
     };
     match state.writer.submit(Command::Send(send)).await? {
