@@ -23,6 +23,40 @@ pub fn create_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
 }
 
+/// This process's effective uid.
+pub fn my_uid() -> u32 {
+    #[allow(unsafe_code)]
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe {
+        libc::geteuid()
+    }
+}
+
+/// Creates `dir` (0700) or checks the one there: it must be a real directory (not a symlink)
+/// owned by this user, and is made 0700 if it is more open. A directory of another user — say
+/// `/tmp/synapse-a2a` made first by someone else — is refused: whoever owns it could put their
+/// own socket where the broker's should be, or read ours.
+pub fn own_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    create_dir(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.file_type().is_dir() {
+        return Err(std::io::Error::other(format!("{} is not a directory (a symlink?)", dir.display())));
+    }
+    if meta.uid() != my_uid() {
+        return Err(std::io::Error::other(format!(
+            "{} belongs to uid {}, not to you (uid {}): its owner could serve a broker of its own there; set SYNAPSE_UDS_DIR to a directory of yours",
+            dir.display(),
+            meta.uid(),
+            my_uid()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))?;
+    }
+    Ok(())
+}
+
 /// Opens `path` for appending, creating it 0600 if needed.
 pub fn open_append(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().create(true).append(true).mode(FILE_MODE).open(path)

@@ -443,3 +443,82 @@ fn requests_whose_headers_or_body_trickle_in_are_ended_so_they_cannot_hold_every
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The socket directory is shared by default (`/tmp/synapse-a2a`): one made by another user is
+/// refused, and a socket served by another user gets nothing from the CLI (issue 12; needs root
+/// to act as another user, as CI and the dev machines are).
+#[test]
+fn a_socket_directory_or_socket_of_another_user_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    if my_uid() != 0 {
+        eprintln!("SKIPPED: needs root to create files of another user");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    // A directory of another user where the broker's sockets would go.
+    let home = Home::new();
+    std::fs::create_dir_all(home.uds()).unwrap();
+    std::os::unix::fs::chown(home.uds(), Some(NOBODY), Some(NOBODY)).unwrap();
+    let refused = home.run(&["list"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("belongs to uid 65534"), "{}", describe(&refused));
+
+    // A socket served by another user in a directory of ours: the CLI sends it nothing.
+    let home = Home::new();
+    std::fs::create_dir_all(home.uds()).unwrap();
+    std::fs::set_permissions(home.uds(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = format!(
+        "import os, socket, sys\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.bind({path:?})\n\
+         os.chmod({path:?}, 0o777)\n\
+         os.setgid({NOBODY}); os.setuid({NOBODY})\n\
+         s.listen(8)\n\
+         print('ready', flush=True)\n\
+         total = 0\n\
+         s.settimeout(15)\n\
+         try:\n\
+         \x20   while True:\n\
+         \x20       c, _ = s.accept(); c.settimeout(2)\n\
+         \x20       try:\n\
+         \x20           total += len(c.recv(65536))\n\
+         \x20       except Exception:\n\
+         \x20           pass\n\
+         \x20       print('received', total, flush=True)\n\
+         except Exception:\n\
+         \x20   pass\n",
+        path = home.socket().display().to_string()
+    );
+    let mut fake = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(fake.stdout.take().unwrap());
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut lines, &mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let output = home
+        .cmd(&["send", "bob", "secret plans", "--no-response"])
+        .env("SYNAPSE_CLIENT_TIMEOUT_MS", "5000")
+        .output()
+        .unwrap();
+    assert_ne!(output.status.code(), Some(0), "{}", describe(&output));
+    assert!(
+        stderr(&output).contains("served by uid 65534") || stderr(&output).contains("already listening"),
+        "{}",
+        describe(&output)
+    );
+    let _ = fake.kill();
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut lines, &mut rest);
+    let _ = fake.wait();
+    assert!(
+        !rest.lines().any(|line| line.starts_with("received") && line != "received 0"),
+        "the fake broker got bytes: {rest}"
+    );
+}
+
+fn my_uid() -> u32 {
+    synapse::private_files::my_uid()
+}

@@ -166,7 +166,8 @@ pub fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListe
 /// Runs the broker in the foreground until it is stopped (signal or `synapse broker stop`).
 pub async fn run(paths: Paths) -> anyhow::Result<()> {
     create_private_dir(&paths.home)?;
-    create_private_dir(&paths.uds_dir)?;
+    crate::private_files::own_dir(&paths.uds_dir)
+        .with_context(|| format!("cannot use {} for the broker's sockets", paths.uds_dir.display()))?;
     // Fault-injection tests make the disk look full while this file exists (see store::fault).
     let disk_full_switch = std::env::var_os(DISK_FULL_SWITCH_VARIABLE).map(std::path::PathBuf::from);
     let store = Store::open_with_disk_full_switch(&paths.database(), disk_full_switch.as_deref())?;

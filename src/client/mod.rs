@@ -100,6 +100,17 @@ pub struct ApiFailure {
 
 async fn connect_unix(paths: &Paths) -> std::io::Result<Sender> {
     let stream = tokio::net::UnixStream::connect(paths.broker_socket()).await?;
+    // Secrets and messages go only to a broker of this user: the kernel names the other end.
+    let owner = stream.peer_cred()?.uid();
+    if owner != crate::private_files::my_uid() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is served by uid {owner}, not by you: refusing to talk to it (set SYNAPSE_UDS_DIR to a directory of yours)",
+                paths.broker_socket().display()
+            ),
+        ));
+    }
     handshake(TokioIo::new(stream)).await
 }
 
@@ -136,6 +147,8 @@ async fn connect_any(paths: &Paths) -> std::io::Result<Sender> {
 async fn connect_any_now(paths: &Paths) -> std::io::Result<Sender> {
     match connect_unix(paths).await {
         Ok(sender) => Ok(sender),
+        // Another user's socket where ours should be: no other way in is tried.
+        Err(unix_error) if unix_error.kind() == std::io::ErrorKind::PermissionDenied => Err(unix_error),
         Err(unix_error) => {
             // broker.json outlives a killed broker, and its port may by now belong to another
             // process (another home's broker, an agent): only a live broker's port is tried.
