@@ -522,3 +522,40 @@ fn a_socket_directory_or_socket_of_another_user_is_refused() {
 fn my_uid() -> u32 {
     synapse::private_files::my_uid()
 }
+
+/// Another user's process on this machine reaches the broker's loopback port but not its data:
+/// with auth off it is refused (403), agent cards stay open (issue 12; needs root to act as
+/// another user).
+#[test]
+fn another_users_process_is_refused_over_loopback_tcp() {
+    if my_uid() != 0 {
+        eprintln!("SKIPPED: needs root to run a process as another user");
+        return;
+    }
+    let home = Home::new();
+    home.ok(&["list"]);
+    let port = broker_port(&home);
+    let script = format!(
+        "import os, socket, encodings.idna\n\
+         os.setgid(65534); os.setuid(65534)\n\
+         for path in ['/events', '/.well-known/agent-card.json']:\n\
+         \x20   s = socket.create_connection(('127.0.0.1', {port}))\n\
+         \x20   s.sendall(('GET ' + path + ' HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n').encode())\n\
+         \x20   answer = b''\n\
+         \x20   while True:\n\
+         \x20       chunk = s.recv(65536)\n\
+         \x20       if not chunk: break\n\
+         \x20       answer += chunk\n\
+         \x20   print(path, answer.split(b'\\r\\n')[0].decode(), flush=True)\n\
+         \x20   print(answer.decode(errors='replace').split('\\r\\n\\r\\n', 1)[-1][:300], flush=True)\n"
+    );
+    let output = std::process::Command::new("python3").args(["-c", &script]).output().unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(output.status.success(), "{shown} {}", String::from_utf8_lossy(&output.stderr));
+    assert!(shown.contains("/events HTTP/1.1 403"), "{shown}");
+    assert!(shown.contains("another user"), "{shown}");
+    assert!(!shown.contains("/.well-known/agent-card.json HTTP/1.1 403"), "cards stay open: {shown}");
+    // The user's own TCP calls are served as before.
+    let (status, _) = http_tcp(port, "GET", "/agents", None, &[]);
+    assert_eq!(status, 200);
+}

@@ -68,12 +68,32 @@ fn presented_key(request: &Request) -> Option<String> {
 
 /// The middleware: lets a request through or answers 401.
 pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next: Next) -> Response {
-    if !config.enabled || is_open(request.uri().path()) {
+    if is_open(request.uri().path()) {
+        return next.run(request).await;
+    }
+    // A process of another user on this machine (over loopback TCP) is not "local": the broker
+    // serves its user. With auth on it needs a key like any remote caller; with auth off it is
+    // refused, unless SYNAPSE_ALLOW_OTHER_USERS=true.
+    let other_user = request
+        .extensions()
+        .get::<super::server::TcpPeerUid>()
+        .is_some_and(|super::server::TcpPeerUid(uid)| *uid != crate::private_files::my_uid());
+    if other_user && !config.enabled && !allow_other_users() {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "this broker serves its own user only: the request comes from a process of another user (turn on auth with API keys, or set SYNAPSE_ALLOW_OTHER_USERS=true, to let others in)",
+        )
+        .into_response();
+    }
+    if !config.enabled {
         return next.run(request).await;
     }
     // No peer address: the request came over a Unix socket.
-    let local =
-        request.extensions().get::<ConnectInfo<SocketAddr>>().is_none_or(|ConnectInfo(peer)| peer.ip().is_loopback());
+    let local = !other_user
+        && request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .is_none_or(|ConnectInfo(peer)| peer.ip().is_loopback());
     if local && config.allow_localhost {
         return next.run(request).await;
     }
@@ -82,6 +102,11 @@ pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next
         Some(key) if config.accepts(&key) => next.run(request).await,
         Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "Invalid API key").into_response(),
     }
+}
+
+/// `SYNAPSE_ALLOW_OTHER_USERS=true`: other users' processes may call an open broker over TCP.
+fn allow_other_users() -> bool {
+    std::env::var("SYNAPSE_ALLOW_OTHER_USERS").is_ok_and(|value| value == "1" || value.eq_ignore_ascii_case("true"))
 }
 
 #[cfg(test)]

@@ -107,7 +107,62 @@ pub trait Accept: Send + 'static {
     fn peer_credentials(_io: &Self::Io) -> Option<super::caller::PeerCredentials> {
         None
     }
+    /// The uid owning the other end of a loopback TCP connection (from `/proc/net/tcp*`).
+    fn tcp_peer_uid(_io: &Self::Io) -> Option<u32> {
+        None
+    }
 }
+
+/// The uid of the process owning a loopback TCP connection: its socket is the one in
+/// `/proc/net/tcp` (or `tcp6`) whose local address is the connection's peer and whose remote
+/// address is our end. None when it cannot be told (not on this machine, or gone already).
+pub fn tcp_peer_uid(ours: SocketAddr, peer: SocketAddr) -> Option<u32> {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|table| {
+        let text = std::fs::read_to_string(table).ok()?;
+        text.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, remote, uid) = (fields.get(1)?, fields.get(2)?, fields.get(7)?);
+            (same_address(parse_proc_address(local)?, peer) && same_address(parse_proc_address(remote)?, ours))
+                .then(|| uid.parse().ok())
+                .flatten()
+        })
+    })
+}
+
+/// `0100007F:1F90` (IPv4) or 32 hex digits `:port` (IPv6), each 32-bit word in host order.
+fn parse_proc_address(text: &str) -> Option<SocketAddr> {
+    let (address, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    // The kernel prints each word as the number it is in memory: its bytes in host order.
+    let word = |hex: &str| u32::from_str_radix(hex, 16).ok().map(u32::to_ne_bytes);
+    match address.len() {
+        8 => {
+            let ip = std::net::Ipv4Addr::from(word(address)?);
+            Some(SocketAddr::from((ip, port)))
+        }
+        32 => {
+            let mut bytes = [0u8; 16];
+            for (index, chunk) in bytes.chunks_mut(4).enumerate() {
+                chunk.copy_from_slice(&word(address.get(index * 8..index * 8 + 8)?)?);
+            }
+            Some(SocketAddr::from((std::net::Ipv6Addr::from(bytes), port)))
+        }
+        _ => None,
+    }
+}
+
+/// The same endpoint, an IPv4 address and its IPv4-mapped IPv6 form counting as one.
+fn same_address(a: SocketAddr, b: SocketAddr) -> bool {
+    let canonical = |address: SocketAddr| match address.ip() {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address.ip(), std::net::IpAddr::V4),
+        ip => ip,
+    };
+    a.port() == b.port() && canonical(a) == canonical(b)
+}
+
+/// The uid of a loopback TCP caller, when it was told (see [`tcp_peer_uid`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpPeerUid(pub u32);
 
 impl Accept for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;
@@ -119,6 +174,9 @@ impl Accept for tokio::net::TcpListener {
     }
     fn slots(limits: &ConnectionLimits) -> Arc<Semaphore> {
         limits.tcp_slots.clone()
+    }
+    fn tcp_peer_uid(io: &Self::Io) -> Option<u32> {
+        tcp_peer_uid(io.local_addr().ok()?, io.peer_addr().ok()?)
     }
 }
 
@@ -168,6 +226,7 @@ pub async fn serve<L: Accept>(
                     router: router.clone(),
                     transport,
                     peer: L::peer_credentials(&io),
+                    tcp_uid: L::tcp_peer_uid(&io),
                     idle_timeout: limits.idle_timeout,
                     header_timeout: limits.header_timeout,
                     body_timeout: limits.body_timeout,
@@ -265,6 +324,7 @@ struct Connection {
     router: Router,
     transport: Transport,
     peer: Option<super::caller::PeerCredentials>,
+    tcp_uid: Option<u32>,
     idle_timeout: Duration,
     header_timeout: Duration,
     body_timeout: Duration,
@@ -317,6 +377,7 @@ impl Connection {
         let activity = Activity(Arc::new(sender));
         let transport = self.transport;
         let peer = self.peer;
+        let tcp_uid = self.tcp_uid;
         let body_timeout = self.body_timeout;
         let service = TowerToHyperService::new(self.router);
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
@@ -330,6 +391,9 @@ impl Connection {
             request.extensions_mut().insert(transport);
             if let Some(peer) = &peer {
                 request.extensions_mut().insert(ConnectInfo(peer.clone()));
+            }
+            if let Some(uid) = tcp_uid {
+                request.extensions_mut().insert(TcpPeerUid(uid));
             }
             if let Transport::Tcp { peer } = transport {
                 request.extensions_mut().insert(ConnectInfo(peer));
@@ -378,5 +442,22 @@ impl Connection {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_net_tcp_addresses_are_read_in_host_order_and_our_own_connection_is_found() {
+        assert_eq!(parse_proc_address("0100007F:1F90"), Some(SocketAddr::from(([127, 0, 0, 1], 8080))));
+        assert_eq!(parse_proc_address("00000000000000000000000001000000:0050"), Some("[::1]:80".parse().unwrap()));
+        assert_eq!(parse_proc_address("nonsense"), None);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        assert_eq!(peer, client.local_addr().unwrap());
+        assert_eq!(tcp_peer_uid(server.local_addr().unwrap(), peer), Some(crate::private_files::my_uid()));
     }
 }
