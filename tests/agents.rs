@@ -679,3 +679,17 @@ fn keys_typed_while_a_message_is_written_do_not_join_it() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// `synapse demo` (the README's first command) shows every step it announces: the priority-5
+/// message interrupts bob's answer and is written after it.
+#[test]
+fn the_demo_shows_the_interrupt_it_announces() {
+    let home = Home::new();
+    let output = home.cmd(&["demo"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let shown = stdout(&output).replace('\r', "");
+    let bob = shown.split("--- bob's terminal").nth(1).expect(&shown);
+    let interrupted = bob.find("[DUMMY] Interrupted while answering").expect(bob);
+    let urgent = bob.find("You said: [A2A:").and_then(|_| bob.find("] URGENT: stop and read this")).expect(bob);
+    assert!(interrupted < urgent, "{bob}");
+}

@@ -120,8 +120,9 @@ async fn follow_until(paths: &Paths, mut done: impl FnMut(&Envelope) -> bool) ->
     Ok(())
 }
 
-/// Every ticket written and every agent back at its prompt afterwards.
-fn settled() -> impl FnMut(&Envelope) -> bool {
+/// Every ticket written and every agent back at its prompt afterwards, at an event after
+/// `after` (the log is replayed from its start, and earlier moments were settled too).
+fn settled(after: u64) -> impl FnMut(&Envelope) -> bool {
     use crate::event::{AgentStatus, Event};
     let mut issued = 0usize;
     let mut injected = 0usize;
@@ -138,7 +139,11 @@ fn settled() -> impl FnMut(&Envelope) -> bool {
             }
             _ => {}
         }
-        issued > 0 && issued == injected && ready.len() >= 2 && ready.values().all(|ready| *ready)
+        envelope.seq > after
+            && issued > 0
+            && issued == injected
+            && ready.len() >= 2
+            && ready.values().all(|ready| *ready)
     }
 }
 
@@ -208,10 +213,35 @@ fn script(demo: &mut Demo, runtime: &tokio::runtime::Runtime) -> anyhow::Result<
         waited.get("reply").and_then(Value::as_str).unwrap_or_default()
     );
 
-    println!("\n6. Priority 5 interrupts alice (SIGINT first), then writes at once");
-    demo.run(None, &["send", "alice", "URGENT: stop and read this", "--no-response", "-p", "5"])?;
+    println!("\n6. Priority 5 interrupts bob while he works on another question, then is written");
+    let asked = demo.run(None, &["send", "bob", "Bob, a long question for you?", "--response"])?;
+    // "Sent to <agent>: task <id> (<id8>) submitted"
+    let question_task = String::from_utf8_lossy(&asked.stdout)
+        .lines()
+        .find_map(|line| line.split_once(": task ").map(|(_, rest)| rest.to_string()))
+        .and_then(|rest| rest.split_whitespace().next().map(str::to_string))
+        .context("no task id in the output of synapse send")?;
+    // Once bob is busy with it (his dummy takes 700 ms to answer), the urgent message comes.
+    runtime.block_on(follow_until(&demo.paths, |envelope| {
+        matches!(&envelope.event, crate::event::Event::TaskStateChanged { task_id, state: crate::event::TaskState::Working, .. } if *task_id == question_task)
+    }))?;
+    demo.run(None, &["send", "bob", "URGENT: stop and read this", "--no-response", "-p", "5"])?;
 
-    runtime.block_on(follow_until(&demo.paths, settled()))?;
+    // Everything up to the urgent message is in the log now: wait until it has all settled.
+    let head = runtime.block_on(async {
+        let mut client = Client::connect(&demo.paths, true).await?;
+        let mut head = 0;
+        client
+            .sse("/events?after=0", |data| {
+                if let Ok(envelope) = serde_json::from_str::<Envelope>(data) {
+                    head = envelope.seq;
+                }
+                true
+            })
+            .await?;
+        anyhow::Ok(head)
+    })?;
+    runtime.block_on(follow_until(&demo.paths, settled(head)))?;
     for (name, agent) in [("alice", &alice), ("bob", &bob)] {
         println!("\n--- {name}'s terminal ({}) ---", agent["agent_id"].as_str().unwrap_or_default());
         let log = std::fs::read_to_string(agent["log"].as_str().unwrap_or_default()).unwrap_or_default();
