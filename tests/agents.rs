@@ -631,7 +631,10 @@ fn a_message_file_that_cannot_be_written_fails_its_task_and_later_deliveries_go_
     home.ok(&["send", "bob", "short and sweet", "--no-response"]);
     follower.wait_until("the short message written after the failed one", |events| {
         let failed = events.iter().any(|e| kind(e) == "task_failed" || data(e, "state") == "failed");
-        failed && settled(events, &id(&bob))
+        // Both tickets seen: the failed one can be over before the short one is even sent.
+        let both =
+            events.iter().filter(|e| kind(e) == "ticket_issued" && data(e, "agent_id") == id(&bob).as_str()).count();
+        failed && both == 2 && settled(events, &id(&bob))
     });
     let task_json = home.http("GET", &format!("/tasks/{task}"), None, &[]).1;
     assert_eq!(task_json["task"]["status"], "failed", "{task_json:#}");
