@@ -89,6 +89,16 @@ fn settled(events: &[Value], agent: &str) -> bool {
     issued > 0 && injected.len() == issued && ready_after
 }
 
+/// [`settled`], once all `expected` tickets of `agent` have been issued: an early message can be
+/// written and over before a later one is even sent.
+fn settled_all(events: &[Value], agent: &str, expected: usize) -> bool {
+    let issued = events
+        .iter()
+        .filter(|e| matches!(kind(e), "ticket_issued" | "reverse_ticket_issued") && data(e, "agent_id") == agent)
+        .count();
+    issued == expected && settled(events, agent)
+}
+
 fn ready(events: &[Value], agent: &str) -> bool {
     events
         .iter()
@@ -193,7 +203,7 @@ fn messages_sent_while_the_target_is_processing_wait_and_arrive_by_priority_then
     for (text, priority) in [("m1", "3"), ("m2", "3"), ("m3", "1"), ("m4", "4")] {
         home.ok(&["send", "bob", text, "--no-response", "-p", priority]);
     }
-    follower.wait_until("everything written", |events| settled(events, &id(&bob)));
+    follower.wait_until("everything written", |events| settled_all(events, &id(&bob), 5));
     // The precondition of this test: all four were queued before bob answered.
     let reply_at = follower.seen.iter().position(|e| kind(e) == "reply_posted").unwrap();
     let queued_at: Vec<usize> =
@@ -592,7 +602,9 @@ fn message_text_cannot_inject_keystrokes_or_forge_a_header() {
         home.ok(&["send", "raw", attack, "--no-response"]);
         home.ok(&["send", "bob", attack, "--no-response"]);
     }
-    follower.wait_until("every attack written", |events| settled(events, &id(&raw)) && settled(events, &id(&bob)));
+    follower.wait_until("every attack written", |events| {
+        settled_all(events, &id(&raw), attacks.len()) && settled_all(events, &id(&bob), attacks.len())
+    });
 
     // The raw-mode CLI: one submitted line per message, no control key, no escape byte.
     let records: Vec<Value> =
@@ -631,10 +643,8 @@ fn a_message_file_that_cannot_be_written_fails_its_task_and_later_deliveries_go_
     home.ok(&["send", "bob", "short and sweet", "--no-response"]);
     follower.wait_until("the short message written after the failed one", |events| {
         let failed = events.iter().any(|e| kind(e) == "task_failed" || data(e, "state") == "failed");
-        // Both tickets seen: the failed one can be over before the short one is even sent.
-        let both =
-            events.iter().filter(|e| kind(e) == "ticket_issued" && data(e, "agent_id") == id(&bob).as_str()).count();
-        failed && both == 2 && settled(events, &id(&bob))
+        // Both tickets: the failed one can be over before the short one is even sent.
+        failed && settled_all(events, &id(&bob), 2)
     });
     let task_json = home.http("GET", &format!("/tasks/{task}"), None, &[]).1;
     assert_eq!(task_json["task"]["status"], "failed", "{task_json:#}");
