@@ -59,26 +59,18 @@ pub fn tools_of(body: &Value) -> Vec<Tool> {
 /// `POST /v1/messages`.
 pub async fn messages(State(state): State<SharedState>, body: Bytes) -> Response {
     let body = parse_body(&body);
-    let turn = turn_of(&body);
-    let tools = tools_of(&body);
-    let action = script::decide(&turn, &tools);
     let model = body.get("model").and_then(Value::as_str).unwrap_or("scripted").to_string();
-    state.recorder.push(Entry {
-        api: "anthropic",
-        path: "/v1/messages".into(),
-        model: Some(model.clone()),
-        has_tools: !tools.is_empty(),
-        last_user_text: turn.new_user_text(),
-        action: action.label(),
-        body: &body,
-    });
+    let schema = body.pointer("/output_format/schema").or(body.pointer("/output_config/format/schema"));
+    let action = super::decide_and_record(
+        &state,
+        "anthropic",
+        "/v1/messages".into(),
+        &model,
+        &body,
+        (turn_of(&body), tools_of(&body)),
+        schema,
+    );
     let input_tokens = token_estimate(&body);
-    let action = match action {
-        Action::Internal => Action::Text(super::internal_text(
-            body.pointer("/output_format/schema").or(body.pointer("/output_config/format/schema")),
-        )),
-        other => other,
-    };
     if body.get("stream") != Some(&json!(true)) {
         return Json(whole_message(&action, &model, input_tokens)).into_response();
     }

@@ -55,25 +55,19 @@ pub fn tools_of(body: &Value) -> Vec<Tool> {
 /// `POST /v1/chat/completions`.
 pub async fn completions(State(state): State<SharedState>, uri: Uri, body: Bytes) -> Response {
     let body = parse_body(&body);
-    let turn = turn_of(&body);
-    let tools = tools_of(&body);
-    let action = script::decide(&turn, &tools);
     let model = body.get("model").and_then(Value::as_str).unwrap_or(MODEL_ID).to_string();
-    state.recorder.push(Entry {
-        api: "chat",
-        path: uri.path().to_string(),
-        model: Some(model.clone()),
-        has_tools: !tools.is_empty(),
-        last_user_text: turn.new_user_text(),
-        action: action.label(),
-        body: &body,
-    });
+    let schema = body.pointer("/response_format/json_schema/schema");
+    let action = super::decide_and_record(
+        &state,
+        "chat",
+        uri.path().to_string(),
+        &model,
+        &body,
+        (turn_of(&body), tools_of(&body)),
+        schema,
+    );
     let prompt_tokens = token_estimate(&body);
     let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": 5, "total_tokens": prompt_tokens + 5});
-    let action = match action {
-        Action::Internal => Action::Text(super::internal_text(body.pointer("/response_format/json_schema/schema"))),
-        other => other,
-    };
     let id = new_id("chatcmpl-");
     let created = super::now_ms() / 1000;
     if body.get("stream") != Some(&json!(true)) {

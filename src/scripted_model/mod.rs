@@ -197,6 +197,34 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())
 }
 
+/// One model request answered by script: decides the action, records the request with it, and
+/// turns the answer to a CLI-internal request (no tools) into text fitting `schema`, the response
+/// format it asked for.
+pub fn decide_and_record(
+    state: &ModelState,
+    api: &'static str,
+    path: String,
+    model: &str,
+    body: &Value,
+    (turn, tools): (script::Turn, Vec<script::Tool>),
+    schema: Option<&Value>,
+) -> script::Action {
+    let action = script::decide(&turn, &tools);
+    state.recorder.push(record::Entry {
+        api,
+        path,
+        model: Some(model.to_string()),
+        has_tools: !tools.is_empty(),
+        last_user_text: turn.new_user_text(),
+        action: action.label(),
+        body,
+    });
+    match action {
+        script::Action::Internal => script::Action::Text(internal_text(schema)),
+        other => other,
+    }
+}
+
 /// The text of an answer to a CLI-internal request: JSON fitting `schema` when one was asked
 /// for, else [`script::DEFAULT_TEXT`].
 pub fn internal_text(schema: Option<&Value>) -> String {

@@ -3,7 +3,7 @@
 //! `response.completed` with usage; a tool call is one `function_call` item (`call_id`, `name`,
 //! `arguments` as a JSON string). Without `stream: true` the whole response is one JSON object.
 
-use super::record::{Entry, parse_body};
+use super::record::parse_body;
 use super::script::{self, Action, Tool, Turn};
 use super::{SharedState, new_id, sse_frame, sse_response, text_pieces, token_estimate};
 use axum::Json;
@@ -54,24 +54,18 @@ pub fn tools_of(body: &Value) -> Vec<Tool> {
 /// `POST /v1/responses`.
 pub async fn responses(State(state): State<SharedState>, body: Bytes) -> Response {
     let body = parse_body(&body);
-    let turn = turn_of(&body);
-    let tools = tools_of(&body);
-    let action = script::decide(&turn, &tools);
     let model = body.get("model").and_then(Value::as_str).unwrap_or("scripted").to_string();
-    state.recorder.push(Entry {
-        api: "responses",
-        path: "/v1/responses".into(),
-        model: Some(model.clone()),
-        has_tools: !tools.is_empty(),
-        last_user_text: turn.new_user_text(),
-        action: action.label(),
-        body: &body,
-    });
+    let schema = body.pointer("/text/format/schema");
+    let action = super::decide_and_record(
+        &state,
+        "responses",
+        "/v1/responses".into(),
+        &model,
+        &body,
+        (turn_of(&body), tools_of(&body)),
+        schema,
+    );
     let input_tokens = token_estimate(&body);
-    let action = match action {
-        Action::Internal => Action::Text(super::internal_text(body.pointer("/text/format/schema"))),
-        other => other,
-    };
     let response_id = new_id("resp_");
     let usage = json!({"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input_tokens + 5});
