@@ -99,12 +99,22 @@ fn settled_all(events: &[Value], agent: &str, expected: usize) -> bool {
     issued == expected && settled(events, agent)
 }
 
+/// The agent's latest status change, if any.
+fn last_status<'a>(events: &'a [Value], agent: &str) -> Option<&'a Value> {
+    events.iter().rev().find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == agent)
+}
+
+fn status_is(events: &[Value], agent: &str, status: &str) -> bool {
+    last_status(events, agent).is_some_and(|e| data(e, "status") == status)
+}
+
+/// The note of the agent's latest status change contains `part`.
+fn note_has(events: &[Value], agent: &str, part: &str) -> bool {
+    last_status(events, agent).is_some_and(|e| data(e, "note").as_str().is_some_and(|note| note.contains(part)))
+}
+
 fn ready(events: &[Value], agent: &str) -> bool {
-    events
-        .iter()
-        .rev()
-        .find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == agent)
-        .is_some_and(|e| data(e, "status") == "READY")
+    status_is(events, agent, "READY")
 }
 
 /// Starts a background dummy agent; returns what `synapse start --json` announced.
@@ -229,11 +239,7 @@ fn priority_five_interrupts_a_busy_cli_then_writes_once_it_is_back_at_its_prompt
     home.ok(&["send", "bob", "a long question", "--response"]);
     follower.wait_until("bob busy with the question", |events| {
         events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == id(&bob).as_str())
-            && events
-                .iter()
-                .rev()
-                .find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == id(&bob).as_str())
-                .is_some_and(|e| data(e, "status") == "PROCESSING")
+            && status_is(events, &id(&bob), "PROCESSING")
     });
     home.ok(&["send", "bob", "URGENT stop", "--no-response", "-p", "5"]);
     follower.wait_until("the urgent message written", |events| settled(events, &id(&bob)));
@@ -522,25 +528,11 @@ fn synapse_list_says_why_queued_messages_wait() {
     let _wrappers = Wrappers(&home, vec![id(&raw)]);
     let raw_id = id(&raw);
     follower.wait_until("raw READY", |events| ready(events, &raw_id));
-    let note_is = |events: &[Value], part: &str| {
-        events
-            .iter()
-            .rev()
-            .find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == raw_id.as_str())
-            .is_some_and(|e| data(e, "note").as_str().is_some_and(|note| note.contains(part)))
-    };
-
     // A dialog: WAITING, and a message sent meanwhile waits with the reason shown.
     home.ok(&["send", "raw", "ASK-NOW please", "--no-response"]);
-    follower.wait_until("raw WAITING", |events| {
-        events
-            .iter()
-            .rev()
-            .find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == raw_id.as_str())
-            .is_some_and(|e| data(e, "status") == "WAITING")
-    });
+    follower.wait_until("raw WAITING", |events| status_is(events, &raw_id, "WAITING"));
     home.ok(&["send", "raw", "second", "--no-response"]);
-    follower.wait_until("the dialog note", |events| note_is(events, "a dialog is open"));
+    follower.wait_until("the dialog note", |events| note_has(events, &raw_id, "a dialog is open"));
     let list = home.ok(&["list"]);
     assert!(list.contains("WAITING") && list.contains("↳ a dialog is open"), "{list}");
     let records = std::fs::read_to_string(&raw_log).unwrap();
@@ -562,13 +554,7 @@ fn a_priority_five_message_held_after_a_failed_interrupt_is_explained() {
         events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == raw_id.as_str())
     });
     home.ok(&["send", "raw", "urgent", "--no-response", "-p", "5"]);
-    follower.wait_until("the interrupt note", |events| {
-        events
-            .iter()
-            .rev()
-            .find(|e| kind(e) == "agent_status_changed" && data(e, "agent_id") == raw_id.as_str())
-            .is_some_and(|e| data(e, "note").as_str().is_some_and(|note| note.contains("priority-5 message waits")))
-    });
+    follower.wait_until("the interrupt note", |events| note_has(events, &raw_id, "priority-5 message waits"));
     let list: Value = serde_json::from_str(&home.ok(&["list", "--json"])).unwrap();
     let agent = &list["agents"][0];
     assert_eq!(agent["queue_depth"], 1, "{agent:#}");
