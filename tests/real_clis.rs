@@ -99,12 +99,10 @@ impl Session {
             native_pty_system().openpty(PtySize { rows: 40, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
         let mut command = CommandBuilder::new(BIN);
         command.args([cli, "--name", name]);
-        // The profile passes its own arguments (Codex: --no-daemon); the setup's others follow `--`.
-        let profile_args = synapse::agent::profile::builtin(cli).unwrap().args;
-        let extra: Vec<&String> = setup.args.iter().filter(|arg| !profile_args.contains(arg)).collect();
-        if !extra.is_empty() {
+        // The profile passes its own arguments (Codex: --no-daemon); the set-up's follow `--`.
+        if !setup.args.is_empty() {
             command.arg("--");
-            command.args(extra);
+            command.args(&setup.args);
         }
         command.cwd(&work);
         command.env("SYNAPSE_HOME", home.home());

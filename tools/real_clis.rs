@@ -224,19 +224,13 @@ fn cli_command(program: &str, args: &[String], setup: &clis::CliSetup, work: &Pa
     command
 }
 
-/// The CLI's arguments as its profile and the set-up give them, without repeats.
-fn cli_args(cli: &str, setup: &clis::CliSetup) -> (Vec<String>, Vec<String>) {
-    let profile = synapse::agent::profile::builtin(cli).map(|profile| profile.args).unwrap_or_default();
-    let extra: Vec<String> = setup.args.iter().filter(|arg| !profile.contains(arg)).cloned().collect();
-    (profile, extra)
-}
-
 fn bare_prompt(synapse: &Path, cli: &str, model: &Model) -> Result<Duration> {
     let place = Place::new(synapse)?;
     let work = place.root().join("work");
     let setup = clis::setup(cli, &place.root().join("cli-home"), &work, model.port)?;
-    let (profile_args, extra) = cli_args(cli, &setup);
-    let args: Vec<String> = profile_args.into_iter().chain(extra).collect();
+    // The same command Synapse runs: the profile's arguments (Codex: --no-daemon), then the set-up's.
+    let profile = synapse::agent::profile::builtin(cli).map(|profile| profile.args).unwrap_or_default();
+    let args: Vec<String> = profile.into_iter().chain(setup.args.iter().cloned()).collect();
     let started = Instant::now();
     let terminal = Terminal::spawn(cli_command(cli, &args, &setup, &work, &search_path(synapse)))?;
     while !terminal.shows(setup.ready_text) {
@@ -252,11 +246,10 @@ fn bare_prompt(synapse: &Path, cli: &str, model: &Model) -> Result<Duration> {
 fn start_agent(synapse: &Path, cli: &str, place: &Place, model: &Model) -> Result<(Terminal, u64)> {
     let work = place.root().join("work");
     let setup = clis::setup(cli, &place.root().join("cli-home"), &work, model.port)?;
-    let (_, extra) = cli_args(cli, &setup);
     let mut args = vec![cli.to_string(), "--name".into(), "bench".into()];
-    if !extra.is_empty() {
+    if !setup.args.is_empty() {
         args.push("--".into());
-        args.extend(extra);
+        args.extend(setup.args.iter().cloned());
     }
     let mut command = cli_command(&synapse.display().to_string(), &args, &setup, &work, &search_path(synapse));
     for (key, value) in place.synapse_env() {

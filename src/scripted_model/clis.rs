@@ -96,8 +96,8 @@ pub fn claude(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSet
 }
 
 /// Codex: a provider on the Responses API with a bearer token in the file (`env_key` failed),
-/// the work dir trusted. `--no-daemon`, else commands run in a shared `codex app-server` without
-/// the agent's environment. Ready: `Ask Codex to do anything` (the empty box's placeholder),
+/// the work dir trusted. It must run with `--no-daemon` (else commands run in a shared `codex
+/// app-server` without the agent's environment): the codex profile passes it. Ready: `Ask Codex to do anything` (the empty box's placeholder),
 /// drawn under the splash within a second.
 pub fn codex(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSetup> {
     let config = format!(
@@ -108,7 +108,7 @@ pub fn codex(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSetu
     );
     std::fs::create_dir_all(home.join(".codex"))?;
     std::fs::write(home.join(".codex/config.toml"), config)?;
-    Ok(CliSetup { env: Vec::new(), args: vec!["--no-daemon".to_string()], ready_text: "Ask Codex to do anything" })
+    Ok(CliSetup { env: Vec::new(), args: Vec::new(), ready_text: "Ask Codex to do anything" })
 }
 
 /// Gemini CLI: API-key auth, folder trust off (and the dir trusted anyway), `synapse` allowed
