@@ -117,13 +117,6 @@ impl Readiness {
         line.chars().take(usize::from(col)).collect()
     }
 
-    /// The last few non-empty lines on screen (for `/status` and WAITING patterns).
-    pub fn excerpt(&self, lines: usize) -> String {
-        let contents = self.parser.screen().contents();
-        let kept: Vec<&str> = contents.lines().filter(|line| !line.trim().is_empty()).collect();
-        kept[kept.len().saturating_sub(lines)..].join("\n")
-    }
-
     /// The status now, and when it should be looked at again (a quiet period ending).
     pub fn status(&mut self, now: Instant) -> (AgentStatus, Option<Instant>) {
         let (status, recheck) = self.status_of_screen(now);
