@@ -447,9 +447,15 @@ fn at_agent_lines_typed_in_the_interactive_wrapper_are_sent_and_other_input_pass
     follower.wait_until("the message in bob's terminal", |events| settled(events, &id(&bob)));
     let bob_screen = terminal(&bob);
     assert!(bob_screen.contains(&format!(":{alice}:R] hello from the keyboard")), "{bob_screen}");
-    // alice's CLI got the plain line, and not the @ line.
-    let alice_log = std::fs::read_to_string(home.home().join("logs").join(format!("{alice}.log"))).unwrap();
-    assert!(alice_log.contains("[DUMMY] You said: plain line"), "{alice_log}");
+    // alice's CLI got the plain line (her dummy may still be answering it), and not the @ line.
+    let alice_log_path = home.home().join("logs").join(format!("{alice}.log"));
+    let deadline = std::time::Instant::now() + EVENT_DEADLINE;
+    let mut alice_log = std::fs::read_to_string(&alice_log_path).unwrap();
+    while !alice_log.contains("[DUMMY] You said: plain line") {
+        assert!(std::time::Instant::now() < deadline, "{alice_log}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        alice_log = std::fs::read_to_string(&alice_log_path).unwrap();
+    }
     assert!(!alice_log.contains("You said: @bob"), "{alice_log}");
     // The wrapper prints its confirmation once the broker answered: wait for it.
     let confirmation = format!("[synapse] sent to {}", id(&bob));

@@ -58,6 +58,11 @@ impl Readiness {
         self.last_input = Some(now);
     }
 
+    /// Has the CLI drawn anything since the last input was written (its echo, at least)?
+    pub fn reacted(&self) -> bool {
+        matches!((self.last_input, self.last_output), (Some(input), Some(output)) if output > input)
+    }
+
     /// Remembers a text written into the CLI, so that its echo on screen is not read as a dialog.
     pub fn remember_input(&mut self, text: &str) {
         if self.recent_inputs.len() == RECENT_INPUTS {

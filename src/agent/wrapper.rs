@@ -740,7 +740,30 @@ async fn watch_inbox(shared: Arc<Shared>) {
             tracing::warn!("cannot write ticket {number}: {error:#}");
             return;
         }
+        // Acknowledged once the CLI has drawn something after it: a wrapper killed before that
+        // leaves the ticket unacknowledged and its successor writes it again (the bytes died
+        // unread with the PTY).
+        wait_for_reaction(&shared).await;
         unacknowledged = Some(number);
+    }
+}
+
+/// Longest wait for a CLI to draw anything after a ticket was written, before acknowledging it
+/// anyway (a CLI that draws nothing must not stop deliveries).
+const REACTION_WAIT: Duration = Duration::from_secs(2);
+
+async fn wait_for_reaction(shared: &Shared) {
+    let mut changes = shared.output_changed.subscribe();
+    let deadline = tokio::time::Instant::now() + REACTION_WAIT;
+    loop {
+        changes.borrow_and_update();
+        if shared.lock_readiness().reacted() {
+            return;
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return,
+        }
     }
 }
 
