@@ -545,6 +545,28 @@ fn synapse_list_says_why_queued_messages_wait() {
     assert_eq!(records.lines().count(), 1, "nothing typed into the dialog: {records}");
 }
 
+/// A CLI that swallows the submit key (Gemini under heavy load: the message shown in its input
+/// box, never sent) gets it again once its screen has been quiet, and the message is submitted
+/// exactly once; the next message follows normally.
+#[test]
+fn a_swallowed_submit_key_is_sent_again_and_the_message_goes_through_once() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (raw, raw_log) = start_rawcli(&home);
+    let _wrappers = Wrappers(&home, vec![id(&raw)]);
+    let raw_id = id(&raw);
+    follower.wait_until("raw READY", |events| ready(events, &raw_id));
+    home.ok(&["send", "raw", "SWALLOW-ENTER once", "--no-response"]);
+    home.ok(&["send", "raw", "then this one", "--no-response"]);
+    follower.wait_until("both written", |events| settled_all(events, &raw_id, 2));
+    let records: Vec<Value> =
+        std::fs::read_to_string(&raw_log).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(records.len(), 3, "swallowed, then the line once, then the next: {records:#?}");
+    assert_eq!(records[0]["swallowed"], true, "{records:#?}");
+    assert!(records[1]["line"].as_str().unwrap().ends_with("SWALLOW-ENTER once"), "{records:#?}");
+    assert!(records[2]["line"].as_str().unwrap().ends_with("then this one"), "{records:#?}");
+}
+
 /// A priority-5 message for a CLI that does not come back to its prompt after the interrupt
 /// stays queued, and `synapse list` says why.
 #[test]

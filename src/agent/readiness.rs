@@ -104,6 +104,44 @@ impl Readiness {
         line.rfind(prompt).is_some_and(|at| !line[at + prompt.len()..].trim().is_empty())
     }
 
+    /// Does the input box still hold the end of `written`, with the cursor right after it? Then
+    /// its submit key has not been taken (a CLI still digesting the paste, or starved of CPU, can
+    /// swallow it). A submitted message leaves the cursor in an emptied box instead.
+    ///
+    /// After a `pasted` text the cursor may also sit on a new, empty line of the box below it:
+    /// Gemini takes a return that arrives close behind a paste as a newline inside the paste.
+    pub fn holds_unsent(&self, written: &str, pasted: bool) -> bool {
+        let last_written = written.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or_default().trim_end();
+        let ends_ours = |line: &str| {
+            let shown = self.after_prompt(line).trim_matches(decoration);
+            shown.chars().count() >= 4 && last_written.ends_with(shown)
+        };
+        let line = self.cursor_line();
+        if ends_ours(&line) {
+            return true;
+        }
+        let screen = self.parser.screen();
+        let (row, col) = screen.cursor_position();
+        if !pasted || row == 0 || col == 0 || !line.trim_matches(decoration).is_empty() {
+            return false;
+        }
+        let (_, cols) = screen.size();
+        screen.rows(0, cols).nth(usize::from(row - 1)).is_some_and(|above| ends_ours(above.trim_end()))
+    }
+
+    /// The part of a screen line after the profile's prompt (all of it when there is none).
+    fn after_prompt<'a>(&self, line: &'a str) -> &'a str {
+        match self.idle.prompt.as_deref().map(str::trim).filter(|prompt| !prompt.is_empty()) {
+            Some(prompt) => line.rfind(prompt).map_or(line, |at| &line[at + prompt.len()..]),
+            None => line,
+        }
+    }
+
+    /// When the CLI last drew anything.
+    pub fn last_output(&self) -> Option<Instant> {
+        self.last_output
+    }
+
     pub fn resize(&mut self, rows: u16, cols: u16) {
         self.parser.screen_mut().set_size(rows.max(2), cols.max(10));
     }
@@ -190,6 +228,28 @@ mod tests {
         assert_eq!(ready.status(typed).0, AgentStatus::Processing);
         ready.feed(b"[DUMMY] You said: hello\r\n> ", typed + Duration::from_millis(2));
         assert_eq!(ready.status(typed).0, AgentStatus::Ready);
+    }
+
+    #[test]
+    fn a_message_left_in_the_input_box_is_seen_as_unsent_and_an_emptied_box_is_not() {
+        let mut gemini = detector("gemini");
+        let now = Instant::now();
+        let message = "[A2A:87019f69:anonymous] plain-marker-one hello";
+        gemini.feed(format!("\x1b[2J\x1b[H Tips\r\n > {message}").as_bytes(), now);
+        assert!(gemini.holds_unsent(message, true), "the text sits in the box with the cursor after it");
+        gemini.feed(format!("\x1b[2J\x1b[H > {message}\r\n\r\n ✦ OK.\r\n\r\n > ").as_bytes(), now);
+        assert!(!gemini.holds_unsent(message, true), "submitted: the echo is above and the box is empty");
+        gemini.feed(b"\x1b[2J\x1b[H > someone else's words", now);
+        assert!(!gemini.holds_unsent(message, true), "other text in the box is not our message");
+        let multi_line = "[A2A:1:a] first line\nsecond line of it";
+        gemini.feed(b"\x1b[2J\x1b[H > [A2A:1:a] first line\r\n   second line of it", now);
+        assert!(gemini.holds_unsent(multi_line, true), "the cursor ends the last line of a paste");
+        // The return taken as a newline: the cursor on a new empty line of the box, under the text.
+        gemini.feed(format!("\x1b[2J\x1b[H > {message}\r\n   ").as_bytes(), now);
+        assert!(gemini.holds_unsent(message, true), "a newline added to the paste is not a submit");
+        assert!(!gemini.holds_unsent(message, false), "without a paste a new line is the CLI's answer");
+        gemini.feed(format!("\x1b[2J\x1b[H > {message}\r\n").as_bytes(), now);
+        assert!(!gemini.holds_unsent(message, true), "a cursor at the margin is past the box");
     }
 
     #[test]

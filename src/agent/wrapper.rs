@@ -612,9 +612,12 @@ async fn watch_inbox(shared: Arc<Shared>) {
         if !wait_until_ready(&shared).await {
             return;
         }
-        if let Err(error) = write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), None).await {
-            tracing::warn!("cannot write the start-up message: {error:#}");
-            return;
+        match write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), None).await {
+            Ok(written) => resubmit_if_unsent(&shared, &written).await,
+            Err(error) => {
+                tracing::warn!("cannot write the start-up message: {error:#}");
+                return;
+            }
         }
     }
     let mut client = connect(&shared.paths, &shared.secret).await;
@@ -736,14 +739,18 @@ async fn watch_inbox(shared: Arc<Shared>) {
         shared.set_note(None);
         let header = ticket["prefix"].as_str().unwrap_or_default();
         let record = Some((delivered_path(&shared.log), number.to_string()));
-        if let Err(error) = write_input(&shared, header, &text, record).await {
-            tracing::warn!("cannot write ticket {number}: {error:#}");
-            return;
-        }
+        let written = match write_input(&shared, header, &text, record).await {
+            Ok(written) => written,
+            Err(error) => {
+                tracing::warn!("cannot write ticket {number}: {error:#}");
+                return;
+            }
+        };
         // Acknowledged once the CLI has drawn something after it: a wrapper killed before that
         // leaves the ticket unacknowledged and its successor writes it again (the bytes died
         // unread with the PTY).
         wait_for_reaction(&shared).await;
+        resubmit_if_unsent(&shared, &written).await;
         unacknowledged = Some(number);
     }
 }
@@ -763,6 +770,49 @@ async fn wait_for_reaction(shared: &Shared) {
         match tokio::time::timeout_at(deadline, changes.changed()).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) | Err(_) => return,
+        }
+    }
+}
+
+/// How long the input box may hold a written message, with nothing drawn, before its submit key
+/// counts as lost.
+const UNSENT_QUIET: Duration = Duration::from_millis(1500);
+/// How many times the submit key is sent again for one message.
+const RESUBMITS: usize = 2;
+
+/// Sends the submit key again when the message still sits in the CLI's input box after a quiet
+/// spell (seen with Gemini under heavy load: the paste shown, its Enter swallowed, the message
+/// never sent). Returns at once when the box empties, as it does for a message taken.
+async fn resubmit_if_unsent(shared: &Shared, written: &Written) {
+    let mut changes = shared.output_changed.subscribe();
+    let mut resubmits = 0;
+    // The quiet spell is counted from the CLI's last drawing or our last key, whichever is later:
+    // a key just sent has not been answered yet.
+    let mut last_key = Instant::now();
+    loop {
+        changes.borrow_and_update();
+        let (unsent, last_output) = {
+            let readiness = shared.lock_readiness();
+            (readiness.holds_unsent(&written.shown, written.pasted), readiness.last_output())
+        };
+        if !unsent {
+            return;
+        }
+        let quiet_until = last_output.map_or(last_key, |at| at.max(last_key)) + UNSENT_QUIET;
+        if Instant::now() < quiet_until {
+            let _ = tokio::time::timeout_at(quiet_until.into(), changes.changed()).await;
+            continue;
+        }
+        if resubmits == RESUBMITS {
+            tracing::warn!("the message still sits in the input box after {RESUBMITS} more submit keys");
+            return;
+        }
+        resubmits += 1;
+        tracing::info!("the message still sits in the input box; sending the submit key again");
+        last_key = Instant::now();
+        shared.lock_readiness().input_written(last_key);
+        if shared.write(written.submit.clone()).await.is_err() {
+            return;
         }
     }
 }
@@ -827,7 +877,7 @@ async fn write_input(
     header: &str,
     text: &str,
     then_record: Option<(PathBuf, String)>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Written> {
     let bracketed = shared.lock_readiness().bracketed_paste();
     shared.lock_readiness().input_written(Instant::now());
     shared.output_changed.send_modify(|count| *count += 1);
@@ -838,13 +888,25 @@ async fn write_input(
     let written = async {
         shared.write(keys.paste).await?;
         if shared.profile.settle_ms > 0 {
+            // The settle delay counts from the CLI drawing the paste, not from writing it: a CLI
+            // starved of CPU reads the paste and the submit key together otherwise, and Gemini
+            // takes a return that close behind a paste as a newline inside it.
+            wait_for_reaction(shared).await;
             tokio::time::sleep(Duration::from_millis(shared.profile.settle_ms)).await;
         }
-        shared.write_then_record(keys.submit, then_record).await
+        shared.write_then_record(keys.submit.clone(), then_record).await
     }
     .await;
     shared.hold_keys(false);
-    written
+    written.map(|()| Written { shown, submit: keys.submit, pasted: bracketed })
+}
+
+/// What [`write_input`] typed: the text as the CLI shows it, the submit key after it, and
+/// whether it went in as a bracketed paste.
+struct Written {
+    shown: String,
+    submit: Vec<u8>,
+    pasted: bool,
 }
 
 /// The user's keystrokes: `@agent message` lines go to the broker, the rest to the CLI.

@@ -6,7 +6,9 @@ they end or interrupt a real CLI). Every submitted line and every such key is ap
 log file (argv[1]) as one JSON line, so a test can see exactly what was submitted.
 
 A submitted line containing `HANG-NOW` leaves it busy for good (no prompt again; control keys are
-then only logged); one containing `ASK-NOW` shows a `(y/n)` question instead of the prompt.
+then only logged); one containing `ASK-NOW` shows a `(y/n)` question instead of the prompt. The first Enter after a
+line containing `SWALLOW-ENTER` is swallowed without a trace on screen (as Gemini CLI did under
+heavy load: the message left in its input box) and logged as `{"swallowed": true}`.
 """
 import json
 import os
@@ -23,7 +25,7 @@ def main():
     tty.setraw(0)
     try:
         os.write(1, b"\x1b[?2004hrawcli ready\r\nrawcli> ")
-        pending, line, in_paste, hung = b"", b"", False, False
+        pending, line, in_paste, hung, swallowed = b"", b"", False, False, False
         while True:
             data = os.read(0, 4096)
             if not data:
@@ -47,7 +49,12 @@ def main():
                     log.write(json.dumps({"control": key.hex()}) + "\n")
                     os.write(1, b"\r\nrawcli: ended by a control key\r\n")
                     return 1
+                if not in_paste and key in (b"\r", b"\n") and b"SWALLOW-ENTER" in line and not swallowed:
+                    swallowed = True
+                    log.write(json.dumps({"swallowed": True}) + "\n")
+                    continue
                 if not in_paste and key in (b"\r", b"\n"):
+                    swallowed = False
                     log.write(json.dumps({"line": line.decode("utf-8", "replace")}) + "\n")
                     os.write(1, b"\r\nrawcli: got %d bytes\r\n" % len(line))
                     if b"HANG-NOW" in line:
