@@ -141,10 +141,16 @@ pub struct ArtifactView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum PartView {
-    Text { text: String },
-    File { file: FileView },
+    Text {
+        text: String,
+    },
+    File {
+        file: FileView,
+    },
     /// Structured data, carried as it is.
-    Data { data: serde_json::Value },
+    Data {
+        data: serde_json::Value,
+    },
 }
 
 /// A file part's reference.

@@ -166,7 +166,8 @@ fn history_answers_round_trip() {
 
 #[test]
 fn file_safety_answers_round_trip() {
-    let lock = json!({"path": "/p", "agent_id": "a", "expires_ms": 9, "acquired_ms": 1, "intent": null, "task_id": "t"});
+    let lock =
+        json!({"path": "/p", "agent_id": "a", "expires_ms": 9, "acquired_ms": 1, "intent": null, "task_id": "t"});
     let modification = json!({
         "path": "/p", "agent_id": "a", "task_id": "t", "change_type": "MODIFY", "intent": null, "time_ms": 1, "seq": 2,
     });
@@ -216,9 +217,9 @@ fn documented(schema: &str) -> (Vec<String>, Vec<String>) {
     let document: Value = serde_json::from_str(include_str!("../../schema/openapi.json")).unwrap();
     let component = &document["components"]["schemas"][schema];
     let properties = component["properties"].as_object().unwrap().keys().cloned().collect();
-    let required = component["required"].as_array().map_or_else(Vec::new, |required| {
-        required.iter().map(|name| name.as_str().unwrap().to_string()).collect()
-    });
+    let required = component["required"]
+        .as_array()
+        .map_or_else(Vec::new, |required| required.iter().map(|name| name.as_str().unwrap().to_string()).collect());
     (properties, required)
 }
 
