@@ -317,11 +317,6 @@ impl Client {
         Ok(Client { sender: connect_socket(socket).await?, secret: None })
     }
 
-    /// A TCP connection to `127.0.0.1:port` (an agent's A2A endpoint), without the handshake.
-    pub async fn at_port(port: u16) -> std::io::Result<Client> {
-        Ok(Client { sender: connect_tcp(port).await?, secret: None })
-    }
-
     /// Only connects: None when no broker runs.
     pub async fn try_connect(paths: &Paths) -> Option<Client> {
         let sender = connect_any(paths).await.ok()?;
@@ -347,6 +342,11 @@ impl Client {
     /// Sends `secret` with every request (the wrapper acting as its agent).
     pub fn set_secret(&mut self, secret: String) {
         self.secret = Some(secret);
+    }
+
+    /// Stops sending a secret (the next requests are the user's, or anonymous).
+    pub fn clear_secret(&mut self) {
+        self.secret = None;
     }
 
     pub fn secret(&self) -> Option<&str> {
@@ -501,12 +501,6 @@ impl Client {
     pub async fn cancel(&mut self, agent_id: &str, task_id: &str) -> Result<api::TaskAnswer, ClientError> {
         let path = format!("/agents/{}/tasks/{}/cancel", percent_encode(agent_id), percent_encode(task_id));
         self.call(Method::POST, &path, None::<&()>).await
-    }
-
-    /// `POST /tasks/send` on an agent's own endpoint (a connection from [`Client::to_agent_port`]):
-    /// an A2A message, answered like a send.
-    pub async fn a2a_send(&mut self, body: &serde_json::Value) -> Result<api::SendAnswer, ClientError> {
-        self.call(Method::POST, "/tasks/send", Some(body)).await
     }
 
     // ---- history --------------------------------------------------------------------------
