@@ -3,6 +3,8 @@
 //! the types lose nothing and invent nothing (the unit tests in `src/api` check the shapes on
 //! examples; this checks them on the wire).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::Home;
