@@ -1,4 +1,5 @@
-//! `synapse`: parse, run, map errors to exit codes.
+//! `synapse`: parse, run, map errors to exit codes. This is the one place an error becomes
+//! the user's `Error: ...` line: messages everywhere else say only what went wrong.
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -21,13 +22,30 @@ fn main() -> ExitCode {
     match synapse::cli::run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(error) => {
-            let message = format!("{error:#}");
-            if message.starts_with("Error") || message.starts_with("Warning") {
-                eprintln!("{message}");
-            } else {
-                eprintln!("Error: {message}");
-            }
+            eprintln!("{}", user_message(&format!("{error:#}")));
             ExitCode::from(1)
         }
+    }
+}
+
+/// The line shown for a failed command. A message that already carries its label (the broker's
+/// messages did, until they lost their `Error: ` prefix; a broker of that time may still answer)
+/// is shown as it is, so the label never appears twice.
+fn user_message(message: &str) -> String {
+    if message.starts_with("Error") || message.starts_with("Warning") {
+        message.to_string()
+    } else {
+        format!("Error: {message}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::user_message;
+
+    #[test]
+    fn an_error_is_labelled_once() {
+        assert_eq!(user_message("no message given"), "Error: no message given");
+        assert_eq!(user_message("Error: No reply target."), "Error: No reply target.");
     }
 }

@@ -60,13 +60,13 @@ pub fn read_file(path: &Path) -> anyhow::Result<Option<Value>> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => bail!("Error: cannot read {}: {error}", path.display()),
+        Err(error) => bail!("cannot read {}: {error}", path.display()),
     };
     let value: Value = serde_json::from_str(&text).map_err(|error| {
-        anyhow::anyhow!("Error: {} line {} column {}: {error}", path.display(), error.line(), error.column())
+        anyhow::anyhow!("{} line {} column {}: {error}", path.display(), error.line(), error.column())
     })?;
     if !value.is_object() {
-        bail!("Error: {} line 1: the settings must be a JSON object", path.display());
+        bail!("{} line 1: the settings must be a JSON object", path.display());
     }
     Ok(Some(value))
 }
@@ -108,9 +108,9 @@ impl Settings {
                 "roundtrip" => Ok(Flow::Roundtrip),
                 "oneway" => Ok(Flow::Oneway),
                 "auto" => Ok(Flow::Auto),
-                other => bail!("Error: a2a.flow '{other}' in {} must be roundtrip, oneway or auto", self.origin()),
+                other => bail!("a2a.flow '{other}' in {} must be roundtrip, oneway or auto", self.origin()),
             },
-            Some(other) => bail!("Error: a2a.flow in {} must be a string, not {other}", self.origin()),
+            Some(other) => bail!("a2a.flow in {} must be a string, not {other}", self.origin()),
         }
     }
 
@@ -124,10 +124,10 @@ impl Settings {
                 .map(|(key, value)| match value {
                     Value::String(text) => Ok((key.clone(), text.clone())),
                     Value::Number(_) | Value::Bool(_) => Ok((key.clone(), value.to_string())),
-                    other => bail!("Error: env.{key} in {} must be a string, not {other}", self.origin()),
+                    other => bail!("env.{key} in {} must be a string, not {other}", self.origin()),
                 })
                 .collect(),
-            Some(other) => bail!("Error: env in {} must be an object, not {other}", self.origin()),
+            Some(other) => bail!("env in {} must be an object, not {other}", self.origin()),
         }
     }
 

@@ -14,13 +14,15 @@ use hyper::body::Bytes;
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use synapse::api::{self, Announce, RegisterRequest as RegisterBody, SendRequest as SendBody, StatusUpdate};
 use synapse::broker::BrokerState;
 use synapse::broker::command::{Command, Outcome, RegisterRequest, SendRequest, hash_secret};
+use synapse::client::Client;
 use synapse::config::Paths;
 use synapse::event::{AgentStatus, Artifact, Direction, Event, Message, Role, TaskState};
 use synapse::store::{Appender, Store, StoreError};
@@ -70,8 +72,6 @@ const ROUND_TRIPS: usize = 1000;
 const ROUND_TRIP_WARMUP: usize = 10;
 /// How long to wait for a broker child to answer, or to stop.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
-/// Header carrying an agent's secret (see `synapse::http::SECRET_HEADER`).
-const SECRET_HEADER: &str = "x-synapse-agent-secret";
 
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
 scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
@@ -268,7 +268,10 @@ impl Drop for BenchDir {
 }
 
 // ---------------------------------------------------------------------------------------------
-// HTTP/1.1 client (one keep-alive connection)
+// Raw HTTP/1.1 (one keep-alive connection): the instrument of `http-send` and `sse-fanout`,
+// which send prepared bytes and read only the status or the stream, so that the client's own
+// work weighs as little as possible on the two cores it shares with the broker. Every other
+// call goes through `synapse::client::Client`.
 
 struct Http {
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
@@ -302,17 +305,8 @@ impl Http {
     }
 
     /// One request; returns the status and the whole body.
-    async fn send(
-        &mut self,
-        method: Method,
-        path: &str,
-        body: Option<Bytes>,
-        secret: Option<&str>,
-    ) -> Result<(StatusCode, Bytes)> {
+    async fn send(&mut self, method: Method, path: &str, body: Option<Bytes>) -> Result<(StatusCode, Bytes)> {
         let mut builder = Request::builder().method(method).uri(path).header(HOST, "localhost");
-        if let Some(secret) = secret {
-            builder = builder.header(SECRET_HEADER, secret);
-        }
         if body.is_some() {
             builder = builder.header(CONTENT_TYPE, "application/json");
         }
@@ -323,16 +317,6 @@ impl Http {
         let bytes =
             response.into_body().collect().await.with_context(|| format!("reading the answer to {path}"))?.to_bytes();
         Ok((status, bytes))
-    }
-
-    /// One JSON request; a non-2xx answer is an error.
-    async fn json(&mut self, method: Method, path: &str, body: Option<&Value>, secret: Option<&str>) -> Result<Value> {
-        let body = body.map(|body| serde_json::to_vec(body).map(Bytes::from)).transpose()?;
-        let (status, bytes) = self.send(method.clone(), path, body, secret).await?;
-        if !status.is_success() {
-            bail!("{method} {path} answered {status}: {}", String::from_utf8_lossy(&bytes));
-        }
-        serde_json::from_slice(&bytes).with_context(|| format!("{method} {path} did not answer JSON"))
     }
 }
 
@@ -411,8 +395,8 @@ impl BrokerProcess {
                 self.stopped = true;
                 bail!("the broker exited at start ({status}): {}", self.log_tail());
             }
-            if let Ok(mut http) = Http::unix(&self.env.broker_socket()).await
-                && http.json(Method::GET, "/broker/health", None, None).await.is_ok()
+            if let Ok(mut client) = Client::at_socket(&self.env.broker_socket()).await
+                && client.health().await.is_ok()
             {
                 return Ok(());
             }
@@ -427,8 +411,9 @@ impl BrokerProcess {
         self.child.id()
     }
 
-    async fn connect(&self) -> Result<Http> {
-        Http::unix(&self.env.broker_socket()).await
+    async fn connect(&self) -> Result<Client> {
+        let socket = self.env.broker_socket();
+        Client::at_socket(&socket).await.with_context(|| format!("cannot connect to {}", socket.display()))
     }
 
     fn log_tail(&self) -> String {
@@ -481,22 +466,11 @@ struct Agent {
 }
 
 /// Registers a `dummy` agent on any free port, owned by this process.
-async fn register_agent(broker: &mut Http) -> Result<Agent> {
-    let body = json!({"agent_type": "dummy", "pid": std::process::id(), "port": 0});
-    let answer = broker.json(Method::POST, "/agents", Some(&body), None).await?;
-    let text = |pointer: &str| {
-        answer
-            .pointer(pointer)
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .with_context(|| format!("the registration has no {pointer}: {answer}"))
-    };
-    let port = answer
-        .pointer("/agent/port")
-        .and_then(Value::as_u64)
-        .and_then(|port| u16::try_from(port).ok())
-        .with_context(|| format!("the registration has no port: {answer}"))?;
-    Ok(Agent { id: text("/agent/agent_id")?, port, secret: text("/secret")? })
+async fn register_agent(broker: &mut Client) -> Result<Agent> {
+    let request =
+        RegisterBody { agent_type: "dummy".into(), pid: std::process::id(), port: Some(0), ..RegisterBody::default() };
+    let registration = broker.register(&request).await?;
+    Ok(Agent { id: registration.agent.agent_id, port: registration.agent.port, secret: registration.secret })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -920,11 +894,12 @@ fn start_dummy(env: &SynapseEnv) -> Result<StartedAgent> {
     if !output.status.success() {
         bail!("synapse start failed: {}", String::from_utf8_lossy(&output.stderr).trim());
     }
-    let announce: Value = serde_json::from_slice(&output.stdout).context("synapse start --json printed no JSON")?;
+    let announce: Announce =
+        serde_json::from_slice(&output.stdout).context("synapse start --json printed no announce line")?;
     Ok(StartedAgent {
-        id: announce["agent_id"].as_str().context("no agent_id")?.to_string(),
-        wrapper_pid: announce["pid"].as_u64().and_then(|pid| u32::try_from(pid).ok()).context("no pid")?,
-        log: PathBuf::from(announce["log"].as_str().context("no log")?),
+        id: announce.agent_id,
+        wrapper_pid: announce.pid,
+        log: PathBuf::from(announce.log.context("no log")?),
         env: env.clone(),
     })
 }
@@ -972,8 +947,7 @@ async fn delivery(options: &Options) -> Result<()> {
     let mut samples = Vec::with_capacity(DELIVERIES);
     for number in 0..DELIVERIES {
         let text = format!("delivery-{number:05}");
-        let body = json!({"to": agent.id, "text": text, "response_expected": false});
-        http.json(Method::POST, "/send", Some(&body), None).await?;
+        http.send(&SendBody::new(agent.id.clone(), text.clone())).await?;
         let sent = Instant::now();
         // The echo of the written line; then the dummy's answer and its prompt (READY again).
         wait_in_log(&agent.log, &mut offset, &mut seen, &format!("] {text}"))?;
@@ -1037,9 +1011,8 @@ async fn cli_send(options: &Options) -> Result<()> {
     })
     .await??;
 
-    let status = http.json(Method::GET, &format!("/agents/{}/status", agent.id), None, None).await?;
-    let depth = status["queue_depth"].as_u64().unwrap_or_default();
-    if depth != (CLI_WARMUP + CLI_SENDS) as u64 {
+    let depth = http.agent_status(&agent.id).await?.queue_depth;
+    if depth != CLI_WARMUP + CLI_SENDS {
         bail!("{} holds {depth} tickets, expected {}", agent.id, CLI_WARMUP + CLI_SENDS);
     }
     drop(http);
@@ -1078,7 +1051,7 @@ async fn http_send(options: &Options) -> Result<()> {
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
                 let sent = Instant::now();
-                let (status, answer) = connection.send(Method::POST, "/tasks/send", Some(body.clone()), None).await?;
+                let (status, answer) = connection.send(Method::POST, "/tasks/send", Some(body.clone())).await?;
                 if !status.is_success() {
                     bail!("POST /tasks/send answered {status}: {}", String::from_utf8_lossy(&answer));
                 }
@@ -1154,7 +1127,7 @@ async fn round_trip(options: &Options) -> Result<()> {
 }
 
 /// One round trip; returns how long each of its four requests took.
-async fn one_round_trip(http: &mut Http, a: &Agent, b: &Agent, round: usize) -> Result<[Duration; 4]> {
+async fn one_round_trip(http: &mut Client, a: &Agent, b: &Agent, round: usize) -> Result<[Duration; 4]> {
     let mut step = Instant::now();
     let mut lap = || {
         let now = Instant::now();
@@ -1162,42 +1135,50 @@ async fn one_round_trip(http: &mut Http, a: &Agent, b: &Agent, round: usize) -> 
         step = now;
         elapsed
     };
-    let request = json!({
-        "to": b.id, "from": a.id, "secret": a.secret,
-        "text": format!("round trip {round}: what is the status of your task?"),
-        "response_expected": true,
-    });
-    let sent = http.json(Method::POST, "/send", Some(&request), None).await?;
-    let sender_task = sent
-        .pointer("/sender_task/id")
-        .and_then(Value::as_str)
-        .with_context(|| format!("the send answer has no sender_task: {sent}"))?
-        .to_string();
+    let request = SendBody {
+        from: Some(a.id.clone()),
+        secret: Some(a.secret.clone()),
+        response_expected: true,
+        ..SendBody::new(b.id.clone(), format!("round trip {round}: what is the status of your task?"))
+    };
+    let sent = http.send(&request).await?;
+    let sender_task = sent.sender_task.context("the send answer has no sender_task")?.id;
     let sent_time = lap();
-    let reply = json!({"from": b.id, "secret": b.secret, "text": format!("answer {round}: done")});
-    http.json(Method::POST, "/reply", Some(&reply), None).await?;
+    http.reply(&reply_body(b, format!("answer {round}: done"))).await?;
     let reply_time = lap();
 
-    let inbox_path = format!("/agents/{}/inbox?wait_ms=5000", a.id);
     let waiting = Instant::now();
     let ticket = loop {
-        let inbox = http.json(Method::GET, &inbox_path, None, None).await?;
-        let found = inbox["tickets"].as_array().and_then(|tickets| {
-            tickets
-                .iter()
-                .find(|ticket| ticket["kind"] == "reply" && ticket["task_id"] == sender_task.as_str())
-                .and_then(|ticket| ticket["ticket"].as_u64())
-        });
+        let inbox = http.inbox(&a.id, 5000, None).await?;
+        let found = inbox
+            .tickets
+            .iter()
+            .find(|ticket| ticket.kind == api::TicketKind::Reply && ticket.task_id == sender_task)
+            .map(|ticket| ticket.ticket);
         if let Some(ticket) = found {
             break ticket;
         }
         if waiting.elapsed() > Duration::from_secs(10) {
-            bail!("the reply ticket for task {sender_task} did not reach {}'s inbox within 10 s: {inbox}", a.id);
+            bail!("the reply ticket for task {sender_task} did not reach {}'s inbox within 10 s: {inbox:?}", a.id);
         }
     };
     let inbox_time = lap();
-    http.json(Method::POST, &format!("/agents/{}/inbox/{ticket}/ack", a.id), None, Some(&a.secret)).await?;
+    ack_as(http, a, ticket).await?;
     Ok([sent_time, reply_time, inbox_time, lap()])
+}
+
+/// `agent`'s reply to the sender waiting for it.
+fn reply_body(agent: &Agent, text: String) -> api::ReplyRequest {
+    api::ReplyRequest { from: agent.id.clone(), secret: Some(agent.secret.clone()), to: None, text }
+}
+
+/// Acknowledges `ticket` as `agent` (its secret for this request only).
+async fn ack_as(http: &mut Client, agent: &Agent, ticket: u64) -> Result<()> {
+    http.set_secret(agent.secret.clone());
+    let acked = http.ack(&agent.id, ticket).await;
+    http.clear_secret();
+    acked?;
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1246,22 +1227,23 @@ async fn storage(options: &Options) -> Result<()> {
     for exchange in 0..STORAGE_EXCHANGES {
         let before = file_bytes(&database)?;
         let seed = exchange as u64 * 2;
-        let request = json!({
-            "to": b.id, "from": a.id, "secret": a.secret,
-            "text": storage_text(seed, STORAGE_TEXT_BYTES), "response_expected": true,
-        });
-        http.json(Method::POST, "/send", Some(&request), None).await?;
+        let request = SendBody {
+            from: Some(a.id.clone()),
+            secret: Some(a.secret.clone()),
+            response_expected: true,
+            ..SendBody::new(b.id.clone(), storage_text(seed, STORAGE_TEXT_BYTES))
+        };
+        http.send(&request).await?;
         // B's watcher writes the message into its PTY: the ticket leaves the inbox and the task
         // starts working (a state change of the task that holds the message).
-        let inbox = http.json(Method::GET, &format!("/agents/{}/inbox", b.id), None, None).await?;
-        let ticket = inbox["tickets"][0]["ticket"].as_u64().with_context(|| format!("B's inbox is empty: {inbox}"))?;
-        http.json(Method::POST, &format!("/agents/{}/inbox/{ticket}/ack", b.id), None, Some(&b.secret)).await?;
+        let inbox = http.inbox(&b.id, 0, None).await?;
+        let ticket = inbox.tickets.first().context("B's inbox is empty")?.ticket;
+        ack_as(&mut http, &b, ticket).await?;
         let after_send = file_bytes(&database)?;
-        let reply = json!({"from": b.id, "secret": b.secret, "text": storage_text(seed + 1, STORAGE_TEXT_BYTES)});
-        http.json(Method::POST, "/reply", Some(&reply), None).await?;
-        let inbox = http.json(Method::GET, &format!("/agents/{}/inbox", a.id), None, None).await?;
-        let ticket = inbox["tickets"][0]["ticket"].as_u64().with_context(|| format!("A's inbox is empty: {inbox}"))?;
-        http.json(Method::POST, &format!("/agents/{}/inbox/{ticket}/ack", a.id), None, Some(&a.secret)).await?;
+        http.reply(&reply_body(&b, storage_text(seed + 1, STORAGE_TEXT_BYTES))).await?;
+        let inbox = http.inbox(&a.id, 0, None).await?;
+        let ticket = inbox.tickets.first().context("A's inbox is empty")?.ticket;
+        ack_as(&mut http, &a, ticket).await?;
         let after_reply = file_bytes(&database)?;
         payload += 2 * STORAGE_TEXT_BYTES as u64;
         println!(
@@ -1337,7 +1319,7 @@ async fn sse_fanout(options: &Options) -> Result<()> {
     for _ in 0..FANOUT_APPENDERS {
         agents.push(register_agent(&mut http).await?);
     }
-    let head = http.json(Method::GET, "/broker/health", None, None).await?["head"].as_u64().unwrap_or(0);
+    let head = http.health().await?.head;
     let ready = Arc::new(tokio::sync::Barrier::new(FANOUT_SUBSCRIBERS + 1));
     let socket = env.broker_socket();
     let subscribers: Vec<_> = (0..FANOUT_SUBSCRIBERS)
@@ -1356,16 +1338,11 @@ async fn sse_fanout(options: &Options) -> Result<()> {
             let socket = socket.clone();
             let count = per_appender + usize::from(index < FANOUT_EVENTS % FANOUT_APPENDERS);
             tokio::spawn(async move {
-                let mut http = Http::unix(&socket).await?;
+                let mut http = Client::at_socket(&socket).await?;
+                http.set_secret(agent.secret.clone());
                 for round in 0..count {
-                    let status = if round % 2 == 0 { "READY" } else { "PROCESSING" };
-                    http.json(
-                        Method::POST,
-                        &format!("/agents/{}/status", agent.id),
-                        Some(&json!({"status": status})),
-                        Some(&agent.secret),
-                    )
-                    .await?;
+                    let status = if round % 2 == 0 { AgentStatus::Ready } else { AgentStatus::Processing };
+                    http.set_status(&agent.id, &StatusUpdate { status, note: None }).await?;
                 }
                 anyhow::Ok(())
             })

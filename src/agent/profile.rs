@@ -247,7 +247,7 @@ pub const BUILTIN_NAMES: [&str; 6] = ["claude", "gemini", "codex", "opencode", "
 /// The profile `name`: built in, overridden by `<home>/profiles/<name>.json` when present.
 pub fn load(name: &str, home: &Path) -> anyhow::Result<Profile> {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
-        anyhow::bail!("Error: '{name}' is not a profile name (lowercase letters, digits, '_')");
+        anyhow::bail!("'{name}' is not a profile name (lowercase letters, digits, '_')");
     }
     let file = home.join("profiles").join(format!("{name}.json"));
     let base = builtin(name);
@@ -256,26 +256,26 @@ pub fn load(name: &str, home: &Path) -> anyhow::Result<Profile> {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             return base.ok_or_else(|| {
                 anyhow::anyhow!(
-                    "Error: unknown profile '{name}'. Built in: {}; or define {}",
+                    "unknown profile '{name}'. Built in: {}; or define {}",
                     BUILTIN_NAMES.join(", "),
                     file.display()
                 )
             });
         }
-        Err(error) => anyhow::bail!("Error: cannot read {}: {error}", file.display()),
+        Err(error) => anyhow::bail!("cannot read {}: {error}", file.display()),
     };
     let overrides: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|error| anyhow::anyhow!("Error: {} line {}: {error}", file.display(), error.line()))?;
+        .map_err(|error| anyhow::anyhow!("{} line {}: {error}", file.display(), error.line()))?;
     let mut merged = match &base {
         Some(base) => serde_json::to_value(base)?,
         None => serde_json::json!({"name": name}),
     };
     merge(&mut merged, overrides);
     let profile: Profile =
-        serde_json::from_value(merged).map_err(|error| anyhow::anyhow!("Error: {}: {error}", file.display()))?;
+        serde_json::from_value(merged).map_err(|error| anyhow::anyhow!("{}: {error}", file.display()))?;
     profile.validate().map_err(|(needle, error)| match line_of(&text, &needle) {
-        Some(line) => anyhow::anyhow!("Error: {} line {line}: {error}", file.display()),
-        None => anyhow::anyhow!("Error: {}: {error}", file.display()),
+        Some(line) => anyhow::anyhow!("{} line {line}: {error}", file.display()),
+        None => anyhow::anyhow!("{}: {error}", file.display()),
     })?;
     Ok(profile)
 }

@@ -15,11 +15,11 @@
 //! answers a message twice (it may leave one unanswered).
 
 use super::wrapper::connect;
-use crate::client::{ApiFailure, Client};
+use crate::api::{self, InboxTicket, TicketKind};
+use crate::client::{Client, ClientError};
 use crate::config::Paths;
-use crate::event::{Artifact, TaskState};
+use crate::event::{AgentStatus, Artifact, TaskState};
 use anyhow::Context;
-use serde_json::{Value, json};
 use std::io::Write;
 
 /// How long one inbox long-poll lasts.
@@ -60,28 +60,31 @@ pub fn run(paths: Paths, port: Option<u16>, name: Option<String>) -> anyhow::Res
     runtime.block_on(async move {
         let mut client = Client::connect(&paths, true).await?;
         let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
-        let body = json!({
-            "agent_type": "scenario",
-            "pid": std::process::id(),
-            "name": name,
-            "working_dir": working_dir,
-            "port": port.unwrap_or(0),
-        });
-        let registration = client.post("/agents", &body).await.context("cannot register the scenario agent")?;
-        let agent_id = registration["agent"]["agent_id"].as_str().unwrap_or_default().to_string();
-        let secret = registration["secret"].as_str().unwrap_or_default().to_string();
+        let request = api::RegisterRequest {
+            agent_type: "scenario".into(),
+            name,
+            role: None,
+            pid: std::process::id(),
+            working_dir,
+            port: Some(port.unwrap_or(0)),
+        };
+        let registration = client.register(&request).await.context("cannot register the scenario agent")?;
+        let agent_id = registration.agent.agent_id.clone();
+        let secret = registration.secret.clone();
         client.set_secret(secret.clone());
         {
-            let announce = json!({
-                "agent_id": agent_id,
-                "pid": std::process::id(),
-                "port": registration["agent"]["port"],
-                "socket": registration["socket"],
-                "endpoint": registration["endpoint"],
-                "secret": secret,
-            });
+            let announce = api::Announce {
+                agent_id: agent_id.clone(),
+                pid: std::process::id(),
+                child_pid: None,
+                port: registration.agent.port,
+                log: None,
+                socket: registration.socket.clone(),
+                endpoint: Some(registration.endpoint.clone()),
+                secret: secret.clone(),
+            };
             let mut stdout = std::io::stdout().lock();
-            writeln!(stdout, "{announce}")?;
+            writeln!(stdout, "{}", api::json_line(&announce)?)?;
             stdout.flush()?;
         }
         let agent = Agent { paths: paths.clone(), id: agent_id.clone(), secret: secret.clone() };
@@ -94,7 +97,7 @@ pub fn run(paths: Paths, port: Option<u16>, name: Option<String>) -> anyhow::Res
             _ = interrupt.recv() => {}
         }
         if let Some(mut client) = super::wrapper::connect_to_leave(&paths, &secret).await {
-            let _ = client.delete(&format!("/agents/{agent_id}")).await;
+            let _ = client.deregister(&agent_id).await;
         }
         Ok(0)
     })
@@ -106,32 +109,31 @@ struct Agent {
     secret: String,
 }
 
-fn is_gone(error: &anyhow::Error) -> bool {
-    error.downcast_ref::<ApiFailure>().is_some_and(|failure| failure.status.is_client_error())
+fn is_gone(error: &ClientError) -> bool {
+    error.status().is_some_and(|status| status.is_client_error())
 }
 
 impl Agent {
     async fn follow_inbox(&self) {
         let mut client = connect(&self.paths, &self.secret).await;
-        let status = format!("/agents/{}/status", self.id);
-        let inbox = format!("/agents/{}/inbox?wait_ms={INBOX_WAIT_MS}&limit=1", self.id);
+        let ready = api::StatusUpdate { status: AgentStatus::Ready, note: None };
         loop {
-            if client.post(&status, &json!({"status": "READY"})).await.is_err() {
+            if client.set_status(&self.id, &ready).await.is_err() {
                 client = connect(&self.paths, &self.secret).await;
                 continue;
             }
-            let answer = match client.get(&inbox).await {
-                Ok(answer) => answer,
+            let inbox = match client.inbox(&self.id, INBOX_WAIT_MS, Some(1)).await {
+                Ok(inbox) => inbox,
                 Err(_) => {
                     client = connect(&self.paths, &self.secret).await;
                     continue;
                 }
             };
-            let Some(ticket) = answer["tickets"].as_array().and_then(|tickets| tickets.first()).cloned() else {
+            let Some(ticket) = inbox.tickets.into_iter().next() else {
                 continue;
             };
-            let Some(number) = ticket["ticket"].as_u64() else { continue };
-            match client.post(&format!("/agents/{}/inbox/{number}/ack", self.id), &Value::Null).await {
+            let number = ticket.ticket;
+            match client.ack(&self.id, number).await {
                 Ok(_) => {}
                 Err(error) if is_gone(&error) => continue,
                 Err(_) => {
@@ -139,7 +141,7 @@ impl Agent {
                     continue;
                 }
             }
-            if ticket["kind"] == "message"
+            if ticket.kind == TicketKind::Message
                 && let Err(error) = self.answer(&mut client, &ticket).await
             {
                 tracing::warn!("scenario agent: cannot answer ticket {number}: {error:#}");
@@ -156,14 +158,13 @@ impl Agent {
         artifacts: Vec<Artifact>,
         error: Option<String>,
     ) -> anyhow::Result<()> {
-        let body = json!({"state": state, "artifacts": artifacts, "error": error});
-        client.post(&format!("/agents/{}/tasks/{task_id}/update", self.id), &body).await?;
+        client.update_task(&self.id, task_id, &api::TaskUpdate { state, artifacts, error }).await?;
         Ok(())
     }
 
-    async fn answer(&self, client: &mut Client, ticket: &Value) -> anyhow::Result<()> {
-        let task_id = ticket["task_id"].as_str().unwrap_or_default();
-        let text = ticket["text"].as_str().unwrap_or_default();
+    async fn answer(&self, client: &mut Client, ticket: &InboxTicket) -> anyhow::Result<()> {
+        let task_id = ticket.task_id.as_str();
+        let text = ticket.text.as_str();
         let preview = crate::event::preview(text, 80);
         match scenario_of(text) {
             Scenario::Fail => {
@@ -194,17 +195,16 @@ impl Agent {
 
     /// Completes the task: a reply when the sender waits for one (as `synapse reply` does),
     /// else a completed state with the text as artifact.
-    async fn complete(&self, client: &mut Client, ticket: &Value, text: &str) -> anyhow::Result<()> {
-        let task_id = ticket["task_id"].as_str().unwrap_or_default();
-        if ticket["response_expected"] == true {
-            let body = json!({
-                "to": ticket["from"].as_str().unwrap_or("anonymous"),
-                "from": self.id,
-                "secret": self.secret,
-                "text": text,
-                "reply_to": ticket["display_task_id"],
-            });
-            client.post("/send", &body).await?;
+    async fn complete(&self, client: &mut Client, ticket: &InboxTicket, text: &str) -> anyhow::Result<()> {
+        let task_id = ticket.task_id.as_str();
+        if ticket.response_expected {
+            let request = api::SendRequest {
+                from: Some(self.id.clone()),
+                secret: Some(self.secret.clone()),
+                reply_to: Some(ticket.display_task_id.clone()),
+                ..api::SendRequest::new(ticket.from.as_deref().unwrap_or("anonymous"), text)
+            };
+            client.send(&request).await?;
             Ok(())
         } else {
             self.update(client, task_id, TaskState::Completed, vec![Artifact::text(text)], None).await

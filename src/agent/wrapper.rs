@@ -15,12 +15,12 @@ use super::input::{InputRouter, Routed};
 use super::profile::{InterruptStyle, Profile};
 use super::readiness::Readiness;
 use super::terminal;
-use crate::client::{ApiFailure, Client};
+use crate::api::{self, InboxTicket};
+use crate::client::{Client, ClientError};
 use crate::config::Paths;
 use crate::event::AgentStatus;
 use anyhow::Context;
 use portable_pty::{CommandBuilder, MasterPty, PtySize};
-use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -285,27 +285,26 @@ pub(crate) async fn connect_to_leave(paths: &Paths, secret: &str) -> Option<Clie
 async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
     let mut client = Client::connect(&paths, true).await?;
     let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
-    let mut body = json!({
-        "agent_type": options.profile.name,
-        "pid": std::process::id(),
-        "name": options.name,
-        "role": options.role,
-        "working_dir": working_dir,
-    });
-    if let Some(port) = options.port {
-        body["port"] = json!(port);
-    }
-    let registration = client.post("/agents", &body).await?;
-    let agent_id = registration["agent"]["agent_id"].as_str().unwrap_or_default().to_string();
-    let secret = registration["secret"].as_str().unwrap_or_default().to_string();
-    let port = registration["agent"]["port"].as_u64().unwrap_or_default();
+    let registration = client
+        .register(&api::RegisterRequest {
+            agent_type: options.profile.name.clone(),
+            name: options.name.clone(),
+            role: options.role.clone(),
+            pid: std::process::id(),
+            working_dir,
+            port: options.port,
+        })
+        .await?;
+    let agent_id = registration.agent.agent_id.clone();
+    let secret = registration.secret.clone();
+    let port = registration.agent.port;
     client.set_secret(secret.clone());
     let log = log_path(&paths, &agent_id);
 
     let result = run_registered(&paths, &options, &agent_id, &secret, port, &log, &registration).await;
     // Deregister whatever happened (best effort: the broker also prunes dead pids).
     if let Some(mut client) = connect_to_leave(&paths, &secret).await {
-        let _ = client.delete(&format!("/agents/{agent_id}")).await;
+        let _ = client.deregister(&agent_id).await;
     }
     result
 }
@@ -315,9 +314,9 @@ async fn run_registered(
     options: &Options,
     agent_id: &str,
     secret: &str,
-    port: u64,
+    port: u16,
     log: &std::path::Path,
-    registration: &Value,
+    registration: &api::Registration,
 ) -> anyhow::Result<i32> {
     let interactive = !options.headless && terminal::is_terminal(0);
     let (rows, cols) = if interactive { terminal::size(0).unwrap_or((24, 80)) } else { HEADLESS_SIZE };
@@ -354,17 +353,18 @@ async fn run_registered(
     let writer = pty.master.take_writer().map_err(|error| anyhow::anyhow!("PTY writer: {error}"))?;
 
     if options.announce {
-        let announce = json!({
-            "agent_id": agent_id,
-            "pid": std::process::id(),
-            "child_pid": child_pid,
-            "port": port,
-            "log": log.display().to_string(),
-            "socket": registration["socket"],
-            "secret": secret,
-        });
+        let announce = api::Announce {
+            agent_id: agent_id.to_string(),
+            pid: std::process::id(),
+            child_pid,
+            port,
+            log: Some(log.display().to_string()),
+            socket: registration.socket.clone(),
+            endpoint: None,
+            secret: secret.to_string(),
+        };
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{announce}")?;
+        writeln!(stdout, "{}", api::json_line(&announce)?)?;
         stdout.flush()?;
     }
 
@@ -475,7 +475,6 @@ async fn stop_child(shared: &Arc<Shared>) -> i32 {
 /// Keeps the broker told of READY / PROCESSING / WAITING as the screen changes.
 async fn report_status(shared: Arc<Shared>) {
     let mut client = connect(&shared.paths, &shared.secret).await;
-    let path = format!("/agents/{}/status", shared.agent_id);
     let mut changes = shared.output_changed.subscribe();
     let mut reported: Option<(AgentStatus, Option<String>)> = None;
     let mut backoff = Backoff::default();
@@ -488,7 +487,8 @@ async fn report_status(shared: Arc<Shared>) {
         let again = shared.report_again.swap(false, std::sync::atomic::Ordering::SeqCst);
         let now = (status, shared.note());
         if status != AgentStatus::Starting && (again || reported.as_ref() != Some(&now)) {
-            match client.post(&path, &json!({"status": now.0, "note": now.1})).await {
+            let update = api::StatusUpdate { status: now.0, note: now.1.clone() };
+            match client.set_status(&shared.agent_id, &update).await {
                 Ok(_) => {
                     reported = Some(now);
                     backoff.reset();
@@ -559,10 +559,9 @@ impl Default for Backoff {
     }
 }
 
-fn is_gone(error: &anyhow::Error) -> bool {
-    error
-        .downcast_ref::<ApiFailure>()
-        .is_some_and(|failure| failure.status.as_u16() == 404 || failure.status.as_u16() == 409)
+/// The broker no longer knows the agent (deregistered, or its id taken): 404 or 409.
+fn is_gone(error: &ClientError) -> bool {
+    error.status().is_some_and(|status| status.as_u16() == 404 || status.as_u16() == 409)
 }
 
 /// Instruction files for the start-up message (SPEC §1): `.synapse/*.md` of the working
@@ -631,10 +630,9 @@ async fn watch_inbox(shared: Arc<Shared>) {
     // The report gate, held from a ticket's write to its acknowledgement.
     let mut held: Option<tokio::sync::OwnedMutexGuard<()>> = None;
     let mut backoff = Backoff::default();
-    let inbox = format!("/agents/{}/inbox?wait_ms={INBOX_WAIT_MS}&limit=1", shared.agent_id);
     loop {
         if let Some(ticket) = unacknowledged {
-            match client.post(&format!("/agents/{}/inbox/{ticket}/ack", shared.agent_id), &Value::Null).await {
+            match client.ack(&shared.agent_id, ticket).await {
                 Ok(_) => {
                     // The acknowledgement recorded PROCESSING; the reporter reports READY
                     // again once the CLI is back at its prompt, after this event.
@@ -654,7 +652,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
                 }
             }
         }
-        let answer = match client.get(&inbox).await {
+        let inbox = match client.inbox(&shared.agent_id, INBOX_WAIT_MS, Some(1)).await {
             Ok(answer) => {
                 backoff.reset();
                 answer
@@ -665,15 +663,13 @@ async fn watch_inbox(shared: Arc<Shared>) {
                 continue;
             }
         };
-        let Some(ticket) = answer["tickets"].as_array().and_then(|tickets| tickets.first()).cloned() else {
+        let Some(ticket) = inbox.tickets.into_iter().next() else {
             // Nothing waits: nothing to explain.
             shared.set_note(None);
             continue;
         };
-        let Some(number) = ticket["ticket"].as_u64() else { continue };
-        if std::mem::take(&mut first_after_start)
-            && written_before_restart(&shared.log, number, ticket["prefix"].as_str().unwrap_or_default())
-        {
+        let number = ticket.ticket;
+        if std::mem::take(&mut first_after_start) && written_before_restart(&shared.log, number, &ticket.prefix) {
             tracing::info!("ticket {number} was written before a restart; acknowledging it");
             unacknowledged = Some(number);
             continue;
@@ -686,11 +682,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
             // Priority 5 interrupts a CLI that is working, once per ticket. A CLI that is
             // starting or shows a dialog is never interrupted or written to (the keys could
             // answer the dialog), nor one whose user is typing (they would clear the input).
-            if ticket["priority"].as_u64() == Some(5)
-                && status == AgentStatus::Processing
-                && !typing
-                && interrupted != Some(number)
-            {
+            if ticket.priority == 5 && status == AgentStatus::Processing && !typing && interrupted != Some(number) {
                 interrupted = Some(number);
                 shared.interrupt().await;
                 let timeout = Duration::from_millis(shared.profile.interrupt_timeout_ms);
@@ -737,7 +729,7 @@ async fn watch_inbox(shared: Arc<Shared>) {
             }
         };
         shared.set_note(None);
-        let header = ticket["prefix"].as_str().unwrap_or_default();
+        let header = ticket.prefix.as_str();
         let record = Some((delivered_path(&shared.log), number.to_string()));
         let written = match write_input(&shared, header, &text, record).await {
             Ok(written) => written,
@@ -842,29 +834,28 @@ async fn wait_until_ready(shared: &Arc<Shared>) -> bool {
 
 /// The text written for a ticket after its header: the message, or a file reference when the
 /// message is long (or multi-line and the CLI cannot take a paste).
-fn ticket_text(shared: &Shared, ticket: &Value, bracketed: bool) -> anyhow::Result<String> {
-    let text = ticket["text"].as_str().unwrap_or_default();
+fn ticket_text(shared: &Shared, ticket: &InboxTicket, bracketed: bool) -> anyhow::Result<String> {
+    let text = ticket.text.as_str();
     if text.chars().count() <= long_message_threshold() && (bracketed || !text.contains(['\n', '\r'])) {
         return Ok(text.to_string());
     }
     let dir = shared.paths.home.join("messages").join(&shared.agent_id);
     crate::private_files::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let file = dir.join(format!(
-        "{}-{}.txt",
-        ticket["ticket"],
-        crate::event::short_id(ticket["task_id"].as_str().unwrap_or("x"))
-    ));
+    let file = dir.join(format!("{}-{}.txt", ticket.ticket, crate::event::short_id(&ticket.task_id)));
     crate::private_files::write(&file, text).with_context(|| format!("cannot write {}", file.display()))?;
     Ok(format!("[LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()))
 }
 
 /// Marks the task of a ticket that cannot be written as failed, with the reason (best effort:
 /// a reply's ticket belongs to a task that is already over).
-async fn fail_ticket(client: &mut Client, shared: &Shared, ticket: &Value, reason: &str) {
-    let Some(task_id) = ticket["task_id"].as_str() else { return };
-    let path = format!("/agents/{}/tasks/{task_id}/update", shared.agent_id);
-    let body = json!({"state": "failed", "error": format!("not delivered to {}: {reason}", shared.agent_id)});
-    if let Err(error) = client.post(&path, &body).await {
+async fn fail_ticket(client: &mut Client, shared: &Shared, ticket: &InboxTicket, reason: &str) {
+    let task_id = &ticket.task_id;
+    let update = api::TaskUpdate {
+        state: crate::event::TaskState::Failed,
+        artifacts: Vec::new(),
+        error: Some(format!("not delivered to {}: {reason}", shared.agent_id)),
+    };
+    if let Err(error) = client.update_task(&shared.agent_id, task_id, &update).await {
         tracing::debug!("cannot mark task {task_id} failed: {error:#}");
     }
 }
@@ -939,17 +930,17 @@ fn spawn_keyboard(shared: Arc<Shared>) {
     tokio::spawn(async move {
         let mut client = connect(&shared.paths, &shared.secret).await;
         while let Some((target, message)) = to_send.recv().await {
-            let body = json!({
-                "to": target, "from": shared.agent_id, "secret": shared.secret,
-                "text": message, "priority": 3, "response_expected": true,
-            });
-            let line = match client.post("/send", &body).await {
+            let request = api::SendRequest {
+                from: Some(shared.agent_id.clone()),
+                secret: Some(shared.secret.clone()),
+                response_expected: true,
+                ..api::SendRequest::new(target.clone(), message)
+            };
+            let line = match client.send(&request).await {
                 Ok(answer) => format!(
                     "[synapse] sent to {}: task {}",
-                    answer.pointer("/task/metadata/owner").and_then(Value::as_str).unwrap_or(&target),
-                    crate::event::short_id(
-                        answer.pointer("/sender_task/id").and_then(Value::as_str).unwrap_or_default()
-                    )
+                    answer.task.metadata.owner.as_deref().unwrap_or(&target),
+                    crate::event::short_id(answer.sender_task.as_ref().map_or("", |task| task.id.as_str()))
                 ),
                 Err(error) => format!("[synapse] not sent: {error:#}"),
             };

@@ -1,11 +1,11 @@
 //! `synapse <profile>`, `synapse start|stop|logs`, `synapse dummy-agent`.
 
 use crate::agent::{profile, wrapper};
+use crate::api::{AgentView, Announce};
 use crate::client::Client;
 use crate::config::Paths;
 use anyhow::{Context, bail};
 use clap::Parser;
-use serde_json::Value;
 use std::io::{BufRead, Read, Seek, Write};
 use std::time::Duration;
 
@@ -89,7 +89,7 @@ pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) 
         let _ = line_sender.send(first);
     });
     let first = line.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-    let Ok(announce) = serde_json::from_str::<Value>(&first) else {
+    let Ok(announce) = serde_json::from_str::<Announce>(&first) else {
         let _ = child.kill();
         let _ = child.wait();
         let mut text = String::new();
@@ -97,33 +97,37 @@ pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) 
             let _ = file.seek(std::io::SeekFrom::Start(start_of_log));
             let _ = file.read_to_string(&mut text);
         }
-        bail!("Error: the {profile_name} agent did not start: {}", text.trim());
+        bail!("the {profile_name} agent did not start: {}", text.trim());
     };
     // The wrapper runs on by itself (own process group); it is reaped by init.
     std::mem::forget(child);
     if json {
-        println!("{announce}");
+        // The wrapper's line as it wrote it.
+        println!("{}", first.trim_end());
     } else {
         println!(
             "Started {} (pid {}). Terminal output: {}",
-            announce["agent_id"].as_str().unwrap_or_default(),
-            announce["pid"],
-            announce["log"].as_str().unwrap_or_default()
+            announce.agent_id,
+            announce.pid,
+            announce.log.as_deref().unwrap_or_default()
         );
     }
     Ok(0)
 }
 
 /// The live agents a target names: id or name exactly, else every agent of a type.
-async fn resolve(paths: &Paths, target: &str) -> anyhow::Result<Vec<Value>> {
+async fn resolve(paths: &Paths, target: &str) -> anyhow::Result<Vec<AgentView>> {
     let mut client = Client::connect(paths, true).await?;
-    let agents = client.get("/agents").await?["agents"].as_array().cloned().unwrap_or_default();
-    let exact: Vec<Value> =
-        agents.iter().filter(|agent| agent["agent_id"] == target || agent["name"] == target).cloned().collect();
+    let agents = client.agents().await?.agents;
+    let exact: Vec<AgentView> = agents
+        .iter()
+        .filter(|agent| agent.agent_id == target || agent.name.as_deref() == Some(target))
+        .cloned()
+        .collect();
     if !exact.is_empty() {
         return Ok(exact);
     }
-    Ok(agents.into_iter().filter(|agent| agent["agent_type"] == target).collect())
+    Ok(agents.into_iter().filter(|agent| agent.agent_type == target).collect())
 }
 
 /// Why `synapse stop` may signal a registered agent's pid, or None when it may.
@@ -133,9 +137,9 @@ async fn resolve(paths: &Paths, target: &str) -> anyhow::Result<Vec<Value>> {
 /// ours) and started at the time recorded when the broker checked its registration (so a pid
 /// reused by another process is never signalled). A registration naming any other process (a
 /// shell, a test, an editor) is listed and reachable, but never killed by `synapse stop`.
-fn refusal_to_stop(agent: &Value, pid: u32) -> Option<String> {
+fn refusal_to_stop(agent: &AgentView, pid: u32) -> Option<String> {
     use crate::broker::process;
-    let Some(recorded) = agent["pid_start"].as_u64() else {
+    let Some(recorded) = agent.pid_start else {
         return Some(format!("its registration has no process start time to check pid {pid} against"));
     };
     if process::start_ticks(pid) != Some(recorded) {
@@ -152,16 +156,16 @@ fn refusal_to_stop(agent: &Value, pid: u32) -> Option<String> {
 pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32> {
     let agents = resolve(paths, target).await?;
     if agents.is_empty() {
-        bail!("Error: No agent found matching '{target}'. Run 'synapse list' to see the running agents.");
+        bail!("No agent found matching '{target}'. Run 'synapse list' to see the running agents.");
     }
     if agents.len() > 1 && !all {
-        let ids: Vec<&str> = agents.iter().filter_map(|agent| agent["agent_id"].as_str()).collect();
-        bail!("Error: '{target}' matches several agents: {}. Name one, or pass --all.", ids.join(", "));
+        let ids: Vec<&str> = agents.iter().map(|agent| agent.agent_id.as_str()).collect();
+        bail!("'{target}' matches several agents: {}. Name one, or pass --all.", ids.join(", "));
     }
     let mut refused = 0;
     for agent in agents {
-        let id = agent["agent_id"].as_str().unwrap_or_default();
-        let Some(pid) = agent["pid"].as_u64().and_then(|pid| i32::try_from(pid).ok()) else { continue };
+        let id = agent.agent_id.as_str();
+        let Ok(pid) = i32::try_from(agent.pid) else { continue };
         if let Some(reason) = refusal_to_stop(&agent, pid.unsigned_abs()) {
             eprintln!("Error: not stopping {id}: {reason}");
             refused += 1;
@@ -197,7 +201,7 @@ pub async fn logs(paths: &Paths, target: &str, follow: bool, raw: bool) -> anyho
     // The target picks a file under logs/: it must be an agent's id or name, never a path.
     if !is_agent_word(target) {
         bail!(
-            "Error: '{}' is not an agent id or name. 'synapse logs' takes an agent (see 'synapse list'), not a path.",
+            "'{}' is not an agent id or name. 'synapse logs' takes an agent (see 'synapse list'), not a path.",
             crate::escape::visible_line(target)
         );
     }
@@ -208,24 +212,20 @@ pub async fn logs(paths: &Paths, target: &str, follow: bool, raw: bool) -> anyho
         let agents = resolve(paths, target).await?;
         match agents.as_slice() {
             [agent] => {
-                let id = agent["agent_id"].as_str().unwrap_or_default();
+                let id = agent.agent_id.as_str();
                 if !is_agent_word(id) {
-                    bail!(
-                        "Error: the broker named agent '{}', which is not a valid id",
-                        crate::escape::visible_line(id)
-                    );
+                    bail!("the broker named agent '{}', which is not a valid id", crate::escape::visible_line(id));
                 }
                 wrapper::log_path(paths, id)
             }
-            [] => bail!("Error: No agent or log found matching '{target}'"),
+            [] => bail!("No agent or log found matching '{target}'"),
             many => bail!(
-                "Error: '{target}' matches several agents: {}",
-                many.iter().filter_map(|a| a["agent_id"].as_str()).collect::<Vec<_>>().join(", ")
+                "'{target}' matches several agents: {}",
+                many.iter().map(|agent| agent.agent_id.as_str()).collect::<Vec<_>>().join(", ")
             ),
         }
     };
-    let mut file =
-        std::fs::File::open(&path).with_context(|| format!("Error: no terminal log at {}", path.display()))?;
+    let mut file = std::fs::File::open(&path).with_context(|| format!("no terminal log at {}", path.display()))?;
     let mut stdout = std::io::stdout();
     let mut buffer = vec![0u8; 64 * 1024];
     let mut escaper = crate::escape::VisibleStream::default();

@@ -3,11 +3,11 @@
 //! busy, and a priority-5 interrupt; then what each terminal showed and the event log.
 
 use super::system::event_line;
+use crate::api::Announce;
 use crate::client::Client;
 use crate::config::Paths;
 use crate::event::Envelope;
 use anyhow::{Context, bail};
-use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -34,14 +34,12 @@ impl Demo {
     }
 
     /// Runs `synapse ...` (as `agent` when given), shows the command and its output.
-    fn run(&self, agent: Option<&Value>, args: &[&str]) -> anyhow::Result<Output> {
+    fn run(&self, agent: Option<&Announce>, args: &[&str]) -> anyhow::Result<Output> {
         let mut command = self.command(args);
         let who = match agent {
             Some(agent) => {
-                command
-                    .env("SYNAPSE_AGENT_ID", agent["agent_id"].as_str().unwrap_or_default())
-                    .env("SYNAPSE_AGENT_SECRET", agent["secret"].as_str().unwrap_or_default());
-                format!("[as {}] ", agent["agent_id"].as_str().unwrap_or_default())
+                command.env("SYNAPSE_AGENT_ID", &agent.agent_id).env("SYNAPSE_AGENT_SECRET", &agent.secret);
+                format!("[as {}] ", agent.agent_id)
             }
             None => String::new(),
         };
@@ -60,7 +58,7 @@ impl Demo {
         Ok(output)
     }
 
-    fn start(&mut self, name: &str, auto_reply: bool) -> anyhow::Result<Value> {
+    fn start(&mut self, name: &str, auto_reply: bool) -> anyhow::Result<Announce> {
         let mut command = self.command(&["start", "dummy", "--name", name, "--json"]);
         if auto_reply {
             command.env("SYNAPSE_DUMMY_AUTO_REPLY", "1").env("SYNAPSE_DUMMY_REPLY_DELAY_MS", "700");
@@ -69,14 +67,12 @@ impl Demo {
         if !output.status.success() {
             bail!("cannot start {name}: {}", String::from_utf8_lossy(&output.stderr));
         }
-        let agent: Value = serde_json::from_slice(&output.stdout).context("unexpected answer from synapse start")?;
-        if let Some(pid) = agent["pid"].as_u64().and_then(|pid| u32::try_from(pid).ok()) {
-            self.wrappers.push(pid);
-        }
+        let agent: Announce = serde_json::from_slice(&output.stdout).context("unexpected answer from synapse start")?;
+        self.wrappers.push(agent.pid);
         println!(
             "  started {name}: {} (pid {}){}",
-            agent["agent_id"].as_str().unwrap_or_default(),
-            agent["pid"],
+            agent.agent_id,
+            agent.pid,
             if auto_reply { ", answers :R messages by itself after 0.7 s" } else { "" }
         );
         Ok(agent)
@@ -104,7 +100,7 @@ async fn follow_until(paths: &Paths, mut done: impl FnMut(&Envelope) -> bool) ->
     let mut client = Client::connect(paths, true).await?;
     let mut finished = false;
     client
-        .sse("/events?after=0&follow=true", |data| {
+        .events(0, true, None, None, |data| {
             if let Ok(envelope) = serde_json::from_str::<Envelope>(data)
                 && done(&envelope)
             {
@@ -169,10 +165,7 @@ fn script(demo: &mut Demo, runtime: &tokio::runtime::Runtime) -> anyhow::Result<
     println!("1. Start two agents in the background (the broker starts on demand)");
     let alice = demo.start("alice", false)?;
     let bob = demo.start("bob", true)?;
-    let ids = [
-        alice["agent_id"].as_str().unwrap_or_default().to_string(),
-        bob["agent_id"].as_str().unwrap_or_default().to_string(),
-    ];
+    let ids = [alice.agent_id.clone(), bob.agent_id.clone()];
     runtime.block_on(follow_until(&demo.paths, {
         let mut ready: HashMap<String, bool> = HashMap::new();
         let ids = ids.clone();
@@ -204,13 +197,13 @@ fn script(demo: &mut Demo, runtime: &tokio::runtime::Runtime) -> anyhow::Result<
     println!("\n5. Alice's task completes when the reply arrives (it also lands in her terminal)");
     let waited = runtime.block_on(async {
         let mut client = Client::connect(&demo.paths, true).await?;
-        client.get(&format!("/tasks/{sender_task}/wait?timeout_ms=30000")).await
+        anyhow::Ok(client.wait_task(&sender_task, std::time::Duration::from_secs(30)).await?)
     })?;
     println!(
         "  task {} is {}: \"{}\"",
         crate::event::short_id(&sender_task),
-        waited.pointer("/task/status").and_then(Value::as_str).unwrap_or_default(),
-        waited.get("reply").and_then(Value::as_str).unwrap_or_default()
+        waited.task.status,
+        waited.reply.as_deref().unwrap_or_default()
     );
 
     println!("\n6. Priority 5 interrupts bob while he works on another question, then is written");
@@ -232,7 +225,7 @@ fn script(demo: &mut Demo, runtime: &tokio::runtime::Runtime) -> anyhow::Result<
         let mut client = Client::connect(&demo.paths, true).await?;
         let mut head = 0;
         client
-            .sse("/events?after=0", |data| {
+            .events(0, false, None, None, |data| {
                 if let Ok(envelope) = serde_json::from_str::<Envelope>(data) {
                     head = envelope.seq;
                 }
@@ -243,8 +236,8 @@ fn script(demo: &mut Demo, runtime: &tokio::runtime::Runtime) -> anyhow::Result<
     })?;
     runtime.block_on(follow_until(&demo.paths, settled(head)))?;
     for (name, agent) in [("alice", &alice), ("bob", &bob)] {
-        println!("\n--- {name}'s terminal ({}) ---", agent["agent_id"].as_str().unwrap_or_default());
-        let log = std::fs::read_to_string(agent["log"].as_str().unwrap_or_default()).unwrap_or_default();
+        println!("\n--- {name}'s terminal ({}) ---", agent.agent_id);
+        let log = std::fs::read_to_string(agent.log.as_deref().unwrap_or_default()).unwrap_or_default();
         for line in log.replace('\r', "").lines() {
             println!("  {line}");
         }
@@ -254,7 +247,7 @@ fn script(demo: &mut Demo, runtime: &tokio::runtime::Runtime) -> anyhow::Result<
         let mut client = Client::connect(&demo.paths, true).await?;
         let mut lines = Vec::new();
         client
-            .sse("/events?after=0", |data| {
+            .events(0, false, None, None, |data| {
                 if let Ok(envelope) = serde_json::from_str::<Envelope>(data) {
                     lines.push(event_line(&envelope));
                 }

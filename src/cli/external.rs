@@ -1,9 +1,8 @@
 //! `synapse external add | list | info | send | remove` (SPEC §6).
 
-use super::system::percent_encode;
+use crate::api::{self, External};
 use crate::client::Client;
 use crate::config::Paths;
-use serde_json::{Value, json};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum ExternalCommand {
@@ -33,12 +32,12 @@ pub enum ExternalCommand {
     Remove { alias: String },
 }
 
-fn line(external: &Value) -> String {
+fn line(external: Option<&External>) -> String {
     format!(
         "{:<16} {:<32} {}",
-        external["alias"].as_str().unwrap_or_default(),
-        external["url"].as_str().unwrap_or_default(),
-        external["name"].as_str().unwrap_or_default()
+        external.map_or("", |external| external.alias.as_str()),
+        external.map_or("", |external| external.url.as_str()),
+        external.map_or("", |external| external.name.as_str())
     )
 }
 
@@ -46,59 +45,44 @@ pub async fn run(paths: &Paths, command: ExternalCommand) -> anyhow::Result<i32>
     let mut client = Client::connect(paths, true).await?;
     match command {
         ExternalCommand::Add { url, alias } => {
-            let answer = client.post("/external", &json!({"url": url, "alias": alias})).await?;
-            println!("Added {}", line(&answer["external"]));
+            let answer = client.add_external(&api::AddExternal { url, alias }).await?;
+            println!("Added {}", line(answer.external.as_ref()));
         }
         ExternalCommand::List { json } => {
-            let answer = client.get("/external").await?;
+            let answer = client.externals().await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&answer)?);
+                println!("{}", api::json_pretty(&answer)?);
             } else {
-                let externals = answer["externals"].as_array().cloned().unwrap_or_default();
-                if externals.is_empty() {
+                if answer.externals.is_empty() {
                     println!("No external agents. Add one with 'synapse external add URL'.");
                 }
-                for external in externals {
-                    println!("{}", line(&external));
+                for external in &answer.externals {
+                    println!("{}", line(Some(external)));
                 }
             }
         }
         ExternalCommand::Info { alias } => {
-            let answer = client.get(&format!("/external/{}", percent_encode(&alias))).await?;
-            println!("{}", serde_json::to_string_pretty(&answer["external"])?);
+            println!("{}", api::json_pretty(&client.external(&alias).await?.external)?);
         }
         ExternalCommand::Send { alias, message, wait } => {
-            let answer = client
-                .post(
-                    &format!("/external/{}/send", percent_encode(&alias)),
-                    &json!({"text": message, "wait_seconds": wait}),
-                )
-                .await?;
+            let answer = client.send_external(&alias, &api::ExternalSend { text: message, wait_seconds: wait }).await?;
+            let task = answer.task.unwrap_or_default();
             if wait.is_none() {
-                let task = &answer["task"];
                 println!(
                     "Sent to {alias}: task {} {}",
-                    task["id"].as_str().unwrap_or_default(),
-                    task["status"].as_str().unwrap_or_default()
+                    task.id.as_deref().unwrap_or_default(),
+                    task.status_text().unwrap_or_default()
                 );
                 return Ok(0);
             }
-            let change = &answer["task"];
-            let reply = change.pointer("/artifacts/0/parts/0/text").and_then(Value::as_str);
-            match (answer["timed_out"].as_bool(), change["state"].as_str(), reply) {
+            match (answer.timed_out, task.state.as_deref(), task.reply_text()) {
                 (Some(false), Some("completed"), Some(reply)) => println!("{reply}"),
-                (Some(true), _, _) => {
-                    eprintln!("Error: no reply from {alias} in time; the remote task stays open");
-                    return Ok(1);
-                }
-                (_, state, _) => {
-                    eprintln!("Error: the remote task ended {} without a reply", state.unwrap_or("unknown"));
-                    return Ok(1);
-                }
+                (Some(true), _, _) => anyhow::bail!("no reply from {alias} in time; the remote task stays open"),
+                (_, state, _) => anyhow::bail!("the remote task ended {} without a reply", state.unwrap_or("unknown")),
             }
         }
         ExternalCommand::Remove { alias } => {
-            client.delete(&format!("/external/{}", percent_encode(&alias))).await?;
+            client.remove_external(&alias).await?;
             println!("Removed {alias}");
         }
     }

@@ -1,9 +1,9 @@
 //! `synapse file-safety ...` (SPEC §5).
 
-use super::system::percent_encode;
+use crate::api::{self, Modification};
 use crate::client::Client;
 use crate::config::Paths;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum FileSafetyCommand {
@@ -94,27 +94,35 @@ const HOW_TO_ENABLE: &str = "File safety is disabled. Enable it with SYNAPSE_FIL
 fn absolute(file: &str) -> anyhow::Result<String> {
     let path = std::path::Path::new(file);
     let joined = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
-    crate::broker::file_safety::normalize(&joined.to_string_lossy())
-        .map_err(|reason| anyhow::anyhow!("Error: {reason}"))
+    crate::broker::file_safety::normalize(&joined.to_string_lossy()).map_err(|reason| anyhow::anyhow!("{reason}"))
 }
 
-fn time(value: &Value) -> String {
-    value.as_u64().map(crate::http::wire::rfc3339).unwrap_or_default()
+fn time(time_ms: u64) -> String {
+    crate::http::wire::rfc3339(time_ms)
 }
 
-fn print_modifications(modifications: &[Value]) {
+/// CREATE, MODIFY or DELETE, as the broker writes the change type.
+fn change_name(change: crate::event::ChangeType) -> &'static str {
+    match change {
+        crate::event::ChangeType::Create => "CREATE",
+        crate::event::ChangeType::Modify => "MODIFY",
+        crate::event::ChangeType::Delete => "DELETE",
+    }
+}
+
+fn print_modifications(modifications: &[Modification]) {
     if modifications.is_empty() {
         println!("No recorded modifications.");
     }
     for modification in modifications {
         println!(
             "{}  {:<8} {:<24} {}  task {}{}",
-            time(&modification["time_ms"]),
-            modification["change_type"].as_str().unwrap_or_default(),
-            modification["agent_id"].as_str().unwrap_or_default(),
-            modification["path"].as_str().unwrap_or_default(),
-            crate::event::short_id(modification["task_id"].as_str().unwrap_or_default()),
-            modification["intent"].as_str().map(|intent| format!(" ({intent})")).unwrap_or_default(),
+            time(modification.time_ms),
+            change_name(modification.change_type),
+            modification.agent_id,
+            modification.path,
+            crate::event::short_id(&modification.task_id),
+            modification.intent.as_ref().map(|intent| format!(" ({intent})")).unwrap_or_default(),
         );
     }
 }
@@ -128,107 +136,100 @@ pub async fn run(paths: &Paths, command: FileSafetyCommand) -> anyhow::Result<i3
         return Ok(0);
     }
     if !on {
-        anyhow::bail!("Error: {HOW_TO_ENABLE}");
+        anyhow::bail!("{HOW_TO_ENABLE}");
     }
     let mut client = Client::connect(paths, true).await?;
     match command {
         FileSafetyCommand::Status => {
-            let answer = client.get("/file-safety/status").await?;
+            let status = client.file_safety_status().await?;
             println!(
                 "File safety: enabled; {} lock(s), {} recorded modification(s)",
-                answer["locks"], answer["modifications"]
+                status.locks, status.modifications
             );
         }
         FileSafetyCommand::Locks { agent } => {
-            let query = agent.map(|agent| format!("?agent={}", percent_encode(&agent))).unwrap_or_default();
-            let answer = client.get(&format!("/file-safety/locks{query}")).await?;
-            let locks = answer["locks"].as_array().cloned().unwrap_or_default();
+            let locks = client.locks(agent.as_deref()).await?.locks;
             if locks.is_empty() {
                 println!("No locks.");
             }
             for entry in locks {
-                let lock = &entry["lock"];
+                let lock = &entry.lock;
                 println!(
                     "{}  {}  until {}{}{}",
-                    lock["path"].as_str().unwrap_or_default(),
-                    lock["agent_id"].as_str().unwrap_or_default(),
-                    time(&lock["expires_ms"]),
-                    if entry["expired"].as_bool() == Some(true) { " (expired)" } else { "" },
-                    lock["intent"].as_str().map(|intent| format!(" - {intent}")).unwrap_or_default(),
+                    lock.path,
+                    lock.agent_id,
+                    time(lock.expires_ms),
+                    if entry.expired { " (expired)" } else { "" },
+                    lock.intent.as_ref().map(|intent| format!(" - {intent}")).unwrap_or_default(),
                 );
             }
         }
         FileSafetyCommand::Lock { file, agent, duration, intent, task_id, wait, wait_timeout } => {
             if duration <= 0 {
-                anyhow::bail!("Error: the duration must be a positive number of seconds (got {duration})");
+                anyhow::bail!("the duration must be a positive number of seconds (got {duration})");
             }
-            let body = json!({
-                "path": absolute(&file)?, "agent_id": agent, "duration_seconds": duration,
-                "intent": intent, "task_id": task_id, "wait_seconds": wait.then_some(wait_timeout),
-            });
-            let answer = client.post("/file-safety/lock", &body).await?;
+            let request = api::LockRequest {
+                path: absolute(&file)?,
+                agent_id: agent,
+                duration_seconds: Some(duration.unsigned_abs()),
+                intent,
+                task_id,
+                wait_seconds: wait.then_some(wait_timeout),
+            };
+            let answer = client.lock(&request).await?;
+            let lock = answer.lock.as_ref();
             println!(
                 "Locked {} for {} until {}",
-                answer["lock"]["path"].as_str().unwrap_or_default(),
-                answer["lock"]["agent_id"].as_str().unwrap_or_default(),
-                time(&answer["lock"]["expires_ms"])
+                lock.map_or("", |lock| lock.path.as_str()),
+                lock.map_or("", |lock| lock.agent_id.as_str()),
+                lock.map(|lock| time(lock.expires_ms)).unwrap_or_default()
             );
         }
         FileSafetyCommand::Unlock { file, agent, force } => {
-            let answer = client
-                .post("/file-safety/unlock", &json!({"path": absolute(&file)?, "agent_id": agent, "force": force}))
-                .await?;
-            println!("Unlocked {}", answer["unlocked"].as_str().unwrap_or_default());
+            let request = api::UnlockRequest { path: absolute(&file)?, agent_id: agent, force };
+            println!("Unlocked {}", client.unlock(&request).await?.unlocked);
         }
         FileSafetyCommand::History { file, limit } => {
-            let answer = client
-                .get(&format!("/file-safety/history?path={}&limit={limit}", percent_encode(&absolute(&file)?)))
-                .await?;
-            print_modifications(answer["modifications"].as_array().map(Vec::as_slice).unwrap_or_default());
+            print_modifications(&client.file_history(&absolute(&file)?, limit).await?.modifications);
         }
         FileSafetyCommand::Recent { agent, limit } => {
-            let agent = agent.map(|agent| format!("&agent={}", percent_encode(&agent))).unwrap_or_default();
-            let answer = client.get(&format!("/file-safety/recent?limit={limit}{agent}")).await?;
-            print_modifications(answer["modifications"].as_array().map(Vec::as_slice).unwrap_or_default());
+            print_modifications(&client.recent_modifications(agent.as_deref(), limit).await?.modifications);
         }
         FileSafetyCommand::Record { file, agent, task_id, change_type, intent } => {
-            let body = json!({"path": absolute(&file)?, "agent_id": agent, "task_id": task_id, "change_type": change_type, "intent": intent});
-            let answer = client.post("/file-safety/record", &body).await?;
-            println!(
-                "Recorded {} of {}",
-                answer["change_type"].as_str().unwrap_or_default(),
-                answer["recorded"].as_str().unwrap_or_default()
-            );
+            let request = api::RecordRequest {
+                path: absolute(&file)?,
+                agent_id: agent,
+                task_id,
+                change_type: Some(change_type),
+                intent,
+            };
+            let answer = client.record_modification(&request).await?;
+            println!("Recorded {} of {}", change_name(answer.change_type), answer.recorded);
         }
         FileSafetyCommand::Check { file, agent } => {
             let answer =
-                client.post("/file-safety/validate", &json!({"path": absolute(&file)?, "agent_id": agent})).await?;
-            let allowed = answer["allowed"].as_bool() == Some(true);
-            println!(
-                "{}: {}",
-                if allowed { "ALLOWED" } else { "DENIED" },
-                answer["reason"].as_str().unwrap_or_default()
-            );
-            print_modifications(answer["recent_modifications"].as_array().map(Vec::as_slice).unwrap_or_default());
-            return Ok(if allowed { 0 } else { 1 });
+                client.validate_write(&api::ValidateRequest { path: absolute(&file)?, agent_id: agent }).await?;
+            println!("{}: {}", if answer.allowed { "ALLOWED" } else { "DENIED" }, answer.reason);
+            print_modifications(&answer.recent_modifications);
+            return Ok(if answer.allowed { 0 } else { 1 });
         }
         FileSafetyCommand::Cleanup { days } => {
-            let answer = client.post("/file-safety/cleanup", &json!({"days": days})).await?;
+            let answer = client.cleanup_file_safety(&api::FileCleanup { days: Some(days) }).await?;
             println!(
                 "Released {} stale lock(s); removed {} modification record(s) older than {days} days",
-                answer["released"], answer["pruned"]
+                answer.released, answer.pruned
             );
         }
         FileSafetyCommand::Debug => {
-            let status = client.get("/file-safety/status").await?;
-            let health = client.broker_info().await?;
+            let status = client.file_safety_status().await?;
+            let health = client.health().await?;
             println!(
                 "enabled: true\nhome: {}\nlog: {}\nbroker pid: {}\nlocks: {}\nmodifications: {}",
                 paths.home.display(),
                 paths.database().display(),
-                health["pid"],
-                status["locks"],
-                status["modifications"]
+                health.pid,
+                status.locks,
+                status.modifications
             );
         }
     }

@@ -1,9 +1,8 @@
 //! `synapse history ...` (SPEC §4).
 
-use super::system::percent_encode;
+use crate::api::{self, HistoryRecord};
 use crate::client::Client;
 use crate::config::Paths;
-use serde_json::{Value, json};
 use std::io::IsTerminal;
 
 #[derive(clap::Subcommand, Debug)]
@@ -72,21 +71,21 @@ fn enabled() -> bool {
 
 /// One record on one line; every field but the time and status comes from others, so the whole
 /// line has its controls made visible.
-fn line(record: &Value) -> String {
+fn line(record: &HistoryRecord) -> String {
     crate::escape::visible_line(&format!(
         "{}  {}  {:<8} {:<24} {} {:<24} {:<10} {}",
-        record["updated_ms"].as_u64().map(crate::http::wire::rfc3339).unwrap_or_default(),
-        crate::event::short_id(record["task_id"].as_str().unwrap_or_default()),
-        record["side"].as_str().unwrap_or_default(),
-        record["agent"].as_str().unwrap_or_default(),
-        if record["side"] == "sent" { "->" } else { "<-" },
-        record["peer"].as_str().unwrap_or_default(),
-        record["status"].as_str().unwrap_or_default(),
-        crate::event::preview(record["input"].as_str().unwrap_or_default(), 50),
+        crate::http::wire::rfc3339(record.updated_ms),
+        crate::event::short_id(&record.task_id),
+        record.side,
+        record.agent,
+        if record.side == "sent" { "->" } else { "<-" },
+        record.peer,
+        record.status.as_str(),
+        crate::event::preview(&record.input, 50),
     ))
 }
 
-fn print_records(records: &[Value]) {
+fn print_records(records: &[HistoryRecord]) {
     if records.is_empty() {
         println!("No records.");
     }
@@ -103,22 +102,21 @@ pub fn csv_field(text: &str) -> String {
 pub const CSV_COLUMNS: [&str; 10] =
     ["task_id", "side", "agent", "peer", "status", "priority", "input", "output", "created_at", "updated_at"];
 
-pub fn to_csv(records: &[Value]) -> String {
+pub fn to_csv(records: &[HistoryRecord]) -> String {
     let mut out = CSV_COLUMNS.join(",");
     out.push_str("\r\n");
     for record in records {
-        let time = |field: &str| record[field].as_u64().map(crate::http::wire::rfc3339).unwrap_or_default();
         let fields = [
-            record["task_id"].as_str().unwrap_or_default().to_string(),
-            record["side"].as_str().unwrap_or_default().to_string(),
-            record["agent"].as_str().unwrap_or_default().to_string(),
-            record["peer"].as_str().unwrap_or_default().to_string(),
-            record["status"].as_str().unwrap_or_default().to_string(),
-            record["priority"].to_string(),
-            record["input"].as_str().unwrap_or_default().to_string(),
-            record["output"].as_str().unwrap_or_default().to_string(),
-            time("created_ms"),
-            time("updated_ms"),
+            record.task_id.clone(),
+            record.side.clone(),
+            record.agent.clone(),
+            record.peer.clone(),
+            record.status.as_str().to_string(),
+            record.priority.to_string(),
+            record.input.clone(),
+            record.output.clone(),
+            crate::http::wire::rfc3339(record.created_ms),
+            crate::http::wire::rfc3339(record.updated_ms),
         ];
         out.push_str(&fields.iter().map(|field| csv_field(field)).collect::<Vec<_>>().join(","));
         out.push_str("\r\n");
@@ -129,75 +127,64 @@ pub fn to_csv(records: &[Value]) -> String {
 pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> {
     if !enabled() {
         anyhow::bail!(
-            "Error: history is disabled (SYNAPSE_HISTORY_ENABLED=false). Unset it or set it to true to use the history views."
+            "history is disabled (SYNAPSE_HISTORY_ENABLED=false). Unset it or set it to true to use the history views."
         );
     }
     let mut client = Client::connect(paths, true).await?;
-    let agent_query =
-        |agent: &Option<String>| agent.as_ref().map(|a| format!("&agent={}", percent_encode(a))).unwrap_or_default();
     match command {
         HistoryCommand::List { agent, limit } => {
-            let answer = client.get(&format!("/history?limit={limit}{}", agent_query(&agent))).await?;
-            print_records(answer["records"].as_array().map(Vec::as_slice).unwrap_or_default());
+            print_records(&client.history(agent.as_deref(), limit).await?.records);
         }
         HistoryCommand::Show { task_id } => {
-            let answer = client.get(&format!("/history/{}", percent_encode(&task_id))).await?;
-            for record in answer["records"].as_array().cloned().unwrap_or_default() {
-                println!("{}", serde_json::to_string_pretty(&record)?);
+            // Each record as the broker wrote it.
+            for record in client.history_of_task(&task_id).await?.records {
+                println!("{}", api::json_pretty(&record)?);
             }
         }
         HistoryCommand::Thread { task_id } => {
-            let answer = client.get(&format!("/threads/{}", percent_encode(&task_id))).await?;
-            for record in answer["records"].as_array().cloned().unwrap_or_default() {
+            for record in client.thread(&task_id).await?.records {
                 println!("{}", line(&record));
-                if let Some(output) = record["output"].as_str().filter(|output| !output.is_empty()) {
-                    println!("{:>30} {}", "reply:", crate::escape::visible_line(&crate::event::preview(output, 80)));
+                if !record.output.is_empty() {
+                    let output = crate::event::preview(&record.output, 80);
+                    println!("{:>30} {}", "reply:", crate::escape::visible_line(&output));
                 }
             }
         }
         HistoryCommand::Search { keywords, logic, case_sensitive, agent, limit } => {
-            let query = format!(
-                "/history/search?q={}&logic={}&case_sensitive={case_sensitive}&limit={limit}{}",
-                percent_encode(&keywords.join(",")),
-                percent_encode(&logic),
-                agent_query(&agent)
-            );
-            let answer = client.get(&query).await?;
-            print_records(answer["records"].as_array().map(Vec::as_slice).unwrap_or_default());
+            let answer = client.search_history(&keywords, &logic, case_sensitive, agent.as_deref(), limit).await?;
+            print_records(&answer.records);
         }
         HistoryCommand::Stats { agent } => {
-            let query = agent.map(|a| format!("?agent={}", percent_encode(&a))).unwrap_or_default();
-            let answer = client.get(&format!("/history/stats{query}")).await?;
-            println!("Total records: {}", answer["total"]);
-            for (status, count) in answer["by_status"].as_object().cloned().unwrap_or_default() {
+            let stats = client.history_stats(agent.as_deref()).await?;
+            println!("Total records: {}", stats.total);
+            for (status, count) in &stats.by_status {
                 println!("  {status:<15} {count}");
             }
-            match answer["success_rate"].as_f64() {
+            match stats.success_rate {
                 Some(rate) => println!("Success rate: {:.1}% (completed / (completed + failed))", rate * 100.0),
                 None => println!("Success rate: n/a (nothing completed or failed yet)"),
             }
-            for (agent, sides) in answer["by_agent"].as_object().cloned().unwrap_or_default() {
+            for (agent, sides) in &stats.by_agent {
                 println!(
                     "  {agent:<24} sent {:<6} received {}",
-                    sides["sent"].as_u64().unwrap_or(0),
-                    sides["received"].as_u64().unwrap_or(0)
+                    sides.get("sent").copied().unwrap_or(0),
+                    sides.get("received").copied().unwrap_or(0)
                 );
             }
             println!(
                 "Range: {} .. {}; text {} bytes",
-                answer["first"].as_str().unwrap_or("-"),
-                answer["last"].as_str().unwrap_or("-"),
-                answer["text_bytes"]
+                stats.first.as_deref().unwrap_or("-"),
+                stats.last.as_deref().unwrap_or("-"),
+                stats.text_bytes
             );
         }
         HistoryCommand::Export { format, agent, limit, output } => {
-            let answer = client.get(&format!("/history?limit={limit}{}", agent_query(&agent))).await?;
-            let records = answer["records"].as_array().cloned().unwrap_or_default();
-            let text = if format == "csv" { to_csv(&records) } else { serde_json::to_string_pretty(&records)? + "\n" };
+            let records = client.history(agent.as_deref(), limit).await?.records;
+            let text = if format == "csv" { to_csv(&records) } else { api::json_pretty(&records)? + "\n" };
             match output {
                 Some(path) => {
                     std::fs::write(&path, text)
-                        .map_err(|error| anyhow::anyhow!("Error: cannot write {}: {error}", path.display()))?;
+                        .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
                     println!("Wrote {} records to {}", records.len(), path.display());
                 }
                 None => print!("{text}"),
@@ -206,17 +193,17 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
         HistoryCommand::Cleanup { days, max_size, dry_run, force } => {
             // Bad options are refused before asking (the broker checks them again).
             match (days, max_size) {
-                (Some(_), Some(_)) => anyhow::bail!("Error: give --days or --max-size, not both"),
-                (None, None) => anyhow::bail!("Error: give --days N or --max-size MB"),
+                (Some(_), Some(_)) => anyhow::bail!("give --days or --max-size, not both"),
+                (None, None) => anyhow::bail!("give --days N or --max-size MB"),
                 (Some(value), None) | (None, Some(value)) if value <= 0 => {
-                    anyhow::bail!("Error: --days and --max-size must be positive")
+                    anyhow::bail!("--days and --max-size must be positive")
                 }
                 _ => {}
             }
             if !dry_run && !force {
                 if !std::io::stdin().is_terminal() {
                     anyhow::bail!(
-                        "Error: not removing history without confirmation; pass --force (or --dry-run to see what would go)"
+                        "not removing history without confirmation; pass --force (or --dry-run to see what would go)"
                     );
                 }
                 eprint!("Remove old history records? [y/N] ");
@@ -227,21 +214,15 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
                     return Ok(1);
                 }
             }
-            let answer = client
-                .post("/history/cleanup", &json!({"days": days, "max_size_mb": max_size, "dry_run": dry_run}))
-                .await?;
+            let answer = client.cleanup_history(&api::HistoryCleanup { days, max_size_mb: max_size, dry_run }).await?;
             if dry_run {
                 println!(
                     "Would remove {} record(s) last updated before {}",
-                    answer["would_remove"],
-                    answer["before"].as_str().unwrap_or_default()
+                    answer.would_remove.map_or_else(|| "null".to_string(), |count| count.to_string()),
+                    answer.before
                 );
             } else {
-                println!(
-                    "Removed {} record(s) last updated before {}",
-                    answer["removed"],
-                    answer["before"].as_str().unwrap_or_default()
-                );
+                println!("Removed {} record(s) last updated before {}", answer.removed, answer.before);
             }
         }
     }

@@ -369,10 +369,10 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
 pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, stdin: bool) -> anyhow::Result<String> {
     let sources = usize::from(positional.is_some()) + usize::from(file.is_some()) + usize::from(stdin);
     if sources == 0 {
-        anyhow::bail!("Error: no message given: pass it as an argument, with --message-file PATH, or with --stdin");
+        anyhow::bail!("no message given: pass it as an argument, with --message-file PATH, or with --stdin");
     }
     if sources > 1 {
-        anyhow::bail!("Error: give the message in exactly one way: an argument, --message-file, or --stdin");
+        anyhow::bail!("give the message in exactly one way: an argument, --message-file, or --stdin");
     }
     if let Some(text) = positional {
         return Ok(text);
@@ -384,7 +384,7 @@ pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, s
         bytes
     } else {
         let path = file.ok_or_else(|| anyhow::anyhow!("no message file"))?;
-        std::fs::read(path).map_err(|error| anyhow::anyhow!("Error: cannot read {}: {error}", path.display()))?
+        std::fs::read(path).map_err(|error| anyhow::anyhow!("cannot read {}: {error}", path.display()))?
     };
-    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("Error: the message is not valid UTF-8 text"))
+    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the message is not valid UTF-8 text"))
 }

@@ -11,21 +11,21 @@ fn scope_path(paths: &Paths, scope: &str) -> anyhow::Result<std::path::PathBuf> 
         .into_iter()
         .find(|(name, _)| *name == scope)
         .map(|(_, path)| path)
-        .ok_or_else(|| anyhow::anyhow!("Error: unknown scope '{scope}' (user, project, local)"))
+        .ok_or_else(|| anyhow::anyhow!("unknown scope '{scope}' (user, project, local)"))
 }
 
 /// Writes the commented template; refuses to overwrite without `--force`.
 pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
     let path = scope_path(paths, scope)?;
     if path.exists() && !force {
-        bail!("Error: {} already exists; pass --force to overwrite it", path.display());
+        bail!("{} already exists; pass --force to overwrite it", path.display());
     }
     if let Some(dir) = path.parent() {
-        crate::private_files::create_dir(dir).with_context(|| format!("Error: cannot create {}", dir.display()))?;
+        crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let text = serde_json::to_string_pretty(&template())?;
     crate::private_files::write(&path, format!("{text}\n"))
-        .with_context(|| format!("Error: cannot write {}", path.display()))?;
+        .with_context(|| format!("cannot write {}", path.display()))?;
     println!("Wrote {} ({scope} settings)", path.display());
     // The broker's security settings (auth, keys, localhost rule, file safety) live in the home,
     // so that a broker autostarted after a crash has them too.
@@ -42,7 +42,7 @@ pub fn reset(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
     }
     if !force {
         if !std::io::stdin().is_terminal() {
-            bail!("Error: not removing {} without confirmation; pass -f to reset without asking", path.display());
+            bail!("not removing {} without confirmation; pass -f to reset without asking", path.display());
         }
         eprint!("Remove {} and restore the defaults? [y/N] ", path.display());
         let mut answer = String::new();
@@ -52,7 +52,7 @@ pub fn reset(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
             return Ok(1);
         }
     }
-    std::fs::remove_file(&path).with_context(|| format!("Error: cannot remove {}", path.display()))?;
+    std::fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
     println!("Removed {}: the {scope} settings are the defaults again", path.display());
     Ok(0)
 }

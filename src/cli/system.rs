@@ -1,10 +1,10 @@
 //! `synapse broker`, `synapse events`, `synapse admin`, and the hidden `synapse agent` contract.
 
 use super::{AdminCommand, AgentCommand, BrokerCommand, EventsArgs};
+use crate::api;
 use crate::client::{self, Client};
 use crate::config::Paths;
 use crate::event::Envelope;
-use serde_json::{Value, json};
 use std::io::Write;
 
 /// `synapse broker` in the foreground. Typed by the user, its environment's security settings
@@ -33,12 +33,12 @@ pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>) -> an
         },
         Some(BrokerCommand::Status) => match Client::try_connect(paths).await {
             Some(mut client) => {
-                let info = client.broker_info().await?;
-                println!("{}", serde_json::to_string_pretty(&info)?);
-                if info.get("healthy").and_then(Value::as_bool) == Some(false) {
+                let info = client.health().await?;
+                println!("{}", api::json_pretty(&info)?);
+                if !info.healthy {
                     eprintln!(
                         "the broker cannot store: {} (reads still work; it recovers by itself once a write succeeds)",
-                        info.pointer("/write_failure/reason").and_then(Value::as_str).unwrap_or("unknown reason")
+                        info.write_failure.as_ref().map_or("unknown reason", |failure| failure.reason.as_str())
                     );
                     return Ok(1);
                 }
@@ -58,8 +58,8 @@ pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>) -> an
                 );
             }
             let mut client = Client::connect(paths, true).await?;
-            let info = client.broker_info().await?;
-            println!("broker running (pid {}, socket {})", info["pid"], info["socket"].as_str().unwrap_or_default());
+            let info = client.health().await?;
+            println!("broker running (pid {}, socket {})", info.pid, info.socket);
             Ok(0)
         }
     }
@@ -83,17 +83,10 @@ pub fn event_line(envelope: &Envelope) -> String {
 
 pub async fn events(paths: &Paths, args: EventsArgs) -> anyhow::Result<i32> {
     let mut client = Client::connect(paths, true).await?;
-    let mut query = format!("/events?after={}&follow={}", args.after, args.follow);
-    if let Some(agent) = &args.agent {
-        query.push_str(&format!("&agent={}", percent_encode(agent)));
-    }
-    if let Some(kind) = &args.kind {
-        query.push_str(&format!("&kind={}", percent_encode(kind)));
-    }
     let stdout = std::io::stdout();
     let mut failure = None;
     client
-        .sse(&query, |data| {
+        .events(args.after, args.follow, args.agent.as_deref(), args.kind.as_deref(), |data| {
             let line = match serde_json::from_str::<Envelope>(data) {
                 Ok(_) if args.json => data.to_string(),
                 Ok(envelope) => event_line(&envelope),
@@ -113,48 +106,32 @@ pub async fn events(paths: &Paths, args: EventsArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Percent-encodes a query value.
-pub fn percent_encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|byte| match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b',' => (byte as char).to_string(),
-            other => format!("%{other:02X}"),
-        })
-        .collect()
-}
-
 pub async fn admin(paths: &Paths, command: AdminCommand) -> anyhow::Result<i32> {
     let mut client = Client::connect(paths, true).await?;
     match command {
         AdminCommand::Rebuild => {
-            let report = client.post("/admin/rebuild", &Value::Null).await?;
-            println!(
-                "rebuilt the projections from {} events in {:.1} ms",
-                report["events"],
-                report["elapsed_ms"].as_f64().unwrap_or_default()
-            );
+            let report = client.rebuild().await?;
+            println!("rebuilt the projections from {} events in {:.1} ms", report.events, report.elapsed_ms);
             Ok(0)
         }
         AdminCommand::Verify => {
-            let report = client.post("/admin/verify", &Value::Null).await?;
-            let differences = report["differences"].as_array().cloned().unwrap_or_default();
-            if differences.is_empty() {
-                println!("ok: replaying {} events gives exactly the live projections", report["events"]);
+            let report = client.verify().await?;
+            if report.differences.is_empty() {
+                println!("ok: replaying {} events gives exactly the live projections", report.events);
                 Ok(0)
             } else {
-                println!("MISMATCH: replaying {} events differs from the live projections:", report["events"]);
-                for difference in differences {
-                    println!("  {}", difference.as_str().unwrap_or_default());
+                println!("MISMATCH: replaying {} events differs from the live projections:", report.events);
+                for difference in &report.differences {
+                    println!("  {difference}");
                 }
                 Ok(1)
             }
         }
         AdminCommand::Index => {
-            let progress = client.post("/admin/index", &Value::Null).await?;
+            let progress = client.index_history().await?;
             println!(
                 "history index: up to event {} of {} ({} segments)",
-                progress["indexed_through"], progress["head"], progress["segments"]
+                progress.indexed_through, progress.head, progress.segments
             );
             Ok(0)
         }
@@ -163,29 +140,21 @@ pub async fn admin(paths: &Paths, command: AdminCommand) -> anyhow::Result<i32> 
 
 pub async fn agent(paths: &Paths, command: AgentCommand) -> anyhow::Result<i32> {
     let mut client = Client::connect(paths, true).await?;
-    let answer = match command {
+    // Each answer is printed as the broker gave it (one JSON line).
+    let line = match command {
         AgentCommand::Register { agent_type, pid, name, role, port } => {
             let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
-            let mut body =
-                json!({"agent_type": agent_type, "pid": pid, "name": name, "role": role, "working_dir": working_dir});
-            if let Some(port) = port {
-                body["port"] = json!(port);
-            }
-            client.post("/agents", &body).await?
+            let request = api::RegisterRequest { agent_type, name, role, pid, working_dir, port };
+            api::json_line(&client.register(&request).await?)?
         }
         AgentCommand::Status { agent_id, status } => {
-            client.post(&format!("/agents/{}/status", percent_encode(&agent_id)), &json!({"status": status})).await?
+            let status = status.parse().map_err(|reason: String| anyhow::anyhow!(reason))?;
+            api::json_line(&client.set_status(&agent_id, &api::StatusUpdate { status, note: None }).await?)?
         }
-        AgentCommand::Inbox { agent_id, wait_ms } => {
-            client.get(&format!("/agents/{}/inbox?wait_ms={wait_ms}", percent_encode(&agent_id))).await?
-        }
-        AgentCommand::Ack { agent_id, ticket } => {
-            client.post(&format!("/agents/{}/inbox/{ticket}/ack", percent_encode(&agent_id)), &Value::Null).await?
-        }
-        AgentCommand::Deregister { agent_id } => {
-            client.delete(&format!("/agents/{}", percent_encode(&agent_id))).await?
-        }
+        AgentCommand::Inbox { agent_id, wait_ms } => api::json_line(&client.inbox(&agent_id, wait_ms, None).await?)?,
+        AgentCommand::Ack { agent_id, ticket } => api::json_line(&client.ack(&agent_id, ticket).await?)?,
+        AgentCommand::Deregister { agent_id } => api::json_line(&client.deregister(&agent_id).await?)?,
     };
-    println!("{}", serde_json::to_string(&answer)?);
+    println!("{line}");
     Ok(0)
 }

@@ -13,13 +13,15 @@
 //! followed event stream (`follow=true`) has no limit once the broker has answered (it sends
 //! keep-alives); so a broker that accepts and never answers cannot hang a command.
 
-use crate::config::{BrokerInfo, Paths};
+use crate::api::{self, BrokerInfo, ErrorBody, Outcome};
+use crate::config::Paths;
 use anyhow::{Context, anyhow, bail};
 use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde_json::Value;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use std::time::{Duration, Instant};
 
 /// How long a command waits for a broker it started to answer.
@@ -52,8 +54,8 @@ pub struct Timeout {
 async fn within<T>(
     limit: Option<Duration>,
     what: impl FnOnce() -> String,
-    future: impl std::future::Future<Output = anyhow::Result<T>>,
-) -> anyhow::Result<T> {
+    future: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
     match limit {
         None => future.await,
         Some(limit) => match tokio::time::timeout(limit, future).await {
@@ -83,23 +85,66 @@ fn limit_for(path: &str) -> Option<Duration> {
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-/// An open connection to the broker.
+/// An open connection to the broker (or to one agent's endpoint).
 pub struct Client {
     sender: Sender,
     secret: Option<String>,
 }
 
-/// A non-2xx answer from the broker.
+/// Why a call to the broker failed. Callers branch on it: a connection that closed under a
+/// send is retried with the same idempotency key, a 404 / 409 tells a wrapper its agent is gone.
 #[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct ApiFailure {
-    pub status: StatusCode,
-    pub message: String,
-    pub body: Value,
+pub enum ClientError {
+    /// The broker could not be reached, or the connection broke during the call.
+    #[error("{doing}")]
+    Unreachable {
+        doing: &'static str,
+        #[source]
+        source: hyper::Error,
+    },
+    /// The broker did not answer within the call limit.
+    #[error(transparent)]
+    Timeout(#[from] Timeout),
+    /// A non-2xx answer: the status and the body's message.
+    #[error("{message}")]
+    Http { status: StatusCode, message: String, body: Option<ErrorBody> },
+    /// A 2xx answer that is not the JSON the contract says.
+    #[error("the broker's answer to {what} is not understood")]
+    BadAnswer {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The request could not be made (a body that cannot be encoded, a bad path).
+    #[error("cannot make the request {what}: {reason}")]
+    Request { what: String, reason: String },
+}
+
+/// What [`ClientError::Unreachable`] says when the connection closed under a request (the
+/// request may have been decided: only an idempotent one may be sent again).
+const CLOSED: &str = "the broker closed the connection";
+
+impl ClientError {
+    /// The answer's status, for an HTTP error.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Http { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Did the connection close while the request was out (so it may have been decided)?
+    pub fn is_connection_closed(&self) -> bool {
+        matches!(self, ClientError::Unreachable { doing, .. } if *doing == CLOSED)
+    }
 }
 
 async fn connect_unix(paths: &Paths) -> std::io::Result<Sender> {
-    let stream = tokio::net::UnixStream::connect(paths.broker_socket()).await?;
+    connect_socket(&paths.broker_socket()).await
+}
+
+async fn connect_socket(socket: &std::path::Path) -> std::io::Result<Sender> {
+    let stream = tokio::net::UnixStream::connect(socket).await?;
     // Secrets and messages go only to a broker of this user: the kernel names the other end.
     let owner = stream.peer_cred()?.uid();
     if owner != crate::private_files::my_uid() {
@@ -107,7 +152,7 @@ async fn connect_unix(paths: &Paths) -> std::io::Result<Sender> {
             std::io::ErrorKind::PermissionDenied,
             format!(
                 "{} is served by uid {owner}, not by you: refusing to talk to it (set SYNAPSE_UDS_DIR to a directory of yours)",
-                paths.broker_socket().display()
+                socket.display()
             ),
         ));
     }
@@ -154,7 +199,7 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Sender> {
             // process (another home's broker, an agent): only a live broker's port is tried.
             let port = std::fs::read(paths.broker_info())
                 .ok()
-                .and_then(|bytes| serde_json::from_slice::<BrokerInfo>(&bytes).ok())
+                .and_then(|bytes| serde_json::from_slice::<crate::config::BrokerInfo>(&bytes).ok())
                 .filter(|info| info.port != 0 && crate::broker::command::is_pid_alive(info.pid))
                 .map(|info| info.port);
             match port {
@@ -172,7 +217,7 @@ const CONNECT_ATTEMPTS: u64 = 5;
 #[derive(Debug, thiserror::Error)]
 #[error(
     "the running broker is version {running} (pid {pid}), this synapse is {}. Run 'synapse broker stop' and try again",
-    crate::broker::VERSION
+    api::VERSION
 )]
 pub struct VersionMismatch {
     running: String,
@@ -266,6 +311,12 @@ impl Client {
         }
     }
 
+    /// A connection to the Unix socket at `socket` (the broker's or an agent's), without the
+    /// version handshake: for the benchmarks, which start the broker themselves.
+    pub async fn at_socket(socket: &std::path::Path) -> std::io::Result<Client> {
+        Ok(Client { sender: connect_socket(socket).await?, secret: None })
+    }
+
     /// Only connects: None when no broker runs.
     pub async fn try_connect(paths: &Paths) -> Option<Client> {
         let sender = connect_any(paths).await.ok()?;
@@ -276,9 +327,13 @@ impl Client {
     }
 
     async fn check_version(&mut self) -> anyhow::Result<()> {
-        let info: BrokerInfo = serde_json::from_value(self.broker_info().await?)
-            .context("the broker's health answer is not understood")?;
-        if info.version != crate::broker::VERSION {
+        let info = match self.health().await {
+            Ok(info) => info,
+            // Kept apart: the caller does not start another broker beside a stuck one.
+            Err(ClientError::Timeout(timeout)) => return Err(timeout.into()),
+            Err(error) => return Err(error.into()),
+        };
+        if info.version != api::VERSION {
             return Err(VersionMismatch { running: info.version, pid: info.pid }.into());
         }
         Ok(())
@@ -289,83 +344,366 @@ impl Client {
         self.secret = Some(secret);
     }
 
+    /// Stops sending a secret (the next requests are the user's, or anonymous).
+    pub fn clear_secret(&mut self) {
+        self.secret = None;
+    }
+
     pub fn secret(&self) -> Option<&str> {
         self.secret.as_deref()
     }
 
-    pub async fn get(&mut self, path: &str) -> anyhow::Result<Value> {
-        self.request(Method::GET, path, None).await
-    }
+    // ---- the broker -----------------------------------------------------------------------
 
     /// `GET /broker/health`: the broker's info, also when it answers 503 because it cannot
     /// store at the moment (`healthy: false`). It runs and serves reads then, so the version
     /// handshake and the readiness probe accept it.
-    pub async fn broker_info(&mut self) -> anyhow::Result<Value> {
-        match self.get("/broker/health").await {
-            Ok(info) => Ok(info),
-            Err(error) => match error.downcast::<ApiFailure>() {
-                Ok(failure)
-                    if failure.status == StatusCode::SERVICE_UNAVAILABLE && failure.body.get("pid").is_some() =>
-                {
-                    Ok(failure.body)
-                }
-                Ok(failure) => Err(failure.into()),
-                Err(error) => Err(error),
-            },
+    pub async fn health(&mut self) -> Result<BrokerInfo, ClientError> {
+        let what = "GET /broker/health";
+        let (status, bytes) = self.exchange(Method::GET, "/broker/health", None).await?;
+        if status == StatusCode::SERVICE_UNAVAILABLE
+            && let Ok(info) = serde_json::from_slice::<BrokerInfo>(&bytes)
+        {
+            return Ok(info);
         }
+        answer(what, status, &bytes)
     }
 
-    pub async fn post(&mut self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        self.request(Method::POST, path, Some(body)).await
+    /// `POST /broker/shutdown` (the user only).
+    pub async fn shutdown(&mut self) -> Result<api::Stopping, ClientError> {
+        self.call(Method::POST, "/broker/shutdown", None::<&()>).await
     }
 
-    pub async fn delete(&mut self, path: &str) -> anyhow::Result<Value> {
-        self.request(Method::DELETE, path, None).await
+    /// `POST /admin/rebuild`: drops the projections and replays the log.
+    pub async fn rebuild(&mut self) -> Result<api::RebuildReport, ClientError> {
+        self.call(Method::POST, "/admin/rebuild", None::<&()>).await
     }
 
-    fn build(&self, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Request<Full<Bytes>>> {
+    /// `POST /admin/verify`: replays into scratch tables and compares.
+    pub async fn verify(&mut self) -> Result<api::VerifyReport, ClientError> {
+        self.call(Method::POST, "/admin/verify", None::<&()>).await
+    }
+
+    /// `POST /admin/index`: brings the history index up to the newest event.
+    pub async fn index_history(&mut self) -> Result<api::IndexProgress, ClientError> {
+        self.call(Method::POST, "/admin/index", None::<&()>).await
+    }
+
+    /// `GET /events`: each event's JSON (an `event::Envelope`) to `on_event` until it returns
+    /// false or the stream ends (`follow`: it keeps following new events).
+    pub async fn events(
+        &mut self,
+        after: u64,
+        follow: bool,
+        agent: Option<&str>,
+        kinds: Option<&str>,
+        on_event: impl FnMut(&str) -> bool,
+    ) -> Result<(), ClientError> {
+        let mut path = format!("/events?after={after}&follow={follow}");
+        if let Some(agent) = agent {
+            path.push_str(&format!("&agent={}", percent_encode(agent)));
+        }
+        if let Some(kinds) = kinds {
+            path.push_str(&format!("&kind={}", percent_encode(kinds)));
+        }
+        self.sse(&path, on_event).await
+    }
+
+    // ---- agents ---------------------------------------------------------------------------
+
+    /// `POST /agents`.
+    pub async fn register(&mut self, request: &api::RegisterRequest) -> Result<api::Registration, ClientError> {
+        self.call(Method::POST, "/agents", Some(request)).await
+    }
+
+    /// `DELETE /agents/{agent}` (with the agent's secret).
+    pub async fn deregister(&mut self, agent_id: &str) -> Result<api::Deregistered, ClientError> {
+        self.call(Method::DELETE, &format!("/agents/{}", percent_encode(agent_id)), None::<&()>).await
+    }
+
+    /// `GET /agents`: the running agents.
+    pub async fn agents(&mut self) -> Result<api::AgentList, ClientError> {
+        self.call(Method::GET, "/agents", None::<&()>).await
+    }
+
+    /// `GET /agents/{agent}/status`.
+    pub async fn agent_status(&mut self, agent_id: &str) -> Result<api::AgentStatusView, ClientError> {
+        self.call(Method::GET, &format!("/agents/{}/status", percent_encode(agent_id)), None::<&()>).await
+    }
+
+    /// `POST /agents/{agent}/status` (with the agent's secret).
+    pub async fn set_status(&mut self, agent_id: &str, update: &api::StatusUpdate) -> Result<Outcome, ClientError> {
+        self.call(Method::POST, &format!("/agents/{}/status", percent_encode(agent_id)), Some(update)).await
+    }
+
+    /// `GET /agents/{agent}/inbox`: at most `limit` tickets (the broker's default: 100),
+    /// waiting up to `wait_ms` for one when the inbox is empty.
+    pub async fn inbox(
+        &mut self,
+        agent_id: &str,
+        wait_ms: u64,
+        limit: Option<usize>,
+    ) -> Result<api::Inbox, ClientError> {
+        let limit = limit.map(|limit| format!("&limit={limit}")).unwrap_or_default();
+        self.call(
+            Method::GET,
+            &format!("/agents/{}/inbox?wait_ms={wait_ms}{limit}", percent_encode(agent_id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// `POST /agents/{agent}/inbox/{ticket}/ack`: the ticket was written (with the agent's secret).
+    pub async fn ack(&mut self, agent_id: &str, ticket: u64) -> Result<Outcome, ClientError> {
+        self.call(Method::POST, &format!("/agents/{}/inbox/{ticket}/ack", percent_encode(agent_id)), None::<&()>).await
+    }
+
+    /// `GET /agents/{agent}/reply-stack/list`: the senders waiting for this agent's reply.
+    pub async fn reply_targets(&mut self, agent_id: &str) -> Result<api::ReplyTargets, ClientError> {
+        self.call(Method::GET, &format!("/agents/{}/reply-stack/list", percent_encode(agent_id)), None::<&()>).await
+    }
+
+    /// `POST /agents/{agent}/tasks/{id}/update`: the agent moves a task it received.
+    pub async fn update_task(
+        &mut self,
+        agent_id: &str,
+        task_id: &str,
+        update: &api::TaskUpdate,
+    ) -> Result<api::TaskAnswer, ClientError> {
+        let path = format!("/agents/{}/tasks/{}/update", percent_encode(agent_id), percent_encode(task_id));
+        self.call(Method::POST, &path, Some(update)).await
+    }
+
+    // ---- messages and tasks ---------------------------------------------------------------
+
+    /// `POST /send`.
+    pub async fn send(&mut self, request: &api::SendRequest) -> Result<api::SendAnswer, ClientError> {
+        self.call(Method::POST, "/send", Some(request)).await
+    }
+
+    /// `POST /reply`.
+    pub async fn reply(&mut self, request: &api::ReplyRequest) -> Result<api::SendAnswer, ClientError> {
+        self.call(Method::POST, "/reply", Some(request)).await
+    }
+
+    /// `GET /tasks/{id}` (full id or prefix).
+    pub async fn task(&mut self, task_id: &str) -> Result<api::TaskAnswer, ClientError> {
+        self.call(Method::GET, &format!("/tasks/{}", percent_encode(task_id)), None::<&()>).await
+    }
+
+    /// `GET /tasks/{id}/wait`: once the task is final, or when `timeout` has passed.
+    pub async fn wait_task(&mut self, task_id: &str, timeout: Duration) -> Result<api::TaskWait, ClientError> {
+        let path = format!("/tasks/{}/wait?timeout_ms={}", percent_encode(task_id), timeout.as_millis());
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// `POST /agents/{agent}/tasks/{id}/cancel`.
+    pub async fn cancel(&mut self, agent_id: &str, task_id: &str) -> Result<api::TaskAnswer, ClientError> {
+        let path = format!("/agents/{}/tasks/{}/cancel", percent_encode(agent_id), percent_encode(task_id));
+        self.call(Method::POST, &path, None::<&()>).await
+    }
+
+    // ---- history --------------------------------------------------------------------------
+
+    /// `GET /history`: the newest records first.
+    pub async fn history(&mut self, agent: Option<&str>, limit: usize) -> Result<api::HistoryRecords, ClientError> {
+        self.call(Method::GET, &format!("/history?limit={limit}{}", agent_filter("&", agent)), None::<&()>).await
+    }
+
+    /// `GET /history/{id}`: the records of one task.
+    pub async fn history_of_task(&mut self, task_id: &str) -> Result<api::HistoryRecords, ClientError> {
+        self.call(Method::GET, &format!("/history/{}", percent_encode(task_id)), None::<&()>).await
+    }
+
+    /// `GET /threads/{id}`: the conversation a task belongs to, oldest first.
+    pub async fn thread(&mut self, task_id: &str) -> Result<api::HistoryRecords, ClientError> {
+        self.call(Method::GET, &format!("/threads/{}", percent_encode(task_id)), None::<&()>).await
+    }
+
+    /// `GET /history/search`.
+    pub async fn search_history(
+        &mut self,
+        keywords: &[String],
+        logic: &str,
+        case_sensitive: bool,
+        agent: Option<&str>,
+        limit: usize,
+    ) -> Result<api::HistoryRecords, ClientError> {
+        let path = format!(
+            "/history/search?q={}&logic={}&case_sensitive={case_sensitive}&limit={limit}{}",
+            percent_encode(&keywords.join(",")),
+            percent_encode(logic),
+            agent_filter("&", agent)
+        );
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// `GET /history/stats`.
+    pub async fn history_stats(&mut self, agent: Option<&str>) -> Result<api::HistoryStats, ClientError> {
+        self.call(Method::GET, &format!("/history/stats{}", agent_filter("?", agent)), None::<&()>).await
+    }
+
+    /// `POST /history/cleanup`.
+    pub async fn cleanup_history(
+        &mut self,
+        request: &api::HistoryCleanup,
+    ) -> Result<api::HistoryCleanupAnswer, ClientError> {
+        self.call(Method::POST, "/history/cleanup", Some(request)).await
+    }
+
+    // ---- file safety ----------------------------------------------------------------------
+
+    /// `GET /file-safety/status`.
+    pub async fn file_safety_status(&mut self) -> Result<api::FileSafetyStatus, ClientError> {
+        self.call(Method::GET, "/file-safety/status", None::<&()>).await
+    }
+
+    /// `GET /file-safety/locks`.
+    pub async fn locks(&mut self, agent: Option<&str>) -> Result<api::Locks, ClientError> {
+        self.call(Method::GET, &format!("/file-safety/locks{}", agent_filter("?", agent)), None::<&()>).await
+    }
+
+    /// `POST /file-safety/lock`.
+    pub async fn lock(&mut self, request: &api::LockRequest) -> Result<api::Locked, ClientError> {
+        self.call(Method::POST, "/file-safety/lock", Some(request)).await
+    }
+
+    /// `POST /file-safety/unlock`.
+    pub async fn unlock(&mut self, request: &api::UnlockRequest) -> Result<api::Unlocked, ClientError> {
+        self.call(Method::POST, "/file-safety/unlock", Some(request)).await
+    }
+
+    /// `GET /file-safety/history`: a file's modifications, newest first.
+    pub async fn file_history(&mut self, path: &str, limit: usize) -> Result<api::Modifications, ClientError> {
+        let query = format!("/file-safety/history?path={}&limit={limit}", percent_encode(path));
+        self.call(Method::GET, &query, None::<&()>).await
+    }
+
+    /// `GET /file-safety/recent`: every file's recent modifications.
+    pub async fn recent_modifications(
+        &mut self,
+        agent: Option<&str>,
+        limit: usize,
+    ) -> Result<api::Modifications, ClientError> {
+        let query = format!("/file-safety/recent?limit={limit}{}", agent_filter("&", agent));
+        self.call(Method::GET, &query, None::<&()>).await
+    }
+
+    /// `POST /file-safety/record`.
+    pub async fn record_modification(&mut self, request: &api::RecordRequest) -> Result<api::Recorded, ClientError> {
+        self.call(Method::POST, "/file-safety/record", Some(request)).await
+    }
+
+    /// `POST /file-safety/validate`.
+    pub async fn validate_write(&mut self, request: &api::ValidateRequest) -> Result<api::Validation, ClientError> {
+        self.call(Method::POST, "/file-safety/validate", Some(request)).await
+    }
+
+    /// `POST /file-safety/cleanup`.
+    pub async fn cleanup_file_safety(
+        &mut self,
+        request: &api::FileCleanup,
+    ) -> Result<api::FileCleanupAnswer, ClientError> {
+        self.call(Method::POST, "/file-safety/cleanup", Some(request)).await
+    }
+
+    // ---- external agents ------------------------------------------------------------------
+
+    /// `POST /external`.
+    pub async fn add_external(&mut self, request: &api::AddExternal) -> Result<api::ExternalAnswer, ClientError> {
+        self.call(Method::POST, "/external", Some(request)).await
+    }
+
+    /// `GET /external`.
+    pub async fn externals(&mut self) -> Result<api::ExternalList, ClientError> {
+        self.call(Method::GET, "/external", None::<&()>).await
+    }
+
+    /// `GET /external/{alias}`.
+    pub async fn external(&mut self, alias: &str) -> Result<api::ExternalAnswer, ClientError> {
+        self.call(Method::GET, &format!("/external/{}", percent_encode(alias)), None::<&()>).await
+    }
+
+    /// `POST /external/{alias}/send`.
+    pub async fn send_external(
+        &mut self,
+        alias: &str,
+        request: &api::ExternalSend,
+    ) -> Result<api::ExternalSent, ClientError> {
+        self.call(Method::POST, &format!("/external/{}/send", percent_encode(alias)), Some(request)).await
+    }
+
+    /// `DELETE /external/{alias}`.
+    pub async fn remove_external(&mut self, alias: &str) -> Result<(), ClientError> {
+        let _: serde_json::Value =
+            self.call(Method::DELETE, &format!("/external/{}", percent_encode(alias)), None::<&()>).await?;
+        Ok(())
+    }
+
+    // ---- the transport --------------------------------------------------------------------
+
+    fn build(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<Request<Full<Bytes>>, ClientError> {
         // A loopback name: the broker refuses other hosts (a browser page's DNS rebinding).
-        let mut builder = Request::builder().method(method).uri(path).header("host", "localhost");
+        let mut builder = Request::builder().method(method.clone()).uri(path).header("host", "localhost");
         if let Some(key) = api_key() {
-            builder = builder.header("x-api-key", key);
+            builder = builder.header(api::API_KEY_HEADER, key);
         }
         if let Some(secret) = &self.secret {
-            builder = builder.header(crate::http::SECRET_HEADER, secret);
+            builder = builder.header(api::SECRET_HEADER, secret);
         }
         let bytes = match body {
             Some(body) => {
                 builder = builder.header("content-type", "application/json");
-                Bytes::from(serde_json::to_vec(body)?)
+                Bytes::from(body)
             }
             None => Bytes::new(),
         };
-        Ok(builder.body(Full::new(bytes))?)
+        builder
+            .body(Full::new(bytes))
+            .map_err(|error| ClientError::Request { what: what_of(&method, path), reason: error.to_string() })
     }
 
-    /// One request; a non-2xx answer becomes an [`ApiFailure`] error carrying the message.
-    pub async fn request(&mut self, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+    /// One request and its whole answer, within the call limit (plus the wait it asks for).
+    async fn exchange(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
         let request = self.build(method.clone(), path, body)?;
         let sender = &mut self.sender;
-        let (status, bytes) =
-            within(limit_for(path), || format!("{method} {}", path.split('?').next().unwrap_or(path)), async move {
-                let response = sender.send_request(request).await.context("the broker closed the connection")?;
-                let status = response.status();
-                let bytes = response.into_body().collect().await.context("reading the broker's answer")?.to_bytes();
-                anyhow::Ok((status, bytes))
-            })
-            .await?;
-        let value: Value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        if status.is_success() {
-            Ok(value)
-        } else {
-            let message = value
-                .get("message")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .unwrap_or_else(|| format!("the broker answered {status}: {value}"));
-            Err(ApiFailure { status, message, body: value }.into())
-        }
+        within(limit_for(path), || what_of(&method, path), async move {
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|source| ClientError::Unreachable { doing: CLOSED, source })?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|source| ClientError::Unreachable { doing: "reading the broker's answer", source })?
+                .to_bytes();
+            Ok((status, bytes))
+        })
+        .await
+    }
+
+    /// One request with a JSON body (if any) and a JSON answer of type `T`; a non-2xx answer
+    /// is a [`ClientError::Http`] carrying the body's message.
+    async fn call<T: DeserializeOwned>(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, ClientError> {
+        let what = what_of(&method, path);
+        let body = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|error| ClientError::Request { what: what.clone(), reason: error.to_string() })?;
+        let (status, bytes) = self.exchange(method, path, body).await?;
+        answer(&what, status, &bytes)
     }
 
     /// Opens a server-sent-event stream; `on_event` gets each event's `data` until it returns
@@ -373,13 +711,13 @@ impl Client {
     ///
     /// The broker must answer within the call limit; after that a stream that is not followed
     /// (`follow=true`) must bring something (an event or a keep-alive) within the limit each time.
-    pub async fn sse(&mut self, path: &str, mut on_event: impl FnMut(&str) -> bool) -> anyhow::Result<()> {
+    async fn sse(&mut self, path: &str, mut on_event: impl FnMut(&str) -> bool) -> Result<(), ClientError> {
         let request = self.build(Method::GET, path, None)?;
         let limit = call_timeout();
-        let what = || format!("GET {}", path.split('?').next().unwrap_or(path));
+        let what = || what_of(&Method::GET, path);
         let sender = &mut self.sender;
         let response = within(limit, what, async move {
-            sender.send_request(request).await.context("the broker closed the connection")
+            sender.send_request(request).await.map_err(|source| ClientError::Unreachable { doing: CLOSED, source })
         })
         .await?;
         let follows = path.contains("follow=true");
@@ -387,14 +725,20 @@ impl Client {
         let status = response.status();
         let mut body = response.into_body();
         if !status.is_success() {
-            let bytes = within(limit, what, async { Ok(body.collect().await?.to_bytes()) }).await?;
-            let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let message = value.get("message").and_then(Value::as_str).unwrap_or("request failed").to_string();
-            return Err(ApiFailure { status, message, body: value }.into());
+            let bytes = within(limit, what, async {
+                body.collect()
+                    .await
+                    .map(|collected| collected.to_bytes())
+                    .map_err(|source| ClientError::Unreachable { doing: "reading the broker's answer", source })
+            })
+            .await?;
+            let body = serde_json::from_slice::<ErrorBody>(&bytes).ok();
+            let message = body.as_ref().map_or_else(|| "request failed".to_string(), |body| body.message.clone());
+            return Err(ClientError::Http { status, message, body });
         }
         let mut buffer: Vec<u8> = Vec::new();
         while let Some(frame) = within(frame_limit, what, async { Ok(body.frame().await) }).await? {
-            let frame = frame.context("the event stream broke")?;
+            let frame = frame.map_err(|source| ClientError::Unreachable { doing: "the event stream broke", source })?;
             let Some(data) = frame.data_ref() else { continue };
             buffer.extend_from_slice(data);
             while let Some(end) = find_event_end(&buffer) {
@@ -412,6 +756,46 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// `METHOD /path` without the query, for messages.
+fn what_of(method: &Method, path: &str) -> String {
+    format!("{method} {}", path.split('?').next().unwrap_or(path))
+}
+
+/// The answer `bytes` as `T` when `status` is a success, else the error it carries.
+fn answer<T: DeserializeOwned>(what: &str, status: StatusCode, bytes: &[u8]) -> Result<T, ClientError> {
+    if status.is_success() {
+        return serde_json::from_slice(bytes)
+            .map_err(|source| ClientError::BadAnswer { what: what.to_string(), source });
+    }
+    let body = serde_json::from_slice::<ErrorBody>(bytes).ok();
+    let message = match &body {
+        Some(body) => body.message.clone(),
+        // Not the broker's error shape (a proxy, a crash): shown as it came.
+        None => {
+            let shown = serde_json::from_slice::<serde_json::Value>(bytes)
+                .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()));
+            format!("the broker answered {status}: {shown}")
+        }
+    };
+    Err(ClientError::Http { status, message, body })
+}
+
+/// `<separator>agent=<agent>` when an agent is given.
+fn agent_filter(separator: &str, agent: Option<&str>) -> String {
+    agent.map(|agent| format!("{separator}agent={}", percent_encode(agent))).unwrap_or_default()
+}
+
+/// Percent-encodes a path segment or query value.
+pub fn percent_encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b',' => (byte as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }
 
 /// The API key the CLI sends when auth is on: `SYNAPSE_API_KEY`, else the first of
@@ -493,14 +877,13 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
 async fn answers_health(paths: &Paths) -> bool {
     let Ok(sender) = connect_unix(paths).await else { return false };
     let mut client = Client { sender, secret: None };
-    client.broker_info().await.is_ok()
+    client.health().await.is_ok()
 }
 
 /// Asks the broker to stop and waits until it has (its socket stops answering).
 pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
     let Some(mut client) = Client::try_connect(paths).await else { return Ok(None) };
-    let answer = client.post("/broker/shutdown", &Value::Null).await?;
-    let pid = answer.get("pid").and_then(Value::as_u64).and_then(|pid| u32::try_from(pid).ok());
+    let pid = Some(client.shutdown().await?.pid);
     drop(client);
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(20) {

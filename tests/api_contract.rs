@@ -1,0 +1,80 @@
+//! The typed contract (`synapse::api`) against a real broker: every answer the CLI and the
+//! wrappers read parses into its type and writes back to exactly the JSON the broker sent, so
+//! the types lose nothing and invent nothing (the unit tests in `src/api` check the shapes on
+//! examples; this checks them on the wire).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::Home;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use synapse::api;
+
+/// `raw` parses as `T` and writes back unchanged.
+fn round_trips<T: Serialize + DeserializeOwned>(what: &str, raw: &Value) {
+    let parsed: T = serde_json::from_value(raw.clone())
+        .unwrap_or_else(|error| panic!("{what}: {} does not parse {raw}: {error}", std::any::type_name::<T>()));
+    assert_eq!(&serde_json::to_value(&parsed).unwrap(), raw, "{what}: {} changes the JSON", std::any::type_name::<T>());
+}
+
+fn ok(home: &Home, method: &str, path: &str, body: Option<Value>, headers: &[(&str, &str)]) -> Value {
+    let bytes = body.map(|body| serde_json::to_vec(&body).unwrap());
+    let (status, answer) = home.http(method, path, bytes.as_deref(), headers);
+    assert_eq!(status, 200, "{method} {path}: {answer}");
+    answer
+}
+
+#[test]
+fn every_answer_the_clients_read_round_trips_through_its_api_type() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    round_trips::<api::BrokerInfo>("health", &ok(&home, "GET", "/broker/health", None, &[]));
+
+    let ask = api::SendRequest {
+        from: Some(alice.id.clone()),
+        secret: Some(alice.secret.clone()),
+        response_expected: true,
+        ..api::SendRequest::new("bob", "what is 6 x 7?")
+    };
+    let sent = ok(&home, "POST", "/send", Some(serde_json::to_value(&ask).unwrap()), &[]);
+    round_trips::<api::SendAnswer>("send", &sent);
+    let task_id = sent["task"]["id"].as_str().unwrap().to_string();
+    let sender_task = sent["sender_task"]["id"].as_str().unwrap().to_string();
+
+    round_trips::<api::AgentList>("agents", &ok(&home, "GET", "/agents", None, &[]));
+    let status_path = format!("/agents/{}/status", bob.id);
+    round_trips::<api::AgentStatusView>("agent status", &ok(&home, "GET", &status_path, None, &[]));
+    let bob_secret = [(api::SECRET_HEADER, bob.secret.as_str())];
+    let set = ok(&home, "POST", &status_path, Some(json!({"status": "READY", "note": "busy"})), &bob_secret);
+    round_trips::<api::Outcome>("status set", &set);
+    let inbox = ok(&home, "GET", &format!("/agents/{}/inbox", bob.id), None, &bob_secret);
+    round_trips::<api::Inbox>("inbox", &inbox);
+    let ticket = inbox["tickets"][0]["ticket"].as_u64().unwrap();
+    let acked = ok(&home, "POST", &format!("/agents/{}/inbox/{ticket}/ack", bob.id), None, &bob_secret);
+    round_trips::<api::Outcome>("ack", &acked);
+    let targets = ok(&home, "GET", &format!("/agents/{}/reply-stack/list", bob.id), None, &[]);
+    round_trips::<api::ReplyTargets>("reply targets", &targets);
+    round_trips::<api::TaskAnswer>("task", &ok(&home, "GET", &format!("/tasks/{task_id}"), None, &[]));
+    let waited = ok(&home, "GET", &format!("/tasks/{sender_task}/wait?timeout_ms=1"), None, &[]);
+    round_trips::<api::TaskWait>("wait (timed out)", &waited);
+
+    let reply =
+        api::ReplyRequest { from: bob.id.clone(), secret: Some(bob.secret.clone()), to: None, text: "42".into() };
+    let replied = ok(&home, "POST", "/reply", Some(serde_json::to_value(&reply).unwrap()), &[]);
+    round_trips::<api::SendAnswer>("reply", &replied);
+    let waited = ok(&home, "GET", &format!("/tasks/{sender_task}/wait?timeout_ms=5000"), None, &[]);
+    round_trips::<api::TaskWait>("wait (final)", &waited);
+    assert_eq!(waited["reply"], "42");
+
+    round_trips::<api::HistoryRecords>("history", &ok(&home, "GET", "/history?limit=10", None, &[]));
+    round_trips::<api::HistoryStats>("history stats", &ok(&home, "GET", "/history/stats", None, &[]));
+    round_trips::<api::HistoryRecords>("thread", &ok(&home, "GET", &format!("/threads/{task_id}"), None, &[]));
+    round_trips::<api::VerifyReport>("verify", &ok(&home, "POST", "/admin/verify", None, &[]));
+    let alice_secret = [(api::SECRET_HEADER, alice.secret.as_str())];
+    let gone = ok(&home, "DELETE", &format!("/agents/{}", alice.id), None, &alice_secret);
+    round_trips::<api::Deregistered>("deregister", &gone);
+}
