@@ -4,7 +4,12 @@
 use clap::Parser;
 use std::process::ExitCode;
 
+/// The exit status of a command whose output pipe was closed (128 + SIGPIPE, as for tools
+/// that die of the signal).
+const CLOSED_PIPE_EXIT: i32 = 141;
+
 fn main() -> ExitCode {
+    end_quietly_on_a_closed_pipe();
     let cli = match synapse::cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
@@ -26,6 +31,26 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `synapse history stats | head -1`: once the reader has gone, printing fails and `println!`
+/// panics. Such a command ends quietly instead (no panic message, status 141). Rust ignores
+/// SIGPIPE so that sockets report errors instead of killing the process; that stays so, and
+/// only this one panic is turned into a quiet exit.
+fn end_quietly_on_a_closed_pipe() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(CLOSED_PIPE_EXIT);
+        }
+        default_hook(info);
+    }));
 }
 
 /// The line shown for a failed command. A message that already carries its label (the broker's

@@ -135,16 +135,13 @@ fn messages_queue_in_the_inbox_by_priority_then_arrival() {
     assert_eq!(twice.status.code(), Some(1));
 }
 
-#[test]
-fn send_wait_blocks_until_the_reply_arrives_and_prints_it() {
+/// `synapse send carol "what time is it?" --wait 30 <extra>`, answered "noon" by carol.
+fn send_wait_answered_with_noon(extra: &[&str]) -> std::process::Output {
     let home = Home::new();
     let carol = home.register(Some("carol"));
-    let waiter = home
-        .cmd(&["send", "carol", "what time is it?", "--wait", "30"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut args = vec!["send", "carol", "what time is it?", "--wait", "30"];
+    args.extend_from_slice(extra);
+    let waiter = home.cmd(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     // Long-poll carol's inbox until the waiting sender's message is there.
     let ticket = loop {
         let value: Value =
@@ -156,9 +153,24 @@ fn send_wait_blocks_until_the_reply_arrives_and_prints_it() {
     assert_eq!(ticket["prefix"], format!("[A2A:{}:anonymous:R]", &ticket["display_task_id"].as_str().unwrap()[..8]));
     let replied = home.run_as(&carol, &["reply", "noon"]);
     assert!(replied.status.success(), "{}", describe(&replied));
-    let output = waiter.wait_with_output().unwrap();
+    waiter.wait_with_output().unwrap()
+}
+
+#[test]
+fn send_wait_blocks_until_the_reply_arrives_and_prints_it() {
+    let output = send_wait_answered_with_noon(&[]);
     assert!(output.status.success(), "{}", describe(&output));
     assert!(stdout(&output).lines().any(|line| line == "noon"), "{}", describe(&output));
+}
+
+/// Issue 14: `--wait --json` printed a JSON object and then the reply as a plain line.
+#[test]
+fn send_wait_json_prints_one_document_that_holds_the_reply() {
+    let output = send_wait_answered_with_noon(&["--json"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let document: Value = serde_json::from_str(&stdout(&output)).expect("exactly one JSON document");
+    assert_eq!(document["reply"], "noon", "{document:#}");
+    assert!(document["sender_task"]["id"].is_string(), "{document:#}");
 }
 
 #[test]

@@ -31,8 +31,10 @@ pub struct ProfileArgs {
 pub fn run_profile(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Result<i32> {
     let mut words = words.into_iter();
     let name = words.next().map(|word| word.to_string_lossy().into_owned()).unwrap_or_default();
-    let profile = profile::load(&name, &paths.home)
-        .map_err(|error| anyhow::anyhow!("{error}\nRun 'synapse --help' for the commands."))?;
+    let profile = profile::load(&name, &paths.home).map_err(|error| match super::similar_command(&name) {
+        Some(command) => anyhow::anyhow!("{error}\nDid you mean `synapse {command}`?"),
+        None => anyhow::anyhow!("{error}\nRun 'synapse --help' for the commands."),
+    })?;
     let args = match ProfileArgs::try_parse_from(words) {
         Ok(args) => args,
         Err(error) => {

@@ -74,14 +74,20 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
     if let Some(warning) = &answer.warning {
         eprintln!("{warning}");
     }
+    // With --json and --wait, one document: the send's answer, printed once the reply is in.
     if args.json {
-        println!("{}", api::json_line(&answer)?);
+        if wait.is_none() {
+            println!("{}", api::json_line(&answer)?);
+        }
     } else if answer.is_reply {
         let sender_task = answer.sender_task.as_ref();
         let sender_task_id = sender_task.map_or("", |task| task.id.as_str());
         println!(
             "Replied to {}: task {sender_task_id} ({}) {}",
-            sender_task.and_then(|task| task.metadata.owner.as_deref()).unwrap_or("an anonymous sender"),
+            sender_task
+                .and_then(|task| task.metadata.owner.as_deref())
+                .filter(|owner| !owner.trim().is_empty())
+                .unwrap_or("an anonymous sender"),
             short_id(sender_task_id),
             status_of(sender_task),
         );
@@ -104,10 +110,33 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         }
     }
     let Some(seconds) = wait else { return Ok(0) };
-    let Some(sender_task) = answer.sender_task.map(|task| task.id) else {
+    let Some(sender_task) = answer.sender_task.as_ref().map(|task| task.id.clone()) else {
+        if args.json {
+            println!("{}", api::json_line(&answer)?);
+        }
         return Ok(0);
     };
-    wait_for_reply(&mut client, &sender_task, seconds).await
+    let reply = wait_for_reply(&mut client, &sender_task, seconds).await;
+    if args.json {
+        // The answer of the send with the reply added (null when none came); the error, if
+        // any, still goes to stderr with a non-zero exit.
+        let mut document = serde_json::to_value(&answer)?;
+        if let Some(object) = document.as_object_mut() {
+            object.insert(
+                "reply".into(),
+                reply.as_ref().ok().map_or(serde_json::Value::Null, |text| text.clone().into()),
+            );
+        }
+        println!("{}", api::json_line(&document)?);
+    } else if let Ok(text) = &reply {
+        // Exact for a script; on a terminal, the replier's controls are made visible.
+        if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            println!("{}", crate::escape::visible(text));
+        } else {
+            println!("{text}");
+        }
+    }
+    reply.map(|_| 0)
 }
 
 /// A task's state as the broker spells it (empty when there is no task).
@@ -115,8 +144,9 @@ fn status_of(task: Option<&Task>) -> String {
     task.map(|task| task.status.to_string()).unwrap_or_default()
 }
 
-/// Blocks until the task is final (the broker answers when the log says so). 0 = no limit.
-async fn wait_for_reply(client: &mut Client, task_id: &str, seconds: u64) -> anyhow::Result<i32> {
+/// Blocks until the task is final (the broker answers when the log says so) and gives the
+/// reply. 0 = no limit.
+async fn wait_for_reply(client: &mut Client, task_id: &str, seconds: u64) -> anyhow::Result<String> {
     let started = Instant::now();
     let limit = (seconds > 0).then(|| Duration::from_secs(seconds));
     loop {
@@ -128,15 +158,7 @@ async fn wait_for_reply(client: &mut Client, task_id: &str, seconds: u64) -> any
         if !answer.timed_out {
             let state = answer.task.status;
             match answer.reply.as_deref() {
-                Some(reply) if state == TaskState::Completed => {
-                    // Exact for a script; on a terminal, the replier's controls are made visible.
-                    if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-                        println!("{}", crate::escape::visible(reply));
-                    } else {
-                        println!("{reply}");
-                    }
-                    return Ok(0);
-                }
+                Some(reply) if state == TaskState::Completed => return Ok(reply.to_string()),
                 _ => anyhow::bail!("task {} ended {state} without a reply", short_id(task_id)),
             }
         }

@@ -365,6 +365,53 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     })
 }
 
+/// The command or built-in profile a mistyped first word was probably meant to be (`lsit` →
+/// `list`): the closest name at most two edits away, or one it is the start of.
+pub(crate) fn similar_command(word: &str) -> Option<String> {
+    use clap::CommandFactory;
+    let word = word.to_lowercase();
+    if word.is_empty() {
+        return None;
+    }
+    let command = Cli::command();
+    let names = command
+        .get_subcommands()
+        .filter(|sub| !sub.is_hide_set())
+        .map(|sub| sub.get_name().to_string())
+        .chain(crate::agent::profile::BUILTIN_NAMES.iter().map(|name| name.to_string()));
+    names
+        .filter_map(|name| {
+            let distance = edit_distance(&word, &name);
+            let close = distance <= 2 && distance < name.len().max(2) || (word.len() >= 3 && name.starts_with(&word));
+            close.then_some((distance, name))
+        })
+        .min()
+        .map(|(_, name)| name)
+}
+
+/// Edits (insert, delete, substitute, swap two neighbours) from `a` to `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (rows[i - 1][j] + 1).min(rows[i][j - 1] + 1).min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
 /// Reads the message from exactly one source: the argument, a file, or standard input.
 pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, stdin: bool) -> anyhow::Result<String> {
     let sources = usize::from(positional.is_some()) + usize::from(file.is_some()) + usize::from(stdin);
@@ -387,4 +434,19 @@ pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, s
         std::fs::read(path).map_err(|error| anyhow::anyhow!("cannot read {}: {error}", path.display()))?
     };
     String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the message is not valid UTF-8 text"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::similar_command;
+
+    #[test]
+    fn a_mistyped_command_gets_a_suggestion_and_a_new_word_none() {
+        assert_eq!(similar_command("lsit").as_deref(), Some("list"));
+        assert_eq!(similar_command("sned").as_deref(), Some("send"));
+        assert_eq!(similar_command("histroy").as_deref(), Some("history"));
+        assert_eq!(similar_command("claud").as_deref(), Some("claude"));
+        assert_eq!(similar_command("myagent"), None);
+        assert_eq!(similar_command("zzzzzz"), None);
+    }
 }
