@@ -20,9 +20,10 @@ use std::process::{Child, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use synapse::broker::BrokerState;
-use synapse::broker::command::{Command, Outcome, RegisterRequest, SendRequest, hash_secret};
+use synapse::broker::command::{Command, Outcome, RegisterRequest, SendRequest};
 use synapse::config::Paths;
 use synapse::event::{AgentStatus, Artifact, Direction, Event, Message, Role, TaskState};
+use synapse::secret::hash_secret;
 use synapse::store::{Appender, Store, StoreError};
 
 mod real_clis;

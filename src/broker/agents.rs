@@ -19,9 +19,10 @@
 //! goes. Each server has its own stop channel, held in [`AgentServers`].
 
 use super::BrokerState;
-use super::command::{Command, CommandError, Outcome, RegisterRequest, hash_secret, is_pid_alive};
-use super::process;
+use super::command::{Command, CommandError, Outcome, RegisterRequest};
 use crate::http::caller::RegistrationProof;
+use crate::process::{self, is_pid_alive};
+use crate::secret::hash_secret;
 use crate::store::AgentRecord;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -302,7 +303,7 @@ pub const INBOX_HOLD_DEFAULT: std::time::Duration = std::time::Duration::from_se
 /// one is due, so an idle broker appends nothing).
 pub async fn expire_held_inboxes(state: &Arc<BrokerState>, hold: std::time::Duration) {
     let hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
-    let now = super::writer::now_ms();
+    let now = crate::time::now_ms();
     let due = state.store.read(|view| {
         for departed in view.departed_agents()? {
             if now >= departed.departed_ms.saturating_add(hold_ms) && view.pending_for(&departed.agent_id)? > 0 {

@@ -5,6 +5,7 @@
 //! caller; a rejected command returns an error and appends nothing.
 
 use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
+use crate::process::{is_pid_alive, pid_exists};
 use crate::store::{AgentRecord, DepartedAgent, Projections, StoreError, TaskRecord};
 use serde::{Deserialize, Serialize};
 
@@ -276,53 +277,6 @@ pub enum Answer {
     Appended,
 }
 
-pub fn hash_secret(secret: &str) -> String {
-    use sha2::Digest;
-    to_hex(&sha2::Sha256::digest(secret.as_bytes()))
-}
-
-/// Lowercase hexadecimal (digests, signatures).
-pub fn to_hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        hex.push(char::from(HEX[usize::from(byte >> 4)]));
-        hex.push(char::from(HEX[usize::from(byte & 0x0f)]));
-    }
-    hex
-}
-
-/// Constant-time comparison of two hex digests.
-pub fn digests_equal(left: &str, right: &str) -> bool {
-    left.len() == right.len() && left.bytes().zip(right.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-}
-
-/// Does a process with this pid exist? One system call (signal 0 checks existence without
-/// sending anything); a zombie still counts. The hot path of every send uses this; the
-/// liveness sweeper uses [`is_pid_alive`].
-pub fn pid_exists(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
-    if pid <= 0 {
-        return false;
-    }
-    #[allow(unsafe_code)]
-    // SAFETY: kill with signal 0 performs only the existence and permission check.
-    let result = unsafe { libc::kill(pid, 0) };
-    result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-/// Is this process alive? A zombie (exited, not yet reaped by its parent) is gone for our
-/// purposes.
-pub fn is_pid_alive(pid: u32) -> bool {
-    pid_exists(pid) && libc::pid_t::try_from(pid).is_ok_and(|pid| !is_zombie(pid))
-}
-
-fn is_zombie(pid: libc::pid_t) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // The state follows the command name, which is in parentheses and may contain spaces.
-    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z")
-}
-
 /// The key a reply target is kept under: the sender's id, or for an anonymous sender (who can
 /// still wait for the answer with `--wait`) `anonymous-<task8>` so that two anonymous requests
 /// do not replace each other.
@@ -448,7 +402,7 @@ fn check_sender(
         .into());
     };
     match secret {
-        Some(secret) if digests_equal(&hash_secret(secret), &agent.secret_hash) => Ok(Some(agent)),
+        Some(secret) if crate::secret::secret_matches(secret, &agent.secret_hash) => Ok(Some(agent)),
         Some(_) => Err(CommandError::forbidden(format!(
             "Error: the secret does not match agent '{from}'. Only {from} itself (with its SYNAPSE_AGENT_SECRET) can send as it."
         ))
@@ -1161,6 +1115,7 @@ pub fn complete(view: &Projections<'_>, answer: Answer, last_seq: u64) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::secret::hash_secret;
     use crate::store::Store;
     use redb::backends::InMemoryBackend;
 

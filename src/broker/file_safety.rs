@@ -113,11 +113,7 @@ pub fn may_write(
         Some(lock) if lock.agent_id == agent => (true, "you hold the lock".into(), Some(lock)),
         Some(lock) => (
             false,
-            format!(
-                "File is already locked by {} until {}",
-                lock.agent_id,
-                crate::http::wire::rfc3339(lock.expires_ms)
-            ),
+            format!("File is already locked by {} until {}", lock.agent_id, crate::time::rfc3339(lock.expires_ms)),
             Some(lock),
         ),
     }
@@ -174,7 +170,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Res
                 return Err(CommandError::not_found(format!("File {path} is not locked")).into());
             };
             let holder_alive =
-                view.agent(&lock.agent_id)?.is_some_and(|holder| super::command::is_pid_alive(holder.pid));
+                view.agent(&lock.agent_id)?.is_some_and(|holder| crate::process::is_pid_alive(holder.pid));
             let is_foreign = agent_id.as_deref() != Some(lock.agent_id.as_str());
             if *force && is_foreign && !by_user && lock.expires_ms > now_ms && holder_alive {
                 return Err(CommandError::forbidden(format!(

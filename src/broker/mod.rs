@@ -10,7 +10,6 @@ pub mod command;
 pub mod externals;
 pub mod file_safety;
 pub mod indexer;
-pub mod process;
 pub mod tail;
 pub mod webhooks;
 pub mod writer;

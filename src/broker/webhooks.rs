@@ -254,7 +254,7 @@ impl Outbox {
                     let body = json!({
                         "event": name,
                         "event_id": delivery_id,
-                        "timestamp": crate::http::wire::rfc3339(envelope.time_ms),
+                        "timestamp": crate::time::rfc3339(envelope.time_ms),
                         "data": data,
                     });
                     self.pending.insert(
@@ -366,7 +366,7 @@ async fn post(state: &BrokerState, delivery: &Delivery, secret: Option<&SecretSo
         vec![("x-synapse-event", delivery.event.clone()), ("x-synapse-event-id", delivery.delivery_id.clone())];
     if let Some(source) = secret {
         let secret = read_secret(&state.paths.home, source)?;
-        let signature = super::command::to_hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
+        let signature = crate::secret::to_hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
         headers.push(("x-synapse-signature", format!("sha256={signature}")));
     }
     let answer = crate::http::outbound::request(
@@ -437,7 +437,7 @@ pub fn spawn(state: Arc<BrokerState>) {
                 }
             }
             state.webhooks.cursor.send_replace(cursor);
-            let now = super::writer::now_ms();
+            let now = crate::time::now_ms();
             let (due, next) = {
                 let outbox = state.webhooks.lock();
                 in_flight.retain(|(id, attempts)| outbox.pending.get(id).is_some_and(|d| d.attempts == *attempts));
@@ -448,7 +448,7 @@ pub fn spawn(state: Arc<BrokerState>) {
                 let state = state.clone();
                 tokio::spawn(async move {
                     let result = post(&state, &delivery, secret.as_ref()).await;
-                    let attempt = record(&delivery, result, super::writer::now_ms());
+                    let attempt = record(&delivery, result, crate::time::now_ms());
                     let _ = state.writer.submit(Command::Webhook(WebhookCommand::RecordAttempt(attempt))).await;
                 });
             }
@@ -470,7 +470,7 @@ mod tests {
     #[test]
     fn hmac_matches_rfc_4231_test_case_2() {
         assert_eq!(
-            crate::broker::command::to_hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            crate::secret::to_hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }

@@ -23,9 +23,10 @@
 
 use super::command::{self, Command, CommandError, DecideError, Outcome};
 use crate::store::{RebuildReport, Store, StoreError, VerifyReport};
+use crate::time::now_ms;
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
 /// Most jobs decided in one transaction.
@@ -60,12 +61,6 @@ enum Job {
 #[derive(Clone)]
 pub struct WriterHandle {
     jobs: mpsc::Sender<Job>,
-}
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn unavailable(error: impl std::fmt::Display) -> CommandError {

@@ -99,7 +99,7 @@ fn absolute(file: &str) -> anyhow::Result<String> {
 }
 
 fn time(value: &Value) -> String {
-    value.as_u64().map(crate::http::wire::rfc3339).unwrap_or_default()
+    value.as_u64().map(crate::time::rfc3339).unwrap_or_default()
 }
 
 fn print_modifications(modifications: &[Value]) {

@@ -75,7 +75,7 @@ fn enabled() -> bool {
 fn line(record: &Value) -> String {
     crate::escape::visible_line(&format!(
         "{}  {}  {:<8} {:<24} {} {:<24} {:<10} {}",
-        record["updated_ms"].as_u64().map(crate::http::wire::rfc3339).unwrap_or_default(),
+        record["updated_ms"].as_u64().map(crate::time::rfc3339).unwrap_or_default(),
         crate::event::short_id(record["task_id"].as_str().unwrap_or_default()),
         record["side"].as_str().unwrap_or_default(),
         record["agent"].as_str().unwrap_or_default(),
@@ -107,7 +107,7 @@ pub fn to_csv(records: &[Value]) -> String {
     let mut out = CSV_COLUMNS.join(",");
     out.push_str("\r\n");
     for record in records {
-        let time = |field: &str| record[field].as_u64().map(crate::http::wire::rfc3339).unwrap_or_default();
+        let time = |field: &str| record[field].as_u64().map(crate::time::rfc3339).unwrap_or_default();
         let fields = [
             record["task_id"].as_str().unwrap_or_default().to_string(),
             record["side"].as_str().unwrap_or_default().to_string(),

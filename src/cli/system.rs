@@ -75,7 +75,7 @@ pub fn event_line(envelope: &Envelope) -> String {
     format!(
         "{:>8}  {}  {:<24} {}",
         envelope.seq,
-        crate::http::wire::rfc3339(envelope.time_ms),
+        crate::time::rfc3339(envelope.time_ms),
         envelope.event.kind(),
         crate::escape::visible_line(&envelope.event.summary())
     )

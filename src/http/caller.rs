@@ -19,8 +19,9 @@
 //! what the request claims.
 
 use super::{ApiError, AppState, SECRET_HEADER};
-use crate::broker::command::{Actor, hash_secret};
-use crate::broker::process::{self, ProcessStamp};
+use crate::broker::command::Actor;
+use crate::process::{self, ProcessStamp};
+use crate::secret::hash_secret;
 use crate::store::AgentRecord;
 use axum::extract::FromRequestParts;
 use axum::extract::connect_info::ConnectInfo;
@@ -163,7 +164,10 @@ pub fn caller_of(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
         let agents = state.store.read(|view| view.agents())?;
         // A stale or wrong secret makes the caller anonymous, never the user.
         return Ok(
-            match agents.into_iter().find(|agent| crate::broker::command::digests_equal(&agent.secret_hash, &digest)) {
+            match agents
+                .into_iter()
+                .find(|agent| crate::secret::constant_time_eq(agent.secret_hash.as_bytes(), digest.as_bytes()))
+            {
                 Some(agent) => Caller::Agent(Box::new(agent)),
                 None => Caller::Anonymous,
             },

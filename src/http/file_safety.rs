@@ -66,7 +66,7 @@ struct AgentQuery {
 
 async fn locks(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: AgentQuery = parse_query(uri.query())?;
-    let now = crate::broker::writer::now_ms();
+    let now = crate::time::now_ms();
     let locks: Vec<_> = state
         .store
         .read(|view| view.locks())?
@@ -119,7 +119,7 @@ async fn lock(State(state): State<AppState>, caller: Caller, body: Result<Bytes,
             }
             Err(CommandError::Conflict { message }) if tokio::time::Instant::now() < deadline => {
                 let expires = state.store.read(|view| view.lock(&path))?.map(|lock| lock.expires_ms);
-                let now = crate::broker::writer::now_ms();
+                let now = crate::time::now_ms();
                 let until_expiry = expires.map(|at| Duration::from_millis(at.saturating_sub(now) + 1));
                 let wake = match until_expiry {
                     Some(wait) => deadline.min(tokio::time::Instant::now() + wait),
@@ -233,7 +233,7 @@ struct ValidateBody {
 async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: ValidateBody = parse_body(body)?;
     let path = path(&body.path)?;
-    let now = crate::broker::writer::now_ms();
+    let now = crate::time::now_ms();
     let answer = state.store.read(|view| file_safety::check(view, &path, &body.agent_id, now))?;
     Ok(Json(answer))
 }

@@ -136,8 +136,8 @@ async fn stats(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult
         "by_status": by_status,
         "success_rate": success_rate,
         "by_agent": by_agent,
-        "first": first.map(super::wire::rfc3339),
-        "last": last.map(super::wire::rfc3339),
+        "first": first.map(crate::time::rfc3339),
+        "last": last.map(crate::time::rfc3339),
         "text_bytes": size,
     })))
 }
@@ -162,7 +162,7 @@ async fn cleanup(
 ) -> ApiResult {
     let body: CleanupBody = parse_body(body)?;
     let records = state.store.read(|view| view.history_records(None))?;
-    let now = crate::broker::writer::now_ms();
+    let now = crate::time::now_ms();
     let before_ms = match (body.days, body.max_size_mb) {
         (Some(days), None) if days > 0 => {
             now.saturating_sub(u64::try_from(days).unwrap_or(0).saturating_mul(86_400_000))
@@ -187,7 +187,7 @@ async fn cleanup(
     let removed: Vec<&HistoryRecord> = records.iter().filter(|record| record.updated_ms < before_ms).collect();
     if body.dry_run || removed.is_empty() {
         return Ok(Json(
-            json!({"would_remove": removed.len(), "removed": 0, "before": super::wire::rfc3339(before_ms)}),
+            json!({"would_remove": removed.len(), "removed": 0, "before": crate::time::rfc3339(before_ms)}),
         ));
     }
     let event = Event::HistoryPruned { before_ms, max_size_mb: body.max_size_mb.and_then(|mb| u64::try_from(mb).ok()) };
@@ -195,5 +195,5 @@ async fn cleanup(
         Outcome::Appended { .. } => {}
         _ => return Err(ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "unexpected answer")),
     }
-    Ok(Json(json!({"removed": removed.len(), "before": super::wire::rfc3339(before_ms)})))
+    Ok(Json(json!({"removed": removed.len(), "before": crate::time::rfc3339(before_ms)})))
 }

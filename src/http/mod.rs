@@ -163,7 +163,7 @@ fn authorize_agent(state: &AppState, agent_id: &str, headers: &HeaderMap) -> Res
         .read(|view| view.agent(agent_id))?
         .ok_or_else(|| ApiError::not_found(format!("Agent '{agent_id}' is not registered")))?;
     match secret_of(headers) {
-        Some(secret) if command::hash_secret(&secret) == agent.secret_hash => Ok(()),
+        Some(secret) if crate::secret::secret_matches(&secret, &agent.secret_hash) => Ok(()),
         Some(_) => Err(ApiError::new(StatusCode::FORBIDDEN, format!("the secret does not match agent '{agent_id}'"))),
         None => Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -431,7 +431,7 @@ async fn agent_status(State(state): State<AppState>, Scope(agent): Scope) -> Api
         "status": record.status,
         "status_note": record.status_note,
         "queue_depth": depth,
-        "since": wire::rfc3339(record.status_ms),
+        "since": crate::time::rfc3339(record.status_ms),
     })))
 }
 
@@ -480,7 +480,7 @@ async fn inbox(
                     "response_expected": ticket.response_expected,
                     "prefix": wire::ticket_prefix(&ticket),
                     "text": text.unwrap_or_default(),
-                    "issued_at": wire::rfc3339(ticket.issued_ms),
+                    "issued_at": crate::time::rfc3339(ticket.issued_ms),
                 }));
             }
             Ok(tickets)
@@ -885,7 +885,7 @@ fn target_json(target: &crate::store::ReplyTarget) -> Value {
         "sender_id": target.sender_id,
         "sender_task_id": target.sender_task_id,
         "task_id": target.receiver_task_id,
-        "received_at": wire::rfc3339(target.received_ms),
+        "received_at": crate::time::rfc3339(target.received_ms),
         "preview": target.preview,
     })
 }
