@@ -277,17 +277,6 @@ pub enum Answer {
     Appended,
 }
 
-/// The key a reply target is kept under: the sender's id, or for an anonymous sender (who can
-/// still wait for the answer with `--wait`) `anonymous-<task8>` so that two anonymous requests
-/// do not replace each other.
-pub fn reply_target_sender(from: Option<&str>, sender_task_id: Option<&str>) -> Option<String> {
-    match (from, sender_task_id) {
-        (Some(from), _) => Some(from.to_string()),
-        (None, Some(task)) => Some(format!("anonymous-{}", short_id(task))),
-        (None, None) => None,
-    }
-}
-
 pub fn agent_id_for(agent_type: &str, port: u16) -> String {
     format!("synapse-{agent_type}-{port}")
 }

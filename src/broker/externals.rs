@@ -52,8 +52,7 @@ pub fn decide(command: &ExternalCommand) -> Result<Decision, DecideError> {
                 ))
                 .into());
             }
-            crate::http::outbound::parse_url(url)
-                .map_err(|message| CommandError::bad(format!("Invalid URL {message}")))?;
+            super::outbound::parse_url(url).map_err(|message| CommandError::bad(format!("Invalid URL {message}")))?;
             Event::ExternalAgentAdded {
                 alias: alias.clone(),
                 url: url.clone(),

@@ -10,6 +10,7 @@ pub mod command;
 pub mod externals;
 pub mod file_safety;
 pub mod indexer;
+pub mod outbound;
 pub mod tail;
 pub mod webhooks;
 pub mod writer;
@@ -116,16 +117,16 @@ impl BrokerState {
     /// Which targets outgoing requests (webhooks, external agents) may reach now: private ones
     /// per the home's settings, never this broker's own port or its agents' ports. When the
     /// agents cannot be read, local targets are refused altogether (fail closed).
-    pub fn outbound_policy(&self) -> crate::http::outbound::Policy {
+    pub fn outbound_policy(&self) -> outbound::Policy {
         let broker_port = self.port.load(std::sync::atomic::Ordering::Relaxed);
         match self.store.read(|view| view.agents()) {
-            Ok(agents) => crate::http::outbound::Policy {
+            Ok(agents) => outbound::Policy {
                 allow_private: self.trust.outbound_allow_private,
                 own_ports: std::iter::once(broker_port).chain(agents.iter().map(|agent| agent.port)).collect(),
             },
             Err(error) => {
                 tracing::warn!("cannot read the agents' ports ({error}); refusing local targets");
-                crate::http::outbound::Policy { allow_private: false, own_ports: vec![broker_port] }
+                outbound::Policy { allow_private: false, own_ports: vec![broker_port] }
             }
         }
     }

@@ -11,7 +11,7 @@
 //! the event holds only the reference; the delivery worker reads the file when it signs. Logs
 //! from before this carry `secret` inline: still read, never written.
 //!
-//! Targets: every attempt goes through [`crate::http::outbound`] with the broker's policy (no
+//! Targets: every attempt goes through [`super::outbound`] with the broker's policy (no
 //! private targets unless allowed, never the broker itself), a 10 s limit and a 64 KB cap on
 //! the answer's body.
 //!
@@ -32,7 +32,7 @@ use tokio::sync::watch;
 pub const EVENTS: [&str; 4] = ["task.completed", "task.failed", "task.canceled", "task.replied"];
 pub const MAX_ATTEMPTS: u32 = 8;
 /// How long one delivery attempt may take once connected.
-const ATTEMPT_TIMEOUT: Duration = crate::http::outbound::READ_TIMEOUT;
+const ATTEMPT_TIMEOUT: Duration = super::outbound::READ_TIMEOUT;
 /// The directory of the signing secrets, inside `SYNAPSE_HOME`.
 pub const SECRETS_DIR: &str = "webhook-secrets";
 /// Finished deliveries kept for `GET /webhooks/deliveries`.
@@ -63,7 +63,7 @@ pub struct Attempt {
     pub next_attempt_ms: Option<u64>,
 }
 
-pub use crate::http::outbound::parse_url;
+pub use super::outbound::parse_url;
 
 pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
     let event = match command {
@@ -369,7 +369,7 @@ async fn post(state: &BrokerState, delivery: &Delivery, secret: Option<&SecretSo
         let signature = crate::secret::to_hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
         headers.push(("x-synapse-signature", format!("sha256={signature}")));
     }
-    let answer = crate::http::outbound::request(
+    let answer = super::outbound::request(
         &state.outbound_policy(),
         hyper::Method::POST,
         &delivery.url,
@@ -379,10 +379,7 @@ async fn post(state: &BrokerState, delivery: &Delivery, secret: Option<&SecretSo
     )
     .await?;
     let note = answer.truncated.then(|| {
-        format!(
-            "the answer's body is longer than {} bytes; reading stopped there",
-            crate::http::outbound::BODY_LIMIT_BYTES
-        )
+        format!("the answer's body is longer than {} bytes; reading stopped there", super::outbound::BODY_LIMIT_BYTES)
     });
     Ok((answer.status, note))
 }

@@ -22,6 +22,7 @@
 //! another, never waits.
 
 use super::command::{self, Command, CommandError, DecideError, Outcome};
+use crate::config::WriteFailure;
 use crate::store::{RebuildReport, Store, StoreError, VerifyReport};
 use crate::time::now_ms;
 use std::sync::Arc;
@@ -375,14 +376,6 @@ fn describe_storage_failure(error: &StoreError) -> String {
 #[derive(Debug, Default)]
 pub struct WriteHealth {
     failure: std::sync::Mutex<Option<WriteFailure>>,
-}
-
-/// Why the broker cannot write, and since when.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct WriteFailure {
-    pub reason: String,
-    /// When the first of the failures in a row happened (ms since the epoch).
-    pub since_ms: u64,
 }
 
 impl WriteHealth {

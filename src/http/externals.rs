@@ -1,9 +1,9 @@
 //! `/external`: add (discovering the agent card), list, info, send, remove (SPEC §6).
 
-use super::outbound;
 use super::{ApiError, ApiResult, AppState, parse_body};
 use crate::broker::command::{Command, Outcome};
 use crate::broker::externals::{ExternalCommand, alias_from_name};
+use crate::broker::outbound;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

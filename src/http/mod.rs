@@ -14,7 +14,6 @@ pub mod guard;
 pub mod history;
 pub mod jsonrpc;
 pub mod openapi;
-pub mod outbound;
 pub mod server;
 pub mod subscribe;
 pub mod webhooks;

@@ -7,7 +7,6 @@
 
 use super::StoreError;
 use super::records::{self, *};
-use crate::broker::command::reply_target_sender;
 use crate::event::{Artifact, Direction, Envelope, Event, Part, TaskState};
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
