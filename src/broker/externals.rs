@@ -2,7 +2,7 @@
 //! an alias. Additions and removals are events; the list is an in-memory projection of the log
 //! kept by the same tail task as the webhook outbox.
 
-use super::command::{Answer, CommandError, DecideError, Decision};
+use super::command::decision::{Answer, CommandError, DecideError, Decision};
 use crate::event::{Envelope, Event};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@
 //! A lock is free once its expiry has passed or its holder is no longer registered. Both are
 //! decided against the batch's explicit `now`; the projection only stores what happened.
 
-use super::command::{Answer, CommandError, DecideError, Decision};
+use super::command::decision::{Answer, CommandError, Context, DecideError, Decision};
 use crate::event::{ChangeType, Event};
 use crate::store::{FileLock, Projections, StoreError};
 
@@ -42,6 +42,14 @@ pub enum FileCommand {
     Cleanup {
         keep_days: Option<u64>,
     },
+}
+
+impl FileCommand {
+    /// Does deciding this command read whether a lock's holder still runs? Only an agent's
+    /// forced unlock does (see [`decide`]).
+    pub fn reads_liveness(&self) -> bool {
+        matches!(self, FileCommand::Unlock { force: true, by_user: false, .. })
+    }
 }
 
 /// An absolute path with `.` and `..` removed (lexically: the file need not exist). Control
@@ -130,7 +138,8 @@ fn require_agent(view: &Projections<'_>, agent: &str) -> Result<(), DecideError>
     Ok(())
 }
 
-pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Result<Decision, DecideError> {
+pub fn decide(view: &Projections<'_>, command: &FileCommand, context: &Context<'_>) -> Result<Decision, DecideError> {
+    let now_ms = context.now_ms;
     let decision = |actor: Option<&str>, events: Vec<Event>| {
         Ok(Decision { actor: actor.map(str::to_string), events, answer: Answer::Appended })
     };
@@ -169,8 +178,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Res
             let Some(lock) = view.lock(&path)? else {
                 return Err(CommandError::not_found(format!("File {path} is not locked")).into());
             };
-            let holder_alive =
-                view.agent(&lock.agent_id)?.is_some_and(|holder| crate::process::is_pid_alive(holder.pid));
+            let holder_alive = view.agent(&lock.agent_id)?.is_some_and(|holder| context.liveness.is_alive(holder.pid));
             let is_foreign = agent_id.as_deref() != Some(lock.agent_id.as_str());
             if *force && is_foreign && !by_user && lock.expires_ms > now_ms && holder_alive {
                 return Err(CommandError::forbidden(format!(
@@ -195,7 +203,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Res
         FileCommand::Record { path, agent_id, task_id, change_type, intent } => {
             let path = normalize(path).map_err(CommandError::bad)?;
             require_agent(view, agent_id)?;
-            let task = super::command::find_task(view, task_id)?
+            let task = super::command::checks::find_task(view, task_id)?
                 .ok_or_else(|| CommandError::not_found(format!("Task {task_id} not found")))?;
             decision(
                 Some(agent_id),

@@ -7,6 +7,7 @@
 
 pub mod agents;
 pub mod command;
+pub mod delivery;
 pub mod externals;
 pub mod file_safety;
 pub mod indexer;
@@ -204,7 +205,7 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
 
     spawn_signal_handler(state.clone());
     spawn_liveness_sweeper(state.clone());
-    webhooks::spawn(state.clone());
+    delivery::spawn(state.clone());
     indexer::spawn(state.clone());
 
     let router = crate::http::broker_router(state.clone());
