@@ -14,7 +14,7 @@ pub fn run_broker(paths: Paths, autostarted: bool) -> anyhow::Result<i32> {
         crate::trust::TrustSettings::update_from_env(&paths.home)?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(crate::broker::run(paths))?;
+    runtime.block_on(crate::daemon::run(paths))?;
     Ok(0)
 }
 

@@ -5,6 +5,7 @@
 //! Bad input is always a 4xx JSON error, never a 500 or a panic.
 
 pub mod a2a_card;
+pub mod agent_endpoints;
 pub mod agent_tasks;
 pub mod auth;
 pub mod caller;
@@ -47,7 +48,38 @@ pub const SECRET_HEADER: &str = "x-synapse-agent-secret";
 /// Longest a long-poll or wait may last.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 
-type AppState = Arc<BrokerState>;
+/// What every handler shares: the broker, and what only HTTP needs (authentication, request
+/// rules, connection limits), read once when the daemon starts serving. Derefs to the broker's
+/// state, which handlers mostly read.
+pub struct HttpState {
+    pub broker: Arc<BrokerState>,
+    /// API-key authentication, from the home's security settings at start.
+    pub auth: Arc<auth::AuthConfig>,
+    /// Host / Origin / content-type rules of every HTTP server, read from the environment at start.
+    pub request_rules: guard::RequestRules,
+    /// Idle timeout and connection limit shared by every HTTP server of this broker.
+    pub connection_limits: Arc<server::ConnectionLimits>,
+}
+
+impl HttpState {
+    pub fn new(broker: Arc<BrokerState>) -> Arc<HttpState> {
+        Arc::new(HttpState {
+            auth: Arc::new(auth::AuthConfig::from_trust(&broker.trust)),
+            request_rules: guard::RequestRules::from_env(),
+            connection_limits: Arc::new(server::ConnectionLimits::from_env()),
+            broker,
+        })
+    }
+}
+
+impl std::ops::Deref for HttpState {
+    type Target = BrokerState;
+    fn deref(&self) -> &BrokerState {
+        &self.broker
+    }
+}
+
+type AppState = Arc<HttpState>;
 
 /// The one error type of the HTTP layer: a status and a JSON body.
 #[derive(Debug)]
@@ -383,7 +415,7 @@ async fn register(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let body: agents::RegisterBody = parse_body(body)?;
-    let registration = agents::register(&state, body, proof).await?;
+    let registration = agent_endpoints::register(&state, body, proof).await?;
     Ok(Json(json!(registration)))
 }
 
