@@ -260,6 +260,8 @@ mod tests {
         assert!(parse_url("http://127.0.0.1:0/").is_err());
         assert!(parse_url("http://host:70000/").is_err());
         assert!(parse_url("/relative").is_err());
+        assert!(parse_url("http://b\u{fc}cher.example/").is_err(), "non-ASCII hosts are refused (see Cargo.toml)");
+        assert!(parse_url("http://xn--bcher-kva.example/").is_ok());
     }
 
     #[test]
