@@ -148,7 +148,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, context: &Context<'
             let path = normalize(path).map_err(CommandError::bad)?;
             if *duration_seconds == 0 || *duration_seconds > LOCK_MAX_DURATION_SECONDS {
                 return Err(CommandError::bad(format!(
-                    "Error: the duration must be between 1 and {LOCK_MAX_DURATION_SECONDS} seconds (got {duration_seconds})"
+                    "the duration must be between 1 and {LOCK_MAX_DURATION_SECONDS} seconds (got {duration_seconds})"
                 ))
                 .into());
             }
@@ -220,7 +220,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, context: &Context<'
             let mut events = Vec::new();
             if let Some(days) = keep_days {
                 if *days == 0 {
-                    return Err(CommandError::bad("Error: --days must be a positive number of days").into());
+                    return Err(CommandError::bad("--days must be a positive number of days").into());
                 }
                 events.push(Event::FileModificationsPruned {
                     before_ms: now_ms.saturating_sub(days.saturating_mul(86_400_000)),

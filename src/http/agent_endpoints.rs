@@ -37,7 +37,7 @@ pub async fn register(
         && !process::is_related(peer, body.pid)
     {
         return Err(CommandError::forbidden(format!(
-            "Error: process {peer} may not register process {}: an agent registers itself, an ancestor or its child, never an unrelated process (the admin key may register any)",
+            "process {peer} may not register process {}: an agent registers itself, an ancestor or its child, never an unrelated process (the admin key may register any)",
             body.pid
         )));
     }

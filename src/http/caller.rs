@@ -124,10 +124,10 @@ impl Caller {
             StatusCode::FORBIDDEN,
             match self {
                 Caller::Agent(agent) => {
-                    format!("Error: {} may not {what} as {agent_id}: an agent acts only as itself", agent.agent_id)
+                    format!("{} may not {what} as {agent_id}: an agent acts only as itself", agent.agent_id)
                 }
                 _ => format!(
-                    "Error: to {what} as {agent_id}, run the command inside that agent (its secret in {SECRET_HEADER}), or as the user (the CLI over the broker's Unix socket, or the admin key)"
+                    "to {what} as {agent_id}, run the command inside that agent (its secret in {SECRET_HEADER}), or as the user (the CLI over the broker's Unix socket, or the admin key)"
                 ),
             },
         ))
@@ -216,7 +216,7 @@ impl FromRequestParts<AppState> for TheUser {
         Err(ApiError::new(
             StatusCode::FORBIDDEN,
             format!(
-                "Error: {} {} is for the user only, not for {who}: run the synapse CLI from a plain shell (the broker's Unix socket, outside any agent), or send the admin key (X-API-Key)",
+                "{} {} is for the user only, not for {who}: run the synapse CLI from a plain shell (the broker's Unix socket, outside any agent), or send the admin key (X-API-Key)",
                 parts.method,
                 parts.uri.path()
             ),
@@ -248,11 +248,11 @@ impl FromRequestParts<AppState> for RegistrationProof {
         match peer_of(parts) {
             Some(_) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "Error: only the broker's own user may register agents over its Unix socket",
+                "only the broker's own user may register agents over its Unix socket",
             )),
             None => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "Error: agents register over the broker's Unix socket (which proves the process), or with the admin key; a TCP request without it cannot prove which process it is",
+                "agents register over the broker's Unix socket (which proves the process), or with the admin key; a TCP request without it cannot prove which process it is",
             )),
         }
     }

@@ -138,7 +138,7 @@ async fn send(
 ) -> ApiResult {
     let body: SendBody = parse_body(body)?;
     if body.text.trim().is_empty() {
-        return Err(ApiError::bad("Error: the message is empty"));
+        return Err(ApiError::bad("the message is empty"));
     }
     let external = known(&state, &alias)?;
     let message = json!({

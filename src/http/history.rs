@@ -29,7 +29,7 @@ fn limit(limit: Option<usize>, default: usize) -> Result<usize, ApiError> {
     match limit {
         None => Ok(default),
         Some(limit) if (1..=MAX_LIMIT).contains(&limit) => Ok(limit),
-        Some(limit) => Err(ApiError::bad(format!("Error: limit must be between 1 and {MAX_LIMIT} (got {limit})"))),
+        Some(limit) => Err(ApiError::bad(format!("limit must be between 1 and {MAX_LIMIT} (got {limit})"))),
     }
 }
 
@@ -95,12 +95,12 @@ async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     let keywords: Vec<String> =
         query.q.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string).collect();
     if keywords.is_empty() {
-        return Err(ApiError::bad("Error: give at least one keyword"));
+        return Err(ApiError::bad("give at least one keyword"));
     }
     let logic = match query.logic.as_deref().map(str::to_ascii_uppercase).as_deref() {
         None | Some("OR") => Logic::Or,
         Some("AND") => Logic::And,
-        Some(other) => return Err(ApiError::bad(format!("Error: logic must be OR or AND (got '{other}')"))),
+        Some(other) => return Err(ApiError::bad(format!("logic must be OR or AND (got '{other}')"))),
     };
     let limit = limit(query.limit, 50)?;
     let case_sensitive = query.case_sensitive.unwrap_or(false);
@@ -180,9 +180,9 @@ async fn cleanup(
             }
             cut
         }
-        (Some(_), Some(_)) => return Err(ApiError::bad("Error: give --days or --max-size, not both")),
-        (None, None) => return Err(ApiError::bad("Error: give --days N or --max-size MB")),
-        _ => return Err(ApiError::bad("Error: --days and --max-size must be positive")),
+        (Some(_), Some(_)) => return Err(ApiError::bad("give --days or --max-size, not both")),
+        (None, None) => return Err(ApiError::bad("give --days N or --max-size MB")),
+        _ => return Err(ApiError::bad("--days and --max-size must be positive")),
     };
     let removed: Vec<&HistoryRecord> = records.iter().filter(|record| record.updated_ms < before_ms).collect();
     if body.dry_run || removed.is_empty() {

@@ -561,7 +561,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         Some(value) => value
             .to_str()
             .map(|key| Some(key.trim().to_string()))
-            .map_err(|_| ApiError::bad("Error: the Idempotency-Key header must be visible ASCII")),
+            .map_err(|_| ApiError::bad("the Idempotency-Key header must be visible ASCII")),
     }
 }
 
@@ -598,7 +598,7 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
     let target = match &body.to {
         Some(to) => targets.iter().rev().find(|target| &target.sender_id == to).ok_or_else(|| {
             ApiError::not_found(format!(
-                "Error: No reply target from '{to}'. Pending: {}",
+                "No reply target from '{to}'. Pending: {}",
                 if targets.is_empty() {
                     "none".to_string()
                 } else {
@@ -607,11 +607,11 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
             ))
         })?,
         None => match targets.as_slice() {
-            [] => return Err(ApiError::not_found("Error: No reply target. No pending messages to reply to.")),
+            [] => return Err(ApiError::not_found("No reply target. No pending messages to reply to.")),
             [one] => one,
             many => {
                 let mut error = ApiError::bad(format!(
-                    "Error: Several agents are waiting for a reply: {}. Choose one with --to.",
+                    "Several agents are waiting for a reply: {}. Choose one with --to.",
                     many.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>().join(", ")
                 ));
                 error.body["candidates"] = json!(many.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>());
@@ -799,7 +799,7 @@ async fn tasks_send_priority(
         None => command::default_priority(),
         Some(text) => match text.trim().parse::<u8>() {
             Ok(priority) if (1..=5).contains(&priority) => priority,
-            _ => return Err(ApiError::bad(format!("Error: priority must be between 1 and 5 (got '{text}')"))),
+            _ => return Err(ApiError::bad(format!("priority must be between 1 and 5 (got '{text}')"))),
         },
     };
     a2a_send(&state, agent, &headers, body, priority).await

@@ -131,7 +131,7 @@ pub fn decide_register(
         // user, never a process inside another agent.
         Some(agent_id) if !request.by_user => {
             return Err(CommandError::forbidden(format!(
-                "Error: {agent_id} left with messages queued; only the user takes them back: start the agent again with --name {} from a plain shell (not inside another agent), or register with the admin key",
+                "{agent_id} left with messages queued; only the user takes them back: start the agent again with --name {} from a plain shell (not inside another agent), or register with the admin key",
                 request.name.as_deref().unwrap_or_default()
             ))
             .into());

@@ -51,18 +51,18 @@ pub fn check_sender(
     let Some(from) = from else { return Ok(None) };
     let Some(agent) = view.agent(from)? else {
         return Err(CommandError::bad(format!(
-            "Error: unknown sender '{from}': no registered agent has this id. Leave --from out to send anonymously."
+            "unknown sender '{from}': no registered agent has this id. Leave --from out to send anonymously."
         ))
         .into());
     };
     match secret {
         Some(secret) if crate::secret::secret_matches(secret, &agent.secret_hash) => Ok(Some(agent)),
         Some(_) => Err(CommandError::forbidden(format!(
-            "Error: the secret does not match agent '{from}'. Only {from} itself (with its SYNAPSE_AGENT_SECRET) can send as it."
+            "the secret does not match agent '{from}'. Only {from} itself (with its SYNAPSE_AGENT_SECRET) can send as it."
         ))
         .into()),
         None => Err(CommandError::forbidden(format!(
-            "Error: sending as '{from}' requires its secret. Run the command inside that agent (SYNAPSE_AGENT_SECRET is set there), or leave --from out to send anonymously."
+            "sending as '{from}' requires its secret. Run the command inside that agent (SYNAPSE_AGENT_SECRET is set there), or leave --from out to send anonymously."
         ))
         .into()),
     }
@@ -70,11 +70,11 @@ pub fn check_sender(
 
 pub fn validate_text(text: &str) -> Result<(), CommandError> {
     if text.trim().is_empty() {
-        return Err(CommandError::bad("Error: the message is empty"));
+        return Err(CommandError::bad("the message is empty"));
     }
     if text.len() > MAX_MESSAGE_BYTES {
         return Err(CommandError::TooLarge {
-            message: format!("Error: the message is {} bytes; the limit is {MAX_MESSAGE_BYTES}", text.len()),
+            message: format!("the message is {} bytes; the limit is {MAX_MESSAGE_BYTES}", text.len()),
         });
     }
     Ok(())

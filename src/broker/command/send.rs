@@ -19,7 +19,7 @@ fn resolve_live_target(view: &Projections<'_>, liveness: &Liveness, target: &str
             return Ok(agent);
         }
         return Err(CommandError::not_found(format!(
-            "Error: Agent '{}' is no longer running (process {} is gone); it is being removed from the list.",
+            "Agent '{}' is no longer running (process {} is gone); it is being removed from the list.",
             agent.agent_id, agent.pid
         ))
         .into());
@@ -32,7 +32,7 @@ fn resolve_live_target(view: &Projections<'_>, liveness: &Liveness, target: &str
 pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecord, CommandError> {
     let target = target.trim();
     if target.is_empty() {
-        return Err(CommandError::bad("Error: no target given"));
+        return Err(CommandError::bad("no target given"));
     }
     if let Some(agent) = agents.iter().find(|agent| agent.name.as_deref() == Some(target)) {
         return Ok(agent.clone());
@@ -47,13 +47,13 @@ pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecor
     match of_type.as_slice() {
         [one] => Ok((*one).clone()),
         [] => Err(CommandError::not_found(format!(
-            "Error: No agent found matching '{target}'. Run 'synapse list' to see the running agents."
+            "No agent found matching '{target}'. Run 'synapse list' to see the running agents."
         ))),
         many => {
             let ids: Vec<String> = many.iter().map(|agent| agent.agent_id.clone()).collect();
             Err(CommandError::Ambiguous {
                 message: format!(
-                    "Error: Ambiguous target '{target}'. Multiple agents found: {}. Use the agent id or name.",
+                    "Ambiguous target '{target}'. Multiple agents found: {}. Use the agent id or name.",
                     ids.join(", ")
                 ),
                 candidates: ids,
@@ -64,7 +64,7 @@ pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecor
 
 pub fn validate_priority(priority: u8) -> Result<(), CommandError> {
     if !(1..=5).contains(&priority) {
-        return Err(CommandError::bad(format!("Error: priority must be between 1 and 5 (got {priority})")));
+        return Err(CommandError::bad(format!("priority must be between 1 and 5 (got {priority})")));
     }
     Ok(())
 }
@@ -84,7 +84,7 @@ pub fn decide_send(
     if let Some(key) = &request.idempotency_key {
         if key.is_empty() || key.chars().count() > IDEMPOTENCY_KEY_MAX_CHARS || key.chars().any(char::is_control) {
             return Err(CommandError::bad(format!(
-                "Error: an idempotency key must be 1-{IDEMPOTENCY_KEY_MAX_CHARS} characters without control characters"
+                "an idempotency key must be 1-{IDEMPOTENCY_KEY_MAX_CHARS} characters without control characters"
             ))
             .into());
         }
@@ -124,7 +124,7 @@ pub fn decide_send(
 
     let target = resolve_live_target(view, context.liveness, &request.to)?;
     if sender_id.as_deref() == Some(target.agent_id.as_str()) {
-        return Err(CommandError::bad(format!("Error: cannot send a message to yourself ({})", target.agent_id)).into());
+        return Err(CommandError::bad(format!("cannot send a message to yourself ({})", target.agent_id)).into());
     }
 
     let task_id = new_id();
@@ -243,7 +243,7 @@ fn decide_reply(
     };
     let Some(replier) = replier else {
         return Err(CommandError::forbidden(format!(
-            "Error: replying to task {} needs the replier's identity: run it inside {} or pass --from {}",
+            "replying to task {} needs the replier's identity: run it inside {} or pass --from {}",
             short_id(&sender_task.id),
             receiver_task.owner.as_deref().unwrap_or("the receiving agent"),
             receiver_task.owner.as_deref().unwrap_or("<agent id>"),
@@ -252,7 +252,7 @@ fn decide_reply(
     };
     if receiver_task.owner.as_deref() != Some(replier) {
         return Err(CommandError::forbidden(format!(
-            "Error: task {} was sent to {}, not to {replier}; only its receiver can reply",
+            "task {} was sent to {}, not to {replier}; only its receiver can reply",
             short_id(&sender_task.id),
             receiver_task.owner.as_deref().unwrap_or("another agent"),
         ))
@@ -265,7 +265,7 @@ fn decide_reply(
         };
         if !addressed {
             return Err(CommandError::bad(format!(
-                "Error: task {} came from {owner}, not from '{}'",
+                "task {} came from {owner}, not from '{}'",
                 short_id(&sender_task.id),
                 request.to
             ))
@@ -274,7 +274,7 @@ fn decide_reply(
     }
     if receiver_task.replied_by.is_some() || sender_task.state.is_final() {
         return Err(CommandError::conflict(format!(
-            "Error: task {} was already answered ({}); nothing changed",
+            "task {} was already answered ({}); nothing changed",
             short_id(&sender_task.id),
             sender_task.state
         ))

@@ -42,7 +42,7 @@ pub fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -
     };
     if task.owner.as_deref() != Some(request.agent_id.as_str()) || task.direction != Direction::Incoming {
         return Err(CommandError::forbidden(format!(
-            "Error: task {} was not sent to {}; only its receiver can change it",
+            "task {} was not sent to {}; only its receiver can change it",
             short_id(&task.id),
             request.agent_id
         ))
@@ -50,14 +50,14 @@ pub fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -
     }
     if matches!(request.state, TaskState::Submitted | TaskState::Canceled) {
         return Err(CommandError::bad(format!(
-            "Error: an agent cannot move a task to {} (use working, input_required, completed or failed; cancel has its own request)",
+            "an agent cannot move a task to {} (use working, input_required, completed or failed; cancel has its own request)",
             request.state
         ))
         .into());
     }
     if task.state.is_final() {
         return Err(CommandError::conflict(format!(
-            "Error: task {} is already {}; nothing changed",
+            "task {} is already {}; nothing changed",
             short_id(&task.id),
             task.state
         ))
@@ -121,7 +121,7 @@ pub fn decide_cancel_task(
     };
     if !may_cancel(&task, actor) {
         return Err(CommandError::forbidden(format!(
-            "Error: task {} may be canceled only by its sender ({}), its receiver ({}) or the user",
+            "task {} may be canceled only by its sender ({}), its receiver ({}) or the user",
             short_id(&task.id),
             task_sender(&task).unwrap_or("anonymous"),
             task_receiver(&task).unwrap_or("anonymous"),
