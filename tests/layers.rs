@@ -383,7 +383,6 @@ fn display(files: &[SourceFile], index: usize) -> String {
 }
 
 #[test]
-#[ignore = "issue 13: on once the layers are fixed"]
 fn no_import_runs_up_a_layer() {
     let files = source_files();
     let edges = edges(&files);
@@ -418,7 +417,6 @@ fn no_import_runs_up_a_layer() {
 }
 
 #[test]
-#[ignore = "issue 13: on once the layers are fixed"]
 fn no_two_files_import_each_other() {
     let files = source_files();
     let edges = edges(&files);
