@@ -19,8 +19,8 @@
 //! - `settings`, `trust`, `config`: files in the home, profiles, the broker's security settings
 //!   and the deliberate-stop marker, paths.
 //! - Base, usable by all and importing nothing above: `private_files` (files and directories
-//!   as 0600 / 0700), `escape` (terminal-safe text), [`time`](crate::time) (now, RFC 3339 both ways),
-//!   [`process`](crate::process) (pid liveness, start times, lineage, signals), [`secret`](crate::secret) (secret hashing, hex,
+//!   as 0600 / 0700), `escape` (terminal-safe text), [`time`] (now, RFC 3339 both ways),
+//!   [`process`] (pid liveness, start times, lineage, signals), [`secret`] (secret hashing, hex,
 //!   the one constant-time comparison).
 
 pub mod agent;

@@ -131,7 +131,7 @@ impl BrokerState {
 }
 
 /// Deregisters agents whose process has gone (heartbeat by pid liveness), expires held
-/// inboxes and, once per [`IDEMPOTENCY_EXPIRY_INTERVAL`], old idempotency keys.
+/// inboxes and, once per `IDEMPOTENCY_EXPIRY_INTERVAL`, old idempotency keys.
 pub fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
     let hold = agents::inbox_hold();
     tokio::spawn(async move {

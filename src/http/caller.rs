@@ -224,7 +224,7 @@ impl FromRequestParts<AppState> for TheUser {
     }
 }
 
-/// How a registration proved its pid, for [`crate::broker::agents::register`].
+/// How a registration proved its pid, for [`super::agent_endpoints::register`].
 #[derive(Debug, Clone, Copy)]
 pub struct RegistrationProof {
     /// The request carries the admin key: any live process may be registered.

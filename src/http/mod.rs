@@ -408,7 +408,7 @@ async fn list_agents(State(state): State<AppState>) -> ApiResult {
 }
 
 /// `POST /agents`: only over the Unix socket (the kernel names the peer process) or with the
-/// admin key; see [`agents::register`] for which pids a peer may register.
+/// admin key; see [`agent_endpoints::register`] for which pids a peer may register.
 async fn register(
     State(state): State<AppState>,
     proof: caller::RegistrationProof,

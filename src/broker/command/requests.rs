@@ -22,7 +22,7 @@ pub enum Actor {
     Anonymous,
 }
 
-/// The body of [`Command::UpdateTask`].
+/// The body of [`Command::UpdateTask`](super::Command::UpdateTask).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateTaskRequest {
