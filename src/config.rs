@@ -65,6 +65,14 @@ impl Paths {
     }
 }
 
+/// Why the broker cannot write, and since when.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WriteFailure {
+    pub reason: String,
+    /// When the first of the failures in a row happened (ms since the epoch).
+    pub since_ms: u64,
+}
+
 /// Information a running broker publishes about itself.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BrokerInfo {
@@ -80,7 +88,7 @@ pub struct BrokerInfo {
     pub healthy: bool,
     /// Why it cannot store, and since when (absent when healthy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_failure: Option<crate::broker::writer::WriteFailure>,
+    pub write_failure: Option<WriteFailure>,
 }
 
 fn is_true() -> bool {

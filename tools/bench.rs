@@ -21,10 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use synapse::api::{self, Announce, RegisterRequest as RegisterBody, SendRequest as SendBody, StatusUpdate};
 use synapse::broker::BrokerState;
-use synapse::broker::command::{Command, Outcome, RegisterRequest, SendRequest, hash_secret};
+use synapse::broker::command::{Command, Outcome, RegisterRequest, SendRequest};
 use synapse::client::Client;
 use synapse::config::Paths;
 use synapse::event::{AgentStatus, Artifact, Direction, Event, Message, Role, TaskState};
+use synapse::secret::hash_secret;
 use synapse::store::{Appender, Store, StoreError};
 
 mod real_clis;

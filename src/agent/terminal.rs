@@ -64,9 +64,3 @@ impl Drop for RawMode {
         restore();
     }
 }
-
-/// Sends `signal` to a process group (negative pid) or a process.
-pub fn signal(pid: i32, signal: i32) -> bool {
-    // SAFETY: kill has no memory effects.
-    unsafe { libc::kill(pid, signal) == 0 }
-}

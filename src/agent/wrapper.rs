@@ -203,7 +203,7 @@ impl Shared {
                     .and_then(|master| master.process_group_leader())
                     .or_else(|| self.child_pid.and_then(|pid| i32::try_from(pid).ok()));
                 if let Some(group) = group {
-                    terminal::signal(-group, libc::SIGINT);
+                    crate::process::signal(-group, libc::SIGINT);
                 }
             }
             InterruptStyle::CtrlC => {
@@ -462,13 +462,13 @@ async fn run_registered(
 /// Ends the CLI: SIGTERM to its process group, SIGKILL if it is still there after 3 s.
 async fn stop_child(shared: &Arc<Shared>) -> i32 {
     let Some(pid) = shared.child_pid.and_then(|pid| i32::try_from(pid).ok()) else { return 143 };
-    terminal::signal(-pid, libc::SIGTERM);
-    terminal::signal(pid, libc::SIGHUP);
+    crate::process::signal(-pid, libc::SIGTERM);
+    crate::process::signal(pid, libc::SIGHUP);
     let deadline = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < deadline && crate::broker::command::is_pid_alive(pid.unsigned_abs()) {
+    while Instant::now() < deadline && crate::process::is_pid_alive(pid.unsigned_abs()) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    terminal::signal(-pid, libc::SIGKILL);
+    crate::process::signal(-pid, libc::SIGKILL);
     143
 }
 

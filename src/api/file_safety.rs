@@ -151,3 +151,29 @@ pub struct FileCleanupAnswer {
     pub released: usize,
     pub pruned: usize,
 }
+
+/// An absolute path with `.` and `..` removed (lexically: the file need not exist). Control
+/// characters are refused: no real file name of a project has them, and they would act on the
+/// terminal that shows the path.
+pub fn normalize(path: &str) -> Result<String, String> {
+    if path.trim().is_empty() {
+        return Err("the path is empty".into());
+    }
+    if path.chars().any(crate::escape::is_control) {
+        return Err(format!("'{}' contains a control character", crate::escape::visible_line(path)));
+    }
+    if !path.starts_with('/') {
+        return Err(format!("'{path}' is not an absolute path"));
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    Ok(format!("/{}", parts.join("/")))
+}

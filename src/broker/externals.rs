@@ -2,7 +2,7 @@
 //! an alias. Additions and removals are events; the list is an in-memory projection of the log
 //! kept by the same tail task as the webhook outbox.
 
-use super::command::{Answer, CommandError, DecideError, Decision};
+use super::command::decision::{Answer, CommandError, DecideError, Decision};
 use crate::event::{Envelope, Event};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -52,8 +52,7 @@ pub fn decide(command: &ExternalCommand) -> Result<Decision, DecideError> {
                 ))
                 .into());
             }
-            crate::http::outbound::parse_url(url)
-                .map_err(|message| CommandError::bad(format!("Invalid URL {message}")))?;
+            super::outbound::parse_url(url).map_err(|message| CommandError::bad(format!("Invalid URL {message}")))?;
             Event::ExternalAgentAdded {
                 alias: alias.clone(),
                 url: url.clone(),

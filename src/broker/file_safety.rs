@@ -4,7 +4,7 @@
 //! A lock is free once its expiry has passed or its holder is no longer registered. Both are
 //! decided against the batch's explicit `now`; the projection only stores what happened.
 
-use super::command::{Answer, CommandError, DecideError, Decision};
+use super::command::decision::{Answer, CommandError, Context, DecideError, Decision};
 use crate::event::{ChangeType, Event};
 use crate::store::{FileLock, Projections, StoreError};
 
@@ -44,31 +44,15 @@ pub enum FileCommand {
     },
 }
 
-/// An absolute path with `.` and `..` removed (lexically: the file need not exist). Control
-/// characters are refused: no real file name of a project has them, and they would act on the
-/// terminal that shows the path.
-pub fn normalize(path: &str) -> Result<String, String> {
-    if path.trim().is_empty() {
-        return Err("the path is empty".into());
+impl FileCommand {
+    /// Does deciding this command read whether a lock's holder still runs? Only an agent's
+    /// forced unlock does (see [`decide`]).
+    pub fn reads_liveness(&self) -> bool {
+        matches!(self, FileCommand::Unlock { force: true, by_user: false, .. })
     }
-    if path.chars().any(crate::escape::is_control) {
-        return Err(format!("'{}' contains a control character", crate::escape::visible_line(path)));
-    }
-    if !path.starts_with('/') {
-        return Err(format!("'{path}' is not an absolute path"));
-    }
-    let mut parts: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            part => parts.push(part),
-        }
-    }
-    Ok(format!("/{}", parts.join("/")))
 }
+
+pub use crate::api::normalize;
 
 /// The path a lock is about: [`normalize`]d, then with symlinks resolved in the longest part of it
 /// that exists (the file itself may not exist yet), so a link to a locked file names the locked
@@ -113,11 +97,7 @@ pub fn may_write(
         Some(lock) if lock.agent_id == agent => (true, "you hold the lock".into(), Some(lock)),
         Some(lock) => (
             false,
-            format!(
-                "File is already locked by {} until {}",
-                lock.agent_id,
-                crate::http::wire::rfc3339(lock.expires_ms)
-            ),
+            format!("File is already locked by {} until {}", lock.agent_id, crate::time::rfc3339(lock.expires_ms)),
             Some(lock),
         ),
     }
@@ -134,7 +114,8 @@ fn require_agent(view: &Projections<'_>, agent: &str) -> Result<(), DecideError>
     Ok(())
 }
 
-pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Result<Decision, DecideError> {
+pub fn decide(view: &Projections<'_>, command: &FileCommand, context: &Context<'_>) -> Result<Decision, DecideError> {
+    let now_ms = context.now_ms;
     let decision = |actor: Option<&str>, events: Vec<Event>| {
         Ok(Decision { actor: actor.map(str::to_string), events, answer: Answer::Appended })
     };
@@ -143,7 +124,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Res
             let path = normalize(path).map_err(CommandError::bad)?;
             if *duration_seconds == 0 || *duration_seconds > LOCK_MAX_DURATION_SECONDS {
                 return Err(CommandError::bad(format!(
-                    "Error: the duration must be between 1 and {LOCK_MAX_DURATION_SECONDS} seconds (got {duration_seconds})"
+                    "the duration must be between 1 and {LOCK_MAX_DURATION_SECONDS} seconds (got {duration_seconds})"
                 ))
                 .into());
             }
@@ -173,8 +154,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Res
             let Some(lock) = view.lock(&path)? else {
                 return Err(CommandError::not_found(format!("File {path} is not locked")).into());
             };
-            let holder_alive =
-                view.agent(&lock.agent_id)?.is_some_and(|holder| super::command::is_pid_alive(holder.pid));
+            let holder_alive = view.agent(&lock.agent_id)?.is_some_and(|holder| context.liveness.is_alive(holder.pid));
             let is_foreign = agent_id.as_deref() != Some(lock.agent_id.as_str());
             if *force && is_foreign && !by_user && lock.expires_ms > now_ms && holder_alive {
                 return Err(CommandError::forbidden(format!(
@@ -199,7 +179,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Res
         FileCommand::Record { path, agent_id, task_id, change_type, intent } => {
             let path = normalize(path).map_err(CommandError::bad)?;
             require_agent(view, agent_id)?;
-            let task = super::command::find_task(view, task_id)?
+            let task = super::command::checks::find_task(view, task_id)?
                 .ok_or_else(|| CommandError::not_found(format!("Task {task_id} not found")))?;
             decision(
                 Some(agent_id),
@@ -216,7 +196,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, now_ms: u64) -> Res
             let mut events = Vec::new();
             if let Some(days) = keep_days {
                 if *days == 0 {
-                    return Err(CommandError::bad("Error: --days must be a positive number of days").into());
+                    return Err(CommandError::bad("--days must be a positive number of days").into());
                 }
                 events.push(Event::FileModificationsPruned {
                     before_ms: now_ms.saturating_sub(days.saturating_mul(86_400_000)),

@@ -108,7 +108,7 @@ pub enum TailEnd {
 
 /// Reads the next events after `cursor`; when `follow` is set and there are none, waits for
 /// new ones. Returns an empty batch only when not following and caught up.
-pub async fn next_batch(state: &Arc<BrokerState>, cursor: u64, follow: bool) -> Result<Vec<Arc<TailEvent>>, TailEnd> {
+pub async fn next_batch(state: &BrokerState, cursor: u64, follow: bool) -> Result<Vec<Arc<TailEvent>>, TailEnd> {
     let mut head = state.head.clone();
     let mut shutdown = state.shutdown.subscribe();
     loop {
@@ -140,7 +140,7 @@ pub async fn next_batch(state: &Arc<BrokerState>, cursor: u64, follow: bool) -> 
 }
 
 /// Waits until the head is past `cursor` (or shutdown); returns false on shutdown.
-pub async fn wait_past(state: &Arc<BrokerState>, cursor: u64) -> bool {
+pub async fn wait_past(state: &BrokerState, cursor: u64) -> bool {
     let mut head = state.head.clone();
     let mut shutdown = state.shutdown.subscribe();
     if *shutdown.borrow() {

@@ -8,10 +8,10 @@
 //!
 //! Secrets: a signing secret never enters the log (which `GET /events` serves). It is written
 //! to `$SYNAPSE_HOME/webhook-secrets/<ref>` (0600, fsynced before the registration commits) and
-//! the event holds only the reference; the delivery worker reads the file when it signs. Logs
+//! the event holds only the reference; the delivery worker (`broker::delivery`) reads the file when it signs. Logs
 //! from before this carry `secret` inline: still read, never written.
 //!
-//! Targets: every attempt goes through [`crate::http::outbound`] with the broker's policy (no
+//! Targets: every attempt goes through [`super::outbound`] with the broker's policy (no
 //! private targets unless allowed, never the broker itself), a 10 s limit and a 64 KB cap on
 //! the answer's body.
 //!
@@ -19,20 +19,16 @@
 //! (`SYNAPSE_WEBHOOK_RETRY_BASE_MS`, default 1000 ms, doubling, at most [`MAX_ATTEMPTS`]);
 //! 2xx and 4xx answers end a delivery.
 
-use super::BrokerState;
-use super::command::{Answer, Command, CommandError, DecideError, Decision};
+use super::command::decision::{Answer, CommandError, DecideError, Decision};
 use crate::event::{Envelope, Event, TaskState};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 use tokio::sync::watch;
 
 pub const EVENTS: [&str; 4] = ["task.completed", "task.failed", "task.canceled", "task.replied"];
 pub const MAX_ATTEMPTS: u32 = 8;
-/// How long one delivery attempt may take once connected.
-const ATTEMPT_TIMEOUT: Duration = crate::http::outbound::READ_TIMEOUT;
 /// The directory of the signing secrets, inside `SYNAPSE_HOME`.
 pub const SECRETS_DIR: &str = "webhook-secrets";
 /// Finished deliveries kept for `GET /webhooks/deliveries`.
@@ -63,7 +59,7 @@ pub struct Attempt {
     pub next_attempt_ms: Option<u64>,
 }
 
-pub use crate::http::outbound::parse_url;
+pub use super::outbound::parse_url;
 
 pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
     let event = match command {
@@ -254,7 +250,7 @@ impl Outbox {
                     let body = json!({
                         "event": name,
                         "event_id": delivery_id,
-                        "timestamp": crate::http::wire::rfc3339(envelope.time_ms),
+                        "timestamp": crate::time::rfc3339(envelope.time_ms),
                         "data": data,
                     });
                     self.pending.insert(
@@ -289,7 +285,7 @@ impl Outbox {
         self.finished.iter().chain(self.pending.values()).cloned().collect()
     }
 
-    fn due(&self, now_ms: u64, in_flight: &HashSet<(String, u32)>) -> Vec<(Delivery, Option<SecretSource>)> {
+    pub fn due(&self, now_ms: u64, in_flight: &HashSet<(String, u32)>) -> Vec<(Delivery, Option<SecretSource>)> {
         self.pending
             .values()
             .filter(|delivery| delivery.next_attempt_ms.is_some_and(|at| at <= now_ms))
@@ -305,7 +301,7 @@ impl Outbox {
             .collect()
     }
 
-    fn next_due(&self) -> Option<u64> {
+    pub fn next_due(&self) -> Option<u64> {
         self.pending.values().filter_map(|delivery| delivery.next_attempt_ms).min()
     }
 }
@@ -323,6 +319,11 @@ impl Default for Webhooks {
 }
 
 impl Webhooks {
+    /// Is this attempt of this delivery still the one the outbox waits for?
+    pub fn is_awaited(outbox: &Outbox, delivery_id: &str, attempts: u32) -> bool {
+        outbox.pending.get(delivery_id).is_some_and(|delivery| delivery.attempts == attempts)
+    }
+
     pub fn lock(&self) -> std::sync::MutexGuard<'_, Outbox> {
         self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -334,23 +335,13 @@ impl Webhooks {
     }
 }
 
-/// HMAC-SHA256 (RFC 2104).
+/// HMAC-SHA256 (RFC 2104) of `message` under `key`: the `x-synapse-signature` of a delivery.
 pub fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
-    use sha2::{Digest, Sha256};
-    let mut block = [0u8; 64];
-    if key.len() > 64 {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let mut inner = Sha256::new();
-    inner.update(block.map(|byte| byte ^ 0x36));
-    inner.update(message);
-    let inner = inner.finalize();
-    let mut outer = Sha256::new();
-    outer.update(block.map(|byte| byte ^ 0x5c));
-    outer.update(inner);
-    outer.finalize().into()
+    use hmac::{Hmac, Mac};
+    // HMAC takes keys of any length (a long one is hashed first): this cannot fail.
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC accepts keys of any length");
+    mac.update(message);
+    mac.finalize().into_bytes().into()
 }
 
 fn retry_base_ms() -> u64 {
@@ -358,37 +349,10 @@ fn retry_base_ms() -> u64 {
 }
 
 /// What one attempt got: the status, and a note when the answer's body was cut at the cap.
-type PostResult = Result<(u16, Option<String>), String>;
-
-/// One POST; Ok(status, note) or Err(network error, refused target, unreadable secret).
-async fn post(state: &BrokerState, delivery: &Delivery, secret: Option<&SecretSource>) -> PostResult {
-    let mut headers =
-        vec![("x-synapse-event", delivery.event.clone()), ("x-synapse-event-id", delivery.delivery_id.clone())];
-    if let Some(source) = secret {
-        let secret = read_secret(&state.paths.home, source)?;
-        let signature = super::command::to_hex(&hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
-        headers.push(("x-synapse-signature", format!("sha256={signature}")));
-    }
-    let answer = crate::http::outbound::request(
-        &state.outbound_policy(),
-        hyper::Method::POST,
-        &delivery.url,
-        &headers,
-        Some(delivery.body.clone().into_bytes()),
-        ATTEMPT_TIMEOUT,
-    )
-    .await?;
-    let note = answer.truncated.then(|| {
-        format!(
-            "the answer's body is longer than {} bytes; reading stopped there",
-            crate::http::outbound::BODY_LIMIT_BYTES
-        )
-    });
-    Ok((answer.status, note))
-}
+pub type PostResult = Result<(u16, Option<String>), String>;
 
 /// The outcome of an attempt as the event to record.
-fn record(delivery: &Delivery, result: PostResult, now_ms: u64) -> Attempt {
+pub fn record(delivery: &Delivery, result: PostResult, now_ms: u64) -> Attempt {
     let attempt = delivery.attempts + 1;
     let retry = match &result {
         Ok((status, _)) => *status >= 500,
@@ -415,54 +379,6 @@ fn record(delivery: &Delivery, result: PostResult, now_ms: u64) -> Attempt {
     }
 }
 
-/// The delivery worker: follows the log into the outbox (and the external agents' list) and
-/// delivers what is due. `Webhooks::caught_up` waits for it.
-pub fn spawn(state: Arc<BrokerState>) {
-    tokio::spawn(async move {
-        let mut cursor = 0;
-        let mut in_flight: HashSet<(String, u32)> = HashSet::new();
-        let mut shutdown = state.shutdown.subscribe();
-        loop {
-            loop {
-                let Ok(batch) = super::tail::next_batch(&state, cursor, false).await else { return };
-                if batch.is_empty() {
-                    break;
-                }
-                let mut outbox = state.webhooks.lock();
-                for envelope in &batch {
-                    outbox.apply(envelope);
-                    // The same tail keeps the external agents' projection.
-                    state.externals.apply(envelope);
-                    cursor = envelope.seq;
-                }
-            }
-            state.webhooks.cursor.send_replace(cursor);
-            let now = super::writer::now_ms();
-            let (due, next) = {
-                let outbox = state.webhooks.lock();
-                in_flight.retain(|(id, attempts)| outbox.pending.get(id).is_some_and(|d| d.attempts == *attempts));
-                (outbox.due(now, &in_flight), outbox.next_due())
-            };
-            for (delivery, secret) in due {
-                in_flight.insert((delivery.delivery_id.clone(), delivery.attempts));
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let result = post(&state, &delivery, secret.as_ref()).await;
-                    let attempt = record(&delivery, result, super::writer::now_ms());
-                    let _ = state.writer.submit(Command::Webhook(WebhookCommand::RecordAttempt(attempt))).await;
-                });
-            }
-            let wait = next.filter(|at| *at > now).map(|at| Duration::from_millis(at - now));
-            let in_flight_only = next.is_some_and(|at| at <= now);
-            tokio::select! {
-                moved = super::tail::wait_past(&state, cursor) => if !moved { return },
-                _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))), if wait.is_some() && !in_flight_only => {}
-                _ = shutdown.wait_for(|stopping| *stopping) => return,
-            }
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,7 +386,7 @@ mod tests {
     #[test]
     fn hmac_matches_rfc_4231_test_case_2() {
         assert_eq!(
-            crate::broker::command::to_hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            crate::secret::to_hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }

@@ -21,11 +21,13 @@
 //! [`GATHER_FROM`] jobs or more): a lone caller, or a conversation where one step follows
 //! another, never waits.
 
-use super::command::{self, Command, CommandError, DecideError, Outcome};
+use super::command::{self, Command, CommandError, Context, DecideError, Liveness, LivenessNeeded, Outcome};
+use crate::config::WriteFailure;
 use crate::store::{RebuildReport, Store, StoreError, VerifyReport};
+use crate::time::now_ms;
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
 /// Most jobs decided in one transaction.
@@ -60,12 +62,6 @@ enum Job {
 #[derive(Clone)]
 pub struct WriterHandle {
     jobs: mpsc::Sender<Job>,
-}
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn unavailable(error: impl std::fmt::Display) -> CommandError {
@@ -304,8 +300,12 @@ impl Writer {
         // a panic there is a storage failure like the others, not the end of the writer.
         let result = catch_storage_panic(|| {
             self.store.transact(now_ms(), |appender| {
+                // The process table is read here, once for the whole batch, so that decide reads
+                // nothing but the projections and the command.
+                let liveness = look_up_liveness(appender.view(), &jobs)?;
+                let context = Context { now_ms: appender.time_ms(), liveness: &liveness };
                 for (command, _) in &jobs {
-                    match command::decide(appender.view(), command, appender.time_ms()) {
+                    match command::decide(appender.view(), command, &context) {
                         Ok(decision) => {
                             let written = appender.append(decision.actor.as_deref(), decision.events)?;
                             let last_seq = written.last().map_or(appender.next_seq() - 1, |envelope| envelope.seq);
@@ -353,6 +353,26 @@ impl Writer {
     }
 }
 
+/// The liveness of every process a command of the batch may ask about: the agents it names
+/// (or all agents, when one scans them) and the pids registering in the batch (an agent
+/// registered by an earlier command of the batch has no row yet when this is read).
+fn look_up_liveness(view: &crate::store::Projections<'_>, jobs: &[Pending]) -> Result<Liveness, StoreError> {
+    let mut pids: Vec<u32> = Vec::new();
+    let mut all_agents = false;
+    for (command, _) in jobs {
+        match command.liveness_needed(view)? {
+            LivenessNeeded::None => {}
+            LivenessNeeded::Pids(needed) => pids.extend(needed),
+            LivenessNeeded::AllAgents => all_agents = true,
+        }
+        pids.extend(command.registering_pid());
+    }
+    if all_agents {
+        pids.extend(view.agents()?.iter().map(|agent| agent.pid));
+    }
+    Ok(Liveness::look_up(pids))
+}
+
 /// Runs storage work, turning a panic inside redb into an I/O failure (the writer then reopens
 /// the database).
 fn catch_storage_panic<T>(work: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
@@ -380,14 +400,6 @@ fn describe_storage_failure(error: &StoreError) -> String {
 #[derive(Debug, Default)]
 pub struct WriteHealth {
     failure: std::sync::Mutex<Option<WriteFailure>>,
-}
-
-/// Why the broker cannot write, and since when.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct WriteFailure {
-    pub reason: String,
-    /// When the first of the failures in a row happened (ms since the epoch).
-    pub since_ms: u64,
 }
 
 impl WriteHealth {

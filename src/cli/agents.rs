@@ -140,7 +140,7 @@ async fn resolve(paths: &Paths, target: &str) -> anyhow::Result<Vec<AgentView>> 
 /// reused by another process is never signalled). A registration naming any other process (a
 /// shell, a test, an editor) is listed and reachable, but never killed by `synapse stop`.
 fn refusal_to_stop(agent: &AgentView, pid: u32) -> Option<String> {
-    use crate::broker::process;
+    use crate::process;
     let Some(recorded) = agent.pid_start else {
         return Some(format!("its registration has no process start time to check pid {pid} against"));
     };
@@ -173,13 +173,13 @@ pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32>
             refused += 1;
             continue;
         }
-        crate::agent::terminal::signal(pid, libc::SIGTERM);
+        crate::process::signal(pid, libc::SIGTERM);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while crate::broker::command::is_pid_alive(pid.unsigned_abs()) && std::time::Instant::now() < deadline {
+        while crate::process::is_pid_alive(pid.unsigned_abs()) && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        if crate::broker::command::is_pid_alive(pid.unsigned_abs()) {
-            crate::agent::terminal::signal(pid, libc::SIGKILL);
+        if crate::process::is_pid_alive(pid.unsigned_abs()) {
+            crate::process::signal(pid, libc::SIGKILL);
             println!("Killed {id} (pid {pid}) after 5 s");
         } else {
             println!("Stopped {id} (pid {pid})");

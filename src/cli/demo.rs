@@ -83,11 +83,11 @@ impl Drop for Demo {
     fn drop(&mut self) {
         for pid in &self.wrappers {
             if let Ok(pid) = i32::try_from(*pid) {
-                crate::agent::terminal::signal(pid, libc::SIGTERM);
+                crate::process::signal(pid, libc::SIGTERM);
             }
         }
         for pid in &self.wrappers {
-            while crate::broker::command::is_pid_alive(*pid) {
+            while crate::process::is_pid_alive(*pid) {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }

@@ -94,11 +94,11 @@ const HOW_TO_ENABLE: &str = "File safety is disabled. Enable it with SYNAPSE_FIL
 fn absolute(file: &str) -> anyhow::Result<String> {
     let path = std::path::Path::new(file);
     let joined = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
-    crate::broker::file_safety::normalize(&joined.to_string_lossy()).map_err(|reason| anyhow::anyhow!("{reason}"))
+    crate::api::normalize(&joined.to_string_lossy()).map_err(|reason| anyhow::anyhow!("{reason}"))
 }
 
 fn time(time_ms: u64) -> String {
-    crate::http::wire::rfc3339(time_ms)
+    crate::time::rfc3339(time_ms)
 }
 
 /// CREATE, MODIFY or DELETE, as the broker writes the change type.

@@ -74,7 +74,7 @@ fn enabled() -> bool {
 fn line(record: &HistoryRecord) -> String {
     crate::escape::visible_line(&format!(
         "{}  {}  {:<8} {:<24} {} {:<24} {:<10} {}",
-        crate::http::wire::rfc3339(record.updated_ms),
+        crate::time::rfc3339(record.updated_ms),
         crate::event::short_id(&record.task_id),
         record.side,
         record.agent,
@@ -115,8 +115,8 @@ pub fn to_csv(records: &[HistoryRecord]) -> String {
             record.priority.to_string(),
             record.input.clone(),
             record.output.clone(),
-            crate::http::wire::rfc3339(record.created_ms),
-            crate::http::wire::rfc3339(record.updated_ms),
+            crate::time::rfc3339(record.created_ms),
+            crate::time::rfc3339(record.updated_ms),
         ];
         out.push_str(&fields.iter().map(|field| csv_field(field)).collect::<Vec<_>>().join(","));
         out.push_str("\r\n");

@@ -14,7 +14,7 @@ pub fn run_broker(paths: Paths, autostarted: bool) -> anyhow::Result<i32> {
         crate::trust::TrustSettings::update_from_env(&paths.home)?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(crate::broker::run(paths))?;
+    runtime.block_on(crate::daemon::run(paths))?;
     Ok(0)
 }
 
@@ -75,7 +75,7 @@ pub fn event_line(envelope: &Envelope) -> String {
     format!(
         "{:>8}  {}  {:<24} {}",
         envelope.seq,
-        crate::http::wire::rfc3339(envelope.time_ms),
+        crate::time::rfc3339(envelope.time_ms),
         envelope.event.kind(),
         crate::escape::visible_line(&envelope.event.summary())
     )

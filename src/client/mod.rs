@@ -200,7 +200,7 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Sender> {
             let port = std::fs::read(paths.broker_info())
                 .ok()
                 .and_then(|bytes| serde_json::from_slice::<crate::config::BrokerInfo>(&bytes).ok())
-                .filter(|info| info.port != 0 && crate::broker::command::is_pid_alive(info.pid))
+                .filter(|info| info.port != 0 && crate::process::is_pid_alive(info.pid))
                 .map(|info| info.port);
             match port {
                 Some(port) => connect_tcp(port).await.map_err(|_| unix_error),
@@ -888,7 +888,7 @@ pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(20) {
         let gone = match pid {
-            Some(pid) => !crate::broker::command::is_pid_alive(pid),
+            Some(pid) => !crate::process::is_pid_alive(pid),
             None => connect_unix(paths).await.is_err(),
         };
         if gone {

@@ -461,13 +461,13 @@ impl Event {
             Event::ExternalAgentAdded { alias, url, .. } => format!("external agent {alias} at {url}"),
             Event::ExternalAgentRemoved { alias } => format!("external agent {alias} removed"),
             Event::FileModificationsPruned { before_ms } => {
-                format!("file modifications before {} pruned", crate::http::wire::rfc3339(*before_ms))
+                format!("file modifications before {} pruned", crate::time::rfc3339(*before_ms))
             }
             Event::InboxExpired { agent_id, reason, tickets } => {
                 format!("{tickets} queued ticket(s) of {agent_id} dropped: {reason}")
             }
             Event::IdempotencyKeysExpired { before_ms } => {
-                format!("idempotency keys before {} expired", crate::http::wire::rfc3339(*before_ms))
+                format!("idempotency keys before {} expired", crate::time::rfc3339(*before_ms))
             }
         }
     }

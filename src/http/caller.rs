@@ -19,8 +19,9 @@
 //! what the request claims.
 
 use super::{ApiError, AppState, SECRET_HEADER};
-use crate::broker::command::{Actor, hash_secret};
-use crate::broker::process::{self, ProcessStamp};
+use crate::broker::command::Actor;
+use crate::process::{self, ProcessStamp};
+use crate::secret::hash_secret;
 use crate::store::AgentRecord;
 use axum::extract::FromRequestParts;
 use axum::extract::connect_info::ConnectInfo;
@@ -123,10 +124,10 @@ impl Caller {
             StatusCode::FORBIDDEN,
             match self {
                 Caller::Agent(agent) => {
-                    format!("Error: {} may not {what} as {agent_id}: an agent acts only as itself", agent.agent_id)
+                    format!("{} may not {what} as {agent_id}: an agent acts only as itself", agent.agent_id)
                 }
                 _ => format!(
-                    "Error: to {what} as {agent_id}, run the command inside that agent (its secret in {SECRET_HEADER}), or as the user (the CLI over the broker's Unix socket, or the admin key)"
+                    "to {what} as {agent_id}, run the command inside that agent (its secret in {SECRET_HEADER}), or as the user (the CLI over the broker's Unix socket, or the admin key)"
                 ),
             },
         ))
@@ -163,7 +164,10 @@ pub fn caller_of(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
         let agents = state.store.read(|view| view.agents())?;
         // A stale or wrong secret makes the caller anonymous, never the user.
         return Ok(
-            match agents.into_iter().find(|agent| crate::broker::command::digests_equal(&agent.secret_hash, &digest)) {
+            match agents
+                .into_iter()
+                .find(|agent| crate::secret::constant_time_eq(agent.secret_hash.as_bytes(), digest.as_bytes()))
+            {
                 Some(agent) => Caller::Agent(Box::new(agent)),
                 None => Caller::Anonymous,
             },
@@ -212,7 +216,7 @@ impl FromRequestParts<AppState> for TheUser {
         Err(ApiError::new(
             StatusCode::FORBIDDEN,
             format!(
-                "Error: {} {} is for the user only, not for {who}: run the synapse CLI from a plain shell (the broker's Unix socket, outside any agent), or send the admin key (X-API-Key)",
+                "{} {} is for the user only, not for {who}: run the synapse CLI from a plain shell (the broker's Unix socket, outside any agent), or send the admin key (X-API-Key)",
                 parts.method,
                 parts.uri.path()
             ),
@@ -220,7 +224,7 @@ impl FromRequestParts<AppState> for TheUser {
     }
 }
 
-/// How a registration proved its pid, for [`crate::broker::agents::register`].
+/// How a registration proved its pid, for [`super::agent_endpoints::register`].
 #[derive(Debug, Clone, Copy)]
 pub struct RegistrationProof {
     /// The request carries the admin key: any live process may be registered.
@@ -244,11 +248,11 @@ impl FromRequestParts<AppState> for RegistrationProof {
         match peer_of(parts) {
             Some(_) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "Error: only the broker's own user may register agents over its Unix socket",
+                "only the broker's own user may register agents over its Unix socket",
             )),
             None => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "Error: agents register over the broker's Unix socket (which proves the process), or with the admin key; a TCP request without it cannot prove which process it is",
+                "agents register over the broker's Unix socket (which proves the process), or with the admin key; a TCP request without it cannot prove which process it is",
             )),
         }
     }

@@ -1,9 +1,9 @@
 //! `/external`: add (discovering the agent card), list, info, send, remove (SPEC §6).
 
-use super::outbound;
 use super::{ApiError, ApiResult, AppState, parse_body};
 use crate::broker::command::{Command, Outcome};
 use crate::broker::externals::{ExternalCommand, alias_from_name};
+use crate::broker::outbound;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -138,7 +138,7 @@ async fn send(
 ) -> ApiResult {
     let body: SendBody = parse_body(body)?;
     if body.text.trim().is_empty() {
-        return Err(ApiError::bad("Error: the message is empty"));
+        return Err(ApiError::bad("the message is empty"));
     }
     let external = known(&state, &alias)?;
     let message = json!({

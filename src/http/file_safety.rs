@@ -34,12 +34,12 @@ fn limit(limit: Option<usize>) -> Result<usize, ApiError> {
     match limit {
         None => Ok(50),
         Some(limit) if (1..=MAX_LIMIT).contains(&limit) => Ok(limit),
-        Some(limit) => Err(ApiError::bad(format!("Error: limit must be between 1 and {MAX_LIMIT} (got {limit})"))),
+        Some(limit) => Err(ApiError::bad(format!("limit must be between 1 and {MAX_LIMIT} (got {limit})"))),
     }
 }
 
 fn path(raw: &str) -> Result<String, ApiError> {
-    file_safety::canonical(raw).map_err(|reason| ApiError::bad(format!("Error: {reason}")))
+    file_safety::canonical(raw).map_err(ApiError::bad)
 }
 
 async fn submit(state: &AppState, command: FileCommand) -> Result<u64, CommandError> {
@@ -66,7 +66,7 @@ struct AgentQuery {
 
 async fn locks(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: AgentQuery = parse_query(uri.query())?;
-    let now = crate::broker::writer::now_ms();
+    let now = crate::time::now_ms();
     let locks: Vec<_> = state
         .store
         .read(|view| view.locks())?
@@ -119,7 +119,7 @@ async fn lock(State(state): State<AppState>, caller: Caller, body: Result<Bytes,
             }
             Err(CommandError::Conflict { message }) if tokio::time::Instant::now() < deadline => {
                 let expires = state.store.read(|view| view.lock(&path))?.map(|lock| lock.expires_ms);
-                let now = crate::broker::writer::now_ms();
+                let now = crate::time::now_ms();
                 let until_expiry = expires.map(|at| Duration::from_millis(at.saturating_sub(now) + 1));
                 let wake = match until_expiry {
                     Some(wait) => deadline.min(tokio::time::Instant::now() + wait),
@@ -208,7 +208,7 @@ async fn record(State(state): State<AppState>, caller: Caller, body: Result<Byte
         Some("CREATE") => ChangeType::Create,
         Some("DELETE") => ChangeType::Delete,
         Some(other) => {
-            return Err(ApiError::bad(format!("Error: unknown change type '{other}' (CREATE, MODIFY, DELETE)")));
+            return Err(ApiError::bad(format!("unknown change type '{other}' (CREATE, MODIFY, DELETE)")));
         }
     };
     let path = path(&body.path)?;
@@ -233,7 +233,7 @@ struct ValidateBody {
 async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: ValidateBody = parse_body(body)?;
     let path = path(&body.path)?;
-    let now = crate::broker::writer::now_ms();
+    let now = crate::time::now_ms();
     let answer = state.store.read(|view| file_safety::check(view, &path, &body.agent_id, now))?;
     Ok(Json(answer))
 }
@@ -255,7 +255,7 @@ async fn cleanup(State(state): State<AppState>, body: Result<Bytes, BytesRejecti
     let keep_days = u64::try_from(days)
         .ok()
         .filter(|days| *days > 0)
-        .ok_or_else(|| ApiError::bad(format!("Error: --days must be a positive number of days (got {days})")))?;
+        .ok_or_else(|| ApiError::bad(format!("--days must be a positive number of days (got {days})")))?;
     let (locks_before, records_before) =
         state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
     submit(&state, FileCommand::Cleanup { keep_days: Some(keep_days) }).await?;

@@ -17,12 +17,10 @@
 
 use super::ApiError;
 use super::server::Transport;
-use crate::broker::BrokerState;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use std::sync::Arc;
 
 /// Names a request may carry as Host besides the loopback ones, and origins it may carry.
 #[derive(Debug, Clone, Default)]
@@ -159,7 +157,7 @@ impl RequestRules {
 }
 
 /// The middleware: outermost on every router, before authentication.
-pub async fn check(State(state): State<Arc<BrokerState>>, request: Request, next: Next) -> Response {
+pub async fn check(State(state): State<super::AppState>, request: Request, next: Next) -> Response {
     let transport = request.extensions().get::<Transport>().copied();
     let broker_port = state.port.load(std::sync::atomic::Ordering::Relaxed);
     match state.request_rules.judge(request.method(), request.headers(), transport, broker_port) {

@@ -29,7 +29,7 @@ fn limit(limit: Option<usize>, default: usize) -> Result<usize, ApiError> {
     match limit {
         None => Ok(default),
         Some(limit) if (1..=MAX_LIMIT).contains(&limit) => Ok(limit),
-        Some(limit) => Err(ApiError::bad(format!("Error: limit must be between 1 and {MAX_LIMIT} (got {limit})"))),
+        Some(limit) => Err(ApiError::bad(format!("limit must be between 1 and {MAX_LIMIT} (got {limit})"))),
     }
 }
 
@@ -95,12 +95,12 @@ async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     let keywords: Vec<String> =
         query.q.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string).collect();
     if keywords.is_empty() {
-        return Err(ApiError::bad("Error: give at least one keyword"));
+        return Err(ApiError::bad("give at least one keyword"));
     }
     let logic = match query.logic.as_deref().map(str::to_ascii_uppercase).as_deref() {
         None | Some("OR") => Logic::Or,
         Some("AND") => Logic::And,
-        Some(other) => return Err(ApiError::bad(format!("Error: logic must be OR or AND (got '{other}')"))),
+        Some(other) => return Err(ApiError::bad(format!("logic must be OR or AND (got '{other}')"))),
     };
     let limit = limit(query.limit, 50)?;
     let case_sensitive = query.case_sensitive.unwrap_or(false);
@@ -136,8 +136,8 @@ async fn stats(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult
         "by_status": by_status,
         "success_rate": success_rate,
         "by_agent": by_agent,
-        "first": first.map(super::wire::rfc3339),
-        "last": last.map(super::wire::rfc3339),
+        "first": first.map(crate::time::rfc3339),
+        "last": last.map(crate::time::rfc3339),
         "text_bytes": size,
     })))
 }
@@ -162,7 +162,7 @@ async fn cleanup(
 ) -> ApiResult {
     let body: CleanupBody = parse_body(body)?;
     let records = state.store.read(|view| view.history_records(None))?;
-    let now = crate::broker::writer::now_ms();
+    let now = crate::time::now_ms();
     let before_ms = match (body.days, body.max_size_mb) {
         (Some(days), None) if days > 0 => {
             now.saturating_sub(u64::try_from(days).unwrap_or(0).saturating_mul(86_400_000))
@@ -180,14 +180,14 @@ async fn cleanup(
             }
             cut
         }
-        (Some(_), Some(_)) => return Err(ApiError::bad("Error: give --days or --max-size, not both")),
-        (None, None) => return Err(ApiError::bad("Error: give --days N or --max-size MB")),
-        _ => return Err(ApiError::bad("Error: --days and --max-size must be positive")),
+        (Some(_), Some(_)) => return Err(ApiError::bad("give --days or --max-size, not both")),
+        (None, None) => return Err(ApiError::bad("give --days N or --max-size MB")),
+        _ => return Err(ApiError::bad("--days and --max-size must be positive")),
     };
     let removed: Vec<&HistoryRecord> = records.iter().filter(|record| record.updated_ms < before_ms).collect();
     if body.dry_run || removed.is_empty() {
         return Ok(Json(
-            json!({"would_remove": removed.len(), "removed": 0, "before": super::wire::rfc3339(before_ms)}),
+            json!({"would_remove": removed.len(), "removed": 0, "before": crate::time::rfc3339(before_ms)}),
         ));
     }
     let event = Event::HistoryPruned { before_ms, max_size_mb: body.max_size_mb.and_then(|mb| u64::try_from(mb).ok()) };
@@ -195,5 +195,5 @@ async fn cleanup(
         Outcome::Appended { .. } => {}
         _ => return Err(ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "unexpected answer")),
     }
-    Ok(Json(json!({"removed": removed.len(), "before": super::wire::rfc3339(before_ms)})))
+    Ok(Json(json!({"removed": removed.len(), "before": crate::time::rfc3339(before_ms)})))
 }

@@ -235,7 +235,7 @@ fn status_text(task: &TaskRecord) -> Option<String> {
 fn status_json(version: Version, task: &TaskRecord) -> Value {
     let mut status = json!({
         "state": state_name(version, task.state),
-        "timestamp": super::wire::rfc3339(task.updated_ms),
+        "timestamp": crate::time::rfc3339(task.updated_ms),
     });
     if let Some(text) = status_text(task) {
         let id = format!("{}-status-{}", task.id, task.updated_ms);
@@ -254,7 +254,7 @@ pub fn task_json(version: Version, task: &TaskRecord, history_length: Option<usi
         "metadata": {"synapse": {
             "agent_id": task.peer.as_ref().or(task.owner.as_ref()),
             "direction": task.direction,
-            "created_at": super::wire::rfc3339(task.created_ms),
+            "created_at": crate::time::rfc3339(task.created_ms),
         }},
     });
     if version == Version::V03 {
@@ -685,7 +685,7 @@ fn list_tasks(state: &AppState, agent: &str, version: Version, params: &Value) -
     let after_ms = match string_param(params, "statusTimestampAfter")? {
         None => None,
         Some(text) => Some(
-            parse_rfc3339_ms(text)
+            crate::time::parse_rfc3339_ms(text)
                 .ok_or_else(|| RpcError::params(format!("'statusTimestampAfter' is not an RFC 3339 time: '{text}'")))?,
         ),
     };
@@ -711,44 +711,6 @@ fn list_tasks(state: &AppState, agent: &str, version: Version, params: &Value) -
         .collect();
     let next = if offset + page_size < total { (offset + page_size).to_string() } else { String::new() };
     Ok(json!({"tasks": page, "nextPageToken": next, "pageSize": page_size, "totalSize": total}))
-}
-
-/// `2026-11-22T21:56:39.123Z` (or with an offset) as Unix milliseconds.
-pub fn parse_rfc3339_ms(text: &str) -> Option<u64> {
-    let (date, time) = text.trim().split_once(['T', 't', ' '])?;
-    let mut date_fields = date.splitn(3, '-');
-    let year: i64 = date_fields.next()?.parse().ok()?;
-    let month: i64 = date_fields.next()?.parse().ok()?;
-    let day: i64 = date_fields.next()?.parse().ok()?;
-    let (clock, offset_seconds) = if let Some(clock) = time.strip_suffix(['Z', 'z']) {
-        (clock, 0)
-    } else {
-        let at = time.rfind(['+', '-'])?;
-        let (clock, offset) = time.split_at(at);
-        let sign = if offset.starts_with('-') { -1 } else { 1 };
-        let (hours, minutes) = offset[1..].split_once(':')?;
-        (clock, sign * (hours.parse::<i64>().ok()? * 3600 + minutes.parse::<i64>().ok()? * 60))
-    };
-    let mut clock_fields = clock.splitn(3, ':');
-    let hour: i64 = clock_fields.next()?.parse().ok()?;
-    let minute: i64 = clock_fields.next()?.parse().ok()?;
-    let seconds_text = clock_fields.next()?;
-    let (whole, fraction) = seconds_text.split_once('.').unwrap_or((seconds_text, "0"));
-    let second: i64 = whole.parse().ok()?;
-    let millis: i64 = format!("{:0<3}", fraction.get(..3.min(fraction.len()))?).parse().ok()?;
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
-        return None;
-    }
-    // Days from civil (Howard Hinnant).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let total = (days * 86_400 + hour * 3600 + minute * 60 + second - offset_seconds) * 1000 + millis;
-    u64::try_from(total).ok()
 }
 
 async fn cancel_task(
@@ -945,16 +907,5 @@ mod tests {
         assert_eq!((id, error.code), (json!(4), INVALID_PARAMS));
         let call = parse(r#"{"jsonrpc":"2.0","id":5,"method":"GetTask"}"#).ok().unwrap();
         assert_eq!((call.id, call.method, call.params), (json!(5), "GetTask".to_string(), json!({})));
-    }
-
-    #[test]
-    fn rfc3339_times_parse_back_to_the_milliseconds_the_wire_shows() {
-        for millis in [0, 951_782_400_000, 1_795_384_599_123] {
-            assert_eq!(parse_rfc3339_ms(&crate::http::wire::rfc3339(millis)), Some(millis));
-        }
-        assert_eq!(parse_rfc3339_ms("2026-11-22T22:56:39+01:00"), Some(1_795_384_599_000));
-        assert_eq!(parse_rfc3339_ms("2026-11-22T21:56:39.5Z"), Some(1_795_384_599_500));
-        assert_eq!(parse_rfc3339_ms("yesterday"), None);
-        assert_eq!(parse_rfc3339_ms("2026-13-01T00:00:00Z"), None);
     }
 }

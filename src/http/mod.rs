@@ -5,6 +5,7 @@
 //! Bad input is always a 4xx JSON error, never a 500 or a panic.
 
 pub mod a2a_card;
+pub mod agent_endpoints;
 pub mod agent_tasks;
 pub mod auth;
 pub mod caller;
@@ -14,7 +15,6 @@ pub mod guard;
 pub mod history;
 pub mod jsonrpc;
 pub mod openapi;
-pub mod outbound;
 pub mod server;
 pub mod subscribe;
 pub mod webhooks;
@@ -48,7 +48,38 @@ pub const SECRET_HEADER: &str = "x-synapse-agent-secret";
 /// Longest a long-poll or wait may last.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 
-type AppState = Arc<BrokerState>;
+/// What every handler shares: the broker, and what only HTTP needs (authentication, request
+/// rules, connection limits), read once when the daemon starts serving. Derefs to the broker's
+/// state, which handlers mostly read.
+pub struct HttpState {
+    pub broker: Arc<BrokerState>,
+    /// API-key authentication, from the home's security settings at start.
+    pub auth: Arc<auth::AuthConfig>,
+    /// Host / Origin / content-type rules of every HTTP server, read from the environment at start.
+    pub request_rules: guard::RequestRules,
+    /// Idle timeout and connection limit shared by every HTTP server of this broker.
+    pub connection_limits: Arc<server::ConnectionLimits>,
+}
+
+impl HttpState {
+    pub fn new(broker: Arc<BrokerState>) -> Arc<HttpState> {
+        Arc::new(HttpState {
+            auth: Arc::new(auth::AuthConfig::from_trust(&broker.trust)),
+            request_rules: guard::RequestRules::from_env(),
+            connection_limits: Arc::new(server::ConnectionLimits::from_env()),
+            broker,
+        })
+    }
+}
+
+impl std::ops::Deref for HttpState {
+    type Target = BrokerState;
+    fn deref(&self) -> &BrokerState {
+        &self.broker
+    }
+}
+
+type AppState = Arc<HttpState>;
 
 /// The one error type of the HTTP layer: a status and a JSON body.
 #[derive(Debug)]
@@ -163,7 +194,7 @@ fn authorize_agent(state: &AppState, agent_id: &str, headers: &HeaderMap) -> Res
         .read(|view| view.agent(agent_id))?
         .ok_or_else(|| ApiError::not_found(format!("Agent '{agent_id}' is not registered")))?;
     match secret_of(headers) {
-        Some(secret) if command::hash_secret(&secret) == agent.secret_hash => Ok(()),
+        Some(secret) if crate::secret::secret_matches(&secret, &agent.secret_hash) => Ok(()),
         Some(_) => Err(ApiError::new(StatusCode::FORBIDDEN, format!("the secret does not match agent '{agent_id}'"))),
         None => Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -377,14 +408,14 @@ async fn list_agents(State(state): State<AppState>) -> ApiResult {
 }
 
 /// `POST /agents`: only over the Unix socket (the kernel names the peer process) or with the
-/// admin key; see [`agents::register`] for which pids a peer may register.
+/// admin key; see [`agent_endpoints::register`] for which pids a peer may register.
 async fn register(
     State(state): State<AppState>,
     proof: caller::RegistrationProof,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let body: agents::RegisterBody = parse_body(body)?;
-    let registration = agents::register(&state, body, proof).await?;
+    let registration = agent_endpoints::register(&state, body, proof).await?;
     Ok(Json(json!(registration)))
 }
 
@@ -431,7 +462,7 @@ async fn agent_status(State(state): State<AppState>, Scope(agent): Scope) -> Api
         "status": record.status,
         "status_note": record.status_note,
         "queue_depth": depth,
-        "since": wire::rfc3339(record.status_ms),
+        "since": crate::time::rfc3339(record.status_ms),
     })))
 }
 
@@ -480,7 +511,7 @@ async fn inbox(
                     "response_expected": ticket.response_expected,
                     "prefix": wire::ticket_prefix(&ticket),
                     "text": text.unwrap_or_default(),
-                    "issued_at": wire::rfc3339(ticket.issued_ms),
+                    "issued_at": crate::time::rfc3339(ticket.issued_ms),
                 }));
             }
             Ok(tickets)
@@ -530,7 +561,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         Some(value) => value
             .to_str()
             .map(|key| Some(key.trim().to_string()))
-            .map_err(|_| ApiError::bad("Error: the Idempotency-Key header must be visible ASCII")),
+            .map_err(|_| ApiError::bad("the Idempotency-Key header must be visible ASCII")),
     }
 }
 
@@ -567,7 +598,7 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
     let target = match &body.to {
         Some(to) => targets.iter().rev().find(|target| &target.sender_id == to).ok_or_else(|| {
             ApiError::not_found(format!(
-                "Error: No reply target from '{to}'. Pending: {}",
+                "No reply target from '{to}'. Pending: {}",
                 if targets.is_empty() {
                     "none".to_string()
                 } else {
@@ -576,11 +607,11 @@ async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection
             ))
         })?,
         None => match targets.as_slice() {
-            [] => return Err(ApiError::not_found("Error: No reply target. No pending messages to reply to.")),
+            [] => return Err(ApiError::not_found("No reply target. No pending messages to reply to.")),
             [one] => one,
             many => {
                 let mut error = ApiError::bad(format!(
-                    "Error: Several agents are waiting for a reply: {}. Choose one with --to.",
+                    "Several agents are waiting for a reply: {}. Choose one with --to.",
                     many.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>().join(", ")
                 ));
                 error.body["candidates"] = json!(many.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>());
@@ -768,7 +799,7 @@ async fn tasks_send_priority(
         None => command::default_priority(),
         Some(text) => match text.trim().parse::<u8>() {
             Ok(priority) if (1..=5).contains(&priority) => priority,
-            _ => return Err(ApiError::bad(format!("Error: priority must be between 1 and 5 (got '{text}')"))),
+            _ => return Err(ApiError::bad(format!("priority must be between 1 and 5 (got '{text}')"))),
         },
     };
     a2a_send(&state, agent, &headers, body, priority).await
@@ -885,7 +916,7 @@ fn target_json(target: &crate::store::ReplyTarget) -> Value {
         "sender_id": target.sender_id,
         "sender_task_id": target.sender_task_id,
         "task_id": target.receiver_task_id,
-        "received_at": wire::rfc3339(target.received_ms),
+        "received_at": crate::time::rfc3339(target.received_ms),
         "preview": target.preview,
     })
 }

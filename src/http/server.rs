@@ -20,6 +20,7 @@
 //!   its current response and close, and `serve` returns once all have.
 
 use crate::http::ApiError;
+use anyhow::Context;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -443,6 +444,24 @@ impl Connection {
             }
         }
     }
+}
+
+/// Binds a Unix socket at `path`, removing a stale socket file left by a dead process. Fails
+/// when something is listening there.
+pub fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    if path.exists() {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => anyhow::bail!(
+                "another process is already listening on {} (another broker with the same SYNAPSE_UDS_DIR?). Stop it, or set SYNAPSE_UDS_DIR to another directory",
+                path.display()
+            ),
+            Err(_) => {
+                tracing::info!("removing stale socket {}", path.display());
+                std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+            }
+        }
+    }
+    tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
 }
 
 #[cfg(test)]

@@ -206,7 +206,7 @@ pub async fn subscribe(
                         "artifacts": change.artifacts.iter().map(wire::artifact_json).collect::<Vec<_>>(),
                         "error": change.error,
                         "final": change.state.is_final(),
-                        "time": wire::rfc3339(change.time_ms),
+                        "time": crate::time::rfc3339(change.time_ms),
                     });
                     let name = if change.state.is_final() { "final" } else { "status" };
                     yield Ok(SseEvent::default().id(change.seq.to_string()).event(name).data(data.to_string()));

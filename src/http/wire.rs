@@ -2,26 +2,8 @@
 
 use crate::event::{Artifact, Message, Part};
 use crate::store::{AgentRecord, TaskRecord, Ticket, TicketKind};
+use crate::time::rfc3339;
 use serde_json::{Value, json};
-
-/// Unix milliseconds as RFC 3339 UTC (`2026-11-22T21:56:39.123Z`).
-pub fn rfc3339(time_ms: u64) -> String {
-    let seconds = time_ms / 1000;
-    let millis = time_ms % 1000;
-    let days = i64::try_from(seconds / 86_400).unwrap_or(0);
-    let rem = seconds % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, (rem % 3600) / 60, rem % 60)
-}
 
 pub fn part_json(part: &Part) -> Value {
     match part {
@@ -115,16 +97,4 @@ pub fn agent_json(agent: &AgentRecord, socket: &str, queue_depth: usize, current
         })),
         "registered_at": rfc3339(agent.registered_ms),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_formats_known_instants() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(rfc3339(1_795_384_599_123), "2026-11-22T21:56:39.123Z");
-    }
 }

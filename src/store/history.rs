@@ -8,14 +8,11 @@
 //! every task and is the definition; [`super::search_index`] answers the same from a word index.
 
 use super::StoreError;
-use super::projection::{Projections, ReadProjections};
+use super::projection::{PRUNED_BEFORE, Projections, ReadProjections};
 use super::records::TaskRecord;
 use crate::event::{Direction, Envelope, Event, Part, TaskState};
 use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
-
-/// Key of the prune cut-off in the history meta table.
-pub const PRUNED_BEFORE: &str = "pruned_before_ms";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HistoryRecord {

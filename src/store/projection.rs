@@ -7,9 +7,11 @@
 
 use super::StoreError;
 use super::records::{self, *};
-use crate::broker::command::reply_target_sender;
 use crate::event::{Artifact, Direction, Envelope, Event, Part, TaskState};
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
+
+/// Key of the prune cut-off in the history meta table (read by `history`, compared by verify).
+pub const PRUNED_BEFORE: &str = "pruned_before_ms";
 
 type AgentsDef = TableDefinition<'static, &'static str, &'static [u8]>;
 type TasksDef = TableDefinition<'static, &'static str, &'static [u8]>;
@@ -976,8 +978,8 @@ pub(crate) fn compare(
     compare_table(txn, live.modifications, scratch.modifications, "file_modifications", &mut differences)?;
     compare_table(txn, live.departed, scratch.departed, "departed_agents", &mut differences)?;
     compare_table(txn, live.idempotency, scratch.idempotency, "idempotency_keys", &mut differences)?;
-    let live_cutoff = txn.open_table(live.history_meta)?.get(super::history::PRUNED_BEFORE)?.map(|v| v.value());
-    let replay_cutoff = txn.open_table(scratch.history_meta)?.get(super::history::PRUNED_BEFORE)?.map(|v| v.value());
+    let live_cutoff = txn.open_table(live.history_meta)?.get(PRUNED_BEFORE)?.map(|v| v.value());
+    let replay_cutoff = txn.open_table(scratch.history_meta)?.get(PRUNED_BEFORE)?.map(|v| v.value());
     if live_cutoff != replay_cutoff {
         differences.push(format!("history_meta: live {live_cutoff:?}, replay {replay_cutoff:?}"));
     }

@@ -190,3 +190,14 @@ pub struct IdempotentSend {
     #[serde(default)]
     pub is_reply: bool,
 }
+
+/// The key a reply target is kept under: the sender's id, or for an anonymous sender (who can
+/// still wait for the answer with `--wait`) `anonymous-<task8>` so that two anonymous requests
+/// do not replace each other.
+pub fn reply_target_sender(from: Option<&str>, sender_task_id: Option<&str>) -> Option<String> {
+    match (from, sender_task_id) {
+        (Some(from), _) => Some(from.to_string()),
+        (None, Some(task)) => Some(format!("anonymous-{}", crate::event::short_id(task))),
+        (None, None) => None,
+    }
+}

@@ -1,15 +1,56 @@
-//! What the broker and the CLI may believe about a local process, read from `/proc`.
+//! What the broker and the CLI may believe about a local process, and the signals they send.
 //!
-//! A pid alone proves nothing: any process can name any pid, and pids are reused. So an
-//! agent's registration is checked against the registering peer's kernel-given credentials
-//! ([`is_related`]), the registered process's start time is recorded ([`start_ticks`]) so a
-//! reused pid is told apart, and `synapse stop` signals a process only when it is a `synapse`
-//! process ([`runs_this_executable`]) that started when the registration says it did.
+//! Liveness: [`pid_exists`] is one system call (the hot path); [`is_pid_alive`] also reads
+//! `/proc` so that a zombie counts as gone. A pid alone proves nothing: any process can name
+//! any pid, and pids are reused. So an agent's registration is checked against the registering
+//! peer's kernel-given credentials ([`is_related`]), the registered process's start time is
+//! recorded ([`start_ticks`]) so a reused pid is told apart, and `synapse stop` signals a process
+//! only when it is a `synapse` process ([`runs_this_executable`]) that started when the
+//! registration says it did.
 //!
 //! Whether a caller is inside an agent is decided from its [`lineage`] (read when its
 //! connection is accepted, before a parent can exit and have it reparented) against the
 //! registered wrappers' pids *and start times*, never from the executable file (which a
 //! rebuild replaces).
+//!
+//! This module reads the process table; it imports nothing of the crate. The broker's
+//! decisions never call it: the writer looks liveness up before deciding (see
+//! `broker::command`).
+
+/// Does a process with this pid exist? One system call (signal 0 checks existence without
+/// sending anything); a zombie still counts. The hot path of every send uses this; the
+/// liveness sweeper uses [`is_pid_alive`].
+pub fn pid_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    if pid <= 0 {
+        return false;
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: kill with signal 0 performs only the existence and permission check.
+    let result = unsafe { libc::kill(pid, 0) };
+    result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Is this process alive? A zombie (exited, not yet reaped by its parent) is gone for our
+/// purposes.
+pub fn is_pid_alive(pid: u32) -> bool {
+    pid_exists(pid) && libc::pid_t::try_from(pid).is_ok_and(|pid| !is_zombie(pid))
+}
+
+fn is_zombie(pid: libc::pid_t) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses and may contain spaces.
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z")
+}
+
+/// Sends `signal` to a process group (negative pid) or a process; true when it was sent.
+pub fn signal(pid: i32, signal: i32) -> bool {
+    #[allow(unsafe_code)]
+    // SAFETY: kill has no memory effects.
+    unsafe {
+        libc::kill(pid, signal) == 0
+    }
+}
 
 /// The process's start time (field 22 of `/proc/<pid>/stat`, clock ticks since boot): with the
 /// pid it names one process for the machine's uptime. None when the process is gone.

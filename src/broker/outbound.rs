@@ -110,27 +110,36 @@ impl Policy {
     }
 }
 
-/// `http://host[:port][/path]`: (host, port, path).
+/// `http://host[:port][/path][?query]`: (host, port, path and query). Parsed as HTTP clients
+/// and browsers parse URLs (WHATWG, the `url` crate), so the host checked is the host a client
+/// would reach: `http://127.1`, `http://0x7f.1` and `http://[::ffff:7f00:1]` are all 127.0.0.1.
+/// User information (`user@host`) is refused: it only serves to hide the real host.
 pub fn parse_url(url: &str) -> Result<(String, u16, String), String> {
-    let rest = match url.strip_prefix("http://") {
-        Some(rest) => rest,
-        None if url.starts_with("https://") => {
-            return Err(format!("'{url}': only http:// URLs are supported (this build has no TLS)"));
-        }
-        None => return Err(format!("'{url}' is not an http:// URL")),
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(at) => (&rest[..at], &rest[at..]),
-        None => (rest, "/"),
-    };
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, port)) => (host, port.parse::<u16>().map_err(|_| format!("'{url}': bad port '{port}'"))?),
-        None => (authority, 80),
-    };
-    if host.is_empty() || host.contains(['@', ' ']) || port == 0 {
-        return Err(format!("'{url}': bad host"));
+    let parsed = url::Url::parse(url).map_err(|error| match error {
+        url::ParseError::RelativeUrlWithoutBase => format!("'{url}' is not an http:// URL"),
+        url::ParseError::InvalidPort => format!("'{url}': bad port"),
+        _ => format!("'{url}': bad host ({error})"),
+    })?;
+    match parsed.scheme() {
+        "http" => {}
+        "https" => return Err(format!("'{url}': only http:// URLs are supported (this build has no TLS)")),
+        _ => return Err(format!("'{url}' is not an http:// URL")),
     }
-    Ok((host.trim_start_matches('[').trim_end_matches(']').to_string(), port, path.to_string()))
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(format!("'{url}': bad host (no user information is accepted)"));
+    }
+    let host = match parsed.host() {
+        Some(url::Host::Domain(domain)) if !domain.is_empty() => domain.to_string(),
+        Some(url::Host::Ipv4(address)) => address.to_string(),
+        Some(url::Host::Ipv6(address)) => address.to_string(),
+        _ => return Err(format!("'{url}': bad host")),
+    };
+    let port = parsed.port_or_known_default().unwrap_or(80);
+    if port == 0 {
+        return Err(format!("'{url}': bad port '0'"));
+    }
+    let path = &parsed[url::Position::BeforePath..url::Position::AfterQuery];
+    Ok((host, port, if path.is_empty() { "/".to_string() } else { path.to_string() }))
 }
 
 /// An answer: status and body (at most [`BODY_LIMIT_BYTES`] of it).
@@ -233,6 +242,27 @@ pub async fn stream(policy: &Policy, url: &str, limit: Duration) -> Result<Strea
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_read_as_http_clients_read_them() {
+        let parsed = |url: &str| parse_url(url).map(|(host, port, _)| (host, port));
+        assert_eq!(
+            parse_url("http://127.0.0.1:9000/hook?x=1#frag").unwrap(),
+            ("127.0.0.1".into(), 9000, "/hook?x=1".into())
+        );
+        assert_eq!(parsed("http://127.1/").unwrap(), ("127.0.0.1".into(), 80));
+        assert_eq!(parsed("http://0x7f.0.0.1:81").unwrap(), ("127.0.0.1".into(), 81));
+        assert_eq!(parsed("http://[::ffff:127.0.0.1]:82").unwrap(), ("::ffff:127.0.0.1".into(), 82));
+        assert_eq!(parsed("HTTP://Example.TEST").unwrap(), ("example.test".into(), 80));
+        assert!(parse_url("http://user@127.0.0.1/").is_err(), "user information hides the host");
+        // A backslash ends the host, as in browsers: the host checked is the one reached.
+        assert_eq!(parsed("http://evil.test\\@127.0.0.1/").unwrap().0, "evil.test");
+        assert!(parse_url("http://127.0.0.1:0/").is_err());
+        assert!(parse_url("http://host:70000/").is_err());
+        assert!(parse_url("/relative").is_err());
+        assert!(parse_url("http://b\u{fc}cher.example/").is_err(), "non-ASCII hosts are refused (see Cargo.toml)");
+        assert!(parse_url("http://xn--bcher-kva.example/").is_ok());
+    }
 
     #[test]
     fn private_and_local_addresses_are_recognised_in_every_spelling() {

@@ -1,0 +1,264 @@
+//! Agents joining and leaving: registration (ids, ports, names, taking a departed agent's
+//! queue back), status, deregistration, delivery acknowledgements, and expiring held queues.
+
+use super::decision::{Answer, CommandError, Context, DecideError, Decision};
+use super::requests::RegisterRequest;
+use crate::event::{AgentStatus, Event, TaskState};
+use crate::store::{DepartedAgent, Projections, StoreError, TicketKind};
+
+pub fn agent_id_for(agent_type: &str, port: u16) -> String {
+    format!("synapse-{agent_type}-{port}")
+}
+
+fn is_valid_agent_type(agent_type: &str) -> bool {
+    !agent_type.is_empty()
+        && agent_type.len() <= 32
+        && agent_type.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Does `agent_id` still hold a departed agent's queue? Then it is that agent's until it is
+/// started again with the same name, or the queue expires.
+fn held_queue(view: &Projections<'_>, agent_id: &str) -> Result<Option<(DepartedAgent, usize)>, StoreError> {
+    let Some(departed) = view.departed(agent_id)? else { return Ok(None) };
+    let pending = view.pending_for(agent_id)?;
+    Ok((pending > 0).then_some((departed, pending)))
+}
+
+/// The id an agent registering with `name` takes back: the id a departed agent of the same name
+/// and type left with messages queued.
+fn reclaimable_id(view: &Projections<'_>, request: &RegisterRequest) -> Result<Option<String>, StoreError> {
+    let Some(name) = &request.name else { return Ok(None) };
+    for departed in view.departed_agents()? {
+        if departed.name.as_ref() == Some(name)
+            && departed.agent_type == request.agent_type
+            && view.pending_for(&departed.agent_id)? > 0
+        {
+            return Ok(Some(departed.agent_id));
+        }
+    }
+    Ok(None)
+}
+
+/// Drops the queues nobody took back in time: the tasks still waiting on them fail with a
+/// visible reason (the sender's task too), then `inbox_expired` empties the inbox.
+pub fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) -> Result<Decision, DecideError> {
+    let mut events = Vec::new();
+    for departed in view.departed_agents()? {
+        if now_ms < departed.departed_ms.saturating_add(hold_ms) {
+            continue;
+        }
+        if view.pending_for(&departed.agent_id)? == 0 {
+            continue;
+        }
+        let tickets = view.inbox(&departed.agent_id, usize::MAX)?;
+        let reason = format!(
+            "{}{} left with this message queued and was not started again (same --name) within {} s; the message was dropped",
+            departed.agent_id,
+            departed.name.as_ref().map(|name| format!(" ({name})")).unwrap_or_default(),
+            hold_ms / 1000
+        );
+        // The messages queued and the requests received but not answered: each task once.
+        let mut waiting: Vec<String> = tickets
+            .iter()
+            .filter(|ticket| ticket.kind == TicketKind::Message)
+            .map(|ticket| ticket.task_id.clone())
+            .collect();
+        for target in view.reply_targets(&departed.agent_id)? {
+            if !waiting.contains(&target.receiver_task_id) {
+                waiting.push(target.receiver_task_id);
+            }
+        }
+        for task_id in waiting {
+            let Some(task) = view.task(&task_id)? else { continue };
+            if task.state.is_final() {
+                continue;
+            }
+            let failed = |task_id: &str| Event::TaskStateChanged {
+                task_id: task_id.to_string(),
+                state: TaskState::Failed,
+                artifacts: Vec::new(),
+                error: Some(reason.clone()),
+                reply_of: None,
+            };
+            if let Some(sender_task) = view.open_outgoing_of(&task)?
+                && !sender_task.state.is_final()
+            {
+                events.push(failed(&sender_task.id));
+            }
+            events.push(failed(&task.id));
+        }
+        events.push(Event::InboxExpired {
+            agent_id: departed.agent_id.clone(),
+            reason,
+            tickets: u64::try_from(tickets.len()).unwrap_or(u64::MAX),
+        });
+    }
+    Ok(Decision { actor: None, events, answer: Answer::Appended })
+}
+
+pub fn decide_register(
+    view: &Projections<'_>,
+    request: &RegisterRequest,
+    context: &Context<'_>,
+) -> Result<Decision, DecideError> {
+    if !is_valid_agent_type(&request.agent_type) {
+        return Err(CommandError::bad(format!(
+            "Invalid agent type '{}': use lowercase letters, digits and '_' (at most 32)",
+            request.agent_type
+        ))
+        .into());
+    }
+    if request.port == 0 {
+        return Err(CommandError::bad("Invalid port 0").into());
+    }
+    if let Some(name) = &request.name
+        && (name.trim().is_empty() || name.len() > 64 || name.chars().any(char::is_whitespace))
+    {
+        return Err(CommandError::bad(format!("Invalid name '{name}': 1 to 64 characters, no spaces")).into());
+    }
+    if let Some(name) = &request.name
+        && name.starts_with("synapse-")
+    {
+        return Err(CommandError::bad(format!(
+            "Invalid name '{name}': names may not start with 'synapse-' (agent ids do)"
+        ))
+        .into());
+    }
+    // The inbox belongs to the agent: the same name takes its departed id (and its queue) back,
+    // even on another port; no other agent gets an id that still holds someone's queue.
+    let agent_id = match reclaimable_id(view, request)? {
+        // Taking a queue back gives its messages (other agents' words) to the caller: only the
+        // user, never a process inside another agent.
+        Some(agent_id) if !request.by_user => {
+            return Err(CommandError::forbidden(format!(
+                "{agent_id} left with messages queued; only the user takes them back: start the agent again with --name {} from a plain shell (not inside another agent), or register with the admin key",
+                request.name.as_deref().unwrap_or_default()
+            ))
+            .into());
+        }
+        Some(agent_id) => agent_id,
+        None => {
+            let agent_id = agent_id_for(&request.agent_type, request.port);
+            if let Some((departed, pending)) = held_queue(view, &agent_id)? {
+                return Err(CommandError::conflict(format!(
+                    "port {}: its id {agent_id} holds {pending} pending message(s) of {} which left (queued, or received and not answered); they wait for it to start again{} or expire",
+                    request.port,
+                    departed.name.as_deref().unwrap_or(agent_id.as_str()),
+                    departed.name.as_ref().map(|name| format!(" with --name {name}")).unwrap_or_default(),
+                ))
+                .into());
+            }
+            agent_id
+        }
+    };
+    let mut events = Vec::new();
+    let agents = view.agents()?;
+    for other in &agents {
+        let alive = context.liveness.is_alive(other.pid);
+        let same_slot = other.agent_id == agent_id || other.port == request.port;
+        let same_name = request.name.is_some() && other.name == request.name;
+        if !(same_slot || same_name) {
+            continue;
+        }
+        if alive && other.pid != request.pid {
+            let what = if same_slot {
+                format!("port {}", request.port)
+            } else {
+                format!("name '{}'", other.name.as_deref().unwrap_or_default())
+            };
+            return Err(CommandError::conflict(format!(
+                "{what} is taken by agent {} (pid {})",
+                other.agent_id, other.pid
+            ))
+            .into());
+        }
+        events.push(Event::AgentDeregistered {
+            agent_id: other.agent_id.clone(),
+            reason: if alive { "re-registered".into() } else { "process gone".into() },
+        });
+    }
+    events.push(Event::AgentRegistered {
+        agent_id: agent_id.clone(),
+        agent_type: request.agent_type.clone(),
+        name: request.name.clone(),
+        role: request.role.clone(),
+        pid: request.pid,
+        port: request.port,
+        working_dir: request.working_dir.clone(),
+        secret_hash: request.secret_hash.clone(),
+        pid_start: request.pid_start,
+        wrapper: request.wrapper,
+    });
+    Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Registered { agent_id } })
+}
+
+pub fn decide_set_status(
+    view: &Projections<'_>,
+    agent_id: &str,
+    status: AgentStatus,
+    note: &Option<String>,
+) -> Result<Decision, DecideError> {
+    let Some(agent) = view.agent(agent_id)? else {
+        return Err(CommandError::not_found(format!("Agent '{agent_id}' is not registered")).into());
+    };
+    let changed = agent.status != status || agent.status_note != *note;
+    let events = if changed {
+        vec![Event::AgentStatusChanged { agent_id: agent_id.to_string(), status, note: note.clone() }]
+    } else {
+        Vec::new()
+    };
+    Ok(Decision { actor: Some(agent_id.to_string()), events, answer: Answer::StatusSet { changed } })
+}
+
+pub fn decide_deregister(view: &Projections<'_>, agent_id: &str, reason: &str) -> Result<Decision, DecideError> {
+    if view.agent(agent_id)?.is_none() {
+        return Err(CommandError::not_found(format!("Agent '{agent_id}' is not registered")).into());
+    }
+    Ok(Decision {
+        actor: Some(agent_id.to_string()),
+        events: vec![Event::AgentDeregistered { agent_id: agent_id.to_string(), reason: reason.to_string() }],
+        answer: Answer::Deregistered,
+    })
+}
+
+/// The wrapper wrote ticket `ticket` into the agent's terminal: it leaves the inbox, the agent
+/// is processing, and the task it carried is being worked on.
+pub fn decide_ack_injection(view: &Projections<'_>, agent_id: &str, ticket: u64) -> Result<Decision, DecideError> {
+    let mut found = None;
+    for priority in (1..=5).rev() {
+        if let Some(entry) = view.ticket(agent_id, priority, ticket)? {
+            found = Some(entry);
+            break;
+        }
+    }
+    let Some(entry) = found else {
+        return Err(CommandError::not_found(format!(
+            "Ticket {ticket} is not in {agent_id}'s inbox (already delivered?)"
+        ))
+        .into());
+    };
+    let mut events = vec![Event::TicketInjected { agent_id: agent_id.to_string(), ticket, priority: entry.priority }];
+    // A ticket just written means the CLI is working on it.
+    if let Some(agent) = view.agent(agent_id)?
+        && agent.status != AgentStatus::Processing
+    {
+        events.push(Event::AgentStatusChanged {
+            agent_id: agent_id.to_string(),
+            status: AgentStatus::Processing,
+            note: None,
+        });
+    }
+    if entry.kind == TicketKind::Message
+        && let Some(task) = view.task(&entry.task_id)?
+        && task.state == TaskState::Submitted
+    {
+        events.push(Event::TaskStateChanged {
+            task_id: task.id,
+            state: TaskState::Working,
+            artifacts: Vec::new(),
+            error: None,
+            reply_of: None,
+        });
+    }
+    Ok(Decision { actor: Some(agent_id.to_string()), events, answer: Answer::Injected { ticket } })
+}

@@ -1,0 +1,85 @@
+//! Checks and lookups every decider uses: task references, the sender's proof, message text.
+
+use super::decision::{CommandError, DecideError};
+use super::requests::MAX_MESSAGE_BYTES;
+use crate::store::{AgentRecord, Projections, TaskRecord};
+
+/// A task id or prefix: hexadecimal digits and dashes, 1 to 36 characters.
+pub fn validate_task_ref(reference: &str) -> Result<String, CommandError> {
+    let reference = reference.trim().to_ascii_lowercase();
+    if reference.is_empty() || reference.len() > 36 || !reference.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        return Err(CommandError::bad(format!(
+            "Invalid task id '{reference}': expected a task id or its prefix (hexadecimal, e.g. 'abc12345')"
+        )));
+    }
+    Ok(reference)
+}
+
+/// Finds one task by full id or unique prefix.
+pub fn find_task(view: &Projections<'_>, reference: &str) -> Result<Option<TaskRecord>, DecideError> {
+    let reference = validate_task_ref(reference)?;
+    Ok(unique_task(&reference, view.tasks_with_prefix(&reference, 11)?)?)
+}
+
+/// The task a prefix names among `candidates` (the tasks whose id starts with it): none, the
+/// one, or an ambiguity error listing them.
+pub fn unique_task(reference: &str, candidates: Vec<TaskRecord>) -> Result<Option<TaskRecord>, CommandError> {
+    match candidates.len() {
+        0 | 1 => Ok(candidates.into_iter().next()),
+        _ => Err(ambiguous_task(reference, &candidates)),
+    }
+}
+
+pub fn ambiguous_task(reference: &str, candidates: &[TaskRecord]) -> CommandError {
+    let ids: Vec<String> = candidates.iter().take(10).map(|task| task.id.clone()).collect();
+    CommandError::Ambiguous {
+        message: format!(
+            "Ambiguous task id '{reference}': {} tasks start with it ({}). Use more characters.",
+            if candidates.len() > 10 { "more than 10".to_string() } else { candidates.len().to_string() },
+            ids.join(", ")
+        ),
+        candidates: ids,
+    }
+}
+
+/// Checks that `from` may speak: anonymous, or a registered agent proving it with its secret.
+pub fn check_sender(
+    view: &Projections<'_>,
+    from: Option<&str>,
+    secret: Option<&str>,
+) -> Result<Option<AgentRecord>, DecideError> {
+    let Some(from) = from else { return Ok(None) };
+    let Some(agent) = view.agent(from)? else {
+        return Err(CommandError::bad(format!(
+            "unknown sender '{from}': no registered agent has this id. Leave --from out to send anonymously."
+        ))
+        .into());
+    };
+    match secret {
+        Some(secret) if crate::secret::secret_matches(secret, &agent.secret_hash) => Ok(Some(agent)),
+        Some(_) => Err(CommandError::forbidden(format!(
+            "the secret does not match agent '{from}'. Only {from} itself (with its SYNAPSE_AGENT_SECRET) can send as it."
+        ))
+        .into()),
+        None => Err(CommandError::forbidden(format!(
+            "sending as '{from}' requires its secret. Run the command inside that agent (SYNAPSE_AGENT_SECRET is set there), or leave --from out to send anonymously."
+        ))
+        .into()),
+    }
+}
+
+pub fn validate_text(text: &str) -> Result<(), CommandError> {
+    if text.trim().is_empty() {
+        return Err(CommandError::bad("the message is empty"));
+    }
+    if text.len() > MAX_MESSAGE_BYTES {
+        return Err(CommandError::TooLarge {
+            message: format!("the message is {} bytes; the limit is {MAX_MESSAGE_BYTES}", text.len()),
+        });
+    }
+    Ok(())
+}
+
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}

@@ -1,0 +1,290 @@
+//! Commands to the writer and how each is decided against the projections.
+//!
+//! `decide` runs inside the writer's transaction and sees every command decided before it in
+//! the same batch. It returns the events to append (all or nothing) and the answer for the
+//! caller; a rejected command returns an error and appends nothing.
+//!
+//! `decide` is pure: it reads the projections, the command and the [`Context`] the writer built
+//! for the batch (its time, and the liveness of the processes the batch may ask about, looked up
+//! once by [`Command::liveness_needed`] before deciding), never the clock or the process table.
+//!
+//! Layout: [`decision`] (the types every decider shares, also used by the webhook, file-safety
+//! and externals deciders), [`requests`] (command bodies), `checks` (lookups every decider
+//! uses), `send` (messages and replies), `agents` (registration, status, inboxes), `tasks`.
+
+mod agents;
+pub mod checks;
+pub mod decision;
+pub mod requests;
+mod send;
+mod tasks;
+
+pub use agents::agent_id_for;
+pub use checks::{ambiguous_task, find_task, unique_task, validate_task_ref};
+pub use decision::{Answer, CommandError, Context, DecideError, Decision, Liveness, Outcome, SendOutcome};
+pub use requests::{
+    Actor, IDEMPOTENCY_WINDOW_MS, MAX_MESSAGE_BYTES, RegisterRequest, SendRequest, UpdateTaskRequest, default_priority,
+};
+pub use send::{resolve_target, validate_priority};
+
+use crate::event::{Event, Message};
+use crate::store::{Projections, StoreError};
+
+/// A request to change the log.
+#[derive(Debug, Clone)]
+pub enum Command {
+    RegisterAgent(RegisterRequest),
+    SetStatus {
+        agent_id: String,
+        status: crate::event::AgentStatus,
+        note: Option<String>,
+    },
+    Deregister {
+        agent_id: String,
+        reason: String,
+    },
+    Send(SendRequest),
+    CreateTask {
+        owner: String,
+        secret: Option<String>,
+        message: Message,
+        peer: Option<String>,
+    },
+    /// Cancel a task: by its sender or receiver (proved), or the user; a task sent anonymously
+    /// may also be canceled anonymously (its sender cannot prove itself, A2A clients do this).
+    CancelTask {
+        task_id: String,
+        reason: Option<String>,
+        actor: Actor,
+    },
+    AckInjection {
+        agent_id: String,
+        ticket: u64,
+    },
+    /// The receiving agent itself (proved by its secret) moves a task it received to a new
+    /// state, with artifacts; the sender's task waiting on it follows (scenario agent, A2A).
+    UpdateTask(UpdateTaskRequest),
+    /// Webhook registrations and delivery records (see `broker::webhooks`).
+    Webhook(super::webhooks::WebhookCommand),
+    /// External agents added or removed (see `broker::externals`).
+    External(super::externals::ExternalCommand),
+    /// File locks and modification records (see `broker::file_safety`).
+    FileSafety(super::file_safety::FileCommand),
+    /// Prune the history view (the event is `HistoryPruned`, built by the caller).
+    Prune(Event),
+    /// Drop the queues of departed agents that nobody took back within `hold_ms` (see
+    /// [`crate::broker::agents`] for the rule).
+    ExpireInboxes {
+        hold_ms: u64,
+    },
+    /// Drop the idempotency keys older than [`IDEMPOTENCY_WINDOW_MS`] (nothing is appended
+    /// when none is).
+    ExpireIdempotencyKeys,
+}
+
+/// Which processes deciding a command may ask about (see [`Liveness`]).
+pub enum LivenessNeeded {
+    None,
+    Pids(Vec<u32>),
+    /// Every registered agent's process.
+    AllAgents,
+}
+
+impl Command {
+    /// The processes whose liveness deciding this command may read, so that the writer looks
+    /// them up before the batch. An agent registered earlier in the same batch is covered by
+    /// its registration's pid (the writer adds every registering pid).
+    pub fn liveness_needed(&self, view: &Projections<'_>) -> Result<LivenessNeeded, StoreError> {
+        Ok(match self {
+            // An exact agent id is the hot path: one process. Names and types scan the agents.
+            Command::Send(request) => match view.agent(request.to.trim())? {
+                Some(agent) => LivenessNeeded::Pids(vec![agent.pid]),
+                None => LivenessNeeded::AllAgents,
+            },
+            Command::RegisterAgent(_) => LivenessNeeded::AllAgents,
+            Command::FileSafety(command) if command.reads_liveness() => LivenessNeeded::AllAgents,
+            _ => LivenessNeeded::None,
+        })
+    }
+
+    /// The pid a registration brings into the batch.
+    pub fn registering_pid(&self) -> Option<u32> {
+        match self {
+            Command::RegisterAgent(request) => Some(request.pid),
+            _ => None,
+        }
+    }
+}
+
+/// Decides one command against the current projections and the batch's [`Context`].
+pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) -> Result<Decision, DecideError> {
+    match command {
+        Command::RegisterAgent(request) => agents::decide_register(view, request, context),
+        Command::SetStatus { agent_id, status, note } => agents::decide_set_status(view, agent_id, *status, note),
+        Command::Deregister { agent_id, reason } => agents::decide_deregister(view, agent_id, reason),
+        Command::Send(request) => send::decide_send(view, request, context),
+        Command::CreateTask { owner, secret, message, peer } => {
+            tasks::decide_create_task(view, owner, secret.as_deref(), message, peer)
+        }
+        Command::CancelTask { task_id, reason, actor } => tasks::decide_cancel_task(view, task_id, reason, actor),
+        Command::AckInjection { agent_id, ticket } => agents::decide_ack_injection(view, agent_id, *ticket),
+        Command::UpdateTask(request) => tasks::decide_update_task(view, request),
+        Command::Webhook(command) => super::webhooks::decide(command),
+        Command::External(command) => super::externals::decide(command),
+        Command::FileSafety(command) => super::file_safety::decide(view, command, context),
+        Command::ExpireInboxes { hold_ms } => agents::decide_expire_inboxes(view, *hold_ms, context.now_ms),
+        Command::ExpireIdempotencyKeys => send::decide_expire_idempotency_keys(view, context.now_ms),
+        Command::Prune(event) => match event {
+            Event::HistoryPruned { .. } => {
+                Ok(Decision { actor: None, events: vec![event.clone()], answer: Answer::Appended })
+            }
+            _ => Err(CommandError::bad("only history_pruned events can be appended this way").into()),
+        },
+    }
+}
+
+/// Turns a decision's answer into the outcome, reading the state after its events.
+pub fn complete(view: &Projections<'_>, answer: Answer, last_seq: u64) -> Result<Outcome, StoreError> {
+    Ok(match answer {
+        Answer::Registered { agent_id } => match view.agent(&agent_id)? {
+            Some(agent) => Outcome::Registered { agent },
+            None => return Err(StoreError::Corrupt(format!("agent {agent_id} missing after registration"))),
+        },
+        Answer::StatusSet { changed } => Outcome::StatusSet { changed },
+        Answer::Deregistered => Outcome::Deregistered,
+        Answer::Sent { task_id, sender_task_id, is_reply, warning } => {
+            let task = view
+                .task(&task_id)?
+                .ok_or_else(|| StoreError::Corrupt(format!("task {task_id} missing after send")))?;
+            let sender_task = match sender_task_id {
+                Some(id) => view.task(&id)?,
+                None => None,
+            };
+            Outcome::Sent(Box::new(SendOutcome { task, sender_task, is_reply, warning, seq: last_seq }))
+        }
+        Answer::Task { task_id } => Outcome::Task {
+            task: view.task(&task_id)?.ok_or_else(|| StoreError::Corrupt(format!("task {task_id} missing")))?,
+        },
+        Answer::Injected { ticket } => Outcome::Injected { ticket },
+        Answer::Appended => Outcome::Appended { seq: last_seq },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secret::hash_secret;
+    use crate::store::Store;
+    use redb::backends::InMemoryBackend;
+
+    const SENDER: &str = "synapse-claude-8100";
+    const RECEIVER: &str = "synapse-codex-8120";
+    const START_MS: u64 = 1_767_225_600_000;
+
+    fn registered(agent_id: &str, port: u16) -> Event {
+        Event::AgentRegistered {
+            agent_id: agent_id.into(),
+            agent_type: "dummy".into(),
+            name: None,
+            role: None,
+            // A live process, so the target resolves.
+            pid: std::process::id(),
+            port,
+            working_dir: "/tmp".into(),
+            secret_hash: hash_secret(agent_id),
+            pid_start: None,
+            wrapper: false,
+        }
+    }
+
+    /// Decides `command` at `now_ms` and appends its events, as the writer does.
+    fn run(store: &Store, now_ms: u64, command: Command) -> Answer {
+        store
+            .transact(now_ms, |appender| {
+                let liveness = Liveness::look_up([std::process::id()]);
+                let context = Context { now_ms, liveness: &liveness };
+                let decision = match decide(appender.view(), &command, &context) {
+                    Ok(decision) => decision,
+                    Err(DecideError::Rejected(error)) => panic!("rejected: {error}"),
+                    Err(DecideError::Storage(error)) => return Err(error),
+                };
+                appender.append(decision.actor.as_deref(), decision.events)?;
+                Ok(decision.answer)
+            })
+            .expect("the transaction commits")
+    }
+
+    fn send(from: &str, text: &str, reply_to: Option<&str>, key: &str) -> Command {
+        Command::Send(SendRequest {
+            to: if from == SENDER { RECEIVER.into() } else { SENDER.into() },
+            from: Some(from.into()),
+            secret: Some(from.into()),
+            text: text.into(),
+            priority: 3,
+            response_expected: reply_to.is_none(),
+            reply_to: reply_to.map(str::to_string),
+            idempotency_key: Some(key.into()),
+            ..SendRequest::default()
+        })
+    }
+
+    fn sent(answer: Answer) -> (String, Option<String>, bool) {
+        match answer {
+            Answer::Sent { task_id, sender_task_id, is_reply, .. } => (task_id, sender_task_id, is_reply),
+            _ => panic!("the answer is not a send"),
+        }
+    }
+
+    fn expired_events(store: &Store) -> usize {
+        store
+            .read_after(0, usize::MAX)
+            .expect("the log reads")
+            .iter()
+            .filter(|envelope| matches!(envelope.event, Event::IdempotencyKeysExpired { .. }))
+            .count()
+    }
+
+    #[test]
+    fn keys_older_than_a_day_expire_through_the_log_and_a_later_retry_sends_again() {
+        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
+        store
+            .transact(START_MS, |appender| {
+                appender.append(None, vec![registered(SENDER, 8100), registered(RECEIVER, 8120)])
+            })
+            .expect("agents registered");
+
+        let (first, first_sender_task, first_is_reply) = sent(run(&store, START_MS, send(SENDER, "hi", None, "k1")));
+        assert!(!first_is_reply);
+        let retry = sent(run(&store, START_MS + 1_000, send(SENDER, "hi", None, "k1")));
+        assert_eq!(retry, (first.clone(), first_sender_task.clone(), false), "a retry answers the first send");
+
+        // A reply retried with its key says it was a reply, as the first answer did.
+        let reply = sent(run(&store, START_MS + 2_000, send(RECEIVER, "done", Some(&first), "r1")));
+        assert!(reply.2, "the first answer is a reply");
+        let reply_retry = sent(run(&store, START_MS + 3_000, send(RECEIVER, "done", Some(&first), "r1")));
+        assert_eq!(reply_retry, reply, "a retried reply answers the first reply, is_reply included");
+
+        // Nothing is past its window yet: the sweep appends nothing.
+        run(&store, START_MS + IDEMPOTENCY_WINDOW_MS - 1, Command::ExpireIdempotencyKeys);
+        assert_eq!(expired_events(&store), 0);
+
+        let later = START_MS + IDEMPOTENCY_WINDOW_MS + 5_000;
+        run(&store, later, Command::ExpireIdempotencyKeys);
+        assert_eq!(expired_events(&store), 1, "one event drops the old keys");
+        run(&store, later + 1, Command::ExpireIdempotencyKeys);
+        assert_eq!(expired_events(&store), 1, "nothing is left to drop");
+        store
+            .transact(later, |appender| {
+                assert!(appender.view().idempotent_send(Some(SENDER), "k1")?.is_none(), "the key row is gone");
+                assert!(appender.view().idempotent_send(Some(RECEIVER), "r1")?.is_none(), "the reply key row is gone");
+                Ok(())
+            })
+            .expect("the view reads");
+
+        let (again, _, _) = sent(run(&store, later, send(SENDER, "hi", None, "k1")));
+        assert_ne!(again, first, "a retry after the window creates a new task");
+
+        let report = store.verify().expect("verify runs");
+        assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
+    }
+}

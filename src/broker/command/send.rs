@@ -1,0 +1,343 @@
+//! Sending a message and replying to one: target resolution, idempotent retries, the tasks,
+//! events and tickets of an exchange.
+
+use super::checks::{check_sender, find_task, new_id, validate_text};
+use super::decision::{Answer, CommandError, Context, DecideError, Decision, Liveness};
+use super::requests::{IDEMPOTENCY_WINDOW_MS, SendRequest};
+use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
+use crate::store::{AgentRecord, Projections, TaskRecord};
+
+/// The longest idempotency key accepted.
+const IDEMPOTENCY_KEY_MAX_CHARS: usize = 200;
+
+/// Resolves a target among the registered agents whose process still runs. An exact agent id
+/// is one lookup and one liveness check (the hot path of every send); names, `<type>-<port>`
+/// and types scan the agents. Names may not look like agent ids, so the order of SPEC §2 holds.
+fn resolve_live_target(view: &Projections<'_>, liveness: &Liveness, target: &str) -> Result<AgentRecord, DecideError> {
+    if let Some(agent) = view.agent(target.trim())? {
+        if liveness.exists(agent.pid) {
+            return Ok(agent);
+        }
+        return Err(CommandError::not_found(format!(
+            "Agent '{}' is no longer running (process {} is gone); it is being removed from the list.",
+            agent.agent_id, agent.pid
+        ))
+        .into());
+    }
+    let agents: Vec<AgentRecord> = view.agents()?.into_iter().filter(|agent| liveness.is_alive(agent.pid)).collect();
+    Ok(resolve_target(&agents, target)?)
+}
+
+/// Target resolution: custom name → agent id → `<type>-<port>` → type; first hit wins.
+pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecord, CommandError> {
+    let target = target.trim();
+    if target.is_empty() {
+        return Err(CommandError::bad("no target given"));
+    }
+    if let Some(agent) = agents.iter().find(|agent| agent.name.as_deref() == Some(target)) {
+        return Ok(agent.clone());
+    }
+    if let Some(agent) = agents.iter().find(|agent| agent.agent_id == target) {
+        return Ok(agent.clone());
+    }
+    if let Some(agent) = agents.iter().find(|agent| format!("{}-{}", agent.agent_type, agent.port) == target) {
+        return Ok(agent.clone());
+    }
+    let of_type: Vec<&AgentRecord> = agents.iter().filter(|agent| agent.agent_type == target).collect();
+    match of_type.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(CommandError::not_found(format!(
+            "No agent found matching '{target}'. Run 'synapse list' to see the running agents."
+        ))),
+        many => {
+            let ids: Vec<String> = many.iter().map(|agent| agent.agent_id.clone()).collect();
+            Err(CommandError::Ambiguous {
+                message: format!(
+                    "Ambiguous target '{target}'. Multiple agents found: {}. Use the agent id or name.",
+                    ids.join(", ")
+                ),
+                candidates: ids,
+            })
+        }
+    }
+}
+
+pub fn validate_priority(priority: u8) -> Result<(), CommandError> {
+    if !(1..=5).contains(&priority) {
+        return Err(CommandError::bad(format!("priority must be between 1 and 5 (got {priority})")));
+    }
+    Ok(())
+}
+
+pub fn decide_send(
+    view: &Projections<'_>,
+    request: &SendRequest,
+    context: &Context<'_>,
+) -> Result<Decision, DecideError> {
+    validate_text(&request.text)?;
+    validate_priority(request.priority)?;
+    let sender = check_sender(view, request.from.as_deref(), request.secret.as_deref())?;
+    let sender_id = sender.as_ref().map(|agent| agent.agent_id.clone());
+
+    // A retry of a send whose answer was lost: the first send's tasks, nothing new. Decided
+    // here, in the writer, so two retries in one batch are decided once.
+    if let Some(key) = &request.idempotency_key {
+        if key.is_empty() || key.chars().count() > IDEMPOTENCY_KEY_MAX_CHARS || key.chars().any(char::is_control) {
+            return Err(CommandError::bad(format!(
+                "an idempotency key must be 1-{IDEMPOTENCY_KEY_MAX_CHARS} characters without control characters"
+            ))
+            .into());
+        }
+        if let Some(first) = view.idempotent_send(sender_id.as_deref(), key)?
+            && context.now_ms.saturating_sub(first.time_ms) < IDEMPOTENCY_WINDOW_MS
+        {
+            return Ok(Decision {
+                actor: sender_id,
+                events: Vec::new(),
+                answer: Answer::Sent {
+                    task_id: first.task_id,
+                    sender_task_id: first.sender_task_id,
+                    is_reply: first.is_reply,
+                    warning: None,
+                },
+            });
+        }
+    }
+
+    // A reply is decided by the task it answers: its sender may be anonymous or gone, and the
+    // reply still completes the task (the reverse ticket waits in the sender's inbox).
+    let mut warning = None;
+    if let Some(reference) = &request.reply_to {
+        match find_task(view, reference)? {
+            Some(task) => {
+                if let Some(decision) = decide_reply(view, request, sender_id.as_deref(), task)? {
+                    return Ok(decision);
+                }
+                warning =
+                    Some(format!("Warning: --reply-to {reference} does not expect a reply, sending as a new message"));
+            }
+            None => {
+                warning = Some(format!("Warning: --reply-to {reference} not found (404), retrying as new message"));
+            }
+        }
+    }
+
+    let target = resolve_live_target(view, context.liveness, &request.to)?;
+    if sender_id.as_deref() == Some(target.agent_id.as_str()) {
+        return Err(CommandError::bad(format!("cannot send a message to yourself ({})", target.agent_id)).into());
+    }
+
+    let task_id = new_id();
+    let existing_sender_task = match &request.sender_task_id {
+        Some(reference) => {
+            let task = find_task(view, reference)?
+                .ok_or_else(|| CommandError::not_found(format!("Sender task {reference} not found")))?;
+            if task.direction != Direction::Outgoing
+                || task.owner != sender_id
+                || task.state.is_final()
+                || task.peer_task_id.is_some()
+            {
+                return Err(CommandError::bad(format!(
+                    "Sender task {} is not an open task of {} waiting for a reply",
+                    short_id(&task.id),
+                    sender_id.as_deref().unwrap_or("this sender")
+                ))
+                .into());
+            }
+            Some(task.id)
+        }
+        None => None,
+    };
+    let response_expected = request.response_expected || existing_sender_task.is_some();
+    let sender_task_id = existing_sender_task.clone().or_else(|| response_expected.then(new_id));
+    let context_id = request.context_id.clone().unwrap_or_else(new_id);
+    // A long text is stored once, in the `message_sent` event; both tasks refer to it.
+    let is_long = request.text.len() > INLINE_TEXT_MAX_BYTES;
+    let (message, message_in) = if is_long {
+        (Message { role: Role::User, parts: Vec::new() }, Some(task_id.clone()))
+    } else {
+        (Message::text(Role::User, request.text.clone()), None)
+    };
+    let mut events = Vec::with_capacity(4);
+    if let (Some(sender_task_id), None) = (&sender_task_id, &existing_sender_task) {
+        events.push(Event::TaskCreated {
+            task_id: sender_task_id.clone(),
+            owner: sender_id.clone(),
+            context_id: context_id.clone(),
+            direction: Direction::Outgoing,
+            peer: Some(target.agent_id.clone()),
+            state: TaskState::Working,
+            message: message.clone(),
+            priority: request.priority,
+            response_expected: true,
+            sender_task_id: None,
+            in_reply_to: None,
+            peer_task_id: Some(task_id.clone()),
+            message_in: message_in.clone(),
+        });
+    }
+    events.push(Event::TaskCreated {
+        task_id: task_id.clone(),
+        owner: Some(target.agent_id.clone()),
+        context_id,
+        direction: Direction::Incoming,
+        peer: sender_id.clone(),
+        state: TaskState::Submitted,
+        message,
+        priority: request.priority,
+        response_expected,
+        sender_task_id: sender_task_id.clone(),
+        in_reply_to: None,
+        peer_task_id: None,
+        message_in,
+    });
+    events.push(Event::MessageSent {
+        task_id: task_id.clone(),
+        from: sender_id.clone(),
+        to: target.agent_id.clone(),
+        priority: request.priority,
+        response_expected,
+        sender_task_id: sender_task_id.clone(),
+        in_reply_to: None,
+        text: request.text.clone(),
+        parts: Vec::new(),
+        idempotency_key: request.idempotency_key.clone(),
+        by_user: sender_id.is_none() && request.by_user,
+    });
+    events.push(Event::TicketIssued {
+        agent_id: target.agent_id.clone(),
+        task_id: task_id.clone(),
+        priority: request.priority,
+        from: sender_id.clone(),
+        display_task_id: sender_task_id.clone().unwrap_or_else(|| task_id.clone()),
+        response_expected,
+    });
+    Ok(Decision {
+        actor: sender_id,
+        events,
+        answer: Answer::Sent { task_id, sender_task_id, is_reply: false, warning },
+    })
+}
+
+/// A message answering `task`. Returns None when the task does not expect a reply (the caller
+/// then sends a new message).
+fn decide_reply(
+    view: &Projections<'_>,
+    request: &SendRequest,
+    replier: Option<&str>,
+    task: TaskRecord,
+) -> Result<Option<Decision>, DecideError> {
+    // The pair: the sender's outgoing task and the receiver's incoming task.
+    let (sender_task, receiver_task) = match task.direction {
+        Direction::Outgoing => match &task.peer_task_id {
+            Some(peer) => match view.task(peer)? {
+                Some(receiver_task) => (task, receiver_task),
+                None => return Ok(None),
+            },
+            None => return Ok(None),
+        },
+        Direction::Incoming => match view.open_outgoing_of(&task)? {
+            Some(sender_task) => (sender_task, task),
+            None => return Ok(None),
+        },
+    };
+    let Some(replier) = replier else {
+        return Err(CommandError::forbidden(format!(
+            "replying to task {} needs the replier's identity: run it inside {} or pass --from {}",
+            short_id(&sender_task.id),
+            receiver_task.owner.as_deref().unwrap_or("the receiving agent"),
+            receiver_task.owner.as_deref().unwrap_or("<agent id>"),
+        ))
+        .into());
+    };
+    if receiver_task.owner.as_deref() != Some(replier) {
+        return Err(CommandError::forbidden(format!(
+            "task {} was sent to {}, not to {replier}; only its receiver can reply",
+            short_id(&sender_task.id),
+            receiver_task.owner.as_deref().unwrap_or("another agent"),
+        ))
+        .into());
+    }
+    if let Some(owner) = &sender_task.owner {
+        let addressed = match view.agent(owner)? {
+            Some(record) => resolve_target(std::slice::from_ref(&record), &request.to).is_ok(),
+            None => request.to.trim() == owner,
+        };
+        if !addressed {
+            return Err(CommandError::bad(format!(
+                "task {} came from {owner}, not from '{}'",
+                short_id(&sender_task.id),
+                request.to
+            ))
+            .into());
+        }
+    }
+    if receiver_task.replied_by.is_some() || sender_task.state.is_final() {
+        return Err(CommandError::conflict(format!(
+            "task {} was already answered ({}); nothing changed",
+            short_id(&sender_task.id),
+            sender_task.state
+        ))
+        .into());
+    }
+    // A long reply is stored once, in the `reply_posted` event; both tasks refer to it.
+    let (artifacts, reply_of) = if request.text.len() > INLINE_TEXT_MAX_BYTES {
+        (Vec::new(), Some(receiver_task.id.clone()))
+    } else {
+        (vec![Artifact { name: None, parts: vec![Part::Text { text: request.text.clone() }] }], None)
+    };
+    let mut events = vec![
+        Event::ReplyPosted {
+            task_id: receiver_task.id.clone(),
+            sender_task_id: Some(sender_task.id.clone()),
+            from: replier.to_string(),
+            to: sender_task.owner.clone(),
+            text: request.text.clone(),
+            idempotency_key: request.idempotency_key.clone(),
+        },
+        Event::TaskStateChanged {
+            task_id: sender_task.id.clone(),
+            state: TaskState::Completed,
+            artifacts: artifacts.clone(),
+            error: None,
+            reply_of: reply_of.clone(),
+        },
+        Event::TaskStateChanged {
+            task_id: receiver_task.id.clone(),
+            state: TaskState::Completed,
+            artifacts,
+            error: None,
+            reply_of,
+        },
+    ];
+    if let Some(owner) = &sender_task.owner {
+        events.push(Event::ReverseTicketIssued {
+            agent_id: owner.clone(),
+            task_id: sender_task.id.clone(),
+            from: replier.to_string(),
+            priority: request.priority,
+        });
+    }
+    Ok(Some(Decision {
+        actor: Some(replier.to_string()),
+        events,
+        answer: Answer::Sent {
+            task_id: receiver_task.id,
+            sender_task_id: Some(sender_task.id),
+            is_reply: true,
+            warning: None,
+        },
+    }))
+}
+
+/// Drops the keys whose window has passed: decide already ignores them, so this only keeps
+/// the table from growing with every keyed send.
+pub fn decide_expire_idempotency_keys(view: &Projections<'_>, now_ms: u64) -> Result<Decision, DecideError> {
+    let before_ms = now_ms.saturating_sub(IDEMPOTENCY_WINDOW_MS);
+    let events = if view.has_idempotency_keys_before(before_ms)? {
+        vec![Event::IdempotencyKeysExpired { before_ms }]
+    } else {
+        Vec::new()
+    };
+    Ok(Decision { actor: None, events, answer: Answer::Appended })
+}

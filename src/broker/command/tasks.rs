@@ -1,0 +1,141 @@
+//! Tasks moved by hand: created ahead of a send, canceled, or updated by their receiver.
+
+use super::checks::{check_sender, find_task, new_id, validate_text};
+use super::decision::{Answer, CommandError, DecideError, Decision};
+use super::requests::{Actor, UpdateTaskRequest, default_priority};
+use crate::event::{Direction, Event, Message, TaskState, short_id};
+use crate::store::{Projections, TaskRecord};
+
+/// The agent that sent the message a task records (None: anonymous).
+fn task_sender(task: &TaskRecord) -> Option<&str> {
+    match task.direction {
+        Direction::Incoming => task.peer.as_deref(),
+        Direction::Outgoing => task.owner.as_deref(),
+    }
+}
+
+/// The agent that received the message a task records.
+fn task_receiver(task: &TaskRecord) -> Option<&str> {
+    match task.direction {
+        Direction::Incoming => task.owner.as_deref(),
+        Direction::Outgoing => task.peer.as_deref(),
+    }
+}
+
+/// Cancel rights: the user; the task's sender or receiver; anyone when the sender was
+/// anonymous (an anonymous sender has nothing to prove itself with) — unless that sender was
+/// the user, whose sends only the user (and the receiver) cancel.
+fn may_cancel(task: &TaskRecord, actor: &Actor) -> bool {
+    match actor {
+        Actor::User => true,
+        Actor::Agent(agent) => task_sender(task) == Some(agent.as_str()) || task_receiver(task) == Some(agent.as_str()),
+        Actor::Anonymous => task_sender(task).is_none() && !task.sent_by_user,
+    }
+}
+
+/// An agent moves a task it received: its own task and the sender's task waiting on it change
+/// together (all or nothing). Final tasks never change again; cancel has its own command.
+pub fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -> Result<Decision, DecideError> {
+    check_sender(view, Some(&request.agent_id), request.secret.as_deref())?;
+    let Some(task) = find_task(view, &request.task_id)? else {
+        return Err(CommandError::not_found(format!("Task {} not found", request.task_id)).into());
+    };
+    if task.owner.as_deref() != Some(request.agent_id.as_str()) || task.direction != Direction::Incoming {
+        return Err(CommandError::forbidden(format!(
+            "task {} was not sent to {}; only its receiver can change it",
+            short_id(&task.id),
+            request.agent_id
+        ))
+        .into());
+    }
+    if matches!(request.state, TaskState::Submitted | TaskState::Canceled) {
+        return Err(CommandError::bad(format!(
+            "an agent cannot move a task to {} (use working, input_required, completed or failed; cancel has its own request)",
+            request.state
+        ))
+        .into());
+    }
+    if task.state.is_final() {
+        return Err(CommandError::conflict(format!(
+            "task {} is already {}; nothing changed",
+            short_id(&task.id),
+            task.state
+        ))
+        .into());
+    }
+    let change = |task_id: &str| Event::TaskStateChanged {
+        task_id: task_id.to_string(),
+        state: request.state,
+        artifacts: request.artifacts.clone(),
+        error: request.error.clone(),
+        reply_of: None,
+    };
+    let mut events = vec![change(&task.id)];
+    if let Some(sender_task) = view.open_outgoing_of(&task)?
+        && !sender_task.state.is_final()
+    {
+        events.push(change(&sender_task.id));
+    }
+    Ok(Decision { actor: Some(request.agent_id.clone()), events, answer: Answer::Task { task_id: task.id } })
+}
+
+pub fn decide_create_task(
+    view: &Projections<'_>,
+    owner: &str,
+    secret: Option<&str>,
+    message: &Message,
+    peer: &Option<String>,
+) -> Result<Decision, DecideError> {
+    check_sender(view, Some(owner), secret)?;
+    validate_text(&message.joined_text())?;
+    let task_id = new_id();
+    Ok(Decision {
+        actor: Some(owner.to_string()),
+        events: vec![Event::TaskCreated {
+            task_id: task_id.clone(),
+            owner: Some(owner.to_string()),
+            context_id: new_id(),
+            direction: Direction::Outgoing,
+            peer: peer.clone(),
+            state: TaskState::Working,
+            message: message.clone(),
+            priority: default_priority(),
+            response_expected: true,
+            sender_task_id: None,
+            in_reply_to: None,
+            peer_task_id: None,
+            message_in: None,
+        }],
+        answer: Answer::Task { task_id },
+    })
+}
+
+pub fn decide_cancel_task(
+    view: &Projections<'_>,
+    task_id: &str,
+    reason: &Option<String>,
+    actor: &Actor,
+) -> Result<Decision, DecideError> {
+    let Some(task) = find_task(view, task_id)? else {
+        return Err(CommandError::not_found(format!("Task {task_id} not found")).into());
+    };
+    if !may_cancel(&task, actor) {
+        return Err(CommandError::forbidden(format!(
+            "task {} may be canceled only by its sender ({}), its receiver ({}) or the user",
+            short_id(&task.id),
+            task_sender(&task).unwrap_or("anonymous"),
+            task_receiver(&task).unwrap_or("anonymous"),
+        ))
+        .into());
+    }
+    if !matches!(task.state, TaskState::Submitted | TaskState::Working | TaskState::InputRequired) {
+        return Err(
+            CommandError::bad(format!("Task {} is {} and cannot be canceled", short_id(&task.id), task.state)).into()
+        );
+    }
+    Ok(Decision {
+        actor: task.owner.clone(),
+        events: vec![Event::TaskCanceled { task_id: task.id.clone(), reason: reason.clone() }],
+        answer: Answer::Task { task_id: task.id },
+    })
+}

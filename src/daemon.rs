@@ -1,0 +1,110 @@
+//! The daemon: the broker's start-up and stop, composing `broker` (store, writer, background
+//! tasks) and `http` (routers and servers) above both. Only the CLI (`synapse broker start`)
+//! runs it.
+//!
+//! Order that must hold: the home is private and the sockets are bound before anything is
+//! served; the broker's info file is written only once its port is known and the agents'
+//! endpoints are restored; on stop the servers end first, then the agents' endpoints, then the
+//! writer (after it answered everything queued).
+
+use crate::broker::{self, BrokerState};
+use crate::config::Paths;
+use crate::http::{self, HttpState};
+use crate::store::Store;
+use anyhow::Context;
+use std::sync::Arc;
+
+/// Tests only: while the file this names exists, the log's file cannot grow, as on a full disk.
+const DISK_FULL_SWITCH_VARIABLE: &str = "SYNAPSE_TEST_DISK_FULL_FILE";
+
+/// Creates a directory (and parents) readable only by the user.
+fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))
+}
+
+/// Runs the broker in the foreground until it is stopped (signal or `synapse broker stop`).
+pub async fn run(paths: Paths) -> anyhow::Result<()> {
+    create_private_dir(&paths.home)?;
+    crate::private_files::own_dir(&paths.uds_dir)
+        .with_context(|| format!("cannot use {} for the broker's sockets", paths.uds_dir.display()))?;
+    // Fault-injection tests make the disk look full while this file exists (see store::fault).
+    let disk_full_switch = std::env::var_os(DISK_FULL_SWITCH_VARIABLE).map(std::path::PathBuf::from);
+    let store = Store::open_with_disk_full_switch(&paths.database(), disk_full_switch.as_deref())?;
+    // A home made by an older version (or by hand) may be readable by others: the log and the
+    // terminal logs hold every message.
+    match crate::private_files::tighten_home(&paths.home) {
+        Ok(0) => {}
+        Ok(changed) => tracing::warn!("{}: removed group/other access from {changed} entries", paths.home.display()),
+        Err(error) => tracing::warn!("cannot restrict the permissions of {}: {error}", paths.home.display()),
+    }
+    // This broker owns the home now: a deliberate stop of the previous one is over, and
+    // wrappers waiting for a broker may connect.
+    crate::trust::clear_stopped(&paths.home)
+        .with_context(|| format!("cannot remove {}", paths.home.join(crate::trust::STOPPED_MARKER).display()))?;
+
+    let socket_path = paths.broker_socket();
+    let unix = http::server::bind_unix(&socket_path)?;
+    let tcp = tokio::net::TcpListener::bind(("127.0.0.1", paths.broker_port)).await.map_err(|error| {
+        anyhow::anyhow!(
+            "cannot listen on 127.0.0.1:{}: {error}. Set SYNAPSE_BROKER_PORT to a free port",
+            paths.broker_port
+        )
+    })?;
+    let port = tcp.local_addr()?.port();
+
+    let (state, writer_thread) = BrokerState::start(store, paths.clone())?;
+    state.port.store(port, std::sync::atomic::Ordering::Relaxed);
+    let served = HttpState::new(state.clone());
+    http::agent_endpoints::restore(&served).await;
+
+    let info_path = paths.broker_info();
+    crate::private_files::write(&info_path, serde_json::to_vec_pretty(&state.info())?)
+        .with_context(|| format!("cannot write {}", info_path.display()))?;
+    tracing::info!("broker {} listening on {} and 127.0.0.1:{port}", broker::VERSION, socket_path.display());
+
+    spawn_signal_handler(state.clone());
+    broker::spawn_liveness_sweeper(state.clone());
+    broker::delivery::spawn(state.clone());
+    broker::indexer::spawn(state.clone());
+
+    let router = http::broker_router(served.clone());
+    let stop_signal = || {
+        let mut stop = state.shutdown.subscribe();
+        async move {
+            let _ = stop.wait_for(|stopping| *stopping).await;
+        }
+    };
+    let limits = served.connection_limits.clone();
+    tokio::join!(
+        http::server::serve(unix, router.clone(), limits.clone(), stop_signal()),
+        http::server::serve(tcp, router, limits, stop_signal()),
+    );
+
+    broker::agents::stop_all(&state).await;
+    let _ = std::fs::remove_file(&socket_path);
+    let _ = std::fs::remove_file(&info_path);
+    // Dropping the last handle ends the writer after it has answered everything queued.
+    drop(served);
+    drop(state);
+    let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
+    tracing::info!("broker stopped");
+    Ok(())
+}
+
+fn spawn_signal_handler(state: Arc<BrokerState>) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut terminate), Ok(mut interrupt)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
+            tracing::warn!("cannot install signal handlers; stop the broker with 'synapse broker stop'");
+            return;
+        };
+        let mut stop = state.shutdown.subscribe();
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = interrupt.recv() => tracing::info!("SIGINT: stopping"),
+            _ = stop.wait_for(|stopping| *stopping) => return,
+        }
+        state.request_shutdown();
+    });
+}
