@@ -19,7 +19,7 @@ fn any_command_starts_the_broker_on_demand_and_broker_stop_ends_it_cleanly() {
     let pid = home.broker_pid().expect("broker.json written by the started broker");
     assert!(is_alive(pid));
     assert!(home.socket().exists());
-    let status: Value = serde_json::from_str(&home.ok(&["broker", "status"])).unwrap();
+    let status: Value = serde_json::from_str(&home.ok(&["broker", "status", "--json"])).unwrap();
     assert_eq!(status["pid"].as_u64(), Some(u64::from(pid)));
     assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
 

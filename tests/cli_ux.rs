@@ -34,3 +34,60 @@ fn a_mistyped_command_suggests_the_one_meant() {
     let unknown = home.run(&["qqqqqq"]);
     assert!(!stderr(&unknown).contains("Did you mean"), "{}", describe(&unknown));
 }
+
+/// `--json` on every command that prints data, one JSON document per call (issue 14).
+#[test]
+fn every_json_flag_prints_exactly_one_document() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    home.register(Some("bob"));
+    let sent = home.run_as(&alice, &["send", "bob", "hello json", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let task: serde_json::Value = serde_json::from_str(&stdout(&sent)).unwrap();
+    let task_id = task["task"]["id"].as_str().unwrap().to_string();
+    let file_safety = |args: &[&str]| {
+        let mut command = home.cmd(&[&["file-safety"], args].concat());
+        command.env("SYNAPSE_FILE_SAFETY_ENABLED", "true");
+        command.output().unwrap()
+    };
+    let outputs = vec![
+        ("list", home.run(&["list", "--json"])),
+        ("broker status", home.run(&["broker", "status", "--json"])),
+        ("admin verify", home.run(&["admin", "verify", "--json"])),
+        ("admin index", home.run(&["admin", "index", "--json"])),
+        ("history list", home.run(&["history", "list", "--json"])),
+        ("history show", home.run(&["history", "show", &task_id, "--json"])),
+        ("history thread", home.run(&["history", "thread", &task_id, "--json"])),
+        ("history search", home.run(&["history", "search", "hello", "--json"])),
+        ("history stats", home.run(&["history", "stats", "--json"])),
+        ("history cleanup", home.run(&["history", "cleanup", "--days", "1", "--dry-run", "--json"])),
+        ("file-safety status", file_safety(&["status", "--json"])),
+        ("file-safety lock", file_safety(&["lock", "/tmp/json-doc.txt", &alice.id, "--json"])),
+        ("file-safety locks", file_safety(&["locks", "--json"])),
+        ("file-safety check", file_safety(&["check", "/tmp/json-doc.txt", &alice.id, "--json"])),
+        ("file-safety unlock", file_safety(&["unlock", "/tmp/json-doc.txt", &alice.id, "--json"])),
+        ("file-safety recent", file_safety(&["recent", "--json"])),
+        ("external list", home.run(&["external", "list", "--json"])),
+    ];
+    for (what, output) in outputs {
+        assert!(output.status.success(), "{what}: {}", describe(&output));
+        let text = stdout(&output);
+        let document: Result<serde_json::Value, _> = serde_json::from_str(&text);
+        assert!(document.is_ok(), "{what}: not one JSON document:\n{text}");
+    }
+}
+
+/// `broker status` said "no broker is running" as text but was JSON only otherwise; now text by
+/// default, one JSON document with `--json`, and status 1 without a broker either way.
+#[test]
+fn broker_status_speaks_text_or_json_and_fails_without_a_broker() {
+    let home = Home::new();
+    let none = home.run(&["broker", "status", "--json"]);
+    assert_eq!(none.status.code(), Some(1), "{}", describe(&none));
+    let document: serde_json::Value = serde_json::from_str(&stdout(&none)).unwrap();
+    assert_eq!(document["running"], false);
+    home.ok(&["broker", "start"]);
+    let text = home.ok(&["broker", "status"]);
+    assert!(text.starts_with("broker running: pid "), "{text}");
+    assert!(serde_json::from_str::<serde_json::Value>(&text).is_err(), "text by default: {text}");
+}

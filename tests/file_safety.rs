@@ -171,6 +171,8 @@ fn lock_wait_returns_when_the_holder_releases() {
     let timed_out = run(&home, &["lock", "/shared/config.toml", &alice.id, "--wait", "--wait-timeout", "1"]);
     assert_eq!(timed_out.status.code(), Some(1));
     assert!(stderr(&timed_out).contains("already locked by"), "{}", describe(&timed_out));
+    // Issue 14: the refusal after waiting says that it waited.
+    assert!(stderr(&timed_out).contains("--wait-timeout 1)"), "{}", describe(&timed_out));
 }
 
 #[test]

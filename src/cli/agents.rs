@@ -155,7 +155,7 @@ fn refusal_to_stop(agent: &AgentView, pid: u32) -> Option<String> {
 
 /// `synapse stop <agent|profile> [--all]`: SIGTERM, then SIGKILL after 5 s, only to wrappers
 /// that Synapse started (see [`refusal_to_stop`]).
-pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32> {
+pub async fn stop(paths: &Paths, target: &str, all: bool, json: bool) -> anyhow::Result<i32> {
     let agents = resolve(paths, target).await?;
     if agents.is_empty() {
         bail!("No agent found matching '{target}'. Run 'synapse list' to see the running agents.");
@@ -164,13 +164,17 @@ pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32>
         let ids: Vec<&str> = agents.iter().map(|agent| agent.agent_id.as_str()).collect();
         bail!("'{target}' matches several agents: {}. Name one, or pass --all.", ids.join(", "));
     }
-    let mut refused = 0;
+    let mut refused = Vec::new();
+    let mut stopped = Vec::new();
     for agent in agents {
         let id = agent.agent_id.as_str();
         let Ok(pid) = i32::try_from(agent.pid) else { continue };
         if let Some(reason) = refusal_to_stop(&agent, pid.unsigned_abs()) {
-            eprintln!("Error: not stopping {id}: {reason}");
-            refused += 1;
+            // Reported here and the others still stopped; the exit status says one was refused.
+            if !json {
+                eprintln!("Error: not stopping {id}: {reason}");
+            }
+            refused.push(serde_json::json!({"agent_id": id, "reason": reason}));
             continue;
         }
         crate::process::signal(pid, libc::SIGTERM);
@@ -178,14 +182,22 @@ pub async fn stop(paths: &Paths, target: &str, all: bool) -> anyhow::Result<i32>
         while crate::process::is_pid_alive(pid.unsigned_abs()) && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        if crate::process::is_pid_alive(pid.unsigned_abs()) {
+        let killed = crate::process::is_pid_alive(pid.unsigned_abs());
+        if killed {
             crate::process::signal(pid, libc::SIGKILL);
+        }
+        if json {
+            stopped.push(serde_json::json!({"agent_id": id, "pid": pid, "killed": killed}));
+        } else if killed {
             println!("Killed {id} (pid {pid}) after 5 s");
         } else {
             println!("Stopped {id} (pid {pid})");
         }
     }
-    Ok(if refused > 0 { 1 } else { 0 })
+    if json {
+        println!("{}", serde_json::json!({"stopped": stopped, "refused": refused}));
+    }
+    Ok(if refused.is_empty() { 0 } else { 1 })
 }
 
 /// Can `word` name an agent (id or name), and so never a path? Only letters, digits, `-`, `_`,

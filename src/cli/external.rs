@@ -8,28 +8,40 @@ use crate::config::Paths;
 pub enum ExternalCommand {
     /// Add an external A2A agent by its base URL (reads its agent card)
     Add {
+        /// The agent's base URL (its card is at <url>/.well-known/agent-card.json)
         url: String,
         /// The name to use for it here (default: from its card)
         #[arg(long)]
         alias: Option<String>,
     },
     /// List the external agents
-    List {
-        #[arg(long)]
-        json: bool,
-    },
+    List,
     /// Show one external agent
-    Info { alias: String },
+    Info {
+        /// The external agent's alias
+        alias: String,
+    },
     /// Send a message to an external agent
     Send {
+        /// The external agent's alias
         alias: String,
-        message: String,
+        /// The message (or use --message-file / --stdin)
+        message: Option<String>,
+        /// Read the message from a file ('-' for standard input)
+        #[arg(short = 'F', long, value_name = "PATH")]
+        message_file: Option<std::path::PathBuf>,
+        /// Read the message from standard input
+        #[arg(long)]
+        stdin: bool,
         /// Follow the remote task until it ends (at most SECONDS, default 600) and print the reply
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "600")]
         wait: Option<u64>,
     },
     /// Forget an external agent
-    Remove { alias: String },
+    Remove {
+        /// The external agent's alias
+        alias: String,
+    },
 }
 
 fn line(external: Option<&External>) -> String {
@@ -41,14 +53,18 @@ fn line(external: Option<&External>) -> String {
     )
 }
 
-pub async fn run(paths: &Paths, command: ExternalCommand) -> anyhow::Result<i32> {
+pub async fn run(paths: &Paths, command: ExternalCommand, json: bool) -> anyhow::Result<i32> {
     let mut client = Client::connect(paths, true).await?;
     match command {
         ExternalCommand::Add { url, alias } => {
             let answer = client.add_external(&api::AddExternal { url, alias }).await?;
-            println!("Added {}", line(answer.external.as_ref()));
+            if json {
+                println!("{}", api::json_line(&answer)?);
+            } else {
+                println!("Added {}", line(answer.external.as_ref()));
+            }
         }
-        ExternalCommand::List { json } => {
+        ExternalCommand::List => {
             let answer = client.externals().await?;
             if json {
                 println!("{}", api::json_pretty(&answer)?);
@@ -64,8 +80,16 @@ pub async fn run(paths: &Paths, command: ExternalCommand) -> anyhow::Result<i32>
         ExternalCommand::Info { alias } => {
             println!("{}", api::json_pretty(&client.external(&alias).await?.external)?);
         }
-        ExternalCommand::Send { alias, message, wait } => {
-            let answer = client.send_external(&alias, &api::ExternalSend { text: message, wait_seconds: wait }).await?;
+        ExternalCommand::Send { alias, message, message_file, stdin, wait } => {
+            let text = super::read_message(message, message_file.as_ref(), stdin)?;
+            let answer = client.send_external(&alias, &api::ExternalSend { text, wait_seconds: wait }).await?;
+            if json {
+                println!("{}", api::json_line(&answer)?);
+                return Ok(match (wait, answer.timed_out) {
+                    (Some(_), Some(true)) => 1,
+                    _ => 0,
+                });
+            }
             let task = answer.task.unwrap_or_default();
             if wait.is_none() {
                 println!(
@@ -83,7 +107,11 @@ pub async fn run(paths: &Paths, command: ExternalCommand) -> anyhow::Result<i32>
         }
         ExternalCommand::Remove { alias } => {
             client.remove_external(&alias).await?;
-            println!("Removed {alias}");
+            if json {
+                println!("{}", serde_json::json!({"removed": alias}));
+            } else {
+                println!("Removed {alias}");
+            }
         }
     }
     Ok(0)

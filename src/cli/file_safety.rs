@@ -11,18 +11,23 @@ pub enum FileSafetyCommand {
     Status,
     /// Current locks
     Locks {
+        /// Only the locks this agent holds
         #[arg(long)]
         agent: Option<String>,
     },
     /// Lock a file for an agent (the same agent locking again renews it)
     Lock {
+        /// The file (relative to the current directory, or absolute)
         file: String,
+        /// The agent that takes the lock
         agent: String,
         /// Seconds the lock lasts
         #[arg(long, default_value_t = 300, allow_hyphen_values = true)]
         duration: i64,
+        /// What the agent is about to do, shown to others
         #[arg(long)]
         intent: Option<String>,
+        /// The task the change belongs to
         #[arg(long)]
         task_id: Option<String>,
         /// Wait for the file to be free instead of failing
@@ -34,37 +39,53 @@ pub enum FileSafetyCommand {
     },
     /// Release a lock (only its holder, unless --force)
     Unlock {
+        /// The locked file
         file: String,
+        /// The agent holding the lock
         agent: Option<String>,
-        #[arg(long)]
+        /// Release another agent's lock
+        #[arg(short = 'f', long)]
         force: bool,
     },
     /// A file's recorded modifications, newest first
     History {
+        /// The file
         file: String,
+        /// At most this many records
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
     /// Recent modifications of every file
     Recent {
+        /// Only this agent's modifications
         #[arg(long)]
         agent: Option<String>,
+        /// At most this many records
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
     /// Record a modification of a file by an agent for a task
     Record {
+        /// The file
         file: String,
+        /// The agent that changed it
         agent: String,
+        /// The task the change belongs to
         task_id: String,
         /// CREATE, MODIFY or DELETE
         #[arg(long = "type", default_value = "MODIFY")]
         change_type: String,
+        /// Why the file changed
         #[arg(long)]
         intent: Option<String>,
     },
     /// May this agent write this file? With the reason and the file's recent modifications
-    Check { file: String, agent: String },
+    Check {
+        /// The file
+        file: String,
+        /// The agent that wants to write it
+        agent: String,
+    },
     /// Release expired locks and locks of agents that are gone; drop old modification records
     Cleanup {
         /// Keep modification records of the last DAYS days
@@ -127,12 +148,26 @@ fn print_modifications(modifications: &[Modification]) {
     }
 }
 
-pub async fn run(paths: &Paths, command: FileSafetyCommand) -> anyhow::Result<i32> {
+/// Prints `answer` as one JSON document when asked, else runs `text`.
+fn show<T: serde::Serialize>(json: bool, answer: &T, text: impl FnOnce(&T)) -> anyhow::Result<()> {
+    if json {
+        println!("{}", api::json_line(answer)?);
+    } else {
+        text(answer);
+    }
+    Ok(())
+}
+
+pub async fn run(paths: &Paths, command: FileSafetyCommand, json: bool) -> anyhow::Result<i32> {
     let on = enabled(paths);
     if let FileSafetyCommand::Status = command
         && !on
     {
-        println!("{HOW_TO_ENABLE}");
+        if json {
+            println!("{}", serde_json::json!({"enabled": false, "how_to_enable": HOW_TO_ENABLE}));
+        } else {
+            println!("{HOW_TO_ENABLE}");
+        }
         return Ok(0);
     }
     if !on {
@@ -142,17 +177,23 @@ pub async fn run(paths: &Paths, command: FileSafetyCommand) -> anyhow::Result<i3
     match command {
         FileSafetyCommand::Status => {
             let status = client.file_safety_status().await?;
-            println!(
-                "File safety: enabled; {} lock(s), {} recorded modification(s)",
-                status.locks, status.modifications
-            );
+            show(json, &status, |status| {
+                println!(
+                    "File safety: enabled; {} lock(s), {} recorded modification(s)",
+                    status.locks, status.modifications
+                )
+            })?;
         }
         FileSafetyCommand::Locks { agent } => {
-            let locks = client.locks(agent.as_deref()).await?.locks;
-            if locks.is_empty() {
+            let answer = client.locks(agent.as_deref()).await?;
+            if json {
+                println!("{}", api::json_line(&answer)?);
+                return Ok(0);
+            }
+            if answer.locks.is_empty() {
                 println!("No locks.");
             }
-            for entry in locks {
+            for entry in answer.locks {
                 let lock = &entry.lock;
                 println!(
                     "{}  {}  until {}{}{}",
@@ -176,24 +217,39 @@ pub async fn run(paths: &Paths, command: FileSafetyCommand) -> anyhow::Result<i3
                 task_id,
                 wait_seconds: wait.then_some(wait_timeout),
             };
-            let answer = client.lock(&request).await?;
-            let lock = answer.lock.as_ref();
-            println!(
-                "Locked {} for {} until {}",
-                lock.map_or("", |lock| lock.path.as_str()),
-                lock.map_or("", |lock| lock.agent_id.as_str()),
-                lock.map(|lock| time(lock.expires_ms)).unwrap_or_default()
-            );
+            let started = std::time::Instant::now();
+            let answer = match client.lock(&request).await {
+                Ok(answer) => answer,
+                // With --wait, say that it waited: the broker's refusal alone reads as if it had not.
+                Err(error) if wait && error.status().is_some_and(|status| status.as_u16() == 409) => {
+                    anyhow::bail!(
+                        "{error} (waited {:.0} s, --wait-timeout {wait_timeout})",
+                        started.elapsed().as_secs_f64()
+                    )
+                }
+                Err(error) => return Err(error.into()),
+            };
+            show(json, &answer, |answer| {
+                let lock = answer.lock.as_ref();
+                println!(
+                    "Locked {} for {} until {}",
+                    lock.map_or("", |lock| lock.path.as_str()),
+                    lock.map_or("", |lock| lock.agent_id.as_str()),
+                    lock.map(|lock| time(lock.expires_ms)).unwrap_or_default()
+                );
+            })?;
         }
         FileSafetyCommand::Unlock { file, agent, force } => {
             let request = api::UnlockRequest { path: absolute(&file)?, agent_id: agent, force };
-            println!("Unlocked {}", client.unlock(&request).await?.unlocked);
+            show(json, &client.unlock(&request).await?, |answer| println!("Unlocked {}", answer.unlocked))?;
         }
         FileSafetyCommand::History { file, limit } => {
-            print_modifications(&client.file_history(&absolute(&file)?, limit).await?.modifications);
+            let answer = client.file_history(&absolute(&file)?, limit).await?;
+            show(json, &answer, |answer| print_modifications(&answer.modifications))?;
         }
         FileSafetyCommand::Recent { agent, limit } => {
-            print_modifications(&client.recent_modifications(agent.as_deref(), limit).await?.modifications);
+            let answer = client.recent_modifications(agent.as_deref(), limit).await?;
+            show(json, &answer, |answer| print_modifications(&answer.modifications))?;
         }
         FileSafetyCommand::Record { file, agent, task_id, change_type, intent } => {
             let request = api::RecordRequest {
@@ -204,25 +260,43 @@ pub async fn run(paths: &Paths, command: FileSafetyCommand) -> anyhow::Result<i3
                 intent,
             };
             let answer = client.record_modification(&request).await?;
-            println!("Recorded {} of {}", change_name(answer.change_type), answer.recorded);
+            show(json, &answer, |answer| {
+                println!("Recorded {} of {}", change_name(answer.change_type), answer.recorded)
+            })?;
         }
         FileSafetyCommand::Check { file, agent } => {
             let answer =
                 client.validate_write(&api::ValidateRequest { path: absolute(&file)?, agent_id: agent }).await?;
-            println!("{}: {}", if answer.allowed { "ALLOWED" } else { "DENIED" }, answer.reason);
-            print_modifications(&answer.recent_modifications);
+            show(json, &answer, |answer| {
+                println!("{}: {}", if answer.allowed { "ALLOWED" } else { "DENIED" }, answer.reason);
+                print_modifications(&answer.recent_modifications);
+            })?;
             return Ok(if answer.allowed { 0 } else { 1 });
         }
         FileSafetyCommand::Cleanup { days } => {
             let answer = client.cleanup_file_safety(&api::FileCleanup { days: Some(days) }).await?;
-            println!(
-                "Released {} stale lock(s); removed {} modification record(s) older than {days} days",
-                answer.released, answer.pruned
-            );
+            show(json, &answer, |answer| {
+                println!(
+                    "Released {} stale lock(s); removed {} modification record(s) older than {days} days",
+                    answer.released, answer.pruned
+                )
+            })?;
         }
         FileSafetyCommand::Debug => {
             let status = client.file_safety_status().await?;
             let health = client.health().await?;
+            if json {
+                let debug = serde_json::json!({
+                    "enabled": true,
+                    "home": paths.home.display().to_string(),
+                    "log": paths.database().display().to_string(),
+                    "broker_pid": health.pid,
+                    "locks": status.locks,
+                    "modifications": status.modifications,
+                });
+                println!("{debug}");
+                return Ok(0);
+            }
             println!(
                 "enabled: true\nhome: {}\nlog: {}\nbroker pid: {}\nlocks: {}\nmodifications: {}",
                 paths.home.display(),

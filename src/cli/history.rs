@@ -9,40 +9,71 @@ use std::io::IsTerminal;
 pub enum HistoryCommand {
     /// Recent records, newest first
     List {
+        /// Only records this agent sent or received (name, id, type-port or type)
         #[arg(long)]
         agent: Option<String>,
+        /// At most this many records
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// One JSON document: {"records": [...]}
+        #[arg(long)]
+        json: bool,
     },
     /// The records of one task (full id or prefix)
-    Show { task_id: String },
+    Show {
+        /// Task id, or its 8-character prefix
+        task_id: String,
+        /// One JSON document: {"records": [...]}
+        #[arg(long)]
+        json: bool,
+    },
     /// The whole conversation a task belongs to, oldest first (message, reply)
-    Thread { task_id: String },
+    Thread {
+        /// Task id, or its 8-character prefix
+        task_id: String,
+        /// One JSON document: {"records": [...]}
+        #[arg(long)]
+        json: bool,
+    },
     /// Records whose input or output has words starting with the keywords
     Search {
+        /// Words to look for (a record matches words starting with them)
         #[arg(required = true)]
         keywords: Vec<String>,
         /// OR (any keyword) or AND (every keyword)
         #[arg(long, default_value = "OR")]
         logic: String,
+        /// Match upper and lower case exactly
         #[arg(long)]
         case_sensitive: bool,
+        /// Only records this agent sent or received (name, id, type-port or type)
         #[arg(long)]
         agent: Option<String>,
+        /// At most this many records
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// One JSON document: {"records": [...]}
+        #[arg(long)]
+        json: bool,
     },
     /// Totals by state, success rate, per agent, date range, size
     Stats {
+        /// Only records this agent sent or received (name, id, type-port or type)
         #[arg(long)]
         agent: Option<String>,
+        /// One JSON document with the totals
+        #[arg(long)]
+        json: bool,
     },
     /// Write the records as JSON or CSV
     Export {
+        /// json (one array) or csv (RFC 4180, with a header row)
         #[arg(long, default_value = "json", value_parser = ["json", "csv"])]
         format: String,
+        /// Only records this agent sent or received (name, id, type-port or type)
         #[arg(long)]
         agent: Option<String>,
+        /// At most this many records
         #[arg(long, default_value_t = 1_000_000)]
         limit: usize,
         /// Write to this file instead of standard output
@@ -51,16 +82,21 @@ pub enum HistoryCommand {
     },
     /// Remove old records from the history view (the log keeps its events)
     Cleanup {
+        /// Remove records last updated more than this many days ago
         #[arg(long, allow_hyphen_values = true)]
         days: Option<i64>,
+        /// Remove the oldest records until the history's text fits in this many megabytes
         #[arg(long = "max-size", value_name = "MB", allow_hyphen_values = true)]
         max_size: Option<i64>,
         /// Say what would be removed, remove nothing
         #[arg(long)]
         dry_run: bool,
         /// Do not ask for confirmation
-        #[arg(long)]
+        #[arg(short = 'f', long)]
         force: bool,
+        /// One JSON document with what was (or would be) removed
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -83,6 +119,31 @@ fn line(record: &HistoryRecord) -> String {
         record.status.as_str(),
         crate::event::preview(&record.input, 50),
     ))
+}
+
+/// One record in full, for `history show`: every field on its own line, the texts whole (their
+/// controls made visible: they come from others).
+fn print_record(record: &HistoryRecord) {
+    let visible = crate::escape::visible;
+    println!("task:     {}", record.task_id);
+    println!(
+        "side:     {} ({} {} {})",
+        record.side,
+        visible(&record.agent),
+        if record.side == "sent" { "->" } else { "<-" },
+        visible(&record.peer)
+    );
+    println!("status:   {}  priority {}", record.status.as_str(), record.priority);
+    println!(
+        "time:     created {}  updated {}",
+        crate::time::rfc3339(record.created_ms),
+        crate::time::rfc3339(record.updated_ms)
+    );
+    println!("message:  {}", visible(&record.input).replace('\n', "\n          "));
+    if !record.output.is_empty() {
+        println!("reply:    {}", visible(&record.output).replace('\n', "\n          "));
+    }
+    println!();
 }
 
 fn print_records(records: &[HistoryRecord]) {
@@ -132,17 +193,31 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
     }
     let mut client = Client::connect(paths, true).await?;
     match command {
-        HistoryCommand::List { agent, limit } => {
-            print_records(&client.history(agent.as_deref(), limit).await?.records);
-        }
-        HistoryCommand::Show { task_id } => {
-            // Each record as the broker wrote it.
-            for record in client.history_of_task(&task_id).await?.records {
-                println!("{}", api::json_pretty(&record)?);
+        HistoryCommand::List { agent, limit, json } => {
+            let answer = client.history(agent.as_deref(), limit).await?;
+            if json {
+                println!("{}", api::json_line(&answer)?);
+            } else {
+                print_records(&answer.records);
             }
         }
-        HistoryCommand::Thread { task_id } => {
-            for record in client.thread(&task_id).await?.records {
+        HistoryCommand::Show { task_id, json } => {
+            let answer = client.history_of_task(&task_id).await?;
+            if json {
+                println!("{}", api::json_line(&answer)?);
+            } else {
+                for record in &answer.records {
+                    print_record(record);
+                }
+            }
+        }
+        HistoryCommand::Thread { task_id, json } => {
+            let answer = client.thread(&task_id).await?;
+            if json {
+                println!("{}", api::json_line(&answer)?);
+                return Ok(0);
+            }
+            for record in answer.records {
                 println!("{}", line(&record));
                 if !record.output.is_empty() {
                     let output = crate::event::preview(&record.output, 80);
@@ -150,12 +225,20 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
                 }
             }
         }
-        HistoryCommand::Search { keywords, logic, case_sensitive, agent, limit } => {
+        HistoryCommand::Search { keywords, logic, case_sensitive, agent, limit, json } => {
             let answer = client.search_history(&keywords, &logic, case_sensitive, agent.as_deref(), limit).await?;
-            print_records(&answer.records);
+            if json {
+                println!("{}", api::json_line(&answer)?);
+            } else {
+                print_records(&answer.records);
+            }
         }
-        HistoryCommand::Stats { agent } => {
+        HistoryCommand::Stats { agent, json } => {
             let stats = client.history_stats(agent.as_deref()).await?;
+            if json {
+                println!("{}", api::json_line(&stats)?);
+                return Ok(0);
+            }
             println!("Total records: {}", stats.total);
             for (status, count) in &stats.by_status {
                 println!("  {status:<15} {count}");
@@ -190,7 +273,7 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
                 None => print!("{text}"),
             }
         }
-        HistoryCommand::Cleanup { days, max_size, dry_run, force } => {
+        HistoryCommand::Cleanup { days, max_size, dry_run, force, json } => {
             // Bad options are refused before asking (the broker checks them again).
             match (days, max_size) {
                 (Some(_), Some(_)) => anyhow::bail!("give --days or --max-size, not both"),
@@ -215,7 +298,9 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
                 }
             }
             let answer = client.cleanup_history(&api::HistoryCleanup { days, max_size_mb: max_size, dry_run }).await?;
-            if dry_run {
+            if json {
+                println!("{}", api::json_line(&answer)?);
+            } else if dry_run {
                 println!(
                     "Would remove {} record(s) last updated before {}",
                     answer.would_remove.map_or_else(|| "null".to_string(), |count| count.to_string()),

@@ -54,6 +54,9 @@ pub enum Command {
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
+        /// Print the report as one JSON document
+        #[arg(long, global = true)]
+        json: bool,
     },
     /// Start an agent in the background (terminal output goes to a log)
     Start {
@@ -72,6 +75,9 @@ pub enum Command {
         /// Stop every agent the target matches
         #[arg(long)]
         all: bool,
+        /// One JSON document: {"stopped": [...], "refused": [...]}
+        #[arg(long)]
+        json: bool,
     },
     /// Show a background agent's terminal output
     Logs {
@@ -100,22 +106,30 @@ pub enum Command {
     FileSafety {
         #[command(subcommand)]
         command: file_safety::FileSafetyCommand,
+        /// Print the answer as one JSON document
+        #[arg(long, global = true)]
+        json: bool,
     },
     /// External A2A agents: add, list, info, send, remove
     External {
         #[command(subcommand)]
         command: external::ExternalCommand,
+        /// Print the answer as one JSON document
+        #[arg(long, global = true)]
+        json: bool,
     },
     /// Write a commented settings template (user: ~/.synapse, project: ./.synapse)
     Init {
+        /// Which settings file: user (~/.synapse), project (./.synapse) or local (not committed)
         #[arg(long, default_value = "project", value_parser = ["user", "project", "local"])]
         scope: String,
         /// Overwrite an existing file
-        #[arg(long)]
+        #[arg(short = 'f', long)]
         force: bool,
     },
     /// Restore the default settings of a scope (removes its settings file)
     Reset {
+        /// Which settings file: user (~/.synapse), project (./.synapse) or local (not committed)
         #[arg(long, default_value = "project", value_parser = ["user", "project", "local"])]
         scope: String,
         /// Do not ask for confirmation
@@ -178,6 +192,9 @@ pub struct StartArgs {
 pub struct BrokerArgs {
     #[command(subcommand)]
     pub command: Option<BrokerCommand>,
+    /// Print the answer as one JSON document
+    #[arg(long, global = true)]
+    pub json: bool,
     /// Started by a client (autostart): the security settings come only from
     /// `$SYNAPSE_HOME/broker-settings.json`, never from this process's environment
     #[arg(long, hide = true)]
@@ -206,7 +223,7 @@ pub struct SendArgs {
     /// Priority 1-5 (5 interrupts the target first)
     #[arg(short = 'p', long, default_value = "3", allow_hyphen_values = true)]
     pub priority: String,
-    /// Expect a reply (the default)
+    /// Expect a reply (the default, unless the a2a.flow setting says oneway)
     #[arg(long, visible_alias = "notify", conflicts_with = "no_response")]
     pub response: bool,
     /// Fire and forget: no reply expected
@@ -263,12 +280,12 @@ pub struct EventsArgs {
     #[arg(long, default_value_t = 0)]
     pub after: u64,
     /// Keep printing new events as they are appended
-    #[arg(long)]
+    #[arg(short = 'f', long)]
     pub follow: bool,
     /// One JSON object per line
     #[arg(long)]
     pub json: bool,
-    /// Only events about this agent
+    /// Only events about this agent (name, id, type-port or type)
     #[arg(long)]
     pub agent: Option<String>,
     /// Only these kinds (comma-separated, e.g. message_sent,reply_posted)
@@ -291,12 +308,16 @@ pub enum AdminCommand {
 pub enum AgentCommand {
     /// Register an agent; prints the registration (with its secret) as JSON
     Register {
+        /// The agent's profile (claude, codex, dummy, ...)
         #[arg(long = "type")]
         agent_type: String,
+        /// The process the registration belongs to (its liveness keeps the agent listed)
         #[arg(long)]
         pid: u32,
+        /// A custom name other agents can use as the target
         #[arg(long)]
         name: Option<String>,
+        /// A role shown in `synapse list`
         #[arg(long)]
         role: Option<String>,
         /// Fixed port (0: any free port); default: the profile's range
@@ -304,25 +325,41 @@ pub enum AgentCommand {
         port: Option<u16>,
     },
     /// Report the agent's status (READY, PROCESSING, WAITING)
-    Status { agent_id: String, status: String },
+    Status {
+        /// The agent's id
+        agent_id: String,
+        /// READY, PROCESSING or WAITING
+        status: String,
+    },
     /// Print the agent's inbox as JSON
     Inbox {
+        /// The agent's id
         agent_id: String,
         /// Wait up to this many milliseconds for a ticket
         #[arg(long, default_value_t = 0)]
         wait_ms: u64,
     },
     /// Acknowledge that a ticket was written into the agent's PTY
-    Ack { agent_id: String, ticket: u64 },
+    Ack {
+        /// The agent's id
+        agent_id: String,
+        /// The ticket number from the inbox
+        ticket: u64,
+    },
     /// Deregister the agent
-    Deregister { agent_id: String },
+    Deregister {
+        /// The agent's id
+        agent_id: String,
+    },
 }
 
 /// Runs a parsed command; returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     let paths = crate::config::Paths::from_env()?;
     let command = match cli.command {
-        Command::Broker(BrokerArgs { command: None, autostarted }) => return system::run_broker(paths, autostarted),
+        Command::Broker(BrokerArgs { command: None, autostarted, .. }) => {
+            return system::run_broker(paths, autostarted);
+        }
         Command::DummyAgent => return crate::agent::dummy::run(),
         Command::Init { scope, force } => return setup::init(&paths, &scope, force),
         Command::Reset { scope, force } => return setup::reset(&paths, &scope, force),
@@ -339,17 +376,17 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
         match command {
-            Command::Broker(args) => system::broker_control(&paths, args.command).await,
-            Command::Stop { target, all } => agents::stop(&paths, &target, all).await,
+            Command::Broker(args) => system::broker_control(&paths, args.command, args.json).await,
+            Command::Stop { target, all, json } => agents::stop(&paths, &target, all, json).await,
             Command::Logs { agent, follow, raw } => agents::logs(&paths, &agent, follow, raw).await,
             Command::Send(args) => messaging::send(&paths, args).await,
             Command::Reply(args) => messaging::reply(&paths, args).await,
             Command::List { json } => messaging::list(&paths, json).await,
             Command::Events(args) => system::events(&paths, args).await,
-            Command::Admin { command } => system::admin(&paths, command).await,
+            Command::Admin { command, json } => system::admin(&paths, command, json).await,
             Command::Agent { command } => system::agent(&paths, command).await,
-            Command::External { command } => external::run(&paths, command).await,
-            Command::FileSafety { command } => file_safety::run(&paths, command).await,
+            Command::External { command, json } => external::run(&paths, command, json).await,
+            Command::FileSafety { command, json } => file_safety::run(&paths, command, json).await,
             Command::History { command } => history::run(&paths, command).await,
             Command::DummyAgent
             | Command::Init { .. }
@@ -439,6 +476,30 @@ pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, s
 #[cfg(test)]
 mod tests {
     use super::similar_command;
+
+    /// Issue 14: many arguments had no help (`--agent`, `--limit`, `<FILE>`, `<AGENT>`).
+    #[test]
+    fn every_argument_a_user_can_see_has_help() {
+        use clap::CommandFactory;
+        fn missing(command: &clap::Command, path: &str, out: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    out.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands().filter(|sub| !sub.is_hide_set()) {
+                missing(sub, &format!("{path} {}", sub.get_name()), out);
+            }
+        }
+        let mut out = Vec::new();
+        missing(&super::Cli::command(), "synapse", &mut out);
+        missing(&super::agents::ProfileArgs::command(), "synapse <profile>", &mut out);
+        assert!(out.is_empty(), "arguments without help: {out:#?}");
+    }
 
     #[test]
     fn a_mistyped_command_gets_a_suggestion_and_a_new_word_none() {

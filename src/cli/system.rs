@@ -18,23 +18,39 @@ pub fn run_broker(paths: Paths, autostarted: bool) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>) -> anyhow::Result<i32> {
+pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>, json: bool) -> anyhow::Result<i32> {
+    let home = paths.home.display().to_string();
     match command {
         None => unreachable_foreground(),
-        Some(BrokerCommand::Stop) => match client::stop_broker(paths).await? {
-            Some(pid) => {
-                println!("broker stopped (pid {pid})");
-                Ok(0)
+        Some(BrokerCommand::Stop) => {
+            let stopped = client::stop_broker(paths).await?;
+            if json {
+                println!("{}", serde_json::json!({"stopped": stopped.is_some(), "pid": stopped, "home": home}));
+            } else {
+                match stopped {
+                    Some(pid) => println!("broker stopped (pid {pid})"),
+                    None => println!("no broker is running for SYNAPSE_HOME={home}"),
+                }
             }
-            None => {
-                println!("no broker is running for SYNAPSE_HOME={}", paths.home.display());
-                Ok(0)
-            }
-        },
+            Ok(0)
+        }
         Some(BrokerCommand::Status) => match Client::try_connect(paths).await {
             Some(mut client) => {
                 let info = client.health().await?;
-                println!("{}", api::json_pretty(&info)?);
+                if json {
+                    println!("{}", api::json_pretty(&info)?);
+                } else {
+                    println!(
+                        "broker running: pid {}, version {}, head {}\n  home   {}\n  socket {}\n  port   127.0.0.1:{}\n  health {}",
+                        info.pid,
+                        info.version,
+                        info.head,
+                        info.home,
+                        info.socket,
+                        info.port,
+                        if info.healthy { "ok" } else { "cannot store" }
+                    );
+                }
                 if !info.healthy {
                     eprintln!(
                         "the broker cannot store: {} (reads still work; it recovers by itself once a write succeeds)",
@@ -45,7 +61,11 @@ pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>) -> an
                 Ok(0)
             }
             None => {
-                println!("no broker is running for SYNAPSE_HOME={}", paths.home.display());
+                if json {
+                    println!("{}", serde_json::json!({"running": false, "home": home}));
+                } else {
+                    println!("no broker is running for SYNAPSE_HOME={home}");
+                }
                 Ok(1)
             }
         },
@@ -59,7 +79,11 @@ pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>) -> an
             }
             let mut client = Client::connect(paths, true).await?;
             let info = client.health().await?;
-            println!("broker running (pid {}, socket {})", info.pid, info.socket);
+            if json {
+                println!("{}", api::json_pretty(&info)?);
+            } else {
+                println!("broker running (pid {}, socket {})", info.pid, info.socket);
+            }
             Ok(0)
         }
     }
@@ -106,33 +130,42 @@ pub async fn events(paths: &Paths, args: EventsArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub async fn admin(paths: &Paths, command: AdminCommand) -> anyhow::Result<i32> {
+pub async fn admin(paths: &Paths, command: AdminCommand, json: bool) -> anyhow::Result<i32> {
     let mut client = Client::connect(paths, true).await?;
     match command {
         AdminCommand::Rebuild => {
             let report = client.rebuild().await?;
-            println!("rebuilt the projections from {} events in {:.1} ms", report.events, report.elapsed_ms);
+            if json {
+                println!("{}", api::json_line(&report)?);
+            } else {
+                println!("rebuilt the projections from {} events in {:.1} ms", report.events, report.elapsed_ms);
+            }
             Ok(0)
         }
         AdminCommand::Verify => {
             let report = client.verify().await?;
-            if report.differences.is_empty() {
+            if json {
+                println!("{}", api::json_line(&report)?);
+            } else if report.differences.is_empty() {
                 println!("ok: replaying {} events gives exactly the live projections", report.events);
-                Ok(0)
             } else {
                 println!("MISMATCH: replaying {} events differs from the live projections:", report.events);
                 for difference in &report.differences {
                     println!("  {difference}");
                 }
-                Ok(1)
             }
+            Ok(if report.differences.is_empty() { 0 } else { 1 })
         }
         AdminCommand::Index => {
             let progress = client.index_history().await?;
-            println!(
-                "history index: up to event {} of {} ({} segments)",
-                progress.indexed_through, progress.head, progress.segments
-            );
+            if json {
+                println!("{}", api::json_line(&progress)?);
+            } else {
+                println!(
+                    "history index: up to event {} of {} ({} segments)",
+                    progress.indexed_through, progress.head, progress.segments
+                );
+            }
             Ok(0)
         }
     }
