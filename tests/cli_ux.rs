@@ -91,3 +91,22 @@ fn broker_status_speaks_text_or_json_and_fails_without_a_broker() {
     assert!(text.starts_with("broker running: pid "), "{text}");
     assert!(serde_json::from_str::<serde_json::Value>(&text).is_err(), "text by default: {text}");
 }
+
+/// `--role` was "shown in synapse list" but there was no ROLE column; a long CURRENT text broke
+/// the table's columns on a terminal (here: COLUMNS is honoured only on a terminal, so a pipe
+/// keeps the whole text for scripts).
+#[test]
+fn synapse_list_shows_the_role_column() {
+    let home = Home::new();
+    let pid = std::process::id().to_string();
+    home.ok(&[
+        "agent", "register", "--type", "dummy", "--pid", &pid, "--port", "0", "--name", "carol", "--role", "reviewer",
+    ]);
+    let list = home.ok(&["list"]);
+    let mut lines = list.lines();
+    let header = lines.next().unwrap();
+    assert!(header.contains("ROLE"), "{list}");
+    let carol = lines.find(|line| line.contains("carol")).unwrap();
+    let role_column = header.find("ROLE").unwrap();
+    assert_eq!(&carol[role_column..role_column + "reviewer".len()], "reviewer", "{list}");
+}

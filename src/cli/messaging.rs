@@ -229,28 +229,38 @@ pub async fn list(paths: &Paths, json_output: bool) -> anyhow::Result<i32> {
         println!("No agents running. Start one with 'synapse <profile>' or 'synapse start <profile>'.");
         return Ok(0);
     }
-    let header = ["TYPE", "ID", "NAME", "PORT", "STATUS", "PID", "QUEUE", "CURRENT", "DIR"];
-    println!(
-        "{:<10} {:<24} {:<10} {:<6} {:<11} {:>7} {:>5}  {:<28} {}",
-        header[0], header[1], header[2], header[3], header[4], header[5], header[6], header[7], header[8]
-    );
+    let mut rows = vec![
+        ["TYPE", "ID", "NAME", "ROLE", "PORT", "STATUS", "PID", "QUEUE", "CURRENT", "DIR"].map(String::from).to_vec(),
+    ];
+    let mut notes = Vec::new();
     // Every text field comes from a registration or a message: shown with its controls visible.
-    for agent in agents {
-        println!(
-            "{:<10} {:<24} {:<10} {:<6} {:<11} {:>7} {:>5}  {:<28} {}",
+    for agent in &agents {
+        rows.push(vec![
             visible_line(&agent.agent_type),
             visible_line(&agent.agent_id),
             visible_line(agent.name.as_deref().unwrap_or("-")),
+            visible_line(agent.role.as_deref().filter(|role| !role.is_empty()).unwrap_or("-")),
             agent.port.to_string(),
             visible_line(&agent.status.to_string()),
             agent.pid.to_string(),
             agent.queue_depth.to_string(),
             visible_line(agent.current_task.as_ref().map_or("-", |task| task.preview.as_str())),
             visible_line(&agent.working_dir),
-        );
+        ]);
         // Why it takes no message now, in its wrapper's words.
-        if let Some(note) = &agent.status_note {
-            println!("{:<10} {:<24} ↳ {}", "", "", visible_line(note));
+        notes.push(agent.status_note.as_deref().map(visible_line));
+    }
+    let width = super::table::terminal_width();
+    let lines = super::table::render(&rows, &[8, 9], width);
+    let mut lines = lines.into_iter();
+    if let Some(header) = lines.next() {
+        println!("{header}");
+    }
+    for (line, note) in lines.zip(notes) {
+        println!("{line}");
+        if let Some(note) = note {
+            let note = format!("  ↳ {note}");
+            println!("{}", width.map_or(note.clone(), |width| super::table::truncate(&note, width)));
         }
     }
     Ok(0)

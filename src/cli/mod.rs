@@ -11,6 +11,7 @@ mod history;
 mod messaging;
 mod setup;
 mod system;
+mod table;
 
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
