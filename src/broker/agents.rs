@@ -40,6 +40,21 @@ pub fn port_range(agent_type: &str) -> Option<(u16, u16)> {
     })
 }
 
+/// The most ports a registration's own range may span: room for any team of agents, and a
+/// typo cannot make the broker try thousands of binds.
+const PORT_RANGE_SPAN_MAX: u16 = 1000;
+
+/// A registration's own port range (its profile's), refused unless `1 <= low <= high` and it
+/// spans at most [`PORT_RANGE_SPAN_MAX`] ports.
+fn checked_port_range((low, high): (u16, u16)) -> Result<(u16, u16), CommandError> {
+    if low == 0 || low > high || high - low >= PORT_RANGE_SPAN_MAX {
+        return Err(CommandError::bad(format!(
+            "port_range [{low}, {high}] is not usable: it must be [low, high] with 1 <= low <= high and at most {PORT_RANGE_SPAN_MAX} ports (fix the profile's port_range, or pass a port)"
+        )));
+    }
+    Ok((low, high))
+}
+
 /// Running per-agent servers, by agent id.
 #[derive(Default)]
 pub struct AgentServers {
@@ -95,6 +110,10 @@ pub struct RegisterBody {
     /// profile's range.
     #[serde(default)]
     pub port: Option<u16>,
+    /// `[low, high]`: the ports to try when no port is given (the profile's); absent takes the
+    /// built-in range of the agent type.
+    #[serde(default)]
+    pub port_range: Option<(u16, u16)>,
 }
 
 /// Registers an agent: finds and binds a port, records the registration, serves its endpoints.
@@ -125,9 +144,13 @@ pub async fn register(
         )));
     }
     let pid_start = process::start_ticks(body.pid);
+    let range = match body.port_range {
+        Some(range) => Some(checked_port_range(range)?),
+        None => port_range(&body.agent_type),
+    };
     let candidates: Vec<u16> = match body.port {
         Some(port) => vec![port],
-        None => match port_range(&body.agent_type) {
+        None => match range {
             Some((low, high)) => (low..=high).collect(),
             None => {
                 return Err(CommandError::bad(format!(
@@ -198,7 +221,7 @@ pub async fn register(
             Err(error) => return Err(error),
         }
     }
-    Err(match (body.port, port_range(&body.agent_type)) {
+    Err(match (body.port, range) {
         (None, Some((low, high))) => CommandError::conflict(format!(
             "All ports of the {} range {low}-{high} are taken{}",
             body.agent_type,

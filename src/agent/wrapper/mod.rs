@@ -123,6 +123,8 @@ async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
             pid: std::process::id(),
             working_dir,
             port: options.port,
+            // The profile's range reaches the broker: a custom profile needs no built-in one.
+            port_range: Some(options.profile.port_range),
         })
         .await?;
     let agent_id = registration.agent.agent_id.clone();
