@@ -720,3 +720,71 @@ fn the_demo_shows_the_interrupt_it_announces() {
     let urgent = bob.find("You said: [A2A:").and_then(|_| bob.find("] URGENT: stop and read this")).expect(bob);
     assert!(interrupted < urgent, "{bob}");
 }
+
+/// `count` consecutive ports free right now on 127.0.0.1, found by binding them (and released
+/// before returning): never fixed ports, which another test or program may hold.
+fn free_port_range(count: u16) -> (u16, u16) {
+    for _ in 0..100 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let low = first.local_addr().unwrap().port();
+        let Some(high) = low.checked_add(count - 1) else { continue };
+        let rest: Vec<std::net::TcpListener> =
+            (low + 1..=high).map_while(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok()).collect();
+        if rest.len() == usize::from(count - 1) {
+            return (low, high);
+        }
+    }
+    panic!("no {count} consecutive free ports on 127.0.0.1");
+}
+
+/// Writes `<home>/profiles/<name>.json`: the dummy agent under a type the broker has no
+/// built-in port range for, with `port_range`.
+fn write_dummy_profile(home: &Home, name: &str, port_range: Value) {
+    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
+    let profile = json!({
+        "command": "{synapse}", "args": ["dummy-agent"], "port_range": port_range, "submit": "\n",
+        "idle": {"prompt": "> "}, "interrupt": "signal",
+    });
+    std::fs::write(home.home().join(format!("profiles/{name}.json")), profile.to_string()).unwrap();
+}
+
+/// A custom profile's `port_range` reaches the broker (issue 13): started without `--port`,
+/// its agent registers on a port of that range, where the broker once refused a type without a
+/// built-in range ("has no port range: pass a port").
+#[test]
+fn a_custom_profile_started_without_a_port_registers_on_a_port_of_its_own_range() {
+    let home = Home::new();
+    let (low, high) = free_port_range(3);
+    write_dummy_profile(&home, "ranged", json!([low, high]));
+    let output = home.cmd(&["start", "ranged", "--name", "ranger", "--json"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let agent: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _wrappers = Wrappers(&home, vec![id(&agent)]);
+    let port = u16::try_from(agent["port"].as_u64().unwrap()).unwrap();
+    assert!((low..=high).contains(&port), "port {port} is outside {low}-{high}: {agent}");
+    let (status, card) = http_tcp(port, "GET", "/.well-known/agent-card.json", None, &[]);
+    assert_eq!(status, 200, "the agent is served on its port: {card}");
+}
+
+/// A port range that is empty, starts at 0 or spans more than 1000 ports is refused with a
+/// 400 that names it, whether it comes from a profile or straight from the API.
+#[test]
+fn a_registration_with_an_unusable_port_range_is_refused_with_a_clear_error() {
+    let home = Home::new();
+    let (low, _) = free_port_range(1);
+    let high = low.saturating_sub(1);
+    write_dummy_profile(&home, "backwards", json!([low, high]));
+    let output = home.cmd(&["start", "backwards", "--json"]).output().unwrap();
+    assert!(!output.status.success(), "{}", describe(&output));
+    let expected = format!("port_range [{low}, {high}] is not usable");
+    assert!(stderr(&output).contains(&expected), "{}", describe(&output));
+    assert!(stderr(&output).contains("1 <= low <= high"), "{}", describe(&output));
+    let pid = std::process::id();
+    for range in [json!([0, 10]), json!([2000, 1999]), json!([2000, 3000])] {
+        let body = json!({"agent_type": "custom", "pid": pid, "port_range": range}).to_string();
+        let (status, answer) = home.http("POST", "/agents", Some(body.as_bytes()), &[]);
+        assert_eq!(status, 400, "{range}: {answer}");
+        let message = answer["message"].as_str().unwrap();
+        assert!(message.contains("is not usable") && message.contains("at most 1000 ports"), "{message}");
+    }
+}

@@ -93,7 +93,7 @@ comps={
  "RebuildReport":S({"events":it,"elapsed_ms":{"type":"number"}}),
  "IndexProgress":S({"indexed_through":it,"head":it,"segments":it}),
  "VerifyReport":S({"events":it,"differences":{"type":"array","items":st}}),
- "RegisterBody":S({"agent_type":st,"name":st,"role":st,"pid":it,"working_dir":st,"port":it},["agent_type","pid"]),
+ "RegisterBody":S({"agent_type":st,"name":st,"role":st,"pid":it,"working_dir":st,"port":it,"port_range":{"type":"array","items":{"type":"integer","minimum":1,"maximum":65535},"minItems":2,"maxItems":2,"description":"[low, high]: without a port, the first free port of this range (its profile's); absent, the built-in range of agent_type. 1 <= low <= high, at most 1000 ports.","example":[8100,8109]}},["agent_type","pid"]),
  "Registration":S({"agent":{"type":"object"},"secret":st,"socket":st,"endpoint":st}),
  "StatusBody":S({"status":{"type":"string","enum":["READY","PROCESSING","WAITING"]}},["status"]),
  "SendRequest":S({"to":st,"from":st,"secret":st,"text":st,"priority":{"type":"integer","minimum":1,"maximum":5},"response_expected":bo,"reply_to":st,"context_id":st,"sender_task_id":st},["to","text"]),

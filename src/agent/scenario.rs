@@ -67,6 +67,7 @@ pub fn run(paths: Paths, port: Option<u16>, name: Option<String>) -> anyhow::Res
             pid: std::process::id(),
             working_dir,
             port: Some(port.unwrap_or(0)),
+            port_range: None,
         };
         let registration = client.register(&request).await.context("cannot register the scenario agent")?;
         let agent_id = registration.agent.agent_id.clone();

@@ -19,6 +19,10 @@ pub struct RegisterRequest {
     /// profile's range.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
+    /// The ports to take the first free one from when no port is given, `[low, high]` (the
+    /// agent's profile's); absent takes the built-in range of `agent_type`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_range: Option<(u16, u16)>,
 }
 
 /// The answer to a registration: the agent's secret is shown here only, once.

@@ -262,6 +262,7 @@ fn requests_write_the_fields_the_schema_documents() {
         pid: 1,
         working_dir: "/w".into(),
         port: Some(0),
+        port_range: Some((8100, 8109)),
     };
     let minimal = RegisterRequest { agent_type: "dummy".into(), pid: 1, ..RegisterRequest::default() };
     documented_request("RegisterBody", &register, &minimal);

@@ -40,6 +40,21 @@ pub fn port_range(agent_type: &str) -> Option<(u16, u16)> {
     })
 }
 
+/// The most ports a registration's own range may span: room for any team of agents, and a
+/// typo cannot make the broker try thousands of binds.
+const PORT_RANGE_SPAN_MAX: u16 = 1000;
+
+/// A registration's own port range (its profile's), refused unless `1 <= low <= high` and it
+/// spans at most [`PORT_RANGE_SPAN_MAX`] ports.
+pub fn checked_port_range((low, high): (u16, u16)) -> Result<(u16, u16), CommandError> {
+    if low == 0 || low > high || high - low >= PORT_RANGE_SPAN_MAX {
+        return Err(CommandError::bad(format!(
+            "port_range [{low}, {high}] is not usable: it must be [low, high] with 1 <= low <= high and at most {PORT_RANGE_SPAN_MAX} ports (fix the profile's port_range, or pass a port)"
+        )));
+    }
+    Ok((low, high))
+}
+
 /// Running per-agent servers, by agent id.
 #[derive(Default)]
 pub struct AgentServers {
@@ -96,6 +111,10 @@ pub struct RegisterBody {
     /// profile's range.
     #[serde(default)]
     pub port: Option<u16>,
+    /// `[low, high]`: the ports to try when no port is given (the profile's); absent takes the
+    /// built-in range of the agent type.
+    #[serde(default)]
+    pub port_range: Option<(u16, u16)>,
 }
 
 /// Deregisters an agent and stops its endpoints.

@@ -177,7 +177,7 @@ pub async fn agent(paths: &Paths, command: AgentCommand) -> anyhow::Result<i32> 
     let line = match command {
         AgentCommand::Register { agent_type, pid, name, role, port } => {
             let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
-            let request = api::RegisterRequest { agent_type, name, role, pid, working_dir, port };
+            let request = api::RegisterRequest { agent_type, name, role, pid, working_dir, port, port_range: None };
             api::json_line(&client.register(&request).await?)?
         }
         AgentCommand::Status { agent_id, status } => {

@@ -7,7 +7,7 @@
 
 use super::caller::RegistrationProof;
 use super::{AppState, HttpState};
-use crate::broker::agents::{RegisterBody, Registration, port_range, prune_dead};
+use crate::broker::agents::{RegisterBody, Registration, checked_port_range, port_range, prune_dead};
 use crate::broker::command::{Command, CommandError, Outcome, RegisterRequest};
 use crate::process::{self, is_pid_alive};
 use crate::secret::hash_secret;
@@ -42,9 +42,13 @@ pub async fn register(
         )));
     }
     let pid_start = process::start_ticks(body.pid);
+    let range = match body.port_range {
+        Some(range) => Some(checked_port_range(range)?),
+        None => port_range(&body.agent_type),
+    };
     let candidates: Vec<u16> = match body.port {
         Some(port) => vec![port],
-        None => match port_range(&body.agent_type) {
+        None => match range {
             Some((low, high)) => (low..=high).collect(),
             None => {
                 return Err(CommandError::bad(format!(
@@ -115,7 +119,7 @@ pub async fn register(
             Err(error) => return Err(error),
         }
     }
-    Err(match (body.port, port_range(&body.agent_type)) {
+    Err(match (body.port, range) {
         (None, Some((low, high))) => CommandError::conflict(format!(
             "All ports of the {} range {low}-{high} are taken{}",
             body.agent_type,

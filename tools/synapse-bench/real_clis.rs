@@ -9,7 +9,7 @@
 //! `synapse send` until the scripted model has received it (its request log), the agent READY
 //! again before the next.
 
-use super::{BenchDir, Samples};
+use crate::common::{BenchDir, Samples};
 use anyhow::{Context, Result, anyhow, bail};
 use portable_pty::{CommandBuilder, PtySize, native_pty_system};
 use serde_json::Value;

@@ -1,0 +1,106 @@
+//! The wrapper's connections to the broker, shared by the reporter, the watcher, the keyboard
+//! router and the scenario agent: connecting as the agent (retried until a broker answers, never
+//! restarting one stopped on purpose), the pause between failed calls, and what a refusal means.
+//!
+//! Invariant: nothing here gives up on a broker that may come back; only a broker stopped on
+//! purpose ends the wait, and only for a departing agent ([`connect_to_leave`]).
+
+use crate::client::{Client, ClientError};
+use crate::config::Paths;
+use std::time::Duration;
+
+/// A connection to the broker acting as the agent (its secret sent with every request),
+/// retried until the broker answers (it is started when none runs).
+pub(crate) async fn connect(paths: &Paths, secret: &str) -> Client {
+    let mut delay = Duration::from_millis(20);
+    loop {
+        // Never restarts a broker stopped on purpose: waits until someone starts one.
+        match Client::connect_unless_stopped(paths).await {
+            Ok(mut client) => {
+                client.set_secret(secret.to_string());
+                return client;
+            }
+            Err(error) => {
+                tracing::warn!("cannot reach the broker ({error:#}); retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// The connection for an exiting agent's deregistration: None when the broker was stopped on
+/// purpose (waiting for a new one would keep a finished agent alive; the next broker prunes
+/// its dead pid anyway).
+pub(crate) async fn connect_to_leave(paths: &Paths, secret: &str) -> Option<Client> {
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match Client::connect_unless_stopped(paths).await {
+            Ok(mut client) => {
+                client.set_secret(secret.to_string());
+                return Some(client);
+            }
+            Err(error) if error.downcast_ref::<crate::client::StoppedOnPurpose>().is_some() => return None,
+            Err(error) => {
+                tracing::warn!("cannot reach the broker ({error:#}); retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Pauses between failed calls to the broker that did answer (a refused status report, a
+/// failed acknowledgement): doubling from 50 ms to 5 s, so a persistent refusal does not
+/// become a busy loop. Reset by a success.
+pub(super) struct Backoff {
+    delay: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+    const LONGEST: Duration = Duration::from_secs(5);
+
+    pub fn reset(&mut self) {
+        self.delay = Self::FIRST;
+    }
+
+    /// The pause to take now; the next one is twice as long (up to [`Self::LONGEST`]).
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.delay;
+        self.delay = (self.delay * 2).min(Self::LONGEST);
+        delay
+    }
+
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.next_delay()).await;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { delay: Self::FIRST }
+    }
+}
+
+/// The broker no longer knows the agent (deregistered, or its id taken): 404 or 409.
+pub(super) fn is_gone(error: &ClientError) -> bool {
+    error.status().is_some_and(|status| status.as_u16() == 404 || status.as_u16() == 409)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_longest_and_resets() {
+        let mut backoff = Backoff::default();
+        let delays: Vec<Duration> = (0..10).map(|_| backoff.next_delay()).collect();
+        assert_eq!(delays[0], Backoff::FIRST);
+        assert_eq!(delays[1], Backoff::FIRST * 2);
+        assert!(delays.windows(2).all(|pair| pair[1] >= pair[0]));
+        assert_eq!(*delays.last().unwrap(), Backoff::LONGEST);
+        backoff.reset();
+        assert_eq!(backoff.next_delay(), Backoff::FIRST);
+    }
+}

@@ -1,0 +1,133 @@
+//! The user's terminal, when the wrapper runs in one: their keystrokes (`@agent message` lines
+//! to the broker, everything else to the CLI, decided by [`InputRouter`]) and its size.
+//!
+//! Invariant: while a message is being typed into the CLI (from its paste to its submit key) the
+//! user's keystrokes are held back and passed on afterwards, in order ([`HeldKeys`]): they can
+//! never land inside a message and be sent with it.
+
+use super::Shared;
+use super::connection::connect;
+use super::pty::PtyInput;
+use crate::agent::input::{InputRouter, Routed};
+use crate::agent::terminal;
+use crate::api;
+use portable_pty::PtySize;
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+
+/// The user's keystrokes held back while a message is typed (between its paste and its
+/// submit key), then passed on: they can never land inside a message and be sent with it.
+#[derive(Default)]
+pub(super) struct HeldKeys {
+    held: Mutex<Option<Vec<u8>>>,
+}
+
+impl HeldKeys {
+    /// Starts holding the user's keystrokes back, or stops and passes on what was held.
+    pub fn hold(&self, hold: bool, input: &PtyInput) {
+        let Ok(mut held) = self.held.lock() else { return };
+        if hold {
+            held.get_or_insert_with(Vec::new);
+        } else if let Some(bytes) = held.take().filter(|bytes| !bytes.is_empty()) {
+            input.send(bytes);
+        }
+    }
+
+    /// The user's keystrokes: to the CLI now, or held while a message is being typed.
+    pub fn user_keys(&self, bytes: Vec<u8>, input: &PtyInput) {
+        match self.held.lock() {
+            Ok(mut held) if held.is_some() => held.get_or_insert_with(Vec::new).extend_from_slice(&bytes),
+            _ => input.send(bytes),
+        }
+    }
+}
+
+/// The user's keystrokes: `@agent message` lines go to the broker, the rest to the CLI.
+pub(super) fn spawn_keyboard(shared: Arc<Shared>) {
+    let (sends, mut to_send) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    let keyboard_shared = shared.clone();
+    let _ = std::thread::Builder::new().name("keyboard".into()).spawn(move || {
+        let mut router = InputRouter::new();
+        let mut stdin = std::io::stdin();
+        let mut buffer = [0u8; 4096];
+        loop {
+            let count = match stdin.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(count) => count,
+            };
+            for routed in router.feed(&buffer[..count]) {
+                match routed {
+                    Routed::Pass(bytes) => keyboard_shared.held_keys.user_keys(bytes, &keyboard_shared.input),
+                    Routed::Echo(bytes) => {
+                        let mut out = std::io::stdout().lock();
+                        let _ = out.write_all(&bytes).and_then(|_| out.flush());
+                    }
+                    Routed::Send { target, message } => {
+                        let _ = sends.send((target, message));
+                    }
+                }
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut client = connect(&shared.paths, &shared.secret).await;
+        while let Some((target, message)) = to_send.recv().await {
+            let request = api::SendRequest {
+                from: Some(shared.agent_id.clone()),
+                secret: Some(shared.secret.clone()),
+                response_expected: true,
+                ..api::SendRequest::new(target.clone(), message)
+            };
+            let line = match client.send(&request).await {
+                Ok(answer) => format!(
+                    "[synapse] sent to {}: task {}",
+                    answer.task.metadata.owner.as_deref().unwrap_or(&target),
+                    crate::event::short_id(answer.sender_task.as_ref().map_or("", |task| task.id.as_str()))
+                ),
+                Err(error) => format!("[synapse] not sent: {error:#}"),
+            };
+            let mut out = std::io::stdout().lock();
+            let _ = write!(out, "{line}\r\n");
+            let _ = out.flush();
+        }
+    });
+}
+
+/// Follows the user's terminal size.
+pub(super) fn spawn_resize(shared: Arc<Shared>) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut winch) = signal(SignalKind::window_change()) else { return };
+        while winch.recv().await.is_some() {
+            if let Some((rows, cols)) = terminal::size(0) {
+                if let Ok(master) = shared.master.lock() {
+                    let _ = master.resize(PtySize { rows, cols, pixel_width: 0, pixel_height: 0 });
+                }
+                shared.screen.lock().resize(rows, cols);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn keys_typed_while_held_reach_the_cli_after_the_message_and_in_order() {
+        let (mut cli_side, wrapper_side) = std::io::pipe().unwrap();
+        let input = super::super::pty::spawn_writer(Box::new(wrapper_side)).unwrap();
+        let keys = HeldKeys::default();
+        keys.user_keys(b"a".to_vec(), &input);
+        keys.hold(true, &input);
+        keys.user_keys(b"b".to_vec(), &input);
+        input.write(b"[message]".to_vec()).await.unwrap();
+        keys.user_keys(b"c".to_vec(), &input);
+        keys.hold(false, &input);
+        keys.user_keys(b"d".to_vec(), &input);
+        drop(input);
+        let mut received = String::new();
+        cli_side.read_to_string(&mut received).unwrap();
+        assert_eq!(received, "a[message]bcd");
+    }
+}

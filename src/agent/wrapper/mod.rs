@@ -1,0 +1,269 @@
+//! The agent wrapper: runs a CLI in a PTY, registers it with the broker, reports its status and
+//! writes its tickets into it. This module registers, composes the parts and owns what they
+//! share ([`Shared`]); each part lives in its own file:
+//! - [`pty`]: spawning the CLI, and the threads that own the PTY's blocking I/O — one reader
+//!   (output → terminal or log, and the readiness model), one writer (the only owner of the
+//!   PTY's writer; its queue is lossless), one waiter (reaps the child);
+//! - [`watcher`]: the inbox loop, writing each ticket once the CLI is ready (exactly once);
+//! - [`reporter`]: status reports to the broker;
+//! - [`keyboard`]: the user's keystrokes and `@agent` lines, and the terminal's size;
+//! - [`connection`]: connecting to the broker as the agent, and the pause between failures.
+//!
+//! The async side (status reporter, watcher, keyboard router, signals) talks to the threads
+//! through channels. The wrapper deregisters its agent however it ends; if it dies, its CLI
+//! dies with the PTY.
+
+mod connection;
+mod keyboard;
+mod pty;
+mod reporter;
+mod watcher;
+
+pub(crate) use connection::{connect, connect_to_leave};
+pub use watcher::instruction_files;
+
+use super::profile::Profile;
+use super::readiness::Readiness;
+use super::terminal;
+use crate::api;
+use crate::client::Client;
+use crate::config::Paths;
+use anyhow::Context;
+use keyboard::HeldKeys;
+use portable_pty::{CommandBuilder, MasterPty};
+use pty::{PtyInput, Screen};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Headless PTY size.
+const HEADLESS_SIZE: (u16, u16) = (40, 160);
+
+pub struct Options {
+    pub profile: Profile,
+    pub port: Option<u16>,
+    pub name: Option<String>,
+    pub role: Option<String>,
+    pub tool_args: Vec<String>,
+    /// No terminal: output goes to `$SYNAPSE_HOME/logs/<agent_id>.log`.
+    pub headless: bool,
+    /// Print one JSON line with the registration on stdout (for `synapse start`).
+    pub announce: bool,
+}
+
+/// What the wrapper's parts share, behind one `Arc`.
+struct Shared {
+    paths: Paths,
+    profile: Profile,
+    agent_id: String,
+    secret: String,
+    /// The readiness model of the CLI's screen, fed by the reader thread, and the counter that
+    /// wakes the reporter and anyone waiting for the CLI to react.
+    screen: Arc<Screen>,
+    /// The way to the PTY writer thread.
+    input: PtyInput,
+    master: Mutex<Box<dyn MasterPty + Send>>,
+    child_pid: Option<u32>,
+    log: PathBuf,
+    /// Set by the watcher after an acknowledgement (which records PROCESSING in the broker):
+    /// the reporter then reports the current status again, after that event. Only the reporter
+    /// keeps what it last reported, so no update of another task can be lost.
+    report_again: std::sync::atomic::AtomicBool,
+    /// Why a queued message is not written now (reported with the status, shown by `synapse
+    /// list`); None when nothing is held back.
+    note: Mutex<Option<String>>,
+    /// Held by the watcher from writing a ticket until its acknowledgement is recorded, and by
+    /// the reporter while it decides and posts a status: a READY seen before a ticket was written
+    /// cannot land in the log after that ticket's acknowledgement.
+    report_gate: Arc<tokio::sync::Mutex<()>>,
+    /// The user's keystrokes held back while a message is typed (between its paste and its
+    /// submit key), then passed on: they can never land inside a message and be sent with it.
+    held_keys: HeldKeys,
+}
+
+impl Shared {
+    fn note(&self) -> Option<String> {
+        self.note.lock().map(|note| note.clone()).unwrap_or_default()
+    }
+
+    /// Sets (or clears) the note and wakes the reporter when it changed.
+    fn set_note(&self, note: Option<String>) {
+        let changed = match self.note.lock() {
+            Ok(mut current) if *current != note => {
+                *current = note;
+                true
+            }
+            _ => false,
+        };
+        if changed {
+            self.screen.notify();
+        }
+    }
+}
+
+pub fn log_path(paths: &Paths, agent_id: &str) -> PathBuf {
+    paths.home.join("logs").join(format!("{agent_id}.log"))
+}
+
+/// Runs the wrapper until the CLI exits or the wrapper is told to stop; returns the exit code.
+pub fn run(paths: Paths, options: Options) -> anyhow::Result<i32> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(run_async(paths, options))
+}
+
+async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
+    let mut client = Client::connect(&paths, true).await?;
+    let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
+    let registration = client
+        .register(&api::RegisterRequest {
+            agent_type: options.profile.name.clone(),
+            name: options.name.clone(),
+            role: options.role.clone(),
+            pid: std::process::id(),
+            working_dir,
+            port: options.port,
+            // The profile's range reaches the broker: a custom profile needs no built-in one.
+            port_range: Some(options.profile.port_range),
+        })
+        .await?;
+    let agent_id = registration.agent.agent_id.clone();
+    let secret = registration.secret.clone();
+    let port = registration.agent.port;
+    client.set_secret(secret.clone());
+    let log = log_path(&paths, &agent_id);
+
+    let result = run_registered(&paths, &options, &agent_id, &secret, port, &log, &registration).await;
+    // Deregister whatever happened (best effort: the broker also prunes dead pids).
+    if let Some(mut client) = connect_to_leave(&paths, &secret).await {
+        let _ = client.deregister(&agent_id).await;
+    }
+    result
+}
+
+/// The CLI's program (`{synapse}` stands for this executable) and its command: the profile's
+/// arguments, then the user's, in the current directory, with the settings' environment and
+/// Synapse's own variables.
+fn cli_command(
+    paths: &Paths,
+    options: &Options,
+    agent_id: &str,
+    secret: &str,
+    port: u16,
+) -> anyhow::Result<(String, CommandBuilder)> {
+    let program = if options.profile.command == "{synapse}" {
+        std::env::current_exe().context("cannot find the synapse executable")?.display().to_string()
+    } else {
+        options.profile.command.clone()
+    };
+    let mut command = CommandBuilder::new(&program);
+    command.args(&options.profile.args);
+    command.args(&options.tool_args);
+    if let Ok(dir) = std::env::current_dir() {
+        command.cwd(dir);
+    }
+    // Settings `env` first, so that Synapse's own variables always win.
+    for (key, value) in crate::settings::Settings::load_current(&paths.home)?.env()? {
+        command.env(key, value);
+    }
+    command.env("SYNAPSE_AGENT_ID", agent_id);
+    command.env("SYNAPSE_AGENT_TYPE", &options.profile.name);
+    command.env("SYNAPSE_PORT", port.to_string());
+    command.env("SYNAPSE_AGENT_SECRET", secret);
+    command.env("SYNAPSE_HOME", &paths.home);
+    command.env("SYNAPSE_UDS_DIR", &paths.uds_dir);
+    Ok((program, command))
+}
+
+async fn run_registered(
+    paths: &Paths,
+    options: &Options,
+    agent_id: &str,
+    secret: &str,
+    port: u16,
+    log: &std::path::Path,
+    registration: &api::Registration,
+) -> anyhow::Result<i32> {
+    let interactive = !options.headless && terminal::is_terminal(0);
+    let (rows, cols) = if interactive { terminal::size(0).unwrap_or((24, 80)) } else { HEADLESS_SIZE };
+    let (program, command) = cli_command(paths, options, agent_id, secret, port)?;
+    let cli = pty::spawn(&program, command, (rows, cols))?;
+    let child_pid = cli.child_pid;
+
+    if options.announce {
+        let announce = api::Announce {
+            agent_id: agent_id.to_string(),
+            pid: std::process::id(),
+            child_pid,
+            port,
+            log: Some(log.display().to_string()),
+            socket: registration.socket.clone(),
+            endpoint: None,
+            secret: secret.to_string(),
+        };
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{}", api::json_line(&announce)?)?;
+        stdout.flush()?;
+    }
+
+    let input = pty::spawn_writer(cli.writer)?;
+    let shared = Arc::new(Shared {
+        paths: paths.clone(),
+        profile: options.profile.clone(),
+        agent_id: agent_id.to_string(),
+        secret: secret.to_string(),
+        screen: Arc::new(Screen::new(Readiness::new(options.profile.idle.clone(), rows, cols))),
+        input,
+        master: Mutex::new(cli.master),
+        child_pid,
+        log: log.to_path_buf(),
+        report_again: std::sync::atomic::AtomicBool::new(false),
+        note: Mutex::new(None),
+        report_gate: Arc::new(tokio::sync::Mutex::new(())),
+        held_keys: HeldKeys::default(),
+    });
+
+    // Reader thread: output to the user's terminal (interactive) and always to the log (what
+    // `synapse logs` shows, and the watcher's evidence of what was written before a crash).
+    if let Some(dir) = log.parent() {
+        crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let log_file = crate::private_files::open_append(log).with_context(|| format!("cannot open {}", log.display()))?;
+    let sink: Box<dyn Write + Send> =
+        if interactive { Box::new(pty::Tee(std::io::stdout(), log_file)) } else { Box::new(log_file) };
+    let output_done = pty::spawn_reader(cli.reader, sink, shared.screen.clone())?;
+    let child_exit = pty::spawn_waiter(cli.child)?;
+
+    let _raw = if interactive { Some(terminal::RawMode::enable()?) } else { None };
+    if interactive {
+        keyboard::spawn_keyboard(shared.clone());
+        keyboard::spawn_resize(shared.clone());
+    }
+    tokio::spawn(reporter::report_status(shared.clone()));
+    tokio::spawn(watcher::watch_inbox(shared.clone()));
+
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    let code = tokio::select! {
+        code = child_exit => code.unwrap_or(1),
+        _ = terminate.recv() => stop_child(&shared).await,
+        _ = hangup.recv() => stop_child(&shared).await,
+    };
+    // Let the last output reach the terminal or log.
+    let _ = tokio::time::timeout(Duration::from_millis(500), output_done).await;
+    Ok(code)
+}
+
+/// Ends the CLI: SIGTERM to its process group, SIGKILL if it is still there after 3 s.
+async fn stop_child(shared: &Arc<Shared>) -> i32 {
+    let Some(pid) = shared.child_pid.and_then(|pid| i32::try_from(pid).ok()) else { return 143 };
+    crate::process::signal(-pid, libc::SIGTERM);
+    crate::process::signal(pid, libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline && crate::process::is_pid_alive(pid.unsigned_abs()) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    crate::process::signal(-pid, libc::SIGKILL);
+    143
+}

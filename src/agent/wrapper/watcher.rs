@@ -1,0 +1,467 @@
+//! The watcher: follows the agent's inbox and writes each ticket into the CLI once it is ready
+//! at its prompt — the start-up message first, then tickets by priority and arrival, a priority-5
+//! ticket interrupting a busy CLI, and each acknowledged once the CLI has reacted to it.
+//!
+//! Exactly once: the watcher takes one ticket at a time, writes it, and acknowledges it (an
+//! event) before taking the next; an acknowledgement that fails because the broker is down is
+//! retried after reconnecting, never the write. If the wrapper itself dies, its CLI dies with
+//! the PTY, so a ticket written but not acknowledged is written again into the new CLI (unless
+//! its record and the terminal log show the CLI saw it: [`written_before_restart`]).
+//!
+//! Never written to or interrupted: a CLI that is starting or shows a dialog (the keys could
+//! answer it), nor one whose user is typing. The report gate is held from a ticket's write to
+//! its acknowledgement, so the reporter cannot post a READY seen before the write after it.
+
+use super::Shared;
+use super::connection::{Backoff, connect, is_gone};
+use crate::agent::profile::{self, InterruptStyle};
+use crate::api::{self, InboxTicket};
+use crate::client::Client;
+use crate::event::AgentStatus;
+use anyhow::Context;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Messages longer than this (characters) go to a file (`SYNAPSE_LONG_MESSAGE_THRESHOLD`).
+const DEFAULT_LONG_MESSAGE_THRESHOLD: usize = 200;
+/// While a ticket waits for the CLI, how often the inbox is asked again for a more urgent one.
+const QUEUE_RECHECK: Duration = Duration::from_secs(1);
+/// How long one inbox long-poll lasts.
+const INBOX_WAIT_MS: u64 = 25_000;
+
+/// The wrapper's record of the last ticket it wrote completely (`<agent>.delivered` beside the
+/// log), written by the PTY writer thread right after the submit key, before the
+/// acknowledgement. A wrapper killed in between leaves it behind and its successor acknowledges
+/// that ticket without writing it again, provided the terminal log shows that the CLI saw it
+/// (see [`written_before_restart`]). A ticket whose text was written but not its submit key is
+/// written again: the CLI that saw the text died with its wrapper.
+fn delivered_path(log: &std::path::Path) -> PathBuf {
+    log.with_extension("delivered")
+}
+
+fn last_delivered(log: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(delivered_path(log)).ok()?.trim().parse().ok()
+}
+
+/// How much of the end of the terminal log [`written_before_restart`] reads.
+const LOG_TAIL_BYTES: u64 = 256 << 10;
+
+/// Did the wrapper before this one write ticket `number` into its CLI before it died? Its
+/// record says it wrote the submit key, and the terminal log shows the ticket's header
+/// (`prefix`), so the CLI echoed or drew it. A record without that trace means the bytes may
+/// have sat unread in the PTY when the wrapper (and with it the CLI) was killed, or that the
+/// echo never reached the log: the ticket is written again, since nothing may be lost.
+fn written_before_restart(log: &std::path::Path, number: u64, prefix: &str) -> bool {
+    use std::io::{Read, Seek};
+    if prefix.is_empty() || last_delivered(log) != Some(number) {
+        return false;
+    }
+    let Ok(mut file) = std::fs::File::open(log) else { return false };
+    let start = file.metadata().map_or(0, |meta| meta.len().saturating_sub(LOG_TAIL_BYTES));
+    let mut tail = Vec::new();
+    if file.seek(std::io::SeekFrom::Start(start)).and_then(|_| file.read_to_end(&mut tail)).is_err() {
+        return false;
+    }
+    String::from_utf8_lossy(&tail).contains(prefix)
+}
+
+/// Interrupts the CLI as its profile says (never called while it is STARTING or WAITING:
+/// interrupt keys could answer a dialog).
+async fn interrupt(shared: &Shared) {
+    match &shared.profile.interrupt {
+        InterruptStyle::Signal => {
+            let group = shared
+                .master
+                .lock()
+                .ok()
+                .and_then(|master| master.process_group_leader())
+                .or_else(|| shared.child_pid.and_then(|pid| i32::try_from(pid).ok()));
+            if let Some(group) = group {
+                crate::process::signal(-group, libc::SIGINT);
+            }
+        }
+        InterruptStyle::CtrlC => {
+            let _ = shared.input.write(vec![0x03]).await;
+        }
+        InterruptStyle::Keys(keys) => {
+            for (index, key) in keys.iter().enumerate() {
+                if index > 0 {
+                    tokio::time::sleep(profile::KEY_GAP).await;
+                }
+                // Checked when the profile was loaded.
+                if let Ok(bytes) = profile::parse_key(key) {
+                    let _ = shared.input.write(bytes).await;
+                }
+            }
+        }
+    }
+}
+
+fn long_message_threshold() -> usize {
+    std::env::var("SYNAPSE_LONG_MESSAGE_THRESHOLD")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(DEFAULT_LONG_MESSAGE_THRESHOLD)
+}
+
+/// Instruction files for the start-up message (SPEC §1): `.synapse/*.md` of the working
+/// directory, except `delegate.md` unless delegation is enabled and `file-safety.md` unless
+/// file safety is on.
+pub fn instruction_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let enabled =
+        |name: &str| std::env::var(name).is_ok_and(|value| value == "1" || value.eq_ignore_ascii_case("true"));
+    let Ok(entries) = std::fs::read_dir(dir.join(".synapse")) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .filter(|path| match path.file_name().and_then(|name| name.to_str()) {
+            Some("delegate.md") => enabled("SYNAPSE_DELEGATION_ENABLED"),
+            Some("file-safety.md") => enabled("SYNAPSE_FILE_SAFETY_ENABLED"),
+            _ => true,
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// The one start-up message written on the first READY when instruction files exist.
+fn startup_message(shared: &Shared, files: &[PathBuf]) -> String {
+    let list: Vec<String> = files.iter().map(|file| file.display().to_string()).collect();
+    format!(
+        "You are agent {} ({}). Read your instructions in: {}. Messages from other agents arrive as [A2A:<id>:<sender>] lines; answer those marked :R with `synapse reply \"...\"`.",
+        shared.agent_id,
+        shared.profile.name,
+        list.join(", ")
+    )
+}
+
+/// Follows the agent's inbox and writes each ticket into the PTY once the CLI is ready.
+pub(super) async fn watch_inbox(shared: Arc<Shared>) {
+    let files = std::env::current_dir()
+        .map(|dir| {
+            let mut files = instruction_files(&dir);
+            if let Ok(settings) = crate::settings::Settings::load_current(&shared.paths.home) {
+                files.extend(settings.instructions(&dir).into_iter().filter(|file| file.exists()));
+            }
+            files.dedup();
+            files
+        })
+        .unwrap_or_default();
+    if !files.is_empty() {
+        if !wait_until_ready(&shared).await {
+            return;
+        }
+        match write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), None).await {
+            Ok(written) => resubmit_if_unsent(&shared, &written).await,
+            Err(error) => {
+                tracing::warn!("cannot write the start-up message: {error:#}");
+                return;
+            }
+        }
+    }
+    let mut client = connect(&shared.paths, &shared.secret).await;
+    let mut unacknowledged: Option<u64> = None;
+    // Only the first ticket after a start can have been written by a previous wrapper that
+    // died before acknowledging it: its records say so, and it is acknowledged without being
+    // written again.
+    let mut first_after_start = true;
+    // The priority-5 ticket last interrupted for: each is interrupted for once.
+    let mut interrupted: Option<u64> = None;
+    // The report gate, held from a ticket's write to its acknowledgement.
+    let mut held: Option<tokio::sync::OwnedMutexGuard<()>> = None;
+    let mut backoff = Backoff::default();
+    loop {
+        if let Some(ticket) = unacknowledged {
+            match client.ack(&shared.agent_id, ticket).await {
+                Ok(_) => {
+                    // The acknowledgement recorded PROCESSING; the reporter reports READY
+                    // again once the CLI is back at its prompt, after this event.
+                    unacknowledged = None;
+                    drop(held.take());
+                    shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
+                    shared.screen.notify();
+                }
+                Err(error) if is_gone(&error) => {
+                    unacknowledged = None;
+                    drop(held.take());
+                }
+                Err(_) => {
+                    backoff.wait().await;
+                    client = connect(&shared.paths, &shared.secret).await;
+                    continue;
+                }
+            }
+        }
+        let inbox = match client.inbox(&shared.agent_id, INBOX_WAIT_MS, Some(1)).await {
+            Ok(answer) => {
+                backoff.reset();
+                answer
+            }
+            Err(_) => {
+                backoff.wait().await;
+                client = connect(&shared.paths, &shared.secret).await;
+                continue;
+            }
+        };
+        let Some(ticket) = inbox.tickets.into_iter().next() else {
+            // Nothing waits: nothing to explain.
+            shared.set_note(None);
+            continue;
+        };
+        let number = ticket.ticket;
+        if std::mem::take(&mut first_after_start) && written_before_restart(&shared.log, number, &ticket.prefix) {
+            tracing::info!("ticket {number} was written before a restart; acknowledging it");
+            unacknowledged = Some(number);
+            continue;
+        }
+        let (status, typing) = {
+            let mut readiness = shared.screen.lock();
+            (readiness.status(Instant::now()).0, readiness.input_pending())
+        };
+        if status != AgentStatus::Ready {
+            // Priority 5 interrupts a CLI that is working, once per ticket. A CLI that is
+            // starting or shows a dialog is never interrupted or written to (the keys could
+            // answer the dialog), nor one whose user is typing (they would clear the input).
+            if ticket.priority == 5 && status == AgentStatus::Processing && !typing && interrupted != Some(number) {
+                interrupted = Some(number);
+                interrupt(&shared).await;
+                let timeout = Duration::from_millis(shared.profile.interrupt_timeout_ms);
+                if tokio::time::timeout(timeout, wait_until_ready(&shared)).await.is_err() {
+                    let note = format!(
+                        "a priority-5 message waits: no prompt {} s after the interrupt (clear the input box or answer the CLI)",
+                        shared.profile.interrupt_timeout_ms / 1000
+                    );
+                    tracing::warn!("ticket {number}: {note}");
+                    shared.set_note(Some(note));
+                }
+            } else {
+                match status {
+                    AgentStatus::Waiting => {
+                        shared.set_note(Some("a dialog is open: messages wait until it is answered".into()))
+                    }
+                    _ if typing => shared.set_note(Some(
+                        "the CLI's input box holds typed text: messages wait until it is sent or cleared".into(),
+                    )),
+                    _ => {}
+                }
+                // Until READY, or a second passes: a more urgent ticket (priority 5) may have
+                // arrived behind this one, and it must not wait for the CLI's whole task.
+                tokio::select! {
+                    ready = wait_until_ready(&shared) => if !ready { return },
+                    () = tokio::time::sleep(QUEUE_RECHECK) => {}
+                }
+            }
+            // Ask again: the most urgent ticket comes first.
+            continue;
+        }
+        held = Some(shared.report_gate.clone().lock_owned().await);
+        let bracketed = shared.screen.lock().bracketed_paste();
+        let text = match ticket_text(&shared, &ticket, bracketed) {
+            Ok(text) => text,
+            Err(error) => {
+                // The message cannot reach this CLI (its file could not be written): its task
+                // fails, visibly to the sender, and the next tickets go on.
+                let reason = format!("{error:#}");
+                tracing::warn!("ticket {number}: {reason}");
+                fail_ticket(&mut client, &shared, &ticket, &reason).await;
+                unacknowledged = Some(number);
+                continue;
+            }
+        };
+        shared.set_note(None);
+        let header = ticket.prefix.as_str();
+        let record = Some((delivered_path(&shared.log), number.to_string()));
+        let written = match write_input(&shared, header, &text, record).await {
+            Ok(written) => written,
+            Err(error) => {
+                tracing::warn!("cannot write ticket {number}: {error:#}");
+                return;
+            }
+        };
+        // Acknowledged once the CLI has drawn something after it: a wrapper killed before that
+        // leaves the ticket unacknowledged and its successor writes it again (the bytes died
+        // unread with the PTY).
+        wait_for_reaction(&shared).await;
+        resubmit_if_unsent(&shared, &written).await;
+        unacknowledged = Some(number);
+    }
+}
+
+/// Longest wait for a CLI to draw anything after a ticket was written, before acknowledging it
+/// anyway (a CLI that draws nothing must not stop deliveries).
+const REACTION_WAIT: Duration = Duration::from_secs(2);
+
+async fn wait_for_reaction(shared: &Shared) {
+    let mut changes = shared.screen.subscribe();
+    let deadline = tokio::time::Instant::now() + REACTION_WAIT;
+    loop {
+        changes.borrow_and_update();
+        if shared.screen.lock().reacted() {
+            return;
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return,
+        }
+    }
+}
+
+/// How long the input box may hold a written message, with nothing drawn, before its submit key
+/// counts as lost.
+const UNSENT_QUIET: Duration = Duration::from_millis(1500);
+/// How many times the submit key is sent again for one message.
+const RESUBMITS: usize = 2;
+
+/// Sends the submit key again when the message still sits in the CLI's input box after a quiet
+/// spell (seen with Gemini under heavy load: the paste shown, its Enter swallowed, the message
+/// never sent). Returns at once when the box empties, as it does for a message taken.
+async fn resubmit_if_unsent(shared: &Shared, written: &Written) {
+    let mut changes = shared.screen.subscribe();
+    let mut resubmits = 0;
+    // The quiet spell is counted from the CLI's last drawing or our last key, whichever is later:
+    // a key just sent has not been answered yet.
+    let mut last_key = Instant::now();
+    loop {
+        changes.borrow_and_update();
+        let (unsent, last_output) = {
+            let readiness = shared.screen.lock();
+            (readiness.holds_unsent(&written.shown, written.pasted), readiness.last_output())
+        };
+        if !unsent {
+            return;
+        }
+        let quiet_until = last_output.map_or(last_key, |at| at.max(last_key)) + UNSENT_QUIET;
+        if Instant::now() < quiet_until {
+            let _ = tokio::time::timeout_at(quiet_until.into(), changes.changed()).await;
+            continue;
+        }
+        if resubmits == RESUBMITS {
+            tracing::warn!("the message still sits in the input box after {RESUBMITS} more submit keys");
+            return;
+        }
+        resubmits += 1;
+        tracing::info!("the message still sits in the input box; sending the submit key again");
+        last_key = Instant::now();
+        shared.screen.lock().input_written(last_key);
+        if shared.input.write(written.submit.clone()).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Waits until the screen model says READY (after output, or when a quiet period ends);
+/// false when the wrapper is going away.
+async fn wait_until_ready(shared: &Arc<Shared>) -> bool {
+    let mut changes = shared.screen.subscribe();
+    loop {
+        changes.borrow_and_update();
+        let (status, recheck) = shared.screen.lock().status(Instant::now());
+        if status == AgentStatus::Ready {
+            return true;
+        }
+        match recheck {
+            Some(at) => {
+                let _ = tokio::time::timeout_at(at.into(), changes.changed()).await;
+            }
+            None => {
+                if changes.changed().await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// The text written for a ticket after its header: the message, or a file reference when the
+/// message is long (or multi-line and the CLI cannot take a paste).
+fn ticket_text(shared: &Shared, ticket: &InboxTicket, bracketed: bool) -> anyhow::Result<String> {
+    let text = ticket.text.as_str();
+    if text.chars().count() <= long_message_threshold() && (bracketed || !text.contains(['\n', '\r'])) {
+        return Ok(text.to_string());
+    }
+    let dir = shared.paths.home.join("messages").join(&shared.agent_id);
+    crate::private_files::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let file = dir.join(format!("{}-{}.txt", ticket.ticket, crate::event::short_id(&ticket.task_id)));
+    crate::private_files::write(&file, text).with_context(|| format!("cannot write {}", file.display()))?;
+    Ok(format!("[LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()))
+}
+
+/// Marks the task of a ticket that cannot be written as failed, with the reason (best effort:
+/// a reply's ticket belongs to a task that is already over).
+async fn fail_ticket(client: &mut Client, shared: &Shared, ticket: &InboxTicket, reason: &str) {
+    let task_id = &ticket.task_id;
+    let update = api::TaskUpdate {
+        state: crate::event::TaskState::Failed,
+        artifacts: Vec::new(),
+        error: Some(format!("not delivered to {}: {reason}", shared.agent_id)),
+    };
+    if let Err(error) = client.update_task(&shared.agent_id, task_id, &update).await {
+        tracing::debug!("cannot mark task {task_id} failed: {error:#}");
+    }
+}
+
+/// Types `header` and `text` into the CLI like a paste (bracketed when the CLI enabled it), then
+/// the submit key after the profile's settle delay (and, right after it, `then_record`). The
+/// bytes are decided by [`crate::escape::keystrokes`]: nothing in the text acts as a control.
+async fn write_input(
+    shared: &Arc<Shared>,
+    header: &str,
+    text: &str,
+    then_record: Option<(PathBuf, String)>,
+) -> anyhow::Result<Written> {
+    let bracketed = shared.screen.lock().bracketed_paste();
+    shared.screen.lock().input_written(Instant::now());
+    shared.screen.notify();
+    let keys = crate::escape::keystrokes(header, text, bracketed, &shared.profile.submit);
+    let shown = String::from_utf8_lossy(&keys.paste).replace("\x1b[200~", "").replace("\x1b[201~", "");
+    shared.screen.lock().remember_input(&shown);
+    shared.held_keys.hold(true, &shared.input);
+    let written = async {
+        shared.input.write(keys.paste).await?;
+        if shared.profile.settle_ms > 0 {
+            // The settle delay counts from the CLI drawing the paste, not from writing it: a CLI
+            // starved of CPU reads the paste and the submit key together otherwise, and Gemini
+            // takes a return that close behind a paste as a newline inside it.
+            wait_for_reaction(shared).await;
+            tokio::time::sleep(Duration::from_millis(shared.profile.settle_ms)).await;
+        }
+        shared.input.write_then_record(keys.submit.clone(), then_record).await
+    }
+    .await;
+    shared.held_keys.hold(false, &shared.input);
+    written.map(|()| Written { shown, submit: keys.submit, pasted: bracketed })
+}
+
+/// What [`write_input`] typed: the text as the CLI shows it, the submit key after it, and
+/// whether it went in as a bracketed paste.
+struct Written {
+    shown: String,
+    submit: Vec<u8>,
+    pasted: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ticket_counts_as_written_before_a_restart_only_with_its_record_and_its_echo() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("bob.log");
+        let prefix = "[A2A:c54af1ff:alice:R]";
+        std::fs::write(&log, format!("> {prefix} burst-024\r\n[DUMMY] You said: ...\r\n> ")).unwrap();
+        assert!(!written_before_restart(&log, 7, prefix), "no record");
+        std::fs::write(delivered_path(&log), "6").unwrap();
+        assert!(!written_before_restart(&log, 7, prefix), "the record is of another ticket");
+        std::fs::write(delivered_path(&log), "7").unwrap();
+        assert!(written_before_restart(&log, 7, prefix));
+        assert!(!written_before_restart(&log, 7, "[A2A:0000aaaa:alice:R]"), "recorded, but the CLI never showed it");
+        assert!(!written_before_restart(&log, 7, ""));
+        // Only the end of a long log is read: the ticket was the last thing written.
+        let mut long = format!("> {prefix} early\r\n").into_bytes();
+        long.resize(long.len() + 2 * LOG_TAIL_BYTES as usize, b'.');
+        std::fs::write(&log, long).unwrap();
+        assert!(!written_before_restart(&log, 7, prefix));
+    }
+}

@@ -1,0 +1,31 @@
+//! `memory`: resident size of an idle broker.
+//!
+//! And of an idle wrapper with a dummy agent, read from `/proc` (`broker_idle_rss_mb`,
+//! `wrapper_rss_mb`).
+
+use crate::common::{
+    BenchDir, BrokerProcess, Options, SynapseEnv, proc_status_kib, proc_status_value, result, start_dummy,
+};
+use anyhow::Result;
+use std::time::Duration;
+
+pub async fn run(options: &Options) -> Result<()> {
+    let dir = BenchDir::new("memory")?;
+    let env = SynapseEnv::new(&options.synapse, &dir)?;
+    let broker = BrokerProcess::start(env, dir.root.join("broker.log")).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_kib = proc_status_kib(broker.pid(), "VmRSS")?;
+    let peak_kib = proc_status_kib(broker.pid(), "VmHWM")?;
+    let threads = proc_status_value(broker.pid(), "Threads")?;
+    println!("idle broker (empty log): VmRSS {rss_kib} kB, VmHWM {peak_kib} kB, {threads} threads");
+    // One wrapper with a dummy agent, idle at its prompt.
+    let agent = start_dummy(&broker.env)?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let wrapper_kib = proc_status_kib(agent.wrapper_pid, "VmRSS")?;
+    println!("idle wrapper with a dummy agent: VmRSS {wrapper_kib} kB (the dummy itself is a separate process)");
+    drop(agent);
+    broker.stop()?;
+    result("broker_idle_rss_mb", rss_kib as f64 / 1024.0, 1, "MB");
+    result("wrapper_rss_mb", wrapper_kib as f64 / 1024.0, 1, "MB");
+    Ok(())
+}
