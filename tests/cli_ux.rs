@@ -110,3 +110,60 @@ fn synapse_list_shows_the_role_column() {
     let role_column = header.find("ROLE").unwrap();
     assert_eq!(&carol[role_column..role_column + "reviewer".len()], "reviewer", "{list}");
 }
+
+/// Shell completions and man pages come from the same clap definitions (issue 14).
+#[test]
+fn completions_and_man_pages_are_generated_for_every_shell_and_command() {
+    let home = Home::new();
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let script = home.ok(&["completions", shell]);
+        assert!(script.contains("synapse") && script.contains("history"), "{shell}: {script}");
+    }
+    assert_eq!(home.run(&["completions", "tcsh"]).status.code(), Some(2), "an unknown shell is a usage error");
+    let dir = home.dir.path().join("man");
+    home.ok(&["man", "--out", dir.to_str().unwrap()]);
+    for page in ["synapse.1", "synapse-send.1", "synapse-history-search.1"] {
+        let text = std::fs::read_to_string(dir.join(page)).unwrap();
+        assert!(text.contains(".TH"), "{page}: {text}");
+    }
+    assert!(home.ok(&["man"]).contains(".TH synapse 1"));
+}
+
+/// docs/commands.md is the reference the README links: it must say what the binary says.
+#[test]
+fn the_command_reference_in_docs_is_what_the_binary_generates() {
+    let home = Home::new();
+    let generated = home.ok(&["reference"]);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/commands.md");
+    let stored = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(stored == generated, "docs/commands.md is out of date: run `cargo run -q -- reference > docs/commands.md`");
+    assert!(generated.contains("`synapse send`") && generated.contains("--priority"), "{generated}");
+}
+
+/// `synapse doctor`: each line OK, a warning, or a problem with what to do; problems exit 1.
+#[test]
+fn doctor_reports_each_check_and_fails_only_on_a_problem() {
+    let home = Home::new();
+    // A PATH with no CLI on it: each profile's CLI is a warning, not a problem.
+    let empty_path = home.dir.path().join("empty-bin");
+    std::fs::create_dir_all(&empty_path).unwrap();
+    let healthy = home.cmd(&["doctor", "--json"]).env("PATH", &empty_path).output().unwrap();
+    assert!(healthy.status.success(), "{}", describe(&healthy));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&healthy)).unwrap();
+    assert_eq!(report["ok"], true, "{report:#}");
+    let checks = report["checks"].as_array().unwrap();
+    let find = |what: &str| checks.iter().find(|check| check["what"] == what).cloned().unwrap_or_default();
+    assert_ne!(find("home")["level"], "fail", "{report:#}");
+    assert_eq!(find("claude CLI")["level"], "warn", "not on this PATH: {report:#}");
+    assert!(find("codex ports")["detail"].as_str().unwrap().starts_with("8120-8129"), "{report:#}");
+
+    let not_a_dir = home.dir.path().join("plain-file");
+    std::fs::write(&not_a_dir, "x").unwrap();
+    let broken = home.cmd(&["doctor"]).env("SYNAPSE_HOME", &not_a_dir).env("PATH", &empty_path).output().unwrap();
+    assert_eq!(broken.status.code(), Some(1), "{}", describe(&broken));
+    assert!(
+        stdout(&broken).lines().any(|line| line.starts_with("FAIL") && line.contains("is not a directory")),
+        "{}",
+        describe(&broken)
+    );
+}

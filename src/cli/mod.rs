@@ -5,10 +5,12 @@
 
 mod agents;
 mod demo;
+mod doctor;
 mod external;
 mod file_safety;
 mod history;
 mod messaging;
+pub mod reference;
 mod setup;
 mod system;
 mod table;
@@ -137,6 +139,27 @@ pub enum Command {
         #[arg(short = 'f', long)]
         force: bool,
     },
+    /// Check the installation: broker, settings in effect, paths and their permissions, each
+    /// profile's CLI on PATH (with its version) and its free ports
+    Doctor {
+        /// One JSON document: {"ok": bool, "checks": [...]}
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script (e.g. `synapse completions bash > ~/.local/share/bash-completion/completions/synapse`)
+    Completions {
+        /// bash, zsh, fish, elvish or powershell
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, or write every command's page into a directory
+    Man {
+        /// Write synapse.1, synapse-send.1, ... into this directory
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
+    /// The command reference as Markdown (what docs/commands.md holds)
+    #[command(hide = true)]
+    Reference,
     /// The built-in dummy agent (what the `dummy` profile runs)
     #[command(name = "dummy-agent", hide = true)]
     DummyAgent,
@@ -362,6 +385,12 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             return system::run_broker(paths, autostarted);
         }
         Command::DummyAgent => return crate::agent::dummy::run(),
+        Command::Completions { shell } => return reference::completions(shell),
+        Command::Man { out } => return reference::man(out.as_deref()),
+        Command::Reference => {
+            print!("{}", reference::markdown());
+            return Ok(0);
+        }
         Command::Init { scope, force } => return setup::init(&paths, &scope, force),
         Command::Reset { scope, force } => return setup::reset(&paths, &scope, force),
         Command::ScenarioAgent { port, name } => return crate::agent::scenario::run(paths, port, name),
@@ -383,6 +412,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::Send(args) => messaging::send(&paths, args).await,
             Command::Reply(args) => messaging::reply(&paths, args).await,
             Command::List { json } => messaging::list(&paths, json).await,
+            Command::Doctor { json } => doctor::run(&paths, json).await,
             Command::Events(args) => system::events(&paths, args).await,
             Command::Admin { command, json } => system::admin(&paths, command, json).await,
             Command::Agent { command } => system::agent(&paths, command).await,
@@ -390,6 +420,9 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::FileSafety { command, json } => file_safety::run(&paths, command, json).await,
             Command::History { command } => history::run(&paths, command).await,
             Command::DummyAgent
+            | Command::Completions { .. }
+            | Command::Man { .. }
+            | Command::Reference
             | Command::Init { .. }
             | Command::Reset { .. }
             | Command::ScenarioAgent { .. }
