@@ -23,6 +23,9 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .with_target(false)
+        // Colour only on a terminal, never with NO_COLOR: the broker's and background wrappers'
+        // standard error is a log file, which must hold no escape codes.
+        .with_ansi(colour_allowed())
         .init();
     match synapse::cli::run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
@@ -31,6 +34,12 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Colour for diagnostics: standard error is a terminal and `NO_COLOR` is unset or empty.
+fn colour_allowed() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
 }
 
 /// `synapse history stats | head -1`: once the reader has gone, printing fails and `println!`

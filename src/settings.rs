@@ -25,6 +25,46 @@ pub struct Settings {
     pub merged: Value,
     /// The files that were read, lowest precedence first.
     pub sources: Vec<PathBuf>,
+    /// Keys no version of Synapse reads (a typo, most likely), one line per key and file.
+    pub warnings: Vec<String>,
+}
+
+/// The keys Synapse reads, at the top and inside each section. Keys starting with `_` are
+/// comments (JSON has none).
+const KNOWN_KEYS: &[(&str, &[&str])] =
+    &[("env", &[]), ("instructions", &[]), ("a2a", &["flow"]), ("file_safety", &["enabled"])];
+
+/// The keys of one settings file that Synapse does not read.
+fn unknown_keys(path: &Path, value: &Value) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let Some(object) = value.as_object() else { return warnings };
+    let known: Vec<&str> = KNOWN_KEYS.iter().map(|(key, _)| *key).collect();
+    for (key, inner) in object {
+        if key.starts_with('_') {
+            continue;
+        }
+        match KNOWN_KEYS.iter().find(|(name, _)| name == key) {
+            None => warnings.push(format!(
+                "{}: unknown key '{key}' is ignored (known: {})",
+                path.display(),
+                known.join(", ")
+            )),
+            // env holds any variable names; the others have fixed keys.
+            Some((section, keys)) if !keys.is_empty() => {
+                for inner_key in inner.as_object().into_iter().flat_map(|inner| inner.keys()) {
+                    if !inner_key.starts_with('_') && !keys.contains(&inner_key.as_str()) {
+                        warnings.push(format!(
+                            "{}: unknown key '{section}.{inner_key}' is ignored (known: {})",
+                            path.display(),
+                            keys.iter().map(|key| format!("{section}.{key}")).collect::<Vec<_>>().join(", ")
+                        ));
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    warnings
 }
 
 /// The three scopes, lowest precedence first: (name, file).
@@ -76,13 +116,15 @@ impl Settings {
     pub fn load(home: &Path, project_dir: &Path) -> anyhow::Result<Settings> {
         let mut merged = defaults();
         let mut sources = Vec::new();
+        let mut warnings = Vec::new();
         for (_, path) in scope_files(home, project_dir) {
             if let Some(value) = read_file(&path)? {
+                warnings.extend(unknown_keys(&path, &value));
                 merge(&mut merged, value);
                 sources.push(path);
             }
         }
-        let settings = Settings { merged, sources };
+        let settings = Settings { merged, sources, warnings };
         settings.flow()?;
         settings.env()?;
         Ok(settings)
@@ -155,6 +197,12 @@ pub fn template() -> Value {
         "Synapse settings. Precedence: built-in < ~/.synapse/settings.json < ./.synapse/settings.json < ./.synapse/settings.local.json".into(),
     ));
     map.insert("env".into(), serde_json::json!({"_comment": "environment variables for the agents' CLIs"}));
+    map.insert(
+        "_comment_instructions".into(),
+        Value::String(
+            "instructions: paths of files (relative to the project, or absolute) whose text each agent is given at start, e.g. [\"AGENTS.md\", \"docs/team.md\"]; the paths, not the text".into(),
+        ),
+    );
     map.insert("instructions".into(), serde_json::json!([]));
     map.insert(
         "a2a".into(),
@@ -182,6 +230,20 @@ mod tests {
         env.sort();
         assert_eq!(env, vec![("A".into(), "user".into()), ("B".into(), "project".into())]);
         assert_eq!(settings.sources.len(), 3);
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_their_file_and_comments_are_not() {
+        let path = Path::new("/p/.synapse/settings.json");
+        let value = serde_json::json!({
+            "_comment": "x", "env": {"ANY_NAME": "1"}, "a2a": {"flow": "auto", "flwo": "x"},
+            "instruction": ["AGENTS.md"], "file_safety": {"enabled": true}
+        });
+        let warnings = unknown_keys(path, &value);
+        assert_eq!(warnings.len(), 2, "{warnings:#?}");
+        assert!(warnings.iter().any(|w| w.contains("'a2a.flwo'") && w.starts_with("/p/.synapse/settings.json")));
+        assert!(warnings.iter().any(|w| w.contains("'instruction'") && w.contains("known: env, instructions")));
+        assert!(unknown_keys(path, &template()).is_empty(), "the template's own keys are known");
     }
 
     #[test]

@@ -167,3 +167,29 @@ fn doctor_reports_each_check_and_fails_only_on_a_problem() {
         describe(&broken)
     );
 }
+
+/// `broker.log` held ANSI colour codes: a log file gets plain text.
+#[test]
+fn the_broker_log_holds_no_escape_codes() {
+    let home = Home::new();
+    home.register(Some("alice"));
+    home.ok(&["broker", "stop"]);
+    let log = std::fs::read_to_string(home.home().join("broker.log")).unwrap();
+    assert!(log.contains("listening on"), "{log}");
+    assert!(!log.contains('\u{1b}'), "escape codes in broker.log: {log:?}");
+}
+
+/// Unknown settings keys were accepted silently: `send` now warns, naming the file and the key.
+#[test]
+fn an_unknown_settings_key_is_a_warning_that_names_it() {
+    let home = Home::new();
+    home.register(Some("bob"));
+    std::fs::write(home.home().join("settings.json"), r#"{"a2a": {"flwo": "oneway"}}"#).unwrap();
+    let sent = home.run(&["send", "bob", "hi", "--no-response"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    assert!(
+        stderr(&sent).contains("Warning: ") && stderr(&sent).contains("unknown key 'a2a.flwo'"),
+        "{}",
+        describe(&sent)
+    );
+}

@@ -18,12 +18,31 @@ pub enum Routed {
 pub struct InputRouter {
     /// The held `@...` line, while one is being typed.
     held: Option<Vec<u8>>,
-    at_line_start: bool,
+    /// How many characters the line typed into the CLI holds, as far as the keys tell: Enter,
+    /// Ctrl-U and Ctrl-C empty it, Backspace takes one away. None once a key whose effect on the
+    /// line is unknown (an arrow, Tab, a paste) was typed, until something empties it again.
+    /// An `@` starts an `@agent` line only when the line is known to be empty: decided by what
+    /// the line holds, never by how fast the keys came.
+    typed: Option<usize>,
 }
 
 impl InputRouter {
     pub fn new() -> InputRouter {
-        InputRouter { held: None, at_line_start: true }
+        InputRouter { held: None, typed: Some(0) }
+    }
+
+    /// Follows what a key passed to the CLI does to the line it is typed into.
+    fn track(&mut self, byte: u8) {
+        self.typed = match byte {
+            b'\r' | b'\n' | 0x15 | 0x03 => Some(0),
+            0x7f | 0x08 => self.typed.map(|count| count.saturating_sub(1)),
+            // Ctrl-W takes a word away: how much is not known here.
+            0x17 => self.typed.filter(|count| *count == 0),
+            // The continuation bytes of a UTF-8 character add nothing more.
+            0x80..=0xbf => self.typed,
+            byte if byte < 0x20 => None,
+            _ => self.typed.map(|count| count + 1),
+        };
     }
 
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<Routed> {
@@ -32,7 +51,7 @@ impl InputRouter {
         for &byte in bytes {
             match self.held.as_mut() {
                 None => {
-                    if self.at_line_start && byte == b'@' {
+                    if self.typed == Some(0) && byte == b'@' {
                         if !pass.is_empty() {
                             out.push(Routed::Pass(std::mem::take(&mut pass)));
                         }
@@ -40,13 +59,13 @@ impl InputRouter {
                         out.push(Routed::Echo(vec![byte]));
                     } else {
                         pass.push(byte);
-                        self.at_line_start = byte == b'\r' || byte == b'\n';
+                        self.track(byte);
                     }
                 }
                 Some(line) => match byte {
                     b'\r' | b'\n' => {
                         let line = self.held.take().unwrap_or_default();
-                        self.at_line_start = true;
+                        self.typed = Some(0);
                         out.push(Routed::Echo(b"\r\n".to_vec()));
                         match parse(&line) {
                             Some((target, message)) => out.push(Routed::Send { target, message }),
@@ -64,16 +83,28 @@ impl InputRouter {
                             self.held = None;
                         }
                     }
-                    0x03 => {
-                        self.held = None;
-                        self.at_line_start = true;
-                        out.push(Routed::Echo(b"^C\r\n".to_vec()));
+                    0x03 | 0x15 => {
+                        // Ctrl-C or Ctrl-U: the held line is dropped, the CLI's line is still empty.
+                        let dropped = self.held.take().unwrap_or_default();
+                        self.typed = Some(0);
+                        out.push(Routed::Echo(if byte == 0x03 {
+                            b"^C\r\n".to_vec()
+                        } else {
+                            // Rub out what was echoed, character by character.
+                            let characters = dropped.iter().filter(|b| !(0x80..=0xbf).contains(*b)).count();
+                            b"\x08 \x08".repeat(characters)
+                        }));
                     }
                     byte if byte < 0x20 => {
                         // Anything else (arrows, tab, ...): give the line to the CLI as typed.
-                        let mut bytes = self.held.take().unwrap_or_default();
+                        let bytes = self.held.take().unwrap_or_default();
+                        self.typed = Some(0);
+                        for &typed in &bytes {
+                            self.track(typed);
+                        }
+                        self.track(byte);
+                        let mut bytes = bytes;
                         bytes.push(byte);
-                        self.at_line_start = false;
                         out.push(Routed::Pass(bytes));
                     }
                     byte => {
@@ -144,6 +175,37 @@ mod tests {
             all.extend(router.feed(chunk));
         }
         assert_eq!(sends(&all), vec![("gemini".to_string(), "hello".to_string())]);
+    }
+
+    /// Issue 14: after Ctrl-U an `@bob` line went to the CLI (only Enter counted as a line start).
+    #[test]
+    fn an_at_line_starts_wherever_the_typed_line_is_empty_whatever_emptied_it() {
+        for emptied_by in [&b"abc\x15"[..], b"abc\x03", b"ab\x7f\x7f", b"\xc3\xa9\x7f", b"x\r"] {
+            let mut router = InputRouter::new();
+            let mut routed = router.feed(emptied_by);
+            routed.extend(router.feed(b"@bob hi\r"));
+            assert_eq!(sends(&routed), vec![("bob".to_string(), "hi".to_string())], "after {emptied_by:?}");
+        }
+    }
+
+    #[test]
+    fn an_at_sign_after_text_or_a_cursor_move_is_part_of_the_cli_line() {
+        for typed in [&b"a@bob hi\r"[..], b"ab\x7f@bob hi\r", b"\x1b[D@bob hi\r", b"x\t@bob hi\r"] {
+            let mut router = InputRouter::new();
+            let routed = router.feed(typed);
+            assert!(sends(&routed).is_empty(), "{typed:?}");
+            assert_eq!(passed(&routed), typed.to_vec(), "{typed:?}");
+        }
+    }
+
+    #[test]
+    fn ctrl_u_drops_a_held_at_line_and_rubs_out_its_echo() {
+        let mut router = InputRouter::new();
+        let mut routed = router.feed(b"@bo\x15");
+        assert!(passed(&routed).is_empty() && sends(&routed).is_empty());
+        assert!(routed.contains(&Routed::Echo(b"\x08 \x08\x08 \x08\x08 \x08".to_vec())), "{routed:?}");
+        routed = router.feed(b"@bob again\r");
+        assert_eq!(sends(&routed), vec![("bob".to_string(), "again".to_string())]);
     }
 
     #[test]

@@ -121,6 +121,9 @@ fn settings(paths: &Paths) -> Vec<Check> {
         Ok(settings) => {
             let files: Vec<String> = settings.sources.iter().map(|file| file.display().to_string()).collect();
             checks.push(check(Level::Ok, "settings", files.join(", ")));
+            for warning in &settings.warnings {
+                checks.push(check(Level::Warn, "settings", warning.clone()));
+            }
             match settings.flow() {
                 Ok(flow) => checks.push(check(Level::Ok, "a2a.flow", format!("{flow:?}").to_lowercase())),
                 Err(error) => checks.push(check(Level::Fail, "a2a.flow", error.to_string())),

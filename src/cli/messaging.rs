@@ -31,7 +31,11 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
     let priority = parse_priority(&args.priority)?;
     let from = identity(args.from);
     // Without --response / --no-response / --wait, a2a.flow decides (SPEC §2, §6).
-    let flow = crate::settings::Settings::load_current(&paths.home)?.flow()?;
+    let settings = crate::settings::Settings::load_current(&paths.home)?;
+    for warning in &settings.warnings {
+        eprintln!("Warning: {warning}");
+    }
+    let flow = settings.flow()?;
     let wait = match (args.wait, args.response || args.no_response, flow) {
         (Some(seconds), _, _) => Some(seconds),
         (None, false, crate::settings::Flow::Roundtrip) => Some(0),
