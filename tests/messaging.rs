@@ -527,3 +527,49 @@ fn a_multi_megabyte_message_and_its_reply_grow_the_log_by_about_their_size() {
     let verified = home.ok(&["admin", "verify"]);
     assert!(verified.starts_with("ok:"), "{verified}");
 }
+
+/// Issue 14: cancelling a queued message answered "canceled", yet it was still written into the
+/// agent's terminal, and the sender's task stayed `working`. Now the ticket leaves the queue and
+/// both sides end.
+#[test]
+fn a_canceled_queued_message_leaves_the_queue_and_both_sides_end() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let sent: Value =
+        serde_json::from_str(&stdout(&home.run_as(&alice, &["send", "bob", "never mind", "--json"]))).unwrap();
+    let receiver_task = sent["task"]["id"].as_str().unwrap().to_string();
+    let sender_task = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    assert_eq!(home.inbox(&bob).len(), 1, "queued for bob");
+    let canceled = home.ok(&["cancel", &receiver_task[..8]]);
+    assert!(canceled.starts_with(&format!("Canceled task {receiver_task}")), "{canceled}");
+    assert!(home.inbox(&bob).is_empty(), "a canceled message is never written: {:?}", home.inbox(&bob));
+    assert_eq!(task_of(&home, &receiver_task)["status"], "canceled");
+    assert_eq!(task_of(&home, &sender_task)["status"], "canceled", "the sender's side ends too");
+    let again = home.run(&["cancel", &receiver_task]);
+    assert_eq!(again.status.code(), Some(1), "{}", describe(&again));
+    assert!(home.ok(&["admin", "verify"]).starts_with("ok"), "replay gives the same queues");
+}
+
+/// A `send --wait` whose message is canceled returns at once, non-zero, saying so.
+#[test]
+fn send_wait_returns_at_once_when_its_message_is_canceled() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let waiter = home
+        .cmd(&["send", "bob", "long question", "--wait", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ticket = loop {
+        let value: Value = serde_json::from_str(&home.ok(&["agent", "inbox", &bob.id, "--wait-ms", "10000"])).unwrap();
+        if let Some(ticket) = value["tickets"].as_array().unwrap().first() {
+            break ticket.clone();
+        }
+    };
+    home.ok(&["cancel", ticket["task_id"].as_str().unwrap()]);
+    let output = waiter.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(stderr(&output).contains("was canceled"), "{}", describe(&output));
+}

@@ -143,6 +143,31 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
     reply.map(|_| 0)
 }
 
+/// `synapse cancel <task>`: cancels it where it lives (under its owner; an anonymous sender's
+/// task through the receiver's task it is linked to, which the broker cancels both of).
+pub async fn cancel(paths: &Paths, reference: &str, json: bool) -> anyhow::Result<i32> {
+    let mut client = Client::connect(paths, true).await?;
+    let task = client.task(reference).await?.task;
+    let (owner, task_id) = match (&task.metadata.owner, &task.metadata.peer_task_id) {
+        (Some(owner), _) => (owner.clone(), task.id.clone()),
+        (None, Some(peer)) => {
+            let peer_task = client.task(peer).await?.task;
+            match peer_task.metadata.owner {
+                Some(owner) => (owner, peer_task.id),
+                None => anyhow::bail!("task {} belongs to no agent and cannot be canceled", short_id(&task.id)),
+            }
+        }
+        (None, None) => anyhow::bail!("task {} belongs to no agent and cannot be canceled", short_id(&task.id)),
+    };
+    let canceled = client.cancel(&owner, &task_id).await?;
+    if json {
+        println!("{}", api::json_line(&canceled)?);
+    } else {
+        println!("Canceled task {} ({}) of {}", canceled.task.id, short_id(&canceled.task.id), visible_line(&owner));
+    }
+    Ok(0)
+}
+
 /// A task's state as the broker spells it (empty when there is no task).
 fn status_of(task: Option<&Task>) -> String {
     task.map(|task| task.status.to_string()).unwrap_or_default()
@@ -163,6 +188,11 @@ async fn wait_for_reply(client: &mut Client, task_id: &str, seconds: u64) -> any
             let state = answer.task.status;
             match answer.reply.as_deref() {
                 Some(reply) if state == TaskState::Completed => return Ok(reply.to_string()),
+                _ if state == TaskState::Canceled => anyhow::bail!(
+                    "task {} was canceled{}: no reply will come",
+                    short_id(task_id),
+                    answer.task.error.as_deref().map(|why| format!(" ({why})")).unwrap_or_default()
+                ),
                 _ => anyhow::bail!("task {} ended {state} without a reply", short_id(task_id)),
             }
         }

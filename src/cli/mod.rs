@@ -45,6 +45,15 @@ pub enum Command {
     Send(SendArgs),
     /// Reply to the agent waiting for your answer
     Reply(ReplyArgs),
+    /// Cancel a task: a queued message is never written, and the other side of the exchange
+    /// ends too (a `send --wait` on it returns)
+    Cancel {
+        /// Task id, or its 8-character prefix (as `synapse send` and the terminal show it)
+        task_id: String,
+        /// Print the canceled task as one JSON document
+        #[arg(long)]
+        json: bool,
+    },
     /// List the running agents
     List {
         /// One JSON object with every agent
@@ -412,6 +421,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::Send(args) => messaging::send(&paths, args).await,
             Command::Reply(args) => messaging::reply(&paths, args).await,
             Command::List { json } => messaging::list(&paths, json).await,
+            Command::Cancel { task_id, json } => messaging::cancel(&paths, &task_id, json).await,
             Command::Doctor { json } => doctor::run(&paths, json).await,
             Command::Events(args) => system::events(&paths, args).await,
             Command::Admin { command, json } => system::admin(&paths, command, json).await,

@@ -35,9 +35,10 @@ const META_PROJECTIONS: &str = "projection_version";
 /// The shape of the projection tables. When a build changes what they hold (version 2: task
 /// records carry `created_seq`, which the history index needs; version 3: `departed_agents`, whose
 /// queue an id holds; version 4: task rows refer to a long text in the log instead of holding
-/// it: `message_seq`, `reply_seq`, `artifact_texts`), opening a store written by
-/// another build replays the log into fresh projections: they are derived, the log is not.
-const PROJECTION_VERSION: u64 = 4;
+/// it: `message_seq`, `reply_seq`, `artifact_texts`; version 5: a canceled task's queued ticket
+/// leaves the inbox), opening a store written by another build replays the log into fresh
+/// projections: they are derived, the log is not.
+const PROJECTION_VERSION: u64 = 5;
 
 /// How long a reopen waits for readers of the old database to let go of its file (its lock
 /// admits one open `Database`; reads are short).

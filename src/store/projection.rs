@@ -337,6 +337,41 @@ impl<'txn> Projections<'txn> {
         Ok(())
     }
 
+    /// Drops the queued tickets of `agent_id` that would write `task_id` (a canceled message
+    /// must never reach the terminal).
+    fn remove_tickets_of_task(&mut self, agent_id: &str, task_id: &str) -> Result<(), StoreError> {
+        match self.replay.as_mut() {
+            Some(cache) => {
+                let low = (agent_id.to_string(), 0u8, 0u64);
+                let high = (agent_id.to_string(), u8::MAX, u64::MAX);
+                let keys: Vec<_> = cache
+                    .inbox
+                    .range(low..=high)
+                    .filter(|(_, ticket)| ticket.task_id == task_id)
+                    .map(|(key, _)| key.clone())
+                    .collect();
+                for key in keys {
+                    cache.inbox.remove(&key);
+                }
+            }
+            None => {
+                let mut keys = Vec::new();
+                for row in self.inbox.range((agent_id, 0u8, 0u64)..=(agent_id, u8::MAX, u64::MAX))? {
+                    let (key, value) = row?;
+                    let ticket: Ticket = records::decode(value.value())?;
+                    if ticket.task_id == task_id {
+                        let (_, rank, number) = key.value();
+                        keys.push((rank, number));
+                    }
+                }
+                for (rank, number) in keys {
+                    self.inbox.remove((agent_id, rank, number))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn remove_ticket(&mut self, agent_id: &str, priority: u8, ticket: u64) -> Result<(), StoreError> {
         let rank = inbox_rank(priority);
         match self.replay.as_mut() {
@@ -606,6 +641,9 @@ impl<'txn> Projections<'txn> {
                         task.error = reason.clone();
                     }
                     task.updated_ms = time_ms;
+                    if let Some(owner) = task.owner.clone() {
+                        self.remove_tickets_of_task(&owner, task_id)?;
+                    }
                     self.put_task(&task)?;
                 }
             }

@@ -133,9 +133,21 @@ pub fn decide_cancel_task(
             CommandError::bad(format!("Task {} is {} and cannot be canceled", short_id(&task.id), task.state)).into()
         );
     }
-    Ok(Decision {
-        actor: task.owner.clone(),
-        events: vec![Event::TaskCanceled { task_id: task.id.clone(), reason: reason.clone() }],
-        answer: Answer::Task { task_id: task.id },
-    })
+    // The other side of the exchange ends with it: the receiver's task of a canceled message (so
+    // its queued ticket is never written), the sender's task of a canceled receiver's task (so a
+    // `send --wait` returns at once). Only a side still open: one that ended stays as it ended.
+    let mut events = vec![Event::TaskCanceled { task_id: task.id.clone(), reason: reason.clone() }];
+    for linked in [&task.peer_task_id, &task.sender_task_id].into_iter().flatten() {
+        if let Some(other) = find_task(view, linked)?
+            && other.id != task.id
+            && matches!(other.state, TaskState::Submitted | TaskState::Working | TaskState::InputRequired)
+        {
+            let why = reason.clone().unwrap_or_else(|| "canceled".into());
+            events.push(Event::TaskCanceled {
+                task_id: other.id.clone(),
+                reason: Some(format!("{why} (the other side, task {}, was canceled)", short_id(&task.id))),
+            });
+        }
+    }
+    Ok(Decision { actor: task.owner.clone(), events, answer: Answer::Task { task_id: task.id } })
 }
