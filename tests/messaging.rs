@@ -116,7 +116,8 @@ fn messages_queue_in_the_inbox_by_priority_then_arrival() {
     }
     let texts: Vec<String> = home.inbox(&bob).iter().map(|t| t["text"].as_str().unwrap().to_string()).collect();
     assert_eq!(texts, ["urgent", "normal-1", "normal-2", "low"]);
-    // An acknowledged injection leaves the inbox and the task becomes working.
+    // An acknowledged injection leaves the inbox, and a one-way (--no-response) message's task
+    // is then complete: nothing more will happen to it (issue 14: it stayed `working` for ever).
     let first = home.inbox(&bob)[0].clone();
     let ack = home
         .cmd(&["agent", "ack", &bob.id, &first["ticket"].to_string()])
@@ -125,7 +126,7 @@ fn messages_queue_in_the_inbox_by_priority_then_arrival() {
         .unwrap();
     assert!(ack.status.success(), "{}", describe(&ack));
     assert_eq!(home.inbox(&bob).len(), 3);
-    assert_eq!(task_of(&home, first["task_id"].as_str().unwrap())["status"], "working");
+    assert_eq!(task_of(&home, first["task_id"].as_str().unwrap())["status"], "completed");
     // Acknowledging twice is refused (the ticket was written once).
     let twice = home
         .cmd(&["agent", "ack", &bob.id, &first["ticket"].to_string()])
@@ -379,6 +380,7 @@ fn per_agent_a2a_endpoints_answer_on_the_agents_port_socket_and_broker_path() {
     assert_eq!(canceled["task"]["status"], "canceled");
     let (status, _) = http_tcp(bob.port, "POST", &format!("/tasks/{task_id}/cancel"), None, &[]);
     assert_eq!(status, 400);
+    assert!(home.inbox(&bob).is_empty(), "the canceled message left bob's queue");
 
     // /tasks/create makes a task owned by the agent, and needs its secret.
     let (status, _) = http_unix(&bob.socket, "POST", "/tasks/create", Some(message.as_bytes()), &[]);
@@ -392,7 +394,7 @@ fn per_agent_a2a_endpoints_answer_on_the_agents_port_socket_and_broker_path() {
     );
     assert_eq!(status, 200, "{created}");
     assert_eq!(created["task"]["status"], "working");
-    assert_eq!(home.inbox(&bob).len(), 1, "create writes nothing into the PTY");
+    assert!(home.inbox(&bob).is_empty(), "create writes nothing into the PTY");
 
     // The endpoints go away with the agent.
     let gone = home.cmd(&["agent", "deregister", &bob.id]).env("SYNAPSE_AGENT_SECRET", &bob.secret).output().unwrap();

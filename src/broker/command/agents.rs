@@ -248,13 +248,15 @@ pub fn decide_ack_injection(view: &Projections<'_>, agent_id: &str, ticket: u64)
             note: None,
         });
     }
+    // Written into the CLI, a message is being worked on; a one-way message (no reply expected)
+    // is done: nothing more will happen to its task, and it must not stay `working` for ever.
     if entry.kind == TicketKind::Message
         && let Some(task) = view.task(&entry.task_id)?
         && task.state == TaskState::Submitted
     {
         events.push(Event::TaskStateChanged {
             task_id: task.id,
-            state: TaskState::Working,
+            state: if task.response_expected { TaskState::Working } else { TaskState::Completed },
             artifacts: Vec::new(),
             error: None,
             reply_of: None,
