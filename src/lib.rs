@@ -9,6 +9,8 @@
 //! - `client`: the typed client of [`api`]: the connection to the broker over its Unix socket
 //!   (TCP as a fallback), with autostart; used by the CLI, the wrappers and the benchmarks.
 //! - `cli`: command-line definitions and one module per command group.
+//! - [`mcp`]: `synapse mcp`, the MCP server over stdio that gives a model Synapse's commands as
+//!   tools (send, reply, list_agents, ...), acting as the agent it runs in; built on `rmcp`.
 //! - [`scripted_model`]: a model server answering by script, for tests with the real CLIs.
 //! - `private_files`: creating files and directories in the home as 0600 / 0700.
 //! - `trust`: the broker's security settings file in `SYNAPSE_HOME` and the deliberate-stop marker.
@@ -22,6 +24,7 @@ pub mod config;
 pub mod escape;
 pub mod event;
 pub mod http;
+pub mod mcp;
 pub mod private_files;
 pub mod scripted_model;
 pub mod settings;

@@ -150,6 +150,9 @@ pub enum Command {
     /// Run an agent: synapse <profile> [--port N] [--name NAME] [--role ROLE] [-- tool args]
     #[command(external_subcommand)]
     Profile(Vec<OsString>),
+    /// Serve Synapse's tools (send, reply, list_agents, ...) to an AI CLI over MCP on stdio,
+    /// acting as the agent it runs in (SYNAPSE_AGENT_ID), else anonymously
+    Mcp,
     /// The agent registration contract (used by agent wrappers and tests)
     #[command(hide = true)]
     Agent {
@@ -351,6 +354,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::External { command } => external::run(&paths, command).await,
             Command::FileSafety { command } => file_safety::run(&paths, command).await,
             Command::History { command } => history::run(&paths, command).await,
+            Command::Mcp => crate::mcp::serve(paths).await,
             Command::DummyAgent
             | Command::Init { .. }
             | Command::Reset { .. }
