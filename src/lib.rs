@@ -8,6 +8,8 @@
 //!   HTTP routers, stops everything in order. Composes `broker` and `http`; only `cli` runs it.
 //! - [`scripted_model`]: a model server answering by script, for tests with the real CLIs.
 //! - `agent`: the wrapper around an agent CLI (PTY, readiness, delivery of tickets).
+//! - [`mcp`]: `synapse mcp`, the MCP server over stdio that gives a model Synapse's commands as
+//!   tools (send, reply, list_agents, ...), acting as the agent it runs in; built on `rmcp`.
 //! - `client`: the typed client of [`api`]: the connection to the broker over its Unix socket
 //!   (TCP as a fallback), with autostart; used by the CLI, the wrappers and the benchmarks.
 //! - `http`: thin shells over the broker: the broker API and the agents' A2A endpoints, one
@@ -36,6 +38,7 @@ pub mod daemon;
 pub mod escape;
 pub mod event;
 pub mod http;
+pub mod mcp;
 pub mod private_files;
 pub mod process;
 pub mod scripted_model;

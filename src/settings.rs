@@ -2,7 +2,8 @@
 //! (project) < `./.synapse/settings.local.json` (local), SPEC §6.
 //!
 //! Read lazily by the commands that need them (never by projections). A malformed file is an
-//! error naming the file and the line, never a silent default.
+//! error naming the file and the line, never a silent default. Also here: whether file safety
+//! and the history views are on, which the CLI and the MCP server decide alike.
 
 use anyhow::bail;
 use serde_json::{Map, Value};
@@ -188,6 +189,34 @@ impl Settings {
             _ => Vec::new(),
         }
     }
+}
+
+/// What a file-safety command says when file safety is off.
+pub const FILE_SAFETY_HOW_TO_ENABLE: &str = "File safety is disabled. Enable it with SYNAPSE_FILE_SAFETY_ENABLED=true (or \"file_safety\": {\"enabled\": true} in settings).";
+
+/// Is file safety on? `SYNAPSE_FILE_SAFETY_ENABLED`, else the broker's security settings in
+/// `home`, else `file_safety.enabled` in the settings of the current directory (default off).
+pub fn file_safety_enabled(home: &Path) -> bool {
+    let from_env = std::env::var("SYNAPSE_FILE_SAFETY_ENABLED")
+        .ok()
+        .map(|value| matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
+    let from_home = || crate::trust::TrustSettings::load(home).ok().and_then(|trust| trust.file_safety_enabled);
+    from_env.or_else(from_home).unwrap_or_else(|| {
+        Settings::load_current(home)
+            .ok()
+            .and_then(|settings| settings.merged.pointer("/file_safety/enabled").and_then(Value::as_bool))
+            .unwrap_or(false)
+    })
+}
+
+/// What a history command says when the history views are off.
+pub const HISTORY_DISABLED: &str =
+    "history is disabled (SYNAPSE_HISTORY_ENABLED=false). Unset it or set it to true to use the history views.";
+
+/// Are the history views on? Off only when `SYNAPSE_HISTORY_ENABLED` says so.
+pub fn history_enabled() -> bool {
+    !std::env::var("SYNAPSE_HISTORY_ENABLED")
+        .is_ok_and(|value| matches!(value.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off"))
 }
 
 /// The commented template `synapse init` writes (JSON has no comments: `_comment` keys).

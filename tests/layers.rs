@@ -22,6 +22,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("daemon", 85),
     ("scripted_model", 82),
     ("agent", 80),
+    // The MCP server: tools over the typed client, beside the agent wrappers.
+    ("mcp", 75),
     ("client", 70),
     ("http", 60),
     ("broker", 50),

@@ -3,7 +3,6 @@
 use crate::api::{self, Modification};
 use crate::client::Client;
 use crate::config::Paths;
-use serde_json::Value;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum FileSafetyCommand {
@@ -96,21 +95,6 @@ pub enum FileSafetyCommand {
     Debug,
 }
 
-fn enabled(paths: &Paths) -> bool {
-    let from_env = std::env::var("SYNAPSE_FILE_SAFETY_ENABLED")
-        .ok()
-        .map(|value| matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
-    let from_home = || crate::trust::TrustSettings::load(&paths.home).ok().and_then(|trust| trust.file_safety_enabled);
-    from_env.or_else(from_home).unwrap_or_else(|| {
-        crate::settings::Settings::load_current(&paths.home)
-            .ok()
-            .and_then(|settings| settings.merged.pointer("/file_safety/enabled").and_then(Value::as_bool))
-            .unwrap_or(false)
-    })
-}
-
-const HOW_TO_ENABLE: &str = "File safety is disabled. Enable it with SYNAPSE_FILE_SAFETY_ENABLED=true (or \"file_safety\": {\"enabled\": true} in settings).";
-
 /// An absolute, normalised path for a file named on the command line.
 fn absolute(file: &str) -> anyhow::Result<String> {
     let path = std::path::Path::new(file);
@@ -159,19 +143,22 @@ fn show<T: serde::Serialize>(json: bool, answer: &T, text: impl FnOnce(&T)) -> a
 }
 
 pub async fn run(paths: &Paths, command: FileSafetyCommand, json: bool) -> anyhow::Result<i32> {
-    let on = enabled(paths);
+    let on = crate::settings::file_safety_enabled(&paths.home);
     if let FileSafetyCommand::Status = command
         && !on
     {
         if json {
-            println!("{}", serde_json::json!({"enabled": false, "how_to_enable": HOW_TO_ENABLE}));
+            println!(
+                "{}",
+                serde_json::json!({"enabled": false, "how_to_enable": crate::settings::FILE_SAFETY_HOW_TO_ENABLE})
+            );
         } else {
-            println!("{HOW_TO_ENABLE}");
+            println!("{}", crate::settings::FILE_SAFETY_HOW_TO_ENABLE);
         }
         return Ok(0);
     }
     if !on {
-        anyhow::bail!("{HOW_TO_ENABLE}");
+        anyhow::bail!("{}", crate::settings::FILE_SAFETY_HOW_TO_ENABLE);
     }
     let mut client = Client::connect(paths, true).await?;
     match command {

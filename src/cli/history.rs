@@ -100,11 +100,6 @@ pub enum HistoryCommand {
     },
 }
 
-fn enabled() -> bool {
-    !std::env::var("SYNAPSE_HISTORY_ENABLED")
-        .is_ok_and(|value| matches!(value.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off"))
-}
-
 /// One record on one line; every field but the time and status comes from others, so the whole
 /// line has its controls made visible.
 fn line(record: &HistoryRecord) -> String {
@@ -186,10 +181,8 @@ pub fn to_csv(records: &[HistoryRecord]) -> String {
 }
 
 pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> {
-    if !enabled() {
-        anyhow::bail!(
-            "history is disabled (SYNAPSE_HISTORY_ENABLED=false). Unset it or set it to true to use the history views."
-        );
+    if !crate::settings::history_enabled() {
+        anyhow::bail!("{}", crate::settings::HISTORY_DISABLED);
     }
     let mut client = Client::connect(paths, true).await?;
     match command {

@@ -5,11 +5,7 @@ use crate::api::{self, Task};
 use crate::client::Client;
 use crate::config::Paths;
 use crate::escape::visible_line;
-use crate::event::{TaskState, short_id};
-use std::time::{Duration, Instant};
-
-/// How many times `synapse send` tries when the connection breaks under a request.
-const SEND_ATTEMPTS: u32 = 3;
+use crate::event::short_id;
 
 /// The sender's identity: `--from`, else `SYNAPSE_AGENT_ID`.
 fn identity(from: Option<String>) -> Option<String> {
@@ -49,8 +45,6 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         flow != crate::settings::Flow::Oneway
     };
     let mut client = Client::connect(paths, true).await?;
-    // Every send carries a key, so that retrying one whose answer was lost cannot send twice.
-    let idempotency_key = args.idempotency_key.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let secret = if from.is_some() { client.secret().map(str::to_string) } else { None };
     let request = api::SendRequest {
         from,
@@ -58,23 +52,10 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         priority,
         response_expected,
         reply_to: args.reply_to,
-        idempotency_key: Some(idempotency_key.clone()),
+        idempotency_key: args.idempotency_key,
         ..api::SendRequest::new(args.target, text)
     };
-    let mut attempt = 1;
-    let answer = loop {
-        match client.send(&request).await {
-            Ok(answer) => break answer,
-            // The request may have been decided before the connection broke: the same key
-            // makes the retry answer that send instead of making a second one.
-            Err(error) if attempt < SEND_ATTEMPTS && error.is_connection_closed() => {
-                attempt += 1;
-                tracing::debug!("send: {error:#}; retrying with idempotency key {idempotency_key}");
-                client = Client::connect(paths, true).await?;
-            }
-            Err(error) => return Err(error.into()),
-        }
-    };
+    let answer = client.send_retrying(paths, &request).await?;
     if let Some(warning) = &answer.warning {
         eprintln!("{warning}");
     }
@@ -120,7 +101,7 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         }
         return Ok(0);
     };
-    let reply = wait_for_reply(&mut client, &sender_task, seconds).await;
+    let reply = client.wait_for_reply(&sender_task, seconds).await;
     if args.json {
         // The answer of the send with the reply added (null when none came); the error, if
         // any, still goes to stderr with a non-zero exit.
@@ -140,7 +121,7 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
             println!("{text}");
         }
     }
-    reply.map(|_| 0)
+    Ok(reply.map(|_| 0)?)
 }
 
 /// `synapse cancel <task>`: cancels it where it lives (under its owner; an anonymous sender's
@@ -171,35 +152,6 @@ pub async fn cancel(paths: &Paths, reference: &str, json: bool) -> anyhow::Resul
 /// A task's state as the broker spells it (empty when there is no task).
 fn status_of(task: Option<&Task>) -> String {
     task.map(|task| task.status.to_string()).unwrap_or_default()
-}
-
-/// Blocks until the task is final (the broker answers when the log says so) and gives the
-/// reply. 0 = no limit.
-async fn wait_for_reply(client: &mut Client, task_id: &str, seconds: u64) -> anyhow::Result<String> {
-    let started = Instant::now();
-    let limit = (seconds > 0).then(|| Duration::from_secs(seconds));
-    loop {
-        let slice = match limit {
-            Some(limit) => limit.saturating_sub(started.elapsed()),
-            None => Duration::from_secs(600),
-        };
-        let answer = client.wait_task(task_id, slice).await?;
-        if !answer.timed_out {
-            let state = answer.task.status;
-            match answer.reply.as_deref() {
-                Some(reply) if state == TaskState::Completed => return Ok(reply.to_string()),
-                _ if state == TaskState::Canceled => anyhow::bail!(
-                    "task {} was canceled{}: no reply will come",
-                    short_id(task_id),
-                    answer.task.error.as_deref().map(|why| format!(" ({why})")).unwrap_or_default()
-                ),
-                _ => anyhow::bail!("task {} ended {state} without a reply", short_id(task_id)),
-            }
-        }
-        if limit.is_some_and(|limit| started.elapsed() >= limit) {
-            anyhow::bail!("no reply within {seconds} s; task {} ({}) stays open", task_id, short_id(task_id));
-        }
-    }
 }
 
 pub async fn reply(paths: &Paths, args: ReplyArgs) -> anyhow::Result<i32> {

@@ -197,6 +197,9 @@ pub enum Command {
     /// Run an agent: synapse <profile> [--port N] [--name NAME] [--role ROLE] [-- tool args]
     #[command(external_subcommand)]
     Profile(Vec<OsString>),
+    /// Serve Synapse's tools (send, reply, list_agents, ...) to an AI CLI over MCP on stdio,
+    /// acting as the agent it runs in (SYNAPSE_AGENT_ID), else anonymously
+    Mcp,
     /// The agent registration contract (used by agent wrappers and tests)
     #[command(hide = true)]
     Agent {
@@ -429,6 +432,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::External { command, json } => external::run(&paths, command, json).await,
             Command::FileSafety { command, json } => file_safety::run(&paths, command, json).await,
             Command::History { command } => history::run(&paths, command).await,
+            Command::Mcp => crate::mcp::serve(paths).await,
             Command::DummyAgent
             | Command::Completions { .. }
             | Command::Man { .. }

@@ -13,6 +13,10 @@
 //! followed event stream (`follow=true`) has no limit once the broker has answered (it sends
 //! keep-alives); so a broker that accepts and never answers cannot hang a command.
 
+mod sending;
+
+pub use sending::ReplyWaitError;
+
 use crate::api::{self, BrokerInfo, ErrorBody, Outcome};
 use crate::config::Paths;
 use anyhow::{Context, anyhow, bail};

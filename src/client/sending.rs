@@ -1,0 +1,90 @@
+//! Sending a message and waiting for its reply, with the rules every sender follows: the CLI's
+//! `synapse send` and the MCP server's `send` tool go through here, so both retry and wait
+//! alike.
+//!
+//! Invariants: a send is retried only when the connection closed under it, and always with
+//! the same idempotency key, so a send the broker had already decided is answered, never made
+//! twice. Waiting never changes the task: a wait that runs out leaves it open.
+
+use super::{Client, ClientError};
+use crate::api::{SendAnswer, SendRequest};
+use crate::config::Paths;
+use crate::event::{TaskState, short_id};
+use std::time::{Duration, Instant};
+
+/// How many times a send is tried when the connection breaks under the request.
+const SEND_ATTEMPTS: u32 = 3;
+
+/// The longest single wait request while waiting without a limit (the broker answers at the
+/// latest then, and the wait is asked again).
+const UNLIMITED_WAIT_SLICE: Duration = Duration::from_secs(600);
+
+/// Why waiting for a reply gave none.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplyWaitError {
+    /// The limit passed; the task stays open and the reply may still come.
+    #[error("no reply within {seconds} s; task {task_id} ({}) stays open", short_id(task_id))]
+    TimedOut { task_id: String, seconds: u64 },
+    /// The task was canceled (by either side, or the user): no reply will come.
+    #[error("task {} was canceled{}: no reply will come", short_id(task_id), reason.as_deref().map(|why| format!(" ({why})")).unwrap_or_default())]
+    Canceled { task_id: String, reason: Option<String> },
+    /// The task became final (failed, ...) without a reply text.
+    #[error("task {} ended {state} without a reply", short_id(task_id))]
+    EndedWithoutReply { task_id: String, state: TaskState },
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+impl Client {
+    /// `POST /send`, tried again (up to [`SEND_ATTEMPTS`] times, on a new connection) when the
+    /// connection closed under it. A request without an idempotency key gets one first.
+    pub async fn send_retrying(&mut self, paths: &Paths, request: &SendRequest) -> anyhow::Result<SendAnswer> {
+        let mut request = request.clone();
+        let key = request.idempotency_key.get_or_insert_with(|| uuid::Uuid::new_v4().to_string()).clone();
+        let mut attempt = 1;
+        loop {
+            match self.send(&request).await {
+                Ok(answer) => return Ok(answer),
+                // The request may have been decided before the connection broke: the same key
+                // makes the retry answer that send instead of making a second one.
+                Err(error) if attempt < SEND_ATTEMPTS && error.is_connection_closed() => {
+                    attempt += 1;
+                    tracing::debug!("send: {error:#}; retrying with idempotency key {key}");
+                    let secret = self.secret.take();
+                    *self = Client::connect(paths, true).await?;
+                    if let Some(secret) = secret {
+                        self.set_secret(secret);
+                    }
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Blocks until the task is final (the broker answers when the log says so) and gives the
+    /// reply's text. `seconds` = 0: no limit.
+    pub async fn wait_for_reply(&mut self, task_id: &str, seconds: u64) -> Result<String, ReplyWaitError> {
+        let started = Instant::now();
+        let limit = (seconds > 0).then(|| Duration::from_secs(seconds));
+        loop {
+            let slice = match limit {
+                Some(limit) => limit.saturating_sub(started.elapsed()),
+                None => UNLIMITED_WAIT_SLICE,
+            };
+            let answer = self.wait_task(task_id, slice).await?;
+            if !answer.timed_out {
+                let state = answer.task.status;
+                return match answer.reply {
+                    Some(reply) if state == TaskState::Completed => Ok(reply),
+                    _ if state == TaskState::Canceled => {
+                        Err(ReplyWaitError::Canceled { task_id: task_id.to_string(), reason: answer.task.error })
+                    }
+                    _ => Err(ReplyWaitError::EndedWithoutReply { task_id: task_id.to_string(), state }),
+                };
+            }
+            if limit.is_some_and(|limit| started.elapsed() >= limit) {
+                return Err(ReplyWaitError::TimedOut { task_id: task_id.to_string(), seconds });
+            }
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! The MCP server: one tool per thing the CLI does, each going through the typed client to the
+//! broker (started on demand, as the CLI does) and answering the model in words.
+//!
+//! Invariants:
+//! - Every tool call ends in a result, never a protocol error: a refusal (bad arguments, no
+//!   identity, the broker's own error) is a result with `isError` and a message the model can
+//!   read. Only a call the router cannot route at all (an unknown tool) stays a protocol error.
+//! - The server acts as the agent it runs in (`SYNAPSE_AGENT_ID` and `SYNAPSE_AGENT_SECRET`),
+//!   or anonymously outside one; a model cannot name another sender.
+//! - Text that others wrote (replies, previews, records) reaches the model with its control
+//!   characters made visible (JSON escapes them; plain text goes through
+//!   [`crate::escape::visible`]), as on a terminal: a CLI may print a tool's result.
+//! - A new connection per call: the server lives as long as the CLI session, the broker may be
+//!   restarted meanwhile.
+
+use super::arguments::{
+    FileArguments, HistorySearchArguments, LockArguments, ReplyArguments, SendArguments, TaskArguments,
+};
+use crate::api::{self, SendAnswer};
+use crate::client::{Client, ReplyWaitError};
+use crate::config::Paths;
+use crate::event::short_id;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use std::path::PathBuf;
+
+/// The tools that exist only while file safety is on.
+pub const FILE_TOOLS: [&str; 3] = ["lock_file", "unlock_file", "check_file"];
+
+/// Who the tools act as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// Inside an agent: its id (its secret travels with every request, from the environment).
+    Agent(String),
+    /// Outside any agent: sends anonymously; cannot reply or lock.
+    Anonymous,
+}
+
+impl Identity {
+    /// `SYNAPSE_AGENT_ID` (set by the wrapper in the agent's environment), else anonymous.
+    pub fn from_env() -> Identity {
+        match std::env::var("SYNAPSE_AGENT_ID") {
+            Ok(id) if !id.trim().is_empty() => Identity::Agent(id.trim().to_string()),
+            _ => Identity::Anonymous,
+        }
+    }
+
+    fn agent_id(&self) -> Option<&str> {
+        match self {
+            Identity::Agent(id) => Some(id),
+            Identity::Anonymous => None,
+        }
+    }
+}
+
+/// What a tool answers when it needs an agent identity and the server has none.
+fn needs_identity(tool: &str) -> String {
+    format!(
+        "{tool} acts as a Synapse agent, and this MCP server runs outside any agent (no SYNAPSE_AGENT_ID in its \
+         environment): it can only send anonymously. Start the CLI under Synapse (synapse <profile>) to {tool}."
+    )
+}
+
+const SEND_DESCRIPTION: &str = "Send a message to another Synapse agent (another AI coding CLI working beside you; list_agents shows who is there). \
+The target reads it in its input as `[A2A:<id8>:<your id>:R] <message>` when you expect a reply (R), or `[A2A:<id8>:<your id>] <message>` when not. \
+A busy target gets it as soon as it is ready; nothing is lost. \
+Without wait_seconds this returns at once, and the answer arrives later in your input as `[A2A:<id8>:<replier>:REPLY] <text>`. \
+With wait_seconds it waits up to that long and returns the reply's text. Priority 5 interrupts the target: only for what cannot wait.";
+
+const REPLY_DESCRIPTION: &str = "Answer a message that asked for your reply: one that reached you as `[A2A:<id8>:<sender>:R] <text>` (R = the sender waits for your answer). \
+Use this tool instead of running `synapse reply` in a shell. It answers the most recent sender waiting for you; when several wait, pass `to` with the sender's agent id (reply_targets lists them). \
+Each request is answered once; the reply completes the sender's task. \
+Messages without R (`[A2A:<id8>:<sender>] <text>`) need no answer, and `[A2A:<id8>:<replier>:REPLY]` lines are answers to your own messages: do not reply to those.";
+
+const LIST_AGENTS_DESCRIPTION: &str = "List the Synapse agents running now: agent id, type, name, role, status (READY = idle, PROCESSING = busy, WAITING = a dialog is open), messages queued for it, its current task, working directory. \
+Use it to find the target for send (by name, agent id, or type).";
+
+const REPLY_TARGETS_DESCRIPTION: &str = "List the senders waiting for your answer (R messages you have not answered yet): sender agent id, the task id, when it arrived, a preview. \
+Use it before reply when several senders may be waiting, and pass the one you answer as reply's `to`.";
+
+const HISTORY_SEARCH_DESCRIPTION: &str = "Search the messages and replies exchanged between agents (both sides are kept) by keywords, newest first: task id, side (sent/received), agent, peer, status, the message (input) and the reply (output). \
+Use it to recall what was asked or decided earlier.";
+
+const TASK_DESCRIPTION: &str = "The state and outputs of one task: submitted, working, completed (the reply is in artifacts), failed, canceled, input_required. \
+Use it to check on a message you sent (the task id is in send's result, or the <id8> of an [A2A:<id8>:...] prefix).";
+
+const LOCK_FILE_DESCRIPTION: &str = "Lock a file before you edit it, so that other agents do not change it meanwhile (file safety). \
+Fails, naming the holder, when another agent holds it; with wait_seconds it waits for the file to be free. Locking again renews your lock. Release it with unlock_file when done.";
+
+const UNLOCK_FILE_DESCRIPTION: &str =
+    "Release your lock on a file once your edit is done, so that others may change it.";
+
+const CHECK_FILE_DESCRIPTION: &str = "May you write this file now? Answers allowed or not and why (who holds a lock), with the file's recent modifications by other agents: read those before editing.";
+
+/// The MCP server of one agent (or of an anonymous user).
+#[derive(Clone)]
+pub struct SynapseTools {
+    paths: Paths,
+    identity: Identity,
+    file_safety: bool,
+    /// Relative file paths are taken from here (the CLI starts its MCP servers in its own).
+    working_dir: PathBuf,
+    tool_router: ToolRouter<SynapseTools>,
+}
+
+fn success(text: impl Into<String>) -> Result<CallToolResult, ErrorData> {
+    Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+}
+
+/// A refusal the model reads (the CLI's `Error: ...` line).
+fn refusal(message: impl std::fmt::Display) -> Result<CallToolResult, ErrorData> {
+    Ok(CallToolResult::error(vec![ContentBlock::text(format!("Error: {message}"))]))
+}
+
+/// A broker answer as indented JSON for the model (strings with controls come out escaped).
+fn json(value: &impl serde::Serialize) -> Result<CallToolResult, ErrorData> {
+    match api::json_pretty(value) {
+        Ok(text) => success(text),
+        Err(error) => refusal(format!("cannot encode the broker's answer: {error}")),
+    }
+}
+
+/// Refuses with the message unless `$result` is Ok.
+macro_rules! or_refuse {
+    ($result:expr) => {
+        match $result {
+            Ok(value) => value,
+            Err(error) => return refusal(format!("{error:#}")),
+        }
+    };
+}
+
+#[tool_router]
+impl SynapseTools {
+    pub fn new(paths: Paths, identity: Identity, file_safety: bool, working_dir: PathBuf) -> SynapseTools {
+        let mut tool_router = Self::tool_router();
+        if !file_safety {
+            for name in FILE_TOOLS {
+                tool_router.disable_route(name);
+            }
+        }
+        SynapseTools { paths, identity, file_safety, working_dir, tool_router }
+    }
+
+    async fn client(&self) -> anyhow::Result<Client> {
+        Client::connect(&self.paths, true).await
+    }
+
+    fn agent(&self, tool: &str) -> Result<&str, String> {
+        self.identity.agent_id().ok_or_else(|| needs_identity(tool))
+    }
+
+    #[tool(description = SEND_DESCRIPTION)]
+    async fn send(&self, arguments: Parameters<SendArguments>) -> Result<CallToolResult, ErrorData> {
+        let flow = or_refuse!(crate::settings::Settings::load_current(&self.paths.home).and_then(|s| s.flow()));
+        let plan = or_refuse!(arguments.0.validate(flow));
+        let mut client = or_refuse!(self.client().await);
+        let from = self.identity.agent_id().map(str::to_string);
+        let secret = if from.is_some() { client.secret().map(str::to_string) } else { None };
+        let request = api::SendRequest { from, secret, ..plan.request };
+        let answer = or_refuse!(client.send_retrying(&self.paths, &request).await);
+        let summary = sent_summary(&answer);
+        let (Some(seconds), Some(sender_task)) = (plan.wait_seconds, answer.sender_task.as_ref()) else {
+            return success(summary);
+        };
+        match client.wait_for_reply(&sender_task.id, seconds).await {
+            Ok(reply) => success(crate::escape::visible(&reply)),
+            Err(ReplyWaitError::TimedOut { task_id, seconds }) => refusal(format!(
+                "the message was delivered, but no reply came within {seconds} s. Do not send it again: task {task_id} ({}) stays open, \
+                 and the reply will reach your input as [A2A:{}:<replier>:REPLY] <text> (or look with the task tool).",
+                short_id(&task_id),
+                short_id(&task_id)
+            )),
+            Err(error) => refusal(format!("{summary}\n{error}")),
+        }
+    }
+
+    #[tool(description = REPLY_DESCRIPTION)]
+    async fn reply(&self, arguments: Parameters<ReplyArguments>) -> Result<CallToolResult, ErrorData> {
+        let from = or_refuse!(self.agent("reply")).to_string();
+        let plan = or_refuse!(arguments.0.validate());
+        let mut client = or_refuse!(self.client().await);
+        let secret = client.secret().map(str::to_string);
+        let answer = or_refuse!(client.reply(&api::ReplyRequest { from, secret, to: plan.to, text: plan.text }).await);
+        let sender_task = answer.sender_task.as_ref();
+        success(format!(
+            "Replied to {}: their task {} is {}.",
+            crate::escape::visible_line(answer.task.metadata.peer.as_deref().unwrap_or("an anonymous sender")),
+            short_id(sender_task.map_or("", |task| task.id.as_str())),
+            sender_task.map(|task| task.status.to_string()).unwrap_or_default()
+        ))
+    }
+
+    #[tool(description = LIST_AGENTS_DESCRIPTION, annotations(read_only_hint = true))]
+    async fn list_agents(&self) -> Result<CallToolResult, ErrorData> {
+        let mut client = or_refuse!(self.client().await);
+        let agents = or_refuse!(client.agents().await).agents;
+        if agents.is_empty() {
+            return success("No agents are running.");
+        }
+        let me = self.identity.agent_id();
+        let rows: Vec<serde_json::Value> = agents
+            .iter()
+            .map(|agent| {
+                serde_json::json!({
+                    "agent_id": agent.agent_id,
+                    "type": agent.agent_type,
+                    "name": agent.name,
+                    "role": agent.role,
+                    "status": agent.status,
+                    "status_note": agent.status_note,
+                    "queued_messages": agent.queue_depth,
+                    "current_task": agent.current_task.as_ref().map(|task| &task.preview),
+                    "working_dir": agent.working_dir,
+                    "is_you": me == Some(agent.agent_id.as_str()),
+                })
+            })
+            .collect();
+        json(&rows)
+    }
+
+    #[tool(description = REPLY_TARGETS_DESCRIPTION, annotations(read_only_hint = true))]
+    async fn reply_targets(&self) -> Result<CallToolResult, ErrorData> {
+        let me = or_refuse!(self.agent("reply_targets")).to_string();
+        let mut client = or_refuse!(self.client().await);
+        let targets = or_refuse!(client.reply_targets(&me).await).targets;
+        if targets.is_empty() {
+            return success("No one is waiting for your reply.");
+        }
+        json(&targets)
+    }
+
+    #[tool(description = HISTORY_SEARCH_DESCRIPTION, annotations(read_only_hint = true))]
+    async fn history_search(&self, arguments: Parameters<HistorySearchArguments>) -> Result<CallToolResult, ErrorData> {
+        if !crate::settings::history_enabled() {
+            return refusal(crate::settings::HISTORY_DISABLED);
+        }
+        let plan = or_refuse!(arguments.0.validate());
+        let mut client = or_refuse!(self.client().await);
+        let records = or_refuse!(
+            client
+                .search_history(&plan.keywords, plan.logic, plan.case_sensitive, plan.agent.as_deref(), plan.limit)
+                .await
+        )
+        .records;
+        if records.is_empty() {
+            return success("No records match.");
+        }
+        json(&records)
+    }
+
+    #[tool(description = TASK_DESCRIPTION, annotations(read_only_hint = true))]
+    async fn task(&self, arguments: Parameters<TaskArguments>) -> Result<CallToolResult, ErrorData> {
+        let id = or_refuse!(arguments.0.validate());
+        let mut client = or_refuse!(self.client().await);
+        json(&or_refuse!(client.task(&id).await).task)
+    }
+
+    #[tool(description = LOCK_FILE_DESCRIPTION)]
+    async fn lock_file(&self, arguments: Parameters<LockArguments>) -> Result<CallToolResult, ErrorData> {
+        let agent_id = or_refuse!(self.agent("lock_file")).to_string();
+        let plan = or_refuse!(arguments.0.validate(&self.working_dir));
+        let mut client = or_refuse!(self.client().await);
+        let request = api::LockRequest {
+            path: plan.path,
+            agent_id,
+            duration_seconds: Some(plan.duration_seconds),
+            intent: plan.intent,
+            task_id: plan.task_id,
+            wait_seconds: plan.wait_seconds,
+        };
+        json(&or_refuse!(client.lock(&request).await))
+    }
+
+    #[tool(description = UNLOCK_FILE_DESCRIPTION)]
+    async fn unlock_file(&self, arguments: Parameters<FileArguments>) -> Result<CallToolResult, ErrorData> {
+        let agent_id = or_refuse!(self.agent("unlock_file")).to_string();
+        let path = or_refuse!(arguments.0.validate(&self.working_dir));
+        let mut client = or_refuse!(self.client().await);
+        let request = api::UnlockRequest { path, agent_id: Some(agent_id), force: false };
+        success(format!("Unlocked {}", or_refuse!(client.unlock(&request).await).unlocked))
+    }
+
+    #[tool(description = CHECK_FILE_DESCRIPTION, annotations(read_only_hint = true))]
+    async fn check_file(&self, arguments: Parameters<FileArguments>) -> Result<CallToolResult, ErrorData> {
+        let agent_id = or_refuse!(self.agent("check_file")).to_string();
+        let path = or_refuse!(arguments.0.validate(&self.working_dir));
+        let mut client = or_refuse!(self.client().await);
+        json(&or_refuse!(client.validate_write(&api::ValidateRequest { path, agent_id }).await))
+    }
+}
+
+/// What a send did, in the CLI's words, with what the model needs to follow it up.
+fn sent_summary(answer: &SendAnswer) -> String {
+    if answer.is_reply {
+        let sender_task = answer.sender_task.as_ref();
+        return format!(
+            "Replied to {}: their task {} is {}.",
+            crate::escape::visible_line(
+                sender_task.and_then(|task| task.metadata.owner.as_deref()).unwrap_or("an anonymous sender")
+            ),
+            short_id(sender_task.map_or("", |task| task.id.as_str())),
+            sender_task.map(|task| task.status.to_string()).unwrap_or_default()
+        );
+    }
+    let task = &answer.task;
+    let mut text = format!(
+        "Sent to {}: task {} ({}) {}.",
+        crate::escape::visible_line(task.metadata.owner.as_deref().unwrap_or_default()),
+        task.id,
+        short_id(&task.id),
+        task.status
+    );
+    if let Some(warning) = &answer.warning {
+        text = format!("{warning}\n{text}");
+    }
+    if let Some(sender_task) = &answer.sender_task {
+        text.push_str(&format!(
+            "\nA reply is expected: it will reach your input as [A2A:{}:<replier>:REPLY] <text>. Your task {} tracks it (task tool).",
+            short_id(&sender_task.id),
+            sender_task.id
+        ));
+    }
+    text
+}
+
+impl SynapseTools {
+    /// The server's instructions: who the tools act as, what the prefixes mean, which tools work.
+    fn instructions(&self) -> String {
+        let prefixes = "Messages from other agents arrive in your input with a prefix: `[A2A:<id8>:<sender>:R] <text>` asks for your answer \
+(R: answer it with the reply tool), `[A2A:<id8>:<sender>] <text>` needs no answer, `[A2A:<id8>:<replier>:REPLY] <text>` is the answer to a message you sent.";
+        let who = match &self.identity {
+            Identity::Agent(id) => format!(
+                "Synapse lets AI coding agents work together. You are the Synapse agent {id}: these tools act as you. {prefixes} \
+Use send to message another agent (list_agents shows who runs), reply to answer, reply_targets to see who waits for you, task to follow a message, history_search to look back."
+            ),
+            Identity::Anonymous => format!(
+                "Synapse lets AI coding agents work together. This server runs outside any Synapse agent (no SYNAPSE_AGENT_ID), so it acts anonymously: \
+send, list_agents, task and history_search work; reply, reply_targets and the file tools need an agent identity and answer an error. {prefixes}"
+            ),
+        };
+        if self.file_safety {
+            format!(
+                "{who} File safety is on: call check_file and lock_file before editing a file, unlock_file when done."
+            )
+        } else {
+            who
+        }
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for SynapseTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("synapse", api::VERSION))
+            .with_instructions(self.instructions())
+    }
+
+    /// As the router, except that a file tool called while file safety is off (not listed, but
+    /// a client may know it) answers how to turn it on instead of "tool not found".
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if !self.file_safety && FILE_TOOLS.contains(&request.name.as_ref()) {
+            return refusal(crate::settings::FILE_SAFETY_HOW_TO_ENABLE).map(Into::into);
+        }
+        self.tool_router.call(ToolCallContext::new(self, request, context)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn tools(identity: Identity, file_safety: bool) -> SynapseTools {
+        let paths = Paths { home: "/nonexistent/home".into(), uds_dir: "/nonexistent/uds".into(), broker_port: 0 };
+        SynapseTools::new(paths, identity, file_safety, "/work".into())
+    }
+
+    fn names(tools: &SynapseTools) -> Vec<String> {
+        tools.tool_router.list_all().into_iter().map(|tool| tool.name.to_string()).collect()
+    }
+
+    #[test]
+    fn the_file_tools_are_offered_only_while_file_safety_is_on() {
+        let off = names(&tools(Identity::Anonymous, false));
+        assert_eq!(off, ["history_search", "list_agents", "reply", "reply_targets", "send", "task"]);
+        let on = names(&tools(Identity::Agent("synapse-claude-8100".into()), true));
+        for name in FILE_TOOLS {
+            assert!(on.contains(&name.to_string()), "{on:?}");
+        }
+    }
+
+    #[test]
+    fn every_tool_has_a_description_and_an_object_schema() {
+        for tool in tools(Identity::Anonymous, true).tool_router.list_all() {
+            assert!(tool.description.as_deref().is_some_and(|text| text.len() > 40), "{}", tool.name);
+            assert_eq!(tool.input_schema.get("type").and_then(|kind| kind.as_str()), Some("object"), "{}", tool.name);
+        }
+    }
+
+    #[test]
+    fn the_instructions_say_who_the_tools_act_as() {
+        let agent = tools(Identity::Agent("synapse-codex-8120".into()), false).instructions();
+        assert!(agent.contains("You are the Synapse agent synapse-codex-8120"), "{agent}");
+        assert!(agent.contains("[A2A:<id8>:<sender>:R]") && agent.contains("reply tool"), "{agent}");
+        let anonymous = tools(Identity::Anonymous, false).instructions();
+        assert!(anonymous.contains("acts anonymously"), "{anonymous}");
+        assert!(tools(Identity::Anonymous, true).instructions().contains("File safety is on"));
+    }
+
+    #[tokio::test]
+    async fn an_anonymous_server_refuses_to_reply_with_a_readable_tool_error() {
+        let tools = tools(Identity::Anonymous, false);
+        let arguments = Parameters(ReplyArguments { message: "4".into(), to: None });
+        let result = tools.reply(arguments).await.unwrap();
+        assert_eq!(result.is_error, Some(true));
+        let text = serde_json::to_string(&result.content).unwrap();
+        assert!(text.contains("outside any agent"), "{text}");
+    }
+}
