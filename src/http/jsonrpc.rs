@@ -17,7 +17,7 @@ use super::{AppState, FixedAgent, MAX_WAIT, Scope};
 use crate::broker::command::{Actor, Command, CommandError, Outcome, SendRequest, default_priority};
 use crate::broker::tail;
 use crate::event::{Artifact, Part, Role, TaskState};
-use crate::store::TaskRecord;
+use crate::store::{TaskIndexKind, TaskRecord};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -694,9 +694,8 @@ fn list_tasks(state: &AppState, agent: &str, version: Version, params: &Value) -
     // The tasks A2A clients (anonymous senders) gave this agent, newest first.
     let mut tasks: Vec<TaskRecord> = state
         .store
-        .read(|view| view.tasks())?
+        .read(|view| view.tasks_of(agent, TaskIndexKind::Served))?
         .into_iter()
-        .filter(|task| task.owner.is_none() && task.peer.as_deref() == Some(agent))
         .filter(|task| context_id.is_none_or(|context| task.context_id == context))
         .filter(|task| wanted.is_none_or(|wanted| task.state == wanted))
         .filter(|task| after_ms.is_none_or(|after| task.updated_ms >= after))

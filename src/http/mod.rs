@@ -23,7 +23,7 @@ pub mod wire;
 use crate::broker::command::{self, Command, CommandError, Outcome, SendRequest};
 use crate::broker::{BrokerState, agents, tail};
 use crate::event::{AgentStatus, Message, Part, Role, TaskState};
-use crate::store::{StoreError, TaskRecord};
+use crate::store::{StoreError, TaskIndexKind, TaskRecord};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
@@ -384,21 +384,9 @@ async fn list_agents(State(state): State<AppState>) -> ApiResult {
     let paths = state.paths.clone();
     let agents = state.store.read(|view| {
         let mut list = Vec::new();
-        let agents = view.agents()?;
-        // One pass over the tasks for every agent's current task.
-        let mut working: Vec<TaskRecord> = if agents.is_empty() {
-            Vec::new()
-        } else {
-            view.tasks()?
-                .into_iter()
-                .filter(|task| task.state == TaskState::Working && task.direction == crate::event::Direction::Incoming)
-                .collect()
-        };
-        working.sort_by_key(|task| task.updated_ms);
-        for agent in agents {
+        for agent in view.agents()? {
             let depth = view.inbox_depth(&agent.agent_id)?;
-            let current =
-                working.iter().rev().find(|task| task.owner.as_deref() == Some(agent.agent_id.as_str())).cloned();
+            let current = view.current_task(&agent.agent_id)?;
             let socket = paths.agent_socket(&agent.agent_id).display().to_string();
             list.push(wire::agent_json(&agent, &socket, depth, current.as_ref()));
         }
@@ -865,13 +853,13 @@ async fn tasks_list(State(state): State<AppState>, Scope(agent): Scope, uri: axu
     let wanted_state: Option<TaskState> = query.state.as_deref().map(str::parse).transpose().map_err(ApiError::bad)?;
     let mut tasks: Vec<TaskRecord> = state
         .store
-        .read(|view| view.tasks())?
+        .read(|view| view.tasks_of(&agent, TaskIndexKind::Owned))?
         .into_iter()
-        .filter(|task| task.owner.as_deref() == Some(agent.as_str()))
         .filter(|task| query.context_id.as_ref().is_none_or(|context| &task.context_id == context))
         .filter(|task| wanted_state.is_none_or(|wanted| task.state == wanted))
         .collect();
-    tasks.sort_by_key(|task| task.created_ms);
+    // The order of a scan of every task, sorted stably by creation: by time, then by id.
+    tasks.sort_by(|left, right| left.created_ms.cmp(&right.created_ms).then_with(|| left.id.cmp(&right.id)));
     Ok(Json(json!({"tasks": tasks.iter().map(wire::task_json).collect::<Vec<_>>()})))
 }
 
