@@ -579,48 +579,12 @@ struct ReplyBody {
     text: String,
 }
 
-/// `POST /reply`: answer the agent's most recent reply target (or the one from `to`).
+/// `POST /reply`: answer the agent's most recent reply target (or the one from `to`); which
+/// one is decided by the writer ([`Command::Reply`]).
 async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: ReplyBody = parse_body(body)?;
-    let targets = state.store.read(|view| view.reply_targets(&body.from))?;
-    let target = match &body.to {
-        Some(to) => targets.iter().rev().find(|target| &target.sender_id == to).ok_or_else(|| {
-            ApiError::not_found(format!(
-                "No reply target from '{to}'. Pending: {}",
-                if targets.is_empty() {
-                    "none".to_string()
-                } else {
-                    targets.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>().join(", ")
-                }
-            ))
-        })?,
-        None => match targets.as_slice() {
-            [] => return Err(ApiError::not_found("No reply target. No pending messages to reply to.")),
-            [one] => one,
-            many => {
-                let mut error = ApiError::bad(format!(
-                    "Several agents are waiting for a reply: {}. Choose one with --to.",
-                    many.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>().join(", ")
-                ));
-                error.body["candidates"] = json!(many.iter().map(|t| t.sender_id.clone()).collect::<Vec<_>>());
-                return Err(error);
-            }
-        },
-    };
-    let request = SendRequest {
-        to: target.sender_id.clone(),
-        from: Some(body.from.clone()),
-        secret: body.secret.clone(),
-        text: body.text,
-        priority: command::default_priority(),
-        response_expected: false,
-        reply_to: Some(target.sender_task_id.clone().unwrap_or_else(|| target.receiver_task_id.clone())),
-        context_id: None,
-        sender_task_id: None,
-        idempotency_key: None,
-        by_user: false,
-    };
-    sent_json(state.writer.submit(Command::Send(request)).await?)
+    let request = command::ReplyRequest { from: body.from, secret: body.secret, to: body.to, text: body.text };
+    sent_json(state.writer.submit(Command::Reply(request)).await?)
 }
 
 fn find_task_global(state: &AppState, reference: &str) -> Result<TaskRecord, ApiError> {
