@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// `POST /agents`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RegisterRequest {
     pub agent_type: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,11 +114,19 @@ pub struct AgentStatusView {
 
 /// `POST /agents/{agent}/status`: what the wrapper reads on its CLI's screen.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StatusUpdate {
+    /// Read in any case (`ready`, `READY`), as the broker always accepted it.
+    #[serde(deserialize_with = "status_in_any_case")]
     pub status: AgentStatus,
     /// Why the agent takes no message now (shown by `synapse list`); absent clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+}
+
+fn status_in_any_case<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<AgentStatus, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    text.parse().map_err(serde::de::Error::custom)
 }
 
 /// What the broker's writer answers to a status report or an acknowledgement.

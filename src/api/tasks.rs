@@ -13,6 +13,7 @@ fn default_priority() -> u8 {
 
 /// `POST /send`: what `synapse send` uses (the target by name, id, `<type>-<port>` or type).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SendRequest {
     pub to: String,
     /// The sending agent (absent: anonymous, e.g. the user at a shell).
@@ -58,6 +59,7 @@ impl SendRequest {
 
 /// `POST /reply`: answers the agent's most recent reply target (or the one from `to`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ReplyRequest {
     pub from: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,6 +189,12 @@ pub struct TaskAnswer {
     pub task: Task,
 }
 
+/// `GET /agents/{agent}/tasks`: the agent's tasks, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskList {
+    pub tasks: Vec<Task>,
+}
+
 /// `GET /tasks/{id}/wait`: the task once final, or as it is when the wait timed out.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskWait {
@@ -199,6 +207,7 @@ pub struct TaskWait {
 
 /// `POST /agents/{agent}/tasks/{id}/update`: an agent moves a task it received.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TaskUpdate {
     pub state: TaskState,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -58,6 +58,19 @@ fn task_answers_round_trip() {
     round_trips::<TaskAnswer>(json!({"task": task_example("t-1", "canceled")}));
     round_trips::<TaskWait>(json!({"task": task_example("t-1", "completed"), "reply": "done", "timed_out": false}));
     round_trips::<TaskWait>(json!({"task": task_example("t-1", "working"), "reply": null, "timed_out": true}));
+    round_trips::<TaskList>(json!({"tasks": [task_example("t-1", "working"), task_example("t-2", "completed")]}));
+    round_trips::<TaskList>(json!({"tasks": []}));
+}
+
+#[test]
+fn request_bodies_refuse_unknown_fields_and_a_status_reads_in_any_case() {
+    let unknown = serde_json::from_value::<SendRequest>(json!({"to": "b", "text": "hi", "colour": "red"}));
+    assert!(unknown.unwrap_err().to_string().contains("unknown field"));
+    assert!(serde_json::from_value::<ReplyRequest>(json!({"from": "a", "text": "t", "x": 1})).is_err());
+    let update: StatusUpdate = serde_json::from_value(json!({"status": "ready"})).unwrap();
+    assert_eq!(update.status, crate::event::AgentStatus::Ready);
+    let refused = serde_json::from_value::<StatusUpdate>(json!({"status": "asleep"})).unwrap_err();
+    assert!(refused.to_string().contains("unknown status 'asleep'"), "{refused}");
 }
 
 #[test]

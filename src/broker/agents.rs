@@ -86,37 +86,6 @@ impl AgentServers {
     }
 }
 
-/// What registration returns to the agent (the secret is shown only here, once).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct Registration {
-    pub agent: AgentRecord,
-    pub secret: String,
-    pub socket: String,
-    pub endpoint: String,
-}
-
-/// The body of `POST /agents`.
-#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RegisterBody {
-    pub agent_type: String,
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub role: Option<String>,
-    pub pid: u32,
-    #[serde(default)]
-    pub working_dir: String,
-    /// A fixed port; 0 lets the system choose; absent takes the first free port of the
-    /// profile's range.
-    #[serde(default)]
-    pub port: Option<u16>,
-    /// `[low, high]`: the ports to try when no port is given (the profile's); absent takes the
-    /// built-in range of the agent type.
-    #[serde(default)]
-    pub port_range: Option<(u16, u16)>,
-}
-
 /// Deregisters an agent and stops its endpoints.
 pub async fn deregister(state: &BrokerState, agent_id: &str, reason: &str) -> Result<(), CommandError> {
     let result =

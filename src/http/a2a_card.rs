@@ -2,9 +2,11 @@
 //!
 //! The card names the JSON-RPC endpoint where this same agent is reached: `POST /` on the
 //! agent's own port, or `POST /agents/{agent}/` on the broker when the card was read there.
-//! The Synapse card (`/.well-known/agent.json`, seed 003) stays as it is.
+//! The Synapse card (`/.well-known/agent.json`, seed 003) stays as it is, and is served here too.
 
-use super::{ApiError, AppState, FixedAgent, Scope};
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{FixedAgent, Scope};
 use axum::extract::State;
 use axum::{Extension, Json};
 use serde_json::{Value, json};
@@ -58,4 +60,32 @@ pub async fn agent_card(
         ),
     };
     Ok(Json(card_json(&record, &url)))
+}
+
+/// `GET /.well-known/agent.json`: the Synapse card of seed 003 (kept as it was).
+pub async fn synapse_card(State(state): State<AppState>, Scope(agent): Scope) -> Result<Json<Value>, ApiError> {
+    let record = state
+        .store
+        .read(|view| view.agent(&agent))?
+        .ok_or_else(|| ApiError::not_found(format!("Agent '{agent}' is not registered")))?;
+    Ok(Json(json!({
+        "name": record.name.clone().unwrap_or_else(|| record.agent_id.clone()),
+        "description": format!("{} agent managed by Synapse{}", record.agent_type, record.role.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()),
+        "url": format!("http://127.0.0.1:{}", record.port),
+        "version": crate::broker::VERSION,
+        "capabilities": {"streaming": false, "pushNotifications": false},
+        "defaultInputModes": ["text"],
+        "defaultOutputModes": ["text"],
+        "skills": [
+            {"id": "chat", "name": "Chat", "description": "Send a message to the agent's CLI"},
+            {"id": "interrupt", "name": "Interrupt", "description": "Priority 5 interrupts the CLI before writing"},
+        ],
+        "extensions": {"synapse": {
+            "agent_id": record.agent_id,
+            "agent_type": record.agent_type,
+            "uds_path": state.paths.agent_socket(&record.agent_id).display().to_string(),
+            "priority_interrupt": true,
+            "reply_to": true,
+        }},
+    })))
 }

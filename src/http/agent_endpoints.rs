@@ -7,12 +7,21 @@
 
 use super::caller::RegistrationProof;
 use super::{AppState, HttpState};
-use crate::broker::agents::{RegisterBody, Registration, checked_port_range, port_range, prune_dead};
+use crate::api;
+use crate::broker::agents::{checked_port_range, port_range, prune_dead};
 use crate::broker::command::{Command, CommandError, Outcome, RegisterRequest};
 use crate::process::{self, is_pid_alive};
 use crate::secret::hash_secret;
 use crate::store::AgentRecord;
 use tokio::sync::watch;
+
+/// What a registration gives the agent (the secret is shown only here, once).
+pub struct Registration {
+    pub agent: AgentRecord,
+    pub secret: String,
+    pub socket: String,
+    pub endpoint: String,
+}
 
 /// Registers an agent: finds and binds a port, records the registration, serves its endpoints.
 ///
@@ -23,7 +32,7 @@ use tokio::sync::watch;
 /// time is recorded so a reused pid is never mistaken for the agent.
 pub async fn register(
     state: &AppState,
-    body: RegisterBody,
+    body: api::RegisterRequest,
     proof: RegistrationProof,
 ) -> Result<Registration, CommandError> {
     if body.pid == 0 {

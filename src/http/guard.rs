@@ -184,7 +184,7 @@ mod tests {
     }
 
     fn status(result: Result<(), ApiError>) -> u16 {
-        result.err().map_or(200, |error| error.status.as_u16())
+        result.err().map_or(200, |error| error.status().as_u16())
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `/history...`: the history views (SPEC §4).
 
-use super::{ApiError, ApiResult, AppState, parse_body, parse_query};
+use super::extract::{parse_body, parse_query};
+use super::{ApiError, ApiResult, AppState};
 use crate::broker::command::{Command, Outcome};
 use crate::event::{Event, TaskState};
 use crate::store::history::{HistoryRecord, Logic};
@@ -57,10 +58,9 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> ApiResul
         0 => Err(ApiError::not_found(format!("Task {reference} not found in the history"))),
         1 => Ok(Json(json!({"records": records}))),
         _ => {
-            let mut error =
-                ApiError::bad(format!("Ambiguous task id '{reference}': {} tasks start with it", tasks.len()));
-            error.body["candidates"] = json!(tasks);
-            Err(error)
+            let candidates = tasks.iter().map(|task| task.to_string()).collect();
+            Err(ApiError::bad(format!("Ambiguous task id '{reference}': {} tasks start with it", tasks.len()))
+                .with_candidates(candidates))
         }
     }
 }

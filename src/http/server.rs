@@ -263,7 +263,7 @@ async fn refuse<I: AsyncRead + AsyncWrite + Unpin>(mut io: I, max: usize) {
             "too many open connections (limit {max}, SYNAPSE_HTTP_MAX_CONNECTIONS): this one is refused; try again when others have closed"
         ),
     );
-    let body = error.body.to_string();
+    let body = error.body_text();
     let answer = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
         body.len()

@@ -1,6 +1,7 @@
 //! `/webhooks`: register, list, remove, and the deliveries (SPEC §6).
 
-use super::{ApiError, ApiResult, AppState, parse_body, parse_query};
+use super::extract::{parse_body, parse_query};
+use super::{ApiError, ApiResult, AppState};
 use crate::broker::command::{Command, Outcome};
 use crate::broker::webhooks::WebhookCommand;
 use axum::Json;

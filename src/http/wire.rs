@@ -1,57 +1,80 @@
-//! Shapes on the wire (JSON) built from projection rows.
+//! The broker's rows as the [`crate::api`] contract shows them: tasks, agents, inbox tickets,
+//! reply targets, registrations, send answers, the broker's identity.
+//!
+//! Invariant: these are the only conversions from projection rows to answers, so every endpoint
+//! that shows a task (or an agent, ...) shows it the same way; times are RFC 3339 in UTC with
+//! milliseconds (`crate::time::rfc3339`).
 
+use crate::api;
+use crate::broker::command::SendOutcome;
 use crate::event::{Artifact, Message, Part};
-use crate::store::{AgentRecord, TaskRecord, Ticket, TicketKind};
+use crate::store::{AgentRecord, ReplyTarget, TaskRecord, Ticket, TicketKind};
 use crate::time::rfc3339;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-pub fn part_json(part: &Part) -> Value {
+pub fn part(part: &Part) -> api::PartView {
     match part {
-        Part::Text { text } => json!({"type": "text", "text": text}),
-        Part::File { name, uri, mime_type } => {
-            json!({"type": "file", "file": {"name": name, "uri": uri, "mime_type": mime_type}})
-        }
-        Part::Data { json } => {
-            json!({"type": "data", "data": serde_json::from_str::<Value>(json).unwrap_or(Value::Null)})
-        }
+        Part::Text { text } => api::PartView::Text { text: text.clone() },
+        Part::File { name, uri, mime_type } => api::PartView::File {
+            file: api::FileView { name: name.clone(), uri: uri.clone(), mime_type: mime_type.clone() },
+        },
+        // Stored as JSON text; shown as the JSON it holds (null when it holds none).
+        Part::Data { json } => api::PartView::Data { data: serde_json::from_str::<Value>(json).unwrap_or(Value::Null) },
     }
 }
 
-pub fn message_json(message: &Message) -> Value {
-    json!({"role": message.role, "parts": message.parts.iter().map(part_json).collect::<Vec<_>>()})
+pub fn message(message: &Message) -> api::MessageView {
+    api::MessageView { role: message.role, parts: message.parts.iter().map(part).collect() }
 }
 
+pub fn artifact(artifact: &Artifact) -> api::ArtifactView {
+    api::ArtifactView { name: artifact.name.clone(), parts: artifact.parts.iter().map(part).collect() }
+}
+
+/// An artifact as JSON (the artifacts of a task change in its SSE stream).
 pub fn artifact_json(artifact: &Artifact) -> Value {
-    let mut value = json!({"parts": artifact.parts.iter().map(part_json).collect::<Vec<_>>()});
-    if let Some(name) = &artifact.name {
-        value["name"] = json!(name);
-    }
-    value
+    serde_json::to_value(self::artifact(artifact)).unwrap_or(Value::Null)
 }
 
 /// A task as the A2A REST endpoints show it (seed 003 shape).
-pub fn task_json(task: &TaskRecord) -> Value {
-    json!({
-        "id": task.id,
-        "context_id": task.context_id,
-        "status": task.state,
-        "message": message_json(&task.message),
-        "artifacts": task.artifacts.iter().map(artifact_json).collect::<Vec<_>>(),
-        "error": task.error,
-        "created_at": rfc3339(task.created_ms),
-        "updated_at": rfc3339(task.updated_ms),
-        "metadata": {
-            "owner": task.owner,
-            "direction": task.direction,
-            "peer": task.peer,
-            "priority": task.priority,
-            "response_expected": task.response_expected,
-            "sender_task_id": task.sender_task_id,
-            "in_reply_to": task.in_reply_to,
-            "peer_task_id": task.peer_task_id,
-            "replied_by": task.replied_by,
+pub fn task(task: &TaskRecord) -> api::Task {
+    api::Task {
+        id: task.id.clone(),
+        context_id: task.context_id.clone(),
+        status: task.state,
+        message: message(&task.message),
+        artifacts: task.artifacts.iter().map(artifact).collect(),
+        error: task.error.clone(),
+        created_at: rfc3339(task.created_ms),
+        updated_at: rfc3339(task.updated_ms),
+        metadata: api::TaskMetadata {
+            owner: task.owner.clone(),
+            direction: task.direction,
+            peer: task.peer.clone(),
+            priority: task.priority,
+            response_expected: task.response_expected,
+            sender_task_id: task.sender_task_id.clone(),
+            in_reply_to: task.in_reply_to.clone(),
+            peer_task_id: task.peer_task_id.clone(),
+            replied_by: task.replied_by.clone(),
         },
-    })
+    }
+}
+
+/// `{"task": ...}`: the answer of every endpoint that shows or changes one task.
+pub fn task_answer(record: &TaskRecord) -> api::TaskAnswer {
+    api::TaskAnswer { task: task(record) }
+}
+
+/// The answer to a send or a reply.
+pub fn sent(sent: &SendOutcome) -> api::SendAnswer {
+    api::SendAnswer {
+        task: task(&sent.task),
+        sender_task: sent.sender_task.as_ref().map(task),
+        is_reply: sent.is_reply,
+        warning: sent.warning.clone(),
+        seq: sent.seq,
+    }
 }
 
 /// The text of the newest text artifact (a reply), if any.
@@ -75,26 +98,98 @@ pub fn ticket_prefix(ticket: &Ticket) -> String {
     }
 }
 
+/// A ticket of an inbox, with the text it writes.
+pub fn inbox_ticket(ticket: &Ticket, text: String) -> api::InboxTicket {
+    api::InboxTicket {
+        ticket: ticket.ticket,
+        kind: match ticket.kind {
+            TicketKind::Message => api::TicketKind::Message,
+            TicketKind::Reply => api::TicketKind::Reply,
+        },
+        task_id: ticket.task_id.clone(),
+        display_task_id: ticket.display_task_id.clone(),
+        from: ticket.from.clone(),
+        priority: ticket.priority,
+        response_expected: ticket.response_expected,
+        prefix: ticket_prefix(ticket),
+        text,
+        issued_at: rfc3339(ticket.issued_ms),
+    }
+}
+
 /// An agent as `synapse list --json` and `GET /agents` show it.
-pub fn agent_json(agent: &AgentRecord, socket: &str, queue_depth: usize, current_task: Option<&TaskRecord>) -> Value {
-    json!({
-        "agent_id": agent.agent_id,
-        "agent_type": agent.agent_type,
-        "name": agent.name,
-        "role": agent.role,
-        "port": agent.port,
-        "status": agent.status,
-        "status_note": agent.status_note,
-        "pid": agent.pid,
-        "pid_start": agent.pid_start,
-        "working_dir": agent.working_dir,
-        "endpoint": format!("http://127.0.0.1:{}", agent.port),
-        "uds_path": socket,
-        "queue_depth": queue_depth,
-        "current_task": current_task.map(|task| json!({
-            "id": task.id,
-            "preview": crate::event::preview(&task.message.joined_text(), 60),
-        })),
-        "registered_at": rfc3339(agent.registered_ms),
-    })
+pub fn agent(
+    agent: &AgentRecord,
+    socket: &str,
+    queue_depth: usize,
+    current_task: Option<&TaskRecord>,
+) -> api::AgentView {
+    api::AgentView {
+        agent_id: agent.agent_id.clone(),
+        agent_type: agent.agent_type.clone(),
+        name: agent.name.clone(),
+        role: agent.role.clone(),
+        port: agent.port,
+        status: agent.status,
+        status_note: agent.status_note.clone(),
+        pid: agent.pid,
+        pid_start: agent.pid_start,
+        working_dir: agent.working_dir.clone(),
+        endpoint: format!("http://127.0.0.1:{}", agent.port),
+        uds_path: socket.to_string(),
+        queue_depth,
+        current_task: current_task.map(|task| api::CurrentTask {
+            id: task.id.clone(),
+            preview: crate::event::preview(&task.message.joined_text(), 60),
+        }),
+        registered_at: rfc3339(agent.registered_ms),
+    }
+}
+
+/// The agent as its registration answer shows it.
+pub fn registered_agent(agent: &AgentRecord) -> api::RegisteredAgent {
+    api::RegisteredAgent {
+        agent_id: agent.agent_id.clone(),
+        agent_type: agent.agent_type.clone(),
+        name: agent.name.clone(),
+        role: agent.role.clone(),
+        pid: agent.pid,
+        port: agent.port,
+        working_dir: agent.working_dir.clone(),
+        status: agent.status,
+        secret_hash: agent.secret_hash.clone(),
+        pid_start: agent.pid_start,
+        wrapper: agent.wrapper,
+        registered_ms: agent.registered_ms,
+        status_ms: agent.status_ms,
+        status_note: agent.status_note.clone(),
+    }
+}
+
+/// A sender waiting for a reply.
+pub fn reply_target(target: &ReplyTarget) -> api::ReplyTarget {
+    api::ReplyTarget {
+        sender_id: target.sender_id.clone(),
+        sender_task_id: target.sender_task_id.clone(),
+        task_id: target.receiver_task_id.clone(),
+        received_at: rfc3339(target.received_ms),
+        preview: target.preview.clone(),
+    }
+}
+
+/// The broker's identity, as the health answer shows it.
+pub fn broker_info(info: crate::config::BrokerInfo) -> api::BrokerInfo {
+    api::BrokerInfo {
+        pid: info.pid,
+        version: info.version,
+        schema: info.schema,
+        home: info.home,
+        socket: info.socket,
+        port: info.port,
+        head: info.head,
+        healthy: info.healthy,
+        write_failure: info
+            .write_failure
+            .map(|failure| api::WriteFailure { reason: failure.reason, since_ms: failure.since_ms }),
+    }
 }

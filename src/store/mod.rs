@@ -6,6 +6,9 @@
 //! - Projection tables are a pure function of the log: [`Projections::apply`] never reads the
 //!   clock or the environment, so [`Store::rebuild`] reproduces them exactly, and
 //!   [`Store::verify`] can prove it.
+//! - Indexes are projections too: `task_index` (each agent's owned, served and working tasks)
+//!   is written by the same `apply` that writes the task rows, in the same transaction, so it is
+//!   never behind them, a replay rebuilds it, and `verify` compares it like any table.
 //! - Reads use short read transactions: a long one makes the file grow while writes go on.
 //! - After a failed commit redb refuses every later read and write on that `Database`
 //!   ("Previous I/O error occurred"). [`Store::reopen`] drops it and opens the file again: redb
@@ -25,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-pub use projection::{LIVE, ProjectionNames, Projections, SCRATCH};
+pub use projection::{LIVE, ProjectionNames, Projections, SCRATCH, TaskIndexKind};
 pub use records::*;
 
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
@@ -35,10 +38,10 @@ const META_PROJECTIONS: &str = "projection_version";
 /// The shape of the projection tables. When a build changes what they hold (version 2: task
 /// records carry `created_seq`, which the history index needs; version 3: `departed_agents`, whose
 /// queue an id holds; version 4: task rows refer to a long text in the log instead of holding
-/// it: `message_seq`, `reply_seq`, `artifact_texts`; version 5: a canceled task's queued ticket
-/// leaves the inbox), opening a store written by another build replays the log into fresh
-/// projections: they are derived, the log is not.
-const PROJECTION_VERSION: u64 = 5;
+/// it: `message_seq`, `reply_seq`, `artifact_texts`; version 5: the `task_index` of each agent's
+/// tasks; version 6: a canceled task's queued ticket leaves the inbox), opening a store written
+/// by another build replays the log into fresh projections: they are derived, the log is not.
+const PROJECTION_VERSION: u64 = 6;
 
 /// How long a reopen waits for readers of the old database to let go of its file (its lock
 /// admits one open `Database`; reads are short).

@@ -21,6 +21,45 @@ type LocksDef = TableDefinition<'static, &'static str, &'static [u8]>;
 type ModificationsDef = TableDefinition<'static, (&'static str, u64), &'static [u8]>;
 type HistoryMetaDef = TableDefinition<'static, &'static str, u64>;
 type IdempotencyDef = TableDefinition<'static, &'static str, &'static [u8]>;
+type TaskIndexDef = TableDefinition<'static, TaskIndexKey<'static>, &'static [u8]>;
+
+/// A row of the task index: (agent, [`TaskIndexKind`] as u8, order, task id); the value is
+/// empty. The order is the task's `created_seq` (owned and served tasks, oldest first) or its
+/// `updated_ms` (working tasks, so the newest is the last row of the agent's range).
+pub type TaskIndexKey<'a> = (&'a str, u8, u64, &'a str);
+
+/// Which of an agent's lists a task index row belongs to. A task is in every list whose rule
+/// holds for its row, and [`Projections::put_task`] moves it when its row changes: the index
+/// is a pure function of the task rows, so a replay rebuilds it and `verify` compares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TaskIndexKind {
+    /// Tasks the agent owns (its task list, `GET /agents/{agent}/tasks`).
+    Owned = 0,
+    /// Tasks of anonymous senders (A2A clients) given to the agent: owner none, peer the agent.
+    Served = 1,
+    /// The agent's incoming tasks in state working, by `updated_ms`: the last is its current
+    /// task.
+    Working = 2,
+}
+
+/// The index rows of `task`, owned.
+fn task_index_rows(task: &TaskRecord) -> Vec<(String, u8, u64, String)> {
+    let mut rows = Vec::with_capacity(2);
+    match (&task.owner, &task.peer) {
+        (Some(owner), _) => {
+            rows.push((owner.clone(), TaskIndexKind::Owned as u8, task.created_seq, task.id.clone()));
+            if task.direction == Direction::Incoming && task.state == TaskState::Working {
+                rows.push((owner.clone(), TaskIndexKind::Working as u8, task.updated_ms, task.id.clone()));
+            }
+        }
+        (None, Some(peer)) => {
+            rows.push((peer.clone(), TaskIndexKind::Served as u8, task.created_seq, task.id.clone()));
+        }
+        (None, None) => {}
+    }
+    rows
+}
 
 /// The row key of an idempotency key: scoped by its sender (anonymous senders share one scope).
 pub fn idempotency_row(from: Option<&str>, key: &str) -> String {
@@ -43,6 +82,9 @@ pub struct ProjectionNames {
     pub departed: AgentsDef,
     /// Sends made with an `Idempotency-Key`: (sender, key) to the tasks it created.
     pub idempotency: IdempotencyDef,
+    /// Each agent's tasks (owned, served, working), so that listings and the current task read
+    /// the agent's rows instead of decoding every task (see [`TaskIndexKind`]).
+    pub task_index: TaskIndexDef,
 }
 
 pub const LIVE: ProjectionNames = ProjectionNames {
@@ -55,6 +97,7 @@ pub const LIVE: ProjectionNames = ProjectionNames {
     history_meta: TableDefinition::new("history_meta"),
     departed: TableDefinition::new("departed_agents"),
     idempotency: TableDefinition::new("idempotency_keys"),
+    task_index: TableDefinition::new("task_index"),
 };
 
 pub const SCRATCH: ProjectionNames = ProjectionNames {
@@ -67,6 +110,7 @@ pub const SCRATCH: ProjectionNames = ProjectionNames {
     history_meta: TableDefinition::new("scratch_history_meta"),
     departed: TableDefinition::new("scratch_departed_agents"),
     idempotency: TableDefinition::new("scratch_idempotency_keys"),
+    task_index: TableDefinition::new("scratch_task_index"),
 };
 
 impl ProjectionNames {
@@ -80,6 +124,7 @@ impl ProjectionNames {
         txn.delete_table(self.history_meta)?;
         txn.delete_table(self.departed)?;
         txn.delete_table(self.idempotency)?;
+        txn.delete_table(self.task_index)?;
         Ok(())
     }
 }
@@ -103,6 +148,8 @@ pub struct Projections<'txn> {
     departed: redb::Table<'txn, &'static str, &'static [u8]>,
     /// Written directly even during a replay (one row per keyed send, read only by decide).
     idempotency: redb::Table<'txn, &'static str, &'static [u8]>,
+    /// Kept by [`Projections::put_task`] (cached like the tasks during a replay).
+    task_index: redb::Table<'txn, TaskIndexKey<'static>, &'static [u8]>,
     /// The log, in the writer's transaction (None during a replay, which reads it itself):
     /// the appender writes it, and reads take long texts from it (see [`hydrate_task`]).
     pub(super) log: Option<redb::Table<'txn, u64, &'static [u8]>>,
@@ -119,6 +166,7 @@ struct ReplayCache {
     tasks: std::collections::HashMap<String, TaskRecord>,
     reply_targets: std::collections::BTreeMap<(String, String), ReplyTarget>,
     inbox: std::collections::BTreeMap<(String, u8, u64), Ticket>,
+    task_index: std::collections::BTreeSet<(String, u8, u64, String)>,
 }
 
 /// The projection tables in a short read transaction.
@@ -131,6 +179,7 @@ pub struct ReadProjections {
     modifications: redb::ReadOnlyTable<(&'static str, u64), &'static [u8]>,
     pub(super) history_meta: redb::ReadOnlyTable<&'static str, u64>,
     departed: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    task_index: redb::ReadOnlyTable<TaskIndexKey<'static>, &'static [u8]>,
     /// Long texts are read from their event (see [`hydrate_task`]).
     log: redb::ReadOnlyTable<u64, &'static [u8]>,
 }
@@ -209,6 +258,7 @@ impl<'txn> Projections<'txn> {
             history_meta: txn.open_table(names.history_meta)?,
             departed: txn.open_table(names.departed)?,
             idempotency: txn.open_table(names.idempotency)?,
+            task_index: txn.open_table(names.task_index)?,
             log: None,
             replay: None,
         })
@@ -238,6 +288,9 @@ impl<'txn> Projections<'txn> {
         }
         for ((agent, rank, ticket), row) in cache.inbox {
             self.inbox.insert((agent.as_str(), rank, ticket), records::encode(&row).as_slice())?;
+        }
+        for (agent, kind, order, task_id) in cache.task_index {
+            self.task_index.insert((agent.as_str(), kind, order, task_id.as_str()), [].as_slice())?;
         }
         Ok(())
     }
@@ -722,12 +775,28 @@ impl<'txn> Projections<'txn> {
             "task {} written with the text of a long reply copied into its row",
             task.id
         );
+        // The index follows the row in the same transaction: drop the rows the old row had and
+        // the new one has not, add the new ones.
+        let old_rows = self.task_row(&task.id)?.as_ref().map(task_index_rows).unwrap_or_default();
+        let new_rows = task_index_rows(task);
         match self.replay.as_mut() {
             Some(cache) => {
                 cache.tasks.insert(task.id.clone(), task.clone());
+                for row in old_rows.iter().filter(|row| !new_rows.contains(row)) {
+                    cache.task_index.remove(row);
+                }
+                for row in new_rows {
+                    cache.task_index.insert(row);
+                }
             }
             None => {
                 self.tasks.insert(task.id.as_str(), records::encode(task).as_slice())?;
+                for (agent, kind, order, id) in old_rows.iter().filter(|row| !new_rows.contains(row)) {
+                    self.task_index.remove((agent.as_str(), *kind, *order, id.as_str()))?;
+                }
+                for (agent, kind, order, id) in new_rows.iter().filter(|row| !old_rows.contains(row)) {
+                    self.task_index.insert((agent.as_str(), *kind, *order, id.as_str()), [].as_slice())?;
+                }
             }
         }
         Ok(())
@@ -759,6 +828,7 @@ impl ReadProjections {
             modifications: txn.open_table(names.modifications)?,
             history_meta: txn.open_table(names.history_meta)?,
             departed: txn.open_table(names.departed)?,
+            task_index: txn.open_table(names.task_index)?,
             log: txn.open_table(super::LOG)?,
         })
     }
@@ -803,6 +873,44 @@ macro_rules! impl_queries {
                     tasks.push(self.hydrated(records::decode(value.value())?)?);
                 }
                 Ok(tasks)
+            }
+
+            /// The ids of `agent`'s tasks of one kind, in index order (oldest first).
+            fn indexed_task_ids(&self, agent: &str, kind: TaskIndexKind) -> Result<Vec<String>, StoreError> {
+                let kind = kind as u8;
+                let mut ids = Vec::new();
+                for row in self.task_index.range((agent, kind, 0u64, "")..(agent, kind + 1, 0u64, ""))? {
+                    let (key, _) = row?;
+                    ids.push(key.value().3.to_string());
+                }
+                Ok(ids)
+            }
+
+            /// The tasks of `agent` of one kind, oldest first (see [`TaskIndexKind`]); read
+            /// through the index, so the cost is the agent's tasks, not every task.
+            pub fn tasks_of(&self, agent: &str, kind: TaskIndexKind) -> Result<Vec<TaskRecord>, StoreError> {
+                let mut tasks = Vec::new();
+                for id in self.indexed_task_ids(agent, kind)? {
+                    if let Some(task) = self.task(&id)? {
+                        tasks.push(task);
+                    }
+                }
+                Ok(tasks)
+            }
+
+            /// The task `agent` works on now: its incoming task in state working updated last
+            /// (of two updated in the same millisecond, the greater id).
+            pub fn current_task(&self, agent: &str) -> Result<Option<TaskRecord>, StoreError> {
+                let kind = TaskIndexKind::Working as u8;
+                let newest = self.task_index.range((agent, kind, 0u64, "")..(agent, kind + 1, 0u64, ""))?.next_back();
+                match newest {
+                    Some(row) => {
+                        let (key, _) = row?;
+                        let id = key.value().3.to_string();
+                        self.task(&id)
+                    }
+                    None => Ok(None),
+                }
             }
 
             /// Agents waiting for `receiver`'s answer, oldest request first.
@@ -1016,6 +1124,7 @@ pub(crate) fn compare(
     compare_table(txn, live.modifications, scratch.modifications, "file_modifications", &mut differences)?;
     compare_table(txn, live.departed, scratch.departed, "departed_agents", &mut differences)?;
     compare_table(txn, live.idempotency, scratch.idempotency, "idempotency_keys", &mut differences)?;
+    compare_table(txn, live.task_index, scratch.task_index, "task_index", &mut differences)?;
     let live_cutoff = txn.open_table(live.history_meta)?.get(PRUNED_BEFORE)?.map(|v| v.value());
     let replay_cutoff = txn.open_table(scratch.history_meta)?.get(PRUNED_BEFORE)?.map(|v| v.value());
     if live_cutoff != replay_cutoff {

@@ -57,26 +57,29 @@ fn event() -> impl Strategy<Value = Event> {
             any::<bool>(),
             prop::option::of(task()),
             "[a-z ]{0,12}",
-            prop::option::of(task())
+            prop::option::of(task()),
+            prop::option::of(agent())
         )
-            .prop_map(|(task_id, owner, incoming, sender_task_id, text, message_in)| Event::TaskCreated {
-                task_id,
-                owner,
-                context_id: "ctx".into(),
-                direction: if incoming { Direction::Incoming } else { Direction::Outgoing },
-                peer: None,
-                state: TaskState::Submitted,
-                priority: 3,
-                response_expected: true,
-                sender_task_id,
-                in_reply_to: None,
-                peer_task_id: None,
-                // A long message: the text is in the `message_sent` of `message_in`.
-                message: match message_in {
-                    Some(_) => Message { role: Role::User, parts: Vec::new() },
-                    None => Message::text(Role::User, text),
-                },
-                message_in,
+            .prop_map(|(task_id, owner, incoming, sender_task_id, text, message_in, peer)| {
+                Event::TaskCreated {
+                    task_id,
+                    owner,
+                    context_id: "ctx".into(),
+                    direction: if incoming { Direction::Incoming } else { Direction::Outgoing },
+                    peer,
+                    state: TaskState::Submitted,
+                    priority: 3,
+                    response_expected: true,
+                    sender_task_id,
+                    in_reply_to: None,
+                    peer_task_id: None,
+                    // A long message: the text is in the `message_sent` of `message_in`.
+                    message: match message_in {
+                        Some(_) => Message { role: Role::User, parts: Vec::new() },
+                        None => Message::text(Role::User, text),
+                    },
+                    message_in,
+                }
             }),
         (
             task(),
@@ -195,6 +198,11 @@ fn snapshot(store: &Store) -> Vec<String> {
                 for ticket in view.inbox(agent, usize::MAX)? {
                     rows.push(format!("{ticket:?}"));
                 }
+                for kind in [TaskIndexKind::Owned, TaskIndexKind::Served, TaskIndexKind::Working] {
+                    let ids: Vec<String> = view.tasks_of(agent, kind)?.into_iter().map(|task| task.id).collect();
+                    rows.push(format!("{agent} {kind:?}: {ids:?}"));
+                }
+                rows.push(format!("{agent} current: {:?}", view.current_task(agent)?.map(|task| task.id)));
             }
             Ok(rows)
         })
@@ -217,7 +225,46 @@ proptest! {
         prop_assert!(report.differences.is_empty(), "{:?}", report.differences);
         store.rebuild().unwrap();
         prop_assert_eq!(snapshot(&store), live);
+        index_answers_as_a_scan_of_every_task(&store)?;
     }
+}
+
+/// The task index answers what a filter over every task answers: each agent's owned and
+/// served tasks, and its current task (the newest working incoming one; ties to the greater id).
+fn index_answers_as_a_scan_of_every_task(store: &Store) -> Result<(), TestCaseError> {
+    let (indexed, scanned) = store
+        .read(|view| {
+            let all = view.tasks()?;
+            let (mut indexed, mut scanned) = (Vec::new(), Vec::new());
+            for agent in AGENTS {
+                let ids = |tasks: Vec<TaskRecord>| tasks.into_iter().map(|task| task.id).collect::<Vec<_>>();
+                let mut owned: Vec<&TaskRecord> = all.iter().filter(|t| t.owner.as_deref() == Some(agent)).collect();
+                owned.sort_by_key(|task| task.created_seq);
+                let mut served: Vec<&TaskRecord> =
+                    all.iter().filter(|t| t.owner.is_none() && t.peer.as_deref() == Some(agent)).collect();
+                served.sort_by_key(|task| task.created_seq);
+                let mut working: Vec<&TaskRecord> = all
+                    .iter()
+                    .filter(|t| t.owner.as_deref() == Some(agent))
+                    .filter(|t| t.state == TaskState::Working && t.direction == Direction::Incoming)
+                    .collect();
+                working.sort_by_key(|task| task.updated_ms);
+                indexed.push((
+                    ids(view.tasks_of(agent, TaskIndexKind::Owned)?),
+                    ids(view.tasks_of(agent, TaskIndexKind::Served)?),
+                    view.current_task(agent)?.map(|task| task.id),
+                ));
+                scanned.push((
+                    owned.iter().map(|task| task.id.clone()).collect(),
+                    served.iter().map(|task| task.id.clone()).collect(),
+                    working.last().map(|task| task.id.clone()),
+                ));
+            }
+            Ok((indexed, scanned))
+        })
+        .unwrap();
+    prop_assert_eq!(indexed, scanned);
+    Ok(())
 }
 
 #[test]
@@ -246,6 +293,26 @@ fn verify_reports_a_projection_that_drifted_from_the_log() {
     assert!(!store.verify().unwrap().differences.is_empty());
     store.rebuild().unwrap();
     assert!(store.verify().unwrap().differences.is_empty());
+}
+
+#[test]
+fn verify_reports_a_task_index_that_drifted_and_rebuild_restores_it() {
+    let store = memory_store();
+    let task_id = "0a000000-0000-4000-8000-000000000000";
+    store.transact(1_000, |appender| appender.append(None, vec![alice_asks_bob(task_id, "hello")])).unwrap();
+    let owner = store.read(|view| view.task(task_id)).unwrap().unwrap().owner.unwrap();
+    assert_eq!(store.read(|view| view.tasks_of(&owner, TaskIndexKind::Owned)).unwrap().len(), 1);
+    // Lose the index rows, as a bug in `apply` would.
+    let txn = store.db().unwrap().begin_write().unwrap();
+    txn.delete_table(LIVE.task_index).unwrap();
+    txn.open_table(LIVE.task_index).unwrap();
+    txn.commit().unwrap();
+    assert!(store.read(|view| view.tasks_of(&owner, TaskIndexKind::Owned)).unwrap().is_empty());
+    let report = store.verify().unwrap();
+    assert!(report.differences.iter().any(|line| line.starts_with("task_index")), "{:?}", report.differences);
+    store.rebuild().unwrap();
+    assert!(store.verify().unwrap().differences.is_empty());
+    assert_eq!(store.read(|view| view.tasks_of(&owner, TaskIndexKind::Owned)).unwrap().len(), 1);
 }
 
 #[test]

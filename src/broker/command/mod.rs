@@ -23,7 +23,8 @@ pub use agents::agent_id_for;
 pub use checks::{ambiguous_task, find_task, unique_task, validate_task_ref};
 pub use decision::{Answer, CommandError, Context, DecideError, Decision, Liveness, Outcome, SendOutcome};
 pub use requests::{
-    Actor, IDEMPOTENCY_WINDOW_MS, MAX_MESSAGE_BYTES, RegisterRequest, SendRequest, UpdateTaskRequest, default_priority,
+    Actor, IDEMPOTENCY_WINDOW_MS, MAX_MESSAGE_BYTES, RegisterRequest, ReplyRequest, SendRequest, UpdateTaskRequest,
+    default_priority,
 };
 pub use send::{resolve_target, validate_priority};
 
@@ -44,6 +45,9 @@ pub enum Command {
         reason: String,
     },
     Send(SendRequest),
+    /// A reply to one of the senders waiting for `from`'s answer: decided as the send of
+    /// [`send::reply_as_send`].
+    Reply(ReplyRequest),
     CreateTask {
         owner: String,
         secret: Option<String>,
@@ -97,9 +101,12 @@ impl Command {
     pub fn liveness_needed(&self, view: &Projections<'_>) -> Result<LivenessNeeded, StoreError> {
         Ok(match self {
             // An exact agent id is the hot path: one process. Names and types scan the agents.
-            Command::Send(request) => match view.agent(request.to.trim())? {
-                Some(agent) => LivenessNeeded::Pids(vec![agent.pid]),
-                None => LivenessNeeded::AllAgents,
+            Command::Send(request) => send_liveness(view, request)?,
+            Command::Reply(request) => match send::reply_as_send(view, request) {
+                Ok(send) => send_liveness(view, &send)?,
+                Err(DecideError::Storage(error)) => return Err(error),
+                // Refused before any target is resolved.
+                Err(DecideError::Rejected(_)) => LivenessNeeded::None,
             },
             Command::RegisterAgent(_) => LivenessNeeded::AllAgents,
             Command::FileSafety(command) if command.reads_liveness() => LivenessNeeded::AllAgents,
@@ -116,6 +123,13 @@ impl Command {
     }
 }
 
+fn send_liveness(view: &Projections<'_>, request: &SendRequest) -> Result<LivenessNeeded, StoreError> {
+    Ok(match view.agent(request.to.trim())? {
+        Some(agent) => LivenessNeeded::Pids(vec![agent.pid]),
+        None => LivenessNeeded::AllAgents,
+    })
+}
+
 /// Decides one command against the current projections and the batch's [`Context`].
 pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) -> Result<Decision, DecideError> {
     match command {
@@ -123,6 +137,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) 
         Command::SetStatus { agent_id, status, note } => agents::decide_set_status(view, agent_id, *status, note),
         Command::Deregister { agent_id, reason } => agents::decide_deregister(view, agent_id, reason),
         Command::Send(request) => send::decide_send(view, request, context),
+        Command::Reply(request) => send::decide_send(view, &send::reply_as_send(view, request)?, context),
         Command::CreateTask { owner, secret, message, peer } => {
             tasks::decide_create_task(view, owner, secret.as_deref(), message, peer)
         }

@@ -101,6 +101,19 @@ pub struct SendRequest {
     pub by_user: bool,
 }
 
+/// A reply (`synapse reply`): a message to the sender `from` owes an answer, which completes
+/// the task it waits on. Which sender, when several wait, is decided against the reply targets
+/// in the writer's transaction ([`Command::Reply`](super::Command::Reply)).
+#[derive(Debug, Clone, Default)]
+pub struct ReplyRequest {
+    /// The replying agent.
+    pub from: String,
+    pub secret: Option<String>,
+    /// The sender to answer; absent answers the only one waiting.
+    pub to: Option<String>,
+    pub text: String,
+}
+
 /// How long an idempotency key holds: a retry after this is a new send.
 pub const IDEMPOTENCY_WINDOW_MS: u64 = 24 * 60 * 60 * 1000;
 

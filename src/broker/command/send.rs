@@ -3,7 +3,7 @@
 
 use super::checks::{check_sender, find_task, new_id, validate_text};
 use super::decision::{Answer, CommandError, Context, DecideError, Decision, Liveness};
-use super::requests::{IDEMPOTENCY_WINDOW_MS, SendRequest};
+use super::requests::{IDEMPOTENCY_WINDOW_MS, ReplyRequest, SendRequest};
 use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
 use crate::store::{AgentRecord, Projections, TaskRecord};
 
@@ -67,6 +67,43 @@ pub fn validate_priority(priority: u8) -> Result<(), CommandError> {
         return Err(CommandError::bad(format!("priority must be between 1 and 5 (got {priority})")));
     }
     Ok(())
+}
+
+/// The send a reply makes: to the sender `request.to` names among those waiting for
+/// `request.from`'s answer (the newest request of that sender), or to the only one waiting,
+/// answering the task it waits on (its own task, or else the replier's received task).
+pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<SendRequest, DecideError> {
+    let targets = view.reply_targets(&request.from)?;
+    let senders = || targets.iter().map(|target| target.sender_id.clone()).collect::<Vec<_>>();
+    let target = match &request.to {
+        Some(to) => targets.iter().rev().find(|target| &target.sender_id == to).ok_or_else(|| {
+            let pending = if targets.is_empty() { "none".to_string() } else { senders().join(", ") };
+            CommandError::not_found(format!("No reply target from '{to}'. Pending: {pending}"))
+        })?,
+        None => match targets.as_slice() {
+            [] => return Err(CommandError::not_found("No reply target. No pending messages to reply to.").into()),
+            [one] => one,
+            _ => {
+                return Err(CommandError::Ambiguous {
+                    message: format!(
+                        "Several agents are waiting for a reply: {}. Choose one with --to.",
+                        senders().join(", ")
+                    ),
+                    candidates: senders(),
+                }
+                .into());
+            }
+        },
+    };
+    Ok(SendRequest {
+        to: target.sender_id.clone(),
+        from: Some(request.from.clone()),
+        secret: request.secret.clone(),
+        text: request.text.clone(),
+        priority: super::requests::default_priority(),
+        reply_to: Some(target.sender_task_id.clone().unwrap_or_else(|| target.receiver_task_id.clone())),
+        ..SendRequest::default()
+    })
 }
 
 pub fn decide_send(

@@ -1,0 +1,272 @@
+//! The A2A methods that answer at once (send, get, list, cancel) and their parameters.
+//!
+//! An A2A message is an anonymous `synapse send` to the agent that expects a reply (a broker
+//! command); the A2A task is the sender's side. An agent's tasks are read through the store's
+//! task index (`TaskIndexKind::Served`), never by decoding every task.
+
+use super::*;
+
+pub(super) fn string_param<'a>(params: &'a Value, name: &str) -> Result<Option<&'a str>, RpcError> {
+    match params.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text)),
+        Some(_) => Err(RpcError::params(format!("'{name}' must be a string"))),
+    }
+}
+
+pub(super) fn count_param(params: &Value, name: &str) -> Result<Option<usize>, RpcError> {
+    match params.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value
+            .as_u64()
+            .and_then(|count| usize::try_from(count).ok())
+            .map(Some)
+            .ok_or_else(|| RpcError::params(format!("'{name}' must be a number of 0 or more"))),
+    }
+}
+
+pub(super) fn bool_param(params: &Value, name: &str) -> Result<Option<bool>, RpcError> {
+    match params.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(flag)) => Ok(Some(*flag)),
+        Some(_) => Err(RpcError::params(format!("'{name}' must be true or false"))),
+    }
+}
+
+pub(super) fn task_id_param(params: &Value) -> Result<&str, RpcError> {
+    string_param(params, "id")?
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| RpcError::params("'id' (the task id) is required"))
+}
+
+/// The task `reference` names among this agent's tasks.
+pub(super) fn find_task(state: &AppState, agent: &str, reference: &str) -> Result<TaskRecord, RpcError> {
+    if crate::broker::command::validate_task_ref(reference).is_err() {
+        return Err(RpcError::task_not_found(reference));
+    }
+    subscribe::find_task_of_agent(state, agent, reference)?.ok_or_else(|| RpcError::task_not_found(reference))
+}
+
+/// What a send request asks for.
+pub(super) struct SendParams {
+    text: String,
+    /// The client's `messageId`: a message sent again with the same id (a retry) is the same
+    /// message, and gets the first one's task.
+    message_id: Option<String>,
+    context_id: Option<String>,
+    blocking: bool,
+    history_length: Option<usize>,
+}
+
+pub(super) fn parse_send(
+    state: &AppState,
+    agent: &str,
+    version: Version,
+    params: &Value,
+) -> Result<SendParams, RpcError> {
+    let message =
+        params.get("message").filter(|m| m.is_object()).ok_or_else(|| RpcError::params("'message' is required"))?;
+    if let Some(role) = string_param(message, "role")?
+        && !matches!(role, "ROLE_USER" | "user")
+    {
+        return Err(RpcError::params(format!("a client message has the role ROLE_USER (got '{role}')")));
+    }
+    let parts = message
+        .get("parts")
+        .and_then(Value::as_array)
+        .filter(|parts| !parts.is_empty())
+        .ok_or_else(|| RpcError::params("'message.parts' must be a non-empty list"))?;
+    let mut texts = Vec::with_capacity(parts.len());
+    for part in parts {
+        match (part.get("text").and_then(Value::as_str), part.get("kind").and_then(Value::as_str)) {
+            (Some(text), None | Some("text")) => texts.push(text),
+            _ => {
+                return Err(RpcError::new(
+                    CONTENT_TYPE_NOT_SUPPORTED,
+                    "only text parts are supported: the message is written into the agent's CLI",
+                ));
+            }
+        }
+    }
+    if let Some(task_id) = string_param(message, "taskId")?.filter(|id| !id.is_empty()) {
+        find_task(state, agent, task_id)?;
+        return Err(RpcError::new(
+            UNSUPPORTED_OPERATION,
+            format!("continuing task {task_id} is not supported: send a new message (same contextId) instead"),
+        ));
+    }
+    let context_id = string_param(message, "contextId")?.or(string_param(params, "contextId")?);
+    if let Some(context) = context_id
+        && (context.chars().count() > MAX_CONTEXT_ID_CHARS || context.chars().any(char::is_control))
+    {
+        return Err(RpcError::params(format!(
+            "'contextId' must be at most {MAX_CONTEXT_ID_CHARS} printable characters"
+        )));
+    }
+    let configuration = params.get("configuration").cloned().unwrap_or_else(|| json!({}));
+    if !configuration.is_object() {
+        return Err(RpcError::params("'configuration' must be an object"));
+    }
+    let push = ["taskPushNotificationConfig", "pushNotificationConfig"];
+    if push.iter().any(|name| configuration.get(*name).is_some_and(|v| !v.is_null())) {
+        return Err(RpcError::new(PUSH_NOT_SUPPORTED, "push notifications are not supported by this agent"));
+    }
+    let blocking = match version {
+        Version::V10 => !bool_param(&configuration, "returnImmediately")?.unwrap_or(false),
+        Version::V03 => bool_param(&configuration, "blocking")?.unwrap_or(true),
+    };
+    Ok(SendParams {
+        message_id: string_param(message, "messageId")?.filter(|id| !id.is_empty()).map(str::to_string),
+        text: texts.join("\n"),
+        context_id: context_id.map(str::to_string),
+        blocking,
+        history_length: count_param(&configuration, "historyLength")?,
+    })
+}
+
+/// Sends the message as an anonymous `synapse send` expecting a reply; returns the A2A task
+/// (the sender's side) and the sequence number of the send's last event.
+pub(super) async fn submit_send(
+    state: &AppState,
+    agent: &str,
+    request: &SendParams,
+) -> Result<(TaskRecord, u64), RpcError> {
+    let send = SendRequest {
+        to: agent.to_string(),
+        from: None,
+        secret: None,
+        text: request.text.clone(),
+        priority: default_priority(),
+        response_expected: true,
+        reply_to: None,
+        context_id: request.context_id.clone(),
+        sender_task_id: None,
+        // Anonymous senders share one key space: the key names the agent and the A2A binding.
+        idempotency_key: request.message_id.as_ref().map(|id| format!("a2a:{agent}:{id}")),
+        by_user: false,
+    };
+    match state.writer.submit(Command::Send(send)).await? {
+        Outcome::Sent(sent) => match sent.sender_task {
+            Some(task) => Ok((task, sent.seq)),
+            None => Err(RpcError::new(INTERNAL_ERROR, "the send created no task to follow")),
+        },
+        _ => Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a send")),
+    }
+}
+
+pub(super) async fn send(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
+    let request = parse_send(state, agent, version, params)?;
+    let (mut task, _) = submit_send(state, agent, &request).await?;
+    if request.blocking {
+        task = wait_until_done(state, agent, &task.id).await?;
+    }
+    let task = task_json(version, &task, request.history_length, true);
+    Ok(match version {
+        Version::V10 => json!({"task": task}),
+        Version::V03 => task,
+    })
+}
+
+/// Follows the log's head until the task is final or asks for input (or the agent is no longer
+/// registered, the broker stops, or [`MAX_WAIT`] passes); returns the task as it then is.
+pub(super) async fn wait_until_done(state: &AppState, agent: &str, task_id: &str) -> Result<TaskRecord, RpcError> {
+    let deadline = tokio::time::Instant::now() + MAX_WAIT;
+    loop {
+        let cursor = *state.head.borrow();
+        let (task, registered) = state.store.read(|view| Ok((view.task(task_id)?, view.agent(agent)?.is_some())))?;
+        let task = task.ok_or_else(|| RpcError::task_not_found(task_id))?;
+        if is_done(task.state) || !registered {
+            return Ok(task);
+        }
+        match tokio::time::timeout_at(deadline, tail::wait_past(state, cursor)).await {
+            Ok(true) => continue,
+            Ok(false) | Err(_) => return Ok(task),
+        }
+    }
+}
+
+pub(super) fn get_task(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
+    let task = find_task(state, agent, task_id_param(params)?)?;
+    let history_length = count_param(params, "historyLength")?;
+    Ok(task_json(version, &task, history_length, true))
+}
+
+pub(super) fn list_tasks(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
+    let context_id = string_param(params, "contextId")?.filter(|c| !c.is_empty());
+    let wanted = match string_param(params, "status")?.filter(|s| !s.is_empty() && *s != "TASK_STATE_UNSPECIFIED") {
+        Some(text) => Some(parse_state(text).ok_or_else(|| RpcError::params(format!("unknown task state '{text}'")))?),
+        None => None,
+    };
+    let page_size = match count_param(params, "pageSize")? {
+        None => DEFAULT_PAGE_SIZE,
+        Some(size) if (1..=MAX_PAGE_SIZE).contains(&size) => size,
+        Some(size) => return Err(RpcError::params(format!("'pageSize' must be 1 to {MAX_PAGE_SIZE} (got {size})"))),
+    };
+    let offset = match string_param(params, "pageToken")?.filter(|t| !t.is_empty()) {
+        None => 0,
+        Some(token) => {
+            token.parse::<usize>().map_err(|_| RpcError::params(format!("invalid 'pageToken' '{token}'")))?
+        }
+    };
+    let after_ms = match string_param(params, "statusTimestampAfter")? {
+        None => None,
+        Some(text) => Some(
+            crate::time::parse_rfc3339_ms(text)
+                .ok_or_else(|| RpcError::params(format!("'statusTimestampAfter' is not an RFC 3339 time: '{text}'")))?,
+        ),
+    };
+    let history_length = count_param(params, "historyLength")?;
+    let include_artifacts = bool_param(params, "includeArtifacts")?.unwrap_or(false);
+    // The tasks A2A clients (anonymous senders) gave this agent, newest first.
+    let mut tasks: Vec<TaskRecord> = state
+        .store
+        .read(|view| view.tasks_of(agent, TaskIndexKind::Served))?
+        .into_iter()
+        .filter(|task| context_id.is_none_or(|context| task.context_id == context))
+        .filter(|task| wanted.is_none_or(|wanted| task.state == wanted))
+        .filter(|task| after_ms.is_none_or(|after| task.updated_ms >= after))
+        .collect();
+    tasks.sort_by(|left, right| right.created_ms.cmp(&left.created_ms).then_with(|| left.id.cmp(&right.id)));
+    let total = tasks.len();
+    let page: Vec<Value> = tasks
+        .iter()
+        .skip(offset)
+        .take(page_size)
+        .map(|task| task_json(version, task, history_length, include_artifacts))
+        .collect();
+    let next = if offset + page_size < total { (offset + page_size).to_string() } else { String::new() };
+    Ok(json!({"tasks": page, "nextPageToken": next, "pageSize": page_size, "totalSize": total}))
+}
+
+pub(super) async fn cancel_task(
+    state: &AppState,
+    agent: &str,
+    actor: Actor,
+    version: Version,
+    params: &Value,
+) -> Result<Value, RpcError> {
+    let task = find_task(state, agent, task_id_param(params)?)?;
+    if task.state.is_final() {
+        return Err(RpcError::new(
+            TASK_NOT_CANCELABLE,
+            format!("Task {} is {} and cannot be canceled", task.id, task.state),
+        ));
+    }
+    let reason = Some("canceled by the A2A client".to_string());
+    let canceled = match state
+        .writer
+        .submit(Command::CancelTask { task_id: task.id.clone(), reason: reason.clone(), actor: actor.clone() })
+        .await
+    {
+        Ok(Outcome::Task { task }) => task,
+        Ok(_) => return Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a cancel")),
+        // Decided against a newer state than the one read above: it became final meanwhile.
+        Err(CommandError::BadRequest { message }) => return Err(RpcError::new(TASK_NOT_CANCELABLE, message)),
+        Err(error) => return Err(error.into()),
+    };
+    // The agent's side of the exchange stops too (best effort: it may have finished already).
+    if let Some(peer) = &task.peer_task_id {
+        let _ = state.writer.submit(Command::CancelTask { task_id: peer.clone(), reason, actor }).await;
+    }
+    Ok(task_json(version, &canceled, None, true))
+}
