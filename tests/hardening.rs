@@ -378,9 +378,10 @@ fn others_escape_sequences_are_shown_visibly_in_list_events_history_and_logs() {
     let bob = home.register(Some("bob"));
     let attack = "\u{1b}]52;c;SGk=\u{7}pwn\u{1b}[2J";
     let visible = "^[]52;c;SGk=^Gpwn^[[2J";
-    let sent = home.run_as(&alice, &["send", "bob", attack, "--no-response"]);
+    let sent = home.run_as(&alice, &["send", "bob", attack, "--response"]);
     assert!(sent.status.success(), "{}", describe(&sent));
-    // bob takes the message: it becomes his current task (the CURRENT column of `list`).
+    // bob takes the message (a reply is expected, so it is work in progress): it becomes his
+    // current task (the CURRENT column of `list`).
     let ticket = home.inbox(&bob)[0]["ticket"].to_string();
     let ack = home.run_as(&bob, &["agent", "ack", &bob.id, &ticket]);
     assert!(ack.status.success(), "{}", describe(&ack));

@@ -793,14 +793,13 @@ fn agent_filter(separator: &str, agent: Option<&str>) -> String {
 
 /// Percent-encodes a path segment or query value.
 pub fn percent_encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|byte| match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b',' => (byte as char).to_string(),
-            other => format!("%{other:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(value, PATH_SEGMENT).to_string()
 }
+
+/// What stays as it is in a path segment or query value: RFC 3986's unreserved characters, and
+/// `,` (kind lists); everything else is percent-encoded.
+const PATH_SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b',');
 
 /// The API key the CLI sends when auth is on: `SYNAPSE_API_KEY`, else the first of
 /// `SYNAPSE_API_KEYS`.
@@ -901,4 +900,12 @@ pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Err(anyhow!("the broker (pid {pid:?}) did not stop within 20 s"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_path_segment_keeps_unreserved_characters_and_encodes_the_rest() {
+        assert_eq!(super::percent_encode("a b/é,-_.~?#%"), "a%20b%2F%C3%A9,-_.~%3F%23%25");
+    }
 }
