@@ -193,3 +193,44 @@ fn an_unknown_settings_key_is_a_warning_that_names_it() {
         describe(&sent)
     );
 }
+
+/// Names were refused where ids worked (`file-safety lock src/main.rs alice`, the README's own
+/// example; `reply --to alice`, `--from bob`; `events --agent` and `history list --agent` printed
+/// nothing). Every command that takes an agent now takes its name as well.
+#[test]
+fn every_command_that_takes_an_agent_takes_its_name() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let carol = home.register(Some("carol"));
+    assert!(home.run_as(&alice, &["send", "bob", "from alice", "--response"]).status.success());
+    assert!(home.run_as(&carol, &["send", "bob", "from carol", "--response"]).status.success());
+    // --from by name (with bob's secret, as inside bob), --to by name among two waiting senders.
+    let replied = home
+        .cmd(&["reply", "to alice by name", "--from", "bob", "--to", "alice"])
+        .env("SYNAPSE_AGENT_SECRET", &bob.secret)
+        .output()
+        .unwrap();
+    assert!(replied.status.success(), "{}", describe(&replied));
+    assert!(stdout(&replied).contains(&format!("Replied to {}", alice.id)), "{}", describe(&replied));
+
+    let history = home.ok(&["history", "list", "--agent", "carol"]);
+    assert!(history.contains("from carol") && !history.contains("from alice"), "{history}");
+    let events = home.ok(&["events", "--agent", "carol"]);
+    assert!(events.contains(&carol.id), "{events}");
+
+    let file_safety = |args: &[&str]| {
+        let mut command = home.cmd(&[&["file-safety"], args].concat());
+        command.env("SYNAPSE_FILE_SAFETY_ENABLED", "true");
+        command.output().unwrap()
+    };
+    let locked = file_safety(&["lock", "/tmp/by-name.txt", "alice"]);
+    assert!(locked.status.success(), "{}", describe(&locked));
+    assert!(stdout(&locked).contains(&format!("for {}", alice.id)), "{}", describe(&locked));
+    let locks = file_safety(&["locks", "--agent", "alice"]);
+    assert!(stdout(&locks).contains("/tmp/by-name.txt"), "{}", describe(&locks));
+    let unlocked = file_safety(&["unlock", "/tmp/by-name.txt", "alice"]);
+    assert!(unlocked.status.success(), "{}", describe(&unlocked));
+    let unknown = file_safety(&["lock", "/tmp/by-name.txt", "nobody"]);
+    assert_eq!(unknown.status.code(), Some(1), "{}", describe(&unknown));
+}

@@ -677,6 +677,9 @@ impl Client {
         let request = self.build(method.clone(), path, body)?;
         let sender = &mut self.sender;
         within(limit_for(path), || what_of(&method, path), async move {
+            // hyper takes a request only once the connection is idle again: right after the
+            // previous answer was read it may still be finishing it ("connection was not ready").
+            sender.ready().await.map_err(|source| ClientError::Unreachable { doing: CLOSED, source })?;
             let response = sender
                 .send_request(request)
                 .await
@@ -721,6 +724,7 @@ impl Client {
         let what = || what_of(&Method::GET, path);
         let sender = &mut self.sender;
         let response = within(limit, what, async move {
+            sender.ready().await.map_err(|source| ClientError::Unreachable { doing: CLOSED, source })?;
             sender.send_request(request).await.map_err(|source| ClientError::Unreachable { doing: CLOSED, source })
         })
         .await?;

@@ -101,7 +101,7 @@ pub async fn events(
     let mut cursor = resume.or(query.after).unwrap_or(0);
     let follow = query.follow.unwrap_or(false);
     let filter = tail::TailFilter {
-        agent: query.agent,
+        agent: super::extract::agent_filter(&state, query.agent)?,
         kinds: query
             .kind
             .map(|kinds| kinds.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())

@@ -95,3 +95,24 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
             .map_err(|_| ApiError::bad("the Idempotency-Key header must be visible ASCII")),
     }
 }
+
+/// The id of the agent a request names by id, name, type-port or type, the same way a send's
+/// target is resolved (and as ambiguous when several agents share the type). A reference no live
+/// agent matches is kept as it is: a departed agent's id still names its records, and the
+/// command that needs a live agent says so itself.
+pub fn agent_id(state: &super::AppState, reference: &str) -> Result<String, super::ApiError> {
+    let agents = state.store.read(|view| view.agents())?;
+    if agents.iter().any(|agent| agent.agent_id == reference) {
+        return Ok(reference.to_string());
+    }
+    match crate::broker::command::resolve_target(&agents, reference) {
+        Ok(agent) => Ok(agent.agent_id),
+        Err(crate::broker::command::CommandError::NotFound { .. }) => Ok(reference.to_string()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// [`agent_id`] of an optional filter (`?agent=`).
+pub fn agent_filter(state: &super::AppState, reference: Option<String>) -> Result<Option<String>, super::ApiError> {
+    reference.map(|reference| agent_id(state, &reference)).transpose()
+}

@@ -66,7 +66,8 @@ struct AgentQuery {
 }
 
 async fn locks(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
-    let query: AgentQuery = parse_query(uri.query())?;
+    let mut query: AgentQuery = parse_query(uri.query())?;
+    query.agent = super::extract::agent_filter(&state, query.agent)?;
     let now = crate::time::now_ms();
     let locks: Vec<_> = state
         .store
@@ -100,7 +101,8 @@ struct LockBody {
 /// `POST /file-safety/lock`; with `wait_seconds`, a refused lock is tried again after each
 /// new event in the log (a release) or when the holder's lock expires, not by polling.
 async fn lock(State(state): State<AppState>, caller: Caller, body: Result<Bytes, BytesRejection>) -> ApiResult {
-    let body: LockBody = parse_body(body)?;
+    let mut body: LockBody = parse_body(body)?;
+    body.agent_id = super::extract::agent_id(&state, &body.agent_id)?;
     caller.require_act_as(&body.agent_id, "lock files")?;
     let path = path(&body.path)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(body.wait_seconds.unwrap_or(0).min(24 * 3600));
@@ -152,6 +154,7 @@ async fn unlock(State(state): State<AppState>, caller: Caller, body: Result<Byte
     let agent_id = match (&caller, body.agent_id) {
         (Caller::Agent(agent), None) => Some(agent.agent_id.clone()),
         (_, Some(agent_id)) => {
+            let agent_id = super::extract::agent_id(&state, &agent_id)?;
             caller.require_act_as(&agent_id, "unlock files")?;
             Some(agent_id)
         }
@@ -185,7 +188,8 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResu
 async fn recent(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: AgentQuery = parse_query(uri.query())?;
     let limit = limit(query.limit)?;
-    let modifications = state.store.read(|view| view.recent_modifications(query.agent.as_deref(), limit))?;
+    let agent = super::extract::agent_filter(&state, query.agent)?;
+    let modifications = state.store.read(|view| view.recent_modifications(agent.as_deref(), limit))?;
     Ok(Json(json!({"modifications": modifications})))
 }
 
@@ -203,7 +207,8 @@ struct RecordBody {
 
 async fn record(State(state): State<AppState>, caller: Caller, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: RecordBody = parse_body(body)?;
-    caller.require_act_as(&body.agent_id, "record file changes")?;
+    let agent_id = super::extract::agent_id(&state, &body.agent_id)?;
+    caller.require_act_as(&agent_id, "record file changes")?;
     let change_type = match body.change_type.as_deref().map(str::to_ascii_uppercase).as_deref() {
         None | Some("MODIFY") => ChangeType::Modify,
         Some("CREATE") => ChangeType::Create,
@@ -213,13 +218,8 @@ async fn record(State(state): State<AppState>, caller: Caller, body: Result<Byte
         }
     };
     let path = path(&body.path)?;
-    let command = FileCommand::Record {
-        path: path.clone(),
-        agent_id: body.agent_id,
-        task_id: body.task_id,
-        change_type,
-        intent: body.intent,
-    };
+    let command =
+        FileCommand::Record { path: path.clone(), agent_id, task_id: body.task_id, change_type, intent: body.intent };
     submit(&state, command).await?;
     Ok(Json(json!({"recorded": path, "change_type": change_type})))
 }
@@ -235,7 +235,8 @@ async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesReject
     let body: ValidateBody = parse_body(body)?;
     let path = path(&body.path)?;
     let now = crate::time::now_ms();
-    let answer = state.store.read(|view| file_safety::check(view, &path, &body.agent_id, now))?;
+    let agent_id = super::extract::agent_id(&state, &body.agent_id)?;
+    let answer = state.store.read(|view| file_safety::check(view, &path, &agent_id, now))?;
     Ok(Json(answer))
 }
 

@@ -46,7 +46,8 @@ struct ListQuery {
 async fn list(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: ListQuery = parse_query(uri.query())?;
     let limit = limit(query.limit, 50)?;
-    let records = state.store.recent_history(query.agent.as_deref(), limit)?;
+    let agent = super::extract::agent_filter(&state, query.agent)?;
+    let records = state.store.recent_history(agent.as_deref(), limit)?;
     Ok(Json(json!({"records": records})))
 }
 
@@ -104,7 +105,8 @@ async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     };
     let limit = limit(query.limit, 50)?;
     let case_sensitive = query.case_sensitive.unwrap_or(false);
-    let records = state.store.search_history(&keywords, logic, case_sensitive, query.agent.as_deref(), limit)?;
+    let agent = super::extract::agent_filter(&state, query.agent.clone())?;
+    let records = state.store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit)?;
     Ok(Json(json!({"records": records})))
 }
 
@@ -117,7 +119,8 @@ struct StatsQuery {
 
 async fn stats(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: StatsQuery = parse_query(uri.query())?;
-    let records = state.store.read(|view| view.history_records(query.agent.as_deref()))?;
+    let agent = super::extract::agent_filter(&state, query.agent)?;
+    let records = state.store.read(|view| view.history_records(agent.as_deref()))?;
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_agent: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     let mut size = 0usize;

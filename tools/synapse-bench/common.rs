@@ -209,6 +209,8 @@ impl SynapseEnv {
             .env("SYNAPSE_HOME", &self.home)
             .env("SYNAPSE_UDS_DIR", &self.uds)
             .env("SYNAPSE_BROKER_PORT", "0")
+            // sse-fanout holds 1,000 subscribers: above the default connection limit (512).
+            .env("SYNAPSE_HTTP_MAX_CONNECTIONS", "4096")
             .env_remove("SYNAPSE_AGENT_ID")
             .env_remove("SYNAPSE_AGENT_SECRET")
             .stdin(Stdio::null());

@@ -15,7 +15,12 @@ const DELIVERIES: usize = 1000;
 /// Reads what was appended to `path` since `offset`.
 fn read_from(path: &Path, offset: &mut u64) -> Result<String> {
     use std::io::{Read, Seek};
-    let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        // The wrapper may announce itself before its CLI's log exists.
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(error) => return Err(error).with_context(|| format!("cannot open {}", path.display())),
+    };
     file.seek(std::io::SeekFrom::Start(*offset))?;
     let mut text = String::new();
     let read = file.read_to_string(&mut text)?;

@@ -49,6 +49,8 @@ pub fn check_sender(
     secret: Option<&str>,
 ) -> Result<Option<AgentRecord>, DecideError> {
     let Some(from) = from else { return Ok(None) };
+    let from = agent_id_of(view, from)?;
+    let from = from.as_str();
     let Some(agent) = view.agent(from)? else {
         return Err(CommandError::bad(format!(
             "unknown sender '{from}': no registered agent has this id. Leave --from out to send anonymously."
@@ -82,4 +84,52 @@ pub fn validate_text(text: &str) -> Result<(), CommandError> {
 
 pub fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
+}
+
+/// Target resolution: custom name → agent id → `<type>-<port>` → type; first hit wins.
+pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecord, CommandError> {
+    let target = target.trim();
+    if target.is_empty() {
+        return Err(CommandError::bad("no target given"));
+    }
+    if let Some(agent) = agents.iter().find(|agent| agent.name.as_deref() == Some(target)) {
+        return Ok(agent.clone());
+    }
+    if let Some(agent) = agents.iter().find(|agent| agent.agent_id == target) {
+        return Ok(agent.clone());
+    }
+    if let Some(agent) = agents.iter().find(|agent| format!("{}-{}", agent.agent_type, agent.port) == target) {
+        return Ok(agent.clone());
+    }
+    let of_type: Vec<&AgentRecord> = agents.iter().filter(|agent| agent.agent_type == target).collect();
+    match of_type.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(CommandError::not_found(format!(
+            "No agent found matching '{target}'. Run 'synapse list' to see the running agents."
+        ))),
+        many => {
+            let ids: Vec<String> = many.iter().map(|agent| agent.agent_id.clone()).collect();
+            Err(CommandError::Ambiguous {
+                message: format!(
+                    "Ambiguous target '{target}'. Multiple agents found: {}. Use the agent id or name.",
+                    ids.join(", ")
+                ),
+                candidates: ids,
+            })
+        }
+    }
+}
+
+/// The id of the live agent `reference` names (id, name, type-port or type, as for a send's
+/// target), or `reference` itself when no live agent matches: a departed agent's id still names
+/// its records. Several agents of one type are ambiguous, as for a send.
+pub fn agent_id_of(view: &Projections<'_>, reference: &str) -> Result<String, DecideError> {
+    if view.agent(reference)?.is_some() {
+        return Ok(reference.to_string());
+    }
+    match resolve_target(&view.agents()?, reference) {
+        Ok(agent) => Ok(agent.agent_id),
+        Err(CommandError::NotFound { .. }) => Ok(reference.to_string()),
+        Err(error) => Err(error.into()),
+    }
 }

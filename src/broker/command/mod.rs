@@ -20,13 +20,14 @@ mod send;
 mod tasks;
 
 pub use agents::agent_id_for;
+pub use checks::{agent_id_of, resolve_target};
 pub use checks::{ambiguous_task, find_task, unique_task, validate_task_ref};
 pub use decision::{Answer, CommandError, Context, DecideError, Decision, Liveness, Outcome, SendOutcome};
 pub use requests::{
     Actor, IDEMPOTENCY_WINDOW_MS, MAX_MESSAGE_BYTES, RegisterRequest, ReplyRequest, SendRequest, UpdateTaskRequest,
     default_priority,
 };
-pub use send::{resolve_target, validate_priority};
+pub use send::validate_priority;
 
 use crate::event::{Event, Message};
 use crate::store::{Projections, StoreError};

@@ -1,7 +1,7 @@
 //! Sending a message and replying to one: target resolution, idempotent retries, the tasks,
 //! events and tickets of an exchange.
 
-use super::checks::{check_sender, find_task, new_id, validate_text};
+use super::checks::{agent_id_of, check_sender, find_task, new_id, resolve_target, validate_text};
 use super::decision::{Answer, CommandError, Context, DecideError, Decision, Liveness};
 use super::requests::{IDEMPOTENCY_WINDOW_MS, ReplyRequest, SendRequest};
 use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
@@ -28,40 +28,6 @@ fn resolve_live_target(view: &Projections<'_>, liveness: &Liveness, target: &str
     Ok(resolve_target(&agents, target)?)
 }
 
-/// Target resolution: custom name → agent id → `<type>-<port>` → type; first hit wins.
-pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecord, CommandError> {
-    let target = target.trim();
-    if target.is_empty() {
-        return Err(CommandError::bad("no target given"));
-    }
-    if let Some(agent) = agents.iter().find(|agent| agent.name.as_deref() == Some(target)) {
-        return Ok(agent.clone());
-    }
-    if let Some(agent) = agents.iter().find(|agent| agent.agent_id == target) {
-        return Ok(agent.clone());
-    }
-    if let Some(agent) = agents.iter().find(|agent| format!("{}-{}", agent.agent_type, agent.port) == target) {
-        return Ok(agent.clone());
-    }
-    let of_type: Vec<&AgentRecord> = agents.iter().filter(|agent| agent.agent_type == target).collect();
-    match of_type.as_slice() {
-        [one] => Ok((*one).clone()),
-        [] => Err(CommandError::not_found(format!(
-            "No agent found matching '{target}'. Run 'synapse list' to see the running agents."
-        ))),
-        many => {
-            let ids: Vec<String> = many.iter().map(|agent| agent.agent_id.clone()).collect();
-            Err(CommandError::Ambiguous {
-                message: format!(
-                    "Ambiguous target '{target}'. Multiple agents found: {}. Use the agent id or name.",
-                    ids.join(", ")
-                ),
-                candidates: ids,
-            })
-        }
-    }
-}
-
 pub fn validate_priority(priority: u8) -> Result<(), CommandError> {
     if !(1..=5).contains(&priority) {
         return Err(CommandError::bad(format!("priority must be between 1 and 5 (got {priority})")));
@@ -73,13 +39,19 @@ pub fn validate_priority(priority: u8) -> Result<(), CommandError> {
 /// `request.from`'s answer (the newest request of that sender), or to the only one waiting,
 /// answering the task it waits on (its own task, or else the replier's received task).
 pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<SendRequest, DecideError> {
-    let targets = view.reply_targets(&request.from)?;
+    // `--from` and `--to` take a name as well as an id (or a type-port, or a type).
+    let from = agent_id_of(view, &request.from)?;
+    let targets = view.reply_targets(&from)?;
     let senders = || targets.iter().map(|target| target.sender_id.clone()).collect::<Vec<_>>();
     let target = match &request.to {
-        Some(to) => targets.iter().rev().find(|target| &target.sender_id == to).ok_or_else(|| {
-            let pending = if targets.is_empty() { "none".to_string() } else { senders().join(", ") };
-            CommandError::not_found(format!("No reply target from '{to}'. Pending: {pending}"))
-        })?,
+        Some(to) => {
+            let to =
+                if targets.iter().any(|target| &target.sender_id == to) { to.clone() } else { agent_id_of(view, to)? };
+            targets.iter().rev().find(|target| target.sender_id == to).ok_or_else(|| {
+                let pending = if targets.is_empty() { "none".to_string() } else { senders().join(", ") };
+                CommandError::not_found(format!("No reply target from '{to}'. Pending: {pending}"))
+            })?
+        }
         None => match targets.as_slice() {
             [] => return Err(CommandError::not_found("No reply target. No pending messages to reply to.").into()),
             [one] => one,
@@ -97,7 +69,7 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
     };
     Ok(SendRequest {
         to: target.sender_id.clone(),
-        from: Some(request.from.clone()),
+        from: Some(from),
         secret: request.secret.clone(),
         text: request.text.clone(),
         priority: super::requests::default_priority(),
