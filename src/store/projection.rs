@@ -366,33 +366,17 @@ impl<'txn> Projections<'txn> {
 
     /// Drops every ticket of `agent_id`.
     fn remove_inbox(&mut self, agent_id: &str) -> Result<(), StoreError> {
-        let low = (agent_id.to_string(), 0u8, 0u64);
-        let high = (agent_id.to_string(), u8::MAX, u64::MAX);
-        match self.replay.as_mut() {
-            Some(cache) => {
-                let keys: Vec<_> = cache.inbox.range(low..=high).map(|(key, _)| key.clone()).collect();
-                for key in keys {
-                    cache.inbox.remove(&key);
-                }
-            }
-            None => {
-                let mut keys = Vec::new();
-                for row in self.inbox.range((agent_id, 0u8, 0u64)..=(agent_id, u8::MAX, u64::MAX))? {
-                    let (key, _) = row?;
-                    let (_, rank, ticket) = key.value();
-                    keys.push((rank, ticket));
-                }
-                for (rank, ticket) in keys {
-                    self.inbox.remove((agent_id, rank, ticket))?;
-                }
-            }
-        }
-        Ok(())
+        self.remove_tickets_where(agent_id, |_| true)
     }
 
     /// Drops the queued tickets of `agent_id` that would write `task_id` (a canceled message
     /// must never reach the terminal).
     fn remove_tickets_of_task(&mut self, agent_id: &str, task_id: &str) -> Result<(), StoreError> {
+        self.remove_tickets_where(agent_id, |ticket| ticket.task_id == task_id)
+    }
+
+    /// Drops the tickets of `agent_id` that `doomed` picks.
+    fn remove_tickets_where(&mut self, agent_id: &str, doomed: impl Fn(&Ticket) -> bool) -> Result<(), StoreError> {
         match self.replay.as_mut() {
             Some(cache) => {
                 let low = (agent_id.to_string(), 0u8, 0u64);
@@ -400,7 +384,7 @@ impl<'txn> Projections<'txn> {
                 let keys: Vec<_> = cache
                     .inbox
                     .range(low..=high)
-                    .filter(|(_, ticket)| ticket.task_id == task_id)
+                    .filter(|(_, ticket)| doomed(ticket))
                     .map(|(key, _)| key.clone())
                     .collect();
                 for key in keys {
@@ -412,7 +396,7 @@ impl<'txn> Projections<'txn> {
                 for row in self.inbox.range((agent_id, 0u8, 0u64)..=(agent_id, u8::MAX, u64::MAX))? {
                     let (key, value) = row?;
                     let ticket: Ticket = records::decode(value.value())?;
-                    if ticket.task_id == task_id {
+                    if doomed(&ticket) {
                         let (_, rank, number) = key.value();
                         keys.push((rank, number));
                     }
