@@ -252,6 +252,33 @@ fn priority_five_interrupts_a_busy_cli_then_writes_once_it_is_back_at_its_prompt
     assert!(!screen.contains("Auto-reply"), "the question was abandoned: {screen}");
 }
 
+/// Issue 14: with messages queued for a busy agent, a priority-5 message waited until the agent
+/// was READY again. It interrupts at once and is written before the backlog.
+#[test]
+fn priority_five_jumps_a_backlog_and_interrupts_at_once() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let bob =
+        start(&home, "bob", &[("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")], None);
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
+    home.ok(&["send", "bob", "a long question", "--response"]);
+    follower.wait_until("bob busy with the question", |events| {
+        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == id(&bob).as_str())
+            && status_is(events, &id(&bob), "PROCESSING")
+    });
+    for number in 1..=3 {
+        home.ok(&["send", "bob", &format!("queued-{number}"), "--no-response"]);
+    }
+    home.ok(&["send", "bob", "URGENT stop", "--no-response", "-p", "5"]);
+    follower.wait_until("every message written", |events| settled_all(events, &id(&bob), 5));
+    let screen = terminal(&bob);
+    let interrupted = screen.find("[DUMMY] Interrupted while answering").expect(&screen);
+    let urgent = screen.find("URGENT stop").expect(&screen);
+    let first_queued = screen.find("queued-1").expect(&screen);
+    assert!(interrupted < urgent && urgent < first_queued, "the urgent message first: {screen}");
+}
+
 #[test]
 fn priority_five_does_not_interrupt_an_idle_cli() {
     let home = Home::new();
@@ -779,6 +806,7 @@ fn a_registration_with_an_unusable_port_range_is_refused_with_a_clear_error() {
     let expected = format!("port_range [{low}, {high}] is not usable");
     assert!(stderr(&output).contains(&expected), "{}", describe(&output));
     assert!(stderr(&output).contains("1 <= low <= high"), "{}", describe(&output));
+    assert_eq!(stderr(&output).matches("Error: ").count(), 1, "labelled once: {}", describe(&output));
     let pid = std::process::id();
     for range in [json!([0, 10]), json!([2000, 1999]), json!([2000, 3000])] {
         let body = json!({"agent_type": "custom", "pid": pid, "port_range": range}).to_string();

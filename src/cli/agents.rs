@@ -99,7 +99,9 @@ pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) 
             let _ = file.seek(std::io::SeekFrom::Start(start_of_log));
             let _ = file.read_to_string(&mut text);
         }
-        bail!("the {profile_name} agent did not start: {}", text.trim());
+        // The wrapper's own last words already carry main's "Error: " label: said once.
+        let text = text.trim();
+        bail!("the {profile_name} agent did not start: {}", text.strip_prefix("Error: ").unwrap_or(text));
     };
     // The wrapper runs on by itself (own process group); it is reaped by init.
     std::mem::forget(child);
