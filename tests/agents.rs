@@ -793,6 +793,28 @@ fn a_custom_profile_started_without_a_port_registers_on_a_port_of_its_own_range(
     assert_eq!(status, 200, "the agent is served on its port: {card}");
 }
 
+/// Issue 14: with every port of its range busy (or a type with no range at all), an agent got
+/// "All ports of the ... range are taken"; it now starts on a port the system chooses.
+#[test]
+fn a_full_port_range_or_none_falls_back_to_a_system_chosen_port() {
+    let home = Home::new();
+    let (low, high) = free_port_range(2);
+    let _held: Vec<std::net::TcpListener> =
+        (low..=high).map(|port| std::net::TcpListener::bind(("127.0.0.1", port)).unwrap()).collect();
+    write_dummy_profile(&home, "crowded", json!([low, high]));
+    let output = home.cmd(&["start", "crowded", "--json"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let agent: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _wrappers = Wrappers(&home, vec![id(&agent)]);
+    let port = u16::try_from(agent["port"].as_u64().unwrap()).unwrap();
+    assert!(!(low..=high).contains(&port) && port != 0, "port {port}: {agent}");
+
+    let body = json!({"agent_type": "rangeless", "pid": std::process::id()}).to_string();
+    let (status, registered) = home.http("POST", "/agents", Some(body.as_bytes()), &[]);
+    assert_eq!(status, 200, "{registered}");
+    assert!(registered["agent"]["port"].as_u64().unwrap() > 0, "{registered}");
+}
+
 /// A port range that is empty, starts at 0 or spans more than 1000 ports is refused with a
 /// 400 that names it, whether it comes from a profile or straight from the API.
 #[test]

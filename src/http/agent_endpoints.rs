@@ -55,16 +55,13 @@ pub async fn register(
         Some(range) => Some(checked_port_range(range)?),
         None => port_range(&body.agent_type),
     };
+    // No port asked for: the range's ports in turn, then any free port the system chooses, so
+    // a full range (or a type without one) never stops an agent from starting (issue 14).
     let candidates: Vec<u16> = match body.port {
         Some(port) => vec![port],
         None => match range {
-            Some((low, high)) => (low..=high).collect(),
-            None => {
-                return Err(CommandError::bad(format!(
-                    "Unknown agent type '{}' has no port range: pass a port (0 lets the system choose)",
-                    body.agent_type
-                )));
-            }
+            Some((low, high)) => (low..=high).chain(std::iter::once(0)).collect(),
+            None => vec![0],
         },
     };
     let taken: Vec<u16> = state

@@ -761,7 +761,11 @@ impl<'txn> Projections<'txn> {
         );
         // The index follows the row in the same transaction: drop the rows the old row had and
         // the new one has not, add the new ones.
-        let old_rows = self.task_row(&task.id)?.as_ref().map(task_index_rows).unwrap_or_default();
+        // (During a replay the old row is looked at in place, not cloned for every change.)
+        let old_rows = match &self.replay {
+            Some(cache) => cache.tasks.get(&task.id).map(task_index_rows).unwrap_or_default(),
+            None => self.task_row(&task.id)?.as_ref().map(task_index_rows).unwrap_or_default(),
+        };
         let new_rows = task_index_rows(task);
         match self.replay.as_mut() {
             Some(cache) => {
