@@ -64,33 +64,3 @@ impl Paths {
         self.home.join("broker.json")
     }
 }
-
-/// Why the broker cannot write, and since when.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct WriteFailure {
-    pub reason: String,
-    /// When the first of the failures in a row happened (ms since the epoch).
-    pub since_ms: u64,
-}
-
-/// Information a running broker publishes about itself.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct BrokerInfo {
-    pub pid: u32,
-    pub version: String,
-    pub schema: u32,
-    pub home: String,
-    pub socket: String,
-    pub port: u16,
-    pub head: u64,
-    /// False while the broker cannot store (its last write failed and none has succeeded since).
-    #[serde(default = "is_true")]
-    pub healthy: bool,
-    /// Why it cannot store, and since when (absent when healthy).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_failure: Option<WriteFailure>,
-}
-
-fn is_true() -> bool {
-    true
-}

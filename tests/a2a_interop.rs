@@ -94,18 +94,7 @@ fn the_official_a2a_python_client_talks_to_a_dummy_agent_and_to_the_scenario_age
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|error| panic!("cannot run {}: {error}", python.display()));
-    let pid = child.id();
-    let (sender, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = sender.send(child.wait_with_output());
-    });
-    let output = match finished.recv_timeout(SCRIPT_DEADLINE) {
-        Ok(output) => output.unwrap(),
-        Err(_) => {
-            kill(pid, libc::SIGKILL);
-            panic!("the interoperability script did not finish within {SCRIPT_DEADLINE:?}");
-        }
-    };
+    let output = output_within(child, SCRIPT_DEADLINE, "the interoperability script");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success() && stdout.contains("A2A INTEROP OK"),

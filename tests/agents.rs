@@ -227,20 +227,25 @@ fn messages_sent_while_the_target_is_processing_wait_and_arrive_by_priority_then
     assert_eq!(said, ["hard", "m4", "m1", "m2", "m3"], "{}", terminal(&bob));
 }
 
-#[test]
-fn priority_five_interrupts_a_busy_cli_then_writes_once_it_is_back_at_its_prompt() {
-    let home = Home::new();
-    let mut follower = Follower::new(&home);
-    // bob stays busy (no prompt) for a minute on every question.
-    let bob =
-        start(&home, "bob", &[("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")], None);
-    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+/// bob, a dummy that stays busy (no prompt) for a minute on every question, started and busy
+/// with one. The wrappers are stopped when the returned guard is dropped.
+fn busy_bob<'a>(home: &'a Home, follower: &mut Follower) -> (Value, Wrappers<'a>) {
+    let bob = start(home, "bob", &[("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")], None);
+    let wrappers = Wrappers(home, vec![id(&bob)]);
     follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
     home.ok(&["send", "bob", "a long question", "--response"]);
     follower.wait_until("bob busy with the question", |events| {
         events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == id(&bob).as_str())
             && status_is(events, &id(&bob), "PROCESSING")
     });
+    (bob, wrappers)
+}
+
+#[test]
+fn priority_five_interrupts_a_busy_cli_then_writes_once_it_is_back_at_its_prompt() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (bob, _wrappers) = busy_bob(&home, &mut follower);
     home.ok(&["send", "bob", "URGENT stop", "--no-response", "-p", "5"]);
     follower.wait_until("the urgent message written", |events| settled(events, &id(&bob)));
     let screen = terminal(&bob);
@@ -258,15 +263,7 @@ fn priority_five_interrupts_a_busy_cli_then_writes_once_it_is_back_at_its_prompt
 fn priority_five_jumps_a_backlog_and_interrupts_at_once() {
     let home = Home::new();
     let mut follower = Follower::new(&home);
-    let bob =
-        start(&home, "bob", &[("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")], None);
-    let _wrappers = Wrappers(&home, vec![id(&bob)]);
-    follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
-    home.ok(&["send", "bob", "a long question", "--response"]);
-    follower.wait_until("bob busy with the question", |events| {
-        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == id(&bob).as_str())
-            && status_is(events, &id(&bob), "PROCESSING")
-    });
+    let (bob, _wrappers) = busy_bob(&home, &mut follower);
     for number in 1..=3 {
         home.ok(&["send", "bob", &format!("queued-{number}"), "--no-response"]);
     }

@@ -131,18 +131,7 @@ fn the_official_mcp_python_client_sends_waits_replies_and_is_refused_clearly_thr
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|error| panic!("cannot run {}: {error}", python.display()));
-    let pid = child.id();
-    let (sender, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = sender.send(child.wait_with_output());
-    });
-    let output = match finished.recv_timeout(SCRIPT_DEADLINE) {
-        Ok(output) => output.unwrap(),
-        Err(_) => {
-            kill(pid, libc::SIGKILL);
-            panic!("the MCP client script did not finish within {SCRIPT_DEADLINE:?}");
-        }
-    };
+    let output = output_within(child, SCRIPT_DEADLINE, "the MCP client script");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success() && stdout.contains("MCP CLIENT OK"),

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// `GET /broker/health`: who the broker is and whether it can store (answered with 503 and
+/// `GET /broker/health` (and `broker.json` in the home): who the broker is and whether it can store (answered with 503 and
 /// the same body while it cannot).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BrokerInfo {

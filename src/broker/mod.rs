@@ -17,7 +17,8 @@ pub mod tail;
 pub mod webhooks;
 pub mod writer;
 
-use crate::config::{BrokerInfo, Paths};
+use crate::api::BrokerInfo;
+use crate::config::Paths;
 use crate::event::SCHEMA_VERSION;
 use crate::store::Store;
 use anyhow::Context;

@@ -22,7 +22,7 @@
 //! another, never waits.
 
 use super::command::{self, Command, CommandError, Context, DecideError, Liveness, LivenessNeeded, Outcome};
-use crate::config::WriteFailure;
+use crate::api::WriteFailure;
 use crate::store::{RebuildReport, Store, StoreError, VerifyReport};
 use crate::time::now_ms;
 use std::sync::Arc;

@@ -203,7 +203,7 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Sender> {
             // process (another home's broker, an agent): only a live broker's port is tried.
             let port = std::fs::read(paths.broker_info())
                 .ok()
-                .and_then(|bytes| serde_json::from_slice::<crate::config::BrokerInfo>(&bytes).ok())
+                .and_then(|bytes| serde_json::from_slice::<BrokerInfo>(&bytes).ok())
                 .filter(|info| info.port != 0 && crate::process::is_pid_alive(info.pid))
                 .map(|info| info.port);
             match port {

@@ -176,20 +176,3 @@ pub fn reply_target(target: &ReplyTarget) -> api::ReplyTarget {
         preview: target.preview.clone(),
     }
 }
-
-/// The broker's identity, as the health answer shows it.
-pub fn broker_info(info: crate::config::BrokerInfo) -> api::BrokerInfo {
-    api::BrokerInfo {
-        pid: info.pid,
-        version: info.version,
-        schema: info.schema,
-        home: info.home,
-        socket: info.socket,
-        port: info.port,
-        head: info.head,
-        healthy: info.healthy,
-        write_failure: info
-            .write_failure
-            .map(|failure| api::WriteFailure { reason: failure.reason, since_ms: failure.since_ms }),
-    }
-}

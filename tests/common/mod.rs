@@ -266,3 +266,20 @@ pub fn http_tcp(port: u16, method: &str, path: &str, body: Option<&[u8]>, header
     read_response(stream)
 }
 pub mod clis;
+
+/// Waits for `child`'s output, killing it (SIGKILL) and failing the test when it runs past
+/// `deadline`: a hung client script must not hang the suite.
+pub fn output_within(child: std::process::Child, deadline: std::time::Duration, what: &str) -> Output {
+    let pid = child.id();
+    let (sender, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match finished.recv_timeout(deadline) {
+        Ok(output) => output.unwrap(),
+        Err(_) => {
+            kill(pid, libc::SIGKILL);
+            panic!("{what} did not finish within {deadline:?}");
+        }
+    }
+}
