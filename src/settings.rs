@@ -33,7 +33,7 @@ pub struct Settings {
 /// The keys Synapse reads, at the top and inside each section. Keys starting with `_` are
 /// comments (JSON has none).
 const KNOWN_KEYS: &[(&str, &[&str])] =
-    &[("env", &[]), ("instructions", &[]), ("a2a", &["flow"]), ("file_safety", &["enabled"])];
+    &[("env", &[]), ("instructions", &[]), ("a2a", &["flow"]), ("file_safety", &["enabled"]), ("mcp", &[])];
 
 /// The keys of one settings file that Synapse does not read.
 fn unknown_keys(path: &Path, value: &Value) -> Vec<String> {
@@ -82,6 +82,7 @@ pub fn defaults() -> Value {
         "env": {},
         "instructions": [],
         "a2a": {"flow": "auto"},
+        "mcp": true,
     })
 }
 
@@ -128,6 +129,7 @@ impl Settings {
         let settings = Settings { merged, sources, warnings };
         settings.flow()?;
         settings.env()?;
+        settings.mcp()?;
         Ok(settings)
     }
 
@@ -154,6 +156,15 @@ impl Settings {
                 other => bail!("a2a.flow '{other}' in {} must be roundtrip, oneway or auto", self.origin()),
             },
             Some(other) => bail!("a2a.flow in {} must be a string, not {other}", self.origin()),
+        }
+    }
+
+    /// Whether agents get Synapse's MCP server in their CLI (`mcp`, default true).
+    pub fn mcp(&self) -> anyhow::Result<bool> {
+        match self.merged.get("mcp") {
+            None | Some(Value::Null) => Ok(true),
+            Some(Value::Bool(on)) => Ok(*on),
+            Some(other) => bail!("mcp in {} must be true or false, not {other}", self.origin()),
         }
     }
 
@@ -237,6 +248,13 @@ pub fn template() -> Value {
         "a2a".into(),
         serde_json::json!({"_comment": "flow: roundtrip (expect a reply and wait), oneway (no reply), auto (expect a reply, do not wait)", "flow": "auto"}),
     );
+    map.insert(
+        "_comment_mcp".into(),
+        Value::String(
+            "mcp: true gives each agent's CLI Synapse's tools (send, reply, ...) over MCP for its session only; false (or synapse start --no-mcp) leaves the CLI as it is".into(),
+        ),
+    );
+    map.insert("mcp".into(), Value::Bool(true));
     Value::Object(map)
 }
 
@@ -259,6 +277,12 @@ mod tests {
         env.sort();
         assert_eq!(env, vec![("A".into(), "user".into()), ("B".into(), "project".into())]);
         assert_eq!(settings.sources.len(), 3);
+        assert!(settings.mcp().unwrap(), "on by default");
+        std::fs::write(project.path().join(".synapse/settings.json"), r#"{"mcp": false}"#).unwrap();
+        assert!(!Settings::load(home.path(), project.path()).unwrap().mcp().unwrap());
+        std::fs::write(project.path().join(".synapse/settings.json"), r#"{"mcp": "yes"}"#).unwrap();
+        let error = Settings::load(home.path(), project.path()).unwrap_err().to_string();
+        assert!(error.contains("mcp in") && error.contains("true or false"), "{error}");
     }
 
     #[test]

@@ -50,7 +50,7 @@ struct World {
 
 impl World {
     fn new() -> Arc<World> {
-        let home = Home::new();
+        let home = Home::new_in(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("real-clis"));
         let model = ScriptedModel::start(Some(&home.dir.path().join("model.jsonl")));
         Arc::new(World { home, model })
     }
@@ -91,6 +91,11 @@ impl Session {
     }
 
     fn start_in(world: Arc<World>, cli: &'static str, name: &str) -> Session {
+        Session::start_with(world, cli, name, &[])
+    }
+
+    /// [`Session::start_in`] with more flags for `synapse <cli>` (`--no-mcp`).
+    fn start_with(world: Arc<World>, cli: &'static str, name: &str, flags: &[&str]) -> Session {
         let (home, model) = (&world.home, &world.model);
         let cli_home = home.dir.path().join(format!("{name}-home"));
         let work = home.dir.path().join(format!("{name}-work"));
@@ -99,6 +104,7 @@ impl Session {
             native_pty_system().openpty(PtySize { rows: 40, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
         let mut command = CommandBuilder::new(BIN);
         command.args([cli, "--name", name]);
+        command.args(flags);
         // The profile passes its own arguments (Codex: --no-daemon); the set-up's follow `--`.
         if !setup.args.is_empty() {
             command.arg("--");
@@ -282,6 +288,28 @@ fn round_trip(cli: &'static str) {
     let answer = session.send(&["[q] what is 2+2", "--response", "--wait", "60"]);
     assert_eq!(answer.lines().last().map(str::trim), Some("4"), "{answer}\n{}", session.describe());
     assert_eq!(session.reached_model("what is 2+2"), 1, "{}", session.describe());
+    // The model answered with the Synapse MCP tool the CLI was given at start (not its shell),
+    // and no permission dialog stopped it (the answer came back). Gemini reads its per-session
+    // settings only where root owns every directory above them: elsewhere it says so at start
+    // and the answer goes through the shell.
+    let calls: Vec<String> = session
+        .world
+        .model
+        .requests()
+        .iter()
+        .filter_map(|request| request["tool"].as_str().map(str::to_string))
+        .collect();
+    let refused = cli == "gemini"
+        && synapse::agent::mcp_wiring::gemini_refuses(&session.world.home.home().join("agents")).is_some();
+    if refused {
+        assert!(calls.iter().any(|tool| tool == "run_shell_command"), "{calls:?}\n{}", session.describe());
+    } else {
+        assert!(
+            calls.iter().any(|tool| tool.contains("synapse") && tool.ends_with("reply") || tool == "reply"),
+            "no call of the MCP reply tool: {calls:?}\n{}",
+            session.describe()
+        );
+    }
 }
 
 /// The model asks to run a command the CLI does not allow by itself: the permission dialog makes
@@ -411,9 +439,10 @@ fn claude_asks_codex_and_the_reply_comes_back_into_claudes_terminal() {
     assert_eq!(codex.reached_model(&format!(":{}:R] [q] what is 2+2", claude.agent_id)), 1, "{}", codex.describe());
 }
 
-/// Two Codex agents side by side each answer through their own shell tool as themselves: a
-/// `synapse reply` run with the other's identity would find no question to answer (REAL_CLIS.md:
-/// Codex's shared app-server once ran one agent's commands with the other's environment).
+/// Two Codex agents side by side each answer as themselves, one through the Synapse MCP tool it
+/// was given, one (`--no-mcp`) through its own shell tool: a `synapse reply` run with the other's
+/// identity would find no question to answer (REAL_CLIS.md: Codex's shared app-server once ran
+/// one agent's commands with the other's environment).
 #[test]
 fn two_codex_agents_answer_each_as_itself() {
     if installed("codex").is_none() {
@@ -421,7 +450,7 @@ fn two_codex_agents_answer_each_as_itself() {
     }
     let world = World::new();
     let one = Session::start_in(world.clone(), "codex", "one");
-    let two = Session::start_in(world.clone(), "codex", "two");
+    let two = Session::start_with(world.clone(), "codex", "two", &["--no-mcp"]);
     one.wait_status("READY");
     two.wait_status("READY");
     for session in [&one, &two] {
@@ -436,4 +465,8 @@ fn two_codex_agents_answer_each_as_itself() {
         .filter_map(|event| event["actor"].as_str().map(str::to_string))
         .collect();
     assert_eq!(replies, [one.agent_id.clone(), two.agent_id.clone()], "each replied as itself");
+    let calls: Vec<String> =
+        world.model.requests().iter().filter_map(|request| request["tool"].as_str().map(str::to_string)).collect();
+    assert_eq!(calls, ["mcp__synapse::reply", "exec_command"], "one by its MCP tool, two (--no-mcp) by its shell");
+    assert!(!world.home.home().join("agents").join(&two.agent_id).exists(), "--no-mcp writes no MCP registration");
 }

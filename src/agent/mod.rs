@@ -3,6 +3,7 @@
 
 pub mod dummy;
 pub mod input;
+pub mod mcp_wiring;
 pub mod profile;
 pub mod readiness;
 pub mod scenario;

@@ -4,6 +4,7 @@
 //! `$SYNAPSE_HOME/profiles/<name>.json` overrides any field of a built-in profile or defines a
 //! new one.
 
+use super::mcp_wiring::McpStyle;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -106,6 +107,10 @@ pub struct Profile {
     /// this try (the message stays queued and the agent's status says why).
     #[serde(default = "default_interrupt_timeout_ms")]
     pub interrupt_timeout_ms: u64,
+    /// How the CLI takes Synapse's MCP server for one session (`claude`, `codex`, `gemini`,
+    /// `opencode`, `copilot`); none: it gets no server.
+    #[serde(default)]
+    pub mcp: Option<McpStyle>,
 }
 
 fn default_interrupt_timeout_ms() -> u64 {
@@ -192,6 +197,13 @@ pub fn builtin(name: &str) -> Option<Profile> {
         idle,
         interrupt,
         interrupt_timeout_ms: default_interrupt_timeout_ms(),
+        mcp: Some(match name {
+            "claude" => McpStyle::Claude,
+            "codex" => McpStyle::Codex,
+            "gemini" => McpStyle::Gemini,
+            "opencode" => McpStyle::Opencode,
+            _ => McpStyle::Copilot,
+        }),
     };
     let esc_twice = || InterruptStyle::Keys(vec!["esc".into(), "esc".into()]);
     Some(match name {
@@ -237,6 +249,7 @@ pub fn builtin(name: &str) -> Option<Profile> {
             },
             interrupt: InterruptStyle::Signal,
             interrupt_timeout_ms: default_interrupt_timeout_ms(),
+            mcp: None,
         },
         _ => return None,
     })

@@ -50,6 +50,7 @@ pub fn run_profile(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Resu
             name: args.common.name,
             role: args.common.role,
             tool_args: args.common.tool_args,
+            no_mcp: args.common.no_mcp,
             headless: args.headless,
             announce: args.announce,
         },
@@ -76,6 +77,9 @@ pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) 
     }
     if let Some(role) = &args.common.role {
         command.args(["--role", role]);
+    }
+    if args.common.no_mcp {
+        command.arg("--no-mcp");
     }
     if !args.common.tool_args.is_empty() {
         command.arg("--").args(&args.common.tool_args);

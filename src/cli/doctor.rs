@@ -116,7 +116,8 @@ fn settings(paths: &Paths) -> Vec<Check> {
     let mut checks = Vec::new();
     match crate::settings::Settings::load_current(&paths.home) {
         Ok(settings) if settings.sources.is_empty() => {
-            checks.push(check(Level::Ok, "settings", "built-in defaults (no settings file; synapse init writes one)"))
+            checks.push(check(Level::Ok, "settings", "built-in defaults (no settings file; synapse init writes one)"));
+            checks.push(mcp_check(paths, settings.mcp()));
         }
         Ok(settings) => {
             let files: Vec<String> = settings.sources.iter().map(|file| file.display().to_string()).collect();
@@ -128,6 +129,7 @@ fn settings(paths: &Paths) -> Vec<Check> {
                 Ok(flow) => checks.push(check(Level::Ok, "a2a.flow", format!("{flow:?}").to_lowercase())),
                 Err(error) => checks.push(check(Level::Fail, "a2a.flow", error.to_string())),
             }
+            checks.push(mcp_check(paths, settings.mcp()));
         }
         Err(error) => checks.push(check(Level::Fail, "settings", format!("{error:#}"))),
     }
@@ -149,6 +151,26 @@ fn settings(paths: &Paths) -> Vec<Check> {
         Err(error) => checks.push(check(Level::Fail, "security", format!("{error:#}"))),
     }
     checks
+}
+
+/// Whether agents get the Synapse MCP tools, and where one CLI cannot take them.
+fn mcp_check(paths: &Paths, setting: anyhow::Result<bool>) -> Check {
+    match setting {
+        Err(error) => check(Level::Fail, "mcp", error.to_string()),
+        Ok(false) => check(Level::Ok, "mcp", "off: agents answer with `synapse reply` through their shell"),
+        Ok(true) => match crate::agent::mcp_wiring::gemini_refuses(&paths.home) {
+            None => {
+                check(Level::Ok, "mcp", "on: each CLI gets the synapse tools for its session (--no-mcp turns it off)")
+            }
+            Some(reason) => check(
+                Level::Warn,
+                "mcp",
+                format!(
+                    "on, except for gemini: it reads a per-session settings file only where root owns every directory above it ({reason}); gemini agents answer through their shell"
+                ),
+            ),
+        },
+    }
 }
 
 /// Each built-in profile: its CLI on PATH (with its version) and free ports in its range.

@@ -219,6 +219,9 @@ pub struct StartArgs {
     /// A role shown in `synapse list`
     #[arg(long)]
     pub role: Option<String>,
+    /// Do not give the CLI Synapse's MCP tools for this session (the `mcp` setting, default on)
+    #[arg(long)]
+    pub no_mcp: bool,
     /// Arguments for the CLI itself, after `--`
     #[arg(last = true)]
     pub tool_args: Vec<String>,

@@ -130,6 +130,7 @@ pub async fn count_tokens(State(state): State<SharedState>, body: Bytes) -> Json
         has_tools: !tools_of(&body).is_empty(),
         last_user_text: turn.new_user_text(),
         action: "count_tokens",
+        tool: None,
         body: &body,
     });
     Json(json!({"input_tokens": token_estimate(&body)}))

@@ -127,6 +127,7 @@ pub async fn models(State(state): State<SharedState>, uri: Uri) -> Json<Value> {
         has_tools: false,
         last_user_text: None,
         action: "models",
+        tool: None,
         body: &Value::Null,
     });
     Json(json!({"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "synapse"}]}))

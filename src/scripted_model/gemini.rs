@@ -72,6 +72,7 @@ pub async fn model_action(
         has_tools: !tools.is_empty(),
         last_user_text: turn.new_user_text(),
         action: "count_tokens",
+        tool: None,
         body: &body,
     };
     if method == "countTokens" {
@@ -90,6 +91,9 @@ pub async fn model_action(
     }
     let action = script::decide(&turn, &tools);
     entry.action = action.label();
+    if let Action::ToolCall { tool, .. } = &action {
+        entry.tool = Some(tool.clone());
+    }
     state.recorder.push(entry);
     let action = match action {
         Action::Internal => {

@@ -114,6 +114,7 @@ async fn unknown(State(state): State<SharedState>, method: axum::http::Method, u
         has_tools: false,
         last_user_text: None,
         action: "not_found",
+        tool: None,
         body: &body,
     });
     tracing::info!("scripted model: unknown request {method} {uri}");
@@ -217,6 +218,10 @@ pub fn decide_and_record(
         has_tools: !tools.is_empty(),
         last_user_text: turn.new_user_text(),
         action: action.label(),
+        tool: match &action {
+            script::Action::ToolCall { tool, .. } => Some(tool.clone()),
+            _ => None,
+        },
         body,
     });
     match action {

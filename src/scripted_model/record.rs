@@ -26,6 +26,8 @@ pub struct Entry<'a> {
     pub last_user_text: Option<String>,
     /// What the script answered ([`super::script::Action::label`], or `count_tokens`, ...).
     pub action: &'static str,
+    /// The tool called, for a tool call.
+    pub tool: Option<String>,
     pub body: &'a Value,
 }
 
@@ -65,6 +67,7 @@ impl Recorder {
             "internal": internal,
             "last_user_text": entry.last_user_text,
             "action": entry.action,
+            "tool": entry.tool,
             "body": capped(entry.body),
         });
         let mut inner = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -130,6 +133,7 @@ mod tests {
                 has_tools: true,
                 last_user_text: Some("hi".into()),
                 action: "text",
+                tool: None,
                 body: &body,
             });
         }

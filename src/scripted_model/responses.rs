@@ -37,18 +37,33 @@ pub fn turn_of(body: &Value) -> Turn {
     Turn { last_user_text, is_after_tool_result }
 }
 
-/// The tools a Responses request offers (function tools, or any with a name).
+/// Between a namespace and a tool's name in [`Tool::name`]: Codex groups an MCP server's tools
+/// in a `namespace` tool (`mcp__synapse` holding `reply`, ...), called by name and namespace.
+pub const NAMESPACE_SEPARATOR: &str = "::";
+
+/// The tools a Responses request offers (function tools, or any with a name); a namespace's tools
+/// as `<namespace>::<tool>`.
 pub fn tools_of(body: &Value) -> Vec<Tool> {
-    body.get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|tool| {
-            let name = tool.get("name").or_else(|| tool.pointer("/function/name"))?.as_str()?.to_string();
-            let schema = tool.get("parameters").or_else(|| tool.pointer("/function/parameters")).cloned();
-            Some(Tool { name, schema: schema.unwrap_or(Value::Null) })
-        })
-        .collect()
+    let mut tools = Vec::new();
+    for tool in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
+        let Some(name) = tool.get("name").or_else(|| tool.pointer("/function/name")).and_then(Value::as_str) else {
+            continue;
+        };
+        if tool.get("type").and_then(Value::as_str) == Some("namespace") {
+            for member in tool.get("tools").and_then(Value::as_array).into_iter().flatten() {
+                if let Some(member_name) = member.get("name").and_then(Value::as_str) {
+                    tools.push(Tool {
+                        name: format!("{name}{NAMESPACE_SEPARATOR}{member_name}"),
+                        schema: member.get("parameters").cloned().unwrap_or(Value::Null),
+                    });
+                }
+            }
+            continue;
+        }
+        let schema = tool.get("parameters").or_else(|| tool.pointer("/function/parameters")).cloned();
+        tools.push(Tool { name: name.to_string(), schema: schema.unwrap_or(Value::Null) });
+    }
+    tools
 }
 
 /// `POST /v1/responses`.
@@ -136,13 +151,29 @@ fn message_item(id: &str, text: &str) -> Value {
 }
 
 fn function_call_item(tool: &str, arguments: &Value) -> Value {
-    json!({"type": "function_call", "id": new_id("fc_"), "call_id": new_id("call_"), "name": tool,
-        "arguments": arguments.to_string(), "status": "completed"})
+    let mut item = json!({"type": "function_call", "id": new_id("fc_"), "call_id": new_id("call_"), "name": tool,
+        "arguments": arguments.to_string(), "status": "completed"});
+    if let Some((namespace, name)) = tool.split_once(NAMESPACE_SEPARATOR) {
+        item["name"] = json!(name);
+        item["namespace"] = json!(namespace);
+    }
+    item
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_namespaced_tool_is_offered_and_called_with_its_namespace() {
+        let body = json!({"tools": [{"type": "function", "name": "exec_command", "parameters": {}},
+            {"type": "namespace", "name": "mcp__synapse", "tools": [{"type": "function", "name": "reply", "parameters": {"type": "object"}}]}]});
+        let names: Vec<String> = tools_of(&body).into_iter().map(|tool| tool.name).collect();
+        assert_eq!(names, ["exec_command", "mcp__synapse::reply"]);
+        let item = function_call_item("mcp__synapse::reply", &json!({"message": "4"}));
+        assert_eq!((item["name"].as_str(), item["namespace"].as_str()), (Some("reply"), Some("mcp__synapse")));
+        assert_eq!(function_call_item("exec_command", &json!({}))["namespace"], Value::Null);
+    }
 
     #[test]
     fn function_call_output_is_a_tool_result_and_context_is_skipped() {

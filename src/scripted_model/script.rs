@@ -2,7 +2,9 @@
 //!
 //! Rules, first match wins, on the text of the last user turn:
 //! 1. the last turn is a tool result → the final text `Done.` (ends the turn);
-//! 2. a Synapse reply-expected header (`:R]`) and `what is A+B` → shell `synapse reply "<A+B>"`;
+//! 2. a Synapse reply-expected header (`:R]`) and `what is A+B` → the Synapse MCP `reply` tool
+//!    with `<A+B>` when the request offers it (`mcp__synapse__reply`, `synapse_reply`, ...), else
+//!    shell `synapse reply "<A+B>"`;
 //! 3. `please run: <cmd>` → shell `<cmd>` (the rest of that line);
 //! 4. `slow` → a slow text stream (one chunk every [`SLOW_CHUNK_INTERVAL`] for [`SLOW_CHUNKS`]);
 //! 5. `what is A+B` → the sum as text;
@@ -92,6 +94,9 @@ pub fn decide(turn: &Turn, tools: &[Tool]) -> Action {
     let sum = sum_asked(text);
     // (command, escalate): a `please run:` command is one the user must approve, so it asks for
     // unsandboxed execution where the tool has that (Codex runs sandboxed commands unasked).
+    if let (Some(sum), true, Some(tool)) = (sum, text.contains(":R]"), mcp_reply_tool(tools)) {
+        return Action::ToolCall { tool: tool.name.clone(), arguments: json!({"message": sum.to_string()}) };
+    }
     let command = match (sum, text.contains(":R]")) {
         (Some(sum), true) => Some((format!("synapse reply \"{sum}\""), false)),
         _ => run_request(text).map(|command| (command, true)),
@@ -147,6 +152,16 @@ pub fn run_request(text: &str) -> Option<String> {
     let rest = &text[at + marker.len()..];
     let command = rest.lines().next().unwrap_or_default().trim();
     (!command.is_empty()).then(|| command.to_string())
+}
+
+/// The Synapse MCP server's `reply` tool, under whatever name the CLI gives it: the server's
+/// name and the tool's (`mcp__synapse__reply`, `synapse_reply`, `synapse-reply`), or the bare
+/// tool name (Gemini, when no other tool has it).
+pub fn mcp_reply_tool(tools: &[Tool]) -> Option<&Tool> {
+    tools.iter().find(|tool| {
+        let name = tool.name.to_lowercase();
+        name == "reply" || (name.contains("synapse") && name.ends_with("reply"))
+    })
 }
 
 /// The first shell tool the request offers, by [`SHELL_TOOL_NAMES`] preference.
@@ -277,6 +292,16 @@ mod tests {
             action,
             Action::ToolCall { tool: "Bash".into(), arguments: json!({"command": "synapse reply \"4\""}) }
         );
+    }
+
+    #[test]
+    fn a_reply_expected_sum_goes_to_the_synapse_mcp_reply_tool_when_offered() {
+        for name in ["mcp__synapse__reply", "synapse_reply", "synapse-reply", "reply"] {
+            let action = decide(&turn("[A2A:12345678:alice:R] what is 2+2"), &tools(&["Bash", name, "send"]));
+            assert_eq!(action, Action::ToolCall { tool: name.into(), arguments: json!({"message": "4"}) });
+        }
+        let action = decide(&turn("[A2A:12345678:alice] what is 2+2"), &tools(&["Bash", "mcp__synapse__reply"]));
+        assert_eq!(action, Action::Text("4".into()), "no reply expected: a text answer");
     }
 
     #[test]

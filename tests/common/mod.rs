@@ -13,6 +13,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_synapse");
 
 pub struct Home {
     pub dir: tempfile::TempDir,
+    /// The SYNAPSE_HOME's own directory when it is not `dir/home` ([`Home::new_in`]).
+    home_dir: Option<tempfile::TempDir>,
 }
 
 pub struct Agent {
@@ -30,11 +32,28 @@ impl Home {
         // Tests' receivers and peers listen on 127.0.0.1: allow private outgoing targets in this
         // home, as `SYNAPSE_OUTBOUND_ALLOW_PRIVATE=true synapse broker start` would.
         std::fs::write(dir.path().join("home/broker-settings.json"), r#"{"outbound_allow_private": true}"#).unwrap();
-        Home { dir }
+        Home { dir, home_dir: None }
+    }
+
+    /// A home whose SYNAPSE_HOME lies under `base` (the sockets stay under /tmp): for what
+    /// depends on the directories above the home (Gemini reads a settings file there only when
+    /// root owns every one of them, which /tmp is not).
+    pub fn new_in(base: &Path) -> Home {
+        let mut home = Home::new();
+        std::fs::create_dir_all(base).unwrap();
+        let home_dir = tempfile::Builder::new().prefix("home").tempdir_in(base).unwrap();
+        std::fs::create_dir_all(home_dir.path().join("home")).unwrap();
+        std::fs::copy(
+            home.dir.path().join("home/broker-settings.json"),
+            home_dir.path().join("home/broker-settings.json"),
+        )
+        .unwrap();
+        home.home_dir = Some(home_dir);
+        home
     }
 
     pub fn home(&self) -> PathBuf {
-        self.dir.path().join("home")
+        self.home_dir.as_ref().unwrap_or(&self.dir).path().join("home")
     }
 
     pub fn uds(&self) -> PathBuf {

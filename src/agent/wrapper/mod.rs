@@ -22,6 +22,7 @@ mod watcher;
 pub(crate) use connection::{connect, connect_to_leave};
 pub use watcher::instruction_files;
 
+use super::mcp_wiring;
 use super::profile::Profile;
 use super::readiness::Readiness;
 use super::terminal;
@@ -46,6 +47,8 @@ pub struct Options {
     pub name: Option<String>,
     pub role: Option<String>,
     pub tool_args: Vec<String>,
+    /// `--no-mcp`: no Synapse MCP server for the CLI, whatever the settings say.
+    pub no_mcp: bool,
     /// No terminal: output goes to `$SYNAPSE_HOME/logs/<agent_id>.log`.
     pub headless: bool,
     /// Print one JSON line with the registration on stdout (for `synapse start`).
@@ -80,6 +83,8 @@ struct Shared {
     /// The user's keystrokes held back while a message is typed (between its paste and its
     /// submit key), then passed on: they can never land inside a message and be sent with it.
     held_keys: HeldKeys,
+    /// The CLI was given Synapse's MCP tools (the start-up message says so).
+    mcp_tools: bool,
 }
 
 impl Shared {
@@ -138,6 +143,8 @@ async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
     if let Some(mut client) = connect_to_leave(&paths, &secret).await {
         let _ = client.deregister(&agent_id).await;
     }
+    // The session's files (the MCP registration, which may hold the secret) go with the agent.
+    let _ = std::fs::remove_dir_all(mcp_wiring::agent_dir(&paths.home, &agent_id));
     result
 }
 
@@ -150,29 +157,52 @@ fn cli_command(
     agent_id: &str,
     secret: &str,
     port: u16,
-) -> anyhow::Result<(String, CommandBuilder)> {
+) -> anyhow::Result<(String, CommandBuilder, bool)> {
     let program = if options.profile.command == "{synapse}" {
         std::env::current_exe().context("cannot find the synapse executable")?.display().to_string()
     } else {
         options.profile.command.clone()
     };
+    let settings = crate::settings::Settings::load_current(&paths.home)?;
+    let identity: Vec<(String, String)> = [
+        ("SYNAPSE_AGENT_ID", agent_id.to_string()),
+        ("SYNAPSE_AGENT_SECRET", secret.to_string()),
+        ("SYNAPSE_HOME", paths.home.display().to_string()),
+        ("SYNAPSE_UDS_DIR", paths.uds_dir.display().to_string()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value))
+    .collect();
+    let wiring = match options.profile.mcp {
+        Some(style) if !options.no_mcp && settings.mcp()? => {
+            let synapse = std::env::current_exe().context("cannot find the synapse executable")?;
+            let dir = mcp_wiring::agent_dir(&paths.home, agent_id);
+            mcp_wiring::wire(style, &synapse, &dir, &identity, |name| std::env::var(name).ok())
+                .with_context(|| format!("cannot write the MCP registration in {}", dir.display()))?
+        }
+        _ => mcp_wiring::Wiring::default(),
+    };
+    if let Some(refused) = &wiring.refused {
+        eprintln!("synapse: {refused}");
+    }
+    let mcp_tools = !wiring.args.is_empty() || !wiring.env.is_empty();
     let mut command = CommandBuilder::new(&program);
     command.args(&options.profile.args);
+    command.args(&wiring.args);
     command.args(&options.tool_args);
     if let Ok(dir) = std::env::current_dir() {
         command.cwd(dir);
     }
     // Settings `env` first, so that Synapse's own variables always win.
-    for (key, value) in crate::settings::Settings::load_current(&paths.home)?.env()? {
+    for (key, value) in settings.env()?.into_iter().chain(wiring.env) {
         command.env(key, value);
     }
-    command.env("SYNAPSE_AGENT_ID", agent_id);
     command.env("SYNAPSE_AGENT_TYPE", &options.profile.name);
     command.env("SYNAPSE_PORT", port.to_string());
-    command.env("SYNAPSE_AGENT_SECRET", secret);
-    command.env("SYNAPSE_HOME", &paths.home);
-    command.env("SYNAPSE_UDS_DIR", &paths.uds_dir);
-    Ok((program, command))
+    for (key, value) in &identity {
+        command.env(key, value);
+    }
+    Ok((program, command, mcp_tools))
 }
 
 async fn run_registered(
@@ -186,7 +216,7 @@ async fn run_registered(
 ) -> anyhow::Result<i32> {
     let interactive = !options.headless && terminal::is_terminal(0);
     let (rows, cols) = if interactive { terminal::size(0).unwrap_or((24, 80)) } else { HEADLESS_SIZE };
-    let (program, command) = cli_command(paths, options, agent_id, secret, port)?;
+    let (program, command, mcp_tools) = cli_command(paths, options, agent_id, secret, port)?;
     let cli = pty::spawn(&program, command, (rows, cols))?;
     let child_pid = cli.child_pid;
 
@@ -221,6 +251,7 @@ async fn run_registered(
         note: Mutex::new(None),
         report_gate: Arc::new(tokio::sync::Mutex::new(())),
         held_keys: HeldKeys::default(),
+        mcp_tools,
     });
 
     // Reader thread: output to the user's terminal (interactive) and always to the log (what

@@ -128,8 +128,13 @@ pub fn instruction_files(dir: &std::path::Path) -> Vec<PathBuf> {
 /// The one start-up message written on the first READY when instruction files exist.
 fn startup_message(shared: &Shared, files: &[PathBuf]) -> String {
     let list: Vec<String> = files.iter().map(|file| file.display().to_string()).collect();
+    let answer = if shared.mcp_tools {
+        "with the synapse `reply` tool (or `synapse reply \"...\"`); the synapse tools also send, list agents and lock files"
+    } else {
+        "with `synapse reply \"...\"`"
+    };
     format!(
-        "You are agent {} ({}). Read your instructions in: {}. Messages from other agents arrive as [A2A:<id>:<sender>] lines; answer those marked :R with `synapse reply \"...\"`.",
+        "You are agent {} ({}). Read your instructions in: {}. Messages from other agents arrive as [A2A:<id>:<sender>] lines; answer those marked :R {answer}.",
         shared.agent_id,
         shared.profile.name,
         list.join(", ")

@@ -1,0 +1,312 @@
+//! Registering `synapse mcp` with the CLI an agent runs, for that session only, through the CLI's
+//! own per-session mechanism (docs/cli-integration.md): a flag naming a file in the agent's own
+//! directory (`$SYNAPSE_HOME/agents/<agent_id>/`, 0700, removed when the agent stops), `-c`
+//! overrides (Codex), or a variable naming a settings file (Gemini, OpenCode). The user's own
+//! configuration files are never written.
+//!
+//! Each mechanism also allows the Synapse tools without a permission dialog: they act only as
+//! this agent, through the broker's own rules, so asking the user for each would defeat them.
+//! The agent's secret never goes on a command line (visible in `ps`): a CLI that passes its
+//! environment to the server gets nothing more; one that may not (Gemini's redaction, OpenCode,
+//! Copilot) gets the identity in the 0600 file.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+/// The name the server is registered under in every CLI (its tools become `mcp__synapse__reply`,
+/// `synapse_reply`, ...).
+pub const SERVER_NAME: &str = "synapse";
+
+/// Longest a tool call may take, in seconds: above `send`'s longest wait (600 s).
+pub const TOOL_TIMEOUT_SECS: u64 = 620;
+
+/// The variables that carry the agent's identity and its broker to the server.
+pub const IDENTITY_VARIABLES: [&str; 4] =
+    ["SYNAPSE_AGENT_ID", "SYNAPSE_AGENT_SECRET", "SYNAPSE_HOME", "SYNAPSE_UDS_DIR"];
+
+/// How a CLI takes an extra MCP server for one session (a profile field, `"mcp": "claude"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum McpStyle {
+    /// `--mcp-config=<file>` and `--settings=<file>` allowing `mcp__synapse`.
+    Claude,
+    /// `-c mcp_servers.synapse.*` overrides, the tools approved by `default_tools_approval_mode`.
+    Codex,
+    /// `GEMINI_CLI_SYSTEM_DEFAULTS_PATH=<file>` with a trusted server.
+    Gemini,
+    /// `OPENCODE_CONFIG=<file>` with the server and `synapse_*` allowed.
+    Opencode,
+    /// `--additional-mcp-config=@<file>` and `--allow-tool=synapse`.
+    Copilot,
+}
+
+/// What the CLI's command gains: arguments before the user's, and environment variables.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Wiring {
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Why the CLI gets no MCP server after all (said once at start); None when wired.
+    pub refused: Option<String>,
+}
+
+/// The agent's own directory, where its session files live.
+pub fn agent_dir(home: &Path, agent_id: &str) -> PathBuf {
+    home.join("agents").join(agent_id)
+}
+
+/// Writes what `style` needs into `dir` (created 0700) and says how to pass it. `synapse` is the
+/// executable the CLI starts; `identity` the values of [`IDENTITY_VARIABLES`]; `inherited` reads
+/// a variable of the wrapper's environment (a file the user already names by Gemini's or
+/// OpenCode's variable is merged, not dropped).
+pub fn wire(
+    style: McpStyle,
+    synapse: &Path,
+    dir: &Path,
+    identity: &[(String, String)],
+    inherited: impl Fn(&str) -> Option<String>,
+) -> std::io::Result<Wiring> {
+    crate::private_files::create_dir(dir)?;
+    let command = synapse.display().to_string();
+    let env: serde_json::Map<String, Value> =
+        identity.iter().map(|(key, value)| (key.clone(), Value::String(value.clone()))).collect();
+    let write = |name: &str, value: &Value| -> std::io::Result<String> {
+        let path = dir.join(name);
+        crate::private_files::write(&path, serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?)?;
+        Ok(path.display().to_string())
+    };
+    Ok(match style {
+        McpStyle::Claude => {
+            let servers = write(
+                "claude-mcp.json",
+                &json!({"mcpServers": {SERVER_NAME: {
+                    "type": "stdio", "command": command, "args": ["mcp"], "env": env,
+                    // Loaded up front, not deferred behind Claude's tool search.
+                    "alwaysLoad": true, "timeout": TOOL_TIMEOUT_SECS * 1000,
+                }}}),
+            )?;
+            let settings =
+                write("claude-settings.json", &json!({"permissions": {"allow": [format!("mcp__{SERVER_NAME}")]}}))?;
+            // `--flag=value`: both flags take several values, and a separate value would swallow
+            // the user's own arguments after it.
+            Wiring {
+                args: vec![format!("--mcp-config={servers}"), format!("--settings={settings}")],
+                ..Wiring::default()
+            }
+        }
+        McpStyle::Codex => {
+            let toml_string = |text: &str| serde_json::to_string(text).unwrap_or_default();
+            let names: Vec<String> = IDENTITY_VARIABLES.iter().map(|name| toml_string(name)).collect();
+            let prefix = format!("mcp_servers.{SERVER_NAME}");
+            let overrides = [
+                format!("{prefix}.command={}", toml_string(&command)),
+                format!("{prefix}.args=[\"mcp\"]"),
+                // By name: Codex forwards these from its own environment.
+                format!("{prefix}.env_vars=[{}]", names.join(",")),
+                format!("{prefix}.tool_timeout_sec={TOOL_TIMEOUT_SECS}"),
+                format!("{prefix}.default_tools_approval_mode=\"approve\""),
+            ];
+            Wiring {
+                args: overrides.into_iter().flat_map(|value| ["-c".to_string(), value]).collect(),
+                ..Wiring::default()
+            }
+        }
+        McpStyle::Gemini => {
+            let variable = "GEMINI_CLI_SYSTEM_DEFAULTS_PATH";
+            let mut settings = inherited_object(inherited(variable));
+            merge_object(
+                &mut settings,
+                "mcpServers",
+                json!({"command": command, "args": ["mcp"], "env": env, "trust": true,
+                    "timeout": TOOL_TIMEOUT_SECS * 1000}),
+            );
+            // Gemini reads a system settings file only when it and every directory above it
+            // belong to root and no one else can write them; else it skips the file with a
+            // warning. Say so instead of wiring a file it will not read.
+            if let Some(reason) = gemini_refuses(dir) {
+                return Ok(Wiring {
+                    refused: Some(format!(
+                        "Gemini CLI reads a per-session settings file only where root owns every directory above it ({reason}): this agent answers with `synapse reply` through its shell instead of the synapse MCP tools"
+                    )),
+                    ..Wiring::default()
+                });
+            }
+            let path = write("gemini-settings.json", &settings)?;
+            Wiring { env: vec![(variable.to_string(), path)], ..Wiring::default() }
+        }
+        McpStyle::Opencode => {
+            let variable = "OPENCODE_CONFIG";
+            let mut config = inherited_object(inherited(variable));
+            merge_object(
+                &mut config,
+                "mcp",
+                json!({"type": "local", "command": [command, "mcp"], "enabled": true, "environment": env,
+                    "timeout": TOOL_TIMEOUT_SECS * 1000}),
+            );
+            if let Some(object) = config.as_object_mut() {
+                let permission = object.entry("permission").or_insert_with(|| json!({}));
+                if let Some(permission) = permission.as_object_mut() {
+                    permission.insert(format!("{SERVER_NAME}_*"), json!("allow"));
+                }
+            }
+            let path = write("opencode.json", &config)?;
+            Wiring { env: vec![(variable.to_string(), path)], ..Wiring::default() }
+        }
+        McpStyle::Copilot => {
+            let path = write(
+                "copilot-mcp.json",
+                &json!({"mcpServers": {SERVER_NAME: {
+                    "type": "local", "command": command, "args": ["mcp"], "env": env, "tools": ["*"],
+                    "timeout": TOOL_TIMEOUT_SECS * 1000,
+                }}}),
+            )?;
+            Wiring {
+                args: vec![format!("--additional-mcp-config=@{path}"), format!("--allow-tool={SERVER_NAME}")],
+                ..Wiring::default()
+            }
+        }
+    })
+}
+
+/// Why Gemini CLI would skip a system settings file in `dir`: the first of `dir` and its
+/// ancestors that is not owned by root or that group or others can write (Gemini's own rule for
+/// system settings, `checkPosixStatsSecurity` in its bundle). None: it reads it.
+pub fn gemini_refuses(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    for ancestor in dir.ancestors() {
+        let meta = match std::fs::metadata(ancestor) {
+            Ok(meta) => meta,
+            // Not there yet: Synapse creates it, owned by whoever runs it, mode 0700.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => match crate::private_files::my_uid() {
+                0 => continue,
+                uid => return Some(format!("{} would belong to uid {uid}", ancestor.display())),
+            },
+            Err(error) => return Some(format!("{}: {error}", ancestor.display())),
+        };
+        if meta.uid() != 0 {
+            return Some(format!("{} belongs to uid {}", ancestor.display(), meta.uid()));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Some(format!("{} is writable by group or others", ancestor.display()));
+        }
+    }
+    None
+}
+
+/// The JSON object in the file a variable names, or an empty one (no variable, no file, not an
+/// object: Synapse's file then replaces it for this session only).
+fn inherited_object(path: Option<String>) -> Value {
+    path.and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}))
+}
+
+/// Sets `document[section][synapse] = server`, keeping the section's other entries.
+fn merge_object(document: &mut Value, section: &str, server: Value) {
+    let Some(object) = document.as_object_mut() else { return };
+    let entry = object.entry(section).or_insert_with(|| json!({}));
+    if !entry.is_object() {
+        *entry = json!({});
+    }
+    if let Some(servers) = entry.as_object_mut() {
+        servers.insert(SERVER_NAME.to_string(), server);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn identity() -> Vec<(String, String)> {
+        vec![("SYNAPSE_AGENT_ID".into(), "synapse-claude-8100".into()), ("SYNAPSE_AGENT_SECRET".into(), "s3".into())]
+    }
+
+    fn read(path: &str) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn claude_gets_two_files_by_flag_with_the_tools_allowed_and_no_secret_on_the_command_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = dir.path().join("agents/a");
+        let wiring = wire(McpStyle::Claude, Path::new("/bin/syn apse"), &agent, &identity(), |_| None).unwrap();
+        assert_eq!(wiring.args.len(), 2);
+        assert!(wiring.args.iter().all(|arg| !arg.contains("s3")), "{:?}", wiring.args);
+        let servers = read(wiring.args[0].strip_prefix("--mcp-config=").unwrap());
+        assert_eq!(servers["mcpServers"]["synapse"]["command"], "/bin/syn apse");
+        assert_eq!(servers["mcpServers"]["synapse"]["alwaysLoad"], true);
+        let settings = read(wiring.args[1].strip_prefix("--settings=").unwrap());
+        assert_eq!(settings["permissions"]["allow"], json!(["mcp__synapse"]));
+        let mode = std::fs::metadata(agent.join("claude-mcp.json")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(&agent).unwrap().permissions().mode() & 0o777, 0o700);
+    }
+
+    #[test]
+    fn codex_gets_overrides_that_forward_the_identity_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let wiring = wire(McpStyle::Codex, Path::new("/x/\"q\"/synapse"), dir.path(), &identity(), |_| None).unwrap();
+        assert!(wiring.args.iter().all(|arg| !arg.contains("s3")));
+        assert!(
+            wiring.args.contains(&r#"mcp_servers.synapse.command="/x/\"q\"/synapse""#.to_string()),
+            "{:?}",
+            wiring.args
+        );
+        assert!(wiring.args.iter().any(|arg| arg.contains("env_vars=[\"SYNAPSE_AGENT_ID\",\"SYNAPSE_AGENT_SECRET\"")));
+        assert_eq!(wiring.args.iter().filter(|arg| *arg == "-c").count(), 5);
+    }
+
+    #[test]
+    fn a_file_the_user_names_by_the_variable_is_merged_not_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = dir.path().join("own.json");
+        let original = r#"{"mcp": {"mine": {"command": ["x"]}}, "theme": "dark"}"#;
+        std::fs::write(&own, original).unwrap();
+        let own_path = own.display().to_string();
+        let wiring = wire(McpStyle::Opencode, Path::new("/s"), &dir.path().join("b"), &identity(), |name| {
+            (name == "OPENCODE_CONFIG").then(|| own_path.clone())
+        })
+        .unwrap();
+        assert_eq!(wiring.env[0].0, "OPENCODE_CONFIG");
+        let config = read(&wiring.env[0].1);
+        assert_eq!(config["mcp"]["mine"]["command"], json!(["x"]));
+        assert_eq!(config["theme"], "dark");
+        assert_eq!(config["mcp"]["synapse"]["command"], json!(["/s", "mcp"]));
+        assert_eq!(config["mcp"]["synapse"]["environment"]["SYNAPSE_AGENT_SECRET"], "s3");
+        assert_eq!(config["permission"]["synapse_*"], "allow");
+        assert_eq!(std::fs::read_to_string(&own).unwrap(), original, "the user's file is untouched");
+    }
+
+    #[test]
+    fn gemini_is_wired_only_where_it_reads_the_file() {
+        // /tmp is writable by everyone: Gemini would skip the file, so nothing is wired, and why
+        // is said.
+        let open = tempfile::tempdir_in("/tmp").unwrap();
+        let wiring = wire(McpStyle::Gemini, Path::new("/s"), &open.path().join("a"), &identity(), |_| None).unwrap();
+        let refused = wiring.refused.clone().unwrap_or_default();
+        assert!(refused.contains("/tmp is writable by group or others"), "{refused}");
+        assert!(wiring.env.is_empty() && wiring.args.is_empty());
+        // Where Gemini would read it (root owns the path: this build's own directory when the
+        // tests run as root), the file holds a trusted server.
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+        if gemini_refuses(&base).is_none() {
+            let dir = tempfile::tempdir_in(&base).unwrap();
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+            let wiring = wire(McpStyle::Gemini, Path::new("/s"), &dir.path().join("a"), &identity(), |_| None).unwrap();
+            assert_eq!(wiring.refused, None);
+            assert_eq!(wiring.env[0].0, "GEMINI_CLI_SYSTEM_DEFAULTS_PATH");
+            assert_eq!(read(&wiring.env[0].1)["mcpServers"]["synapse"]["trust"], true);
+        }
+    }
+
+    #[test]
+    fn copilot_gets_a_file_by_flag_and_its_tools_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let wiring = wire(McpStyle::Copilot, Path::new("/s"), dir.path(), &identity(), |_| None).unwrap();
+        assert_eq!(wiring.args[1], "--allow-tool=synapse");
+        let config = read(wiring.args[0].strip_prefix("--additional-mcp-config=@").unwrap());
+        assert_eq!(config["mcpServers"]["synapse"]["args"], json!(["mcp"]));
+    }
+}
