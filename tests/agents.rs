@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -834,4 +834,84 @@ fn a_registration_with_an_unusable_port_range_is_refused_with_a_clear_error() {
         let message = answer["message"].as_str().unwrap();
         assert!(message.contains("is not usable") && message.contains("at most 1000 ports"), "{message}");
     }
+}
+
+/// `synapse hook <event>` as bob's CLI would run it (bob's identity in its environment).
+fn hook_as(home: &Home, agent: &Agent, secret: &str) -> Output {
+    let mut command = home.cmd(&["hook", "PostToolUse"]);
+    command.env("SYNAPSE_AGENT_ID", &agent.id).env("SYNAPSE_AGENT_SECRET", secret).stdin(Stdio::piped());
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // What a CLI writes on the hook's stdin (ignored, drained).
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), br#"{"hook_event_name":"PostToolUse"}"#).unwrap();
+    drop(child.stdin.take());
+    output_within(child, Duration::from_secs(30), "synapse hook")
+}
+
+/// A busy bob whose profile hands busy messages over by hook, with one message queued.
+fn busy_bob_with_hooks<'a>(home: &'a Home, follower: &mut Follower) -> (Value, Wrappers<'a>) {
+    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
+    std::fs::write(home.home().join("profiles/dummy.json"), r#"{"hooks": true}"#).unwrap();
+    let (bob, wrappers) = busy_bob(home, follower);
+    home.ok(&["send", "bob", "hooked-1 sent while busy", "--no-response"]);
+    assert_eq!(home.inbox(&as_agent(&bob)).len(), 1);
+    (bob, wrappers)
+}
+
+/// Issue 18: a message queued for a busy agent is handed to the model by the CLI's hook (as the
+/// hook's additionalContext, in the form it would have been typed), acknowledged once, and never
+/// typed afterwards.
+#[test]
+fn a_hook_hands_a_busy_agents_queued_message_over_once() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (bob, _wrappers) = busy_bob_with_hooks(&home, &mut follower);
+    let agent = as_agent(&bob);
+    let output = hook_as(&home, &agent, &agent.secret);
+    assert!(output.status.success(), "{}", describe(&output));
+    let printed: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("{}", describe(&output)));
+    assert_eq!(printed["hookSpecificOutput"]["hookEventName"], "PostToolUse");
+    let context = printed["hookSpecificOutput"]["additionalContext"].as_str().unwrap();
+    assert!(context.contains("[A2A:") && context.contains(":anonymous] hooked-1 sent while busy"), "{context}");
+    assert!(home.inbox(&agent).is_empty(), "acknowledged");
+    // Nothing more to hand over: the next hook prints nothing.
+    assert!(hook_as(&home, &agent, &agent.secret).stdout.is_empty());
+    // Interrupted and then given one more message: what was handed over is never typed (the
+    // queue is in order, so it would come before after-1).
+    home.ok(&["send", "bob", "URGENT stop", "--no-response", "-p", "5"]);
+    home.ok(&["send", "bob", "after-1", "--no-response"]);
+    follower.wait_until("after-1 written", |events| settled_all(events, &id(&bob), 4));
+    let screen = terminal(&bob);
+    assert!(screen.contains("after-1"), "{screen}");
+    assert!(!screen.contains("hooked-1"), "handed over by the hook, never typed: {screen}");
+    let injected = home.events().iter().filter(|event| kind(event) == "ticket_injected").count();
+    assert_eq!(injected, 4, "question, hooked-1, URGENT, after-1: each acknowledged once");
+}
+
+/// The hook socket serves only the agent's own CLI, a hook that dies before it printed leaves
+/// the message queued, and outside an agent `synapse hook` prints nothing and never fails.
+#[test]
+fn a_hook_that_is_not_the_agents_or_dies_early_takes_nothing() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (bob, _wrappers) = busy_bob_with_hooks(&home, &mut follower);
+    let agent = as_agent(&bob);
+    let output = hook_as(&home, &agent, "not-the-secret");
+    assert!(output.status.success() && output.stdout.is_empty(), "{}", describe(&output));
+    let outside = home.cmd(&["hook", "PostToolUse"]).stdin(Stdio::null()).output().unwrap();
+    assert!(outside.status.success() && outside.stdout.is_empty(), "{}", describe(&outside));
+    assert_eq!(home.inbox(&agent).len(), 1, "still queued");
+
+    // A hook killed by its CLI after reading the answer, before printing it: no confirmation.
+    let socket = home.uds().join(format!("{}.hook", agent.id));
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let request = json!({"secret": agent.secret, "event": "PostToolUse"}).to_string() + "\n";
+    std::io::Write::write_all(&mut stream, request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    BufReader::new(&stream).read_line(&mut answer).unwrap();
+    assert!(answer.contains("hooked-1"), "{answer}");
+    drop(stream);
+    // The next hook gets it again (the wrapper served the first one to its end first).
+    let output = hook_as(&home, &agent, &agent.secret);
+    assert!(stdout(&output).contains("hooked-1 sent while busy"), "{}", describe(&output));
+    assert!(home.inbox(&agent).is_empty());
 }

@@ -384,6 +384,48 @@ fn half_typed(cli: &'static str) {
     assert!(!merged, "{}", session.describe());
 }
 
+/// A message sent while the model is in a long tool run (`sleep 4` through the shell tool) reaches
+/// the model through the CLI's own hook at the end of that tool (`synapse hook PostToolUse` /
+/// `AfterTool`), inside the same turn: never typed as a new turn, acknowledged once, and a
+/// message sent after it is typed as usual once the CLI is back at its prompt.
+fn hook_delivery(cli: &'static str) {
+    let Some(session) = Session::start(cli, "busy") else { return };
+    session.wait_status("READY");
+    session.send(&["please run: sleep 4", "--no-response"]);
+    wait_for(
+        "the model to start the long tool run",
+        || session.world.model.requests().iter().any(|request| request["tool"].as_str().is_some()),
+        || session.describe(),
+    );
+    session.send(&["hook-marker sent while busy", "--no-response"]);
+    let in_a_request = |needle: &str| {
+        session.world.model.requests().iter().filter(|request| request["body"].to_string().contains(needle)).count()
+    };
+    wait_for("the hook to hand the message to the model", || in_a_request("hook-marker") > 0, || session.describe());
+    assert_eq!(session.queued(), 0, "handed over and acknowledged\n{}", session.describe());
+    session.wait_status("READY");
+    session.send(&["after-marker typed at the prompt", "--no-response"]);
+    session.wait_reached_model("after-marker");
+    // Gemini runs the hook only where it reads its per-session settings (root owns the path):
+    // elsewhere the message waits for the prompt and is typed, once.
+    let hooked = cli != "gemini"
+        || synapse::agent::mcp_wiring::gemini_refuses(&session.world.home.home().join("agents")).is_none();
+    let typed = usize::from(!hooked);
+    assert_eq!(session.reached_model("hook-marker"), typed, "typed only without the hook\n{}", session.describe());
+    let acks = session.world.home.events().iter().filter(|event| event["event"]["kind"] == "ticket_injected").count();
+    assert_eq!(acks, 3, "three tickets, each acknowledged once\n{}", session.describe());
+}
+
+#[test]
+fn claude_hands_a_busy_message_over_by_its_hook() {
+    hook_delivery("claude");
+}
+
+#[test]
+fn gemini_hands_a_busy_message_over_by_its_hook() {
+    hook_delivery("gemini");
+}
+
 macro_rules! per_cli {
     ($($cli:ident),*) => {
         $(

@@ -25,6 +25,12 @@ pub const TOOL_TIMEOUT_SECS: u64 = 620;
 pub const IDENTITY_VARIABLES: [&str; 4] =
     ["SYNAPSE_AGENT_ID", "SYNAPSE_AGENT_SECRET", "SYNAPSE_HOME", "SYNAPSE_UDS_DIR"];
 
+/// What `synapse doctor` says about hooks: where they hand busy messages over, and why not
+/// elsewhere.
+pub const HOOKS_ON: &str =
+    "claude and gemini get messages that arrive while they are busy at their next tool boundary (synapse hook)";
+pub const HOOKS_OFF: &str = "codex runs hooks only after a one-time approval in its TUI (/hooks), and opencode and copilot have no command hook that adds context: their busy messages wait for the prompt and are typed";
+
 /// How a CLI takes an extra MCP server for one session (a profile field, `"mcp": "claude"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -50,6 +56,24 @@ pub struct Wiring {
     pub refused: Option<String>,
 }
 
+impl Wiring {
+    /// The CLI was given the Synapse MCP server.
+    pub fn has_tools(&self) -> bool {
+        !self.args.is_empty() || !self.env.is_empty()
+    }
+}
+
+/// The shell command a CLI's hook runs: `'<synapse>' hook <event>`, the path quoted for `sh`.
+fn hook_command(synapse: &str, event: &str) -> String {
+    format!("'{}' hook {event}", synapse.replace('\'', "'\\''"))
+}
+
+/// The `hooks` section of a Claude Code or Gemini CLI settings file: `synapse hook <event>` after
+/// every tool.
+fn hooks_section(synapse: &str, event: &str) -> Value {
+    json!({event: [{"matcher": "*", "hooks": [{"type": "command", "command": hook_command(synapse, event)}]}]})
+}
+
 /// The agent's own directory, where its session files live.
 pub fn agent_dir(home: &Path, agent_id: &str) -> PathBuf {
     home.join("agents").join(agent_id)
@@ -61,6 +85,7 @@ pub fn agent_dir(home: &Path, agent_id: &str) -> PathBuf {
 /// OpenCode's variable is merged, not dropped).
 pub fn wire(
     style: McpStyle,
+    hooks: bool,
     synapse: &Path,
     dir: &Path,
     identity: &[(String, String)],
@@ -85,8 +110,11 @@ pub fn wire(
                     "alwaysLoad": true, "timeout": TOOL_TIMEOUT_SECS * 1000,
                 }}}),
             )?;
-            let settings =
-                write("claude-settings.json", &json!({"permissions": {"allow": [format!("mcp__{SERVER_NAME}")]}}))?;
+            let mut settings = json!({"permissions": {"allow": [format!("mcp__{SERVER_NAME}")]}});
+            if hooks {
+                settings["hooks"] = hooks_section(&command, "PostToolUse");
+            }
+            let settings = write("claude-settings.json", &settings)?;
             // `--flag=value`: both flags take several values, and a separate value would swallow
             // the user's own arguments after it.
             Wiring {
@@ -130,6 +158,14 @@ pub fn wire(
                     )),
                     ..Wiring::default()
                 });
+            }
+            if hooks && let Some(object) = settings.as_object_mut() {
+                let section = object.entry("hooks").or_insert_with(|| json!({}));
+                if let (Some(section), Value::Object(ours)) =
+                    (section.as_object_mut(), hooks_section(&command, "AfterTool"))
+                {
+                    section.extend(ours);
+                }
             }
             let path = write("gemini-settings.json", &settings)?;
             Wiring { env: vec![(variable.to_string(), path)], ..Wiring::default() }
@@ -231,7 +267,7 @@ mod tests {
     fn claude_gets_two_files_by_flag_with_the_tools_allowed_and_no_secret_on_the_command_line() {
         let dir = tempfile::tempdir().unwrap();
         let agent = dir.path().join("agents/a");
-        let wiring = wire(McpStyle::Claude, Path::new("/bin/syn apse"), &agent, &identity(), |_| None).unwrap();
+        let wiring = wire(McpStyle::Claude, true, Path::new("/bin/syn apse"), &agent, &identity(), |_| None).unwrap();
         assert_eq!(wiring.args.len(), 2);
         assert!(wiring.args.iter().all(|arg| !arg.contains("s3")), "{:?}", wiring.args);
         let servers = read(wiring.args[0].strip_prefix("--mcp-config=").unwrap());
@@ -239,6 +275,8 @@ mod tests {
         assert_eq!(servers["mcpServers"]["synapse"]["alwaysLoad"], true);
         let settings = read(wiring.args[1].strip_prefix("--settings=").unwrap());
         assert_eq!(settings["permissions"]["allow"], json!(["mcp__synapse"]));
+        assert_eq!(settings["hooks"]["PostToolUse"][0]["hooks"][0]["command"], "'/bin/syn apse' hook PostToolUse");
+        assert_eq!(hook_command("/a'b", "X"), r"'/a'\''b' hook X");
         let mode = std::fs::metadata(agent.join("claude-mcp.json")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(std::fs::metadata(&agent).unwrap().permissions().mode() & 0o777, 0o700);
@@ -247,7 +285,8 @@ mod tests {
     #[test]
     fn codex_gets_overrides_that_forward_the_identity_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        let wiring = wire(McpStyle::Codex, Path::new("/x/\"q\"/synapse"), dir.path(), &identity(), |_| None).unwrap();
+        let wiring =
+            wire(McpStyle::Codex, false, Path::new("/x/\"q\"/synapse"), dir.path(), &identity(), |_| None).unwrap();
         assert!(wiring.args.iter().all(|arg| !arg.contains("s3")));
         assert!(
             wiring.args.contains(&r#"mcp_servers.synapse.command="/x/\"q\"/synapse""#.to_string()),
@@ -265,7 +304,7 @@ mod tests {
         let original = r#"{"mcp": {"mine": {"command": ["x"]}}, "theme": "dark"}"#;
         std::fs::write(&own, original).unwrap();
         let own_path = own.display().to_string();
-        let wiring = wire(McpStyle::Opencode, Path::new("/s"), &dir.path().join("b"), &identity(), |name| {
+        let wiring = wire(McpStyle::Opencode, false, Path::new("/s"), &dir.path().join("b"), &identity(), |name| {
             (name == "OPENCODE_CONFIG").then(|| own_path.clone())
         })
         .unwrap();
@@ -284,7 +323,8 @@ mod tests {
         // /tmp is writable by everyone: Gemini would skip the file, so nothing is wired, and why
         // is said.
         let open = tempfile::tempdir_in("/tmp").unwrap();
-        let wiring = wire(McpStyle::Gemini, Path::new("/s"), &open.path().join("a"), &identity(), |_| None).unwrap();
+        let wiring =
+            wire(McpStyle::Gemini, false, Path::new("/s"), &open.path().join("a"), &identity(), |_| None).unwrap();
         let refused = wiring.refused.clone().unwrap_or_default();
         assert!(refused.contains("/tmp is writable by group or others"), "{refused}");
         assert!(wiring.env.is_empty() && wiring.args.is_empty());
@@ -294,7 +334,8 @@ mod tests {
         if gemini_refuses(&base).is_none() {
             let dir = tempfile::tempdir_in(&base).unwrap();
             std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-            let wiring = wire(McpStyle::Gemini, Path::new("/s"), &dir.path().join("a"), &identity(), |_| None).unwrap();
+            let wiring =
+                wire(McpStyle::Gemini, false, Path::new("/s"), &dir.path().join("a"), &identity(), |_| None).unwrap();
             assert_eq!(wiring.refused, None);
             assert_eq!(wiring.env[0].0, "GEMINI_CLI_SYSTEM_DEFAULTS_PATH");
             assert_eq!(read(&wiring.env[0].1)["mcpServers"]["synapse"]["trust"], true);
@@ -304,7 +345,7 @@ mod tests {
     #[test]
     fn copilot_gets_a_file_by_flag_and_its_tools_allowed() {
         let dir = tempfile::tempdir().unwrap();
-        let wiring = wire(McpStyle::Copilot, Path::new("/s"), dir.path(), &identity(), |_| None).unwrap();
+        let wiring = wire(McpStyle::Copilot, false, Path::new("/s"), dir.path(), &identity(), |_| None).unwrap();
         assert_eq!(wiring.args[1], "--allow-tool=synapse");
         let config = read(wiring.args[0].strip_prefix("--additional-mcp-config=@").unwrap());
         assert_eq!(config["mcpServers"]["synapse"]["args"], json!(["mcp"]));

@@ -2,6 +2,7 @@
 //! routing, and the built-in dummy agent.
 
 pub mod dummy;
+pub mod hook;
 pub mod input;
 pub mod mcp_wiring;
 pub mod profile;

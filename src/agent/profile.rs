@@ -111,6 +111,11 @@ pub struct Profile {
     /// `opencode`, `copilot`); none: it gets no server.
     #[serde(default)]
     pub mcp: Option<McpStyle>,
+    /// A message that arrives while the CLI is busy is handed to the model by the CLI's own hook
+    /// at the next tool boundary (`synapse hook`), registered with the MCP server; else it waits
+    /// for the prompt and is typed. Only where the CLI runs such hooks without an approval.
+    #[serde(default)]
+    pub hooks: bool,
 }
 
 fn default_interrupt_timeout_ms() -> u64 {
@@ -204,6 +209,10 @@ pub fn builtin(name: &str) -> Option<Profile> {
             "opencode" => McpStyle::Opencode,
             _ => McpStyle::Copilot,
         }),
+        // Claude Code (PostToolUse) and Gemini CLI (AfterTool) add a hook's output to the
+        // model's context; Codex runs hooks only after a one-time approval in its TUI, OpenCode
+        // has JS plugins, not commands, and Copilot's hooks cannot add context.
+        hooks: matches!(name, "claude" | "gemini"),
     };
     let esc_twice = || InterruptStyle::Keys(vec!["esc".into(), "esc".into()]);
     Some(match name {
@@ -250,6 +259,7 @@ pub fn builtin(name: &str) -> Option<Profile> {
             interrupt: InterruptStyle::Signal,
             interrupt_timeout_ms: default_interrupt_timeout_ms(),
             mcp: None,
+            hooks: false,
         },
         _ => return None,
     })

@@ -118,6 +118,7 @@ fn settings(paths: &Paths) -> Vec<Check> {
         Ok(settings) if settings.sources.is_empty() => {
             checks.push(check(Level::Ok, "settings", "built-in defaults (no settings file; synapse init writes one)"));
             checks.push(mcp_check(paths, settings.mcp()));
+            checks.push(hooks_check());
         }
         Ok(settings) => {
             let files: Vec<String> = settings.sources.iter().map(|file| file.display().to_string()).collect();
@@ -130,6 +131,7 @@ fn settings(paths: &Paths) -> Vec<Check> {
                 Err(error) => checks.push(check(Level::Fail, "a2a.flow", error.to_string())),
             }
             checks.push(mcp_check(paths, settings.mcp()));
+            checks.push(hooks_check());
         }
         Err(error) => checks.push(check(Level::Fail, "settings", format!("{error:#}"))),
     }
@@ -171,6 +173,15 @@ fn mcp_check(paths: &Paths, setting: anyhow::Result<bool>) -> Check {
             ),
         },
     }
+}
+
+/// Which CLIs take messages for a busy agent by hook, and why the others do not.
+fn hooks_check() -> Check {
+    check(
+        Level::Ok,
+        "hooks",
+        format!("{}; {}", crate::agent::mcp_wiring::HOOKS_ON, crate::agent::mcp_wiring::HOOKS_OFF),
+    )
 }
 
 /// Each built-in profile: its CLI on PATH (with its version) and free ports in its range.

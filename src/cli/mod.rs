@@ -200,6 +200,12 @@ pub enum Command {
     /// Serve Synapse's tools (send, reply, list_agents, ...) to an AI CLI over MCP on stdio,
     /// acting as the agent it runs in (SYNAPSE_AGENT_ID), else anonymously
     Mcp,
+    /// Run by an AI CLI's hook at a tool boundary (PostToolUse, AfterTool): prints the messages
+    /// that arrived while its agent was busy, for the model; nothing outside an agent
+    Hook {
+        /// The CLI's hook event name (PostToolUse, AfterTool, ...)
+        event: String,
+    },
     /// The agent registration contract (used by agent wrappers and tests)
     #[command(hide = true)]
     Agent {
@@ -436,6 +442,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::FileSafety { command, json } => file_safety::run(&paths, command, json).await,
             Command::History { command } => history::run(&paths, command).await,
             Command::Mcp => crate::mcp::serve(paths).await,
+            Command::Hook { event } => Ok(crate::agent::hook::run(&paths.uds_dir, &event)),
             Command::DummyAgent
             | Command::Completions { .. }
             | Command::Man { .. }

@@ -68,7 +68,8 @@ fn write_json(path: &Path, value: &Value) -> std::io::Result<()> {
 }
 
 /// Claude Code: onboarding done, the key approved, the work dir trusted (else it ignores the base
-/// URL or shows the trust dialog), `Bash(synapse:*)` allowed. Ready: `❯` + no-break space in the
+/// URL or shows the trust dialog), `Bash(synapse:*)` and `Bash(sleep:*)` (the long tool run of
+/// the busy-delivery tests) allowed. Ready: `❯` + no-break space in the
 /// input box (the same `❯` marks the choice in its dialogs). Sends a tool-less title request
 /// (`output_config.format` JSON schema `{title}`) with the first real message, and `HEAD /`.
 pub fn claude(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSetup> {
@@ -83,7 +84,10 @@ pub fn claude(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSet
             "projects": {work: {"hasTrustDialogAccepted": true}},
         }),
     )?;
-    write_json(&home.join(".claude/settings.json"), &json!({"permissions": {"allow": ["Bash(synapse:*)"]}}))?;
+    write_json(
+        &home.join(".claude/settings.json"),
+        &json!({"permissions": {"allow": ["Bash(synapse:*)", "Bash(sleep:*)"]}}),
+    )?;
     Ok(CliSetup {
         env: pairs(&[
             ("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}")),
@@ -129,7 +133,8 @@ pub fn gemini(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSet
     std::fs::create_dir_all(home.join(".gemini/policies"))?;
     std::fs::write(
         home.join(".gemini/policies/synapse.toml"),
-        "[[rule]]\ntoolName = \"run_shell_command\"\ncommandPrefix = \"synapse\"\ndecision = \"allow\"\npriority = 100\n",
+        "[[rule]]\ntoolName = \"run_shell_command\"\ncommandPrefix = \"synapse\"\ndecision = \"allow\"\npriority = 100\n\n\
+         [[rule]]\ntoolName = \"run_shell_command\"\ncommandPrefix = \"sleep\"\ndecision = \"allow\"\npriority = 100\n",
     )?;
     Ok(CliSetup {
         env: pairs(&[
@@ -157,7 +162,7 @@ pub fn opencode(_home: &Path, work_dir: &Path, port: u16) -> std::io::Result<Cli
             }},
             "model": "fake/fake-model",
             "small_model": "fake/fake-model",
-            "permission": {"bash": {"*": "ask", "synapse *": "allow"}},
+            "permission": {"bash": {"*": "ask", "synapse *": "allow", "sleep *": "allow"}},
             "autoupdate": false,
             "share": "disabled",
         }),
@@ -166,7 +171,7 @@ pub fn opencode(_home: &Path, work_dir: &Path, port: u16) -> std::io::Result<Cli
 }
 
 /// Copilot CLI: offline with an OpenAI-type provider, the work dir trusted in
-/// `~/.copilot/config.json` (else "Confirm folder trust"), `--allow-tool shell(synapse)`.
+/// `~/.copilot/config.json` (else "Confirm folder trust"), `shell(synapse)` and `shell(sleep)` allowed.
 /// Ready: `❯` at the start of the input line (its dialogs mark the choice with `❯` too; they
 /// say `enter to select`).
 pub fn copilot(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSetup> {
@@ -179,7 +184,7 @@ pub fn copilot(home: &Path, work_dir: &Path, port: u16) -> std::io::Result<CliSe
             ("COPILOT_PROVIDER_API_KEY", FAKE_API_KEY.to_string()),
             ("COPILOT_MODEL", "fake-model".to_string()),
         ]),
-        args: vec!["--allow-tool".to_string(), "shell(synapse)".to_string()],
+        args: vec!["--allow-tool=shell(synapse)".to_string(), "--allow-tool=shell(sleep)".to_string()],
         ready_text: "❯",
     })
 }

@@ -99,7 +99,12 @@ pub fn decide(turn: &Turn, tools: &[Tool]) -> Action {
     }
     let command = match (sum, text.contains(":R]")) {
         (Some(sum), true) => Some((format!("synapse reply \"{sum}\""), false)),
-        _ => run_request(text).map(|command| (command, true)),
+        // `sleep N` is the long tool run of the busy-delivery tests, allowed by every set-up
+        // (clis.rs): run as is, never escalated to a dialog.
+        _ => run_request(text).map(|command| {
+            let escalate = !command.starts_with("sleep ");
+            (command, escalate)
+        }),
     };
     if let Some((command, escalate)) = command {
         return match shell_tool(tools) {

@@ -49,7 +49,8 @@ const DEFAULT_SECONDS: f64 = 10.0;
 
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
 scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
-           history-search, lock-contention, storage, all; real-clis (needs tools/install-clis; not in all)
+           history-search, lock-contention, storage, all; real-clis, busy-delivery (need tools/install-clis;
+           not in all)
   --seconds N      length of the timed scenarios (append, http-send, lock-contention); default 10,
                    or SYNAPSE_BENCH_SECONDS
   --synapse PATH   the synapse binary (default: next to synapse-bench), or SYNAPSE_BENCH_BIN
@@ -83,6 +84,7 @@ fn run() -> Result<ExitCode> {
             "history-search" => history_search::run(),
             "lock-contention" => runtime.block_on(lock_contention::run(&options)),
             "real-clis" => real_clis::run(&options.synapse),
+            "busy-delivery" => real_clis::busy(&options.synapse),
             "storage" => runtime.block_on(storage::run(&options)),
             other => Err(anyhow!("unknown scenario '{other}'")),
         };
@@ -116,7 +118,9 @@ fn parse_args(args: Vec<String>) -> Result<(Vec<String>, Options)> {
             "--seconds" => seconds = parse_seconds(&args.next().context("--seconds needs a value")?)?,
             "--synapse" => synapse = Some(PathBuf::from(args.next().context("--synapse needs a path")?)),
             "all" => scenarios.extend(SCENARIOS.iter().map(|name| name.to_string())),
-            name if SCENARIOS.contains(&name) || name == "real-clis" => scenarios.push(name.to_string()),
+            name if SCENARIOS.contains(&name) || name == "real-clis" || name == "busy-delivery" => {
+                scenarios.push(name.to_string())
+            }
             other => bail!("unknown argument '{other}'\n{USAGE}"),
         }
     }

@@ -8,6 +8,13 @@
 //! Then `real_delivery_p50_ms`: [`DELIVERIES`] messages to one Claude agent, each from just before
 //! `synapse send` until the scripted model has received it (its request log), the agent READY
 //! again before the next.
+//!
+//! `busy-delivery` (its own scenario): per installed CLI, [`BUSY_SAMPLES`] messages sent while the
+//! model is in a long tool run (`sleep` [`TOOL_RUN_SECONDS`] s through its shell tool), each from
+//! just before `synapse send` until the text is in a request the scripted model received:
+//! `busy_delivery_ms_<cli>_pty` typed at the prompt once the turn is over (the profile's `hooks`
+//! off), `busy_delivery_ms_<cli>_hook` handed over by the CLI's hook at the end of the tool run,
+//! for the CLIs whose profile has hooks (Gemini only where root owns the bench's directory).
 
 use crate::common::{BenchDir, Samples};
 use anyhow::{Context, Result, anyhow, bail};
@@ -22,6 +29,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use synapse::scripted_model::clis::{self, CLI_NAMES};
 
 const STARTS: usize = 3;
+const BUSY_SAMPLES: usize = 5;
+const TOOL_RUN_SECONDS: u64 = 3;
 const DELIVERIES: usize = 20;
 /// Longest a CLI may take to start or to take a message.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -312,6 +321,115 @@ fn delivery(synapse: &Path, model: &Model) -> Result<Samples> {
         events.wait("READY after the answer", |event| is_ready(event, None))?;
     }
     Ok(Samples::new(samples))
+}
+
+impl Model {
+    /// When (wall clock, ms) the first request holding `needle` anywhere (a hook's context
+    /// arrives inside a tool result, not as the user's turn) arrived, if one did.
+    fn arrival_anywhere(&self, needle: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(&self.log).ok()?;
+        text.lines()
+            .filter(|line| line.contains(needle))
+            .find_map(|line| serde_json::from_str::<Value>(line).ok().and_then(|request| request["time_ms"].as_u64()))
+    }
+
+    /// Tool calls the model answered with so far.
+    fn tool_calls(&self) -> usize {
+        std::fs::read_to_string(&self.log).map_or(0, |text| {
+            text.lines()
+                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+                .filter(|request| request["tool"].is_string())
+                .count()
+        })
+    }
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + DEADLINE;
+    while !done() {
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+/// Messages sent to a `cli` agent in the middle of a tool run; `hooks` chooses the path.
+fn busy_delivery(synapse: &Path, cli: &str, model: &Model, hooks: bool) -> Result<Samples> {
+    let (place, events) = place_with_broker(synapse)?;
+    let env = place.synapse_env();
+    let profiles = place.dir.home().join("profiles");
+    std::fs::create_dir_all(&profiles)?;
+    std::fs::write(profiles.join(format!("{cli}.json")), format!("{{\"hooks\": {hooks}}}"))?;
+    let (_terminal, _) = start_agent(synapse, cli, &place, model)?;
+    events.wait(&format!("{cli} READY"), |event| is_ready(event, None))?;
+    let send = |text: &str| -> Result<()> {
+        let output = Command::new(synapse)
+            .args(["send", "bench", text, "--no-response"])
+            .envs(env.clone())
+            .stdin(Stdio::null())
+            .output()?;
+        if !output.status.success() {
+            bail!("send failed: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        Ok(())
+    };
+    let mut samples = Vec::new();
+    for index in 0..BUSY_SAMPLES {
+        let calls = model.tool_calls();
+        send(&format!("please run: sleep {TOOL_RUN_SECONDS}"))?;
+        wait_until("the tool run", || model.tool_calls() > calls)?;
+        let marker = format!("busy-marker-{cli}-{}-{index:03}", if hooks { "hook" } else { "pty" });
+        let sent = now_ms();
+        send(&marker)?;
+        let mut arrived = None;
+        wait_until(&format!("{marker} at the model"), || {
+            arrived = model.arrival_anywhere(&marker);
+            arrived.is_some()
+        })?;
+        samples.push(Duration::from_millis(arrived.unwrap_or(sent).saturating_sub(sent)));
+        // The agent back at its prompt after the marker reached the model, before the next round.
+        let arrived = arrived.unwrap_or(sent);
+        while events.wait("READY after the round", |event| is_ready(event, None))? < arrived {}
+    }
+    Ok(Samples::new(samples))
+}
+
+/// The `busy-delivery` scenario (`SYNAPSE_BENCH_CLIS=claude,gemini` picks CLIs).
+pub fn busy(synapse: &Path) -> Result<()> {
+    let picked = std::env::var("SYNAPSE_BENCH_CLIS").ok();
+    let installed: Vec<&str> = CLI_NAMES
+        .iter()
+        .copied()
+        .filter(|cli| clis::cli_binary(cli).is_some())
+        .filter(|cli| picked.as_deref().is_none_or(|picked| picked.split(',').any(|name| name == *cli)))
+        .collect();
+    if installed.is_empty() {
+        bail!("no real CLI is installed in {}: run tools/install-clis", clis::clis_dir().display());
+    }
+    let dir = BenchDir::new("busy-delivery-model")?;
+    let model = Model::start(synapse, &dir.root)?;
+    for cli in &installed {
+        let samples = busy_delivery(synapse, cli, &model, false)?;
+        println!("{cli}: busy delivery by typing {}", samples.summary());
+        println!("RESULT busy_delivery_ms_{cli}_pty {:.0} ms", samples.median());
+        let has_hooks = synapse::agent::profile::builtin(cli).is_some_and(|profile| profile.hooks);
+        if !has_hooks {
+            println!("{cli}: no hook path (its profile hands nothing over by hook)");
+            continue;
+        }
+        if *cli == "gemini"
+            && let Some(reason) = synapse::agent::mcp_wiring::gemini_refuses(&dir.root)
+        {
+            println!("{cli}: no hook path here: Gemini would not read its settings ({reason})");
+            continue;
+        }
+        let samples = busy_delivery(synapse, cli, &model, true)?;
+        println!("{cli}: busy delivery by hook {}", samples.summary());
+        println!("RESULT busy_delivery_ms_{cli}_hook {:.0} ms", samples.median());
+    }
+    Ok(())
 }
 
 pub fn run(synapse: &Path) -> Result<()> {

@@ -14,6 +14,7 @@
 //! dies with the PTY.
 
 mod connection;
+mod hooks;
 mod keyboard;
 mod pty;
 mod reporter;
@@ -85,6 +86,10 @@ struct Shared {
     held_keys: HeldKeys,
     /// The CLI was given Synapse's MCP tools (the start-up message says so).
     mcp_tools: bool,
+    /// The delivery lock: held by the watcher from taking a ticket to write until its
+    /// acknowledgement, and by a hook while it hands tickets over; holds the numbers of the
+    /// tickets hooks handed over, which the watcher must not write.
+    delivery: Arc<tokio::sync::Mutex<std::collections::HashSet<u64>>>,
 }
 
 impl Shared {
@@ -157,7 +162,7 @@ fn cli_command(
     agent_id: &str,
     secret: &str,
     port: u16,
-) -> anyhow::Result<(String, CommandBuilder, bool)> {
+) -> anyhow::Result<(String, CommandBuilder, mcp_wiring::Wiring)> {
     let program = if options.profile.command == "{synapse}" {
         std::env::current_exe().context("cannot find the synapse executable")?.display().to_string()
     } else {
@@ -177,7 +182,7 @@ fn cli_command(
         Some(style) if !options.no_mcp && settings.mcp()? => {
             let synapse = std::env::current_exe().context("cannot find the synapse executable")?;
             let dir = mcp_wiring::agent_dir(&paths.home, agent_id);
-            mcp_wiring::wire(style, &synapse, &dir, &identity, |name| std::env::var(name).ok())
+            mcp_wiring::wire(style, options.profile.hooks, &synapse, &dir, &identity, |name| std::env::var(name).ok())
                 .with_context(|| format!("cannot write the MCP registration in {}", dir.display()))?
         }
         _ => mcp_wiring::Wiring::default(),
@@ -185,16 +190,21 @@ fn cli_command(
     if let Some(refused) = &wiring.refused {
         eprintln!("synapse: {refused}");
     }
-    let mcp_tools = !wiring.args.is_empty() || !wiring.env.is_empty();
+    if options.profile.mcp == Some(mcp_wiring::McpStyle::Codex) && !options.profile.hooks {
+        eprintln!(
+            "synapse: Codex runs hooks only after a one-time approval in its TUI: messages that arrive while it works wait for its prompt"
+        );
+    }
     let mut command = CommandBuilder::new(&program);
     command.args(&options.profile.args);
     command.args(&wiring.args);
+    let extra_env = wiring.env.clone();
     command.args(&options.tool_args);
     if let Ok(dir) = std::env::current_dir() {
         command.cwd(dir);
     }
     // Settings `env` first, so that Synapse's own variables always win.
-    for (key, value) in settings.env()?.into_iter().chain(wiring.env) {
+    for (key, value) in settings.env()?.into_iter().chain(extra_env) {
         command.env(key, value);
     }
     command.env("SYNAPSE_AGENT_TYPE", &options.profile.name);
@@ -202,7 +212,7 @@ fn cli_command(
     for (key, value) in &identity {
         command.env(key, value);
     }
-    Ok((program, command, mcp_tools))
+    Ok((program, command, wiring))
 }
 
 async fn run_registered(
@@ -216,7 +226,10 @@ async fn run_registered(
 ) -> anyhow::Result<i32> {
     let interactive = !options.headless && terminal::is_terminal(0);
     let (rows, cols) = if interactive { terminal::size(0).unwrap_or((24, 80)) } else { HEADLESS_SIZE };
-    let (program, command, mcp_tools) = cli_command(paths, options, agent_id, secret, port)?;
+    let (program, command, wiring) = cli_command(paths, options, agent_id, secret, port)?;
+    // The socket is served whenever the profile hands busy messages over by hook: the CLI's
+    // hooks are registered where its wiring allows, and an unused socket costs nothing.
+    let (mcp_tools, hook_delivery) = (wiring.has_tools(), options.profile.hooks);
     let cli = pty::spawn(&program, command, (rows, cols))?;
     let child_pid = cli.child_pid;
 
@@ -252,6 +265,7 @@ async fn run_registered(
         report_gate: Arc::new(tokio::sync::Mutex::new(())),
         held_keys: HeldKeys::default(),
         mcp_tools,
+        delivery: Arc::default(),
     });
 
     // Reader thread: output to the user's terminal (interactive) and always to the log (what
@@ -272,6 +286,9 @@ async fn run_registered(
     }
     tokio::spawn(reporter::report_status(shared.clone()));
     tokio::spawn(watcher::watch_inbox(shared.clone()));
+    if hook_delivery {
+        tokio::spawn(hooks::serve(shared.clone()));
+    }
 
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate())?;

@@ -175,6 +175,9 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
     let mut interrupted: Option<u64> = None;
     // The report gate, held from a ticket's write to its acknowledgement.
     let mut held: Option<tokio::sync::OwnedMutexGuard<()>> = None;
+    // The delivery lock (shared with the hooks), held from taking a ticket to write until its
+    // acknowledgement, so a hook cannot hand the same ticket to the model meanwhile.
+    let mut delivering: Option<tokio::sync::OwnedMutexGuard<std::collections::HashSet<u64>>> = None;
     let mut backoff = Backoff::default();
     loop {
         if let Some(ticket) = unacknowledged {
@@ -184,12 +187,14 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                     // again once the CLI is back at its prompt, after this event.
                     unacknowledged = None;
                     drop(held.take());
+                    drop(delivering.take());
                     shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
                     shared.screen.notify();
                 }
                 Err(error) if is_gone(&error) => {
                     unacknowledged = None;
                     drop(held.take());
+                    drop(delivering.take());
                 }
                 Err(_) => {
                     backoff.wait().await;
@@ -260,6 +265,12 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             // Ask again: the most urgent ticket comes first.
             continue;
         }
+        let guard = shared.delivery.clone().lock_owned().await;
+        if guard.contains(&number) {
+            // A hook handed it to the model (and acknowledged it) after it was fetched.
+            continue;
+        }
+        delivering = Some(guard);
         held = Some(shared.report_gate.clone().lock_owned().await);
         let bracketed = shared.screen.lock().bracketed_paste();
         let text = match ticket_text(&shared, &ticket, bracketed) {
@@ -380,7 +391,7 @@ async fn wait_until_ready(shared: &Arc<Shared>) -> bool {
 
 /// The text written for a ticket after its header: the message, or a file reference when the
 /// message is long (or multi-line and the CLI cannot take a paste).
-fn ticket_text(shared: &Shared, ticket: &InboxTicket, bracketed: bool) -> anyhow::Result<String> {
+pub(super) fn ticket_text(shared: &Shared, ticket: &InboxTicket, bracketed: bool) -> anyhow::Result<String> {
     let text = ticket.text.as_str();
     if text.chars().count() <= long_message_threshold() && (bracketed || !text.contains(['\n', '\r'])) {
         return Ok(text.to_string());

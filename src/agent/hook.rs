@@ -1,0 +1,111 @@
+//! `synapse hook <event>`: the second way a message reaches a model. A CLI runs it at a turn's
+//! tool boundaries (Claude Code's `PostToolUse`, Gemini CLI's `AfterTool`, registered for the
+//! session next to the MCP server); it asks the agent's wrapper for the messages that arrived
+//! while the CLI was busy, and prints them as the hook's `additionalContext`, which the CLI adds
+//! to what the model reads next. An idle CLI is still woken by typing: hooks fire only in a turn.
+//!
+//! The wrapper stays the only one that delivers: it listens on
+//! `$SYNAPSE_UDS_DIR/<agent_id>.hook` (the directory is the user's, 0700) and serves a hook
+//! under the same lock as its own writes, acknowledging each ticket it hands over before it
+//! answers, so a message is handed over or typed, never both (`wrapper::hooks`).
+//!
+//! A hook must never break its CLI: outside an agent, without a wrapper, or on any error it
+//! prints nothing and exits 0.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The socket of an agent's wrapper for its hooks.
+pub fn socket_path(uds_dir: &Path, agent_id: &str) -> PathBuf {
+    uds_dir.join(format!("{agent_id}.hook"))
+}
+
+/// What a hook sends the wrapper (one JSON line).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HookRequest {
+    /// The agent's secret: only its own CLI's hooks are served.
+    pub secret: String,
+    /// The CLI's event name (`PostToolUse`, `AfterTool`).
+    pub event: String,
+}
+
+/// The wrapper's answer (one JSON line): the messages to hand to the model, already in the
+/// form they would have been typed; empty when none waits.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct HookAnswer {
+    pub text: String,
+}
+
+/// What a hook sends back once it printed the messages: only then are they acknowledged.
+pub const PRINTED: &str = "printed";
+
+/// Longest a hook waits for its wrapper: a hook delays the CLI's turn.
+const HOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What `synapse hook <event>` prints for `text` handed over at `event`: the hook output Claude
+/// Code, Codex and Gemini CLI read (`hookSpecificOutput.additionalContext`); nothing when no
+/// message waits.
+pub fn hook_output(event: &str, text: &str) -> Option<String> {
+    if text.is_empty() {
+        return None;
+    }
+    let context = format!(
+        "Messages from other Synapse agents arrived while you were working (answer those marked :R with the synapse reply tool or `synapse reply`):\n{text}"
+    );
+    serde_json::to_string(&serde_json::json!({
+        "hookSpecificOutput": {"hookEventName": event, "additionalContext": context}
+    }))
+    .ok()
+}
+
+/// `synapse hook <event>`: always exits 0.
+pub fn run(uds_dir: &Path, event: &str) -> i32 {
+    use std::io::{BufRead, Read, Write};
+    // The CLI writes the hook's input on stdin; drain it so it never blocks on a full pipe (not
+    // a terminal: someone trying the command by hand).
+    if !crate::agent::terminal::is_terminal(0) {
+        let _ = std::io::stdin().lock().read_to_end(&mut Vec::new());
+    }
+    let (Ok(agent_id), Ok(secret)) = (std::env::var("SYNAPSE_AGENT_ID"), std::env::var("SYNAPSE_AGENT_SECRET")) else {
+        return 0;
+    };
+    let handed = (|| -> std::io::Result<()> {
+        let mut stream = std::os::unix::net::UnixStream::connect(socket_path(uds_dir, &agent_id))?;
+        stream.set_read_timeout(Some(HOOK_TIMEOUT))?;
+        stream.set_write_timeout(Some(HOOK_TIMEOUT))?;
+        let request = HookRequest { secret, event: event.to_string() };
+        let mut line = serde_json::to_vec(&request).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        stream.write_all(&line)?;
+        let mut answer = String::new();
+        std::io::BufReader::new(&stream).read_line(&mut answer)?;
+        let answer: HookAnswer = serde_json::from_str(&answer).map_err(std::io::Error::other)?;
+        if let Some(output) = hook_output(event, &answer.text) {
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "{output}")?;
+            stdout.flush()?;
+            // Printed: now the wrapper may record them as delivered.
+            stream.write_all(format!("{PRINTED}\n").as_bytes())?;
+        }
+        Ok(())
+    })();
+    if let Err(error) = handed {
+        tracing::debug!("hook {event}: {error}");
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_output_carries_the_messages_as_additional_context_or_nothing() {
+        assert_eq!(hook_output("PostToolUse", ""), None);
+        let output: serde_json::Value =
+            serde_json::from_str(&hook_output("AfterTool", "[A2A:1234abcd:alice:R] what is 2+2").unwrap()).unwrap();
+        assert_eq!(output["hookSpecificOutput"]["hookEventName"], "AfterTool");
+        let context = output["hookSpecificOutput"]["additionalContext"].as_str().unwrap();
+        assert!(context.ends_with("\n[A2A:1234abcd:alice:R] what is 2+2"), "{context}");
+    }
+}

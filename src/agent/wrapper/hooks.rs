@@ -1,0 +1,124 @@
+//! The wrapper's side of `synapse hook` (see [`crate::agent::hook`]): a socket its CLI's hooks
+//! ask for the messages that arrived while the CLI was busy.
+//!
+//! Exactly once: a hook is served under [`Shared::delivery`], the lock the watcher holds from
+//! taking a ticket to write until its acknowledgement. Under it the hook gets every waiting
+//! ticket but priority-5 ones (those interrupt, typed by the watcher); once the hook confirms it
+//! printed them, each is acknowledged and its number remembered. A hook that dies first (its
+//! CLI's time limit) leaves them queued, typed at the prompt later. The watcher skips a ticket it
+//! fetched before a hook took it (the remembered numbers).
+
+use super::Shared;
+use super::connection::connect;
+use crate::agent::hook::{self, HookAnswer, HookRequest};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// Longest request line a hook may send.
+const MAX_REQUEST_BYTES: u64 = 4096;
+/// How long a connected hook may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most tickets handed to one hook.
+const MAX_TICKETS: usize = 20;
+
+/// Listens for the CLI's hooks until the wrapper ends; the socket is removed on the way out
+/// (best effort: a stale one is replaced by the next wrapper of this agent id).
+pub(super) async fn serve(shared: Arc<Shared>) {
+    let path = hook::socket_path(&shared.paths.uds_dir, &shared.agent_id);
+    let _ = std::fs::remove_file(&path);
+    let listener = match tokio::net::UnixListener::bind(&path) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::warn!("cannot listen for hooks at {}: {error}; busy messages wait for the prompt", path.display());
+            return;
+        }
+    };
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(crate::private_files::FILE_MODE));
+    }
+    let _remove = RemoveOnDrop(path);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            if let Err(error) = answer(&shared, stream).await {
+                tracing::debug!("hook: {error}");
+            }
+        });
+    }
+}
+
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io::Result<()> {
+    let (reader, mut writer) = stream.into_split();
+    let mut line = String::new();
+    let mut reader = BufReader::new(reader.take(MAX_REQUEST_BYTES));
+    tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line))
+        .await
+        .map_err(|_| std::io::Error::other("no request in time"))??;
+    let request: HookRequest = serde_json::from_str(&line).map_err(std::io::Error::other)?;
+    if !crate::secret::constant_time_eq(request.secret.as_bytes(), shared.secret.as_bytes()) {
+        tracing::warn!("hook: a request without this agent's secret was refused");
+        return send(&mut writer, &HookAnswer::default()).await;
+    }
+    let mut delivered = shared.delivery.clone().lock_owned().await;
+    let Some((mut client, tickets, text)) = waiting(shared).await else {
+        return send(&mut writer, &HookAnswer::default()).await;
+    };
+    send(&mut writer, &HookAnswer { text }).await?;
+    if tickets.is_empty() {
+        return Ok(());
+    }
+    // Acknowledged only once the hook says it printed them: a hook killed before that (its CLI's
+    // time limit) leaves them queued, typed at the prompt later.
+    line.clear();
+    let confirmed = tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await;
+    if !matches!(confirmed, Ok(Ok(_)) if line.trim() == hook::PRINTED) {
+        tracing::warn!("hook {}: no confirmation; {} message(s) stay queued", request.event, tickets.len());
+        return Ok(());
+    }
+    for number in tickets {
+        if let Err(error) = client.ack(&shared.agent_id, number).await {
+            // Printed but not recorded: it would be typed again; say so rather than hide it.
+            tracing::warn!("ticket {number} handed over by a hook but not acknowledged: {error:#}");
+            break;
+        }
+        delivered.insert(number);
+        tracing::info!("ticket {number} handed to the model by the {} hook", request.event);
+    }
+    shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
+    shared.screen.notify();
+    Ok(())
+}
+
+async fn send(writer: &mut tokio::net::unix::OwnedWriteHalf, answer: &HookAnswer) -> std::io::Result<()> {
+    let mut out = serde_json::to_vec(answer).map_err(std::io::Error::other)?;
+    out.push(b'\n');
+    writer.write_all(&out).await
+}
+
+/// The waiting tickets (priority 5 excepted, those interrupt) as typed text, one per line, with
+/// their numbers and the connection to acknowledge them on; None when the broker cannot be asked.
+async fn waiting(shared: &Arc<Shared>) -> Option<(crate::client::Client, Vec<u64>, String)> {
+    let mut client = tokio::time::timeout(Duration::from_secs(2), connect(&shared.paths, &shared.secret)).await.ok()?;
+    let inbox = client.inbox(&shared.agent_id, 0, Some(MAX_TICKETS)).await.ok()?;
+    let mut numbers = Vec::new();
+    let mut lines = Vec::new();
+    for ticket in inbox.tickets.into_iter().filter(|ticket| ticket.priority < 5) {
+        let Ok(text) = super::watcher::ticket_text(shared, &ticket, true) else { continue };
+        let keys = crate::escape::keystrokes(&ticket.prefix, &text, true, "");
+        let paste = &keys.paste[crate::escape::PASTE_START.len()..keys.paste.len() - crate::escape::PASTE_END.len()];
+        lines.push(String::from_utf8_lossy(paste).into_owned());
+        numbers.push(ticket.ticket);
+    }
+    Some((client, numbers, lines.join("\n")))
+}
