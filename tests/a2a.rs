@@ -59,8 +59,29 @@ fn v1(port: u16, method: &str, params: Value) -> Value {
     rpc(port, Some("1.0"), method, params)
 }
 
+/// The error's code; every error also carries one `google.rpc.ErrorInfo` (A2A v1.0 §9.5) whose
+/// reason names that code.
 fn error_code(answer: &Value) -> i64 {
-    answer["error"]["code"].as_i64().unwrap_or_else(|| panic!("expected an error: {answer}"))
+    let code = answer["error"]["code"].as_i64().unwrap_or_else(|| panic!("expected an error: {answer}"));
+    let info = &answer["error"]["data"][0];
+    assert_eq!(info["@type"], "type.googleapis.com/google.rpc.ErrorInfo", "{answer}");
+    assert_eq!(info["domain"], "a2a-protocol.org", "{answer}");
+    let reason = match code {
+        -32700 => "PARSE_ERROR",
+        -32600 => "INVALID_REQUEST",
+        -32601 => "METHOD_NOT_FOUND",
+        -32602 => "INVALID_PARAMS",
+        -32001 => "TASK_NOT_FOUND",
+        -32002 => "TASK_NOT_CANCELABLE",
+        -32003 => "PUSH_NOTIFICATION_NOT_SUPPORTED",
+        -32004 => "UNSUPPORTED_OPERATION",
+        -32005 => "CONTENT_TYPE_NOT_SUPPORTED",
+        -32007 => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+        -32009 => "VERSION_NOT_SUPPORTED",
+        _ => "INTERNAL",
+    };
+    assert_eq!(info["reason"], reason, "{answer}");
+    code
 }
 
 fn text_message(text: &str) -> Value {
@@ -253,6 +274,99 @@ fn the_agent_card_announces_json_rpc_1_0_with_streaming_on_the_agent_port_and_on
     let (status, synapse_card) = http_tcp(agent.port, "GET", "/.well-known/agent.json", None, &[]);
     assert_eq!(status, 200);
     assert_eq!(synapse_card["extensions"]["synapse"]["agent_id"], agent.id.as_str());
+    assert_eq!(synapse_card["capabilities"]["streaming"], true, "it streams, and says so");
+}
+
+/// `GET path` on `port` with extra request headers: (status, response headers lowercased, body).
+fn get_raw(port: u16, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_lowercase(), value.trim().to_string()))
+        .collect();
+    (status, headers, body.to_string())
+}
+
+/// `POST /` on `port` with this `Content-Type` (none when None): (status, body as JSON).
+fn post_typed(port: u16, content_type: Option<&str>, body: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let typed = content_type.map(|value| format!("Content-Type: {value}\r\n")).unwrap_or_default();
+    let request = format!(
+        "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nA2A-Version: 1.0\r\n{typed}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Issue 15: JSON-RPC takes application/json or application/a2a+json; a body declared as anything
+/// else, or not declared, is refused with HTTP 415 (the guard every POST passes, http/guard.rs)
+/// before it is read as JSON.
+#[test]
+fn json_rpc_refuses_a_body_declared_as_another_media_type() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "GetTask", "params": {"id": "0123abcd"}}).to_string();
+    for accepted in [Some("application/json"), Some("application/a2a+json"), Some("Application/JSON; charset=utf-8")] {
+        let (status, answer) = post_typed(agent.port, accepted, &call);
+        assert_eq!((status, error_code(&answer)), (200, -32001), "{accepted:?}: {answer}");
+    }
+    for refused in [Some("text/plain"), Some("application/x-www-form-urlencoded"), Some("application/jsonx"), None] {
+        let (status, answer) = post_typed(agent.port, refused, &call);
+        assert_eq!(status, 415, "{refused:?}: {answer}");
+        assert!(answer["message"].as_str().is_some_and(|text| text.contains("application/a2a+json")), "{answer}");
+    }
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
+}
+
+/// Issue 15: a card can be cached: `Cache-Control` with `max-age`, an `ETag` answered with 304 on
+/// `If-None-Match`, and `Last-Modified` answered with 304 on `If-Modified-Since`.
+#[test]
+fn the_cards_carry_caching_headers_and_answer_304_when_unchanged() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    for path in ["/.well-known/agent-card.json", "/.well-known/agent.json"] {
+        let (status, headers, body) = get_raw(agent.port, path, &[]);
+        assert_eq!(status, 200, "{path}");
+        assert!(!body.is_empty());
+        assert!(header(&headers, "cache-control").is_some_and(|value| value.contains("max-age=")), "{headers:?}");
+        let etag = header(&headers, "etag").unwrap().to_string();
+        assert!(etag.starts_with('"') && etag.ends_with('"'), "{etag}");
+        let modified = header(&headers, "last-modified").unwrap().to_string();
+        assert!(modified.ends_with(" GMT"), "{modified}");
+
+        let (status, headers, body) = get_raw(agent.port, path, &[("If-None-Match", &etag)]);
+        assert_eq!((status, body.as_str()), (304, ""), "{path}");
+        assert_eq!(header(&headers, "etag"), Some(etag.as_str()));
+        let (status, _, _) = get_raw(agent.port, path, &[("If-None-Match", "\"something-else\"")]);
+        assert_eq!(status, 200, "another ETag: the card again");
+        let (status, _, _) = get_raw(agent.port, path, &[("If-Modified-Since", &modified)]);
+        assert_eq!(status, 304);
+        let (status, _, _) = get_raw(agent.port, path, &[("If-Modified-Since", "Thu, 01 Jan 2015 00:00:00 GMT")]);
+        assert_eq!(status, 200, "modified since 2015");
+        let (status, _, _) = get_raw(agent.port, path, &[("If-Modified-Since", "not a date")]);
+        assert_eq!(status, 200, "a bad date is ignored");
+    }
 }
 
 #[test]
@@ -268,6 +382,26 @@ fn send_message_waits_for_the_agent_and_get_task_shows_the_artifact_in_v1_shapes
     assert_eq!(task["history"][0]["role"], "ROLE_USER");
     assert_eq!(task["history"][0]["parts"][0]["text"], "hello");
     assert!(task["artifacts"][0]["artifactId"].as_str().is_some());
+    // Every key Synapse writes in the A2A payload is camelCase, its own metadata included.
+    assert_eq!(task["metadata"]["synapse"]["agentId"], agent.id.as_str(), "{task}");
+    assert!(task["metadata"]["synapse"]["createdAt"].is_string(), "{task}");
+    fn snake_keys(value: &Value, path: &str, found: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (key, inner) in map {
+                    if key.contains('_') {
+                        found.push(format!("{path}.{key}"));
+                    }
+                    snake_keys(inner, &format!("{path}.{key}"), found);
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|item| snake_keys(item, path, found)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    snake_keys(&answer["result"], "result", &mut found);
+    assert!(found.is_empty(), "snake_case keys: {found:?}");
 
     let got = v1(agent.port, "GetTask", json!({"id": task["id"]}));
     assert_eq!(got["result"]["status"]["state"], "TASK_STATE_COMPLETED");
@@ -451,7 +585,9 @@ fn json_rpc_errors_carry_the_a2a_and_json_rpc_codes() {
     assert_eq!(error_code(&v1(port, "ListTasks", json!({"status": "TASK_STATE_NOPE"}))), -32602);
     assert_eq!(error_code(&v1(port, "ListTasks", json!({"pageToken": "x"}))), -32602);
     // A2A errors.
-    assert_eq!(error_code(&v1(port, "GetTask", json!({"id": "0123abcd"}))), -32001);
+    let unknown = v1(port, "GetTask", json!({"id": "0123abcd"}));
+    assert_eq!(error_code(&unknown), -32001);
+    assert_eq!(unknown["error"]["data"][0]["metadata"], json!({"taskId": "0123abcd"}), "{unknown}");
     assert_eq!(error_code(&v1(port, "GetTask", json!({"id": "not a task id"}))), -32001);
     assert_eq!(error_code(&v1(port, "CancelTask", json!({"id": "0123abcd"}))), -32001);
     let file = json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "file:///etc/passwd"}]}});
@@ -467,6 +603,7 @@ fn json_rpc_errors_carry_the_a2a_and_json_rpc_codes() {
     for version in ["2.0", "0.2", "banana"] {
         let answer = rpc(port, Some(version), "GetTask", json!({"id": done["id"]}));
         assert_eq!(error_code(&answer), -32009, "{version}: {answer}");
+        assert_eq!(answer["error"]["data"][0]["metadata"]["requestedVersion"], version);
         assert_eq!(answer["id"], "call-1");
     }
 }
@@ -527,8 +664,19 @@ fn an_a2a_message_is_written_into_a_dummy_agents_pty_and_its_reply_completes_the
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     let id8 = &task["id"].as_str().unwrap()[..8];
     assert_eq!(artifact_texts(&task), [format!("[DUMMY] Auto-reply to {id8}: what is 6 x 7?")]);
-    let screen = std::fs::read_to_string(bob["log"].as_str().unwrap()).unwrap();
-    assert!(screen.contains(&format!("[A2A:{id8}:anonymous:R] what is 6 x 7?")), "{screen}");
+    // The wrapper's reader thread logs the terminal's output on its own: the reply can reach the
+    // broker before the echo of the message reaches the log file.
+    let expected = format!("[A2A:{id8}:anonymous:R] what is 6 x 7?");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut screen = String::new();
+    while std::time::Instant::now() < deadline {
+        screen = std::fs::read_to_string(bob["log"].as_str().unwrap()).unwrap();
+        if screen.contains(&expected) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(screen.contains(&expected), "{screen}");
 }
 
 // ---- GET /tasks/{id}/subscribe (SSE, issue 6) ----
@@ -731,4 +879,23 @@ fn the_broker_path_accepts_the_agents_name_as_well_as_its_id() {
     assert_eq!(sent["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
     let got = call("GetTask", json!({"id": sent["result"]["task"]["id"]}));
     assert_eq!(artifact_texts(&got["result"]), ["scenario agent: done: by name"]);
+}
+
+/// Issue 15: `synapse start scenario` starts the scripted A2A agent in the background like any
+/// profile (it answers A2A at once), `synapse stop` stops it, and what it cannot take is refused.
+#[test]
+fn synapse_start_scenario_runs_the_scenario_agent_like_a_profile() {
+    let home = Home::new();
+    let output = home.cmd(&["start", "scenario", "--name", "scen", "--json"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let started: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let port = u16::try_from(started["port"].as_u64().unwrap()).unwrap();
+    let task = send_v1(port, "hello", false);
+    assert_eq!(artifact_texts(&task), ["scenario agent: done: hello"]);
+    let stopped = home.cmd(&["stop", "scen"]).output().unwrap();
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    wait_until_dead(u32::try_from(started["pid"].as_u64().unwrap()).unwrap());
+    let refused = home.cmd(&["start", "scenario", "--role", "x"]).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("takes only --port and --name"), "{}", describe(&refused));
 }

@@ -331,6 +331,8 @@ mod tests {
         // Where Gemini would read it (root owns the path: this build's own directory when the
         // tests run as root), the file holds a trusted server.
         let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+        // (It may not exist yet: a fresh checkout built into another CARGO_TARGET_DIR.)
+        std::fs::create_dir_all(&base).unwrap();
         if gemini_refuses(&base).is_none() {
             let dir = tempfile::tempdir_in(&base).unwrap();
             std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();

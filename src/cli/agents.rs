@@ -57,9 +57,20 @@ pub fn run_profile(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Resu
     )
 }
 
+/// What `synapse start` runs for the scripted A2A agent (`synapse scenario-agent`).
+pub const SCENARIO: &str = "scenario";
+
 /// `synapse start <profile> ...`: the same agent in the background.
 pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) -> anyhow::Result<i32> {
-    profile::load(profile_name, &paths.home)?;
+    // The scenario agent (the A2A test agent) is no CLI in a PTY: it runs by itself.
+    let scenario = profile_name == SCENARIO;
+    if scenario {
+        if args.common.role.is_some() || !args.common.tool_args.is_empty() || args.common.no_mcp {
+            bail!("the {SCENARIO} agent takes only --port and --name");
+        }
+    } else {
+        profile::load(profile_name, &paths.home)?;
+    }
     let logs = paths.home.join("logs");
     crate::private_files::create_dir(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
     let wrapper_log = logs.join(format!("{profile_name}-wrapper.log"));
@@ -68,7 +79,11 @@ pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) 
     let start_of_log = log.metadata().map(|meta| meta.len()).unwrap_or(0);
     let exe = std::env::current_exe().context("cannot find the synapse executable")?;
     let mut command = std::process::Command::new(exe);
-    command.arg(profile_name).args(["--headless", "--announce"]);
+    if scenario {
+        command.arg("scenario-agent");
+    } else {
+        command.arg(profile_name).args(["--headless", "--announce"]);
+    }
     if let Some(port) = args.common.port {
         command.args(["--port", &port.to_string()]);
     }

@@ -72,7 +72,8 @@ pub enum Command {
     },
     /// Start an agent in the background (terminal output goes to a log)
     Start {
-        /// Profile: claude, gemini, codex, opencode, copilot, dummy (or one in SYNAPSE_HOME/profiles)
+        /// Profile: claude, gemini, codex, opencode, copilot, dummy (or one in SYNAPSE_HOME/profiles),
+        /// or scenario (the scripted A2A agent)
         profile: String,
         #[command(flatten)]
         args: StartArgs,

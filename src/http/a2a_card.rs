@@ -8,8 +8,48 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{FixedAgent, Scope};
 use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
+use sha2::Digest;
+
+/// How long a client may keep a card without asking again (a card changes only when its agent
+/// registers again, renamed or with another role).
+pub const CARD_MAX_AGE_SECONDS: u64 = 60;
+
+/// A card with its caching headers (A2A v1.0 §8.6): `Cache-Control` with `max-age`, a strong
+/// `ETag` (digest of the body), `Last-Modified` (the agent's registration); `304 Not Modified`
+/// without a body when `If-None-Match` names the ETag, or, without that header,
+/// `If-Modified-Since` is not older than the registration.
+fn cached(request: &HeaderMap, card: &Value, modified_ms: u64) -> Response {
+    let body = card.to_string();
+    let digest = crate::secret::to_hex(&sha2::Sha256::digest(body.as_bytes()));
+    let etag = format!("\"{}\"", &digest[..32]);
+    // HTTP dates have whole seconds.
+    let modified = std::time::UNIX_EPOCH + std::time::Duration::from_secs(modified_ms / 1000);
+    let not_modified = match request.get(header::IF_NONE_MATCH).and_then(|value| value.to_str().ok()) {
+        Some(tags) => tags.split(',').map(str::trim).any(|tag| tag == "*" || tag.trim_start_matches("W/") == etag),
+        None => request
+            .get(header::IF_MODIFIED_SINCE)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| httpdate::parse_http_date(text).ok())
+            .is_some_and(|since| since >= modified),
+    };
+    let mut response =
+        if not_modified { StatusCode::NOT_MODIFIED.into_response() } else { Json(card.clone()).into_response() };
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&etag) {
+        headers.insert(header::ETAG, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
+        headers.insert(header::LAST_MODIFIED, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&format!("public, max-age={CARD_MAX_AGE_SECONDS}")) {
+        headers.insert(header::CACHE_CONTROL, value);
+    }
+    response
+}
 
 /// The A2A protocol version of the JSON-RPC interface the card announces.
 pub const PROTOCOL_VERSION: &str = "1.0";
@@ -46,7 +86,8 @@ pub async fn agent_card(
     State(state): State<AppState>,
     Scope(agent): Scope,
     fixed: Option<Extension<FixedAgent>>,
-) -> Result<Json<Value>, ApiError> {
+    request: HeaderMap,
+) -> Result<Response, ApiError> {
     let record = state
         .store
         .read(|view| view.agent(&agent))?
@@ -59,21 +100,26 @@ pub async fn agent_card(
             record.agent_id
         ),
     };
-    Ok(Json(card_json(&record, &url)))
+    Ok(cached(&request, &card_json(&record, &url), record.registered_ms))
 }
 
 /// `GET /.well-known/agent.json`: the Synapse card of seed 003 (kept as it was).
-pub async fn synapse_card(State(state): State<AppState>, Scope(agent): Scope) -> Result<Json<Value>, ApiError> {
+pub async fn synapse_card(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    request: HeaderMap,
+) -> Result<Response, ApiError> {
     let record = state
         .store
         .read(|view| view.agent(&agent))?
         .ok_or_else(|| ApiError::not_found(format!("Agent '{agent}' is not registered")))?;
-    Ok(Json(json!({
+    let card = json!({
         "name": record.name.clone().unwrap_or_else(|| record.agent_id.clone()),
         "description": format!("{} agent managed by Synapse{}", record.agent_type, record.role.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()),
         "url": format!("http://127.0.0.1:{}", record.port),
         "version": crate::broker::VERSION,
-        "capabilities": {"streaming": false, "pushNotifications": false},
+        // It streams (message/stream, SubscribeToTask): the card says so.
+        "capabilities": {"streaming": true, "pushNotifications": false},
         "defaultInputModes": ["text"],
         "defaultOutputModes": ["text"],
         "skills": [
@@ -87,5 +133,6 @@ pub async fn synapse_card(State(state): State<AppState>, Scope(agent): Scope) ->
             "priority_interrupt": true,
             "reply_to": true,
         }},
-    })))
+    });
+    Ok(cached(&request, &card, record.registered_ms))
 }

@@ -250,7 +250,8 @@ pub(super) async fn cancel_task(
         return Err(RpcError::new(
             TASK_NOT_CANCELABLE,
             format!("Task {} is {} and cannot be canceled", task.id, task.state),
-        ));
+        )
+        .with("taskId", task.id.clone()));
     }
     let reason = Some("canceled by the A2A client".to_string());
     let canceled = match state
@@ -261,7 +262,9 @@ pub(super) async fn cancel_task(
         Ok(Outcome::Task { task }) => task,
         Ok(_) => return Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a cancel")),
         // Decided against a newer state than the one read above: it became final meanwhile.
-        Err(CommandError::BadRequest { message }) => return Err(RpcError::new(TASK_NOT_CANCELABLE, message)),
+        Err(CommandError::BadRequest { message }) => {
+            return Err(RpcError::new(TASK_NOT_CANCELABLE, message).with("taskId", task.id.clone()));
+        }
         Err(error) => return Err(error.into()),
     };
     // The agent's side of the exchange stops too (best effort: it may have finished already).

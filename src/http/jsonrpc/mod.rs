@@ -68,22 +68,65 @@ pub enum Version {
     V10,
 }
 
-/// A JSON-RPC error.
+/// A JSON-RPC error; answered with a `google.rpc.ErrorInfo` in `error.data` (A2A v1.0 §9.5).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcError {
     pub code: i64,
     pub message: String,
+    /// The ErrorInfo's `metadata`: what the error is about (`taskId`, ...), string values.
+    pub metadata: Vec<(&'static str, String)>,
+}
+
+/// The ErrorInfo `domain` of every A2A error.
+pub const ERROR_DOMAIN: &str = "a2a-protocol.org";
+
+/// The ErrorInfo `reason` of a code: the A2A error's name in UPPER_SNAKE_CASE without `Error`,
+/// or the JSON-RPC error's.
+pub fn error_reason(code: i64) -> &'static str {
+    match code {
+        PARSE_ERROR => "PARSE_ERROR",
+        INVALID_REQUEST => "INVALID_REQUEST",
+        METHOD_NOT_FOUND => "METHOD_NOT_FOUND",
+        INVALID_PARAMS => "INVALID_PARAMS",
+        TASK_NOT_FOUND => "TASK_NOT_FOUND",
+        TASK_NOT_CANCELABLE => "TASK_NOT_CANCELABLE",
+        PUSH_NOT_SUPPORTED => "PUSH_NOTIFICATION_NOT_SUPPORTED",
+        UNSUPPORTED_OPERATION => "UNSUPPORTED_OPERATION",
+        CONTENT_TYPE_NOT_SUPPORTED => "CONTENT_TYPE_NOT_SUPPORTED",
+        EXTENDED_CARD_NOT_CONFIGURED => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+        VERSION_NOT_SUPPORTED => "VERSION_NOT_SUPPORTED",
+        _ => "INTERNAL",
+    }
 }
 
 impl RpcError {
     fn new(code: i64, message: impl Into<String>) -> RpcError {
-        RpcError { code, message: message.into() }
+        RpcError { code, message: message.into(), metadata: Vec::new() }
+    }
+    pub(super) fn with(mut self, key: &'static str, value: impl Into<String>) -> RpcError {
+        self.metadata.push((key, value.into()));
+        self
     }
     fn params(message: impl Into<String>) -> RpcError {
         RpcError::new(INVALID_PARAMS, message)
     }
     fn task_not_found(id: &str) -> RpcError {
-        RpcError::new(TASK_NOT_FOUND, format!("Task {id} not found"))
+        RpcError::new(TASK_NOT_FOUND, format!("Task {id} not found")).with("taskId", id)
+    }
+
+    /// `error.data`: one `google.rpc.ErrorInfo`.
+    pub fn data(&self) -> Value {
+        let metadata: serde_json::Map<String, Value> =
+            self.metadata.iter().map(|(key, value)| (key.to_string(), Value::String(value.clone()))).collect();
+        let mut info = json!({
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": error_reason(self.code),
+            "domain": ERROR_DOMAIN,
+        });
+        if !metadata.is_empty() {
+            info["metadata"] = Value::Object(metadata);
+        }
+        json!([info])
     }
 }
 
@@ -117,7 +160,7 @@ impl From<crate::store::StoreError> for RpcError {
 }
 
 pub fn error_response(id: &Value, error: &RpcError) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": error.code, "message": error.message}})
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": error.code, "message": error.message, "data": error.data()}})
 }
 
 pub fn result_response(id: &Value, result: Value) -> Value {
@@ -139,7 +182,8 @@ pub fn version_of(headers: &HeaderMap) -> Result<Version, RpcError> {
         _ => Err(RpcError::new(
             VERSION_NOT_SUPPORTED,
             format!("A2A version '{text}' is not supported; this agent speaks 1.0 and 0.3"),
-        )),
+        )
+        .with("requestedVersion", text)),
     }
 }
 

@@ -123,10 +123,11 @@ pub fn task_json(version: Version, task: &TaskRecord, history_length: Option<usi
         "id": task.id,
         "contextId": task.context_id,
         "status": status_json(version, task),
+        // camelCase like every key of the A2A bindings' payloads.
         "metadata": {"synapse": {
-            "agent_id": task.peer.as_ref().or(task.owner.as_ref()),
+            "agentId": task.peer.as_ref().or(task.owner.as_ref()),
             "direction": task.direction,
-            "created_at": crate::time::rfc3339(task.created_ms),
+            "createdAt": crate::time::rfc3339(task.created_ms),
         }},
     });
     if version == Version::V03 {
