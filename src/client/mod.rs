@@ -875,8 +875,15 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
         delay = (delay * 2).min(Duration::from_millis(50));
     }
     drop(lock);
-    // The child is detached (own process group); it is reaped by init when this CLI exits.
-    std::mem::forget(child);
+    // The broker runs in its own process group and outlives this process, but until this
+    // process exits it is our child: a wrapper that started it would otherwise keep it as a
+    // `<defunct>` zombie once it stops. A thread waits for it (init reaps it after we exit).
+    let reaper = std::thread::Builder::new().name("broker-reaper".into()).spawn(move || {
+        let _ = child.wait();
+    });
+    if let Err(error) = reaper {
+        tracing::debug!("cannot start a thread to reap the broker: {error}");
+    }
     Ok(())
 }
 
