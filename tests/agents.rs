@@ -745,6 +745,29 @@ fn the_demo_shows_the_interrupt_it_announces() {
     assert!(interrupted < urgent, "{bob}");
 }
 
+/// Issue 14: with the dummy range 8190-8199 busy, `synapse demo` failed ("All ports of the
+/// dummy range 8190-8199 are taken"). Its agents take ports the system chooses, so it runs
+/// however busy the machine is. The ports another program holds already stay busy as they are.
+#[test]
+fn the_demo_runs_with_every_port_of_the_dummy_range_taken() {
+    let _held: Vec<std::net::TcpListener> =
+        (8190..=8199).filter_map(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok()).collect();
+    let home = Home::new();
+    let output = home.cmd(&["demo"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let shown = stdout(&output).replace('\r', "");
+    // "  started alice: <id> (pid N, port P)..."
+    let ports: Vec<u16> = shown
+        .lines()
+        .filter(|line| line.trim_start().starts_with("started "))
+        .filter_map(|line| line.split(", port ").nth(1)?.split(')').next()?.parse().ok())
+        .collect();
+    assert_eq!(ports.len(), 2, "both agents' ports shown: {shown}");
+    assert!(ports.iter().all(|port| !(8190..=8199).contains(port) && *port != 0), "{ports:?}");
+    let bob = shown.split("--- bob's terminal").nth(1).expect(&shown);
+    assert!(bob.contains("] URGENT: stop and read this"), "{bob}");
+}
+
 /// `count` consecutive ports free right now on 127.0.0.1, found by binding them (and released
 /// before returning): never fixed ports, which another test or program may hold.
 fn free_port_range(count: u16) -> (u16, u16) {

@@ -210,7 +210,8 @@ pub enum Command {
 
 #[derive(Args, Debug, Clone)]
 pub struct StartArgs {
-    /// Port for the agent's endpoints (default: first free one of the profile's range)
+    /// Port for the agent's endpoints (default: first free one of the profile's range; 0: one
+    /// the system chooses)
     #[arg(long)]
     pub port: Option<u16>,
     /// A custom name other agents can use as the target
