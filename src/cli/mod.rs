@@ -319,7 +319,8 @@ pub struct EventsArgs {
     /// Start after this sequence number
     #[arg(long, default_value_t = 0)]
     pub after: u64,
-    /// Keep printing new events as they are appended
+    /// Keep printing new events as they are appended, across broker restarts (exit 1 if the
+    /// log was replaced meanwhile)
     #[arg(short = 'f', long)]
     pub follow: bool,
     /// One JSON object per line

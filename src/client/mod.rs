@@ -315,6 +315,30 @@ impl Client {
         }
     }
 
+    /// [`Client::connect_unless_stopped`], tried again until a broker answers: for what lives
+    /// across a broker's restart (a wrapper, a followed event stream). A broker stopped on
+    /// purpose is waited for, never started; one that crashed is started again.
+    pub async fn connect_when_available(paths: &Paths) -> Client {
+        let mut delay = Duration::from_millis(20);
+        let mut said = false;
+        loop {
+            match Client::connect_unless_stopped(paths).await {
+                Ok(client) => return client,
+                // Said once: the wait may be long (until someone starts a broker).
+                Err(error) if !said => {
+                    said = true;
+                    tracing::warn!("cannot reach the broker ({error:#}); retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(error) => {
+                    tracing::debug!("cannot reach the broker ({error:#}); retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
     /// A connection to the Unix socket at `socket` (the broker's or an agent's), without the
     /// version handshake: for the benchmarks, which start the broker themselves.
     pub async fn at_socket(socket: &std::path::Path) -> std::io::Result<Client> {
