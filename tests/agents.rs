@@ -858,3 +858,31 @@ fn a_registration_with_an_unusable_port_range_is_refused_with_a_clear_error() {
         assert!(message.contains("is not usable") && message.contains("at most 1000 ports"), "{message}");
     }
 }
+
+/// Issue 14: `external send` had no `-p`. The priority reaches the peer's agent (through the
+/// peer's `/tasks/send-priority`): a priority-5 message sent to another broker's busy agent is
+/// sent there with priority 5 and interrupts its CLI.
+#[test]
+fn an_external_send_with_priority_five_interrupts_the_peer_agent() {
+    let remote = Home::new();
+    let mut follower = Follower::new(&remote);
+    let (bob, _wrappers) = busy_bob(&remote, &mut follower);
+    let home = Home::new();
+    home.ok(&["external", "add", &format!("http://127.0.0.1:{}", bob["port"]), "--alias", "remote-bob"]);
+    let refused = home.run(&["external", "send", "remote-bob", "too urgent", "-p", "9"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("priority must be between 1 and 5"), "{}", describe(&refused));
+
+    home.ok(&["external", "send", "remote-bob", "URGENT from afar", "-p", "5"]);
+    follower.wait_until("the urgent message written", |events| settled(events, &id(&bob)));
+    let sent = follower
+        .seen
+        .iter()
+        .find(|e| kind(e) == "message_sent" && data(e, "text") == "URGENT from afar")
+        .expect("the message was sent to bob");
+    assert_eq!(data(sent, "priority"), 5, "{sent}");
+    let screen = terminal(&bob);
+    let interrupted = screen.find("[DUMMY] Interrupted while answering").expect(&screen);
+    let urgent = screen.find("URGENT from afar").expect(&screen);
+    assert!(interrupted < urgent, "{screen}");
+}

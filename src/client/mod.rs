@@ -658,7 +658,15 @@ impl Client {
         alias: &str,
         request: &api::ExternalSend,
     ) -> Result<api::ExternalSent, ClientError> {
-        self.call(Method::POST, &format!("/external/{}/send", percent_encode(alias)), Some(request)).await
+        // The broker follows the remote task for up to `wait_seconds` before it answers.
+        let wait = Duration::from_secs(request.wait_seconds.unwrap_or(0));
+        let limit = call_timeout().map(|limit| limit.saturating_add(wait));
+        let path = format!("/external/{}/send", percent_encode(alias));
+        let what = what_of(&Method::POST, &path);
+        let body = serde_json::to_vec(request)
+            .map_err(|error| ClientError::Request { what: what.clone(), reason: error.to_string() })?;
+        let (status, bytes) = self.exchange_within(limit, Method::POST, &path, Some(body)).await?;
+        answer(&what, status, &bytes)
     }
 
     /// `DELETE /external/{alias}`.
@@ -698,9 +706,20 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), ClientError> {
+        self.exchange_within(limit_for(path), method, path, body).await
+    }
+
+    /// [`Client::exchange`] with its own time limit (None: none).
+    async fn exchange_within(
+        &mut self,
+        limit: Option<Duration>,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
         let request = self.build(method.clone(), path, body)?;
         let sender = &mut self.sender;
-        within(limit_for(path), || what_of(&method, path), async move {
+        within(limit, || what_of(&method, path), async move {
             // hyper takes a request only once the connection is idle again: right after the
             // previous answer was read it may still be finishing it ("connection was not ready").
             sender.ready().await.map_err(|source| ClientError::Unreachable { doing: CLOSED, source })?;
