@@ -253,7 +253,7 @@ pub enum BrokerCommand {
 
 #[derive(Args, Debug)]
 pub struct SendArgs {
-    /// Target agent: custom name, agent id, <type>-<port> or type
+    /// Target agent: custom name, agent id, <type>-<port> or type; else an external agent's alias
     pub target: String,
     /// The message (or use --message-file / --stdin)
     pub message: Option<String>,
