@@ -85,7 +85,7 @@ pub async fn run(paths: &Paths, command: ExternalCommand, json: bool) -> anyhow:
         }
         ExternalCommand::Send { alias, message, message_file, stdin, wait, priority } => {
             let text = super::read_message(message, message_file.as_ref(), stdin)?;
-            let priority = priority.as_deref().map(super::messaging::parse_priority).transpose()?;
+            let priority = priority.as_deref().map(super::parse_priority).transpose()?;
             let request = api::ExternalSend { text, wait_seconds: wait, priority, response_expected: None };
             return send(&mut client, &alias, &request, json).await;
         }

@@ -1,6 +1,6 @@
 //! `synapse send`, `synapse reply`, `synapse list` (SPEC §1-2).
 
-use super::{ReplyArgs, SendArgs, read_message};
+use super::{ReplyArgs, SendArgs, parse_priority, read_message};
 use crate::api::{self, Task};
 use crate::client::Client;
 use crate::config::Paths;
@@ -10,13 +10,6 @@ use crate::event::short_id;
 /// The sender's identity: `--from`, else `SYNAPSE_AGENT_ID`.
 fn identity(from: Option<String>) -> Option<String> {
     from.or_else(|| std::env::var("SYNAPSE_AGENT_ID").ok()).filter(|id| !id.trim().is_empty())
-}
-
-pub fn parse_priority(text: &str) -> anyhow::Result<u8> {
-    match text.trim().parse::<i64>() {
-        Ok(priority) if (1..=5).contains(&priority) => Ok(u8::try_from(priority)?),
-        _ => anyhow::bail!("priority must be between 1 and 5 (got '{text}')"),
-    }
 }
 
 pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {

@@ -503,6 +503,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// Reads the message from exactly one source: the argument, a file, or standard input.
+/// A `-p/--priority` value: 1-5.
+pub(crate) fn parse_priority(text: &str) -> anyhow::Result<u8> {
+    match text.trim().parse::<i64>() {
+        Ok(priority) if (1..=5).contains(&priority) => Ok(u8::try_from(priority)?),
+        _ => anyhow::bail!("priority must be between 1 and 5 (got '{text}')"),
+    }
+}
+
 pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, stdin: bool) -> anyhow::Result<String> {
     let sources = usize::from(positional.is_some()) + usize::from(file.is_some()) + usize::from(stdin);
     if sources == 0 {
