@@ -745,6 +745,29 @@ fn the_demo_shows_the_interrupt_it_announces() {
     assert!(interrupted < urgent, "{bob}");
 }
 
+/// Issue 14: with the dummy range 8190-8199 busy, `synapse demo` failed ("All ports of the
+/// dummy range 8190-8199 are taken"). Its agents take ports the system chooses, so it runs
+/// however busy the machine is. The ports another program holds already stay busy as they are.
+#[test]
+fn the_demo_runs_with_every_port_of_the_dummy_range_taken() {
+    let _held: Vec<std::net::TcpListener> =
+        (8190..=8199).filter_map(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok()).collect();
+    let home = Home::new();
+    let output = home.cmd(&["demo"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let shown = stdout(&output).replace('\r', "");
+    // "  started alice: <id> (pid N, port P)..."
+    let ports: Vec<u16> = shown
+        .lines()
+        .filter(|line| line.trim_start().starts_with("started "))
+        .filter_map(|line| line.split(", port ").nth(1)?.split(')').next()?.parse().ok())
+        .collect();
+    assert_eq!(ports.len(), 2, "both agents' ports shown: {shown}");
+    assert!(ports.iter().all(|port| !(8190..=8199).contains(port) && *port != 0), "{ports:?}");
+    let bob = shown.split("--- bob's terminal").nth(1).expect(&shown);
+    assert!(bob.contains("] URGENT: stop and read this"), "{bob}");
+}
+
 /// `count` consecutive ports free right now on 127.0.0.1, found by binding them (and released
 /// before returning): never fixed ports, which another test or program may hold.
 fn free_port_range(count: u16) -> (u16, u16) {
@@ -914,4 +937,32 @@ fn a_hook_that_is_not_the_agents_or_dies_early_takes_nothing() {
     let output = hook_as(&home, &agent, &agent.secret);
     assert!(stdout(&output).contains("hooked-1 sent while busy"), "{}", describe(&output));
     assert!(home.inbox(&agent).is_empty());
+}
+
+/// Issue 14: `external send` had no `-p`. The priority reaches the peer's agent (through the
+/// peer's `/tasks/send-priority`): a priority-5 message sent to another broker's busy agent is
+/// sent there with priority 5 and interrupts its CLI.
+#[test]
+fn an_external_send_with_priority_five_interrupts_the_peer_agent() {
+    let remote = Home::new();
+    let mut follower = Follower::new(&remote);
+    let (bob, _wrappers) = busy_bob(&remote, &mut follower);
+    let home = Home::new();
+    home.ok(&["external", "add", &format!("http://127.0.0.1:{}", bob["port"]), "--alias", "remote-bob"]);
+    let refused = home.run(&["external", "send", "remote-bob", "too urgent", "-p", "9"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("priority must be between 1 and 5"), "{}", describe(&refused));
+
+    home.ok(&["external", "send", "remote-bob", "URGENT from afar", "-p", "5"]);
+    follower.wait_until("the urgent message written", |events| settled(events, &id(&bob)));
+    let sent = follower
+        .seen
+        .iter()
+        .find(|e| kind(e) == "message_sent" && data(e, "text") == "URGENT from afar")
+        .expect("the message was sent to bob");
+    assert_eq!(data(sent, "priority"), 5, "{sent}");
+    let screen = terminal(&bob);
+    let interrupted = screen.find("[DUMMY] Interrupted while answering").expect(&screen);
+    let urgent = screen.find("URGENT from afar").expect(&screen);
+    assert!(interrupted < urgent, "{screen}");
 }

@@ -270,3 +270,72 @@ fn the_event_stream_resumes_from_last_event_id_and_filters_by_agent_and_kind() {
     let (status, _) = home.http("GET", "/events", None, &[("Last-Event-ID", "not-a-number")]);
     assert_eq!(status, 400);
 }
+
+/// `synapse events --follow --json` read on a thread: each line as JSON, and the child.
+fn follow_events(home: &Home) -> (std::process::Child, std::sync::mpsc::Receiver<Value>) {
+    let mut child =
+        home.cmd(&["events", "--follow", "--json"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(serde_json::from_str::<Value>(&line).unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    (child, lines)
+}
+
+/// Takes followed events into `seen` until one with `seq` has come.
+fn receive_through(lines: &std::sync::mpsc::Receiver<Value>, seen: &mut Vec<Value>, seq: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while seen.last().and_then(|event| event["seq"].as_u64()).is_none_or(|last| last < seq) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let event = lines.recv_timeout(left).unwrap_or_else(|error| panic!("no event {seq} ({error}); saw {seen:#?}"));
+        seen.push(event);
+    }
+}
+
+/// Issue 14: `events --follow` ended silently with status 0 when the broker restarted. It
+/// waits for the next broker and goes on after the last event it printed: every event of the
+/// log once, in order, none missed. A log that lost that event meanwhile ends it with exit 1.
+#[test]
+fn events_follow_goes_on_across_a_broker_restart_without_duplicates_or_gaps() {
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let (child, lines) = follow_events(&home);
+    let mut seen = Vec::new();
+    home.register(Some("alice"));
+    receive_through(&lines, &mut seen, home.head());
+
+    home.ok(&["broker", "stop"]);
+    home.ok(&["broker", "start"]);
+    home.register(Some("bob"));
+    let head = home.head();
+    receive_through(&lines, &mut seen, head);
+    let followed: Vec<u64> = seen.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    let logged: Vec<u64> = home.events().iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    assert_eq!(followed, logged, "each event once, none missed");
+    assert!(
+        seen.iter().any(|event| event["event"]["kind"] == "agent_registered" && event.to_string().contains("bob")),
+        "an event of the second broker: {seen:#?}"
+    );
+
+    // A crash (SIGKILL) is followed through the same way, by whichever client starts the next.
+    home.kill_broker();
+    home.register(Some("carol"));
+    let head = home.head();
+    receive_through(&lines, &mut seen, head);
+    let followed: Vec<u64> = seen.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    assert_eq!(followed, (1..=head).collect::<Vec<u64>>(), "each event once after a crash too");
+
+    // The log moved aside while no broker ran: the next broker's log is not the one followed.
+    home.ok(&["broker", "stop"]);
+    std::fs::rename(home.home().join("synapse.redb"), home.home().join("synapse.redb.aside")).unwrap();
+    home.ok(&["broker", "start"]);
+    let ended = output_within(child, std::time::Duration::from_secs(30), "events --follow");
+    assert_eq!(ended.status.code(), Some(1), "{}", describe(&ended));
+    assert!(stderr(&ended).contains("is no longer in it"), "{}", describe(&ended));
+}

@@ -14,6 +14,61 @@ fn local(home: &Home, args: &[&str]) -> std::process::Output {
     home.cmd(args).env("SYNAPSE_EXTERNAL_TIMEOUT_MS", "700").output().unwrap()
 }
 
+/// Issue 14: `synapse send <alias>` did not reach an agent added with `synapse external add`.
+/// With no local agent of that name, it goes to the external agent, with the flags that apply
+/// there; the ones that name things of this broker are refused clearly.
+#[test]
+fn send_to_an_external_alias_reaches_the_external_agent() {
+    let remote = Home::new();
+    let started = remote
+        .cmd(&["start", "dummy", "--name", "bob", "--json"])
+        .env("SYNAPSE_DUMMY_AUTO_REPLY", "1")
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let bob: Value = serde_json::from_slice(&started.stdout).unwrap();
+    let home = Home::new();
+    home.ok(&["external", "add", &format!("http://127.0.0.1:{}", bob["port"]), "--alias", "remote-bob"]);
+
+    let asked = local(&home, &["send", "remote-bob", "ping through send", "--wait", "30"]);
+    assert!(asked.status.success(), "{}", describe(&asked));
+    assert!(
+        stdout(&asked).contains("Auto-reply") && stdout(&asked).contains("ping through send"),
+        "{}",
+        describe(&asked)
+    );
+    let told = local(&home, &["send", "remote-bob", "just so you know", "--no-response", "--json"]);
+    assert!(told.status.success(), "{}", describe(&told));
+    let told: Value = serde_json::from_slice(&told.stdout).unwrap();
+    assert!(told["task"]["id"].is_string(), "the remote task: {told}");
+    let remote_events = remote.ok(&["events", "--json"]);
+    assert!(remote_events.contains("just so you know"), "bob's broker got it: {remote_events}");
+
+    let alice = home.register(Some("alice"));
+    for (flag, value) in [("--reply-to", "1a2b3c4d"), ("--idempotency-key", "k")] {
+        let refused = local(&home, &["send", "remote-bob", "hi", flag, value]);
+        assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+        assert!(
+            stderr(&refused)
+                .contains(&format!("'remote-bob' is an external agent (synapse external list): {flag} cannot apply")),
+            "{}",
+            describe(&refused)
+        );
+    }
+    // External agents are the user's: an agent is told so.
+    let from_agent = home.run_as(&alice, &["send", "remote-bob", "hi"]);
+    assert_eq!(from_agent.status.code(), Some(1), "{}", describe(&from_agent));
+    assert!(stderr(&from_agent).contains("for the user only"), "{}", describe(&from_agent));
+    let nobody = home.run(&["send", "nobody", "hi"]);
+    assert_eq!(nobody.status.code(), Some(1), "{}", describe(&nobody));
+    assert!(stderr(&nobody).contains("No agent found matching 'nobody'"), "{}", describe(&nobody));
+    // A local agent of that name comes first.
+    let local_bob = home.register(Some("remote-bob"));
+    let sent = home.ok(&["send", "remote-bob", "to the local one", "--no-response"]);
+    assert!(sent.contains(&format!("Sent to {}", local_bob.id)), "{sent}");
+    let _ = remote.run(&["stop", "bob"]);
+}
+
 #[test]
 fn an_agent_of_another_broker_is_added_asked_and_answers() {
     let remote = Home::new();

@@ -72,10 +72,15 @@ fn a_broker_stopped_on_purpose_stays_stopped_while_an_agent_runs_and_the_wrapper
     assert!(output.status.success(), "{}", describe(&output));
     let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
     let _bob = StopAgent(&home, bob["agent_id"].as_str().unwrap().to_string());
+    let wrapper = u32::try_from(bob["pid"].as_u64().unwrap()).unwrap();
     let first = home.broker_pid().unwrap();
+    // The case of issue 14: the wrapper started the broker, so the broker is its child.
+    assert_eq!(parent_of(first), Some(wrapper), "the wrapper did not start the broker");
 
     home.ok(&["broker", "stop"]);
     assert!(!is_alive(first));
+    // Issue 14: the stopped broker stayed `<defunct>` under the wrapper; the wrapper reaps it.
+    wait_until("the wrapper to reap its stopped broker", || zombie_children(wrapper).is_empty());
     // The old wrapper restarted a broker within half a second; watch well past its retry delay.
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(3) {
@@ -90,6 +95,28 @@ fn a_broker_stopped_on_purpose_stays_stopped_while_an_agent_runs_and_the_wrapper
     // The round trip needs bob's wrapper connected to the new broker (its watcher injects).
     let answer = home.ok(&["send", "bob", "are you back?", "--wait", "30"]);
     assert!(answer.contains("Auto-reply"), "{answer}");
+}
+
+/// The parent of process `pid`, from `/proc` (None once it is gone).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: the fields follow the last ')'.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The children of `parent` that have exited and were not waited for (`ps` shows `<defunct>`,
+/// state Z).
+fn zombie_children(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+            let fields: Vec<&str> =
+                stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+            fields.first() == Some(&"Z") && fields.get(1).and_then(|ppid| ppid.parse().ok()) == Some(parent)
+        })
+        .collect()
 }
 
 /// Waits until `done` holds, or fails naming `what`.

@@ -41,6 +41,12 @@ pub struct ExternalSend {
     /// Follow the remote task until it ends, at most this many seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_seconds: Option<u64>,
+    /// 1-5 (5 interrupts the remote agent's CLI first); absent: the remote's default (3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
+    /// Whether the remote agent is asked for a reply; absent: only when `wait_seconds` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_expected: Option<bool>,
 }
 
 /// The answer to an external send: the remote agent's task as it answered it (without

@@ -314,8 +314,10 @@ fn requests_write_the_fields_the_schema_documents() {
     documented_request("FileCleanupBody", &FileCleanup { days: Some(3) }, &FileCleanup { days: None });
     let add = AddExternal { url: "http://x".into(), alias: Some("x".into()) };
     documented_request("ExternalAddBody", &add, &AddExternal { url: "http://x".into(), alias: None });
-    let send = ExternalSend { text: "t".into(), wait_seconds: Some(1) };
-    documented_request("ExternalSendBody", &send, &ExternalSend { text: "t".into(), wait_seconds: None });
+    let send =
+        ExternalSend { text: "t".into(), wait_seconds: Some(1), priority: Some(5), response_expected: Some(true) };
+    let minimal = ExternalSend { text: "t".into(), wait_seconds: None, priority: None, response_expected: None };
+    documented_request("ExternalSendBody", &send, &minimal);
     let status = StatusUpdate { status: crate::event::AgentStatus::Ready, note: None };
     documented_request("StatusBody", &status, &status);
 }

@@ -59,7 +59,9 @@ impl Demo {
     }
 
     fn start(&mut self, name: &str, auto_reply: bool) -> anyhow::Result<Announce> {
-        let mut command = self.command(&["start", "dummy", "--name", name, "--json"]);
+        // Port 0: the system chooses. The dummy profile's range (8190-8199) may be taken by
+        // anything on this machine, and the demo must run however busy it is.
+        let mut command = self.command(&["start", "dummy", "--name", name, "--port", "0", "--json"]);
         if auto_reply {
             command.env("SYNAPSE_DUMMY_AUTO_REPLY", "1").env("SYNAPSE_DUMMY_REPLY_DELAY_MS", "700");
         }
@@ -70,9 +72,10 @@ impl Demo {
         let agent: Announce = serde_json::from_slice(&output.stdout).context("unexpected answer from synapse start")?;
         self.wrappers.push(agent.pid);
         println!(
-            "  started {name}: {} (pid {}){}",
+            "  started {name}: {} (pid {}, port {}){}",
             agent.agent_id,
             agent.pid,
+            agent.port,
             if auto_reply { ", answers :R messages by itself after 0.7 s" } else { "" }
         );
         Ok(agent)

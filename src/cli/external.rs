@@ -36,6 +36,9 @@ pub enum ExternalCommand {
         /// Follow the remote task until it ends (at most SECONDS, default 600) and print the reply
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "600")]
         wait: Option<u64>,
+        /// Priority 1-5 for the remote agent (5 interrupts its CLI first; default: its own, 3)
+        #[arg(short = 'p', long, allow_hyphen_values = true)]
+        priority: Option<String>,
     },
     /// Forget an external agent
     Remove {
@@ -80,30 +83,11 @@ pub async fn run(paths: &Paths, command: ExternalCommand, json: bool) -> anyhow:
         ExternalCommand::Info { alias } => {
             println!("{}", api::json_pretty(&client.external(&alias).await?.external)?);
         }
-        ExternalCommand::Send { alias, message, message_file, stdin, wait } => {
+        ExternalCommand::Send { alias, message, message_file, stdin, wait, priority } => {
             let text = super::read_message(message, message_file.as_ref(), stdin)?;
-            let answer = client.send_external(&alias, &api::ExternalSend { text, wait_seconds: wait }).await?;
-            if json {
-                println!("{}", api::json_line(&answer)?);
-                return Ok(match (wait, answer.timed_out) {
-                    (Some(_), Some(true)) => 1,
-                    _ => 0,
-                });
-            }
-            let task = answer.task.unwrap_or_default();
-            if wait.is_none() {
-                println!(
-                    "Sent to {alias}: task {} {}",
-                    task.id.as_deref().unwrap_or_default(),
-                    task.status_text().unwrap_or_default()
-                );
-                return Ok(0);
-            }
-            match (answer.timed_out, task.state.as_deref(), task.reply_text()) {
-                (Some(false), Some("completed"), Some(reply)) => println!("{reply}"),
-                (Some(true), _, _) => anyhow::bail!("no reply from {alias} in time; the remote task stays open"),
-                (_, state, _) => anyhow::bail!("the remote task ended {} without a reply", state.unwrap_or("unknown")),
-            }
+            let priority = priority.as_deref().map(super::parse_priority).transpose()?;
+            let request = api::ExternalSend { text, wait_seconds: wait, priority, response_expected: None };
+            return send(&mut client, &alias, &request, json).await;
         }
         ExternalCommand::Remove { alias } => {
             client.remove_external(&alias).await?;
@@ -113,6 +97,38 @@ pub async fn run(paths: &Paths, command: ExternalCommand, json: bool) -> anyhow:
                 println!("Removed {alias}");
             }
         }
+    }
+    Ok(0)
+}
+
+/// Sends `request` to the external agent `alias` and shows the answer (`external send`, and
+/// `send` to an alias no local agent answers to). With `wait_seconds`, the reply is printed,
+/// and a reply that did not come is an error (exit 1).
+pub(super) async fn send(
+    client: &mut Client,
+    alias: &str,
+    request: &api::ExternalSend,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let answer = client.send_external(alias, request).await?;
+    let waited = request.wait_seconds.is_some();
+    if json {
+        println!("{}", api::json_line(&answer)?);
+        return Ok(if waited && answer.timed_out == Some(true) { 1 } else { 0 });
+    }
+    let task = answer.task.unwrap_or_default();
+    if !waited {
+        println!(
+            "Sent to {alias}: task {} {}",
+            task.id.as_deref().unwrap_or_default(),
+            task.status_text().unwrap_or_default()
+        );
+        return Ok(0);
+    }
+    match (answer.timed_out, task.state.as_deref(), task.reply_text()) {
+        (Some(false), Some("completed"), Some(reply)) => println!("{reply}"),
+        (Some(true), _, _) => anyhow::bail!("no reply from {alias} in time; the remote task stays open"),
+        (_, state, _) => anyhow::bail!("the remote task ended {} without a reply", state.unwrap_or("unknown")),
     }
     Ok(0)
 }

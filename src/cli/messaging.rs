@@ -1,6 +1,6 @@
 //! `synapse send`, `synapse reply`, `synapse list` (SPEC §1-2).
 
-use super::{ReplyArgs, SendArgs, read_message};
+use super::{ReplyArgs, SendArgs, parse_priority, read_message};
 use crate::api::{self, Task};
 use crate::client::Client;
 use crate::config::Paths;
@@ -12,19 +12,20 @@ fn identity(from: Option<String>) -> Option<String> {
     from.or_else(|| std::env::var("SYNAPSE_AGENT_ID").ok()).filter(|id| !id.trim().is_empty())
 }
 
-pub fn parse_priority(text: &str) -> anyhow::Result<u8> {
-    match text.trim().parse::<i64>() {
-        Ok(priority) if (1..=5).contains(&priority) => Ok(u8::try_from(priority)?),
-        _ => anyhow::bail!("priority must be between 1 and 5 (got '{text}')"),
-    }
-}
-
 pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
     let text = read_message(args.message, args.message_file.as_ref(), args.stdin)?;
     if text.trim().is_empty() {
         anyhow::bail!("the message is empty");
     }
     let priority = parse_priority(&args.priority)?;
+    // Flags that name things of this broker (a task, a send to repeat): refused if the target
+    // turns out to be an external agent. (`--from` needs an agent's secret, and external agents
+    // are the user's alone: the broker refuses that before.)
+    let local_only: Vec<&str> =
+        [(args.reply_to.is_some(), "--reply-to"), (args.idempotency_key.is_some(), "--idempotency-key")]
+            .into_iter()
+            .filter_map(|(given, flag)| given.then_some(flag))
+            .collect();
     let from = identity(args.from);
     // Without --response / --no-response / --wait, a2a.flow decides (SPEC §2, §6).
     let settings = crate::settings::Settings::load_current(&paths.home)?;
@@ -55,7 +56,27 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         idempotency_key: args.idempotency_key,
         ..api::SendRequest::new(args.target, text)
     };
-    let answer = client.send_retrying(paths, &request).await?;
+    let answer = match client.send_retrying(paths, &request).await {
+        Ok(answer) => answer,
+        Err(error) if names_no_agent(&error) && is_external(&mut client, &request.to).await? => {
+            if let Some(flag) = local_only.first() {
+                anyhow::bail!(
+                    "'{}' is an external agent (synapse external list): {flag} cannot apply to it",
+                    request.to
+                );
+            }
+            // 0 waits without a limit here; the broker follows a remote task a day at most.
+            let wait_seconds = wait.map(|seconds| if seconds == 0 { u64::MAX } else { seconds });
+            let external = api::ExternalSend {
+                text: request.text,
+                wait_seconds,
+                priority: Some(priority),
+                response_expected: Some(response_expected),
+            };
+            return super::external::send(&mut client, &request.to, &external, args.json).await;
+        }
+        Err(error) => return Err(error),
+    };
     if let Some(warning) = &answer.warning {
         eprintln!("{warning}");
     }
@@ -122,6 +143,25 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(reply.map(|_| 0)?)
+}
+
+/// The broker found no live agent the target names (404 from the send).
+fn names_no_agent(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<crate::client::ClientError>().is_some_and(|error| {
+        error.status() == Some(hyper::StatusCode::NOT_FOUND) && error.to_string().starts_with("No agent found matching")
+    })
+}
+
+/// Is `alias` an external agent (`synapse external add`)? Only the user may use them: an agent
+/// asking is told so along with the send's own error.
+async fn is_external(client: &mut Client, alias: &str) -> anyhow::Result<bool> {
+    match client.external(alias).await {
+        Ok(answer) => Ok(answer.external.is_some()),
+        Err(error) if error.status() == Some(hyper::StatusCode::FORBIDDEN) => anyhow::bail!(
+            "No agent found matching '{alias}'. Run 'synapse list' to see the running agents. External agents (synapse external) are for the user only, not for an agent"
+        ),
+        Err(_) => Ok(false),
+    }
 }
 
 /// `synapse cancel <task>`: cancels it where it lives (under its owner; an anonymous sender's

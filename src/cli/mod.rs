@@ -217,7 +217,8 @@ pub enum Command {
 
 #[derive(Args, Debug, Clone)]
 pub struct StartArgs {
-    /// Port for the agent's endpoints (default: first free one of the profile's range)
+    /// Port for the agent's endpoints (default: first free one of the profile's range; 0: one
+    /// the system chooses)
     #[arg(long)]
     pub port: Option<u16>,
     /// A custom name other agents can use as the target
@@ -259,7 +260,7 @@ pub enum BrokerCommand {
 
 #[derive(Args, Debug)]
 pub struct SendArgs {
-    /// Target agent: custom name, agent id, <type>-<port> or type
+    /// Target agent: custom name, agent id, <type>-<port> or type; else an external agent's alias
     pub target: String,
     /// The message (or use --message-file / --stdin)
     pub message: Option<String>,
@@ -325,7 +326,8 @@ pub struct EventsArgs {
     /// Start after this sequence number
     #[arg(long, default_value_t = 0)]
     pub after: u64,
-    /// Keep printing new events as they are appended
+    /// Keep printing new events as they are appended, across broker restarts (exit 1 if the
+    /// log was replaced meanwhile)
     #[arg(short = 'f', long)]
     pub follow: bool,
     /// One JSON object per line
@@ -509,6 +511,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// Reads the message from exactly one source: the argument, a file, or standard input.
+/// A `-p/--priority` value: 1-5.
+pub(crate) fn parse_priority(text: &str) -> anyhow::Result<u8> {
+    match text.trim().parse::<i64>() {
+        Ok(priority) if (1..=5).contains(&priority) => Ok(u8::try_from(priority)?),
+        _ => anyhow::bail!("priority must be between 1 and 5 (got '{text}')"),
+    }
+}
+
 pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, stdin: bool) -> anyhow::Result<String> {
     let sources = usize::from(positional.is_some()) + usize::from(file.is_some()) + usize::from(stdin);
     if sources == 0 {

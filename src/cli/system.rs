@@ -105,29 +105,112 @@ pub fn event_line(envelope: &Envelope) -> String {
     )
 }
 
+/// The last event `events --follow` printed: after a broker restart the stream goes on from
+/// it, and it must still be the same event (else the log was replaced meanwhile).
+struct Seen {
+    seq: u64,
+    event: serde_json::Value,
+}
+
+/// `synapse events [--follow]`. Following, it outlives the broker: when the stream ends (the
+/// broker stopped or crashed) it waits for the next broker (never starting one stopped on
+/// purpose) and goes on after the last event it printed, so nothing is printed twice or
+/// skipped. A log that no longer holds that event ends it with exit 1 and the reason.
 pub async fn events(paths: &Paths, args: EventsArgs) -> anyhow::Result<i32> {
     let mut client = Client::connect(paths, true).await?;
     let stdout = std::io::stdout();
-    let mut failure = None;
-    client
-        .events(args.after, args.follow, args.agent.as_deref(), args.kind.as_deref(), |data| {
-            let line = match serde_json::from_str::<Envelope>(data) {
-                Ok(_) if args.json => data.to_string(),
-                Ok(envelope) => event_line(&envelope),
-                Err(error) => {
-                    failure = Some(format!("cannot read event: {error}: {data}"));
-                    return false;
+    let mut last: Option<Seen> = None;
+    // Set after a restart: the stream starts again at the last printed event, to check it.
+    let mut resuming = false;
+    loop {
+        let mut failure = None;
+        let mut printing_ended = false;
+        let after = match &last {
+            Some(seen) if resuming => seen.seq.saturating_sub(1),
+            Some(seen) => seen.seq,
+            None => args.after,
+        };
+        let streamed = client
+            .events(after, args.follow, args.agent.as_deref(), args.kind.as_deref(), |data| {
+                let envelope = match serde_json::from_str::<Envelope>(data) {
+                    Ok(envelope) => envelope,
+                    Err(error) => {
+                        failure = Some(format!("cannot read event: {error}: {data}"));
+                        return false;
+                    }
+                };
+                if args.follow {
+                    let event = serde_json::from_str::<serde_json::Value>(data).unwrap_or_default();
+                    if std::mem::take(&mut resuming) {
+                        if let Some(seen) = &last
+                            && (envelope.seq != seen.seq || event != seen.event)
+                        {
+                            failure = Some(replaced_log(paths, seen.seq));
+                            return false;
+                        }
+                        // Printed before the restart.
+                        return true;
+                    }
+                    last = Some(Seen { seq: envelope.seq, event });
                 }
-            };
-            let mut out = stdout.lock();
-            // A closed pipe (`synapse events | head`) ends the command quietly.
-            writeln!(out, "{line}").and_then(|_| out.flush()).is_ok()
-        })
-        .await?;
-    if let Some(failure) = failure {
-        anyhow::bail!(failure);
+                let line = if args.json { data.to_string() } else { event_line(&envelope) };
+                let mut out = stdout.lock();
+                // A closed pipe (`synapse events | head`) ends the command quietly.
+                let written = writeln!(out, "{line}").and_then(|_| out.flush()).is_ok();
+                printing_ended = !written;
+                written
+            })
+            .await;
+        if let Some(failure) = failure {
+            anyhow::bail!(failure);
+        }
+
+        match streamed {
+            // The broker went away under the stream: a followed stream waits for the next one.
+            Ok(()) if args.follow && !printing_ended => {}
+            Err(error) if args.follow && !printing_ended && going_away(&error) => {}
+            Ok(()) => return Ok(0),
+            Err(error) => return Err(error.into()),
+        }
+        let at = last.as_ref().map_or(after, |seen| seen.seq);
+        eprintln!("synapse events: the broker went away after event {at}; following on when a broker is back");
+        // A broker shutting down may still take a connection and close it under the request:
+        // that is the same going away, not an error.
+        let head = loop {
+            client = Client::connect_when_available(paths).await;
+            match client.health().await {
+                Ok(health) => break health.head,
+                Err(error) if going_away(&error) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                Err(error) => return Err(error.into()),
+            }
+        };
+        if let Some(seen) = &last {
+            // A log shorter than what was printed is not the one followed (deleted or moved
+            // aside while no broker ran); one as long is checked on its first event.
+            if head < seen.seq {
+                anyhow::bail!(replaced_log(paths, seen.seq));
+            }
+            resuming = true;
+        }
+        eprintln!("synapse events: following again after event {at}");
     }
-    Ok(0)
+}
+
+/// An error that means the broker is going (or gone): the connection broke or was refused, no
+/// answer came, or it answered that it cannot serve now (a 5xx while it shuts down).
+fn going_away(error: &client::ClientError) -> bool {
+    match error {
+        client::ClientError::Unreachable { .. } | client::ClientError::Timeout(_) => true,
+        client::ClientError::Http { status, .. } => status.is_server_error(),
+        _ => false,
+    }
+}
+
+fn replaced_log(paths: &Paths, seq: u64) -> String {
+    format!(
+        "the event log of SYNAPSE_HOME={} changed while no broker ran: event {seq}, printed before, is no longer in it. Run 'synapse events' again to read the log as it is now",
+        paths.home.display()
+    )
 }
 
 pub async fn admin(paths: &Paths, command: AdminCommand, json: bool) -> anyhow::Result<i32> {

@@ -315,6 +315,30 @@ impl Client {
         }
     }
 
+    /// [`Client::connect_unless_stopped`], tried again until a broker answers: for what lives
+    /// across a broker's restart (a wrapper, a followed event stream). A broker stopped on
+    /// purpose is waited for, never started; one that crashed is started again.
+    pub async fn connect_when_available(paths: &Paths) -> Client {
+        let mut delay = Duration::from_millis(20);
+        let mut said = false;
+        loop {
+            match Client::connect_unless_stopped(paths).await {
+                Ok(client) => return client,
+                // Said once: the wait may be long (until someone starts a broker).
+                Err(error) if !said => {
+                    said = true;
+                    tracing::warn!("cannot reach the broker ({error:#}); retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(error) => {
+                    tracing::debug!("cannot reach the broker ({error:#}); retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
     /// A connection to the Unix socket at `socket` (the broker's or an agent's), without the
     /// version handshake: for the benchmarks, which start the broker themselves.
     pub async fn at_socket(socket: &std::path::Path) -> std::io::Result<Client> {
@@ -634,7 +658,15 @@ impl Client {
         alias: &str,
         request: &api::ExternalSend,
     ) -> Result<api::ExternalSent, ClientError> {
-        self.call(Method::POST, &format!("/external/{}/send", percent_encode(alias)), Some(request)).await
+        // The broker follows the remote task for up to `wait_seconds` before it answers.
+        let wait = Duration::from_secs(request.wait_seconds.unwrap_or(0));
+        let limit = call_timeout().map(|limit| limit.saturating_add(wait));
+        let path = format!("/external/{}/send", percent_encode(alias));
+        let what = what_of(&Method::POST, &path);
+        let body = serde_json::to_vec(request)
+            .map_err(|error| ClientError::Request { what: what.clone(), reason: error.to_string() })?;
+        let (status, bytes) = self.exchange_within(limit, Method::POST, &path, Some(body)).await?;
+        answer(&what, status, &bytes)
     }
 
     /// `DELETE /external/{alias}`.
@@ -674,9 +706,20 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), ClientError> {
+        self.exchange_within(limit_for(path), method, path, body).await
+    }
+
+    /// [`Client::exchange`] with its own time limit (None: none).
+    async fn exchange_within(
+        &mut self,
+        limit: Option<Duration>,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
         let request = self.build(method.clone(), path, body)?;
         let sender = &mut self.sender;
-        within(limit_for(path), || what_of(&method, path), async move {
+        within(limit, || what_of(&method, path), async move {
             // hyper takes a request only once the connection is idle again: right after the
             // previous answer was read it may still be finishing it ("connection was not ready").
             sender.ready().await.map_err(|source| ClientError::Unreachable { doing: CLOSED, source })?;
@@ -875,8 +918,15 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
         delay = (delay * 2).min(Duration::from_millis(50));
     }
     drop(lock);
-    // The child is detached (own process group); it is reaped by init when this CLI exits.
-    std::mem::forget(child);
+    // The broker runs in its own process group and outlives this process, but until this
+    // process exits it is our child: a wrapper that started it would otherwise keep it as a
+    // `<defunct>` zombie once it stops. A thread waits for it (init reaps it after we exit).
+    let reaper = std::thread::Builder::new().name("broker-reaper".into()).spawn(move || {
+        let _ = child.wait();
+    });
+    if let Err(error) = reaper {
+        tracing::debug!("cannot start a thread to reap the broker: {error}");
+    }
     Ok(())
 }
 

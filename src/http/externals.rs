@@ -22,6 +22,9 @@ pub fn routes() -> axum::Router<AppState> {
         .route("/external/{alias}/send", post(send))
 }
 
+/// The longest a send may follow the remote task (`wait_seconds` is capped to it).
+const FOLLOW_SECONDS_MAX: u64 = 24 * 60 * 60;
+
 /// How long one request to an external agent may take (`SYNAPSE_EXTERNAL_TIMEOUT_MS`).
 fn limit() -> Duration {
     Duration::from_millis(
@@ -129,6 +132,10 @@ struct SendBody {
     /// Follow the remote task until it ends, at most this many seconds.
     #[serde(default)]
     wait_seconds: Option<u64>,
+    #[serde(default)]
+    priority: Option<u8>,
+    #[serde(default)]
+    response_expected: Option<bool>,
 }
 
 async fn send(
@@ -141,17 +148,36 @@ async fn send(
     if body.text.trim().is_empty() {
         return Err(ApiError::bad("the message is empty"));
     }
+    if let Some(priority) = body.priority
+        && !(1..=5).contains(&priority)
+    {
+        return Err(ApiError::bad(format!("priority must be between 1 and 5 (got '{priority}')")));
+    }
     let external = known(&state, &alias)?;
     let message = json!({
         "message": {"role": "user", "parts": [{"type": "text", "text": body.text}]},
-        "metadata": {"response_expected": body.wait_seconds.is_some()},
+        "metadata": {"response_expected": body.response_expected.unwrap_or(body.wait_seconds.is_some())},
     });
-    let url = format!("{}/tasks/send", external.url);
+    // An A2A message's metadata has no priority (SPEC §3): a Synapse agent takes it in the query
+    // of its own endpoint, which only a priority other than the default needs, so a peer
+    // without that endpoint still takes every other message.
+    let url = match body.priority {
+        Some(priority) if priority != crate::broker::command::default_priority() => {
+            format!("{}/tasks/send-priority?priority={priority}", external.url)
+        }
+        _ => format!("{}/tasks/send", external.url),
+    };
     let policy = state.outbound_policy();
     let answer =
         outbound::request(&policy, hyper::Method::POST, &url, &[], Some(message.to_string().into_bytes()), limit())
             .await
             .map_err(unreachable)?;
+    if answer.status == 404 && url.contains("/tasks/send-priority") {
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("{alias} takes no priority ({url} answered 404): send without -p"),
+        ));
+    }
     let sent: Value = serde_json::from_slice(&answer.body)
         .map_err(|error| ApiError::new(StatusCode::BAD_GATEWAY, format!("malformed answer from {url}: {error}")))?;
     if !(200..300).contains(&answer.status) {
@@ -164,7 +190,8 @@ async fn send(
     let task = sent.get("task").cloned().unwrap_or(Value::Null);
     let Some(seconds) = body.wait_seconds else { return Ok(Json(json!({"task": task}))) };
     let task_id = task.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
-    let followed = follow(&policy, &external.url, &task_id, Duration::from_secs(seconds.max(1))).await?;
+    let limit = Duration::from_secs(seconds.clamp(1, FOLLOW_SECONDS_MAX));
+    let followed = follow(&policy, &external.url, &task_id, limit).await?;
     Ok(Json(followed))
 }
 

@@ -12,21 +12,10 @@ use std::time::Duration;
 /// A connection to the broker acting as the agent (its secret sent with every request),
 /// retried until the broker answers (it is started when none runs).
 pub(crate) async fn connect(paths: &Paths, secret: &str) -> Client {
-    let mut delay = Duration::from_millis(20);
-    loop {
-        // Never restarts a broker stopped on purpose: waits until someone starts one.
-        match Client::connect_unless_stopped(paths).await {
-            Ok(mut client) => {
-                client.set_secret(secret.to_string());
-                return client;
-            }
-            Err(error) => {
-                tracing::warn!("cannot reach the broker ({error:#}); retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
+    // Never restarts a broker stopped on purpose: waits until someone starts one.
+    let mut client = Client::connect_when_available(paths).await;
+    client.set_secret(secret.to_string());
+    client
 }
 
 /// The connection for an exiting agent's deregistration: None when the broker was stopped on
