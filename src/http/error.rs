@@ -22,7 +22,23 @@ pub struct ApiError {
 }
 
 /// What a handler answers: JSON, or an [`ApiError`].
-pub type ApiResult<T = Json<Value>> = Result<T, ApiError>;
+pub type ApiResult<T = Answer> = Result<T, ApiError>;
+
+/// A JSON answer, serialized once: straight from a typed value of the [`crate::api`] contract
+/// ([`answer`]), or from a `serde_json::Value` ([`Answer::json`]).
+pub struct Answer(Response);
+
+impl Answer {
+    pub fn json(value: Value) -> Answer {
+        Answer(Json(value).into_response())
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        self.0
+    }
+}
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
@@ -98,13 +114,14 @@ impl From<StoreError> for ApiError {
     }
 }
 
-/// An answer of the [`crate::api`] contract as JSON, written through `serde_json::Value` so its
-/// keys come out in the order the handlers' `json!` answers had (sorted): the bytes on the wire
-/// do not change with the move to typed answers.
+/// An answer of the [`crate::api`] contract as JSON, serialized directly (its keys in the type's
+/// field order: no detour through `serde_json::Value`, which cost a tenth of the sends per
+/// second).
 pub fn answer<T: Serialize>(value: &T) -> ApiResult {
-    serde_json::to_value(value)
-        .map(Json)
-        .map_err(|error| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("cannot write the answer: {error}")))
+    let bytes = serde_json::to_vec(value)
+        .map_err(|error| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("cannot write the answer: {error}")))?;
+    let content_type = [(axum::http::header::CONTENT_TYPE, "application/json")];
+    Ok(Answer((content_type, bytes).into_response()))
 }
 
 #[cfg(test)]

@@ -1,11 +1,11 @@
 //! `/external`: add (discovering the agent card), list, info, send, remove (SPEC §6).
 
 use super::extract::parse_body;
+use super::error::Answer;
 use super::{ApiError, ApiResult, AppState};
 use crate::broker::command::{Command, Outcome};
 use crate::broker::externals::{ExternalCommand, alias_from_name};
 use crate::broker::outbound;
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -104,11 +104,11 @@ async fn add(
         ));
     }
     appended(&state, ExternalCommand::Add { alias: alias.clone(), url, name, description }).await?;
-    Ok(Json(json!({"external": state.externals.get(&alias)})))
+    Ok(Answer::json(json!({"external": state.externals.get(&alias)})))
 }
 
 async fn list(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
-    Ok(Json(json!({"externals": state.externals.list()})))
+    Ok(Answer::json(json!({"externals": state.externals.list()})))
 }
 
 fn known(state: &AppState, alias: &str) -> Result<crate::broker::externals::External, ApiError> {
@@ -116,13 +116,13 @@ fn known(state: &AppState, alias: &str) -> Result<crate::broker::externals::Exte
 }
 
 async fn info(State(state): State<AppState>, _user: super::caller::TheUser, Path(alias): Path<String>) -> ApiResult {
-    Ok(Json(json!({"external": known(&state, &alias)?})))
+    Ok(Answer::json(json!({"external": known(&state, &alias)?})))
 }
 
 async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, Path(alias): Path<String>) -> ApiResult {
     known(&state, &alias)?;
     appended(&state, ExternalCommand::Remove { alias: alias.clone() }).await?;
-    Ok(Json(json!({"removed": alias})))
+    Ok(Answer::json(json!({"removed": alias})))
 }
 
 #[derive(Deserialize)]
@@ -188,11 +188,11 @@ async fn send(
         ));
     }
     let task = sent.get("task").cloned().unwrap_or(Value::Null);
-    let Some(seconds) = body.wait_seconds else { return Ok(Json(json!({"task": task}))) };
+    let Some(seconds) = body.wait_seconds else { return Ok(Answer::json(json!({"task": task}))) };
     let task_id = task.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
     let limit = Duration::from_secs(seconds.clamp(1, FOLLOW_SECONDS_MAX));
     let followed = follow(&policy, &external.url, &task_id, limit).await?;
-    Ok(Json(followed))
+    Ok(Answer::json(followed))
 }
 
 /// Follows the remote task's event stream until its final state, or the time runs out.

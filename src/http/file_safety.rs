@@ -2,11 +2,11 @@
 
 use super::caller::Caller;
 use super::extract::{parse_body, parse_query};
+use super::error::Answer;
 use super::{ApiError, ApiResult, AppState};
 use crate::broker::command::{Command, CommandError, Outcome};
 use crate::broker::file_safety::{self, FileCommand, LOCK_DEFAULT_DURATION_SECONDS};
 use crate::event::ChangeType;
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -53,7 +53,7 @@ async fn submit(state: &AppState, command: FileCommand) -> Result<u64, CommandEr
 async fn status(State(state): State<AppState>) -> ApiResult {
     let (locks, modifications) =
         state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
-    Ok(Json(json!({"locks": locks, "modifications": modifications})))
+    Ok(Answer::json(json!({"locks": locks, "modifications": modifications})))
 }
 
 #[derive(Deserialize)]
@@ -79,7 +79,7 @@ async fn locks(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult
             json!({"lock": lock, "expired": expired})
         })
         .collect();
-    Ok(Json(json!({"locks": locks})))
+    Ok(Answer::json(json!({"locks": locks})))
 }
 
 #[derive(Deserialize)]
@@ -118,7 +118,7 @@ async fn lock(State(state): State<AppState>, caller: Caller, body: Result<Bytes,
         match submit(&state, command).await {
             Ok(_) => {
                 let lock = state.store.read(|view| view.lock(&path))?;
-                return Ok(Json(json!({"locked": true, "lock": lock})));
+                return Ok(Answer::json(json!({"locked": true, "lock": lock})));
             }
             Err(CommandError::Conflict { message }) if tokio::time::Instant::now() < deadline => {
                 let expires = state.store.read(|view| view.lock(&path))?.map(|lock| lock.expires_ms);
@@ -166,7 +166,7 @@ async fn unlock(State(state): State<AppState>, caller: Caller, body: Result<Byte
     };
     let by_user = caller.is_user();
     submit(&state, FileCommand::Unlock { path: path.clone(), agent_id, force: body.force, by_user }).await?;
-    Ok(Json(json!({"unlocked": path})))
+    Ok(Answer::json(json!({"unlocked": path})))
 }
 
 #[derive(Deserialize)]
@@ -182,7 +182,7 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResu
     let path = path(&query.path)?;
     let limit = limit(query.limit)?;
     let modifications = state.store.read(|view| view.modifications_of(&path, limit))?;
-    Ok(Json(json!({"path": path, "modifications": modifications})))
+    Ok(Answer::json(json!({"path": path, "modifications": modifications})))
 }
 
 async fn recent(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
@@ -190,7 +190,7 @@ async fn recent(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     let limit = limit(query.limit)?;
     let agent = super::extract::agent_filter(&state, query.agent)?;
     let modifications = state.store.read(|view| view.recent_modifications(agent.as_deref(), limit))?;
-    Ok(Json(json!({"modifications": modifications})))
+    Ok(Answer::json(json!({"modifications": modifications})))
 }
 
 #[derive(Deserialize)]
@@ -221,7 +221,7 @@ async fn record(State(state): State<AppState>, caller: Caller, body: Result<Byte
     let command =
         FileCommand::Record { path: path.clone(), agent_id, task_id: body.task_id, change_type, intent: body.intent };
     submit(&state, command).await?;
-    Ok(Json(json!({"recorded": path, "change_type": change_type})))
+    Ok(Answer::json(json!({"recorded": path, "change_type": change_type})))
 }
 
 #[derive(Deserialize)]
@@ -237,7 +237,7 @@ async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesReject
     let now = crate::time::now_ms();
     let agent_id = super::extract::agent_id(&state, &body.agent_id)?;
     let answer = state.store.read(|view| file_safety::check(view, &path, &agent_id, now))?;
-    Ok(Json(answer))
+    Ok(Answer::json(answer))
 }
 
 #[derive(Deserialize, Default)]
@@ -263,7 +263,7 @@ async fn cleanup(State(state): State<AppState>, body: Result<Bytes, BytesRejecti
     submit(&state, FileCommand::Cleanup { keep_days: Some(keep_days) }).await?;
     let (locks_after, records_after) =
         state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
-    Ok(Json(json!({
+    Ok(Answer::json(json!({
         "released": locks_before.saturating_sub(locks_after),
         "pruned": records_before.saturating_sub(records_after),
     })))

@@ -1,10 +1,10 @@
 //! `/webhooks`: register, list, remove, and the deliveries (SPEC §6).
 
 use super::extract::{parse_body, parse_query};
+use super::error::Answer;
 use super::{ApiError, ApiResult, AppState};
 use crate::broker::command::{Command, Outcome};
 use crate::broker::webhooks::WebhookCommand;
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -66,11 +66,11 @@ async fn register(
     };
     appended(&state, WebhookCommand::Register { url: url.clone(), events: body.events, secret_ref }).await?;
     let hook = state.webhooks.lock().hook(&url).cloned();
-    Ok(Json(json!({"webhook": hook})))
+    Ok(Answer::json(json!({"webhook": hook})))
 }
 
 async fn list(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
-    Ok(Json(json!({"webhooks": state.webhooks.lock().hooks()})))
+    Ok(Answer::json(json!({"webhooks": state.webhooks.lock().hooks()})))
 }
 
 #[derive(Deserialize)]
@@ -86,9 +86,9 @@ async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, ur
         return Err(ApiError::not_found(format!("No webhook registered for {url}")));
     }
     appended(&state, WebhookCommand::Remove { url: url.clone() }).await?;
-    Ok(Json(json!({"removed": url})))
+    Ok(Answer::json(json!({"removed": url})))
 }
 
 async fn deliveries(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
-    Ok(Json(json!({"deliveries": state.webhooks.lock().deliveries()})))
+    Ok(Answer::json(json!({"deliveries": state.webhooks.lock().deliveries()})))
 }
