@@ -1,7 +1,7 @@
 //! `/external`: add (discovering the agent card), list, info, send, remove (SPEC §6).
 
-use super::extract::parse_body;
 use super::error::Answer;
+use super::extract::parse_body;
 use super::{ApiError, ApiResult, AppState};
 use crate::broker::command::{Command, Outcome};
 use crate::broker::externals::{ExternalCommand, alias_from_name};

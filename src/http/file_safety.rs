@@ -1,8 +1,8 @@
 //! `/file-safety/...`: locks, modification records, checks (SPEC §5).
 
 use super::caller::Caller;
-use super::extract::{parse_body, parse_query};
 use super::error::Answer;
+use super::extract::{parse_body, parse_query};
 use super::{ApiError, ApiResult, AppState};
 use crate::broker::command::{Command, CommandError, Outcome};
 use crate::broker::file_safety::{self, FileCommand, LOCK_DEFAULT_DURATION_SECONDS};

@@ -1,7 +1,7 @@
 //! `/history...`: the history views (SPEC §4).
 
-use super::extract::{parse_body, parse_query};
 use super::error::Answer;
+use super::extract::{parse_body, parse_query};
 use super::{ApiError, ApiResult, AppState};
 use crate::broker::command::{Command, Outcome};
 use crate::event::{Event, TaskState};

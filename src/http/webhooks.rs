@@ -1,7 +1,7 @@
 //! `/webhooks`: register, list, remove, and the deliveries (SPEC §6).
 
-use super::extract::{parse_body, parse_query};
 use super::error::Answer;
+use super::extract::{parse_body, parse_query};
 use super::{ApiError, ApiResult, AppState};
 use crate::broker::command::{Command, Outcome};
 use crate::broker::webhooks::WebhookCommand;

@@ -5,7 +5,6 @@
 
 use crate::event::Artifact;
 use crate::event::TaskState;
-use serde::{Deserialize, Serialize};
 
 /// Largest accepted message text, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -23,81 +22,58 @@ pub enum Actor {
 }
 
 /// The body of [`Command::UpdateTask`](super::Command::UpdateTask).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct UpdateTaskRequest {
     pub agent_id: String,
-    #[serde(default)]
     pub secret: Option<String>,
     /// The agent's own received task (full id or unique prefix).
     pub task_id: String,
     pub state: TaskState,
-    #[serde(default)]
     pub artifacts: Vec<Artifact>,
-    #[serde(default)]
     pub error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct RegisterRequest {
     pub agent_type: String,
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub role: Option<String>,
     pub pid: u32,
-    #[serde(default)]
     pub working_dir: String,
     /// The port the broker has bound for this agent.
-    #[serde(default)]
     pub port: u16,
-    #[serde(default, skip_serializing)]
     pub secret_hash: String,
     /// The start time of `pid`, read by the broker when it checked the registration.
-    #[serde(default, skip_serializing)]
     pub pid_start: Option<u64>,
     /// The registering peer is the process registered (see `Event::AgentRegistered`).
-    #[serde(default, skip_serializing)]
     pub wrapper: bool,
     /// The registration was made by the user (the admin key, or a peer not inside an agent):
     /// only then may it take back a departed agent's queue.
-    #[serde(default, skip_serializing)]
     pub by_user: bool,
 }
 
 /// A message to an agent (the body of `synapse send` and `POST /tasks/send`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct SendRequest {
     /// Target: a custom name, an agent id, `<type>-<port>` or a type.
     pub to: String,
-    #[serde(default)]
     pub from: Option<String>,
     /// The sender agent's secret (`SYNAPSE_AGENT_SECRET`), required when `from` is registered.
-    #[serde(default)]
     pub secret: Option<String>,
     pub text: String,
-    #[serde(default = "default_priority")]
     pub priority: u8,
-    #[serde(default)]
     pub response_expected: bool,
     /// Answer this task (full id or unique prefix).
-    #[serde(default)]
     pub reply_to: Option<String>,
-    #[serde(default)]
     pub context_id: Option<String>,
     /// A task the sender created beforehand (`POST /tasks/create`, seed 002) that the reply
     /// should complete, instead of a new one.
-    #[serde(default)]
     pub sender_task_id: Option<String>,
     /// `Idempotency-Key`: a second send with the same key from the same sender within
     /// [`IDEMPOTENCY_WINDOW_MS`] answers the first send's tasks and sends nothing.
-    #[serde(default)]
     pub idempotency_key: Option<String>,
     /// Set by the broker, never read from the body: the request came from the user (see
     /// `http::caller`). An anonymous send by the user may be cancelled only by the user.
-    #[serde(skip)]
     pub by_user: bool,
 }
 
