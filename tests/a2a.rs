@@ -899,3 +899,80 @@ fn synapse_start_scenario_runs_the_scenario_agent_like_a_profile() {
     assert!(!refused.status.success());
     assert!(stderr(&refused).contains("takes only --port and --name"), "{}", describe(&refused));
 }
+
+/// `method path` on `port` with a JSON body and the 1.0 header: (status, body as JSON).
+fn rest(port: u16, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let body = body.map(|body| body.to_string());
+    http_tcp(port, method, path, body.as_deref().map(str::as_bytes), &[("A2A-Version", "1.0")])
+}
+
+/// An HTTP+JSON error: its HTTP status, `google.rpc.Status` name and ErrorInfo reason.
+fn rest_error(answer: &(u16, Value)) -> (u16, String, String) {
+    let (status, body) = answer;
+    assert_eq!(body["error"]["code"].as_u64(), Some(u64::from(*status)), "{body}");
+    assert_eq!(body["error"]["details"][0]["domain"], "a2a-protocol.org", "{body}");
+    (
+        *status,
+        body["error"]["status"].as_str().unwrap_or_default().to_string(),
+        body["error"]["details"][0]["reason"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// Issue 15: the HTTP+JSON binding of A2A 1.0 under `/v1` (the card names it), with the same
+/// behaviour as JSON-RPC and errors as `google.rpc.Status`.
+#[test]
+fn the_http_json_binding_serves_the_same_methods_under_v1() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let port = agent.port;
+    let (_, card) = http_tcp(port, "GET", "/.well-known/agent-card.json", None, &[]);
+    let interface =
+        card["supportedInterfaces"].as_array().unwrap().iter().find(|i| i["protocolBinding"] == "HTTP+JSON");
+    assert_eq!(interface.unwrap()["url"], format!("http://127.0.0.1:{port}/v1"), "{card}");
+
+    let (status, sent) = rest(port, "POST", "/v1/message:send", Some(json!({"message": text_message("hello")})));
+    assert_eq!(status, 200, "{sent}");
+    let task = &sent["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    assert_eq!(artifact_texts(task), ["scenario agent: done: hello"]);
+    let id = task["id"].as_str().unwrap();
+
+    let (status, got) = rest(port, "GET", &format!("/v1/tasks/{id}?historyLength=0"), None);
+    assert_eq!((status, got["id"].as_str()), (200, Some(id)), "{got}");
+    assert!(got.get("history").is_none());
+    rest(port, "POST", "/v1/message:send", Some(json!({"message": text_message("again")})));
+    let (status, page) = rest(port, "GET", "/v1/tasks?pageSize=1", None);
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(page["totalSize"], 2);
+
+    // The same errors as JSON-RPC, in this binding's shape and statuses.
+    let unknown = rest(port, "GET", "/v1/tasks/0123abcd", None);
+    assert_eq!(rest_error(&unknown), (404, "NOT_FOUND".into(), "TASK_NOT_FOUND".into()));
+    let done = rest(port, "POST", &format!("/v1/tasks/{id}:cancel"), Some(json!({})));
+    assert_eq!(rest_error(&done), (409, "FAILED_PRECONDITION".into(), "TASK_NOT_CANCELABLE".into()));
+    let bad = rest(port, "GET", "/v1/tasks?pageSize=0", None);
+    assert_eq!(rest_error(&bad), (400, "INVALID_ARGUMENT".into(), "INVALID_PARAMS".into()));
+    let empty = rest(port, "POST", "/v1/message:send", Some(json!({"message": text_message("  ")})));
+    assert_eq!(rest_error(&empty).0, 400);
+    let push = rest(port, "GET", &format!("/v1/tasks/{id}/pushNotificationConfigs"), None);
+    assert_eq!(rest_error(&push).2, "PUSH_NOTIFICATION_NOT_SUPPORTED");
+    let nowhere = rest(port, "GET", "/v1/nowhere", None);
+    assert_eq!(rest_error(&nowhere).0, 404);
+    let (status, old) = http_tcp(port, "GET", "/v1/tasks", None, &[("A2A-Version", "0.3")]);
+    assert_eq!((status, old["error"]["details"][0]["reason"].as_str()), (400, Some("VERSION_NOT_SUPPORTED")), "{old}");
+
+    // A stream: the task, then its updates, each a bare StreamResponse.
+    let body = json!({"message": text_message("stream please")}).to_string();
+    let mut stream = Stream::open(port, "POST", "/v1/message:stream", Some(&body), &[("A2A-Version", "1.0")]);
+    assert_eq!(stream.status, 200);
+    let results: Vec<Value> = stream.rest().iter().map(|event| event.json()).collect();
+    assert_eq!(results[0]["task"]["status"]["state"], "TASK_STATE_WORKING", "{results:#?}");
+    assert!(results[0].get("jsonrpc").is_none(), "no JSON-RPC envelope");
+    assert_eq!(results.last().unwrap()["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED");
+
+    // The broker serves the same binding under /agents/{agent}/v1.
+    let (status, via_broker) =
+        home.http("GET", &format!("/agents/{}/v1/tasks/{id}", agent.id), None, &[("A2A-Version", "1.0")]);
+    assert_eq!((status, via_broker["id"].as_str()), (200, Some(id)), "{via_broker}");
+}

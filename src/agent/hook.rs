@@ -39,6 +39,9 @@ pub struct HookAnswer {
 /// What a hook sends back once it printed the messages: only then are they acknowledged.
 pub const PRINTED: &str = "printed";
 
+/// What the wrapper answers once it recorded the printed messages as delivered.
+pub const RECORDED: &str = "recorded";
+
 /// Longest a hook waits for its wrapper: a hook delays the CLI's turn.
 const HOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -78,14 +81,18 @@ pub fn run(uds_dir: &Path, event: &str) -> i32 {
         line.push(b'\n');
         stream.write_all(&line)?;
         let mut answer = String::new();
-        std::io::BufReader::new(&stream).read_line(&mut answer)?;
+        let mut reader = std::io::BufReader::new(&stream);
+        reader.read_line(&mut answer)?;
         let answer: HookAnswer = serde_json::from_str(&answer).map_err(std::io::Error::other)?;
         if let Some(output) = hook_output(event, &answer.text) {
             let mut stdout = std::io::stdout().lock();
             writeln!(stdout, "{output}")?;
             stdout.flush()?;
-            // Printed: now the wrapper may record them as delivered.
-            stream.write_all(format!("{PRINTED}\n").as_bytes())?;
+            // Printed: now the wrapper may record them as delivered; the hook ends once it has
+            // (best effort: the messages are printed either way).
+            (&stream).write_all(format!("{PRINTED}\n").as_bytes())?;
+            let mut recorded = String::new();
+            let _ = reader.read_line(&mut recorded);
         }
         Ok(())
     })();

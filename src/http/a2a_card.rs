@@ -1,7 +1,8 @@
 //! `GET /.well-known/agent-card.json`: the A2A v1.0 agent card of one agent.
 //!
 //! The card names the JSON-RPC endpoint where this same agent is reached: `POST /` on the
-//! agent's own port, or `POST /agents/{agent}/` on the broker when the card was read there.
+//! agent's own port, or `POST /agents/{agent}/` on the broker when the card was read there; and
+//! the HTTP+JSON binding's base URL, `/v1` below either.
 //! The Synapse card (`/.well-known/agent.json`, seed 003) stays as it is, and is served here too.
 
 use super::AppState;
@@ -65,6 +66,11 @@ pub fn card_json(record: &crate::store::AgentRecord, url: &str) -> Value {
         ),
         "supportedInterfaces": [
             {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION},
+            {
+                "url": format!("{}{}", url.trim_end_matches('/'), super::jsonrpc::http_json::BASE_PATH),
+                "protocolBinding": "HTTP+JSON",
+                "protocolVersion": PROTOCOL_VERSION,
+            },
         ],
         "version": crate::broker::VERSION,
         "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": false},

@@ -146,6 +146,7 @@ fn a2a_routes() -> Router<AppState> {
         .route("/reply-stack/list", get(a2a_rest::reply_stack_list))
         .route("/reply-stack/get", get(a2a_rest::reply_stack_get))
         .route("/reply-stack/pop", get(a2a_rest::reply_stack_get))
+        .nest(jsonrpc::http_json::BASE_PATH, jsonrpc::http_json::routes())
 }
 
 async fn not_found() -> ApiError {

@@ -97,7 +97,8 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
     }
     shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
     shared.screen.notify();
-    Ok(())
+    // The hook ends once this is said: whoever ran it sees the messages recorded as delivered.
+    writer.write_all(format!("{}\n", hook::RECORDED).as_bytes()).await
 }
 
 async fn send(writer: &mut tokio::net::unix::OwnedWriteHalf, answer: &HookAnswer) -> std::io::Result<()> {

@@ -16,6 +16,7 @@
 //! - Streams follow the log (see [`super::subscribe`]): no change is lost or repeated between
 //!   the first `task` snapshot and the updates, and every stream ends on broker shutdown.
 
+pub mod http_json;
 mod methods;
 mod shapes;
 mod stream;
@@ -157,6 +158,28 @@ impl From<crate::store::StoreError> for RpcError {
     fn from(error: crate::store::StoreError) -> Self {
         RpcError::new(INTERNAL_ERROR, format!("the broker cannot read its log: {error}"))
     }
+}
+
+/// The HTTP status and `google.rpc.Code` name of an error (A2A v1.0 §5.4's mapping).
+pub fn status_of(code: i64) -> (StatusCode, &'static str) {
+    match code {
+        TASK_NOT_FOUND => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        METHOD_NOT_FOUND => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        TASK_NOT_CANCELABLE => (StatusCode::CONFLICT, "FAILED_PRECONDITION"),
+        CONTENT_TYPE_NOT_SUPPORTED => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "INVALID_ARGUMENT"),
+        PUSH_NOT_SUPPORTED | UNSUPPORTED_OPERATION | VERSION_NOT_SUPPORTED | EXTENDED_CARD_NOT_CONFIGURED => {
+            (StatusCode::BAD_REQUEST, "FAILED_PRECONDITION")
+        }
+        PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
+        INTERNAL_ERROR => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
+    }
+}
+
+/// An error as this binding answers it: a `google.rpc.Status`.
+pub fn status_body(error: &RpcError) -> Value {
+    let (status, name) = status_of(error.code);
+    json!({"error": {"code": status.as_u16(), "status": name, "message": error.message, "details": error.data()}})
 }
 
 pub fn error_response(id: &Value, error: &RpcError) -> Value {

@@ -9,8 +9,14 @@ use super::*;
 
 type SseItem = Result<SseEvent, std::convert::Infallible>;
 
-pub(super) fn sse_event(id: &Value, seq: u64, result: Value) -> SseItem {
-    Ok(SseEvent::default().id(seq.to_string()).data(result_response(id, result).to_string()))
+/// One stream response: inside a JSON-RPC response with the call's `id`, or bare (`None`: the
+/// HTTP+JSON binding).
+pub(super) fn sse_event(id: &Option<Value>, seq: u64, result: Value) -> SseItem {
+    let data = match id {
+        Some(id) => result_response(id, result),
+        None => result,
+    };
+    Ok(SseEvent::default().id(seq.to_string()).data(data.to_string()))
 }
 
 /// The SSE response of a streaming call: the task snapshot first, then its updates from the
@@ -18,7 +24,7 @@ pub(super) fn sse_event(id: &Value, seq: u64, result: Value) -> SseItem {
 pub(super) fn stream_task(
     state: AppState,
     version: Version,
-    id: Value,
+    id: Option<Value>,
     snapshot: TaskRecord,
     cursor: u64,
     stop_at_input: bool,
@@ -50,7 +56,11 @@ pub(super) fn stream_task(
                 Err(StreamEnd::Shutdown) => break,
                 Err(StreamEnd::Failed(message)) => {
                     let error = RpcError::new(INTERNAL_ERROR, message);
-                    yield Ok(SseEvent::default().data(error_response(&id, &error).to_string()));
+                    let data = match &id {
+                        Some(id) => error_response(id, &error),
+                        None => status_body(&error),
+                    };
+                    yield Ok(SseEvent::default().data(data.to_string()));
                     break;
                 }
             }
@@ -71,9 +81,30 @@ pub(super) async fn stream_send(
         Err(error) => return Json(error_response(&call.id, &error)).into_response(),
     };
     match submit_send(&state, &agent, &request).await {
-        Ok((task, seq)) => stream_task(state, version, call.id, task, seq, true, served_by),
+        Ok((task, seq)) => stream_task(state, version, Some(call.id), task, seq, true, served_by),
         Err(error) => Json(error_response(&call.id, &error)).into_response(),
     }
+}
+
+/// The task to subscribe to and the log position its snapshot is exact at; a task already
+/// final has nothing to follow (UnsupportedOperation).
+pub(super) fn task_snapshot(state: &AppState, agent: &str, reference: &str) -> Result<(TaskRecord, u64), RpcError> {
+    // A snapshot and the cursor it is exact at: the head did not move while reading.
+    // (The log's own head, not the watch: the watch moves only after the commit.)
+    let (task, cursor) = loop {
+        let before = state.store.head()?;
+        let task = find_task(state, agent, reference)?;
+        if state.store.head()? == before {
+            break (task, before);
+        }
+    };
+    if task.state.is_final() {
+        return Err(RpcError::new(
+            UNSUPPORTED_OPERATION,
+            format!("Task {} is already {}; nothing to subscribe to", task.id, task.state),
+        ));
+    }
+    Ok((task, cursor))
 }
 
 pub(super) fn subscribe_task(
@@ -83,30 +114,10 @@ pub(super) fn subscribe_task(
     call: Call,
     served_by: Option<String>,
 ) -> Response {
-    let snapshot = (|| {
-        let reference = task_id_param(&call.params)?;
-        // A snapshot and the cursor it is exact at: the head did not move while reading.
-        // (The log's own head, not the watch: the watch moves only after the commit.)
-        loop {
-            let before = state.store.head()?;
-            let task = find_task(&state, &agent, reference)?;
-            if state.store.head()? == before {
-                return Ok((task, before));
-            }
-        }
-    })();
-    match snapshot {
-        Ok((task, _)) if task.state.is_final() => Json(error_response(
-            &call.id,
-            &RpcError::new(
-                UNSUPPORTED_OPERATION,
-                format!("Task {} is already {}; nothing to subscribe to", task.id, task.state),
-            ),
-        ))
-        .into_response(),
+    match task_id_param(&call.params).and_then(|reference| task_snapshot(&state, &agent, reference)) {
         Ok((task, cursor)) => {
             let stop_at_input = task.state != TaskState::InputRequired;
-            stream_task(state, version, call.id, task, cursor, stop_at_input, served_by)
+            stream_task(state, version, Some(call.id), task, cursor, stop_at_input, served_by)
         }
         Err(error) => Json(error_response(&call.id, &error)).into_response(),
     }

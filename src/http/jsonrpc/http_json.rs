@@ -1,0 +1,237 @@
+//! The HTTP+JSON (REST) binding of A2A v1.0, under `/v1` of an agent's endpoints (its port, or
+//! `/agents/{agent}/v1` on the broker; the agent card names that URL). Bare `/tasks/...` is taken
+//! by the legacy Synapse endpoints, so the binding lives below its own base path, where the
+//! spec's paths are relative to the interface URL.
+//!
+//! Same behaviour as JSON-RPC by construction: each route reads its request into the params the
+//! JSON-RPC method takes and calls that method ([`super::methods`], [`super::stream`]); only the
+//! envelope differs. Answers are the bare v1.0 objects; streams send each `StreamResponse` as an
+//! SSE `data` line; errors are a `google.rpc.Status` (`{"error": {"code": <HTTP status>,
+//! "status": ..., "message": ..., "details": [ErrorInfo]}}`) with the status the spec gives each
+//! A2A error.
+
+use super::methods::{cancel_task, get_task, list_tasks, parse_send, send, submit_send};
+use super::stream::{stream_task, task_snapshot};
+use super::{
+    EXTENDED_CARD_NOT_CONFIGURED, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, PUSH_NOT_SUPPORTED,
+    RpcError, VERSION_NOT_SUPPORTED, Version, agent_id_of, status_body, status_of, version_of,
+};
+use crate::http::AppState;
+use crate::http::extract::{FixedAgent, Scope};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, Method};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde_json::{Map, Value, json};
+
+/// The base path of the binding, relative to an agent's endpoints.
+pub const BASE_PATH: &str = "/v1";
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/message:send", post(message_send))
+        .route("/message:stream", post(message_stream))
+        .route("/tasks", get(tasks_list))
+        .route("/tasks/{task}", get(task_get_or_subscribe).post(task_action))
+        .route("/tasks/{task}/pushNotificationConfigs", get(push_configs).post(push_configs))
+        .route("/tasks/{task}/pushNotificationConfigs/{config}", get(push_configs).delete(push_configs))
+        .route("/extendedAgentCard", get(extended_card))
+        .fallback(unknown)
+}
+
+fn error_response(error: &RpcError) -> Response {
+    (status_of(error.code).0, Json(status_body(error))).into_response()
+}
+
+fn answer(result: Result<Value, RpcError>) -> Response {
+    match result {
+        Ok(value) => Json(value).into_response(),
+        Err(error) => error_response(&error),
+    }
+}
+
+/// This binding speaks v1.0 only: a client asking for another version is told so.
+fn check_version(headers: &HeaderMap) -> Result<(), RpcError> {
+    match version_of(headers) {
+        Ok(Version::V10) => Ok(()),
+        // No header: a REST client of this binding speaks the version of the card it read.
+        Ok(Version::V03) if !headers.contains_key(super::VERSION_HEADER) => Ok(()),
+        Ok(Version::V03) => Err(RpcError::new(
+            VERSION_NOT_SUPPORTED,
+            "the HTTP+JSON binding is served in A2A 1.0 only; use JSON-RPC for 0.3",
+        )),
+        Err(error) => Err(error),
+    }
+}
+
+fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, RpcError> {
+    let bytes = body.map_err(|rejection| RpcError::new(INVALID_REQUEST, rejection.body_text()))?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|error| RpcError::new(PARSE_ERROR, format!("the body is not JSON: {error}")))?;
+    if !value.is_object() {
+        return Err(RpcError::new(INVALID_REQUEST, "the body must be a JSON object"));
+    }
+    Ok(value)
+}
+
+/// The query of a list or get as the JSON-RPC params: counts as numbers, flags as booleans,
+/// the rest as text (a malformed count is refused by the method, as over JSON-RPC).
+fn query_params(query: Option<&str>) -> Result<Map<String, Value>, RpcError> {
+    let pairs: Vec<(String, String)> = crate::http::extract::parse_query(query)
+        .map_err(|error| RpcError::new(INVALID_PARAMS, error.message().to_string()))?;
+    Ok(pairs
+        .into_iter()
+        .map(|(key, text)| {
+            let value = match key.as_str() {
+                "pageSize" | "historyLength" => text.parse::<u64>().map(Value::from).unwrap_or(Value::String(text)),
+                "includeArtifacts" => match text.as_str() {
+                    "true" => Value::Bool(true),
+                    "false" => Value::Bool(false),
+                    _ => Value::String(text),
+                },
+                _ => Value::String(text),
+            };
+            (key, value)
+        })
+        .collect())
+}
+
+/// `POST /v1/message:send`: a `SendMessageRequest`; answers a `SendMessageResponse`.
+async fn message_send(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let agent = agent_id_of(&state, agent);
+    answer(
+        async {
+            check_version(&headers)?;
+            send(&state, &agent, Version::V10, &json_body(body)?).await
+        }
+        .await,
+    )
+}
+
+/// `POST /v1/message:stream`: the task, then its updates, as SSE.
+async fn message_stream(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    fixed: Option<Extension<FixedAgent>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let served_by = fixed.map(|Extension(FixedAgent(agent))| agent);
+    let agent = agent_id_of(&state, agent);
+    let submitted = async {
+        check_version(&headers)?;
+        let request = parse_send(&state, &agent, Version::V10, &json_body(body)?)?;
+        submit_send(&state, &agent, &request).await
+    }
+    .await;
+    match submitted {
+        Ok((task, seq)) => stream_task(state, Version::V10, None, task, seq, true, served_by),
+        Err(error) => error_response(&error),
+    }
+}
+
+/// `GET /v1/tasks`: `ListTasks`, its request in the query.
+async fn tasks_list(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let agent = agent_id_of(&state, agent);
+    answer((|| {
+        check_version(&headers)?;
+        list_tasks(&state, &agent, Version::V10, &Value::Object(query_params(query.as_deref())?))
+    })())
+}
+
+/// `GET /v1/tasks/{id}` (`GetTask`) and `GET /v1/tasks/{id}:subscribe` (`SubscribeToTask`).
+async fn task_get_or_subscribe(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    fixed: Option<Extension<FixedAgent>>,
+    Path(path): Path<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    // By name: on the broker the path also holds `{agent}`.
+    let task = path.get("task").cloned().unwrap_or_default();
+    if let Err(error) = check_version(&headers) {
+        return error_response(&error);
+    }
+    let agent = agent_id_of(&state, agent);
+    match task.split_once(':') {
+        None => answer((|| {
+            let mut params = query_params(query.as_deref())?;
+            params.insert("id".into(), Value::String(task));
+            get_task(&state, &agent, Version::V10, &Value::Object(params))
+        })()),
+        Some((id, "subscribe")) => subscribe(state, agent, id, fixed),
+        Some((_, action)) => error_response(&not_a_method(&Method::GET, action)),
+    }
+}
+
+/// `POST /v1/tasks/{id}:cancel` (`CancelTask`) and `POST /v1/tasks/{id}:subscribe`.
+async fn task_action(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    fixed: Option<Extension<FixedAgent>>,
+    caller: crate::http::caller::Caller,
+    Path(path): Path<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let task = path.get("task").cloned().unwrap_or_default();
+    if let Err(error) = check_version(&headers) {
+        return error_response(&error);
+    }
+    let agent = agent_id_of(&state, agent);
+    match task.split_once(':') {
+        Some((id, "cancel")) => {
+            answer(cancel_task(&state, &agent, caller.actor(), Version::V10, &json!({"id": id})).await)
+        }
+        Some((id, "subscribe")) => subscribe(state, agent, id, fixed),
+        Some((_, action)) => error_response(&not_a_method(&Method::POST, action)),
+        None => error_response(&not_a_method(&Method::POST, "")),
+    }
+}
+
+fn subscribe(state: AppState, agent: String, id: &str, fixed: Option<Extension<FixedAgent>>) -> Response {
+    let served_by = fixed.map(|Extension(FixedAgent(agent))| agent);
+    match task_snapshot(&state, &agent, id) {
+        Ok((task, cursor)) => {
+            let stop_at_input = task.state != crate::event::TaskState::InputRequired;
+            stream_task(state, Version::V10, None, task, cursor, stop_at_input, served_by)
+        }
+        Err(error) => error_response(&error),
+    }
+}
+
+fn not_a_method(method: &Method, action: &str) -> RpcError {
+    RpcError::new(METHOD_NOT_FOUND, format!("{method} /v1/tasks/{{id}}:{action} is not a method of A2A 1.0"))
+}
+
+/// The push-notification config routes: this agent sends none (the card says so).
+async fn push_configs() -> Response {
+    error_response(&RpcError::new(PUSH_NOT_SUPPORTED, "push notifications are not supported by this agent"))
+}
+
+async fn extended_card() -> Response {
+    error_response(&RpcError::new(
+        EXTENDED_CARD_NOT_CONFIGURED,
+        "this agent has no extended agent card; read /.well-known/agent-card.json",
+    ))
+}
+
+async fn unknown(method: Method) -> Response {
+    error_response(&RpcError::new(
+        METHOD_NOT_FOUND,
+        format!("{method} is not a route of the A2A 1.0 HTTP+JSON binding"),
+    ))
+}
