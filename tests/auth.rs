@@ -86,6 +86,26 @@ fn with_localhost_refused_every_protected_endpoint_needs_a_valid_key() {
         let (status, answer) = http_tcp(agent_port, "GET", path, None, &[]);
         assert_eq!(status, 200, "{path}: {answer}");
     }
+    // Issue 15: the public card says how to authenticate and that an extended card exists; the
+    // extended card (JSON-RPC GetExtendedAgentCard, or GET /v1/extendedAgentCard) needs a key.
+    let (_, card) = http_tcp(agent_port, "GET", "/.well-known/agent-card.json", None, &[]);
+    assert_eq!(card["capabilities"]["extendedAgentCard"], true, "{card}");
+    assert_eq!(card["securitySchemes"]["apiKey"]["apiKeySecurityScheme"]["name"], "X-API-Key", "{card}");
+    assert!(card["capabilities"].get("extensions").is_none(), "nothing more in the public card");
+    let call = br#"{"jsonrpc":"2.0","id":1,"method":"GetExtendedAgentCard","params":{}}"#;
+    let v1 = [("A2A-Version", "1.0")];
+    let (status, _) = http_tcp(agent_port, "POST", "/", Some(call), &v1);
+    assert_eq!(status, 401, "no key, no extended card");
+    let (status, answer) =
+        http_tcp(agent_port, "POST", "/", Some(call), &[("A2A-Version", "1.0"), ("X-API-Key", "key-one")]);
+    assert_eq!(status, 200, "{answer}");
+    let params = &answer["result"]["capabilities"]["extensions"][0]["params"];
+    assert_eq!(params["agentId"], bob["agent"]["agent_id"], "{answer}");
+    let (status, _) = http_tcp(agent_port, "GET", "/v1/extendedAgentCard", None, &v1);
+    assert_eq!(status, 401);
+    let (status, rest) =
+        http_tcp(agent_port, "GET", "/v1/extendedAgentCard", None, &[("A2A-Version", "1.0"), ("X-API-Key", "key-two")]);
+    assert_eq!((status, &rest["capabilities"]["extensions"][0]["uri"]), (200, &Value::from("urn:synapse:agent:v1")));
     // The CLI sends its configured key; without one it gets the 401 text.
     assert!(with_auth(&home, &["send", "bob", "hello", "--no-response"], "false", Some("key-one")).status.success());
     let refused = with_auth(&home, &["send", "bob", "hello", "--no-response"], "false", None);

@@ -56,7 +56,7 @@ fn cached(request: &HeaderMap, card: &Value, modified_ms: u64) -> Response {
 pub const PROTOCOL_VERSION: &str = "1.0";
 
 /// The card of `record`, with its JSON-RPC endpoint at `url`.
-pub fn card_json(record: &crate::store::AgentRecord, url: &str) -> Value {
+pub fn card_json(record: &crate::store::AgentRecord, url: &str, auth: bool) -> Value {
     let role = record.role.as_ref().map(|role| format!(" ({role})")).unwrap_or_default();
     json!({
         "name": record.name.clone().unwrap_or_else(|| record.agent_id.clone()),
@@ -73,7 +73,8 @@ pub fn card_json(record: &crate::store::AgentRecord, url: &str) -> Value {
             },
         ],
         "version": crate::broker::VERSION,
-        "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": false},
+        // With authentication on, an authenticated client may read more (GetExtendedAgentCard).
+        "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": auth},
         "defaultInputModes": ["text/plain"],
         "defaultOutputModes": ["text/plain"],
         "skills": [
@@ -98,16 +99,63 @@ pub async fn agent_card(
         .store
         .read(|view| view.agent(&agent))?
         .ok_or_else(|| ApiError::not_found(format!("Agent '{agent}' is not registered")))?;
-    let url = match fixed {
-        Some(_) => format!("http://127.0.0.1:{}/", record.port),
-        None => format!(
+    let url = card_url(&state, &record, fixed.is_some());
+    Ok(cached(&request, &public_card(&state, &record, &url), record.registered_ms))
+}
+
+/// The JSON-RPC URL a card read on the agent's port (`own_port`) or on the broker names.
+pub fn card_url(state: &AppState, record: &crate::store::AgentRecord, own_port: bool) -> String {
+    if own_port {
+        format!("http://127.0.0.1:{}/", record.port)
+    } else {
+        format!(
             "http://127.0.0.1:{}/agents/{}/",
             state.port.load(std::sync::atomic::Ordering::Relaxed),
             record.agent_id
-        ),
-    };
-    Ok(cached(&request, &card_json(&record, &url), record.registered_ms))
+        )
+    }
 }
+
+/// The card anyone may read: with authentication on, it says how to authenticate (an API key in
+/// `X-API-Key`, or the same key as a bearer token) and that an extended card exists.
+pub fn public_card(state: &AppState, record: &crate::store::AgentRecord, url: &str) -> Value {
+    let auth = state.auth.enabled;
+    let mut card = card_json(record, url, auth);
+    if auth {
+        card["securitySchemes"] = json!({
+            "apiKey": {"apiKeySecurityScheme": {"location": "header", "name": "X-API-Key",
+                "description": "one of the broker's SYNAPSE_API_KEYS"}},
+            "bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer",
+                "description": "the same key as a bearer token"}},
+        });
+        card["securityRequirements"] =
+            json!([{"schemes": {"apiKey": {"list": []}}}, {"schemes": {"bearer": {"list": []}}}]);
+    }
+    card
+}
+
+/// The extended card (GetExtendedAgentCard), for an authenticated client when authentication is
+/// on: the public card plus what only a trusted client should read, as the Synapse extension's
+/// params (the agent's id, type, working directory and Unix socket, and what it supports).
+pub fn extended_card(state: &AppState, record: &crate::store::AgentRecord, url: &str) -> Value {
+    let mut card = public_card(state, record, url);
+    card["capabilities"]["extensions"] = json!([{
+        "uri": SYNAPSE_EXTENSION_URI,
+        "description": "A Synapse agent: a CLI in a PTY that a broker writes messages into",
+        "required": false,
+        "params": {
+            "agentId": record.agent_id,
+            "agentType": record.agent_type,
+            "workingDir": record.working_dir,
+            "socket": state.paths.agent_socket(&record.agent_id).display().to_string(),
+            "priorityInterrupt": true,
+        },
+    }]);
+    card
+}
+
+/// The URI naming the Synapse extension of an extended card.
+pub const SYNAPSE_EXTENSION_URI: &str = "urn:synapse:agent:v1";
 
 /// `GET /.well-known/agent.json`: the Synapse card of seed 003 (kept as it was).
 pub async fn synapse_card(

@@ -13,8 +13,8 @@
 use super::methods::{cancel_task, get_task, list_tasks, parse_send, send, submit_send};
 use super::stream::{stream_task, task_snapshot};
 use super::{
-    EXTENDED_CARD_NOT_CONFIGURED, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, PUSH_NOT_SUPPORTED,
-    RpcError, VERSION_NOT_SUPPORTED, Version, agent_id_of, status_body, status_of, version_of,
+    INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, PUSH_NOT_SUPPORTED, RpcError,
+    VERSION_NOT_SUPPORTED, Version, agent_id_of, status_body, status_of, version_of,
 };
 use crate::http::AppState;
 use crate::http::extract::{FixedAgent, Scope};
@@ -222,11 +222,14 @@ async fn push_configs() -> Response {
     error_response(&RpcError::new(PUSH_NOT_SUPPORTED, "push notifications are not supported by this agent"))
 }
 
-async fn extended_card() -> Response {
-    error_response(&RpcError::new(
-        EXTENDED_CARD_NOT_CONFIGURED,
-        "this agent has no extended agent card; read /.well-known/agent-card.json",
-    ))
+/// `GET /v1/extendedAgentCard`.
+async fn extended_card(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    fixed: Option<Extension<FixedAgent>>,
+) -> Response {
+    let agent = agent_id_of(&state, agent);
+    answer(super::extended_card(&state, &agent, fixed.is_some()))
 }
 
 async fn unknown(method: Method) -> Response {

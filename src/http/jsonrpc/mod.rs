@@ -345,15 +345,30 @@ pub async fn handle(
         Method::PushConfig => {
             Err(RpcError::new(PUSH_NOT_SUPPORTED, "push notifications are not supported by this agent"))
         }
-        Method::ExtendedCard => Err(RpcError::new(
-            EXTENDED_CARD_NOT_CONFIGURED,
-            "this agent has no extended agent card; read /.well-known/agent-card.json",
-        )),
+        Method::ExtendedCard => extended_card(&state, &agent, served_by.is_some()),
     };
     match result {
         Ok(value) => Json(result_response(&call.id, value)).into_response(),
         Err(error) => Json(error_response(&call.id, &error)).into_response(),
     }
+}
+
+/// `GetExtendedAgentCard`: with authentication on, the request got here authenticated (the
+/// middleware refuses it otherwise, or it came from this machine while localhost is allowed);
+/// without it there is no extended card.
+fn extended_card(state: &AppState, agent: &str, own_port: bool) -> Result<Value, RpcError> {
+    if !state.auth.enabled {
+        return Err(RpcError::new(
+            EXTENDED_CARD_NOT_CONFIGURED,
+            "this agent has no extended agent card without authentication; read /.well-known/agent-card.json",
+        ));
+    }
+    let record = state
+        .store
+        .read(|view| view.agent(agent))?
+        .ok_or_else(|| RpcError::new(INVALID_PARAMS, format!("Agent '{agent}' is not registered")))?;
+    let url = super::a2a_card::card_url(state, &record, own_port);
+    Ok(super::a2a_card::extended_card(state, &record, &url))
 }
 
 /// The agent id a broker path names (`/agents/<id or name>/`); unknown names stay as they are
