@@ -599,13 +599,134 @@ fn json_rpc_errors_carry_the_a2a_and_json_rpc_codes() {
     let done = send_v1(port, "hello", false);
     let follow_up =
         json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "more"}], "taskId": done["id"]}});
-    assert_eq!(error_code(&v1(port, "SendMessage", follow_up)), -32004, "continuing a task is unsupported");
+    let refused = v1(port, "SendMessage", follow_up);
+    assert_eq!(error_code(&refused), -32004, "a completed task takes no further message: {refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("completed"), "{refused}");
+    let unknown_task =
+        json!({"message": {"messageId": "m2", "role": "ROLE_USER", "parts": [{"text": "more"}], "taskId": "0123abcd"}});
+    assert_eq!(error_code(&v1(port, "SendMessage", unknown_task)), -32001, "continuing an unknown task");
+    let tasks_now = v1(port, "ListTasks", json!({}))["result"]["totalSize"].clone();
+    assert_eq!(tasks_now, 1, "a refused follow-up makes no new task");
     for version in ["2.0", "0.2", "banana"] {
         let answer = rpc(port, Some(version), "GetTask", json!({"id": done["id"]}));
         assert_eq!(error_code(&answer), -32009, "{version}: {answer}");
         assert_eq!(answer["error"]["data"][0]["metadata"]["requestedVersion"], version);
         assert_eq!(answer["id"], "call-1");
     }
+}
+
+/// Issue 15: the spec's multi-turn flow. The scenario agent asks for input; the client's next
+/// message names the task (no contextId: it is inferred); the task goes back to working, a
+/// subscriber sees it, and the agent's answer to the follow-up completes it. The history holds
+/// both messages with the client's ids and the agent's question between them.
+#[test]
+fn a_follow_up_with_the_task_id_continues_a_task_that_asks_for_input_in_v1_shapes() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let first = json!({"messageId": "turn-1", "role": "ROLE_USER", "parts": [{"text": "I need input"}]});
+    let asking = v1(agent.port, "SendMessage", json!({"message": first}))["result"]["task"].clone();
+    assert_eq!(asking["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{asking}");
+    let question = asking["status"]["message"].clone();
+    assert_eq!(asking["history"][0]["messageId"], "turn-1", "the client's messageId is kept: {asking}");
+
+    let mut stream = rpc_stream(agent.port, "1.0", "SubscribeToTask", json!({"id": asking["id"]}));
+    let snapshot = stream.next_event().unwrap().json();
+    assert_eq!(snapshot["result"]["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{snapshot}");
+
+    let follow_up = json!({
+        "messageId": "turn-2", "role": "ROLE_USER", "parts": [{"text": "use the blue one"}], "taskId": asking["id"],
+    });
+    let answer = v1(agent.port, "SendMessage", json!({"message": follow_up.clone()}));
+    let task = &answer["result"]["task"];
+    assert_eq!(task["id"], asking["id"], "the same task: {answer}");
+    assert_eq!(task["contextId"], asking["contextId"], "the context is inferred from the task");
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{answer}");
+    assert_eq!(artifact_texts(task).last().unwrap(), "scenario agent: done: use the blue one");
+    let history = task["history"].as_array().unwrap();
+    let summary: Vec<(&str, &str, &str)> = history
+        .iter()
+        .map(|m| {
+            (m["role"].as_str().unwrap(), m["messageId"].as_str().unwrap(), m["parts"][0]["text"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("ROLE_USER", "turn-1", "I need input"),
+            ("ROLE_AGENT", question["messageId"].as_str().unwrap(), question["parts"][0]["text"].as_str().unwrap()),
+            ("ROLE_USER", "turn-2", "use the blue one"),
+        ],
+        "{task}"
+    );
+    assert!(history.iter().all(|m| m["taskId"] == asking["id"] && m["contextId"] == asking["contextId"]));
+    let newest = v1(agent.port, "GetTask", json!({"id": asking["id"], "historyLength": 1}));
+    assert_eq!(newest["result"]["history"].as_array().unwrap().len(), 1);
+    assert_eq!(newest["result"]["history"][0]["messageId"], "turn-2", "historyLength keeps the newest");
+
+    // The subscriber saw the task go back to work, then complete; then its stream ended.
+    let states: Vec<Value> = stream
+        .rest()
+        .iter()
+        .filter_map(|e| e.json()["result"]["statusUpdate"]["status"]["state"].as_str().map(Value::from))
+        .collect();
+    assert_eq!(states, ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"], "{states:?}");
+
+    // The follow-up sent again (same messageId) is the same message: the same task, nothing new.
+    let again = v1(agent.port, "SendMessage", json!({"message": follow_up}));
+    assert_eq!(again["result"]["task"]["id"], asking["id"], "{again}");
+    assert_eq!(again["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{again}");
+    let continued = home.events().iter().filter(|e| e["event"]["kind"] == "task_continued").count();
+    assert_eq!(continued, 1, "one follow-up in the log");
+    // A new follow-up to the completed task is refused, and makes no task.
+    let late =
+        json!({"messageId": "turn-3", "role": "ROLE_USER", "parts": [{"text": "and red?"}], "taskId": asking["id"]});
+    assert_eq!(error_code(&v1(agent.port, "SendMessage", json!({"message": late}))), -32004);
+    assert_eq!(v1(agent.port, "ListTasks", json!({}))["result"]["totalSize"], 1);
+
+    // A follow-up naming another context is refused; the task still asks for input.
+    let asking = send_v1(agent.port, "more input please", false);
+    let other_context = json!({
+        "messageId": "ctx-1", "role": "ROLE_USER", "parts": [{"text": "x"}], "taskId": asking["id"], "contextId": "not-the-tasks",
+    });
+    assert_eq!(error_code(&v1(agent.port, "SendMessage", json!({"message": other_context}))), -32602);
+    let still = v1(agent.port, "GetTask", json!({"id": asking["id"]}));
+    assert_eq!(still["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
+    // A follow-up that asks again gets another question: a third turn.
+    let again = json!({"messageId": "ctx-2", "role": "ROLE_USER", "parts": [{"text": "what input?"}], "taskId": asking["id"], "contextId": asking["contextId"]});
+    let asked_again = v1(agent.port, "SendMessage", json!({"message": again}))["result"]["task"].clone();
+    assert_eq!(asked_again["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{asked_again}");
+    assert_eq!(asked_again["history"].as_array().unwrap().len(), 3, "{asked_again}");
+
+    // The log replays into the same projections.
+    let output = home.cmd(&["admin", "verify"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+}
+
+#[test]
+fn a_follow_up_continues_a_task_in_0_3_shapes_and_streams_its_updates() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let asking = json!({"kind": "message", "messageId": "legacy-1", "role": "user", "parts": [{"kind": "text", "text": "input?"}]});
+    let asked = rpc(agent.port, None, "message/send", json!({"message": asking}))["result"].clone();
+    assert_eq!(asked["status"]["state"], "input-required", "{asked}");
+    let follow_up = json!({
+        "kind": "message", "messageId": "legacy-2", "role": "user", "parts": [{"kind": "text", "text": "green"}],
+        "taskId": asked["id"], "contextId": asked["contextId"],
+    });
+    let mut stream = rpc_stream(agent.port, "0.3", "message/stream", json!({"message": follow_up}));
+    let results: Vec<Value> = stream.rest().iter().map(|event| event.json()["result"].clone()).collect();
+    assert_eq!(results[0]["kind"], "task", "{results:#?}");
+    assert_eq!(results[0]["id"], asked["id"]);
+    assert_eq!(results[0]["status"]["state"], "working", "the follow-up took the task back to work");
+    let last = results.last().unwrap();
+    assert_eq!((last["kind"].as_str(), last["status"]["state"].as_str()), (Some("status-update"), Some("completed")));
+    assert_eq!(last["final"], true);
+    let got = rpc(agent.port, None, "tasks/get", json!({"id": asked["id"]}))["result"].clone();
+    let roles: Vec<&str> = got["history"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "agent", "user"], "{got}");
+    assert_eq!(got["history"][2]["messageId"], "legacy-2");
+    assert_eq!(got["history"][2]["kind"], "message");
+    assert_eq!(artifact_texts(&got).last().unwrap(), "scenario agent: done: green");
 }
 
 #[test]

@@ -5,7 +5,8 @@ Run by tests/a2a_interop.rs against a running broker:
     python tests/a2a_interop.py <dummy agent base URL> <scenario agent base URL>
 
 The dummy agent auto-replies (SYNAPSE_DUMMY_AUTO_REPLY=1); the scenario agent answers by rule
-(fail, input, stream, wait, else complete). Prints "A2A INTEROP OK" when every check passed;
+(fail, input, stream, wait, else complete), a follow-up on a task that asked for input by
+the same rules. Prints "A2A INTEROP OK" when every check passed;
 any failed check raises, so the exit status is non-zero.
 """
 
@@ -170,6 +171,61 @@ async def scenario_agent(http: httpx.AsyncClient, base_url: str) -> None:
     check([t.id for t in asking_now.tasks] == [asking.id], "scenario: ListTasks filters by state")
     page = await blocking.list_tasks(pb.ListTasksRequest(page_size=2))
     check(len(page.tasks) == 2 and page.next_page_token != "", "scenario: ListTasks pages")
+
+    # multi-turn: the agent asks for input; the follow-up names the task (its context is
+    # inferred) and the agent's answer to it completes the task.
+    first = message("I need more input")
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=first)))
+    asked = events[-1].task
+    check(asked.status.state == pb.TASK_STATE_INPUT_REQUIRED, "multi-turn: the agent asks for input")
+    follow_up = pb.Message(
+        message_id=str(uuid.uuid4()), role=pb.ROLE_USER, parts=[pb.Part(text="use the blue one")], task_id=asked.id
+    )
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=follow_up)))
+    answered = events[-1].task
+    check(answered.id == asked.id, "multi-turn: the follow-up continues the same task")
+    check(answered.context_id == asked.context_id, "multi-turn: the context is inferred from the task")
+    check(answered.status.state == pb.TASK_STATE_COMPLETED, "multi-turn: the answer to the follow-up completes it")
+    check(texts(answered)[-1] == "scenario agent: done: use the blue one", "multi-turn: the agent answered the follow-up")
+    check(
+        [(m.role, m.message_id) for m in answered.history]
+        == [
+            (pb.ROLE_USER, first.message_id),
+            (pb.ROLE_AGENT, asked.status.message.message_id),
+            (pb.ROLE_USER, follow_up.message_id),
+        ],
+        "multi-turn: the history holds both messages with the client's ids and the question between them",
+    )
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=follow_up)))
+    check(events[-1].task.id == asked.id, "multi-turn: the same follow-up again (same messageId) is the same task")
+    try:
+        late = pb.Message(message_id=str(uuid.uuid4()), role=pb.ROLE_USER, parts=[pb.Part(text="and red?")], task_id=asked.id)
+        await collect(blocking.send_message(pb.SendMessageRequest(message=late)))
+        check(False, "multi-turn: a completed task takes no further message")
+    except UnsupportedOperationError:
+        check(True, "multi-turn: a completed task takes no further message (-32004)")
+    try:
+        lost = pb.Message(
+            message_id=str(uuid.uuid4()), role=pb.ROLE_USER, parts=[pb.Part(text="hello?")], task_id=str(uuid.uuid4())
+        )
+        await collect(blocking.send_message(pb.SendMessageRequest(message=lost)))
+        check(False, "multi-turn: continuing an unknown task fails")
+    except TaskNotFoundError:
+        check(True, "multi-turn: continuing an unknown task is not found (-32001)")
+
+    # multi-turn over a stream: the follow-up's stream shows the task working, then completed.
+    events = await collect(streaming.send_message(pb.SendMessageRequest(message=message("input, please"))))
+    asked = next(e.task for e in events if e.HasField("task"))
+    states = [e.status_update.status.state for e in events if e.HasField("status_update")]
+    check(states[-1:] == [pb.TASK_STATE_INPUT_REQUIRED], "multi-turn: the stream ends when the agent asks")
+    follow_up = pb.Message(
+        message_id=str(uuid.uuid4()), role=pb.ROLE_USER, parts=[pb.Part(text="green")], task_id=asked.id,
+        context_id=asked.context_id,
+    )
+    events = await collect(streaming.send_message(pb.SendMessageRequest(message=follow_up)))
+    check(events[0].HasField("task") and events[0].task.id == asked.id, "multi-turn: the follow-up's stream is the task's")
+    check(events[0].task.status.state == pb.TASK_STATE_WORKING, "multi-turn: the follow-up takes the task back to work")
+    check(events[-1].status_update.status.state == pb.TASK_STATE_COMPLETED, "multi-turn: the follow-up's stream ends completed")
 
     # The same agent through the A2A 0.3 client of the SDK (A2A-Version: 0.3, 0.3 shapes).
     legacy_card = pb.AgentCard()

@@ -1,5 +1,6 @@
 //! Interoperability with the official A2A Python client, a2a-sdk 1.3.0 (issue 7): the script
-//! `tests/a2a_interop.py` resolves the cards and runs every method against a dummy agent that
+//! `tests/a2a_interop.py` resolves the cards and runs every method (and a multi-turn exchange:
+//! input-required, a follow-up with the taskId, completed) against a dummy agent that
 //! auto-replies and against the scenario agent.
 //!
 //! The client lives in a virtual environment under the build directory (`target/a2a-venv`,

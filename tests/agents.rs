@@ -895,6 +895,8 @@ fn a_hook_hands_a_busy_agents_queued_message_over_once() {
     assert_eq!(printed["hookSpecificOutput"]["hookEventName"], "PostToolUse");
     let context = printed["hookSpecificOutput"]["additionalContext"].as_str().unwrap();
     assert!(context.contains("[A2A:") && context.contains(":anonymous] hooked-1 sent while busy"), "{context}");
+    // The wrapper acknowledges after the hook said it printed, so after the hook has exited.
+    follower.wait_until("hooked-1 acknowledged", |events| injected_count(events, &id(&bob)) == 2);
     assert!(home.inbox(&agent).is_empty(), "acknowledged");
     // Nothing more to hand over: the next hook prints nothing.
     assert!(hook_as(&home, &agent, &agent.secret).stdout.is_empty());
@@ -936,7 +938,14 @@ fn a_hook_that_is_not_the_agents_or_dies_early_takes_nothing() {
     // The next hook gets it again (the wrapper served the first one to its end first).
     let output = hook_as(&home, &agent, &agent.secret);
     assert!(stdout(&output).contains("hooked-1 sent while busy"), "{}", describe(&output));
+    // The wrapper acknowledges after the hook said it printed, so after the hook has exited.
+    follower.wait_until("hooked-1 acknowledged", |events| injected_count(events, &id(&bob)) == 2);
     assert!(home.inbox(&agent).is_empty());
+}
+
+/// How many of `agent`'s tickets were acknowledged (written, or handed over by a hook).
+fn injected_count(events: &[Value], agent: &str) -> usize {
+    events.iter().filter(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == agent).count()
 }
 
 /// Issue 14: `external send` had no `-p`. The priority reaches the peer's agent (through the

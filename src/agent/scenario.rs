@@ -10,9 +10,12 @@
 //! | `wait`   | stays working until it is canceled                                |
 //! | anything else | completes with a text artifact (a `synapse reply`)           |
 //!
-//! The first rule that matches wins (case-insensitive). Like the wrapper's watcher it takes one
-//! ticket at a time from its inbox; it acknowledges the ticket before acting, so a restart never
-//! answers a message twice (it may leave one unanswered).
+//! The first rule that matches wins (case-insensitive). A follow-up on a task that asked for
+//! input (A2A multi-turn) arrives as one more ticket of the same task, carrying the follow-up's
+//! text, and is answered by the same rules: `use the blue one` completes the task, another
+//! `input` asks again. Like the wrapper's watcher it takes one ticket at a time from its inbox;
+//! it acknowledges the ticket before acting, so a restart never answers a message twice (it may
+//! leave one unanswered).
 
 use super::wrapper::connect;
 use crate::api::{self, InboxTicket, TicketKind};

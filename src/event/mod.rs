@@ -20,8 +20,10 @@ pub use types::*;
 /// Version of the event encoding written by this build. Version 3: a long text is stored once
 /// (`task_created.message_in`, `task_state_changed.reply_of`); an older build would read those
 /// tasks without their text, so it must refuse the log. Version 4: `idempotency_keys_expired`
-/// and `reply_posted.idempotency_key`, which an older build does not know.
-pub const SCHEMA_VERSION: u32 = 4;
+/// and `reply_posted.idempotency_key`, which an older build does not know. Version 5:
+/// `task_continued` and `ticket_issued.turn` (an older build would write a follow-up's ticket
+/// with the task's first message).
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// Texts longer than this (bytes) are stored once per send and once per reply: the
 /// `message_sent` / `reply_posted` event carries the text, and the tasks refer to it
@@ -204,6 +206,10 @@ pub enum Event {
         /// The id shown in the terminal (`[A2A:<id8>:...]`): the id to reply to.
         display_task_id: String,
         response_expected: bool,
+        /// Which message of the task the ticket writes: 0 its first message, N its N-th
+        /// follow-up (`task_continued`).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        turn: u32,
     },
     /// The watcher wrote the ticket into the PTY; it leaves the inbox.
     TicketInjected {
@@ -340,6 +346,31 @@ pub enum Event {
         /// Keys recorded before this time (Unix ms) are dropped.
         before_ms: u64,
     },
+    /// A follow-up message on a task that asked for input (A2A multi-turn: a message naming
+    /// the task's id). Both tasks of the exchange record it after the agent's question, and the
+    /// `task_state_changed` events right after it take them back to work; a `ticket_issued`
+    /// with `turn` carries it to the agent.
+    TaskContinued {
+        /// The receiver's task the message continues.
+        task_id: String,
+        /// The sender's task that follows it (the A2A task).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sender_task_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
+        to: String,
+        text: String,
+        /// The sender's id of the message (A2A `messageId`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message_id: Option<String>,
+        /// As in `message_sent`: a retry with the same key answers this task again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<String>,
+    },
+}
+
+fn is_zero(number: &u32) -> bool {
+    *number == 0
 }
 
 impl Event {
@@ -369,6 +400,7 @@ impl Event {
             Event::FileModificationsPruned { .. } => "file_modifications_pruned",
             Event::InboxExpired { .. } => "inbox_expired",
             Event::IdempotencyKeysExpired { .. } => "idempotency_keys_expired",
+            Event::TaskContinued { .. } => "task_continued",
         }
     }
 
@@ -396,7 +428,9 @@ impl Event {
             Event::TaskCreated { owner, peer, .. } => {
                 [owner.as_deref(), peer.as_deref()].into_iter().flatten().collect()
             }
-            Event::MessageSent { from, to, .. } => [from.as_deref(), Some(to.as_str())].into_iter().flatten().collect(),
+            Event::MessageSent { from, to, .. } | Event::TaskContinued { from, to, .. } => {
+                [from.as_deref(), Some(to.as_str())].into_iter().flatten().collect()
+            }
             Event::ReplyPosted { from, to, .. } => [Some(from.as_str()), to.as_deref()].into_iter().flatten().collect(),
             _ => Vec::new(),
         }
@@ -468,6 +502,9 @@ impl Event {
             }
             Event::IdempotencyKeysExpired { before_ms } => {
                 format!("idempotency keys before {} expired", crate::time::rfc3339(*before_ms))
+            }
+            Event::TaskContinued { task_id, from, to, text, .. } => {
+                format!("{} -> {to} follow-up on task {}: {}", anon(from), short_id(task_id), preview(text, 60))
             }
         }
     }

@@ -95,7 +95,7 @@ fn without_nulls(value: Value) -> Value {
 }
 
 /// Number of variants of [`Event`]; [`variant_number`] names each one.
-const VARIANT_COUNT: usize = 23;
+const VARIANT_COUNT: usize = 24;
 
 /// Position of the event's variant in the enum. Exhaustive on purpose: a new variant does not
 /// compile until it is numbered here, and `samples_cover_every_variant_in_enum_order` then fails
@@ -125,6 +125,7 @@ fn variant_number(event: &Event) -> usize {
         Event::FileModificationsPruned { .. } => 20,
         Event::InboxExpired { .. } => 21,
         Event::IdempotencyKeysExpired { .. } => 22,
+        Event::TaskContinued { .. } => 23,
     }
 }
 
@@ -173,6 +174,7 @@ fn samples() -> Vec<Event> {
                     },
                     Part::Data { json: r#"{"n":1}"#.into() },
                 ],
+                message_id: Some("msg-0a6f2c8e-1".into()),
             },
             priority: 5,
             response_expected: true,
@@ -201,6 +203,7 @@ fn samples() -> Vec<Event> {
             from: Some(sender()),
             display_task_id: sender_task(),
             response_expected: true,
+            turn: 1,
         },
         Event::TicketInjected { agent_id: receiver(), ticket: 12, priority: 3 },
         Event::ReplyPosted {
@@ -268,6 +271,15 @@ fn samples() -> Vec<Event> {
             tickets: 2,
         },
         Event::IdempotencyKeysExpired { before_ms: 1_769_904_000_000 },
+        Event::TaskContinued {
+            task_id: receiver_task(),
+            sender_task_id: Some(sender_task()),
+            from: Some(sender()),
+            to: receiver(),
+            text: "use the blue one".into(),
+            message_id: Some("msg-0a6f2c8e-2".into()),
+            idempotency_key: Some("a2a:synapse-codex-8120:msg-0a6f2c8e-2".into()),
+        },
     ]
 }
 

@@ -149,11 +149,15 @@ pub enum Part {
 pub struct Message {
     pub role: Role,
     pub parts: Vec<Part>,
+    /// The sender's own id for the message (A2A `messageId`), kept as the sender gave it; absent
+    /// when the sender named none (Synapse then shows an id of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
 }
 
 impl Message {
     pub fn text(role: Role, text: impl Into<String>) -> Message {
-        Message { role, parts: vec![Part::Text { text: text.into() }] }
+        Message { role, parts: vec![Part::Text { text: text.into() }], message_id: None }
     }
 
     /// All text parts joined by newlines.

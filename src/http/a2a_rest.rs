@@ -152,7 +152,8 @@ pub async fn tasks_create(
 ) -> ApiResult {
     let body: A2aSendBody = parse_body(body)?;
     let text = body.message.text()?;
-    let message = Message { role: body.message.role.unwrap_or(Role::User), parts: vec![Part::Text { text }] };
+    let message =
+        Message { role: body.message.role.unwrap_or(Role::User), parts: vec![Part::Text { text }], message_id: None };
     let outcome = state
         .writer
         .submit(Command::CreateTask { owner: agent, secret: secret_of(&headers), message, peer: None })

@@ -256,9 +256,13 @@ pub async fn inbox(
             let mut tickets = Vec::new();
             for ticket in view.inbox(&agent, limit)? {
                 let text = match ticket.kind {
-                    crate::store::TicketKind::Message => {
-                        view.task(&ticket.task_id)?.map(|task| task.message.joined_text())
-                    }
+                    // A follow-up's ticket writes that follow-up, not the task's first message.
+                    crate::store::TicketKind::Message => view.task(&ticket.task_id)?.map(|task| {
+                        match ticket.turn.checked_sub(1).and_then(|index| task.follow_ups.get(index as usize)) {
+                            Some(follow_up) => follow_up.message.joined_text(),
+                            None => task.message.joined_text(),
+                        }
+                    }),
                     crate::store::TicketKind::Reply => {
                         view.task(&ticket.task_id)?.and_then(|task| wire::reply_text(&task))
                     }
@@ -314,6 +318,7 @@ pub(super) fn send_command(request: api::SendRequest, by_user: bool) -> Command 
         sender_task_id: request.sender_task_id,
         idempotency_key: request.idempotency_key,
         by_user,
+        message_id: None,
     })
 }
 

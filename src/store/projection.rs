@@ -7,7 +7,7 @@
 
 use super::StoreError;
 use super::records::{self, *};
-use crate::event::{Artifact, Direction, Envelope, Event, Part, TaskState};
+use crate::event::{Artifact, Direction, Envelope, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState};
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
 /// Key of the prune cut-off in the history meta table (read by `history`, compared by verify).
@@ -188,7 +188,9 @@ pub struct ReadProjections {
 fn text_at(log: &impl ReadableTable<u64, &'static [u8]>, seq: u64) -> Result<Option<String>, StoreError> {
     let Some(row) = log.get(seq)? else { return Ok(None) };
     Ok(match Envelope::decode(row.value())?.event {
-        Event::MessageSent { text, .. } | Event::ReplyPosted { text, .. } => Some(text),
+        Event::MessageSent { text, .. } | Event::ReplyPosted { text, .. } | Event::TaskContinued { text, .. } => {
+            Some(text)
+        }
         _ => None,
     })
 }
@@ -202,6 +204,13 @@ fn hydrate_task(log: &impl ReadableTable<u64, &'static [u8]>, task: &mut TaskRec
         && let Some(text) = text_at(log, seq)?
     {
         task.message.parts.push(Part::Text { text });
+    }
+    for follow_up in &mut task.follow_ups {
+        if follow_up.message.parts.is_empty()
+            && let Some(text) = text_at(log, follow_up.seq)?
+        {
+            follow_up.message.parts.push(Part::Text { text });
+        }
     }
     for reference in &task.artifact_texts {
         if let Some(artifact) = task.artifacts.get_mut(reference.index as usize)
@@ -528,6 +537,7 @@ impl<'txn> Projections<'txn> {
                     reply_seq: None,
                     artifact_texts: Vec::new(),
                     sent_by_user: false,
+                    follow_ups: Vec::new(),
                 };
                 self.put_task(&record)?;
             }
@@ -592,7 +602,7 @@ impl<'txn> Projections<'txn> {
                     self.put_reply_target(&target)?;
                 }
             }
-            Event::TicketIssued { agent_id, task_id, priority, from, display_task_id, response_expected } => {
+            Event::TicketIssued { agent_id, task_id, priority, from, display_task_id, response_expected, turn } => {
                 let ticket = Ticket {
                     ticket: envelope.seq,
                     agent_id: agent_id.clone(),
@@ -603,6 +613,7 @@ impl<'txn> Projections<'txn> {
                     priority: *priority,
                     response_expected: *response_expected,
                     issued_ms: time_ms,
+                    turn: *turn,
                 };
                 self.put_ticket(&ticket)?;
             }
@@ -617,6 +628,7 @@ impl<'txn> Projections<'txn> {
                     priority: if *priority == 0 { 3 } else { *priority },
                     response_expected: false,
                     issued_ms: time_ms,
+                    turn: 0,
                 };
                 self.put_ticket(&ticket)?;
             }
@@ -669,6 +681,52 @@ impl<'txn> Projections<'txn> {
                     }
                     task.updated_ms = time_ms;
                     self.put_task(&task)?;
+                }
+            }
+            Event::TaskContinued { task_id, sender_task_id, from, to, text, message_id, idempotency_key } => {
+                if let Some(key) = idempotency_key {
+                    let row = IdempotentSend {
+                        task_id: task_id.clone(),
+                        sender_task_id: sender_task_id.clone(),
+                        time_ms,
+                        is_reply: false,
+                    };
+                    self.idempotency
+                        .insert(idempotency_row(from.as_deref(), key).as_str(), records::encode(&row).as_slice())?;
+                }
+                // A long follow-up is stored once, in this event: the rows refer to it by `seq`.
+                let parts = if text.len() > INLINE_TEXT_MAX_BYTES {
+                    Vec::new()
+                } else {
+                    vec![Part::Text { text: text.clone() }]
+                };
+                for holder in std::iter::once(task_id).chain(sender_task_id.iter()) {
+                    if let Some(mut record) = self.task_row(holder)? {
+                        // Taken before the `task_state_changed` after this event moves the task
+                        // on: the question is what the task asked while it waited.
+                        let follow_up = FollowUp {
+                            question: record.question(),
+                            asked_ms: record.updated_ms,
+                            message: Message { role: Role::User, parts: parts.clone(), message_id: message_id.clone() },
+                            seq: envelope.seq,
+                            time_ms,
+                        };
+                        record.follow_ups.push(follow_up);
+                        self.put_task(&record)?;
+                    }
+                }
+                // The agent owes an answer again, now to this message.
+                if let Some(sender) = reply_target_sender(from.as_deref(), sender_task_id.as_deref()) {
+                    let target = ReplyTarget {
+                        receiver: to.clone(),
+                        sender_id: sender,
+                        sender_task_id: sender_task_id.clone(),
+                        receiver_task_id: task_id.clone(),
+                        received_ms: time_ms,
+                        preview: crate::event::preview(text, 80),
+                        seq: envelope.seq,
+                    };
+                    self.put_reply_target(&target)?;
                 }
             }
             Event::TaskCanceled { task_id, reason } => {

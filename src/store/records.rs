@@ -1,6 +1,6 @@
 //! Rows of the projection tables. Stored as named msgpack, like events, so they can gain fields.
 
-use crate::event::{AgentStatus, Artifact, ChangeType, Direction, Message, TaskState};
+use crate::event::{AgentStatus, Artifact, ChangeType, Direction, Message, Part, TaskState};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,6 +91,43 @@ pub struct TaskRecord {
     /// Sent anonymously by the user (see `Event::MessageSent`): only the user cancels it.
     #[serde(default)]
     pub sent_by_user: bool,
+    /// The messages after the first, in order (A2A multi-turn, `task_continued`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub follow_ups: Vec<FollowUp>,
+}
+
+impl TaskRecord {
+    /// What the agent asks while the task is `input_required`: its newest text artifact, or
+    /// else its error. One rule for the status message A2A clients see and for the question a
+    /// follow-up keeps in the task's history.
+    pub fn question(&self) -> Option<String> {
+        if self.state != TaskState::InputRequired {
+            return None;
+        }
+        let newest_text = self.artifacts.iter().rev().find_map(|artifact| {
+            artifact.parts.iter().find_map(|part| match part {
+                Part::Text { text } => Some(text.clone()),
+                _ => None,
+            })
+        });
+        newest_text.or_else(|| self.error.clone())
+    }
+}
+
+/// A message that continued a task (`task_continued`), with the agent's question it answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FollowUp {
+    /// What the agent asked (its status message while `input_required`), if it said anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<String>,
+    /// When the agent asked: the task's `updated_ms` then (A2A shows the status message's id
+    /// from it, so the question keeps the id the client saw).
+    pub asked_ms: u64,
+    /// The follow-up; a long one has no parts, its text is the `task_continued` at `seq`.
+    pub message: Message,
+    /// Sequence number of the `task_continued` event.
+    pub seq: u64,
+    pub time_ms: u64,
 }
 
 /// An artifact of a task whose text is the `text` of the `reply_posted` event at `seq`.
@@ -140,6 +177,9 @@ pub struct Ticket {
     pub priority: u8,
     pub response_expected: bool,
     pub issued_ms: u64,
+    /// The task's message it writes: 0 the first, N the N-th follow-up.
+    #[serde(default)]
+    pub turn: u32,
 }
 
 /// A lock on a file (file safety). Free once `expires_ms` has passed or its holder is gone;

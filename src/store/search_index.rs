@@ -113,9 +113,9 @@ fn touched_tasks(event: &Event) -> impl Iterator<Item = &str> {
         | Event::ReverseTicketIssued { task_id, .. }
         | Event::TaskStateChanged { task_id, .. }
         | Event::TaskCanceled { task_id, .. } => (Some(task_id), None),
-        Event::MessageSent { task_id, sender_task_id, .. } | Event::ReplyPosted { task_id, sender_task_id, .. } => {
-            (Some(task_id), sender_task_id.as_ref())
-        }
+        Event::MessageSent { task_id, sender_task_id, .. }
+        | Event::ReplyPosted { task_id, sender_task_id, .. }
+        | Event::TaskContinued { task_id, sender_task_id, .. } => (Some(task_id), sender_task_id.as_ref()),
         _ => (None, None),
     };
     first.into_iter().chain(second).map(String::as_str)

@@ -75,7 +75,7 @@ fn event() -> impl Strategy<Value = Event> {
                     peer_task_id: None,
                     // A long message: the text is in the `message_sent` of `message_in`.
                     message: match message_in {
-                        Some(_) => Message { role: Role::User, parts: Vec::new() },
+                        Some(_) => Message { role: Role::User, parts: Vec::new(), message_id: None },
                         None => Message::text(Role::User, text),
                     },
                     message_in,
@@ -105,16 +105,38 @@ fn event() -> impl Strategy<Value = Event> {
                     idempotency_key,
                 }
             }),
-        (agent(), task(), 1u8..=5, prop::option::of(agent())).prop_map(|(agent_id, task_id, priority, from)| {
-            Event::TicketIssued {
+        (agent(), task(), 1u8..=5, prop::option::of(agent()), 0u32..3).prop_map(
+            |(agent_id, task_id, priority, from, turn)| Event::TicketIssued {
                 display_task_id: task_id.clone(),
                 agent_id,
                 task_id,
                 priority,
                 from,
                 response_expected: false,
+                turn,
             }
-        }),
+        ),
+        // A follow-up, short or long (a long one is kept once, in the event).
+        (
+            task(),
+            prop::option::of(task()),
+            prop::option::of(agent()),
+            agent(),
+            prop::option::of("[a-z ]{1,12}"),
+            prop::option::of("[a-c]{1,2}"),
+            prop::option::of("[a-c]{1,2}")
+        )
+            .prop_map(|(task_id, sender_task_id, from, to, text, message_id, idempotency_key)| {
+                Event::TaskContinued {
+                    task_id,
+                    sender_task_id,
+                    from,
+                    to,
+                    text: text.unwrap_or_else(|| "long ".repeat(INLINE_TEXT_MAX_BYTES / 4)),
+                    message_id,
+                    idempotency_key,
+                }
+            }),
         (agent(), 1u64..40, 1u8..=5).prop_map(|(agent_id, ticket, priority)| Event::TicketInjected {
             agent_id,
             ticket,
@@ -356,6 +378,7 @@ fn inbox_is_ordered_by_priority_then_arrival() {
         from: None,
         display_task_id: task.into(),
         response_expected: false,
+        turn: 0,
     };
     store
         .transact(1, |appender| {
@@ -729,7 +752,7 @@ fn long_exchange(text: &str, reply: &str) -> (Vec<Event>, Vec<Event>) {
         direction,
         peer: None,
         state: TaskState::Working,
-        message: Message { role: Role::User, parts: Vec::new() },
+        message: Message { role: Role::User, parts: Vec::new(), message_id: None },
         priority: 3,
         response_expected: true,
         sender_task_id: (direction == Direction::Incoming).then(|| sender_task.clone()),

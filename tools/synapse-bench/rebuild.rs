@@ -212,6 +212,7 @@ impl LogGenerator {
             from: Some(sender.into()),
             display_task_id: sender_task_id.clone().unwrap_or_else(|| task_id.clone()),
             response_expected: reply,
+            turn: 0,
         });
         let written = appender.append(Some(sender), send)?;
         let ticket = written.last().map_or(0, |envelope| envelope.seq);

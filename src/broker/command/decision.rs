@@ -25,7 +25,8 @@ pub enum Outcome {
     Deregistered,
     Sent(Box<SendOutcome>),
     Task {
-        task: TaskRecord,
+        /// Boxed: a task row is much larger than the other outcomes.
+        task: Box<TaskRecord>,
     },
     Injected {
         ticket: u64,

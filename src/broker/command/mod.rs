@@ -24,8 +24,8 @@ pub use checks::{agent_id_of, resolve_target};
 pub use checks::{ambiguous_task, find_task, unique_task, validate_task_ref};
 pub use decision::{Answer, CommandError, Context, DecideError, Decision, Liveness, Outcome, SendOutcome};
 pub use requests::{
-    Actor, IDEMPOTENCY_WINDOW_MS, MAX_MESSAGE_BYTES, RegisterRequest, ReplyRequest, SendRequest, UpdateTaskRequest,
-    default_priority,
+    Actor, ContinueRequest, IDEMPOTENCY_WINDOW_MS, MAX_MESSAGE_BYTES, RegisterRequest, ReplyRequest, SendRequest,
+    UpdateTaskRequest, default_priority,
 };
 pub use send::validate_priority;
 
@@ -49,6 +49,8 @@ pub enum Command {
     /// A reply to one of the senders waiting for `from`'s answer: decided as the send of
     /// [`send::reply_as_send`].
     Reply(ReplyRequest),
+    /// A follow-up on a task that asks for input: decided by [`send::decide_continue`].
+    Continue(ContinueRequest),
     CreateTask {
         owner: String,
         secret: Option<String>,
@@ -109,6 +111,11 @@ impl Command {
                 // Refused before any target is resolved.
                 Err(DecideError::Rejected(_)) => LivenessNeeded::None,
             },
+            // The agent the task was sent to must still run.
+            Command::Continue(request) => match view.agent(request.to.trim())? {
+                Some(agent) => LivenessNeeded::Pids(vec![agent.pid]),
+                None => LivenessNeeded::None,
+            },
             Command::RegisterAgent(_) => LivenessNeeded::AllAgents,
             Command::FileSafety(command) if command.reads_liveness() => LivenessNeeded::AllAgents,
             _ => LivenessNeeded::None,
@@ -139,6 +146,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) 
         Command::Deregister { agent_id, reason } => agents::decide_deregister(view, agent_id, reason),
         Command::Send(request) => send::decide_send(view, request, context),
         Command::Reply(request) => send::decide_send(view, &send::reply_as_send(view, request)?, context),
+        Command::Continue(request) => send::decide_continue(view, request, context),
         Command::CreateTask { owner, secret, message, peer } => {
             tasks::decide_create_task(view, owner, secret.as_deref(), message, peer)
         }
@@ -179,7 +187,7 @@ pub fn complete(view: &Projections<'_>, answer: Answer, last_seq: u64) -> Result
             Outcome::Sent(Box::new(SendOutcome { task, sender_task, is_reply, warning, seq: last_seq }))
         }
         Answer::Task { task_id } => Outcome::Task {
-            task: view.task(&task_id)?.ok_or_else(|| StoreError::Corrupt(format!("task {task_id} missing")))?,
+            task: Box::new(view.task(&task_id)?.ok_or_else(|| StoreError::Corrupt(format!("task {task_id} missing")))?),
         },
         Answer::Injected { ticket } => Outcome::Injected { ticket },
         Answer::Appended => Outcome::Appended { seq: last_seq },
@@ -215,19 +223,121 @@ mod tests {
 
     /// Decides `command` at `now_ms` and appends its events, as the writer does.
     fn run(store: &Store, now_ms: u64, command: Command) -> Answer {
+        match try_run(store, now_ms, command) {
+            Ok(answer) => answer,
+            Err(error) => panic!("rejected: {error}"),
+        }
+    }
+
+    /// [`run`], with a refusal as the answer.
+    fn try_run(store: &Store, now_ms: u64, command: Command) -> Result<Answer, CommandError> {
         store
             .transact(now_ms, |appender| {
                 let liveness = Liveness::look_up([std::process::id()]);
                 let context = Context { now_ms, liveness: &liveness };
                 let decision = match decide(appender.view(), &command, &context) {
                     Ok(decision) => decision,
-                    Err(DecideError::Rejected(error)) => panic!("rejected: {error}"),
+                    Err(DecideError::Rejected(error)) => return Ok(Err(error)),
                     Err(DecideError::Storage(error)) => return Err(error),
                 };
                 appender.append(decision.actor.as_deref(), decision.events)?;
-                Ok(decision.answer)
+                Ok(Ok(decision.answer))
             })
             .expect("the transaction commits")
+    }
+
+    fn task_of(store: &Store, task_id: &str) -> crate::store::TaskRecord {
+        store.read(|view| view.task(task_id)).expect("the view reads").expect("the task exists")
+    }
+
+    /// An A2A client's exchange with RECEIVER: a message that gets a question back, a follow-up
+    /// (long, so stored once), its retry, and follow-ups the task can no longer take.
+    #[test]
+    fn a_follow_up_continues_a_task_that_asks_for_input_and_replays_to_the_same_projections() {
+        use crate::event::TaskState;
+        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
+        store
+            .transact(START_MS, |appender| appender.append(None, vec![registered(RECEIVER, 8120)]))
+            .expect("registered");
+        let first = Command::Send(SendRequest {
+            to: RECEIVER.into(),
+            text: "need your input".into(),
+            priority: 3,
+            response_expected: true,
+            idempotency_key: Some("a2a:first".into()),
+            message_id: Some("first".into()),
+            ..SendRequest::default()
+        });
+        let (receiver_task, sender_task, _) = sent(run(&store, START_MS, first));
+        let sender_task = sender_task.expect("a sender task");
+        let asked = Command::UpdateTask(UpdateTaskRequest {
+            agent_id: RECEIVER.into(),
+            secret: Some(RECEIVER.into()),
+            task_id: receiver_task.clone(),
+            state: TaskState::InputRequired,
+            artifacts: vec![crate::event::Artifact::text("which one?")],
+            error: None,
+        });
+        run(&store, START_MS + 1_000, asked);
+        let long = "blue ".repeat(crate::event::INLINE_TEXT_MAX_BYTES);
+        let follow_up = |text: &str, key: &str| {
+            Command::Continue(ContinueRequest {
+                to: RECEIVER.into(),
+                task_id: sender_task[..8].to_string(),
+                text: text.into(),
+                message_id: Some(key.into()),
+                context_id: None,
+                idempotency_key: Some(format!("a2a:{key}")),
+            })
+        };
+        let continued = sent(run(&store, START_MS + 2_000, follow_up(&long, "second")));
+        assert_eq!(continued, (receiver_task.clone(), Some(sender_task.clone()), false));
+
+        for id in [&sender_task, &receiver_task] {
+            let task = task_of(&store, id);
+            assert_eq!(task.message.message_id.as_deref(), Some("first"), "the client's id is kept");
+            assert_eq!(task.follow_ups.len(), 1);
+            let follow_up = &task.follow_ups[0];
+            assert_eq!(follow_up.question.as_deref(), Some("which one?"));
+            assert_eq!(follow_up.asked_ms, START_MS + 1_000);
+            assert_eq!(follow_up.message.joined_text(), long, "the long follow-up is read back whole");
+            assert_eq!(follow_up.message.message_id.as_deref(), Some("second"));
+        }
+        assert_eq!(task_of(&store, &sender_task).state, TaskState::Working);
+        assert_eq!(task_of(&store, &receiver_task).state, TaskState::Submitted);
+        let inbox = store.read(|view| view.inbox(RECEIVER, 10)).expect("the inbox reads");
+        assert_eq!(inbox.iter().map(|ticket| ticket.turn).collect::<Vec<_>>(), [0, 1], "a ticket for each message");
+
+        let events_before = store.head().expect("the head");
+        assert_eq!(sent(run(&store, START_MS + 3_000, follow_up(&long, "second"))), continued, "a retry");
+        assert_eq!(store.head().expect("the head"), events_before, "a retry appends nothing");
+
+        match try_run(&store, START_MS + 4_000, follow_up("again", "third")) {
+            Err(CommandError::Conflict { message }) => assert!(message.contains("input-required"), "{message}"),
+            other => panic!("a working task takes no follow-up: {:?}", other.map(|_| ())),
+        }
+        let mut wrong_context = follow_up("other context", "fourth");
+        if let Command::Continue(request) = &mut wrong_context {
+            request.context_id = Some("another-context".into());
+        }
+        assert!(matches!(try_run(&store, START_MS + 4_000, wrong_context), Err(CommandError::BadRequest { .. })));
+        let mut unknown = follow_up("unknown", "fifth");
+        if let Command::Continue(request) = &mut unknown {
+            request.task_id = "0123abcd".into();
+        }
+        assert!(matches!(try_run(&store, START_MS + 4_000, unknown), Err(CommandError::NotFound { .. })));
+        run(
+            &store,
+            START_MS + 5_000,
+            Command::CancelTask { task_id: sender_task.clone(), reason: None, actor: Actor::User },
+        );
+        match try_run(&store, START_MS + 6_000, follow_up("too late", "sixth")) {
+            Err(CommandError::Conflict { message }) => assert!(message.contains("canceled"), "{message}"),
+            other => panic!("a final task takes no follow-up: {:?}", other.map(|_| ())),
+        }
+
+        let report = store.verify().expect("verify runs");
+        assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
     }
 
     fn send(from: &str, text: &str, reply_to: Option<&str>, key: &str) -> Command {

@@ -75,6 +75,27 @@ pub struct SendRequest {
     /// Set by the broker, never read from the body: the request came from the user (see
     /// `http::caller`). An anonymous send by the user may be cancelled only by the user.
     pub by_user: bool,
+    /// Set by the A2A binding, never read from the body: the client's `messageId`, kept in the
+    /// tasks' message.
+    #[serde(skip)]
+    pub message_id: Option<String>,
+}
+
+/// A follow-up message on a task that asks for input (A2A multi-turn: a message naming the
+/// task's id), from the task's anonymous sender (an A2A client).
+#[derive(Debug, Clone, Default)]
+pub struct ContinueRequest {
+    /// The agent the task was sent to (the agent whose A2A endpoint was called).
+    pub to: String,
+    /// The sender's task, the A2A task (full id or unique prefix).
+    pub task_id: String,
+    pub text: String,
+    /// The sender's id of the message (A2A `messageId`), kept in the task's history.
+    pub message_id: Option<String>,
+    /// The context the sender named, if any: it must be the task's.
+    pub context_id: Option<String>,
+    /// As for a send: a retry with the same key answers the task again and sends nothing.
+    pub idempotency_key: Option<String>,
 }
 
 /// A reply (`synapse reply`): a message to the sender `from` owes an answer, which completes

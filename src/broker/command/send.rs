@@ -3,7 +3,7 @@
 
 use super::checks::{agent_id_of, check_sender, find_task, new_id, resolve_target, validate_text};
 use super::decision::{Answer, CommandError, Context, DecideError, Decision, Liveness};
-use super::requests::{IDEMPOTENCY_WINDOW_MS, ReplyRequest, SendRequest};
+use super::requests::{ContinueRequest, IDEMPOTENCY_WINDOW_MS, ReplyRequest, SendRequest};
 use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
 use crate::store::{AgentRecord, Projections, TaskRecord};
 
@@ -162,11 +162,12 @@ pub fn decide_send(
     let context_id = request.context_id.clone().unwrap_or_else(new_id);
     // A long text is stored once, in the `message_sent` event; both tasks refer to it.
     let is_long = request.text.len() > INLINE_TEXT_MAX_BYTES;
-    let (message, message_in) = if is_long {
-        (Message { role: Role::User, parts: Vec::new() }, Some(task_id.clone()))
+    let (mut message, message_in) = if is_long {
+        (Message { role: Role::User, parts: Vec::new(), message_id: None }, Some(task_id.clone()))
     } else {
         (Message::text(Role::User, request.text.clone()), None)
     };
+    message.message_id.clone_from(&request.message_id);
     let mut events = Vec::with_capacity(4);
     if let (Some(sender_task_id), None) = (&sender_task_id, &existing_sender_task) {
         events.push(Event::TaskCreated {
@@ -220,11 +221,131 @@ pub fn decide_send(
         from: sender_id.clone(),
         display_task_id: sender_task_id.clone().unwrap_or_else(|| task_id.clone()),
         response_expected,
+        turn: 0,
     });
     Ok(Decision {
         actor: sender_id,
         events,
         answer: Answer::Sent { task_id, sender_task_id, is_reply: false, warning },
+    })
+}
+
+/// A follow-up on a task that asks for input (A2A multi-turn). The A2A task is the anonymous
+/// sender's side; the agent's side is its peer task. Both record the message, the sender's
+/// goes back to `working` and the agent's to `submitted` (like a new message: the ack of its
+/// ticket makes it `working`), and the ticket names the follow-up (`turn`) so that the agent
+/// is given that message and not the first.
+pub fn decide_continue(
+    view: &Projections<'_>,
+    request: &ContinueRequest,
+    context: &Context<'_>,
+) -> Result<Decision, DecideError> {
+    validate_text(&request.text)?;
+    let not_found = || CommandError::not_found(format!("Task {} not found", request.task_id));
+    // A retry of a follow-up whose answer was lost: the same task, nothing new (as for a send,
+    // anonymous senders share one key space).
+    if let Some(key) = &request.idempotency_key
+        && let Some(first) = view.idempotent_send(None, key)?
+        && context.now_ms.saturating_sub(first.time_ms) < IDEMPOTENCY_WINDOW_MS
+    {
+        return Ok(Decision {
+            actor: None,
+            events: Vec::new(),
+            answer: Answer::Sent {
+                task_id: first.task_id,
+                sender_task_id: first.sender_task_id,
+                is_reply: first.is_reply,
+                warning: None,
+            },
+        });
+    }
+    // Only an anonymous sender's task given to this agent: the A2A tasks of its endpoint.
+    let task = find_task(view, &request.task_id)?
+        .filter(|task| {
+            task.owner.is_none()
+                && task.direction == Direction::Outgoing
+                && task.peer.as_deref() == Some(request.to.trim())
+        })
+        .ok_or_else(not_found)?;
+    if let Some(context_id) = &request.context_id
+        && *context_id != task.context_id
+    {
+        return Err(CommandError::bad(format!(
+            "contextId '{context_id}' is not the context of task {} ('{}'): leave it out or send the task's",
+            task.id, task.context_id
+        ))
+        .into());
+    }
+    if task.state != TaskState::InputRequired {
+        let why = if task.state.is_final() {
+            "it cannot take further messages; send a new message (without taskId) to start a new task"
+        } else {
+            "a follow-up is taken only while the task asks for input (input-required)"
+        };
+        return Err(CommandError::conflict(format!("Task {} is {}: {why}", task.id, task.state)).into());
+    }
+    let receiver_task = match &task.peer_task_id {
+        Some(peer) => view.task(peer)?,
+        None => None,
+    }
+    .filter(|receiver| receiver.state == TaskState::InputRequired)
+    .ok_or_else(|| {
+        CommandError::conflict(format!("Task {}: the agent's side of it no longer asks for input", task.id))
+    })?;
+    if receiver_task.sent_by_user {
+        return Err(CommandError::forbidden(format!(
+            "Task {} was sent by the user; only the user continues it",
+            task.id
+        ))
+        .into());
+    }
+    let Some(agent) = receiver_task.owner.clone() else { return Err(not_found().into()) };
+    let running = view.agent(&agent)?.is_some_and(|record| context.liveness.is_alive(record.pid));
+    if !running {
+        return Err(CommandError::Unavailable {
+            message: format!("Agent '{agent}' is no longer running: task {} cannot continue", task.id),
+        }
+        .into());
+    }
+    let turn = u32::try_from(receiver_task.follow_ups.len() + 1).unwrap_or(u32::MAX);
+    let moved = |task_id: &str, state| Event::TaskStateChanged {
+        task_id: task_id.to_string(),
+        state,
+        artifacts: Vec::new(),
+        error: None,
+        reply_of: None,
+    };
+    let events = vec![
+        Event::TaskContinued {
+            task_id: receiver_task.id.clone(),
+            sender_task_id: Some(task.id.clone()),
+            from: None,
+            to: agent.clone(),
+            text: request.text.clone(),
+            message_id: request.message_id.clone(),
+            idempotency_key: request.idempotency_key.clone(),
+        },
+        moved(&task.id, TaskState::Working),
+        moved(&receiver_task.id, TaskState::Submitted),
+        Event::TicketIssued {
+            agent_id: agent,
+            task_id: receiver_task.id.clone(),
+            priority: receiver_task.priority,
+            from: None,
+            display_task_id: task.id.clone(),
+            response_expected: true,
+            turn,
+        },
+    ];
+    Ok(Decision {
+        actor: None,
+        events,
+        answer: Answer::Sent {
+            task_id: receiver_task.id,
+            sender_task_id: Some(task.id),
+            is_reply: false,
+            warning: None,
+        },
     })
 }
 

@@ -54,6 +54,8 @@ pub(super) struct SendParams {
     /// message, and gets the first one's task.
     message_id: Option<String>,
     context_id: Option<String>,
+    /// The task the message continues (A2A multi-turn), its full id.
+    task_id: Option<String>,
     blocking: bool,
     history_length: Option<usize>,
 }
@@ -88,13 +90,11 @@ pub(super) fn parse_send(
             }
         }
     }
-    if let Some(task_id) = string_param(message, "taskId")?.filter(|id| !id.is_empty()) {
-        find_task(state, agent, task_id)?;
-        return Err(RpcError::new(
-            UNSUPPORTED_OPERATION,
-            format!("continuing task {task_id} is not supported: send a new message (same contextId) instead"),
-        ));
-    }
+    // A message naming a task continues it (decided by the writer: it must ask for input).
+    let task_id = match string_param(message, "taskId")?.filter(|id| !id.is_empty()) {
+        Some(reference) => Some(find_task(state, agent, reference)?.id),
+        None => None,
+    };
     let context_id = string_param(message, "contextId")?.or(string_param(params, "contextId")?);
     if let Some(context) = context_id
         && (context.chars().count() > MAX_CONTEXT_ID_CHARS || context.chars().any(char::is_control))
@@ -119,19 +119,55 @@ pub(super) fn parse_send(
         message_id: string_param(message, "messageId")?.filter(|id| !id.is_empty()).map(str::to_string),
         text: texts.join("\n"),
         context_id: context_id.map(str::to_string),
+        task_id,
         blocking,
         history_length: count_param(&configuration, "historyLength")?,
     })
 }
 
-/// Sends the message as an anonymous `synapse send` expecting a reply; returns the A2A task
-/// (the sender's side) and the sequence number of the send's last event.
+/// Sends the message as an anonymous `synapse send` expecting a reply, or as the follow-up of
+/// the task it names; returns the A2A task (the sender's side) and the sequence number of the
+/// send's last event.
 pub(super) async fn submit_send(
     state: &AppState,
     agent: &str,
     request: &SendParams,
 ) -> Result<(TaskRecord, u64), RpcError> {
-    let send = SendRequest {
+    // Anonymous senders share one key space: the key names the agent and the A2A binding.
+    let idempotency_key = request.message_id.as_ref().map(|id| format!("a2a:{agent}:{id}"));
+    let command = match &request.task_id {
+        Some(task_id) => Command::Continue(ContinueRequest {
+            to: agent.to_string(),
+            task_id: task_id.clone(),
+            text: request.text.clone(),
+            message_id: request.message_id.clone(),
+            context_id: request.context_id.clone(),
+            idempotency_key,
+        }),
+        None => Command::Send(new_send(agent, request, idempotency_key)),
+    };
+    let outcome = state.writer.submit(command).await.map_err(|error| match (&request.task_id, error) {
+        (Some(task_id), CommandError::NotFound { message }) => {
+            RpcError::new(TASK_NOT_FOUND, message).with("taskId", task_id.clone())
+        }
+        // A final task, or one that does not ask for input: the spec's error for a message
+        // to a task that cannot take it.
+        (Some(task_id), CommandError::Conflict { message }) => {
+            RpcError::new(UNSUPPORTED_OPERATION, message).with("taskId", task_id.clone())
+        }
+        (_, error) => error.into(),
+    })?;
+    match outcome {
+        Outcome::Sent(sent) => match sent.sender_task {
+            Some(task) => Ok((task, sent.seq)),
+            None => Err(RpcError::new(INTERNAL_ERROR, "the send created no task to follow")),
+        },
+        _ => Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a send")),
+    }
+}
+
+fn new_send(agent: &str, request: &SendParams, idempotency_key: Option<String>) -> SendRequest {
+    SendRequest {
         to: agent.to_string(),
         from: None,
         secret: None,
@@ -141,16 +177,9 @@ pub(super) async fn submit_send(
         reply_to: None,
         context_id: request.context_id.clone(),
         sender_task_id: None,
-        // Anonymous senders share one key space: the key names the agent and the A2A binding.
-        idempotency_key: request.message_id.as_ref().map(|id| format!("a2a:{agent}:{id}")),
+        idempotency_key,
         by_user: false,
-    };
-    match state.writer.submit(Command::Send(send)).await? {
-        Outcome::Sent(sent) => match sent.sender_task {
-            Some(task) => Ok((task, sent.seq)),
-            None => Err(RpcError::new(INTERNAL_ERROR, "the send created no task to follow")),
-        },
-        _ => Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a send")),
+        message_id: request.message_id.clone(),
     }
 }
 
@@ -259,7 +288,7 @@ pub(super) async fn cancel_task(
         .submit(Command::CancelTask { task_id: task.id.clone(), reason: reason.clone(), actor: actor.clone() })
         .await
     {
-        Ok(Outcome::Task { task }) => task,
+        Ok(Outcome::Task { task }) => *task,
         Ok(_) => return Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a cancel")),
         // Decided against a newer state than the one read above: it became final meanwhile.
         Err(CommandError::BadRequest { message }) => {

@@ -23,7 +23,7 @@ mod stream;
 
 use super::subscribe::{self, StreamEnd, TaskChange};
 use super::{AppState, FixedAgent, MAX_WAIT, Scope};
-use crate::broker::command::{Actor, Command, CommandError, Outcome, SendRequest, default_priority};
+use crate::broker::command::{Actor, Command, CommandError, ContinueRequest, Outcome, SendRequest, default_priority};
 use crate::broker::tail;
 use crate::event::{Artifact, Part, Role, TaskState};
 use crate::store::{TaskIndexKind, TaskRecord};

@@ -98,7 +98,7 @@ pub fn artifact_json(version: Version, index: usize, artifact: &Artifact) -> Val
 /// What the agent says with a state: its question (input required) or the failure.
 pub(super) fn status_text(task: &TaskRecord) -> Option<String> {
     match task.state {
-        TaskState::InputRequired => super::super::wire::reply_text(task).or_else(|| task.error.clone()),
+        TaskState::InputRequired => task.question(),
         TaskState::Failed | TaskState::Canceled => task.error.clone(),
         _ => None,
     }
@@ -110,14 +110,37 @@ pub(super) fn status_json(version: Version, task: &TaskRecord) -> Value {
         "timestamp": crate::time::rfc3339(task.updated_ms),
     });
     if let Some(text) = status_text(task) {
-        let id = format!("{}-status-{}", task.id, task.updated_ms);
-        status["message"] = message_json(version, &id, task, Role::Agent, &[Part::Text { text }]);
+        status["message"] =
+            message_json(version, &status_message_id(task, task.updated_ms), task, Role::Agent, &[Part::Text { text }]);
     }
     status
 }
 
-/// A task in the A2A shape of `version`. `history_length`: how many messages of the history
-/// to include (None: all; the history is the request). `artifacts`: include the artifacts.
+/// The id of the status message the task had at `time_ms`: made up by Synapse, and the same
+/// when that message later shows in the history.
+fn status_message_id(task: &TaskRecord, time_ms: u64) -> String {
+    format!("{}-status-{time_ms}", task.id)
+}
+
+/// The task's messages in order: the request, then for each follow-up the agent's question
+/// (when it asked one) and the follow-up. The sender's messages keep the sender's ids.
+fn history_json(version: Version, task: &TaskRecord) -> Vec<Value> {
+    let mut history = Vec::with_capacity(1 + 2 * task.follow_ups.len());
+    let request_id = task.message.message_id.clone().unwrap_or_else(|| format!("{}-request", task.id));
+    history.push(message_json(version, &request_id, task, Role::User, &task.message.parts));
+    for (number, follow_up) in task.follow_ups.iter().enumerate() {
+        if let Some(question) = &follow_up.question {
+            let id = status_message_id(task, follow_up.asked_ms);
+            history.push(message_json(version, &id, task, Role::Agent, &[Part::Text { text: question.clone() }]));
+        }
+        let id = follow_up.message.message_id.clone().unwrap_or_else(|| format!("{}-message-{}", task.id, number + 1));
+        history.push(message_json(version, &id, task, Role::User, &follow_up.message.parts));
+    }
+    history
+}
+
+/// A task in the A2A shape of `version`. `history_length`: how many of the newest messages of
+/// the history to include (None: all). `artifacts`: include the artifacts.
 pub fn task_json(version: Version, task: &TaskRecord, history_length: Option<usize>, artifacts: bool) -> Value {
     let mut value = json!({
         "id": task.id,
@@ -138,8 +161,11 @@ pub fn task_json(version: Version, task: &TaskRecord, history_length: Option<usi
             json!(task.artifacts.iter().enumerate().map(|(i, a)| artifact_json(version, i, a)).collect::<Vec<_>>());
     }
     if history_length != Some(0) {
-        let request = message_json(version, &format!("{}-request", task.id), task, Role::User, &task.message.parts);
-        value["history"] = json!([request]);
+        let mut history = history_json(version, task);
+        if let Some(length) = history_length {
+            history.drain(..history.len().saturating_sub(length));
+        }
+        value["history"] = Value::Array(history);
     }
     value
 }
