@@ -412,8 +412,13 @@ fn hook_delivery(cli: &'static str) {
         || synapse::agent::mcp_wiring::gemini_refuses(&session.world.home.home().join("agents")).is_none();
     let typed = usize::from(!hooked);
     assert_eq!(session.reached_model("hook-marker"), typed, "typed only without the hook\n{}", session.describe());
-    let acks = session.world.home.events().iter().filter(|event| event["event"]["kind"] == "ticket_injected").count();
-    assert_eq!(acks, 3, "three tickets, each acknowledged once\n{}", session.describe());
+    // The last message is acknowledged once the CLI has reacted to it, which can come after the
+    // model has its request: wait for the third acknowledgement, then there must be no more.
+    let acks =
+        || session.world.home.events().iter().filter(|event| event["event"]["kind"] == "ticket_injected").count();
+    wait_for("the third acknowledgement", || acks() >= 3, || session.describe());
+    session.wait_status("READY");
+    assert_eq!(acks(), 3, "three tickets, each acknowledged once\n{}", session.describe());
 }
 
 #[test]

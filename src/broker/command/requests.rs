@@ -1,7 +1,7 @@
 //! What callers ask of the writer: the request bodies of the commands and who acts in them.
 //!
-//! These are the broker's own command types; the HTTP layer fills them from what it parsed and
-//! proved (the `#[serde(skip)]` fields are never read from a body).
+//! These are the broker's own command types, never a wire format: the HTTP layer fills them
+//! from the `api::*` body it parsed and from what it proved itself (`by_user`, `message_id`).
 
 use crate::event::Artifact;
 use crate::event::TaskState;
@@ -77,7 +77,6 @@ pub struct SendRequest {
     pub by_user: bool,
     /// Set by the A2A binding, never read from the body: the client's `messageId`, kept in the
     /// tasks' message.
-    #[serde(skip)]
     pub message_id: Option<String>,
 }
 
