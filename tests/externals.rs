@@ -14,19 +14,23 @@ fn local(home: &Home, args: &[&str]) -> std::process::Output {
     home.cmd(args).env("SYNAPSE_EXTERNAL_TIMEOUT_MS", "700").output().unwrap()
 }
 
-/// Issue 14: `synapse send <alias>` did not reach an agent added with `synapse external add`.
-/// With no local agent of that name, it goes to the external agent, with the flags that apply
-/// there; the ones that name things of this broker are refused clearly.
-#[test]
-fn send_to_an_external_alias_reaches_the_external_agent() {
-    let remote = Home::new();
+/// An auto-replying dummy named bob, started in `remote` (another broker); its announcement.
+fn remote_bob(remote: &Home) -> Value {
     let started = remote
         .cmd(&["start", "dummy", "--name", "bob", "--json"])
         .env("SYNAPSE_DUMMY_AUTO_REPLY", "1")
         .output()
         .unwrap();
     assert!(started.status.success(), "{}", describe(&started));
-    let bob: Value = serde_json::from_slice(&started.stdout).unwrap();
+    serde_json::from_slice(&started.stdout).unwrap()
+}
+/// Issue 14: `synapse send <alias>` did not reach an agent added with `synapse external add`.
+/// With no local agent of that name, it goes to the external agent, with the flags that apply
+/// there; the ones that name things of this broker are refused clearly.
+#[test]
+fn send_to_an_external_alias_reaches_the_external_agent() {
+    let remote = Home::new();
+    let bob = remote_bob(&remote);
     let home = Home::new();
     home.ok(&["external", "add", &format!("http://127.0.0.1:{}", bob["port"]), "--alias", "remote-bob"]);
 
@@ -72,13 +76,7 @@ fn send_to_an_external_alias_reaches_the_external_agent() {
 #[test]
 fn an_agent_of_another_broker_is_added_asked_and_answers() {
     let remote = Home::new();
-    let started = remote
-        .cmd(&["start", "dummy", "--name", "bob", "--json"])
-        .env("SYNAPSE_DUMMY_AUTO_REPLY", "1")
-        .output()
-        .unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
-    let bob: Value = serde_json::from_slice(&started.stdout).unwrap();
+    let bob = remote_bob(&remote);
     let url = format!("http://127.0.0.1:{}", bob["port"]);
 
     let home = Home::new();

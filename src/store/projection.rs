@@ -560,14 +560,7 @@ impl<'txn> Projections<'txn> {
                     self.put_task(&record)?;
                 }
                 if let Some(key) = idempotency_key {
-                    let row = IdempotentSend {
-                        task_id: task_id.clone(),
-                        sender_task_id: sender_task_id.clone(),
-                        time_ms,
-                        is_reply: false,
-                    };
-                    self.idempotency
-                        .insert(idempotency_row(from.as_deref(), key).as_str(), records::encode(&row).as_slice())?;
+                    self.remember_send(from.as_deref(), key, task_id, sender_task_id.as_deref(), time_ms)?;
                 }
                 // A sender task created beforehand (POST /tasks/create) is linked to this message.
                 if let Some(sender_task) = sender_task_id
@@ -685,14 +678,7 @@ impl<'txn> Projections<'txn> {
             }
             Event::TaskContinued { task_id, sender_task_id, from, to, text, message_id, idempotency_key } => {
                 if let Some(key) = idempotency_key {
-                    let row = IdempotentSend {
-                        task_id: task_id.clone(),
-                        sender_task_id: sender_task_id.clone(),
-                        time_ms,
-                        is_reply: false,
-                    };
-                    self.idempotency
-                        .insert(idempotency_row(from.as_deref(), key).as_str(), records::encode(&row).as_slice())?;
+                    self.remember_send(from.as_deref(), key, task_id, sender_task_id.as_deref(), time_ms)?;
                 }
                 // A long follow-up is stored once, in this event: the rows refer to it by `seq`.
                 let parts = if text.len() > INLINE_TEXT_MAX_BYTES {
@@ -805,6 +791,26 @@ impl<'txn> Projections<'txn> {
             | Event::ExternalAgentRemoved { .. } => {}
         }
         self.apply_history(envelope)
+    }
+
+    /// Keeps a send's idempotency key (`from`'s key space): a retry within the window answers
+    /// this send's tasks.
+    fn remember_send(
+        &mut self,
+        from: Option<&str>,
+        key: &str,
+        task_id: &str,
+        sender_task_id: Option<&str>,
+        time_ms: u64,
+    ) -> Result<(), StoreError> {
+        let row = IdempotentSend {
+            task_id: task_id.to_string(),
+            sender_task_id: sender_task_id.map(str::to_string),
+            time_ms,
+            is_reply: false,
+        };
+        self.idempotency.insert(idempotency_row(from, key).as_str(), records::encode(&row).as_slice())?;
+        Ok(())
     }
 
     pub(super) fn put_task(&mut self, task: &TaskRecord) -> Result<(), StoreError> {

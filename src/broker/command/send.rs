@@ -78,6 +78,30 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
     })
 }
 
+/// The answer to a send (or follow-up) repeated with the idempotency key `key` of `sender`
+/// within [`IDEMPOTENCY_WINDOW_MS`]: the first one's tasks, and no event.
+fn repeated_send(
+    view: &Projections<'_>,
+    sender: Option<&str>,
+    key: &str,
+    context: &Context<'_>,
+) -> Result<Option<Decision>, DecideError> {
+    let Some(first) = view.idempotent_send(sender, key)? else { return Ok(None) };
+    if context.now_ms.saturating_sub(first.time_ms) >= IDEMPOTENCY_WINDOW_MS {
+        return Ok(None);
+    }
+    Ok(Some(Decision {
+        actor: sender.map(str::to_string),
+        events: Vec::new(),
+        answer: Answer::Sent {
+            task_id: first.task_id,
+            sender_task_id: first.sender_task_id,
+            is_reply: first.is_reply,
+            warning: None,
+        },
+    }))
+}
+
 pub fn decide_send(
     view: &Projections<'_>,
     request: &SendRequest,
@@ -97,19 +121,8 @@ pub fn decide_send(
             ))
             .into());
         }
-        if let Some(first) = view.idempotent_send(sender_id.as_deref(), key)?
-            && context.now_ms.saturating_sub(first.time_ms) < IDEMPOTENCY_WINDOW_MS
-        {
-            return Ok(Decision {
-                actor: sender_id,
-                events: Vec::new(),
-                answer: Answer::Sent {
-                    task_id: first.task_id,
-                    sender_task_id: first.sender_task_id,
-                    is_reply: first.is_reply,
-                    warning: None,
-                },
-            });
+        if let Some(decision) = repeated_send(view, sender_id.as_deref(), key, context)? {
+            return Ok(decision);
         }
     }
 
@@ -245,19 +258,9 @@ pub fn decide_continue(
     // A retry of a follow-up whose answer was lost: the same task, nothing new (as for a send,
     // anonymous senders share one key space).
     if let Some(key) = &request.idempotency_key
-        && let Some(first) = view.idempotent_send(None, key)?
-        && context.now_ms.saturating_sub(first.time_ms) < IDEMPOTENCY_WINDOW_MS
+        && let Some(decision) = repeated_send(view, None, key, context)?
     {
-        return Ok(Decision {
-            actor: None,
-            events: Vec::new(),
-            answer: Answer::Sent {
-                task_id: first.task_id,
-                sender_task_id: first.sender_task_id,
-                is_reply: first.is_reply,
-                warning: None,
-            },
-        });
+        return Ok(decision);
     }
     // Only an anonymous sender's task given to this agent: the A2A tasks of its endpoint.
     let task = find_task(view, &request.task_id)?

@@ -161,12 +161,10 @@ async fn task_get_or_subscribe(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    // By name: on the broker the path also holds `{agent}`.
-    let task = path.get("task").cloned().unwrap_or_default();
-    if let Err(error) = check_version(&headers) {
-        return error_response(&error);
-    }
-    let agent = agent_id_of(&state, agent);
+    let (task, agent) = match task_route(&state, agent, &path, &headers) {
+        Ok(route) => route,
+        Err(error) => return error_response(&error),
+    };
     match task.split_once(':') {
         None => answer((|| {
             let mut params = query_params(query.as_deref())?;
@@ -187,11 +185,10 @@ async fn task_action(
     Path(path): Path<std::collections::HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    let task = path.get("task").cloned().unwrap_or_default();
-    if let Err(error) = check_version(&headers) {
-        return error_response(&error);
-    }
-    let agent = agent_id_of(&state, agent);
+    let (task, agent) = match task_route(&state, agent, &path, &headers) {
+        Ok(route) => route,
+        Err(error) => return error_response(&error),
+    };
     match task.split_once(':') {
         Some((id, "cancel")) => {
             answer(cancel_task(&state, &agent, caller.actor(), Version::V10, &json!({"id": id})).await)
@@ -200,6 +197,18 @@ async fn task_action(
         Some((_, action)) => error_response(&not_a_method(&Method::POST, action)),
         None => error_response(&not_a_method(&Method::POST, "")),
     }
+}
+
+/// The `{task}` segment (`<id>` or `<id>:<method>`) and the agent of a task route, once the
+/// version is one this binding serves. By name: on the broker the path also holds `{agent}`.
+fn task_route(
+    state: &AppState,
+    agent: String,
+    path: &std::collections::HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Result<(String, String), RpcError> {
+    check_version(headers)?;
+    Ok((path.get("task").cloned().unwrap_or_default(), agent_id_of(state, agent)))
 }
 
 fn subscribe(state: AppState, agent: String, id: &str, fixed: Option<Extension<FixedAgent>>) -> Response {
