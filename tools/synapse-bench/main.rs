@@ -1,7 +1,7 @@
 //! `synapse-bench`: performance scenarios for Synapse (see `tools/README.md`).
 //!
 //! Usage: `synapse-bench <scenario>... [--seconds N] [--synapse PATH]`, or `synapse-bench all`.
-//! Scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
+//! Scenarios: floor (this machine's limits, run first by `all`), append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
 //! history-search, lock-contention, storage.
 //!
 //! Every scenario works in a fresh directory under the system's temporary directory (removed
@@ -16,6 +16,7 @@ mod append;
 mod cli_send;
 mod common;
 mod delivery;
+mod floor;
 mod history_search;
 mod http_send;
 mod lock_contention;
@@ -31,7 +32,8 @@ use common::Options;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
+    "floor",
     "append",
     "rebuild",
     "memory",
@@ -48,7 +50,7 @@ const SCENARIOS: [&str; 11] = [
 const DEFAULT_SECONDS: f64 = 10.0;
 
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
-scenarios: append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
+scenarios: floor, append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
            history-search, lock-contention, storage, all; real-clis, busy-delivery (need tools/install-clis;
            not in all)
   --seconds N      length of the timed scenarios (append, http-send, lock-contention); default 10,
@@ -74,6 +76,7 @@ fn run() -> Result<ExitCode> {
         println!("== {scenario}");
         let outcome = match scenario.as_str() {
             "append" => runtime.block_on(append::run(&options)),
+            "floor" => runtime.block_on(floor::run(&options)),
             "rebuild" => rebuild::run(),
             "memory" => runtime.block_on(memory::run(&options)),
             "cli-send" => runtime.block_on(cli_send::run(&options)),
