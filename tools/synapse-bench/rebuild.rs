@@ -1,7 +1,8 @@
 //! `rebuild`: replay a 1M-event log.
 //!
-//! Writes a realistic log straight into a store, then times rebuilding the projections from it
-//! (`rebuild_1m_seconds`).
+//! Writes a realistic log straight into a store, times reading and decoding every event of it
+//! (`floor_scan_1m_seconds`, the floor of a rebuild: issue 16), then rebuilding the projections
+//! from it (`rebuild_1m_seconds`).
 
 use crate::common::{BenchDir, result};
 use anyhow::{Result, bail};
@@ -49,6 +50,21 @@ pub fn run() -> Result<()> {
         "encoded events average {:.0} bytes (10,000 from the middle of the log)",
         sample_bytes as f64 / sample.len().max(1) as f64
     );
+    // The floor of a rebuild (issue 16): reading and decoding every event without applying it.
+    let scanning = Instant::now();
+    let (mut after, mut scanned) = (0, 0_u64);
+    loop {
+        let chunk = store.read_after(after, 10_000)?;
+        let Some(last) = chunk.last() else { break };
+        after = last.seq;
+        scanned += chunk.len() as u64;
+    }
+    let scan_seconds = scanning.elapsed().as_secs_f64();
+    if scanned != REBUILD_EVENTS {
+        bail!("the scan read {scanned} events, expected {REBUILD_EVENTS}");
+    }
+    println!("read and decoded every event (no projection) in {scan_seconds:.2} s");
+    result("floor_scan_1m_seconds", scan_seconds, 2, "s");
     let started = Instant::now();
     let report = store.rebuild()?;
     let seconds = started.elapsed().as_secs_f64();
