@@ -7,8 +7,9 @@
 //! - `floor_http_per_s`: a bare axum handler answering the client and connection count of
 //!   `http-send` (the same request and a small JSON answer).
 //!
-//! The 1M-event scan floor is measured by `rebuild`, on the log it builds anyway
-//! (`floor_scan_1m_seconds`). Not measured yet: the bare SSE broadcast.
+//! The other two floors are measured by the scenarios they bound, on what those build anyway:
+//! `rebuild` (`floor_scan_1m_seconds`, its 1M log) and `sse-fanout` (`floor_sse_p99_ms`, its
+//! event rate and subscribers).
 
 use crate::common::{BenchDir, Http, Options, Samples, result};
 use anyhow::{Context, Result, bail};

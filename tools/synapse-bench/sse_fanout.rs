@@ -1,7 +1,9 @@
 //! `sse-fanout`: many subscribers on /events while events are appended.
 //!
 //! Each event's lag is its receive time minus its time in the log, over every subscriber
-//! (`sse_fanout_p99_ms`).
+//! (`sse_fanout_p99_ms`). Then its floor (issue 16): a bare axum SSE broadcast over a Unix socket
+//! of as many events of [`FLOOR_EVENT_BYTES`] bytes, at the rate the broker appended them, to
+//! as many subscribers, read by the same subscriber code (`floor_sse_p99_ms`).
 
 use crate::common::{BenchDir, BrokerProcess, Http, Options, Samples, SynapseEnv, register_agent, result};
 use anyhow::{Context, Result, bail};
@@ -20,6 +22,8 @@ use synapse::event::AgentStatus;
 const FANOUT_SUBSCRIBERS: usize = 1000;
 const FANOUT_EVENTS: usize = 5000;
 const FANOUT_APPENDERS: usize = 16;
+/// Bytes of one event of the bare broadcast: about a status change's JSON.
+const FLOOR_EVENT_BYTES: usize = 300;
 
 fn unix_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|elapsed| elapsed.as_secs_f64() * 1000.0).unwrap_or(0.0)
@@ -119,5 +123,59 @@ pub async fn run(options: &Options) -> Result<()> {
         samples.summary()
     );
     result("sse_fanout_p99_ms", samples.percentile(99.0), 3, "ms");
+    let floor = bare_broadcast(FANOUT_EVENTS, appended).await?;
+    println!("bare SSE broadcast, same events, rate and subscribers: lag {}", floor.summary());
+    result("floor_sse_p99_ms", floor.percentile(99.0), 3, "ms");
     Ok(())
+}
+
+/// The floor of `sse-fanout`: `events` events spread evenly over `over`, broadcast by a bare
+/// axum SSE handler to [`FANOUT_SUBSCRIBERS`] subscribers on a Unix socket; their lags.
+async fn bare_broadcast(events: usize, over: std::time::Duration) -> Result<Samples> {
+    let dir = BenchDir::new("sse-floor")?;
+    let socket = dir.uds().join("floor.sock");
+    // Room for every event: a subscriber never misses one, as on the broker.
+    let (sender, _) = tokio::sync::broadcast::channel::<Arc<str>>(events + 16);
+    let handler_sender = sender.clone();
+    let app = axum::Router::new().route(
+        "/events",
+        axum::routing::get(move || {
+            let mut receiver = handler_sender.subscribe();
+            async move {
+                // Each wake-up writes every event waiting, in one chunk, as the broker's stream
+                // does: the floor is the cheapest way to move these bytes, not one write each.
+                let stream = async_stream::stream! {
+                    while let Ok(first) = receiver.recv().await {
+                        let mut chunk = format!("data: {first}\n\n");
+                        while let Ok(next) = receiver.try_recv() {
+                            chunk.push_str(&format!("data: {next}\n\n"));
+                        }
+                        yield Ok::<_, std::convert::Infallible>(Bytes::from(chunk));
+                    }
+                };
+                ([(hyper::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(stream))
+            }
+        }),
+    );
+    let listener = tokio::net::UnixListener::bind(&socket)?;
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let ready = Arc::new(tokio::sync::Barrier::new(FANOUT_SUBSCRIBERS + 1));
+    let subscribers: Vec<_> =
+        (0..FANOUT_SUBSCRIBERS).map(|_| tokio::spawn(subscriber(socket.clone(), 0, events, ready.clone()))).collect();
+    ready.wait().await;
+    let started = Instant::now();
+    for index in 0..events {
+        let due = started + over.mul_f64(index as f64 / events as f64);
+        tokio::time::sleep_until(due.into()).await;
+        let head = format!("{{\"seq\":{index},\"time_ms\":{:.0},\"pad\":\"", unix_ms());
+        let pad = "x".repeat(FLOOR_EVENT_BYTES.saturating_sub(head.len() + 2));
+        // The broadcast's send fails only without receivers: the subscribers hold theirs.
+        let _ = sender.send(Arc::from(format!("{head}{pad}\"}}").as_str()));
+    }
+    let mut lags = Vec::with_capacity(FANOUT_SUBSCRIBERS * events);
+    for subscriber in subscribers {
+        lags.extend(subscriber.await??);
+    }
+    server.abort();
+    Ok(Samples::from_millis(lags))
 }
