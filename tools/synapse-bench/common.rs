@@ -21,9 +21,41 @@ pub const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
 // ---------------------------------------------------------------------------------------------
 // Results and statistics
 
-/// Prints one machine-readable result line.
+/// Every result of this run, by name, for the ratios to the floors (issue 16).
+static RESULTS: std::sync::Mutex<Vec<(String, f64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Prints one machine-readable result line (and keeps it for [`ratios`]).
 pub fn result(name: &str, value: f64, decimals: usize, unit: &str) {
     println!("RESULT {name} {value:.decimals$} {unit}");
+    if let Ok(mut results) = RESULTS.lock() {
+        results.push((name.to_string(), value));
+    }
+}
+
+/// The latest value of a result of this run.
+fn value_of(name: &str) -> Option<f64> {
+    RESULTS.lock().ok()?.iter().rev().find(|(kept, _)| kept == name).map(|(_, value)| *value)
+}
+
+/// Issue 16's targets as ratios to the floors measured in the same run, one `RATIO` line each
+/// for which both figures exist: `RATIO <name> <value> (target <comparison>)`.
+pub fn ratios() {
+    let ratio = |name: &str, top: &str, bottom: &str, target: &str| {
+        if let (Some(top), Some(bottom)) = (value_of(top), value_of(bottom))
+            && bottom > 0.0
+        {
+            println!("RATIO {name} {:.2} (target {target})", top / bottom);
+        }
+    };
+    ratio("append_to_redb_floor", "append_events_per_s", "floor_redb_events_per_s", ">= 0.6");
+    ratio("http_sends_to_http_floor", "http_sends_per_s", "floor_http_per_s", ">= 0.5");
+    ratio("rebuild_to_scan_floor", "rebuild_1m_seconds", "floor_scan_1m_seconds", "<= 3");
+    ratio("sse_p99_to_sse_floor", "sse_fanout_p99_ms", "floor_sse_p99_ms", "<= 2");
+    ratio("lock_decisions_to_redb_floor", "lock_decisions_per_s", "floor_redb_events_per_s", ">= 0.6");
+    ratio("round_trip_to_cli_send", "round_trip_p50_ms", "cli_send_median_ms", "<= 0.5");
+    if let (Some(send), Some(spawn)) = (value_of("cli_send_median_ms"), value_of("floor_spawn_ms")) {
+        println!("RATIO cli_send_over_spawn_floor_ms {:.2} (target <= 1.0)", send - spawn);
+    }
 }
 
 /// Latency samples in milliseconds, sorted.

@@ -96,6 +96,7 @@ fn run() -> Result<ExitCode> {
             failed.push(scenario.clone());
         }
     }
+    common::ratios();
     if failed.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
