@@ -140,14 +140,6 @@ pub fn wire(
             }
         }
         McpStyle::Gemini => {
-            let variable = "GEMINI_CLI_SYSTEM_DEFAULTS_PATH";
-            let mut settings = inherited_object(inherited(variable));
-            merge_object(
-                &mut settings,
-                "mcpServers",
-                json!({"command": command, "args": ["mcp"], "env": env, "trust": true,
-                    "timeout": TOOL_TIMEOUT_SECS * 1000}),
-            );
             // Gemini reads a system settings file only when it and every directory above it
             // belong to root and no one else can write them; else it skips the file with a
             // warning. Say so instead of wiring a file it will not read.
@@ -159,13 +151,16 @@ pub fn wire(
                     ..Wiring::default()
                 });
             }
-            if hooks && let Some(object) = settings.as_object_mut() {
-                let section = object.entry("hooks").or_insert_with(|| json!({}));
-                if let (Some(section), Value::Object(ours)) =
-                    (section.as_object_mut(), hooks_section(&command, "AfterTool"))
-                {
-                    section.extend(ours);
-                }
+            let variable = "GEMINI_CLI_SYSTEM_DEFAULTS_PATH";
+            let mut settings = inherited_object(inherited(variable));
+            merge_object(
+                &mut settings,
+                "mcpServers",
+                json!({"command": command, "args": ["mcp"], "env": env, "trust": true,
+                    "timeout": TOOL_TIMEOUT_SECS * 1000}),
+            );
+            if hooks {
+                add_hooks(&mut settings, hooks_section(&command, "AfterTool"));
             }
             let path = write("gemini-settings.json", &settings)?;
             Wiring { env: vec![(variable.to_string(), path)], ..Wiring::default() }
@@ -236,6 +231,26 @@ fn inherited_object(path: Option<String>) -> Value {
         .and_then(|text| serde_json::from_str::<Value>(&text).ok())
         .filter(Value::is_object)
         .unwrap_or_else(|| json!({}))
+}
+
+/// Adds the hook entries of `ours` (`{event: [entries]}`) to `document.hooks`, after the entries
+/// an inherited file already has for the same event: the user's own hooks keep running.
+fn add_hooks(document: &mut Value, ours: Value) {
+    let (Some(object), Value::Object(ours)) = (document.as_object_mut(), ours) else { return };
+    let section = object.entry("hooks").or_insert_with(|| json!({}));
+    if !section.is_object() {
+        *section = json!({});
+    }
+    let Some(section) = section.as_object_mut() else { return };
+    for (event, entries) in ours {
+        let slot = section.entry(event).or_insert_with(|| json!([]));
+        if !slot.is_array() {
+            *slot = json!([]);
+        }
+        if let (Some(slot), Value::Array(entries)) = (slot.as_array_mut(), entries) {
+            slot.extend(entries);
+        }
+    }
 }
 
 /// Sets `document[section][synapse] = server`, keeping the section's other entries.
@@ -342,6 +357,20 @@ mod tests {
             assert_eq!(wiring.env[0].0, "GEMINI_CLI_SYSTEM_DEFAULTS_PATH");
             assert_eq!(read(&wiring.env[0].1)["mcpServers"]["synapse"]["trust"], true);
         }
+    }
+
+    #[test]
+    fn synapse_hooks_come_after_the_users_own_for_the_same_event() {
+        let mut settings = json!({"hooks": {"AfterTool": [{"matcher": "x", "hooks": []}], "BeforeAgent": [1]}});
+        add_hooks(&mut settings, hooks_section("/s", "AfterTool"));
+        let after = settings["hooks"]["AfterTool"].as_array().unwrap();
+        assert_eq!(after.len(), 2, "{settings}");
+        assert_eq!(after[0]["matcher"], "x", "the user's entry stays first");
+        assert_eq!(after[1]["hooks"][0]["command"], "'/s' hook AfterTool");
+        assert_eq!(settings["hooks"]["BeforeAgent"], json!([1]));
+        let mut fresh = json!({});
+        add_hooks(&mut fresh, hooks_section("/s", "AfterTool"));
+        assert_eq!(fresh["hooks"]["AfterTool"].as_array().unwrap().len(), 1);
     }
 
     #[test]

@@ -335,6 +335,30 @@ impl<'txn> Projections<'txn> {
         self.reply_targets.get((receiver, sender))?.map(|row| records::decode(row.value())).transpose()
     }
 
+    /// `receiver` owes `sender` an answer to the message (`text`, event `seq`) that reached it
+    /// as `receiver_task_id`.
+    #[allow(clippy::too_many_arguments)]
+    fn owe_reply(
+        &mut self,
+        receiver: &str,
+        sender: String,
+        sender_task_id: &Option<String>,
+        receiver_task_id: &str,
+        time_ms: u64,
+        text: &str,
+        seq: u64,
+    ) -> Result<(), StoreError> {
+        self.put_reply_target(&ReplyTarget {
+            receiver: receiver.to_string(),
+            sender_id: sender,
+            sender_task_id: sender_task_id.clone(),
+            receiver_task_id: receiver_task_id.to_string(),
+            received_ms: time_ms,
+            preview: crate::event::preview(text, 80),
+            seq,
+        })
+    }
+
     fn put_reply_target(&mut self, target: &ReplyTarget) -> Result<(), StoreError> {
         match self.replay.as_mut() {
             Some(cache) => {
@@ -583,16 +607,7 @@ impl<'txn> Projections<'txn> {
                 }
                 let sender = reply_target_sender(from.as_deref(), sender_task_id.as_deref());
                 if let (true, Some(from)) = (*response_expected, sender) {
-                    let target = ReplyTarget {
-                        receiver: to.clone(),
-                        sender_id: from.clone(),
-                        sender_task_id: sender_task_id.clone(),
-                        receiver_task_id: task_id.clone(),
-                        received_ms: time_ms,
-                        preview: crate::event::preview(text, 80),
-                        seq: envelope.seq,
-                    };
-                    self.put_reply_target(&target)?;
+                    self.owe_reply(to, from, sender_task_id, task_id, time_ms, text, envelope.seq)?;
                 }
             }
             Event::TicketIssued { agent_id, task_id, priority, from, display_task_id, response_expected, turn } => {
@@ -703,16 +718,7 @@ impl<'txn> Projections<'txn> {
                 }
                 // The agent owes an answer again, now to this message.
                 if let Some(sender) = reply_target_sender(from.as_deref(), sender_task_id.as_deref()) {
-                    let target = ReplyTarget {
-                        receiver: to.clone(),
-                        sender_id: sender,
-                        sender_task_id: sender_task_id.clone(),
-                        receiver_task_id: task_id.clone(),
-                        received_ms: time_ms,
-                        preview: crate::event::preview(text, 80),
-                        seq: envelope.seq,
-                    };
-                    self.put_reply_target(&target)?;
+                    self.owe_reply(to, sender, sender_task_id, task_id, time_ms, text, envelope.seq)?;
                 }
             }
             Event::TaskCanceled { task_id, reason } => {

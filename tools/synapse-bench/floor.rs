@@ -11,9 +11,8 @@
 //! `rebuild` (`floor_scan_1m_seconds`, its 1M log) and `sse-fanout` (`floor_sse_p99_ms`, its
 //! event rate and subscribers).
 
-use crate::common::{BenchDir, Http, Options, Samples, result};
+use crate::common::{BenchDir, Options, Samples, result};
 use anyhow::{Context, Result, bail};
-use hyper::Method;
 use hyper::body::Bytes;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -24,8 +23,6 @@ const EVENT_BYTES: usize = 256;
 const BATCH: usize = 64;
 /// Spawns timed by `floor_spawn_ms`.
 const SPAWNS: usize = 200;
-/// Connections of `floor_http_per_s`, as in `http-send`.
-const HTTP_CONNECTIONS: usize = 32;
 
 const EVENTS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("events");
 
@@ -100,37 +97,13 @@ async fn http(options: &Options) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
     let port = listener.local_addr()?.port();
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let body = Bytes::from(serde_json::to_vec(
-        &serde_json::json!({"message": {"role": "user", "parts": [{"type": "text", "text": "hi"}]}}),
-    )?);
-    let mut connections = Vec::with_capacity(HTTP_CONNECTIONS);
-    for _ in 0..HTTP_CONNECTIONS {
-        connections.push(Http::tcp(port).await?);
-    }
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(options.seconds);
-    let mut clients = Vec::with_capacity(HTTP_CONNECTIONS);
-    for mut connection in connections {
-        let body = body.clone();
-        clients.push(tokio::spawn(async move {
-            let mut count = 0_u64;
-            while Instant::now() < deadline {
-                let (status, _) = connection.send(Method::POST, "/tasks/send", Some(body.clone())).await?;
-                if !status.is_success() {
-                    bail!("the bare handler answered {status}");
-                }
-                count += 1;
-            }
-            Ok(count)
-        }));
-    }
-    let mut total = 0_u64;
-    for client in clients {
-        total += client.await??;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
+    let (latencies, elapsed) = crate::http_send::drive_sends(port, options.seconds).await?;
+    let total = latencies.len();
     server.abort();
-    println!("bare axum handler, {HTTP_CONNECTIONS} connections: {total} requests in {elapsed:.2} s");
+    println!(
+        "bare axum handler, {} connections: {total} requests in {elapsed:.2} s",
+        crate::http_send::HTTP_CONNECTIONS
+    );
     result("floor_http_per_s", total as f64 / elapsed, 0, "req/s");
     Ok(())
 }

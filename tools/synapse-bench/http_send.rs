@@ -11,24 +11,21 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 
 /// Concurrent keep-alive connections in `http-send`.
-const HTTP_CONNECTIONS: usize = 32;
+pub const HTTP_CONNECTIONS: usize = 32;
 
-pub async fn run(options: &Options) -> Result<()> {
-    let dir = BenchDir::new("http-send")?;
-    let env = SynapseEnv::new(&options.synapse, &dir)?;
-    let broker = BrokerProcess::start(env, dir.root.join("broker.log")).await?;
-    let mut http = broker.connect().await?;
-    let agent = register_agent(&mut http).await?;
-
+/// `http-send`'s load on `port` for `seconds`: [`HTTP_CONNECTIONS`] keep-alive connections, each
+/// posting the same A2A send to `/tasks/send` in a loop. Returns every latency and the elapsed
+/// seconds. Also the load of `floor_http_per_s` (against a bare handler).
+pub async fn drive_sends(port: u16, seconds: f64) -> Result<(Vec<Duration>, f64)> {
     let body = Bytes::from(serde_json::to_vec(
         &json!({"message": {"role": "user", "parts": [{"type": "text", "text": "hi"}]}}),
     )?);
     let mut connections = Vec::with_capacity(HTTP_CONNECTIONS);
     for _ in 0..HTTP_CONNECTIONS {
-        connections.push(Http::tcp(agent.port).await?);
+        connections.push(Http::tcp(port).await?);
     }
     let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(options.seconds);
+    let deadline = started + Duration::from_secs_f64(seconds);
     let mut clients = Vec::with_capacity(HTTP_CONNECTIONS);
     for mut connection in connections {
         let body = body.clone();
@@ -49,7 +46,17 @@ pub async fn run(options: &Options) -> Result<()> {
     for client in clients {
         latencies.extend(client.await??);
     }
-    let elapsed = started.elapsed().as_secs_f64();
+    Ok((latencies, started.elapsed().as_secs_f64()))
+}
+
+pub async fn run(options: &Options) -> Result<()> {
+    let dir = BenchDir::new("http-send")?;
+    let env = SynapseEnv::new(&options.synapse, &dir)?;
+    let broker = BrokerProcess::start(env, dir.root.join("broker.log")).await?;
+    let mut http = broker.connect().await?;
+    let agent = register_agent(&mut http).await?;
+
+    let (latencies, elapsed) = drive_sends(agent.port, options.seconds).await?;
     drop(http);
     broker.stop()?;
 
