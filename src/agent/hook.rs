@@ -6,8 +6,10 @@
 //!
 //! The wrapper stays the only one that delivers: it listens on
 //! `$SYNAPSE_UDS_DIR/<agent_id>.hook` (the directory is the user's, 0700) and serves a hook
-//! under the same lock as its own writes, acknowledging each ticket it hands over before it
-//! answers, so a message is handed over or typed, never both (`wrapper::hooks`).
+//! under the same lock as its own writes. The exchange: the hook sends its request, the wrapper
+//! answers the waiting messages, the hook prints them and says [`PRINTED`], the wrapper
+//! acknowledges them and says [`RECORDED`]. A message is handed over or typed, never both, and
+//! one whose hook died before printing stays queued (`wrapper::hooks`).
 //!
 //! A hook must never break its CLI: outside an agent, without a wrapper, or on any error it
 //! prints nothing and exits 0.
