@@ -98,21 +98,30 @@ impl Drop for Demo {
     }
 }
 
-/// Follows the log until `done` says the state it folds is complete.
+/// Longest the demo waits for one of its steps.
+const STEP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Follows the log until `done` says the state it folds is complete (at most [`STEP_DEADLINE`]).
 async fn follow_until(paths: &Paths, mut done: impl FnMut(&Envelope) -> bool) -> anyhow::Result<()> {
     let mut client = Client::connect(paths, true).await?;
     let mut finished = false;
-    client
-        .events(0, true, None, None, |data| {
-            if let Ok(envelope) = serde_json::from_str::<Envelope>(data)
-                && done(&envelope)
-            {
-                finished = true;
-                return false;
-            }
-            true
-        })
-        .await?;
+    let followed = client.events(0, true, None, None, |data| {
+        if let Ok(envelope) = serde_json::from_str::<Envelope>(data)
+            && done(&envelope)
+        {
+            finished = true;
+            return false;
+        }
+        true
+    });
+    // A step that never comes must not hang the demo: say so, and where to look.
+    match tokio::time::timeout(STEP_DEADLINE, followed).await {
+        Ok(result) => result?,
+        Err(_) => bail!(
+            "a demo step did not happen within {} s; 'synapse events' shows how far it got",
+            STEP_DEADLINE.as_secs()
+        ),
+    }
     if !finished {
         bail!("the broker stopped before the demo finished");
     }
