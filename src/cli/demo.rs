@@ -46,7 +46,7 @@ impl Demo {
         let shown: Vec<String> =
             args.iter().map(|arg| if arg.contains(' ') { format!("\"{arg}\"") } else { arg.to_string() }).collect();
         println!("  {who}$ synapse {}", shown.join(" "));
-        let output = command.output()?;
+        let output = output_within(command, STEP_DEADLINE)?;
         for line in
             String::from_utf8_lossy(&output.stdout).lines().chain(String::from_utf8_lossy(&output.stderr).lines())
         {
@@ -65,7 +65,7 @@ impl Demo {
         if auto_reply {
             command.env("SYNAPSE_DUMMY_AUTO_REPLY", "1").env("SYNAPSE_DUMMY_REPLY_DELAY_MS", "700");
         }
-        let output = command.output()?;
+        let output = output_within(command, STEP_DEADLINE)?;
         if !output.status.success() {
             bail!("cannot start {name}: {}", String::from_utf8_lossy(&output.stderr));
         }
@@ -89,17 +89,49 @@ impl Drop for Demo {
                 crate::process::signal(pid, libc::SIGTERM);
             }
         }
+        // A wrapper that has not ended after the grace period is killed with its CLI (each
+        // leads its own process group): the demo never hangs on its way out.
+        let deadline = std::time::Instant::now() + WRAPPER_GRACE;
         for pid in &self.wrappers {
             while crate::process::is_pid_alive(*pid) {
+                if std::time::Instant::now() >= deadline {
+                    if let Ok(group) = i32::try_from(*pid) {
+                        crate::process::signal(-group, libc::SIGKILL);
+                    }
+                    break;
+                }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
-        let _ = self.command(&["broker", "stop"]).output();
+        let _ = output_within(self.command(&["broker", "stop"]), STEP_DEADLINE);
     }
 }
 
 /// Longest the demo waits for one of its steps.
 const STEP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long the wrappers have to end after SIGTERM before they are killed.
+const WRAPPER_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `command` to its end and collects its output, killing it if it takes longer than
+/// `deadline` (a command that never returns must not hang the demo).
+fn output_within(mut command: Command, deadline: std::time::Duration) -> anyhow::Result<Output> {
+    command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let child = command.spawn().context("cannot run synapse")?;
+    let pid = child.id();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match receiver.recv_timeout(deadline) {
+        Ok(output) => Ok(output?),
+        Err(_) => {
+            if let Ok(pid) = i32::try_from(pid) {
+                crate::process::signal(pid, libc::SIGKILL);
+            }
+            bail!("a synapse command did not finish within {} s", deadline.as_secs())
+        }
+    }
+}
 
 /// Follows the log until `done` says the state it folds is complete (at most [`STEP_DEADLINE`]).
 async fn follow_until(paths: &Paths, mut done: impl FnMut(&Envelope) -> bool) -> anyhow::Result<()> {
@@ -128,9 +160,11 @@ async fn follow_until(paths: &Paths, mut done: impl FnMut(&Envelope) -> bool) ->
     Ok(())
 }
 
-/// Every ticket written and every agent back at its prompt afterwards, at an event after
-/// `after` (the log is replayed from its start, and earlier moments were settled too).
-fn settled(after: u64) -> impl FnMut(&Envelope) -> bool {
+/// Every ticket written and every agent back at its prompt afterwards, at the event `head` or
+/// a later one (the log is replayed from its start, and earlier moments were settled too). The
+/// state at `head` itself counts: everything may have settled before the demo read the head,
+/// and then no later event comes.
+fn settled(head: u64) -> impl FnMut(&Envelope) -> bool {
     use crate::event::{AgentStatus, Event};
     let mut issued = 0usize;
     let mut injected = 0usize;
@@ -147,7 +181,7 @@ fn settled(after: u64) -> impl FnMut(&Envelope) -> bool {
             }
             _ => {}
         }
-        envelope.seq > after
+        envelope.seq >= head
             && issued > 0
             && issued == injected
             && ready.len() >= 2
@@ -273,4 +307,68 @@ fn script(demo: &mut Demo, runtime: &tokio::runtime::Runtime) -> anyhow::Result<
     }
     println!("\nDone. Every message above is an event in one durable log; try 'synapse --help'.");
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settled;
+    use crate::event::{AgentStatus, Envelope, Event};
+
+    fn at(seq: u64, event: Event) -> Envelope {
+        Envelope { v: crate::event::SCHEMA_VERSION, seq, time_ms: 0, actor: None, event }
+    }
+
+    fn status(seq: u64, agent: &str, status: AgentStatus) -> Envelope {
+        at(seq, Event::AgentStatusChanged { agent_id: agent.into(), status, note: None })
+    }
+
+    fn issued(seq: u64, agent: &str) -> Envelope {
+        at(
+            seq,
+            Event::TicketIssued {
+                agent_id: agent.into(),
+                task_id: format!("t{seq}"),
+                priority: 3,
+                from: None,
+                display_task_id: format!("t{seq}"),
+                response_expected: false,
+                turn: 0,
+            },
+        )
+    }
+
+    fn injected(seq: u64, agent: &str, ticket: u64) -> Envelope {
+        at(seq, Event::TicketInjected { agent_id: agent.into(), ticket, priority: 3 })
+    }
+
+    /// The log as it stood in a demo that waited for ever: everything had settled by the time
+    /// the demo read the head (6), so no later event came; the state at the head counts.
+    #[test]
+    fn a_log_settled_at_its_head_is_settled() {
+        let log = [
+            status(1, "alice", AgentStatus::Ready),
+            status(2, "bob", AgentStatus::Ready),
+            issued(3, "bob"),
+            injected(4, "bob", 3),
+            status(5, "bob", AgentStatus::Processing),
+            status(6, "bob", AgentStatus::Ready),
+        ];
+        let mut done = settled(6);
+        let answers: Vec<bool> = log.iter().map(&mut done).collect();
+        assert_eq!(answers, [false, false, false, false, false, true]);
+    }
+
+    /// Moments before the head that looked settled do not count, nor a state with a ticket not
+    /// yet written or an agent not back at its prompt.
+    #[test]
+    fn earlier_settled_moments_and_unsettled_states_do_not_count() {
+        let mut done = settled(5);
+        assert!(!done(&status(1, "alice", AgentStatus::Ready)));
+        assert!(!done(&issued(2, "bob")));
+        assert!(!done(&injected(3, "bob", 2)));
+        assert!(!done(&status(4, "bob", AgentStatus::Ready)), "settled, but before the head");
+        assert!(!done(&issued(5, "bob")), "a ticket waits");
+        assert!(!done(&injected(6, "bob", 5)), "bob has not come back to his prompt");
+        assert!(done(&status(7, "bob", AgentStatus::Ready)));
+    }
 }
