@@ -52,6 +52,12 @@ pub struct ErrorBody {
     pub candidates: Option<Vec<String>>,
 }
 
+/// The answer to a removal (an external agent's alias, a webhook's URL): what was removed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Removed {
+    pub removed: String,
+}
+
 /// `value` as one line of JSON with its keys in the order `serde_json::Value` keeps them
 /// (sorted): what the CLI and the wrappers print, unchanged since they printed `Value`s.
 pub fn json_line<T: Serialize>(value: &T) -> serde_json::Result<String> {

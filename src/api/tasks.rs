@@ -182,6 +182,23 @@ impl Task {
     }
 }
 
+/// One event of `GET /tasks/{id}/subscribe` (SSE `status`, or `final` for the last): the task's
+/// state after a change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskStatusEvent {
+    pub task_id: String,
+    /// The log position of the change (also the event's SSE id).
+    pub seq: u64,
+    pub state: TaskState,
+    pub artifacts: Vec<ArtifactView>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    /// RFC 3339.
+    pub time: String,
+}
+
 /// `GET /tasks/{id}`, `POST .../tasks/{id}/cancel`, `POST .../tasks/{id}/update`,
 /// `POST .../tasks/create`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

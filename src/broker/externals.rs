@@ -4,7 +4,6 @@
 
 use super::command::decision::{Answer, CommandError, DecideError, Decision};
 use crate::event::{Envelope, Event};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -14,14 +13,8 @@ pub enum ExternalCommand {
     Remove { alias: String },
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct External {
-    pub alias: String,
-    pub url: String,
-    pub name: String,
-    pub description: Option<String>,
-    pub added_seq: u64,
-}
+/// An external agent known by its alias, as the API shows it.
+pub use crate::api::External;
 
 pub fn is_valid_alias(alias: &str) -> bool {
     !alias.is_empty()

@@ -219,19 +219,19 @@ pub fn check(
     path: &str,
     agent: &str,
     now_ms: u64,
-) -> Result<serde_json::Value, StoreError> {
+) -> Result<crate::api::Validation, StoreError> {
     let lock = view.lock(path)?;
     let holder_registered = |holder: &str| view.agent(holder).ok().flatten().is_some();
     let (allowed, reason, lock) = may_write(lock, holder_registered, agent, now_ms);
-    let recent = view.modifications_of(path, 10)?;
-    Ok(serde_json::json!({
-        "path": path,
-        "agent_id": agent,
-        "allowed": allowed,
-        "reason": reason,
-        "lock": lock,
-        "recent_modifications": recent,
-    }))
+    let recent_modifications = view.modifications_of(path, 10)?;
+    Ok(crate::api::Validation {
+        path: path.to_string(),
+        agent_id: agent.to_string(),
+        allowed,
+        reason,
+        lock,
+        recent_modifications,
+    })
 }
 
 #[cfg(test)]

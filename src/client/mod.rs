@@ -671,7 +671,7 @@ impl Client {
 
     /// `DELETE /external/{alias}`.
     pub async fn remove_external(&mut self, alias: &str) -> Result<(), ClientError> {
-        let _: serde_json::Value =
+        let _: api::Removed =
             self.call(Method::DELETE, &format!("/external/{}", percent_encode(alias)), None::<&()>).await?;
         Ok(())
     }

@@ -1,8 +1,9 @@
 //! `/external`: add (discovering the agent card), list, info, send, remove (SPEC §6).
 
-use super::error::Answer;
+use super::error::answer;
 use super::extract::parse_body;
 use super::{ApiError, ApiResult, AppState};
+use crate::api;
 use crate::broker::command::{Command, Outcome};
 use crate::broker::externals::{ExternalCommand, alias_from_name};
 use crate::broker::outbound;
@@ -104,11 +105,11 @@ async fn add(
         ));
     }
     appended(&state, ExternalCommand::Add { alias: alias.clone(), url, name, description }).await?;
-    Ok(Answer::json(json!({"external": state.externals.get(&alias)})))
+    answer(&api::ExternalAnswer { external: state.externals.get(&alias) })
 }
 
 async fn list(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
-    Ok(Answer::json(json!({"externals": state.externals.list()})))
+    answer(&api::ExternalList { externals: state.externals.list() })
 }
 
 fn known(state: &AppState, alias: &str) -> Result<crate::broker::externals::External, ApiError> {
@@ -116,13 +117,13 @@ fn known(state: &AppState, alias: &str) -> Result<crate::broker::externals::Exte
 }
 
 async fn info(State(state): State<AppState>, _user: super::caller::TheUser, Path(alias): Path<String>) -> ApiResult {
-    Ok(Answer::json(json!({"external": known(&state, &alias)?})))
+    answer(&api::ExternalAnswer { external: Some(known(&state, &alias)?) })
 }
 
 async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, Path(alias): Path<String>) -> ApiResult {
     known(&state, &alias)?;
     appended(&state, ExternalCommand::Remove { alias: alias.clone() }).await?;
-    Ok(Answer::json(json!({"removed": alias})))
+    answer(&api::Removed { removed: alias })
 }
 
 #[derive(Deserialize)]
@@ -168,35 +169,45 @@ async fn send(
         _ => format!("{}/tasks/send", external.url),
     };
     let policy = state.outbound_policy();
-    let answer =
+    let remote =
         outbound::request(&policy, hyper::Method::POST, &url, &[], Some(message.to_string().into_bytes()), limit())
             .await
             .map_err(unreachable)?;
-    if answer.status == 404 && url.contains("/tasks/send-priority") {
+    if remote.status == 404 && url.contains("/tasks/send-priority") {
         return Err(ApiError::new(
             StatusCode::BAD_GATEWAY,
             format!("{alias} takes no priority ({url} answered 404): send without -p"),
         ));
     }
-    let sent: Value = serde_json::from_slice(&answer.body)
+    let sent: Value = serde_json::from_slice(&remote.body)
         .map_err(|error| ApiError::new(StatusCode::BAD_GATEWAY, format!("malformed answer from {url}: {error}")))?;
-    if !(200..300).contains(&answer.status) {
+    if !(200..300).contains(&remote.status) {
         let reason = sent.get("message").and_then(Value::as_str).unwrap_or("refused");
         return Err(ApiError::new(
             StatusCode::BAD_GATEWAY,
-            format!("{alias} refused the message ({}): {reason}", answer.status),
+            format!("{alias} refused the message ({}): {reason}", remote.status),
         ));
     }
-    let task = sent.get("task").cloned().unwrap_or(Value::Null);
-    let Some(seconds) = body.wait_seconds else { return Ok(Answer::json(json!({"task": task}))) };
-    let task_id = task.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+    let task = remote_task(sent.get("task").cloned().unwrap_or(Value::Null));
+    let Some(seconds) = body.wait_seconds else { return answer(&api::ExternalSent { task, timed_out: None }) };
+    let task_id = task.as_ref().and_then(|task| task.id.clone()).unwrap_or_default();
     let limit = Duration::from_secs(seconds.clamp(1, FOLLOW_SECONDS_MAX));
-    let followed = follow(&policy, &external.url, &task_id, limit).await?;
-    Ok(Answer::json(followed))
+    answer(&follow(&policy, &external.url, &task_id, limit).await?)
+}
+
+/// A remote agent's task (or status update) as the API passes it on: an object, whatever else
+/// it holds; anything that is not an object is no task.
+fn remote_task(value: Value) -> Option<api::RemoteTask> {
+    serde_json::from_value(value).ok()
 }
 
 /// Follows the remote task's event stream until its final state, or the time runs out.
-async fn follow(policy: &outbound::Policy, base: &str, task_id: &str, limit: Duration) -> Result<Value, ApiError> {
+async fn follow(
+    policy: &outbound::Policy,
+    base: &str,
+    task_id: &str,
+    limit: Duration,
+) -> Result<api::ExternalSent, ApiError> {
     use http_body_util::BodyExt;
     let url = format!("{base}/tasks/{task_id}/subscribe");
     let deadline = tokio::time::Instant::now() + limit;
@@ -209,8 +220,8 @@ async fn follow(policy: &outbound::Policy, base: &str, task_id: &str, limit: Dur
     let mut last: Value = Value::Null;
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => return Ok(json!({"task": last, "timed_out": true})),
-            Ok(None) => return Ok(json!({"task": last, "timed_out": false})),
+            Err(_) => return Ok(api::ExternalSent { task: remote_task(last), timed_out: Some(true) }),
+            Ok(None) => return Ok(api::ExternalSent { task: remote_task(last), timed_out: Some(false) }),
             Ok(Some(Err(error))) => return Err(ApiError::new(StatusCode::BAD_GATEWAY, format!("{url}: {error}"))),
             Ok(Some(Ok(frame))) => frame,
         };

@@ -1,9 +1,10 @@
 //! `/file-safety/...`: locks, modification records, checks (SPEC §5).
 
 use super::caller::Caller;
-use super::error::Answer;
+use super::error::answer;
 use super::extract::{parse_body, parse_query};
 use super::{ApiError, ApiResult, AppState};
+use crate::api;
 use crate::broker::command::{Command, CommandError, Outcome};
 use crate::broker::file_safety::{self, FileCommand, LOCK_DEFAULT_DURATION_SECONDS};
 use crate::event::ChangeType;
@@ -12,7 +13,6 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::routing::{get, post};
 use serde::Deserialize;
-use serde_json::json;
 use std::time::Duration;
 
 pub fn routes() -> axum::Router<AppState> {
@@ -53,7 +53,7 @@ async fn submit(state: &AppState, command: FileCommand) -> Result<u64, CommandEr
 async fn status(State(state): State<AppState>) -> ApiResult {
     let (locks, modifications) =
         state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
-    Ok(Answer::json(json!({"locks": locks, "modifications": modifications})))
+    answer(&api::FileSafetyStatus { locks, modifications })
 }
 
 #[derive(Deserialize)]
@@ -74,12 +74,9 @@ async fn locks(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult
         .read(|view| view.locks())?
         .into_iter()
         .filter(|lock| query.agent.as_ref().is_none_or(|agent| &lock.agent_id == agent))
-        .map(|lock| {
-            let expired = lock.expires_ms <= now;
-            json!({"lock": lock, "expired": expired})
-        })
+        .map(|lock| api::LockEntry { expired: lock.expires_ms <= now, lock })
         .collect();
-    Ok(Answer::json(json!({"locks": locks})))
+    answer(&api::Locks { locks })
 }
 
 #[derive(Deserialize)]
@@ -118,7 +115,7 @@ async fn lock(State(state): State<AppState>, caller: Caller, body: Result<Bytes,
         match submit(&state, command).await {
             Ok(_) => {
                 let lock = state.store.read(|view| view.lock(&path))?;
-                return Ok(Answer::json(json!({"locked": true, "lock": lock})));
+                return answer(&api::Locked { locked: true, lock });
             }
             Err(CommandError::Conflict { message }) if tokio::time::Instant::now() < deadline => {
                 let expires = state.store.read(|view| view.lock(&path))?.map(|lock| lock.expires_ms);
@@ -166,7 +163,7 @@ async fn unlock(State(state): State<AppState>, caller: Caller, body: Result<Byte
     };
     let by_user = caller.is_user();
     submit(&state, FileCommand::Unlock { path: path.clone(), agent_id, force: body.force, by_user }).await?;
-    Ok(Answer::json(json!({"unlocked": path})))
+    answer(&api::Unlocked { unlocked: path })
 }
 
 #[derive(Deserialize)]
@@ -182,7 +179,7 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResu
     let path = path(&query.path)?;
     let limit = limit(query.limit)?;
     let modifications = state.store.read(|view| view.modifications_of(&path, limit))?;
-    Ok(Answer::json(json!({"path": path, "modifications": modifications})))
+    answer(&api::Modifications { path: Some(path), modifications })
 }
 
 async fn recent(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
@@ -190,7 +187,7 @@ async fn recent(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     let limit = limit(query.limit)?;
     let agent = super::extract::agent_filter(&state, query.agent)?;
     let modifications = state.store.read(|view| view.recent_modifications(agent.as_deref(), limit))?;
-    Ok(Answer::json(json!({"modifications": modifications})))
+    answer(&api::Modifications { path: None, modifications })
 }
 
 #[derive(Deserialize)]
@@ -221,7 +218,7 @@ async fn record(State(state): State<AppState>, caller: Caller, body: Result<Byte
     let command =
         FileCommand::Record { path: path.clone(), agent_id, task_id: body.task_id, change_type, intent: body.intent };
     submit(&state, command).await?;
-    Ok(Answer::json(json!({"recorded": path, "change_type": change_type})))
+    answer(&api::Recorded { recorded: path, change_type })
 }
 
 #[derive(Deserialize)]
@@ -236,8 +233,7 @@ async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesReject
     let path = path(&body.path)?;
     let now = crate::time::now_ms();
     let agent_id = super::extract::agent_id(&state, &body.agent_id)?;
-    let answer = state.store.read(|view| file_safety::check(view, &path, &agent_id, now))?;
-    Ok(Answer::json(answer))
+    answer(&state.store.read(|view| file_safety::check(view, &path, &agent_id, now))?)
 }
 
 #[derive(Deserialize, Default)]
@@ -263,8 +259,8 @@ async fn cleanup(State(state): State<AppState>, body: Result<Bytes, BytesRejecti
     submit(&state, FileCommand::Cleanup { keep_days: Some(keep_days) }).await?;
     let (locks_after, records_after) =
         state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
-    Ok(Answer::json(json!({
-        "released": locks_before.saturating_sub(locks_after),
-        "pruned": records_before.saturating_sub(records_after),
-    })))
+    answer(&api::FileCleanupAnswer {
+        released: locks_before.saturating_sub(locks_after),
+        pruned: records_before.saturating_sub(records_after),
+    })
 }

@@ -1,8 +1,9 @@
 //! `/history...`: the history views (SPEC §4).
 
-use super::error::Answer;
+use super::error::answer;
 use super::extract::{parse_body, parse_query};
 use super::{ApiError, ApiResult, AppState};
+use crate::api;
 use crate::broker::command::{Command, Outcome};
 use crate::event::{Event, TaskState};
 use crate::store::history::{HistoryRecord, Logic};
@@ -11,7 +12,6 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::routing::{get, post};
 use serde::Deserialize;
-use serde_json::json;
 use std::collections::BTreeMap;
 
 pub fn routes() -> axum::Router<AppState> {
@@ -48,7 +48,7 @@ async fn list(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult 
     let limit = limit(query.limit, 50)?;
     let agent = super::extract::agent_filter(&state, query.agent)?;
     let records = state.store.recent_history(agent.as_deref(), limit)?;
-    Ok(Answer::json(json!({"records": records})))
+    answer(&api::HistoryRecords { records })
 }
 
 async fn show(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
@@ -57,7 +57,7 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> ApiResul
     let tasks: std::collections::BTreeSet<&str> = records.iter().map(|record| record.task_id.as_str()).collect();
     match tasks.len() {
         0 => Err(ApiError::not_found(format!("Task {reference} not found in the history"))),
-        1 => Ok(Answer::json(json!({"records": records}))),
+        1 => answer(&api::HistoryRecords { records }),
         _ => {
             let candidates = tasks.iter().map(|task| task.to_string()).collect();
             Err(ApiError::bad(format!("Ambiguous task id '{reference}': {} tasks start with it", tasks.len()))
@@ -73,7 +73,7 @@ async fn thread(State(state): State<AppState>, Path(id): Path<String>) -> ApiRes
         .store
         .read(|view| view.thread_of(&reference))?
         .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found (or the prefix is ambiguous)")))?;
-    Ok(Answer::json(json!({"records": records})))
+    answer(&api::HistoryRecords { records })
 }
 
 #[derive(Deserialize)]
@@ -107,7 +107,7 @@ async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     let case_sensitive = query.case_sensitive.unwrap_or(false);
     let agent = super::extract::agent_filter(&state, query.agent.clone())?;
     let records = state.store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit)?;
-    Ok(Answer::json(json!({"records": records})))
+    answer(&api::HistoryRecords { records })
 }
 
 #[derive(Deserialize)]
@@ -134,15 +134,15 @@ async fn stats(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult
     let success_rate = (completed + failed > 0).then(|| completed as f64 / (completed + failed) as f64);
     let first = records.iter().map(|r| r.created_ms).min();
     let last = records.iter().map(|r| r.updated_ms).max();
-    Ok(Answer::json(json!({
-        "total": records.len(),
-        "by_status": by_status,
-        "success_rate": success_rate,
-        "by_agent": by_agent,
-        "first": first.map(crate::time::rfc3339),
-        "last": last.map(crate::time::rfc3339),
-        "text_bytes": size,
-    })))
+    answer(&api::HistoryStats {
+        total: records.len(),
+        by_status,
+        success_rate,
+        by_agent,
+        first: first.map(crate::time::rfc3339),
+        last: last.map(crate::time::rfc3339),
+        text_bytes: size,
+    })
 }
 
 #[derive(Deserialize)]
@@ -189,14 +189,20 @@ async fn cleanup(
     };
     let removed: Vec<&HistoryRecord> = records.iter().filter(|record| record.updated_ms < before_ms).collect();
     if body.dry_run || removed.is_empty() {
-        return Ok(Answer::json(
-            json!({"would_remove": removed.len(), "removed": 0, "before": crate::time::rfc3339(before_ms)}),
-        ));
+        return answer(&api::HistoryCleanupAnswer {
+            would_remove: Some(removed.len()),
+            removed: 0,
+            before: crate::time::rfc3339(before_ms),
+        });
     }
     let event = Event::HistoryPruned { before_ms, max_size_mb: body.max_size_mb.and_then(|mb| u64::try_from(mb).ok()) };
     match state.writer.submit(Command::Prune(event)).await? {
         Outcome::Appended { .. } => {}
         _ => return Err(ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "unexpected answer")),
     }
-    Ok(Answer::json(json!({"removed": removed.len(), "before": crate::time::rfc3339(before_ms)})))
+    answer(&api::HistoryCleanupAnswer {
+        would_remove: None,
+        removed: removed.len(),
+        before: crate::time::rfc3339(before_ms),
+    })
 }

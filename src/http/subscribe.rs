@@ -19,7 +19,6 @@ use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use serde_json::json;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
@@ -199,17 +198,17 @@ pub async fn subscribe(
         while let Some(item) = tokio_stream::StreamExt::next(&mut changes).await {
             match item {
                 Ok(change) => {
-                    let data = json!({
-                        "task_id": task_id,
-                        "seq": change.seq,
-                        "state": change.state,
-                        "artifacts": change.artifacts.iter().map(wire::artifact_json).collect::<Vec<_>>(),
-                        "error": change.error,
-                        "final": change.state.is_final(),
-                        "time": crate::time::rfc3339(change.time_ms),
-                    });
+                    let data = crate::api::TaskStatusEvent {
+                        task_id: task_id.clone(),
+                        seq: change.seq,
+                        state: change.state,
+                        artifacts: change.artifacts.iter().map(wire::artifact).collect(),
+                        error: change.error,
+                        is_final: change.state.is_final(),
+                        time: crate::time::rfc3339(change.time_ms),
+                    };
                     let name = if change.state.is_final() { "final" } else { "status" };
-                    yield Ok(SseEvent::default().id(change.seq.to_string()).event(name).data(data.to_string()));
+                    yield Ok(SseEvent::default().id(change.seq.to_string()).event(name).data(crate::api::json_line(&data).unwrap_or_default()));
                 }
                 Err(StreamEnd::Shutdown) => break,
                 Err(StreamEnd::Failed(message)) => {

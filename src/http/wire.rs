@@ -31,11 +31,6 @@ pub fn artifact(artifact: &Artifact) -> api::ArtifactView {
     api::ArtifactView { name: artifact.name.clone(), parts: artifact.parts.iter().map(part).collect() }
 }
 
-/// An artifact as JSON (the artifacts of a task change in its SSE stream).
-pub fn artifact_json(artifact: &Artifact) -> Value {
-    serde_json::to_value(self::artifact(artifact)).unwrap_or(Value::Null)
-}
-
 /// A task as the A2A REST endpoints show it (seed 003 shape).
 pub fn task(task: &TaskRecord) -> api::Task {
     api::Task {

@@ -10,25 +10,11 @@
 use super::StoreError;
 use super::projection::{PRUNED_BEFORE, Projections, ReadProjections};
 use super::records::TaskRecord;
-use crate::event::{Direction, Envelope, Event, Part, TaskState};
+use crate::event::{Direction, Envelope, Event, Part};
 use redb::ReadableTable;
-use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HistoryRecord {
-    pub task_id: String,
-    /// "sent" or "received".
-    pub side: String,
-    pub agent: String,
-    pub peer: String,
-    pub input: String,
-    #[serde(default)]
-    pub output: String,
-    pub status: TaskState,
-    pub priority: u8,
-    pub created_ms: u64,
-    pub updated_ms: u64,
-}
+/// One side of one exchange: the record the history view keeps is the one the API answers.
+pub use crate::api::HistoryRecord;
 
 /// Lowercases char by char (unlike `str::to_lowercase`, which treats a final sigma apart), so
 /// that `lowercase(a + b) == lowercase(a) + lowercase(b)`: a word that starts with a keyword
@@ -237,6 +223,7 @@ impl Query<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::TaskState;
     use crate::store::Store;
 
     fn sent(task: usize, from: &str, to: &str, text: &str, response: bool) -> Vec<Event> {

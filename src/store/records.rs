@@ -1,6 +1,6 @@
 //! Rows of the projection tables. Stored as named msgpack, like events, so they can gain fields.
 
-use crate::event::{AgentStatus, Artifact, ChangeType, Direction, Message, Part, TaskState};
+use crate::event::{AgentStatus, Artifact, Direction, Message, Part, TaskState};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -182,32 +182,11 @@ pub struct Ticket {
     pub turn: u32,
 }
 
-/// A lock on a file (file safety). Free once `expires_ms` has passed or its holder is gone;
-/// that is decided against an explicit `now`, never here.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FileLock {
-    pub path: String,
-    pub agent_id: String,
-    pub expires_ms: u64,
-    pub acquired_ms: u64,
-    #[serde(default)]
-    pub intent: Option<String>,
-    #[serde(default)]
-    pub task_id: Option<String>,
-}
-
-/// A recorded change to a file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FileModification {
-    pub path: String,
-    pub agent_id: String,
-    pub task_id: String,
-    pub change_type: ChangeType,
-    #[serde(default)]
-    pub intent: Option<String>,
-    pub time_ms: u64,
-    pub seq: u64,
-}
+/// A lock on a file (file safety), as the API shows it. Free once `expires_ms` has passed or
+/// its holder is gone; that is decided against an explicit `now`, never here.
+pub use crate::api::FileLock;
+/// A recorded change to a file, as the API shows it.
+pub use crate::api::Modification as FileModification;
 
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     rmp_serde::to_vec_named(value).unwrap_or_default()
