@@ -43,8 +43,11 @@ pub enum TaskIndexKind {
     Working = 2,
 }
 
+/// A task index row, owned: (agent, kind, order, task id).
+pub(super) type IndexRow = (String, u8, u64, String);
+
 /// The index rows of `task`, owned.
-fn task_index_rows(task: &TaskRecord) -> Vec<(String, u8, u64, String)> {
+pub(super) fn task_index_rows(task: &TaskRecord) -> Vec<IndexRow> {
     let mut rows = Vec::with_capacity(2);
     match (&task.owner, &task.peer) {
         (Some(owner), _) => {
@@ -563,7 +566,10 @@ impl<'txn> Projections<'txn> {
                     sent_by_user: false,
                     follow_ups: Vec::new(),
                 };
-                self.put_task(&record)?;
+                // The deciders refuse a taken id, but a log may still hold one created twice:
+                // the second replaces the first, and so do its index rows.
+                let was = self.task_row(task_id)?.as_ref().map(task_index_rows).unwrap_or_default();
+                self.put_task(&record, &was)?;
             }
             Event::MessageSent {
                 task_id,
@@ -580,8 +586,9 @@ impl<'txn> Projections<'txn> {
                 // texts the row only refers to, and writing that back would copy them into the
                 // row live but not during a replay, which has no log to fill them from.
                 if *by_user && let Some(mut record) = self.task_row(task_id)? {
+                    let was = task_index_rows(&record);
                     record.sent_by_user = true;
-                    self.put_task(&record)?;
+                    self.put_task(&record, &was)?;
                 }
                 if let Some(key) = idempotency_key {
                     self.remember_send(from.as_deref(), key, task_id, sender_task_id.as_deref(), time_ms)?;
@@ -591,9 +598,10 @@ impl<'txn> Projections<'txn> {
                     && let Some(mut record) = self.task_row(sender_task)?
                     && record.peer_task_id.is_none()
                 {
+                    let was = task_index_rows(&record);
                     record.peer_task_id = Some(task_id.clone());
                     record.peer = Some(to.clone());
-                    self.put_task(&record)?;
+                    self.put_task(&record, &was)?;
                 }
                 // Tasks whose long message this event carries point at it.
                 for holder in std::iter::once(task_id).chain(sender_task_id.iter()) {
@@ -601,8 +609,9 @@ impl<'txn> Projections<'txn> {
                         && record.message_in.as_ref() == Some(task_id)
                         && record.message_seq.is_none()
                     {
+                        let was = task_index_rows(&record);
                         record.message_seq = Some(envelope.seq);
-                        self.put_task(&record)?;
+                        self.put_task(&record, &was)?;
                     }
                 }
                 let sender = reply_target_sender(from.as_deref(), sender_task_id.as_deref());
@@ -655,10 +664,11 @@ impl<'txn> Projections<'txn> {
                         .insert(idempotency_row(Some(from), key).as_str(), records::encode(&row).as_slice())?;
                 }
                 if let Some(mut task) = self.task_row(task_id)? {
+                    let was = task_index_rows(&task);
                     task.replied_by = Some(from.clone());
                     task.reply_seq = Some(envelope.seq);
                     task.updated_ms = time_ms;
-                    self.put_task(&task)?;
+                    self.put_task(&task, &was)?;
                 }
                 if let Some(to) = reply_target_sender(to.as_deref(), sender_task_id.as_deref()) {
                     let pending = self.reply_target(from, &to)?;
@@ -669,6 +679,7 @@ impl<'txn> Projections<'txn> {
             }
             Event::TaskStateChanged { task_id, state, artifacts, error, reply_of } => {
                 if let Some(mut task) = self.task_row(task_id)? {
+                    let was = task_index_rows(&task);
                     task.state = *state;
                     task.artifacts.extend(artifacts.iter().cloned());
                     // A long reply: an artifact without parts, its text read from the log.
@@ -688,7 +699,7 @@ impl<'txn> Projections<'txn> {
                         task.error = error.clone();
                     }
                     task.updated_ms = time_ms;
-                    self.put_task(&task)?;
+                    self.put_task(&task, &was)?;
                 }
             }
             Event::TaskContinued { task_id, sender_task_id, from, to, text, message_id, idempotency_key } => {
@@ -703,6 +714,7 @@ impl<'txn> Projections<'txn> {
                 };
                 for holder in std::iter::once(task_id).chain(sender_task_id.iter()) {
                     if let Some(mut record) = self.task_row(holder)? {
+                        let was = task_index_rows(&record);
                         // Taken before the `task_state_changed` after this event moves the task
                         // on: the question is what the task asked while it waited.
                         let follow_up = FollowUp {
@@ -713,7 +725,7 @@ impl<'txn> Projections<'txn> {
                             time_ms,
                         };
                         record.follow_ups.push(follow_up);
-                        self.put_task(&record)?;
+                        self.put_task(&record, &was)?;
                     }
                 }
                 // The agent owes an answer again, now to this message.
@@ -723,6 +735,7 @@ impl<'txn> Projections<'txn> {
             }
             Event::TaskCanceled { task_id, reason } => {
                 if let Some(mut task) = self.task_row(task_id)? {
+                    let was = task_index_rows(&task);
                     task.state = TaskState::Canceled;
                     if reason.is_some() {
                         task.error = reason.clone();
@@ -731,7 +744,7 @@ impl<'txn> Projections<'txn> {
                     if let Some(owner) = task.owner.clone() {
                         self.remove_tickets_of_task(&owner, task_id)?;
                     }
-                    self.put_task(&task)?;
+                    self.put_task(&task, &was)?;
                 }
             }
             // Projections of these kinds (file safety, history, webhooks, externals) are not
@@ -819,7 +832,9 @@ impl<'txn> Projections<'txn> {
         Ok(())
     }
 
-    pub(super) fn put_task(&mut self, task: &TaskRecord) -> Result<(), StoreError> {
+    /// Writes a task's row; `was` are the index rows of the row it replaces (none for a new
+    /// task), which the caller has in hand: read again here, the row would be decoded twice.
+    pub(super) fn put_task(&mut self, task: &TaskRecord, was: &[IndexRow]) -> Result<(), StoreError> {
         // A row holds a long reply only by reference; a row read with `task` (texts filled in)
         // must not be written back, or live rows would differ from replayed ones.
         debug_assert!(
@@ -829,13 +844,15 @@ impl<'txn> Projections<'txn> {
             "task {} written with the text of a long reply copied into its row",
             task.id
         );
+        debug_assert_eq!(
+            was,
+            self.task_row(&task.id).ok().flatten().as_ref().map(task_index_rows).unwrap_or_default(),
+            "task {}: the index rows given are not those of its stored row",
+            task.id
+        );
         // The index follows the row in the same transaction: drop the rows the old row had and
         // the new one has not, add the new ones.
-        // (During a replay the old row is looked at in place, not cloned for every change.)
-        let old_rows = match &self.replay {
-            Some(cache) => cache.tasks.get(&task.id).map(task_index_rows).unwrap_or_default(),
-            None => self.task_row(&task.id)?.as_ref().map(task_index_rows).unwrap_or_default(),
-        };
+        let old_rows = was;
         let new_rows = task_index_rows(task);
         match self.replay.as_mut() {
             Some(cache) => {

@@ -680,8 +680,9 @@ fn projections_of_an_older_shape_are_replayed_at_open() {
             txn.open_table(META).unwrap().remove(META_PROJECTIONS).unwrap();
             let mut projections = Projections::open(&txn, &LIVE).unwrap();
             let mut task = projections.task(task_id).unwrap().unwrap();
+            let was = super::projection::task_index_rows(&task);
             task.created_seq = 0;
-            projections.put_task(&task).unwrap();
+            projections.put_task(&task, &was).unwrap();
         }
         txn.commit().unwrap();
         let task = store.read(|view| view.task(task_id)).unwrap().unwrap();
