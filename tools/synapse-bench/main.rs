@@ -2,7 +2,7 @@
 //!
 //! Usage: `synapse-bench <scenario>... [--seconds N] [--synapse PATH]`, or `synapse-bench all`.
 //! Scenarios: floor (this machine's limits, run first by `all`), append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
-//! history-search, lock-contention, storage.
+//! history-search, lock-contention, storage; on demand only: real-clis, busy-delivery, scale.
 //!
 //! Every scenario works in a fresh directory under the system's temporary directory (removed
 //! afterwards), lets the system choose every port, and prints human lines plus machine-readable
@@ -24,6 +24,7 @@ mod memory;
 mod real_clis;
 mod rebuild;
 mod round_trip;
+mod scale;
 mod sse_fanout;
 mod storage;
 
@@ -52,7 +53,7 @@ const DEFAULT_SECONDS: f64 = 10.0;
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
 scenarios: floor, append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
            history-search, lock-contention, storage, all; real-clis, busy-delivery (need tools/install-clis;
-           not in all)
+           not in all); scale (grows a log to 10M events: needs ~11 GB of disk; not in all)
   --seconds N      length of the timed scenarios (append, http-send, lock-contention); default 10,
                    or SYNAPSE_BENCH_SECONDS
   --synapse PATH   the synapse binary (default: next to synapse-bench), or SYNAPSE_BENCH_BIN
@@ -89,6 +90,7 @@ fn run() -> Result<ExitCode> {
             "real-clis" => real_clis::run(&options.synapse),
             "busy-delivery" => real_clis::busy(&options.synapse),
             "storage" => runtime.block_on(storage::run(&options)),
+            "scale" => runtime.block_on(scale::run(&options)),
             other => Err(anyhow!("unknown scenario '{other}'")),
         };
         if let Err(error) = outcome {
@@ -122,7 +124,7 @@ fn parse_args(args: Vec<String>) -> Result<(Vec<String>, Options)> {
             "--seconds" => seconds = parse_seconds(&args.next().context("--seconds needs a value")?)?,
             "--synapse" => synapse = Some(PathBuf::from(args.next().context("--synapse needs a path")?)),
             "all" => scenarios.extend(SCENARIOS.iter().map(|name| name.to_string())),
-            name if SCENARIOS.contains(&name) || name == "real-clis" || name == "busy-delivery" => {
+            name if SCENARIOS.contains(&name) || ["real-clis", "busy-delivery", "scale"].contains(&name) => {
                 scenarios.push(name.to_string())
             }
             other => bail!("unknown argument '{other}'\n{USAGE}"),

@@ -87,11 +87,13 @@ pub fn run() -> Result<()> {
 /// are requests with a reply (13 events: send, injection, status changes, reply, reverse ticket
 /// and its injection), three are acknowledged fire-and-forget messages (5 events) and one stays
 /// in the inbox (3 events).
-struct LogGenerator {
+pub struct LogGenerator {
     target: u64,
     agents: Vec<String>,
-    exchanges: u64,
+    pub exchanges: u64,
     written: u64,
+    /// The receiver's task of the latest exchange (`scale` reads it back).
+    pub last_task: Option<String>,
 }
 
 const REQUEST_TEXT: &str = "Please review the error handling in src/store/mod.rs and tell me whether a full disk \
@@ -99,16 +101,26 @@ const REQUEST_TEXT: &str = "Please review the error handling in src/store/mod.rs
 const REPLY_TEXT: &str = "Reviewed: a failed commit answers every caller with an error, nothing acknowledged is lost.";
 
 impl LogGenerator {
-    fn new(target: u64) -> LogGenerator {
-        LogGenerator { target, agents: Vec::new(), exchanges: 0, written: 0 }
+    pub fn new(target: u64) -> LogGenerator {
+        LogGenerator { target, agents: Vec::new(), exchanges: 0, written: 0, last_task: None }
     }
 
-    fn is_done(&self) -> bool {
+    pub fn is_done(&self) -> bool {
         self.written >= self.target
     }
 
+    /// Goes on to a longer log (`scale`): the next [`LogGenerator::fill`]s append up to `target`.
+    pub fn grow_to(&mut self, target: u64) {
+        self.target = self.target.max(target);
+    }
+
+    /// The agents of the log (registered by its first events).
+    pub fn agents(&self) -> &[String] {
+        &self.agents
+    }
+
     /// Appends up to `limit` events (fewer only at the end of the log).
-    fn fill(&mut self, appender: &mut Appender<'_>, limit: u64) -> Result<(), StoreError> {
+    pub fn fill(&mut self, appender: &mut Appender<'_>, limit: u64) -> Result<(), StoreError> {
         let room = limit.min(self.target - self.written);
         let end = appender.next_seq() + room;
         while appender.next_seq() < end {
@@ -161,7 +173,7 @@ impl LogGenerator {
     }
 
     fn append_exchange(
-        &self,
+        &mut self,
         appender: &mut Appender<'_>,
         sender: &str,
         receiver: &str,
@@ -172,6 +184,7 @@ impl LogGenerator {
         let task_id = uuid::Uuid::new_v4().to_string();
         let sender_task_id = reply.then(|| uuid::Uuid::new_v4().to_string());
         let context_id = uuid::Uuid::new_v4().to_string();
+        self.last_task = Some(task_id.clone());
         let text = format!("{REQUEST_TEXT} (#{})", self.exchanges);
         let message = Message::text(Role::User, text.clone());
 
