@@ -19,6 +19,7 @@ pub fn spawn(state: Arc<BrokerState>) {
     tokio::spawn(async move {
         let mut head = state.head.clone();
         let mut stop = state.shutdown.subscribe();
+        let mut trimmed_through = 0;
         loop {
             let store = state.store.clone();
             let pause = match tokio::task::spawn_blocking(move || store.index_history_step(STEP_EVENTS)).await {
@@ -28,6 +29,12 @@ pub fn spawn(state: Arc<BrokerState>) {
                 }
                 Ok(Ok(progress)) if !progress.caught_up() => continue,
                 Ok(Ok(progress)) => {
+                    // Caught up after indexing something: what the steps allocated goes back
+                    // to the system.
+                    if progress.indexed_through > trimmed_through {
+                        trimmed_through = progress.indexed_through;
+                        crate::process::release_free_memory();
+                    }
                     tokio::select! {
                         moved = head.wait_for(|seq| *seq > progress.head) => if moved.is_err() { return },
                         // A rebuild empties the index without moving the head.

@@ -71,9 +71,13 @@ pub async fn index_progress(State(state): State<AppState>, _user: caller::TheUse
 /// Brings the history search index up to the newest event now.
 pub async fn index_history(State(state): State<AppState>, _user: caller::TheUser) -> ApiResult {
     let store = state.store.clone();
-    let progress = tokio::task::spawn_blocking(move || store.index_history())
-        .await
-        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the indexer stopped"))??;
+    let progress = tokio::task::spawn_blocking(move || {
+        let progress = store.index_history();
+        crate::process::release_free_memory();
+        progress
+    })
+    .await
+    .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the indexer stopped"))??;
     index_progress_answer(progress)
 }
 

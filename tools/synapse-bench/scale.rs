@@ -136,6 +136,23 @@ async fn measure(env: &SynapseEnv, dir: &BenchDir, log: &LogGenerator, size: u64
     let broker = BrokerProcess::start(env.clone(), dir.root.join(format!("broker-{}.log", label(size)))).await?;
     let agent = log.agents().first().cloned().context("the log has no agent")?;
     let task = log.last_task.clone().context("the log has no task")?;
+    let rss = |when: &str| {
+        if let Ok(kib) = proc_status_kib(broker.pid(), "VmRSS") {
+            println!("  broker RSS {when}: {:.1} MB", kib as f64 / 1024.0);
+        }
+    };
+    rss("after start");
+    // The history index catches up with the grown log first: it runs in the background, and
+    // the figures are those of a broker at work, not one still indexing.
+    let indexing = Instant::now();
+    let progress = broker.connect().await?.index_history().await?;
+    println!(
+        "  history index caught up ({} events, {} segments) in {:.1} s",
+        progress.indexed_through,
+        progress.segments,
+        indexing.elapsed().as_secs_f64()
+    );
+    rss("after indexing");
     let mut figures = Vec::new();
     // The CLI, as a user runs it: one process per command.
     let cli = |args: &[&str]| -> Result<f64> {
@@ -154,8 +171,10 @@ async fn measure(env: &SynapseEnv, dir: &BenchDir, log: &LogGenerator, size: u64
     };
     let millis = (0..SAMPLES).map(|_| cli(&["send", &agent, "scale probe", "--no-response"])).collect::<Result<_>>()?;
     timed("send", millis);
+    rss("after the sends");
     let millis = (0..SAMPLES).map(|_| cli(&["list"])).collect::<Result<_>>()?;
     timed("list", millis);
+    rss("after the lists");
     let mut client = broker.connect().await?;
     let mut millis = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
@@ -181,6 +200,7 @@ async fn measure(env: &SynapseEnv, dir: &BenchDir, log: &LogGenerator, size: u64
         millis.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     timed("status", millis);
+    rss("after tasks, inbox and status");
     let millis = (0..SAMPLES).map(|_| cli(&["history", "list"])).collect::<Result<_>>()?;
     timed("history_list", millis);
     drop(client);
