@@ -412,6 +412,11 @@ impl Client {
         self.call(Method::POST, "/admin/verify", None::<&()>).await
     }
 
+    /// `GET /admin/index`: how far the history index has come.
+    pub async fn index_progress(&mut self) -> Result<api::IndexProgress, ClientError> {
+        self.call(Method::GET, "/admin/index", None::<&()>).await
+    }
+
     /// `POST /admin/index`: brings the history index up to the newest event.
     pub async fn index_history(&mut self) -> Result<api::IndexProgress, ClientError> {
         self.call(Method::POST, "/admin/index", None::<&()>).await

@@ -22,6 +22,9 @@ type ModificationsDef = TableDefinition<'static, (&'static str, u64), &'static [
 type HistoryMetaDef = TableDefinition<'static, &'static str, u64>;
 type IdempotencyDef = TableDefinition<'static, &'static str, &'static [u8]>;
 type TaskIndexDef = TableDefinition<'static, TaskIndexKey<'static>, &'static [u8]>;
+/// Agent id to the number of tickets in its inbox (u64, little-endian): a queue's depth in one
+/// read, however long the queue.
+type InboxDepthDef = TableDefinition<'static, &'static str, &'static [u8]>;
 
 /// A row of the task index: (agent, [`TaskIndexKind`] as u8, order, task id); the value is
 /// empty. The order is the task's `created_seq` (owned and served tasks, oldest first) or its
@@ -88,6 +91,8 @@ pub struct ProjectionNames {
     /// Each agent's tasks (owned, served, working), so that listings and the current task read
     /// the agent's rows instead of decoding every task (see [`TaskIndexKind`]).
     pub task_index: TaskIndexDef,
+    /// Each agent's inbox depth (no row for an empty inbox), kept with the inbox.
+    pub inbox_depth: InboxDepthDef,
 }
 
 pub const LIVE: ProjectionNames = ProjectionNames {
@@ -101,6 +106,7 @@ pub const LIVE: ProjectionNames = ProjectionNames {
     departed: TableDefinition::new("departed_agents"),
     idempotency: TableDefinition::new("idempotency_keys"),
     task_index: TableDefinition::new("task_index"),
+    inbox_depth: TableDefinition::new("inbox_depth"),
 };
 
 pub const SCRATCH: ProjectionNames = ProjectionNames {
@@ -114,6 +120,7 @@ pub const SCRATCH: ProjectionNames = ProjectionNames {
     departed: TableDefinition::new("scratch_departed_agents"),
     idempotency: TableDefinition::new("scratch_idempotency_keys"),
     task_index: TableDefinition::new("scratch_task_index"),
+    inbox_depth: TableDefinition::new("scratch_inbox_depth"),
 };
 
 impl ProjectionNames {
@@ -128,8 +135,14 @@ impl ProjectionNames {
         txn.delete_table(self.departed)?;
         txn.delete_table(self.idempotency)?;
         txn.delete_table(self.task_index)?;
+        txn.delete_table(self.inbox_depth)?;
         Ok(())
     }
+}
+
+/// A depth row's value (a malformed one reads as 0: `verify` reports it, a rebuild mends it).
+fn depth_of(bytes: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(bytes).map_or(0, u64::from_le_bytes)
 }
 
 /// Inbox order: higher priority first (rank 5 for priority 5 ... rank 9 for priority 1), then
@@ -153,6 +166,8 @@ pub struct Projections<'txn> {
     idempotency: redb::Table<'txn, &'static str, &'static [u8]>,
     /// Kept by [`Projections::put_task`] (cached like the tasks during a replay).
     task_index: redb::Table<'txn, TaskIndexKey<'static>, &'static [u8]>,
+    /// Kept with the inbox (during a replay, counted from the cached inbox at the flush).
+    inbox_depth: redb::Table<'txn, &'static str, &'static [u8]>,
     /// The log, in the writer's transaction (None during a replay, which reads it itself):
     /// the appender writes it, and reads take long texts from it (see [`hydrate_task`]).
     pub(super) log: Option<redb::Table<'txn, u64, &'static [u8]>>,
@@ -183,6 +198,7 @@ pub struct ReadProjections {
     pub(super) history_meta: redb::ReadOnlyTable<&'static str, u64>,
     departed: redb::ReadOnlyTable<&'static str, &'static [u8]>,
     task_index: redb::ReadOnlyTable<TaskIndexKey<'static>, &'static [u8]>,
+    inbox_depth: redb::ReadOnlyTable<&'static str, &'static [u8]>,
     /// Long texts are read from their event (see [`hydrate_task`]).
     log: redb::ReadOnlyTable<u64, &'static [u8]>,
 }
@@ -271,6 +287,7 @@ impl<'txn> Projections<'txn> {
             departed: txn.open_table(names.departed)?,
             idempotency: txn.open_table(names.idempotency)?,
             task_index: txn.open_table(names.task_index)?,
+            inbox_depth: txn.open_table(names.inbox_depth)?,
             log: None,
             replay: None,
         })
@@ -298,8 +315,13 @@ impl<'txn> Projections<'txn> {
         for ((receiver, sender), target) in cache.reply_targets {
             self.reply_targets.insert((receiver.as_str(), sender.as_str()), records::encode(&target).as_slice())?;
         }
+        let mut depths: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
         for ((agent, rank, ticket), row) in cache.inbox {
             self.inbox.insert((agent.as_str(), rank, ticket), records::encode(&row).as_slice())?;
+            *depths.entry(agent).or_default() += 1;
+        }
+        for (agent, depth) in depths {
+            self.inbox_depth.insert(agent.as_str(), depth.to_le_bytes().as_slice())?;
         }
         for (agent, kind, order, task_id) in cache.task_index {
             self.task_index.insert((agent.as_str(), kind, order, task_id.as_str()), [].as_slice())?;
@@ -437,9 +459,11 @@ impl<'txn> Projections<'txn> {
                         keys.push((rank, number));
                     }
                 }
+                let removed = keys.len() as i64;
                 for (rank, number) in keys {
                     self.inbox.remove((agent_id, rank, number))?;
                 }
+                self.add_to_depth(agent_id, -removed)?;
             }
         }
         Ok(())
@@ -452,7 +476,9 @@ impl<'txn> Projections<'txn> {
                 cache.inbox.remove(&(agent_id.to_string(), rank, ticket));
             }
             None => {
-                self.inbox.remove((agent_id, rank, ticket))?;
+                if self.inbox.remove((agent_id, rank, ticket))?.is_some() {
+                    self.add_to_depth(agent_id, -1)?;
+                }
             }
         }
         Ok(())
@@ -884,9 +910,29 @@ impl<'txn> Projections<'txn> {
                 cache.inbox.insert((ticket.agent_id.clone(), rank, ticket.ticket), ticket.clone());
             }
             None => {
-                self.inbox
-                    .insert((ticket.agent_id.as_str(), rank, ticket.ticket), records::encode(ticket).as_slice())?;
+                let replaced = self
+                    .inbox
+                    .insert((ticket.agent_id.as_str(), rank, ticket.ticket), records::encode(ticket).as_slice())?
+                    .is_some();
+                if !replaced {
+                    self.add_to_depth(&ticket.agent_id, 1)?;
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// Moves an agent's inbox depth by `change`; an empty inbox has no row (as after a replay).
+    fn add_to_depth(&mut self, agent_id: &str, change: i64) -> Result<(), StoreError> {
+        if change == 0 {
+            return Ok(());
+        }
+        let depth = self.inbox_depth.get(agent_id)?.map_or(0, |row| depth_of(row.value()));
+        let depth = depth.saturating_add_signed(change);
+        if depth == 0 {
+            self.inbox_depth.remove(agent_id)?;
+        } else {
+            self.inbox_depth.insert(agent_id, depth.to_le_bytes().as_slice())?;
         }
         Ok(())
     }
@@ -904,6 +950,7 @@ impl ReadProjections {
             history_meta: txn.open_table(names.history_meta)?,
             departed: txn.open_table(names.departed)?,
             task_index: txn.open_table(names.task_index)?,
+            inbox_depth: txn.open_table(names.inbox_depth)?,
             log: txn.open_table(super::LOG)?,
         })
     }
@@ -1020,8 +1067,8 @@ macro_rules! impl_queries {
             }
 
             pub fn inbox_depth(&self, agent_id: &str) -> Result<usize, StoreError> {
-                let range = self.inbox.range((agent_id, 0u8, 0u64)..=(agent_id, u8::MAX, u64::MAX))?;
-                Ok(range.count())
+                let depth = self.inbox_depth.get(agent_id)?.map_or(0, |row| depth_of(row.value()));
+                Ok(usize::try_from(depth).unwrap_or(usize::MAX))
             }
 
             /// The agent that last held `agent_id` and left (None while one holds it).
@@ -1200,6 +1247,7 @@ pub(crate) fn compare(
     compare_table(txn, live.departed, scratch.departed, "departed_agents", &mut differences)?;
     compare_table(txn, live.idempotency, scratch.idempotency, "idempotency_keys", &mut differences)?;
     compare_table(txn, live.task_index, scratch.task_index, "task_index", &mut differences)?;
+    compare_table(txn, live.inbox_depth, scratch.inbox_depth, "inbox_depth", &mut differences)?;
     let live_cutoff = txn.open_table(live.history_meta)?.get(PRUNED_BEFORE)?.map(|v| v.value());
     let replay_cutoff = txn.open_table(scratch.history_meta)?.get(PRUNED_BEFORE)?.map(|v| v.value());
     if live_cutoff != replay_cutoff {

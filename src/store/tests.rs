@@ -217,7 +217,11 @@ fn snapshot(store: &Store) -> Vec<String> {
                 for target in view.reply_targets(agent)? {
                     rows.push(format!("{target:?}"));
                 }
-                for ticket in view.inbox(agent, usize::MAX)? {
+                let tickets = view.inbox(agent, usize::MAX)?;
+                // The kept depth is the number of tickets, live and after a replay.
+                rows.push(format!("{agent} depth {} of {}", view.inbox_depth(agent)?, tickets.len()));
+                assert_eq!(view.inbox_depth(agent)?, tickets.len(), "inbox depth of {agent}");
+                for ticket in tickets {
                     rows.push(format!("{ticket:?}"));
                 }
                 for kind in [TaskIndexKind::Owned, TaskIndexKind::Served, TaskIndexKind::Working] {
@@ -388,6 +392,51 @@ fn inbox_is_ordered_by_priority_then_arrival() {
     let order: Vec<String> =
         store.read(|view| view.inbox("b", 10)).unwrap().into_iter().map(|ticket| ticket.task_id).collect();
     assert_eq!(order, vec!["urgent", "mid-1", "mid-2", "low"]);
+}
+
+/// The kept inbox depth follows every way a ticket comes and goes (issued, written, dropped
+/// with its canceled task, the same ticket number twice), and a replay keeps the same rows.
+#[test]
+fn the_inbox_depth_follows_the_inbox_and_survives_a_rebuild() {
+    let store = memory_store();
+    let ticket = |task: &str| Event::TicketIssued {
+        agent_id: "bob".into(),
+        task_id: task.into(),
+        priority: 3,
+        from: None,
+        display_task_id: task.into(),
+        response_expected: false,
+        turn: 0,
+    };
+    let mut owned_by_bob = alice_asks_bob("t-canceled", "x");
+    if let Event::TaskCreated { owner, .. } = &mut owned_by_bob {
+        *owner = Some("bob".into());
+    }
+    let depth = |store: &Store| store.read(|view| view.inbox_depth("bob")).unwrap();
+    // Seqs 1-4: the task, then three tickets (numbers 2, 3, 4).
+    store
+        .transact(1, |appender| {
+            appender.append(None, vec![owned_by_bob, ticket("t-canceled"), ticket("t-written"), ticket("t-waits")])
+        })
+        .unwrap();
+    assert_eq!(depth(&store), 3);
+    let written = Event::TicketInjected { agent_id: "bob".into(), ticket: 3, priority: 3 };
+    store.transact(2, |appender| appender.append(None, vec![written.clone()])).unwrap();
+    assert_eq!(depth(&store), 2);
+    // Written again (a wrapper restarted): nothing more leaves.
+    store.transact(3, |appender| appender.append(None, vec![written])).unwrap();
+    assert_eq!(depth(&store), 2);
+    let canceled = Event::TaskCanceled { task_id: "t-canceled".into(), reason: None };
+    store.transact(4, |appender| appender.append(None, vec![canceled])).unwrap();
+    assert_eq!(depth(&store), 1);
+    assert_eq!(store.read(|view| view.inbox("bob", 10)).unwrap().len(), 1);
+    assert!(store.verify().unwrap().differences.is_empty());
+    store.rebuild().unwrap();
+    assert_eq!(depth(&store), 1);
+    let last = Event::TicketInjected { agent_id: "bob".into(), ticket: 4, priority: 3 };
+    store.transact(5, |appender| appender.append(None, vec![last])).unwrap();
+    assert_eq!(depth(&store), 0);
+    assert!(store.verify().unwrap().differences.is_empty(), "an empty inbox has no depth row, as after a replay");
 }
 
 /// A backend that fails every write with "no space left on device" while `full` is set.
