@@ -238,6 +238,15 @@ async fn bytes_per_send(options: &Options) -> Result<()> {
     let after = std::fs::metadata(&database)?.len();
     let per_send = after.saturating_sub(before) as f64 / sends as f64;
     println!("{sends} small sends grew the file from {} to {} bytes", before, after);
+    // Where the bytes go: each table's rows and pages per send.
+    for table in Store::open(&database)?.table_sizes()? {
+        println!(
+            "  {:<32} {:>8.0} B of rows, {:>8.0} B of pages per send",
+            table.name,
+            table.stored_bytes as f64 / sends as f64,
+            (table.pages * 4096) as f64 / sends as f64
+        );
+    }
     result("scale_bytes_per_send", per_send, 0, "B");
     Ok(())
 }
