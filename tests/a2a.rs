@@ -592,9 +592,10 @@ fn json_rpc_errors_carry_the_a2a_and_json_rpc_codes() {
     assert_eq!(error_code(&v1(port, "CancelTask", json!({"id": "0123abcd"}))), -32001);
     let file = json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "file:///etc/passwd"}]}});
     assert_eq!(error_code(&v1(port, "SendMessage", file)), -32005);
-    let push =
-        json!({"message": text_message("hi"), "configuration": {"taskPushNotificationConfig": {"url": "http://x"}}});
-    assert_eq!(error_code(&v1(port, "SendMessage", push)), -32003);
+    // A push config the URL rules refuse refuses the send (an unknown host here).
+    let push = json!({"message": text_message("hi"),
+                      "configuration": {"taskPushNotificationConfig": {"url": "http://no-such-host.invalid/"}}});
+    assert_eq!(error_code(&v1(port, "SendMessage", push)), -32602);
     assert_eq!(error_code(&v1(port, "GetExtendedAgentCard", json!({}))), -32007);
     let done = send_v1(port, "hello", false);
     let follow_up =
@@ -1076,8 +1077,8 @@ fn the_http_json_binding_serves_the_same_methods_under_v1() {
     assert_eq!(rest_error(&bad), (400, "INVALID_ARGUMENT".into(), "INVALID_PARAMS".into()));
     let empty = rest(port, "POST", "/v1/message:send", Some(json!({"message": text_message("  ")})));
     assert_eq!(rest_error(&empty).0, 400);
-    let push = rest(port, "GET", &format!("/v1/tasks/{id}/pushNotificationConfigs"), None);
-    assert_eq!(rest_error(&push).2, "PUSH_NOTIFICATION_NOT_SUPPORTED");
+    let (status, push) = rest(port, "GET", &format!("/v1/tasks/{id}/pushNotificationConfigs"), None);
+    assert_eq!((status, push["configs"].as_array().map(Vec::len)), (200, Some(0)), "{push}");
     let nowhere = rest(port, "GET", "/v1/nowhere", None);
     assert_eq!(rest_error(&nowhere).0, 404);
     let (status, old) = http_tcp(port, "GET", "/v1/tasks", None, &[("A2A-Version", "0.3")]);
@@ -1096,4 +1097,158 @@ fn the_http_json_binding_serves_the_same_methods_under_v1() {
     let (status, via_broker) =
         home.http("GET", &format!("/agents/{}/v1/tasks/{id}", agent.id), None, &[("A2A-Version", "1.0")]);
     assert_eq!((status, via_broker["id"].as_str()), (200, Some(id)), "{via_broker}");
+}
+
+// ---- push notifications (issue 15) ----
+
+/// Issue 15: push notification configs in both bindings (create, get, list, delete), and a
+/// task's change posted to the config's URL with the client's token and credentials, which
+/// are never answered back nor written into the log.
+#[test]
+fn push_notification_configs_are_kept_and_a_change_is_posted_with_the_clients_token() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let port = agent.port;
+    let (_, card) = http_tcp(port, "GET", "/.well-known/agent-card.json", None, &[]);
+    assert_eq!(card["capabilities"]["pushNotifications"], true, "{card}");
+    let (receiver_port, received) = receiver(std::sync::Arc::new(std::sync::atomic::AtomicU16::new(200)));
+    let url = format!("http://127.0.0.1:{receiver_port}/notify");
+    let task = send_v1(port, "wait here", true);
+    let id = task["id"].as_str().unwrap().to_string();
+
+    let created = v1(
+        port,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "cfg-1", "url": url, "token": "tok-123",
+               "authentication": {"scheme": "Bearer", "credentials": "cred-xyz"}}),
+    );
+    let config = &created["result"];
+    assert_eq!((config["id"].as_str(), config["taskId"].as_str()), (Some("cfg-1"), Some(id.as_str())), "{created}");
+    assert_eq!(config["authentication"]["scheme"], "Bearer");
+    assert!(!created.to_string().contains("tok-123") && !created.to_string().contains("cred-xyz"), "{created}");
+    let got = v1(port, "GetTaskPushNotificationConfig", json!({"taskId": id, "id": "cfg-1"}));
+    assert_eq!(got["result"]["url"], url.as_str(), "{got}");
+    // The HTTP+JSON binding sees and changes the same configs.
+    let (status, second) = rest(
+        port,
+        "POST",
+        &format!("/v1/tasks/{id}/pushNotificationConfigs"),
+        Some(json!({"id": "cfg-2", "url": url, "token": "tok-2"})),
+    );
+    assert_eq!((status, second["id"].as_str()), (200, Some("cfg-2")), "{second}");
+    let (_, listed) = rest(port, "GET", &format!("/v1/tasks/{id}/pushNotificationConfigs"), None);
+    assert_eq!(listed["configs"].as_array().map(Vec::len), Some(2), "{listed}");
+    for _ in 0..2 {
+        // Deleting is idempotent.
+        let (status, deleted) = rest(port, "DELETE", &format!("/v1/tasks/{id}/pushNotificationConfigs/cfg-2"), None);
+        assert_eq!((status, deleted), (200, json!({})));
+    }
+    let listed = v1(port, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
+    let ids: Vec<&str> =
+        listed["result"]["configs"].as_array().unwrap().iter().filter_map(|c| c["id"].as_str()).collect();
+    assert_eq!(ids, ["cfg-1"], "{listed}");
+    // A2A 0.3 names and shapes: the same configs.
+    let set = rpc(
+        port,
+        None,
+        "tasks/pushNotificationConfig/set",
+        json!({"taskId": id, "pushNotificationConfig": {"id": "old-1", "url": url, "authentication": {"schemes": ["Bearer"], "credentials": "c"}}}),
+    );
+    assert_eq!(set["result"]["pushNotificationConfig"]["authentication"]["schemes"], json!(["Bearer"]), "{set}");
+    let old =
+        rpc(port, None, "tasks/pushNotificationConfig/get", json!({"id": id, "pushNotificationConfigId": "old-1"}));
+    assert_eq!(old["result"]["pushNotificationConfig"]["url"], url.as_str(), "{old}");
+    let removed =
+        rpc(port, None, "tasks/pushNotificationConfig/delete", json!({"id": id, "pushNotificationConfigId": "old-1"}));
+    assert!(removed.get("error").is_none(), "{removed}");
+    let listed = rpc(port, None, "tasks/pushNotificationConfig/list", json!({"id": id}));
+    assert_eq!(listed["result"].as_array().map(Vec::len), Some(1), "{listed}");
+    let (status, gone) = rest(port, "GET", &format!("/v1/tasks/{id}/pushNotificationConfigs/cfg-2"), None);
+    assert_eq!(rest_error(&(status, gone)).2, "TASK_NOT_FOUND");
+
+    // Bad configs are refused with the spec's errors; nothing is kept.
+    let unknown_task = v1(port, "CreateTaskPushNotificationConfig", json!({"taskId": "0123abcd", "url": url}));
+    assert_eq!(error_code(&unknown_task), -32001);
+    for bad in [
+        json!({"taskId": id, "url": "ftp://example.test/"}),
+        json!({"taskId": id, "url": url, "token": "tok\r\nX-Injected: 1"}),
+        json!({"taskId": id, "url": url, "authentication": {"credentials": "no scheme"}}),
+        json!({"taskId": id, "url": url, "id": "../../etc"}),
+        json!({"taskId": id}),
+    ] {
+        assert_eq!(error_code(&v1(port, "CreateTaskPushNotificationConfig", bad.clone())), -32602, "{bad}");
+    }
+    let missing = v1(port, "GetTaskPushNotificationConfig", json!({"taskId": id, "id": "nope"}));
+    assert_eq!(error_code(&missing), -32001);
+
+    // The task changes: its config's URL gets the new status, with the client's token and
+    // credentials.
+    let canceled = v1(port, "CancelTask", json!({"id": id}));
+    assert_eq!(canceled["result"]["status"]["state"], "TASK_STATE_CANCELED", "{canceled}");
+    let notification = loop {
+        let request = received.recv_timeout(READ_DEADLINE).expect("a push notification");
+        if request.json()["statusUpdate"]["status"]["state"] == "TASK_STATE_CANCELED" {
+            break request;
+        }
+    };
+    let update = &notification.json()["statusUpdate"];
+    assert_eq!(update["taskId"], id.as_str());
+    assert_eq!(update["contextId"], task["contextId"]);
+    assert_eq!(notification.header("x-a2a-notification-token"), Some("tok-123"));
+    assert_eq!(notification.header("authorization"), Some("Bearer cred-xyz"));
+    // The deleted config got no delivery of it.
+    let (_, deliveries) = home.http("GET", "/webhooks/deliveries", None, &[]);
+    let owners: Vec<&str> =
+        deliveries["deliveries"].as_array().unwrap().iter().filter_map(|d| d["webhook_id"].as_str()).collect();
+    assert!(owners.iter().all(|owner| !owner.ends_with(":cfg-2")), "{deliveries}");
+    assert!(owners.iter().any(|owner| owner.ends_with(":cfg-1")), "{deliveries}");
+    // The log knows the configs, not their secrets.
+    let events = home.ok(&["events", "--json"]);
+    assert!(events.contains("push_config_set"), "{events}");
+    assert!(!events.contains("tok-123") && !events.contains("cred-xyz") && !events.contains("tok-2"), "{events}");
+}
+
+/// Issue 15: a config given with the message (`configuration.taskPushNotificationConfig`)
+/// gets the task's changes; a delivery the receiver refuses (503) is retried, and after a
+/// broker restart the outbox, rebuilt from the log, delivers it.
+#[test]
+fn a_push_notification_set_with_the_message_is_retried_across_a_broker_restart() {
+    let home = Home::new();
+    let started = home.cmd(&["broker", "start"]).env("SYNAPSE_WEBHOOK_RETRY_BASE_MS", "20").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let agent = Scenario::start(&home);
+    let answer = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(503));
+    let (receiver_port, received) = receiver(answer.clone());
+    let url = format!("http://127.0.0.1:{receiver_port}/notify");
+    let sent = v1(
+        agent.port,
+        "SendMessage",
+        json!({"message": text_message("I need input"),
+               "configuration": {"taskPushNotificationConfig": {"url": url, "token": "tok-msg"}}}),
+    );
+    let task = &sent["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{sent}");
+    let id = task["id"].as_str().unwrap();
+    let listed = v1(agent.port, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
+    assert_eq!(listed["result"]["configs"].as_array().map(Vec::len), Some(1), "{listed}");
+    let mut follow_up = text_message("use the blue one");
+    follow_up["taskId"] = json!(id);
+    let done = v1(agent.port, "SendMessage", json!({"message": follow_up}));
+    assert_eq!(done["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
+    // Refused: the outbox retries.
+    let refused = received.recv_timeout(READ_DEADLINE).expect("a first attempt");
+    assert_eq!((refused.answered, refused.header("x-a2a-notification-token")), (503, Some("tok-msg")));
+
+    let stopped = home.cmd(&["broker", "stop"]).output().unwrap();
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    answer.store(200, std::sync::atomic::Ordering::SeqCst);
+    let restarted = home.cmd(&["broker", "start"]).env("SYNAPSE_WEBHOOK_RETRY_BASE_MS", "20").output().unwrap();
+    assert!(restarted.status.success(), "{}", describe(&restarted));
+    let completed = loop {
+        let request = received.recv_timeout(READ_DEADLINE).expect("the completion, delivered after the restart");
+        if request.answered == 200 && request.json()["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED" {
+            break request;
+        }
+    };
+    assert_eq!(completed.json()["statusUpdate"]["taskId"], id);
 }

@@ -11,6 +11,7 @@ any failed check raises, so the exit status is non-zero.
 """
 
 import asyncio
+import json
 import sys
 import uuid
 
@@ -226,6 +227,62 @@ async def scenario_agent(http: httpx.AsyncClient, base_url: str) -> None:
     check(events[0].HasField("task") and events[0].task.id == asked.id, "multi-turn: the follow-up's stream is the task's")
     check(events[0].task.status.state == pb.TASK_STATE_WORKING, "multi-turn: the follow-up takes the task back to work")
     check(events[-1].status_update.status.state == pb.TASK_STATE_COMPLETED, "multi-turn: the follow-up's stream ends completed")
+
+    # Push notifications: a config set with the SDK, and the task's change posted to a local
+    # receiver with the config's token.
+    check(card.capabilities.push_notifications, "push: the card announces push notifications")
+    received: asyncio.Queue = asyncio.Queue()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        headers = {
+            line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip()
+            for line in head.split("\r\n")[1:]
+            if ":" in line
+        }
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        await received.put((headers, json.loads(body)))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    receiver_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/a2a-notify"
+    events = await collect(
+        blocking.send_message(
+            pb.SendMessageRequest(
+                message=message("wait for me"), configuration=pb.SendMessageConfiguration(return_immediately=True)
+            )
+        )
+    )
+    waiting = events[-1].task
+    created = await blocking.create_task_push_notification_config(
+        pb.TaskPushNotificationConfig(task_id=waiting.id, id="sdk-1", url=receiver_url, token="sdk-token")
+    )
+    check(created.id == "sdk-1" and created.url == receiver_url, "push: CreateTaskPushNotificationConfig")
+    got = await blocking.get_task_push_notification_config(
+        pb.GetTaskPushNotificationConfigRequest(task_id=waiting.id, id="sdk-1")
+    )
+    check(got.url == receiver_url, "push: GetTaskPushNotificationConfig")
+    listed = await blocking.list_task_push_notification_configs(
+        pb.ListTaskPushNotificationConfigsRequest(task_id=waiting.id)
+    )
+    check([config.id for config in listed.configs] == ["sdk-1"], "push: ListTaskPushNotificationConfigs")
+    await blocking.cancel_task(pb.CancelTaskRequest(id=waiting.id))
+    while True:
+        headers, body = await asyncio.wait_for(received.get(), 60)
+        if body.get("statusUpdate", {}).get("status", {}).get("state") == "TASK_STATE_CANCELED":
+            break
+    check(body["statusUpdate"]["taskId"] == waiting.id, "push: the receiver got the task's cancellation")
+    check(headers.get("x-a2a-notification-token") == "sdk-token", "push: with the config's token")
+    await blocking.delete_task_push_notification_config(
+        pb.DeleteTaskPushNotificationConfigRequest(task_id=waiting.id, id="sdk-1")
+    )
+    listed = await blocking.list_task_push_notification_configs(
+        pb.ListTaskPushNotificationConfigsRequest(task_id=waiting.id)
+    )
+    check(len(listed.configs) == 0, "push: DeleteTaskPushNotificationConfig")
+    server.close()
 
     # The same agent through the A2A 0.3 client of the SDK (A2A-Version: 0.3, 0.3 shapes).
     legacy_card = pb.AgentCard()

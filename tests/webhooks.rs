@@ -5,67 +5,11 @@ mod common;
 
 use common::*;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
-
-/// One request the receiver got.
-struct Received {
-    headers: Vec<(String, String)>,
-    body: String,
-    answered: u16,
-}
-
-impl Received {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
-    }
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap()
-    }
-}
-
-/// A local HTTP server answering every request with the current `status`.
-fn receiver(status: Arc<AtomicU16>) -> (u16, Receiver<Received>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (sender, received) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            let mut headers = Vec::new();
-            let mut length = 0;
-            loop {
-                let mut header = String::new();
-                reader.read_line(&mut header).unwrap();
-                let header = header.trim_end();
-                if header.is_empty() {
-                    break;
-                }
-                let (key, value) = header.split_once(':').unwrap();
-                if key.eq_ignore_ascii_case("content-length") {
-                    length = value.trim().parse().unwrap();
-                }
-                headers.push((key.to_string(), value.trim().to_string()));
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            let answered = status.load(Ordering::SeqCst);
-            let _ = write!(stream, "HTTP/1.1 {answered} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-            let body = String::from_utf8(body).unwrap();
-            if sender.send(Received { headers, body, answered }).is_err() {
-                break;
-            }
-        }
-    });
-    (port, received)
-}
 
 fn next(received: &Receiver<Received>) -> Received {
     received.recv_timeout(Duration::from_secs(30)).expect("a webhook delivery")

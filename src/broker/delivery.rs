@@ -75,6 +75,20 @@ async fn post(state: &BrokerState, delivery: &Delivery, secret: Option<&SecretSo
         let signature = crate::secret::to_hex(&webhooks::hmac_sha256(secret.as_bytes(), delivery.body.as_bytes()));
         headers.push(("x-synapse-signature", format!("sha256={signature}")));
     }
+    // A push notification authenticates as its config says (A2A: the client's token, and the
+    // credentials under their scheme).
+    if let Some(push) = &delivery.push {
+        let read = |reference: &String| {
+            webhooks::read_secret(&state.paths.home, &SecretSource::File(reference.clone()))
+                .map(|text| text.trim_end_matches(['\r', '\n']).to_string())
+        };
+        if let Some(token) = &push.token_ref {
+            headers.push(("x-a2a-notification-token", read(token)?));
+        }
+        if let (Some(scheme), Some(credentials)) = (&push.scheme, &push.credentials_ref) {
+            headers.push(("authorization", format!("{scheme} {}", read(credentials)?)));
+        }
+    }
     let answer = outbound::request(
         &state.outbound_policy(),
         hyper::Method::POST,

@@ -46,6 +46,38 @@ pub enum WebhookCommand {
         url: String,
     },
     RecordAttempt(Attempt),
+    /// An A2A client's push notification config (its secrets already in files).
+    SetPushConfig(PushConfig),
+    DeletePushConfig {
+        task_id: String,
+        config_id: String,
+    },
+}
+
+/// A push notification config of an A2A client's task (`push_config_set`): every later status
+/// change of the task is posted to `url`, as a delivery of the outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PushConfig {
+    pub task_id: String,
+    pub config_id: String,
+    pub context_id: String,
+    pub url: String,
+    pub auth: PushAuth,
+}
+
+/// How a push delivery authenticates: references of files under [`SECRETS_DIR`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PushAuth {
+    /// Sent as `X-A2A-Notification-Token`.
+    pub token_ref: Option<String>,
+    /// With `credentials_ref`: sent as `Authorization: <scheme> <credentials>`.
+    pub scheme: Option<String>,
+    pub credentials_ref: Option<String>,
+}
+
+/// Is `id` a config id a client may choose (it names deliveries and appears in URLs)?
+pub fn is_valid_config_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -94,6 +126,29 @@ pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
             error: attempt.error.clone(),
             next_attempt_ms: attempt.next_attempt_ms,
         },
+        WebhookCommand::SetPushConfig(config) => {
+            parse_url(&config.url)
+                .map_err(|message| CommandError::bad(format!("Invalid push notification URL {message}")))?;
+            if !is_valid_config_id(&config.config_id) {
+                return Err(CommandError::bad(format!(
+                    "Invalid push notification config id '{}' (1-64 letters, digits, '-', '_' or '.')",
+                    config.config_id
+                ))
+                .into());
+            }
+            Event::PushConfigSet {
+                task_id: config.task_id.clone(),
+                config_id: config.config_id.clone(),
+                context_id: config.context_id.clone(),
+                url: config.url.clone(),
+                token_ref: config.auth.token_ref.clone(),
+                auth_scheme: config.auth.scheme.clone(),
+                credentials_ref: config.auth.credentials_ref.clone(),
+            }
+        }
+        WebhookCommand::DeletePushConfig { task_id, config_id } => {
+            Event::PushConfigDeleted { task_id: task_id.clone(), config_id: config_id.clone() }
+        }
     };
     Ok(Decision { actor: None, events: vec![event], answer: Answer::Appended })
 }
@@ -123,6 +178,9 @@ pub struct Delivery {
     pub next_attempt_ms: Option<u64>,
     #[serde(skip)]
     pub body: String,
+    /// A push notification's authentication (none for a webhook's delivery, which is signed).
+    #[serde(skip)]
+    pub push: Option<PushAuth>,
 }
 
 /// Where a hook's signing secret is.
@@ -174,6 +232,23 @@ pub struct Outbox {
     hooks: BTreeMap<String, Hook>,
     pending: BTreeMap<String, Delivery>,
     finished: VecDeque<Delivery>,
+    /// Push notification configs: task id, then config id.
+    push: BTreeMap<String, BTreeMap<String, PushConfig>>,
+}
+
+/// The `webhook_id` of a push config's deliveries (their attempts are recorded as a webhook's).
+fn push_delivery_owner(task_id: &str, config_id: &str) -> String {
+    format!("push:{task_id}:{config_id}")
+}
+
+/// A task's new status, for its push configs: the A2A 1.0 `StreamResponse` with a
+/// `statusUpdate` (the client reads the task itself for its artifacts).
+fn push_status(event: &Event) -> Option<(&str, TaskState, Option<&str>)> {
+    match event {
+        Event::TaskStateChanged { task_id, state, error, .. } => Some((task_id, *state, error.as_deref())),
+        Event::TaskCanceled { task_id, reason } => Some((task_id, TaskState::Canceled, reason.as_deref())),
+        _ => None,
+    }
 }
 
 fn task_event(event: &Event) -> Option<(&'static str, Value)> {
@@ -243,7 +318,71 @@ impl Outbox {
                     }
                 }
             }
+            Event::PushConfigSet { task_id, config_id, context_id, url, token_ref, auth_scheme, credentials_ref } => {
+                let config = PushConfig {
+                    task_id: task_id.clone(),
+                    config_id: config_id.clone(),
+                    context_id: context_id.clone(),
+                    url: url.clone(),
+                    auth: PushAuth {
+                        token_ref: token_ref.clone(),
+                        scheme: auth_scheme.clone(),
+                        credentials_ref: credentials_ref.clone(),
+                    },
+                };
+                self.push.entry(task_id.clone()).or_default().insert(config_id.clone(), config);
+            }
+            Event::PushConfigDeleted { task_id, config_id } => {
+                if let Some(configs) = self.push.get_mut(task_id) {
+                    configs.remove(config_id);
+                    if configs.is_empty() {
+                        self.push.remove(task_id);
+                    }
+                }
+                let owner = push_delivery_owner(task_id, config_id);
+                self.pending.retain(|_, delivery| delivery.webhook_id != owner);
+            }
             other => {
+                if let Some((task_id, state, reason)) = push_status(other)
+                    && let Some(configs) = self.push.get(task_id)
+                {
+                    for config in configs.values() {
+                        let mut status = json!({
+                            "state": state.a2a_name(),
+                            "timestamp": crate::time::rfc3339(envelope.time_ms),
+                        });
+                        if let Some(reason) = reason {
+                            status["message"] = json!({
+                                "messageId": format!("{task_id}-status-{}", envelope.seq),
+                                "role": "ROLE_AGENT",
+                                "parts": [{"text": reason}],
+                            });
+                        }
+                        let body = json!({"statusUpdate": {
+                            "taskId": task_id,
+                            "contextId": config.context_id,
+                            "status": status,
+                        }});
+                        let delivery_id =
+                            format!("{}-{}-{}", crate::event::short_id(task_id), config.config_id, envelope.seq);
+                        self.pending.insert(
+                            delivery_id.clone(),
+                            Delivery {
+                                delivery_id,
+                                webhook_id: push_delivery_owner(task_id, &config.config_id),
+                                url: config.url.clone(),
+                                event: "task.status".to_string(),
+                                state: "pending",
+                                attempts: 0,
+                                last_status: None,
+                                last_error: None,
+                                next_attempt_ms: Some(envelope.time_ms),
+                                body: body.to_string(),
+                                push: Some(config.auth.clone()),
+                            },
+                        );
+                    }
+                }
                 let Some((name, data)) = task_event(other) else { return };
                 for hook in self.hooks.values().filter(|hook| hook.events.iter().any(|e| e == name)) {
                     let delivery_id = format!("{}-{}", crate::event::short_id(&hook.webhook_id), envelope.seq);
@@ -266,11 +405,17 @@ impl Outbox {
                             last_error: None,
                             next_attempt_ms: Some(envelope.time_ms),
                             body: body.to_string(),
+                            push: None,
                         },
                     );
                 }
             }
         }
+    }
+
+    /// The push configs of a task, by config id.
+    pub fn push_configs(&self, task_id: &str) -> Vec<PushConfig> {
+        self.push.get(task_id).map(|configs| configs.values().cloned().collect()).unwrap_or_default()
     }
 
     pub fn hooks(&self) -> Vec<Hook> {
@@ -470,6 +615,7 @@ mod tests {
             last_error: None,
             next_attempt_ms: Some(0),
             body: "{}".into(),
+            push: None,
         };
         assert!(record(&delivery, Ok((404, None)), 0).next_attempt_ms.is_none());
         assert!(record(&delivery, Err("refused".into()), 0).next_attempt_ms.is_some());

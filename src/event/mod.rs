@@ -22,8 +22,9 @@ pub use types::*;
 /// tasks without their text, so it must refuse the log. Version 4: `idempotency_keys_expired`
 /// and `reply_posted.idempotency_key`, which an older build does not know. Version 5:
 /// `task_continued` and `ticket_issued.turn` (an older build would write a follow-up's ticket
-/// with the task's first message).
-pub const SCHEMA_VERSION: u32 = 5;
+/// with the task's first message). Version 6: `push_config_set` and `push_config_deleted` (an
+/// older build would lose an A2A client's push notifications).
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// Texts longer than this (bytes) are stored once per send and once per reply: the
 /// `message_sent` / `reply_posted` event carries the text, and the tasks refer to it
@@ -367,6 +368,27 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         idempotency_key: Option<String>,
     },
+    /// An A2A client asked for the task's updates at `url` (a push notification config). Its
+    /// token and credentials never enter the log: they are files under
+    /// `$SYNAPSE_HOME/webhook-secrets/`, and the event holds their references.
+    PushConfigSet {
+        /// The client's task.
+        task_id: String,
+        config_id: String,
+        context_id: String,
+        url: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token_ref: Option<String>,
+        /// The `Authorization` scheme (`Bearer`, `Basic`, ...) of the credentials.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auth_scheme: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        credentials_ref: Option<String>,
+    },
+    PushConfigDeleted {
+        task_id: String,
+        config_id: String,
+    },
 }
 
 fn is_zero(number: &u32) -> bool {
@@ -401,6 +423,8 @@ impl Event {
             Event::InboxExpired { .. } => "inbox_expired",
             Event::IdempotencyKeysExpired { .. } => "idempotency_keys_expired",
             Event::TaskContinued { .. } => "task_continued",
+            Event::PushConfigSet { .. } => "push_config_set",
+            Event::PushConfigDeleted { .. } => "push_config_deleted",
         }
     }
 
@@ -505,6 +529,12 @@ impl Event {
             }
             Event::TaskContinued { task_id, from, to, text, .. } => {
                 format!("{} -> {to} follow-up on task {}: {}", anon(from), short_id(task_id), preview(text, 60))
+            }
+            Event::PushConfigSet { task_id, config_id, url, .. } => {
+                format!("push notifications of task {} to {url} (config {config_id})", short_id(task_id))
+            }
+            Event::PushConfigDeleted { task_id, config_id } => {
+                format!("push config {config_id} of task {} deleted", short_id(task_id))
             }
         }
     }

@@ -95,7 +95,7 @@ fn without_nulls(value: Value) -> Value {
 }
 
 /// Number of variants of [`Event`]; [`variant_number`] names each one.
-const VARIANT_COUNT: usize = 24;
+const VARIANT_COUNT: usize = 26;
 
 /// Position of the event's variant in the enum. Exhaustive on purpose: a new variant does not
 /// compile until it is numbered here, and `samples_cover_every_variant_in_enum_order` then fails
@@ -126,6 +126,8 @@ fn variant_number(event: &Event) -> usize {
         Event::InboxExpired { .. } => 21,
         Event::IdempotencyKeysExpired { .. } => 22,
         Event::TaskContinued { .. } => 23,
+        Event::PushConfigSet { .. } => 24,
+        Event::PushConfigDeleted { .. } => 25,
     }
 }
 
@@ -280,6 +282,16 @@ fn samples() -> Vec<Event> {
             message_id: Some("msg-0a6f2c8e-2".into()),
             idempotency_key: Some("a2a:synapse-codex-8120:msg-0a6f2c8e-2".into()),
         },
+        Event::PushConfigSet {
+            task_id: sender_task(),
+            config_id: "cfg-1".into(),
+            context_id: "ctx-7".into(),
+            url: "http://127.0.0.1:9000/a2a-notifications".into(),
+            token_ref: Some("7d1f0c2a-9b3e-4c55-8e0f-2f4b6a1d9c30".into()),
+            auth_scheme: Some("Bearer".into()),
+            credentials_ref: Some("c2b8e4d1-5a6f-4b7c-9d0e-1f2a3b4c5d6e".into()),
+        },
+        Event::PushConfigDeleted { task_id: sender_task(), config_id: "cfg-1".into() },
     ]
 }
 

@@ -69,6 +69,19 @@ impl TaskState {
         matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Canceled)
     }
 
+    /// The state as A2A 1.0 spells it (`TASK_STATE_COMPLETED`), in its bindings and in the
+    /// push notifications the broker sends.
+    pub fn a2a_name(self) -> &'static str {
+        match self {
+            TaskState::Submitted => "TASK_STATE_SUBMITTED",
+            TaskState::Working => "TASK_STATE_WORKING",
+            TaskState::InputRequired => "TASK_STATE_INPUT_REQUIRED",
+            TaskState::Completed => "TASK_STATE_COMPLETED",
+            TaskState::Failed => "TASK_STATE_FAILED",
+            TaskState::Canceled => "TASK_STATE_CANCELED",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             TaskState::Submitted => "submitted",

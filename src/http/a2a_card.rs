@@ -74,7 +74,7 @@ pub fn card_json(record: &crate::store::AgentRecord, url: &str, auth: bool) -> V
         ],
         "version": crate::broker::VERSION,
         // With authentication on, an authenticated client may read more (GetExtendedAgentCard).
-        "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": auth},
+        "capabilities": {"streaming": true, "pushNotifications": true, "extendedAgentCard": auth},
         "defaultInputModes": ["text/plain"],
         "defaultOutputModes": ["text/plain"],
         "skills": [
@@ -173,7 +173,7 @@ pub async fn synapse_card(
         "url": format!("http://127.0.0.1:{}", record.port),
         "version": crate::broker::VERSION,
         // It streams (message/stream, SubscribeToTask): the card says so.
-        "capabilities": {"streaming": true, "pushNotifications": false},
+        "capabilities": {"streaming": true, "pushNotifications": true},
         "defaultInputModes": ["text"],
         "defaultOutputModes": ["text"],
         "skills": [

@@ -832,6 +832,8 @@ impl<'txn> Projections<'txn> {
             | Event::WebhookRegistered { .. }
             | Event::WebhookRemoved { .. }
             | Event::WebhookDeliveryAttempted { .. }
+            | Event::PushConfigSet { .. }
+            | Event::PushConfigDeleted { .. }
             | Event::ExternalAgentAdded { .. }
             | Event::ExternalAgentRemoved { .. } => {}
         }

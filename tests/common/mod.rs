@@ -302,3 +302,60 @@ pub fn output_within(child: std::process::Child, deadline: std::time::Duration, 
         }
     }
 }
+
+// ---- a local HTTP receiver (webhooks, A2A push notifications) ----
+
+/// One request the receiver got.
+pub struct Received {
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    pub answered: u16,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+}
+
+/// A local HTTP server answering every request with the current `status`.
+pub fn receiver(status: std::sync::Arc<std::sync::atomic::AtomicU16>) -> (u16, std::sync::mpsc::Receiver<Received>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sender, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let mut headers = Vec::new();
+            let mut length = 0;
+            loop {
+                let mut header = String::new();
+                reader.read_line(&mut header).unwrap();
+                let header = header.trim_end();
+                if header.is_empty() {
+                    break;
+                }
+                let (key, value) = header.split_once(':').unwrap();
+                if key.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+                headers.push((key.to_string(), value.trim().to_string()));
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let answered = status.load(std::sync::atomic::Ordering::SeqCst);
+            let _ = write!(stream, "HTTP/1.1 {answered} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let body = String::from_utf8(body).unwrap();
+            if sender.send(Received { headers, body, answered }).is_err() {
+                break;
+            }
+        }
+    });
+    (port, received)
+}

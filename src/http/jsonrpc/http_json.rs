@@ -13,8 +13,8 @@
 use super::methods::{cancel_task, get_task, list_tasks, parse_send, send, submit_send};
 use super::stream::{stream_task, task_snapshot};
 use super::{
-    INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, PUSH_NOT_SUPPORTED, RpcError,
-    VERSION_NOT_SUPPORTED, Version, agent_id_of, status_body, status_of, version_of,
+    INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RpcError, VERSION_NOT_SUPPORTED, Version,
+    agent_id_of, status_body, status_of, version_of,
 };
 use crate::http::AppState;
 use crate::http::extract::{FixedAgent, Scope};
@@ -36,8 +36,8 @@ pub fn routes() -> Router<AppState> {
         .route("/message:stream", post(message_stream))
         .route("/tasks", get(tasks_list))
         .route("/tasks/{task}", get(task_get_or_subscribe).post(task_action))
-        .route("/tasks/{task}/pushNotificationConfigs", get(push_configs).post(push_configs))
-        .route("/tasks/{task}/pushNotificationConfigs/{config}", get(push_configs).delete(push_configs))
+        .route("/tasks/{task}/pushNotificationConfigs", get(push_list).post(push_create))
+        .route("/tasks/{task}/pushNotificationConfigs/{config}", get(push_get).delete(push_delete))
         .route("/extendedAgentCard", get(extended_card))
         .fallback(unknown)
 }
@@ -129,7 +129,7 @@ async fn message_stream(
     let submitted = async {
         check_version(&headers)?;
         let request = parse_send(&state, &agent, Version::V10, &json_body(body)?)?;
-        submit_send(&state, &agent, &request).await
+        submit_send(&state, &agent, Version::V10, &request).await
     }
     .await;
     match submitted {
@@ -226,9 +226,89 @@ fn not_a_method(method: &Method, action: &str) -> RpcError {
     RpcError::new(METHOD_NOT_FOUND, format!("{method} /v1/tasks/{{id}}:{action} is not a method of A2A 1.0"))
 }
 
-/// The push-notification config routes: this agent sends none (the card says so).
-async fn push_configs() -> Response {
-    error_response(&RpcError::new(PUSH_NOT_SUPPORTED, "push notifications are not supported by this agent"))
+/// The params of a push config route: the task (and config) of its path, over `extra`.
+fn push_params(
+    state: &AppState,
+    agent: String,
+    path: &std::collections::HashMap<String, String>,
+    headers: &HeaderMap,
+    mut extra: Map<String, Value>,
+) -> Result<(String, Value), RpcError> {
+    let (task, agent) = task_route(state, agent, path, headers)?;
+    extra.insert("taskId".into(), Value::String(task));
+    if let Some(config) = path.get("config") {
+        extra.insert("id".into(), Value::String(config.clone()));
+    }
+    Ok((agent, Value::Object(extra)))
+}
+
+/// `POST /v1/tasks/{id}/pushNotificationConfigs`: `CreateTaskPushNotificationConfig`.
+async fn push_create(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    Path(path): Path<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(
+        async {
+            let Value::Object(body) = json_body(body)? else {
+                return Err(RpcError::new(INVALID_REQUEST, "the body must be a JSON object"));
+            };
+            // The path names the task; a body's own `taskId` may not name another.
+            if let Some(Value::String(named)) = body.get("taskId")
+                && path.get("task").is_some_and(|task| task != named)
+            {
+                return Err(RpcError::params("the body's 'taskId' is not the task of the path"));
+            }
+            let (agent, params) = push_params(&state, agent, &path, &headers, body)?;
+            super::push::create(&state, &agent, Version::V10, &params).await
+        }
+        .await,
+    )
+}
+
+/// `GET /v1/tasks/{id}/pushNotificationConfigs`: `ListTaskPushNotificationConfigs`.
+async fn push_list(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    Path(path): Path<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        push_params(&state, agent, &path, &headers, Map::new())
+            .and_then(|(agent, params)| super::push::list(&state, &agent, Version::V10, &params)),
+    )
+}
+
+/// `GET /v1/tasks/{id}/pushNotificationConfigs/{configId}`: `GetTaskPushNotificationConfig`.
+async fn push_get(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    Path(path): Path<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        push_params(&state, agent, &path, &headers, Map::new())
+            .and_then(|(agent, params)| super::push::get(&state, &agent, Version::V10, &params)),
+    )
+}
+
+/// `DELETE /v1/tasks/{id}/pushNotificationConfigs/{configId}`: answers `{}` (an empty message).
+async fn push_delete(
+    State(state): State<AppState>,
+    Scope(agent): Scope,
+    Path(path): Path<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        async {
+            let (agent, params) = push_params(&state, agent, &path, &headers, Map::new())?;
+            super::push::delete(&state, &agent, Version::V10, &params).await?;
+            Ok(json!({}))
+        }
+        .await,
+    )
 }
 
 /// `GET /v1/extendedAgentCard`.

@@ -58,6 +58,9 @@ pub(super) struct SendParams {
     task_id: Option<String>,
     blocking: bool,
     history_length: Option<usize>,
+    /// `configuration.taskPushNotificationConfig` (0.3: `pushNotificationConfig`): set on the
+    /// task before the send answers.
+    push: Option<super::push::ConfigRequest>,
 }
 
 pub(super) fn parse_send(
@@ -107,10 +110,14 @@ pub(super) fn parse_send(
     if !configuration.is_object() {
         return Err(RpcError::params("'configuration' must be an object"));
     }
-    let push = ["taskPushNotificationConfig", "pushNotificationConfig"];
-    if push.iter().any(|name| configuration.get(*name).is_some_and(|v| !v.is_null())) {
-        return Err(RpcError::new(PUSH_NOT_SUPPORTED, "push notifications are not supported by this agent"));
-    }
+    let push_name = match version {
+        Version::V10 => "taskPushNotificationConfig",
+        Version::V03 => "pushNotificationConfig",
+    };
+    let push = match configuration.get(push_name).filter(|config| !config.is_null()) {
+        Some(config) => Some(super::push::parse_config(version, config)?),
+        None => None,
+    };
     let blocking = match version {
         Version::V10 => !bool_param(&configuration, "returnImmediately")?.unwrap_or(false),
         Version::V03 => bool_param(&configuration, "blocking")?.unwrap_or(true),
@@ -122,6 +129,7 @@ pub(super) fn parse_send(
         task_id,
         blocking,
         history_length: count_param(&configuration, "historyLength")?,
+        push,
     })
 }
 
@@ -131,8 +139,13 @@ pub(super) fn parse_send(
 pub(super) async fn submit_send(
     state: &AppState,
     agent: &str,
+    version: Version,
     request: &SendParams,
 ) -> Result<(TaskRecord, u64), RpcError> {
+    // A push config the URL rules refuse refuses the message before anything is sent.
+    if let Some(push) = &request.push {
+        super::push::check_url(state, push.url()).await?;
+    }
     // Anonymous senders share one key space: the key names the agent and the A2A binding.
     let idempotency_key = request.message_id.as_ref().map(|id| format!("a2a:{agent}:{id}"));
     let command = match &request.task_id {
@@ -157,13 +170,18 @@ pub(super) async fn submit_send(
         }
         (_, error) => error.into(),
     })?;
-    match outcome {
+    let (task, seq) = match outcome {
         Outcome::Sent(sent) => match sent.sender_task {
-            Some(task) => Ok((task, sent.seq)),
-            None => Err(RpcError::new(INTERNAL_ERROR, "the send created no task to follow")),
+            Some(task) => (task, sent.seq),
+            None => return Err(RpcError::new(INTERNAL_ERROR, "the send created no task to follow")),
         },
-        _ => Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a send")),
+        _ => return Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a send")),
+    };
+    // The push config is set before the client hears of the task: its next changes are posted.
+    if let Some(push) = &request.push {
+        super::push::set_config(state, version, &task, push.clone()).await?;
     }
+    Ok((task, seq))
 }
 
 fn new_send(agent: &str, request: &SendParams, idempotency_key: Option<String>) -> SendRequest {
@@ -185,7 +203,7 @@ fn new_send(agent: &str, request: &SendParams, idempotency_key: Option<String>) 
 
 pub(super) async fn send(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
     let request = parse_send(state, agent, version, params)?;
-    let (mut task, _) = submit_send(state, agent, &request).await?;
+    let (mut task, _) = submit_send(state, agent, version, &request).await?;
     if request.blocking {
         task = wait_until_done(state, agent, &task.id).await?;
     }

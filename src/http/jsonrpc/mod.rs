@@ -18,6 +18,7 @@
 
 pub mod http_json;
 mod methods;
+mod push;
 mod shapes;
 mod stream;
 
@@ -262,7 +263,10 @@ enum Method {
     List,
     Cancel,
     Subscribe,
-    PushConfig,
+    PushCreate,
+    PushGet,
+    PushList,
+    PushDelete,
     ExtendedCard,
 }
 
@@ -274,20 +278,18 @@ fn method_of(version: Version, name: &str) -> Option<Method> {
         (Version::V10, "ListTasks") | (Version::V03, "tasks/list") => Method::List,
         (Version::V10, "CancelTask") | (Version::V03, "tasks/cancel") => Method::Cancel,
         (Version::V10, "SubscribeToTask") | (Version::V03, "tasks/resubscribe") => Method::Subscribe,
-        (
-            Version::V10,
-            "CreateTaskPushNotificationConfig"
-            | "GetTaskPushNotificationConfig"
-            | "ListTaskPushNotificationConfigs"
-            | "DeleteTaskPushNotificationConfig",
-        )
-        | (
-            Version::V03,
-            "tasks/pushNotificationConfig/set"
-            | "tasks/pushNotificationConfig/get"
-            | "tasks/pushNotificationConfig/list"
-            | "tasks/pushNotificationConfig/delete",
-        ) => Method::PushConfig,
+        (Version::V10, "CreateTaskPushNotificationConfig") | (Version::V03, "tasks/pushNotificationConfig/set") => {
+            Method::PushCreate
+        }
+        (Version::V10, "GetTaskPushNotificationConfig") | (Version::V03, "tasks/pushNotificationConfig/get") => {
+            Method::PushGet
+        }
+        (Version::V10, "ListTaskPushNotificationConfigs") | (Version::V03, "tasks/pushNotificationConfig/list") => {
+            Method::PushList
+        }
+        (Version::V10, "DeleteTaskPushNotificationConfig") | (Version::V03, "tasks/pushNotificationConfig/delete") => {
+            Method::PushDelete
+        }
         (Version::V10, "GetExtendedAgentCard") | (Version::V03, "agent/getAuthenticatedExtendedCard") => {
             Method::ExtendedCard
         }
@@ -342,9 +344,10 @@ pub async fn handle(
         Method::Cancel => cancel_task(&state, &agent, caller.actor(), version, &call.params).await,
         Method::Stream => return stream_send(state, agent, version, call, served_by).await,
         Method::Subscribe => return subscribe_task(state, agent, version, call, served_by),
-        Method::PushConfig => {
-            Err(RpcError::new(PUSH_NOT_SUPPORTED, "push notifications are not supported by this agent"))
-        }
+        Method::PushCreate => push::create(&state, &agent, version, &call.params).await,
+        Method::PushGet => push::get(&state, &agent, version, &call.params),
+        Method::PushList => push::list(&state, &agent, version, &call.params),
+        Method::PushDelete => push::delete(&state, &agent, version, &call.params).await,
         Method::ExtendedCard => extended_card(&state, &agent, served_by.is_some()),
     };
     match result {

@@ -8,14 +8,7 @@ use super::*;
 
 pub fn state_name(version: Version, state: TaskState) -> &'static str {
     match version {
-        Version::V10 => match state {
-            TaskState::Submitted => "TASK_STATE_SUBMITTED",
-            TaskState::Working => "TASK_STATE_WORKING",
-            TaskState::InputRequired => "TASK_STATE_INPUT_REQUIRED",
-            TaskState::Completed => "TASK_STATE_COMPLETED",
-            TaskState::Failed => "TASK_STATE_FAILED",
-            TaskState::Canceled => "TASK_STATE_CANCELED",
-        },
+        Version::V10 => state.a2a_name(),
         Version::V03 => match state {
             TaskState::Submitted => "submitted",
             TaskState::Working => "working",

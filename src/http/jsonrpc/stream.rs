@@ -80,7 +80,7 @@ pub(super) async fn stream_send(
         Ok(request) => request,
         Err(error) => return Json(error_response(&call.id, &error)).into_response(),
     };
-    match submit_send(&state, &agent, &request).await {
+    match submit_send(&state, &agent, version, &request).await {
         Ok((task, seq)) => stream_task(state, version, Some(call.id), task, seq, true, served_by),
         Err(error) => Json(error_response(&call.id, &error)).into_response(),
     }
