@@ -29,7 +29,11 @@ fn python() -> PathBuf {
     let venv = root.join("bin/python");
     let has_client = |python: &PathBuf| {
         std::process::Command::new(python)
-            .args(["-c", "import importlib.metadata as m, sys; sys.exit(m.version('a2a-sdk') != '1.3.0')"])
+            .args([
+                "-c",
+                "import importlib.metadata as m, sys; \
+                 sys.exit(m.version('a2a-sdk') != '1.3.0' or m.version('synapse-a2a') != '0.35.0')",
+            ])
             .status()
             .is_ok_and(|status| status.success())
     };
@@ -37,14 +41,14 @@ fn python() -> PathBuf {
         // First run on this machine: make the environment (what .ci/run does), from PyPI.
         let made = std::process::Command::new("python3").arg("-m").arg("venv").arg(&root).status();
         let installed = std::process::Command::new(root.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check", "a2a-sdk==1.3.0"])
+            .args(["install", "--quiet", "--disable-pip-version-check", "a2a-sdk==1.3.0", "synapse-a2a==0.35.0"])
             .status();
         assert!(
             made.is_ok_and(|status| status.success())
                 && installed.is_ok_and(|status| status.success())
                 && has_client(&venv),
-            "the A2A interoperability test needs the official client a2a-sdk 1.3.0 in {} and could not install it.\n\
-             Create it with:\n  python3 -m venv target/a2a-venv && target/a2a-venv/bin/pip install 'a2a-sdk==1.3.0'\n\
+            "the A2A interoperability tests need the official client a2a-sdk 1.3.0 and synapse-a2a 0.35.0 in {} and could not install them.\n\
+             Create it with:\n  python3 -m venv target/a2a-venv && target/a2a-venv/bin/pip install 'a2a-sdk==1.3.0' 'synapse-a2a==0.35.0'\n\
              or point SYNAPSE_A2A_PYTHON at an interpreter that has it.",
             root.display()
         );
@@ -100,6 +104,42 @@ fn the_official_a2a_python_client_talks_to_a_dummy_agent_and_to_the_scenario_age
     assert!(
         output.status.success() && stdout.contains("A2A INTEROP OK"),
         "a2a_interop.py failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Issue 15, mixed teams: the Python Synapse 0.35's own client sends to a Synapse agent
+/// (anonymous, as its `synapse send` does outside an agent): `response_mode` wait, notify and
+/// silent are honoured, priority 5 arrives, and `--wait` sees the reply because the agent's
+/// `GET /tasks/{id}` has `status` at the top level, where that client reads it.
+#[test]
+fn the_python_synapse_client_sends_and_waits_for_a_reply_from_a_synapse_agent() {
+    let python = python();
+    let home = Home::new();
+    let output =
+        home.cmd(&["start", "dummy", "--name", "bob", "--json"]).env("SYNAPSE_DUMMY_AUTO_REPLY", "1").output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let dummy: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _dummy = Stopped(&home, dummy["agent_id"].as_str().unwrap().to_string());
+    // The package keeps its registry and settings under ~/.a2a: a home of the test's own.
+    let python_home = home.dir.path().join("python-home");
+    std::fs::create_dir_all(&python_home).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python_synapse.py");
+    let child = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{}", dummy["port"]))
+        .env("HOME", &python_home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("cannot run {}: {error}", python.display()));
+    let output = output_within(child, SCRIPT_DEADLINE, "the Python Synapse script");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("PYTHON SYNAPSE OK"),
+        "python_synapse.py failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
         output.status.code(),
         String::from_utf8_lossy(&output.stderr)
     );

@@ -206,6 +206,16 @@ pub struct TaskAnswer {
     pub task: Task,
 }
 
+/// `GET /tasks/{id}` of an agent's own endpoints: the task under `task`, as every Synapse
+/// answer has it, and its fields at the top level too, where the Python Synapse 0.35 client
+/// reads them (`status` above all: its `--wait` polls it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentTaskAnswer {
+    pub task: Task,
+    #[serde(flatten)]
+    pub top_level: Task,
+}
+
 /// `GET /agents/{agent}/tasks`: the agent's tasks, oldest first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskList {

@@ -56,6 +56,10 @@ fn send_and_reply_answers_round_trip() {
 #[test]
 fn task_answers_round_trip() {
     round_trips::<TaskAnswer>(json!({"task": task_example("t-1", "canceled")}));
+    // An agent's GET /tasks/{id}: the task nested and at the top level (the Python 0.35 client).
+    let mut both = task_example("t-1", "completed");
+    both["task"] = task_example("t-1", "completed");
+    round_trips::<AgentTaskAnswer>(both);
     round_trips::<TaskWait>(json!({"task": task_example("t-1", "completed"), "reply": "done", "timed_out": false}));
     round_trips::<TaskWait>(json!({"task": task_example("t-1", "working"), "reply": null, "timed_out": true}));
     round_trips::<TaskList>(json!({"tasks": [task_example("t-1", "working"), task_example("t-2", "completed")]}));

@@ -55,6 +55,10 @@ struct A2aMetadata {
     sender: Option<A2aSender>,
     #[serde(default)]
     response_expected: Option<bool>,
+    /// The Python Synapse's way to ask for a reply: `wait` or `notify` expect one, `silent`
+    /// does not (`response_expected`, when given too, decides).
+    #[serde(default)]
+    response_mode: Option<String>,
     #[serde(default)]
     in_reply_to: Option<String>,
     #[serde(default)]
@@ -135,7 +139,16 @@ async fn a2a_send(
         from,
         text,
         priority,
-        response_expected: metadata.response_expected.unwrap_or(false),
+        response_expected: match (metadata.response_expected, metadata.response_mode.as_deref()) {
+            (Some(expected), _) => expected,
+            (None, None | Some("silent")) => false,
+            (None, Some("wait" | "notify")) => true,
+            (None, Some(other)) => {
+                return Err(ApiError::bad(format!(
+                    "metadata.response_mode must be wait, notify or silent (got '{other}')"
+                )));
+            }
+        },
         reply_to: metadata.in_reply_to,
         sender_task_id: metadata.sender_task_id,
         context_id: body.context_id,
@@ -203,7 +216,8 @@ pub async fn agent_task(
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult {
     let id = params.get("id").cloned().unwrap_or_default();
-    answer(&wire::task_answer(&find_agent_task(&state, &agent, &id)?))
+    let task = wire::task(&find_agent_task(&state, &agent, &id)?);
+    answer(&api::AgentTaskAnswer { top_level: task.clone(), task })
 }
 
 pub async fn tasks_cancel(
