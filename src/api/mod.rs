@@ -17,6 +17,7 @@ mod history;
 mod tasks;
 #[cfg(test)]
 mod tests;
+mod webhooks;
 
 pub use agents::*;
 pub use broker::*;
@@ -24,6 +25,7 @@ pub use externals::*;
 pub use file_safety::*;
 pub use history::*;
 pub use tasks::*;
+pub use webhooks::*;
 
 use serde::{Deserialize, Serialize};
 

@@ -24,15 +24,9 @@ pub struct ApiError {
 /// What a handler answers: JSON, or an [`ApiError`].
 pub type ApiResult<T = Answer> = Result<T, ApiError>;
 
-/// A JSON answer, serialized once: straight from a typed value of the [`crate::api`] contract
-/// ([`answer`]), or from a `serde_json::Value` ([`Answer::json`]).
+/// A JSON answer, serialized once, straight from a typed value of the [`crate::api`] contract
+/// ([`answer`]).
 pub struct Answer(Response);
-
-impl Answer {
-    pub fn json(value: Value) -> Answer {
-        Answer(Json(value).into_response())
-    }
-}
 
 impl IntoResponse for Answer {
     fn into_response(self) -> Response {

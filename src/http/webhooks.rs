@@ -1,8 +1,9 @@
 //! `/webhooks`: register, list, remove, and the deliveries (SPEC §6).
 
-use super::error::Answer;
+use super::error::answer;
 use super::extract::{parse_body, parse_query};
 use super::{ApiError, ApiResult, AppState};
+use crate::api;
 use crate::broker::command::{Command, Outcome};
 use crate::broker::webhooks::WebhookCommand;
 use axum::body::Bytes;
@@ -10,7 +11,6 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::routing::get;
 use serde::Deserialize;
-use serde_json::json;
 
 pub fn routes() -> axum::Router<AppState> {
     axum::Router::new()
@@ -65,12 +65,12 @@ async fn register(
         None => None,
     };
     appended(&state, WebhookCommand::Register { url: url.clone(), events: body.events, secret_ref }).await?;
-    let hook = state.webhooks.lock().hook(&url).cloned();
-    Ok(Answer::json(json!({"webhook": hook})))
+    let webhook = state.webhooks.lock().hook(&url).map(webhook_view);
+    answer(&api::WebhookAnswer { webhook })
 }
 
 async fn list(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
-    Ok(Answer::json(json!({"webhooks": state.webhooks.lock().hooks()})))
+    answer(&api::WebhookList { webhooks: state.webhooks.lock().hooks().iter().map(webhook_view).collect() })
 }
 
 #[derive(Deserialize)]
@@ -86,9 +86,34 @@ async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, ur
         return Err(ApiError::not_found(format!("No webhook registered for {url}")));
     }
     appended(&state, WebhookCommand::Remove { url: url.clone() }).await?;
-    Ok(Answer::json(json!({"removed": url})))
+    answer(&api::Removed { removed: url })
 }
 
 async fn deliveries(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
-    Ok(Answer::json(json!({"deliveries": state.webhooks.lock().deliveries()})))
+    let deliveries = state.webhooks.lock().deliveries().iter().map(delivery_view).collect();
+    answer(&api::WebhookDeliveries { deliveries })
+}
+
+fn webhook_view(hook: &crate::broker::webhooks::Hook) -> api::Webhook {
+    api::Webhook {
+        webhook_id: hook.webhook_id.clone(),
+        url: hook.url.clone(),
+        events: hook.events.clone(),
+        has_secret: hook.has_secret,
+        registered_seq: hook.registered_seq,
+    }
+}
+
+fn delivery_view(delivery: &crate::broker::webhooks::Delivery) -> api::WebhookDelivery {
+    api::WebhookDelivery {
+        delivery_id: delivery.delivery_id.clone(),
+        webhook_id: delivery.webhook_id.clone(),
+        url: delivery.url.clone(),
+        event: delivery.event.clone(),
+        state: delivery.state.to_string(),
+        attempts: delivery.attempts,
+        last_status: delivery.last_status,
+        last_error: delivery.last_error.clone(),
+        next_attempt_ms: delivery.next_attempt_ms,
+    }
 }
