@@ -18,27 +18,21 @@
 
 pub mod http_json;
 mod methods;
+mod params;
 mod push;
 mod shapes;
 mod stream;
 
-use super::subscribe::{self, StreamEnd, TaskChange};
-use super::{AppState, FixedAgent, MAX_WAIT, Scope};
-use crate::broker::command::{Actor, Command, CommandError, ContinueRequest, Outcome, SendRequest, default_priority};
-use crate::broker::tail;
-use crate::event::{Artifact, Part, Role, TaskState};
-use crate::store::{TaskIndexKind, TaskRecord};
+use super::{AppState, FixedAgent, Scope};
+use crate::broker::command::CommandError;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use methods::*;
 use serde_json::{Value, json};
-use shapes::*;
-use std::time::Duration;
 use stream::*;
 
 /// The header naming the A2A protocol version of a request.
@@ -391,7 +385,9 @@ fn agent_id_of(state: &AppState, scope: String) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::shapes::{parse_state, role_name, state_name};
     use super::*;
+    use crate::event::{Role, TaskState};
     use axum::http::HeaderValue;
 
     fn headers(version: Option<&str>) -> HeaderMap {

@@ -9,8 +9,13 @@
 //! (`webhooks::store_secret`) before the event that refers to them is appended, and are never
 //! answered back. Deliveries are the webhook outbox's, so they are retried and survive restarts.
 
-use super::*;
+use super::params::{find_task, string_param};
+use super::{INTERNAL_ERROR, RpcError, TASK_NOT_FOUND, Version};
+use crate::broker::command::{Command, Outcome};
 use crate::broker::webhooks::{self, PushAuth, PushConfig, WebhookCommand};
+use crate::http::AppState;
+use crate::store::TaskRecord;
+use serde_json::{Value, json};
 
 /// Longest token or credentials a client may give (they travel in a header).
 const MAX_SECRET_BYTES: usize = 4096;

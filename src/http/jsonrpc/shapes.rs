@@ -4,7 +4,11 @@
 //! Invariant: an artifact's id is its position in the task (artifacts are only appended), so a
 //! client sees the same id in a snapshot and in the stream.
 
-use super::*;
+use super::Version;
+use crate::event::{Artifact, Part, Role, TaskState};
+use crate::http::subscribe::TaskChange;
+use crate::store::TaskRecord;
+use serde_json::{Value, json};
 
 pub fn state_name(version: Version, state: TaskState) -> &'static str {
     match version {

@@ -5,7 +5,21 @@
 //! move while it was read), so no change is lost or repeated; every stream ends at a final
 //! state, on broker shutdown, or when the agent serving it goes.
 
-use super::*;
+use super::methods::{parse_send, submit_send};
+use super::params::{find_task, task_id_param};
+use super::shapes::{change_responses, task_json};
+use super::{
+    Call, INTERNAL_ERROR, RpcError, UNSUPPORTED_OPERATION, Version, error_response, result_response, status_body,
+};
+use crate::event::TaskState;
+use crate::http::AppState;
+use crate::http::subscribe::{self, StreamEnd};
+use crate::store::TaskRecord;
+use axum::Json;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::time::Duration;
 
 type SseItem = Result<SseEvent, std::convert::Infallible>;
 
