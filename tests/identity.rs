@@ -566,3 +566,56 @@ fn the_users_anonymous_send_is_cancelled_only_by_the_user_while_a_tcp_callers_st
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["task"]["status"], "canceled");
 }
+
+/// Issue 15 (mixed teams): a sender that names itself without its secret, as a Python Synapse
+/// agent does (`metadata.sender`), is an unverified external sender: its message is delivered,
+/// shown as unverified, its endpoint recorded; it can never pass for a registered agent, and a
+/// name that could act on a terminal or the header is refused.
+#[test]
+fn an_unverified_external_sender_is_delivered_as_such_and_cannot_pass_for_a_registered_agent() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let alice = home.register(Some("alice"));
+    let send = |sender: Value| {
+        let body = json!({
+            "message": {"role": "user", "parts": [{"type": "text", "text": "hello from python"}]},
+            "metadata": {"sender": sender, "response_mode": "notify"},
+        });
+        http_tcp(bob.port, "POST", "/tasks/send", Some(body.to_string().as_bytes()), &[])
+    };
+    let (status, sent) = send(json!({"sender_id": "py-agent-1", "sender_endpoint": "http://127.0.0.1:8199"}));
+    assert_eq!(status, 200, "{sent}");
+    assert_eq!(sent["task"]["metadata"]["response_expected"], true, "{sent}");
+    let (_, inbox) = home.http("GET", &format!("/agents/{}/inbox", bob.id), None, &[]);
+    let prefix = inbox["tickets"][0]["prefix"].as_str().unwrap_or_default().to_string();
+    assert!(prefix.ends_with(":py-agent-1(unverified):R]"), "{inbox}");
+    let events = home.ok(&["events", "--json"]);
+    assert!(events.contains(r#""unverified_sender":"py-agent-1""#), "{events}");
+    assert!(events.contains(r#""sender_endpoint":"http://127.0.0.1:8199""#), "{events}");
+
+    // A registered agent's id or name, without its secret (or with a wrong one): refused.
+    for claimed in [alice.id.as_str(), "alice", "bob"] {
+        let (status, answer) = send(json!({"sender_id": claimed}));
+        assert_eq!(status, 403, "{claimed} passed for a registered agent: {answer}");
+    }
+    let body = json!({"message": {"role": "user", "parts": [{"type": "text", "text": "x"}]},
+                      "metadata": {"sender": {"sender_id": alice.id}}});
+    let (status, _) = http_tcp(
+        bob.port,
+        "POST",
+        "/tasks/send",
+        Some(body.to_string().as_bytes()),
+        &[("X-Synapse-Agent-Secret", "forged")],
+    );
+    assert_eq!(status, 403);
+    // Names that would break the header or act on a terminal.
+    for claimed in ["py:agent", "evil\u{1b}[31m", "a b", &"x".repeat(65)] {
+        let (status, answer) = send(json!({"sender_id": claimed}));
+        assert_eq!(status, 400, "{claimed:?}: {answer}");
+    }
+    let (status, answer) = send(json!({"sender_id": "py-agent-2", "sender_endpoint": "http://h/\u{7}"}));
+    assert_eq!(status, 400, "{answer}");
+    // Nothing refused reached bob.
+    let (_, inbox) = home.http("GET", &format!("/agents/{}/inbox", bob.id), None, &[]);
+    assert_eq!(inbox["tickets"].as_array().map(Vec::len), Some(1), "{inbox}");
+}

@@ -48,6 +48,12 @@ def main() -> None:
     check(got["metadata"]["response_expected"] is False, "silent: the task expects no reply")
     check(got["metadata"]["priority"] == 5, "silent: priority 5 reached the agent")
 
+    # A Python agent's send names its sender (not registered here): delivered as unverified.
+    sender = {"sender_id": "synapse-py-agent", "sender_type": "claude", "sender_endpoint": "http://127.0.0.1:9"}
+    task = client.send_to_local(endpoint, "hello from a python agent", priority=3, sender_info=sender,
+                                response_mode="silent")
+    check(task is not None, "unverified sender: a Python agent's message is accepted")
+
     print("PYTHON SYNAPSE OK", flush=True)
 
 

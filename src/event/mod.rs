@@ -23,7 +23,8 @@ pub use types::*;
 /// and `reply_posted.idempotency_key`, which an older build does not know. Version 5:
 /// `task_continued` and `ticket_issued.turn` (an older build would write a follow-up's ticket
 /// with the task's first message). Version 6: `push_config_set` and `push_config_deleted` (an
-/// older build would lose an A2A client's push notifications).
+/// older build would lose an A2A client's push notifications), `message_sent.unverified_sender`
+/// and `sender_endpoint`.
 pub const SCHEMA_VERSION: u32 = 6;
 
 /// Texts longer than this (bytes) are stored once per send and once per reply: the
@@ -195,6 +196,14 @@ pub enum Event {
         /// user may cancel it.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         by_user: bool,
+        /// An anonymous send that names its sender without proving it (a Python Synapse agent,
+        /// `metadata.sender.sender_id`): the name, shown as unverified, never a registered
+        /// agent's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unverified_sender: Option<String>,
+        /// That sender's own endpoint (`metadata.sender.sender_endpoint`), as it gave it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sender_endpoint: Option<String>,
     },
     /// Something the agent's watcher must write into its PTY. The ticket's id is the sequence
     /// number of this event.
@@ -477,13 +486,18 @@ impl Event {
             Event::TaskCreated { task_id, owner, direction, .. } => {
                 format!("task {} ({direction}) for {}", short_id(task_id), anon(owner))
             }
-            Event::MessageSent { task_id, from, to, priority, response_expected, text, .. } => format!(
-                "{} -> {to} p{priority}{} task {}: {}",
-                anon(from),
-                if *response_expected { " (reply expected)" } else { "" },
-                short_id(task_id),
-                preview(text, 60)
-            ),
+            Event::MessageSent { task_id, from, to, priority, response_expected, text, unverified_sender, .. } => {
+                format!(
+                    "{} -> {to} p{priority}{} task {}: {}",
+                    match unverified_sender {
+                        Some(name) => format!("{name} (unverified)"),
+                        None => anon(from).to_string(),
+                    },
+                    if *response_expected { " (reply expected)" } else { "" },
+                    short_id(task_id),
+                    preview(text, 60)
+                )
+            }
             Event::TicketIssued { agent_id, task_id, .. } => {
                 format!("ticket for {agent_id} (task {})", short_id(task_id))
             }

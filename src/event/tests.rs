@@ -197,6 +197,8 @@ fn samples() -> Vec<Event> {
             parts: vec![Part::File { name: None, uri: Some("file:///a.md".into()), mime_type: None }],
             idempotency_key: Some("retry-7f3a".into()),
             by_user: true,
+            unverified_sender: None,
+            sender_endpoint: None,
         },
         Event::TicketIssued {
             agent_id: receiver(),
@@ -525,6 +527,8 @@ fn defaulted_fields_of_other_kinds_decode_when_absent() {
                 parts: Vec::new(),
                 idempotency_key: None,
                 by_user: false,
+                unverified_sender: None,
+                sender_endpoint: None,
             },
         ),
     ];

@@ -69,6 +69,9 @@ struct A2aMetadata {
 struct A2aSender {
     #[serde(default)]
     sender_id: Option<String>,
+    /// Where the sender itself answers (a Python Synapse agent's endpoint).
+    #[serde(default)]
+    sender_endpoint: Option<String>,
 }
 
 impl A2aMessage {
@@ -132,10 +135,18 @@ async fn a2a_send(
     let body: A2aSendBody = parse_body(body)?;
     let text = body.message.text()?;
     let metadata = body.metadata.unwrap_or_default();
-    let from = metadata.sender.and_then(|sender| sender.sender_id);
+    let sender = metadata.sender.unwrap_or_default();
+    // A named sender proves itself with its secret; without one it is an unverified external
+    // sender (a Python Synapse agent), shown as such and never taken for a registered agent.
+    let secret = secret_of(headers);
+    let (from, unverified) = match (sender.sender_id.filter(|id| !id.is_empty()), &secret) {
+        (Some(id), Some(_)) => (Some(id), None),
+        (Some(id), None) => (None, Some(command::UnverifiedSender { id, endpoint: sender.sender_endpoint })),
+        (None, _) => (None, None),
+    };
     let request = api::SendRequest {
         to: agent,
-        secret: if from.is_some() { secret_of(headers) } else { None },
+        secret: if from.is_some() { secret } else { None },
         from,
         text,
         priority,
@@ -150,11 +161,16 @@ async fn a2a_send(
             }
         },
         reply_to: metadata.in_reply_to,
-        sender_task_id: metadata.sender_task_id,
+        // An unverified sender's task lives on its own server, not here.
+        sender_task_id: if unverified.is_some() { None } else { metadata.sender_task_id },
         context_id: body.context_id,
         idempotency_key: idempotency_key(headers)?,
     };
-    sent_answer(state.writer.submit(send_command(request, false)).await?)
+    let mut command = send_command(request, false);
+    if let Command::Send(send) = &mut command {
+        send.unverified_sender = unverified;
+    }
+    sent_answer(state.writer.submit(command).await?)
 }
 
 pub async fn tasks_create(

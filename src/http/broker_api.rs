@@ -323,6 +323,7 @@ pub(super) fn send_command(request: api::SendRequest, by_user: bool) -> Command 
         idempotency_key: request.idempotency_key,
         by_user,
         message_id: None,
+        unverified_sender: None,
     })
 }
 

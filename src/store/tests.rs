@@ -102,6 +102,8 @@ fn event() -> impl Strategy<Value = Event> {
                     text,
                     parts: Vec::new(),
                     by_user: response_expected,
+                    unverified_sender: None,
+                    sender_endpoint: None,
                     idempotency_key,
                 }
             }),
@@ -824,6 +826,8 @@ fn long_exchange(text: &str, reply: &str) -> (Vec<Event>, Vec<Event>) {
             text: text.into(),
             parts: Vec::new(),
             by_user: false,
+            unverified_sender: None,
+            sender_endpoint: None,
             idempotency_key: None,
         },
     ];

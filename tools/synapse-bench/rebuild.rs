@@ -233,6 +233,8 @@ impl LogGenerator {
             parts: Vec::new(),
             idempotency_key: None,
             by_user: false,
+            unverified_sender: None,
+            sender_endpoint: None,
         });
         send.push(Event::TicketIssued {
             agent_id: receiver.into(),

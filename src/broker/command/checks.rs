@@ -42,6 +42,43 @@ pub fn ambiguous_task(reference: &str, candidates: &[TaskRecord]) -> CommandErro
     }
 }
 
+/// A sender that names itself without proof: a plain name no registered agent answers to (by
+/// id, name or type), and an endpoint without control characters. Returns the name as it is
+/// shown (`<name>(unverified)`).
+pub fn check_unverified(
+    view: &Projections<'_>,
+    from: Option<&str>,
+    claimed: &super::requests::UnverifiedSender,
+) -> Result<String, DecideError> {
+    if from.is_some() {
+        return Err(CommandError::bad("a send names a verified or an unverified sender, not both").into());
+    }
+    let id = claimed.id.as_str();
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+        return Err(CommandError::bad(format!(
+            "sender id '{}' must be 1-64 letters, digits, '-', '_' or '.'",
+            crate::event::preview(id, 80)
+        ))
+        .into());
+    }
+    if let Some(endpoint) = &claimed.endpoint
+        && (endpoint.len() > 512 || endpoint.chars().any(char::is_control))
+    {
+        return Err(
+            CommandError::bad("sender_endpoint must be at most 512 characters without control characters").into()
+        );
+    }
+    // A registered agent speaks only with its secret: its name cannot be borrowed.
+    let agents = view.agents()?;
+    if view.agent(id)?.is_some() || resolve_target(&agents, id).is_ok() {
+        return Err(CommandError::forbidden(format!(
+            "sending as '{id}' requires its secret: '{id}' is a registered agent here"
+        ))
+        .into());
+    }
+    Ok(format!("{id}(unverified)"))
+}
+
 /// Checks that `from` may speak: anonymous, or a registered agent proving it with its secret.
 pub fn check_sender(
     view: &Projections<'_>,

@@ -25,7 +25,7 @@ pub use checks::{ambiguous_task, find_task, unique_task, validate_task_ref};
 pub use decision::{Answer, CommandError, Context, DecideError, Decision, Liveness, Outcome, SendOutcome};
 pub use requests::{
     Actor, ContinueRequest, IDEMPOTENCY_WINDOW_MS, MAX_MESSAGE_BYTES, RegisterRequest, ReplyRequest, SendRequest,
-    UpdateTaskRequest, default_priority,
+    UnverifiedSender, UpdateTaskRequest, default_priority,
 };
 pub use send::validate_priority;
 

@@ -78,6 +78,16 @@ pub struct SendRequest {
     /// Set by the A2A binding, never read from the body: the client's `messageId`, kept in the
     /// tasks' message.
     pub message_id: Option<String>,
+    /// Set by the legacy A2A binding: an anonymous send that names a sender without its
+    /// secret (a Python Synapse agent). Refused when the name is a registered agent's.
+    pub unverified_sender: Option<UnverifiedSender>,
+}
+
+/// A sender that names itself without proof (`metadata.sender` of the Python Synapse 0.35).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnverifiedSender {
+    pub id: String,
+    pub endpoint: Option<String>,
 }
 
 /// A follow-up message on a task that asks for input (A2A multi-turn: a message naming the

@@ -1,7 +1,7 @@
 //! Sending a message and replying to one: target resolution, idempotent retries, the tasks,
 //! events and tickets of an exchange.
 
-use super::checks::{agent_id_of, check_sender, find_task, new_id, resolve_target, validate_text};
+use super::checks::{agent_id_of, check_sender, check_unverified, find_task, new_id, resolve_target, validate_text};
 use super::decision::{Answer, CommandError, Context, DecideError, Decision, Liveness};
 use super::requests::{ContinueRequest, IDEMPOTENCY_WINDOW_MS, ReplyRequest, SendRequest};
 use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
@@ -111,6 +111,11 @@ pub fn decide_send(
     validate_priority(request.priority)?;
     let sender = check_sender(view, request.from.as_deref(), request.secret.as_deref())?;
     let sender_id = sender.as_ref().map(|agent| agent.agent_id.clone());
+    // A sender that names itself without proof is shown as such; it stays anonymous.
+    let unverified = match &request.unverified_sender {
+        Some(claimed) => Some(check_unverified(view, request.from.as_deref(), claimed)?),
+        None => None,
+    };
 
     // A retry of a send whose answer was lost: the first send's tasks, nothing new. Decided
     // here, in the writer, so two retries in one batch are decided once.
@@ -225,13 +230,15 @@ pub fn decide_send(
         text: request.text.clone(),
         parts: Vec::new(),
         idempotency_key: request.idempotency_key.clone(),
-        by_user: sender_id.is_none() && request.by_user,
+        by_user: sender_id.is_none() && unverified.is_none() && request.by_user,
+        unverified_sender: request.unverified_sender.as_ref().map(|claimed| claimed.id.clone()),
+        sender_endpoint: request.unverified_sender.as_ref().and_then(|claimed| claimed.endpoint.clone()),
     });
     events.push(Event::TicketIssued {
         agent_id: target.agent_id.clone(),
         task_id: task_id.clone(),
         priority: request.priority,
-        from: sender_id.clone(),
+        from: sender_id.clone().or(unverified),
         display_task_id: sender_task_id.clone().unwrap_or_else(|| task_id.clone()),
         response_expected,
         turn: 0,

@@ -167,6 +167,7 @@ fn new_send(agent: &str, request: &SendParams, idempotency_key: Option<String>) 
         idempotency_key,
         by_user: false,
         message_id: request.message_id.clone(),
+        unverified_sender: None,
     }
 }
 
