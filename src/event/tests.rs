@@ -197,8 +197,8 @@ fn samples() -> Vec<Event> {
             parts: vec![Part::File { name: None, uri: Some("file:///a.md".into()), mime_type: None }],
             idempotency_key: Some("retry-7f3a".into()),
             by_user: true,
-            unverified_sender: None,
-            sender_endpoint: None,
+            unverified_sender: Some("py-agent-1".into()),
+            sender_endpoint: Some("http://127.0.0.1:8199".into()),
         },
         Event::TicketIssued {
             agent_id: receiver(),
