@@ -73,74 +73,62 @@ impl Drop for Stopped<'_> {
     }
 }
 
-#[test]
-fn the_official_a2a_python_client_talks_to_a_dummy_agent_and_to_the_scenario_agent() {
-    let python = python();
-    let home = Home::new();
+/// A dummy agent that auto-replies, started in the background; stopped when dropped.
+fn auto_replying_dummy(home: &Home) -> (Value, Stopped<'_>) {
     let output =
         home.cmd(&["start", "dummy", "--name", "bob", "--json"]).env("SYNAPSE_DUMMY_AUTO_REPLY", "1").output().unwrap();
     assert!(output.status.success(), "{}", describe(&output));
     let dummy: Value = serde_json::from_slice(&output.stdout).unwrap();
-    let _dummy = Stopped(&home, dummy["agent_id"].as_str().unwrap().to_string());
+    let stopped = Stopped(home, dummy["agent_id"].as_str().unwrap().to_string());
+    (dummy, stopped)
+}
 
-    let mut scenario = home.cmd(&["scenario-agent", "--name", "scenario"]).stdout(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(scenario.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let _scenario = Killed(scenario);
-    let scenario: Value = serde_json::from_str(&line).unwrap();
-
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/a2a_interop.py");
-    let child = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://127.0.0.1:{}", dummy["port"]))
-        .arg(format!("http://127.0.0.1:{}", scenario["port"]))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|error| panic!("cannot run {}: {error}", python.display()));
-    let output = output_within(child, SCRIPT_DEADLINE, "the interoperability script");
+/// Runs `tests/<script>` with the test venv's Python and `args` (and `HOME`, when given);
+/// fails unless it exits 0 having printed `done`.
+fn run_script(script: &str, args: &[String], home: Option<&std::path::Path>, done: &str) {
+    let python = python();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join(script);
+    let mut command = std::process::Command::new(&python);
+    command.arg(&path).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    if let Some(home) = home {
+        command.env("HOME", home);
+    }
+    let child = command.spawn().unwrap_or_else(|error| panic!("cannot run {}: {error}", python.display()));
+    let output = output_within(child, SCRIPT_DEADLINE, script);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        output.status.success() && stdout.contains("A2A INTEROP OK"),
-        "a2a_interop.py failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status.success() && stdout.contains(done),
+        "{script} failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
         output.status.code(),
         String::from_utf8_lossy(&output.stderr)
     );
 }
 
+#[test]
+fn the_official_a2a_python_client_talks_to_a_dummy_agent_and_to_the_scenario_agent() {
+    let home = Home::new();
+    let (dummy, _dummy) = auto_replying_dummy(&home);
+    let mut scenario = home.cmd(&["scenario-agent", "--name", "scenario"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(scenario.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _scenario = Killed(scenario);
+    let scenario: Value = serde_json::from_str(&line).unwrap();
+    let urls = [format!("http://127.0.0.1:{}", dummy["port"]), format!("http://127.0.0.1:{}", scenario["port"])];
+    run_script("a2a_interop.py", &urls, None, "A2A INTEROP OK");
+}
+
 /// Issue 15, mixed teams: the Python Synapse 0.35's own client sends to a Synapse agent
-/// (anonymous, as its `synapse send` does outside an agent): `response_mode` wait, notify and
-/// silent are honoured, priority 5 arrives, and `--wait` sees the reply because the agent's
-/// `GET /tasks/{id}` has `status` at the top level, where that client reads it.
+/// (anonymous, as its `synapse send` does outside an agent; then as a Python agent, an
+/// unverified sender): `response_mode` wait, notify and silent are honoured, priority 5
+/// arrives, and `--wait` sees the reply because the agent's `GET /tasks/{id}` has `status` at
+/// the top level, where that client reads it.
 #[test]
 fn the_python_synapse_client_sends_and_waits_for_a_reply_from_a_synapse_agent() {
-    let python = python();
     let home = Home::new();
-    let output =
-        home.cmd(&["start", "dummy", "--name", "bob", "--json"]).env("SYNAPSE_DUMMY_AUTO_REPLY", "1").output().unwrap();
-    assert!(output.status.success(), "{}", describe(&output));
-    let dummy: Value = serde_json::from_slice(&output.stdout).unwrap();
-    let _dummy = Stopped(&home, dummy["agent_id"].as_str().unwrap().to_string());
+    let (dummy, _dummy) = auto_replying_dummy(&home);
     // The package keeps its registry and settings under ~/.a2a: a home of the test's own.
     let python_home = home.dir.path().join("python-home");
     std::fs::create_dir_all(&python_home).unwrap();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python_synapse.py");
-    let child = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://127.0.0.1:{}", dummy["port"]))
-        .env("HOME", &python_home)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|error| panic!("cannot run {}: {error}", python.display()));
-    let output = output_within(child, SCRIPT_DEADLINE, "the Python Synapse script");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("PYTHON SYNAPSE OK"),
-        "python_synapse.py failed ({:?})\nstdout:\n{stdout}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let url = [format!("http://127.0.0.1:{}", dummy["port"])];
+    run_script("python_synapse.py", &url, Some(&python_home), "PYTHON SYNAPSE OK");
 }

@@ -183,6 +183,29 @@ pub struct Delivery {
     pub push: Option<PushAuth>,
 }
 
+impl Delivery {
+    /// A new delivery, due at `at_ms` (the time of the event it reports).
+    fn due(delivery_id: String, webhook_id: String, url: &str, event: &str, at_ms: u64, body: Value) -> Delivery {
+        Delivery {
+            delivery_id,
+            webhook_id,
+            url: url.to_string(),
+            event: event.to_string(),
+            state: "pending",
+            attempts: 0,
+            last_status: None,
+            last_error: None,
+            next_attempt_ms: Some(at_ms),
+            body: body.to_string(),
+            push: None,
+        }
+    }
+
+    fn with_push(self, auth: PushAuth) -> Delivery {
+        Delivery { push: Some(auth), ..self }
+    }
+}
+
 /// Where a hook's signing secret is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SecretSource {
@@ -365,22 +388,11 @@ impl Outbox {
                         }});
                         let delivery_id =
                             format!("{}-{}-{}", crate::event::short_id(task_id), config.config_id, envelope.seq);
-                        self.pending.insert(
-                            delivery_id.clone(),
-                            Delivery {
-                                delivery_id,
-                                webhook_id: push_delivery_owner(task_id, &config.config_id),
-                                url: config.url.clone(),
-                                event: "task.status".to_string(),
-                                state: "pending",
-                                attempts: 0,
-                                last_status: None,
-                                last_error: None,
-                                next_attempt_ms: Some(envelope.time_ms),
-                                body: body.to_string(),
-                                push: Some(config.auth.clone()),
-                            },
-                        );
+                        let owner = push_delivery_owner(task_id, &config.config_id);
+                        let delivery =
+                            Delivery::due(delivery_id, owner, &config.url, "task.status", envelope.time_ms, body)
+                                .with_push(config.auth.clone());
+                        self.pending.insert(delivery.delivery_id.clone(), delivery);
                     }
                 }
                 let Some((name, data)) = task_event(other) else { return };
@@ -392,22 +404,9 @@ impl Outbox {
                         "timestamp": crate::time::rfc3339(envelope.time_ms),
                         "data": data,
                     });
-                    self.pending.insert(
-                        delivery_id.clone(),
-                        Delivery {
-                            delivery_id,
-                            webhook_id: hook.webhook_id.clone(),
-                            url: hook.url.clone(),
-                            event: name.to_string(),
-                            state: "pending",
-                            attempts: 0,
-                            last_status: None,
-                            last_error: None,
-                            next_attempt_ms: Some(envelope.time_ms),
-                            body: body.to_string(),
-                            push: None,
-                        },
-                    );
+                    let delivery =
+                        Delivery::due(delivery_id, hook.webhook_id.clone(), &hook.url, name, envelope.time_ms, body);
+                    self.pending.insert(delivery.delivery_id.clone(), delivery);
                 }
             }
         }

@@ -36,8 +36,8 @@ pub fn routes() -> Router<AppState> {
         .route("/message:stream", post(message_stream))
         .route("/tasks", get(tasks_list))
         .route("/tasks/{task}", get(task_get_or_subscribe).post(task_action))
-        .route("/tasks/{task}/pushNotificationConfigs", get(push_list).post(push_create))
-        .route("/tasks/{task}/pushNotificationConfigs/{config}", get(push_get).delete(push_delete))
+        .route("/tasks/{task}/pushNotificationConfigs", get(push_read).post(push_create))
+        .route("/tasks/{task}/pushNotificationConfigs/{config}", get(push_read).delete(push_delete))
         .route("/extendedAgentCard", get(extended_card))
         .fallback(unknown)
 }
@@ -268,30 +268,20 @@ async fn push_create(
     )
 }
 
-/// `GET /v1/tasks/{id}/pushNotificationConfigs`: `ListTaskPushNotificationConfigs`.
-async fn push_list(
+/// `GET /v1/tasks/{id}/pushNotificationConfigs` (`ListTaskPushNotificationConfigs`) and
+/// `GET /v1/tasks/{id}/pushNotificationConfigs/{configId}` (`GetTaskPushNotificationConfig`).
+async fn push_read(
     State(state): State<AppState>,
     Scope(agent): Scope,
     Path(path): Path<std::collections::HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    answer(
-        push_params(&state, agent, &path, &headers, Map::new())
-            .and_then(|(agent, params)| super::push::list(&state, &agent, Version::V10, &params)),
-    )
-}
-
-/// `GET /v1/tasks/{id}/pushNotificationConfigs/{configId}`: `GetTaskPushNotificationConfig`.
-async fn push_get(
-    State(state): State<AppState>,
-    Scope(agent): Scope,
-    Path(path): Path<std::collections::HashMap<String, String>>,
-    headers: HeaderMap,
-) -> Response {
-    answer(
-        push_params(&state, agent, &path, &headers, Map::new())
-            .and_then(|(agent, params)| super::push::get(&state, &agent, Version::V10, &params)),
-    )
+    answer(push_params(&state, agent, &path, &headers, Map::new()).and_then(|(agent, params)| {
+        match path.contains_key("config") {
+            true => super::push::get(&state, &agent, Version::V10, &params),
+            false => super::push::list(&state, &agent, Version::V10, &params),
+        }
+    }))
 }
 
 /// `DELETE /v1/tasks/{id}/pushNotificationConfigs/{configId}`: answers `{}` (an empty message).
