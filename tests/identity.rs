@@ -619,3 +619,32 @@ fn an_unverified_external_sender_is_delivered_as_such_and_cannot_pass_for_a_regi
     let (_, inbox) = home.http("GET", &format!("/agents/{}/inbox", bob.id), None, &[]);
     assert_eq!(inbox["tickets"].as_array().map(Vec::len), Some(1), "{inbox}");
 }
+
+/// Issue 15 (mixed teams): the reply to an unverified external sender that gave its endpoint
+/// and its own task (a Python Synapse agent) goes back to that endpoint as its own A2A send
+/// does it, from the replying agent and naming the sender's task (`in_reply_to`), once.
+#[test]
+fn a_reply_to_an_unverified_external_sender_goes_back_to_its_endpoint() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let (port, received) = receiver(std::sync::Arc::new(std::sync::atomic::AtomicU16::new(200)));
+    let body = json!({
+        "message": {"role": "user", "parts": [{"type": "text", "text": "what is 6 x 7?"}]},
+        "metadata": {
+            "sender": {"sender_id": "py-agent-1", "sender_endpoint": format!("http://127.0.0.1:{port}")},
+            "sender_task_id": "py-task-1",
+            "response_mode": "wait",
+        },
+    });
+    let (status, sent) = http_tcp(bob.port, "POST", "/tasks/send", Some(body.to_string().as_bytes()), &[]);
+    assert_eq!(status, 200, "{sent}");
+    let reply = json!({"from": bob.id, "secret": bob.secret, "text": "42"});
+    let (status, replied) = home.http("POST", "/reply", Some(reply.to_string().as_bytes()), &[]);
+    assert_eq!(status, 200, "{replied}");
+    let request = received.recv_timeout(DEADLINE).expect("the reply posted to the sender's endpoint");
+    let delivered = request.json();
+    assert_eq!(delivered["message"]["parts"][0]["text"], "42", "{delivered}");
+    assert_eq!(delivered["metadata"]["in_reply_to"], "py-task-1", "{delivered}");
+    assert_eq!(delivered["metadata"]["sender"]["sender_id"], bob.id.as_str(), "{delivered}");
+    assert!(request.body.len() < 4096 && !request.body.contains(&bob.secret), "no secret travels with it");
+}

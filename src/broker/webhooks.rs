@@ -257,6 +257,18 @@ pub struct Outbox {
     finished: VecDeque<Delivery>,
     /// Push notification configs: task id, then config id.
     push: BTreeMap<String, BTreeMap<String, PushConfig>>,
+    /// Messages of unverified external senders that gave an endpoint: by the receiver's task,
+    /// where its reply goes. Taken by the first reply.
+    external_replies: BTreeMap<String, ExternalReply>,
+}
+
+/// Where the reply to an unverified external sender's message goes (a Python Synapse agent).
+#[derive(Debug, Clone)]
+struct ExternalReply {
+    /// The sender's endpoint (its `/tasks/send` gets the reply).
+    endpoint: String,
+    /// The sender's task, which the reply names (`in_reply_to`).
+    task_id: Option<String>,
 }
 
 /// The `webhook_id` of a push config's deliveries (their attempts are recorded as a webhook's).
@@ -365,7 +377,22 @@ impl Outbox {
                 let owner = push_delivery_owner(task_id, config_id);
                 self.pending.retain(|_, delivery| delivery.webhook_id != owner);
             }
+            Event::MessageSent {
+                task_id,
+                unverified_sender: Some(_),
+                sender_endpoint: Some(endpoint),
+                external_task_id,
+                ..
+            } => {
+                let reply = ExternalReply { endpoint: endpoint.clone(), task_id: external_task_id.clone() };
+                self.external_replies.insert(task_id.clone(), reply);
+            }
             other => {
+                if let Event::ReplyPosted { task_id, from, text, .. } = other
+                    && let Some(reply) = self.external_replies.remove(task_id)
+                {
+                    self.deliver_external_reply(envelope, task_id, from, text, reply);
+                }
                 if let Some((task_id, state, reason)) = push_status(other)
                     && let Some(configs) = self.push.get(task_id)
                 {
@@ -410,6 +437,31 @@ impl Outbox {
                 }
             }
         }
+    }
+
+    /// The reply to an unverified external sender, posted to its endpoint as its own A2A send
+    /// does it: from the replying agent, naming the sender's task (`in_reply_to`).
+    fn deliver_external_reply(
+        &mut self,
+        envelope: &Envelope,
+        task_id: &str,
+        from: &str,
+        text: &str,
+        reply: ExternalReply,
+    ) {
+        let mut metadata = json!({"sender": {"sender_id": from}, "response_mode": "silent"});
+        if let Some(their_task) = &reply.task_id {
+            metadata["in_reply_to"] = json!(their_task);
+        }
+        let body = json!({
+            "message": {"role": "user", "parts": [{"type": "text", "text": text}]},
+            "metadata": metadata,
+        });
+        let url = format!("{}/tasks/send", reply.endpoint.trim_end_matches('/'));
+        let delivery_id = format!("{}-reply-{}", crate::event::short_id(task_id), envelope.seq);
+        let owner = format!("reply:{task_id}");
+        let delivery = Delivery::due(delivery_id, owner, &url, "task.replied", envelope.time_ms, body);
+        self.pending.insert(delivery.delivery_id.clone(), delivery);
     }
 
     /// The push configs of a task, by config id.

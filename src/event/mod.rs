@@ -23,8 +23,8 @@ pub use types::*;
 /// and `reply_posted.idempotency_key`, which an older build does not know. Version 5:
 /// `task_continued` and `ticket_issued.turn` (an older build would write a follow-up's ticket
 /// with the task's first message). Version 6: `push_config_set` and `push_config_deleted` (an
-/// older build would lose an A2A client's push notifications), `message_sent.unverified_sender`
-/// and `sender_endpoint`.
+/// older build would lose an A2A client's push notifications), `message_sent.unverified_sender`,
+/// `sender_endpoint` and `external_task_id`.
 pub const SCHEMA_VERSION: u32 = 6;
 
 /// Texts longer than this (bytes) are stored once per send and once per reply: the
@@ -204,6 +204,10 @@ pub enum Event {
         /// That sender's own endpoint (`metadata.sender.sender_endpoint`), as it gave it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sender_endpoint: Option<String>,
+        /// That sender's own task (`metadata.sender_task_id`): a reply to this message goes to
+        /// `sender_endpoint` naming it (`in_reply_to`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        external_task_id: Option<String>,
     },
     /// Something the agent's watcher must write into its PTY. The ticket's id is the sequence
     /// number of this event.

@@ -199,6 +199,7 @@ fn samples() -> Vec<Event> {
             by_user: true,
             unverified_sender: Some("py-agent-1".into()),
             sender_endpoint: Some("http://127.0.0.1:8199".into()),
+            external_task_id: Some("py-task-1".into()),
         },
         Event::TicketIssued {
             agent_id: receiver(),
@@ -529,6 +530,7 @@ fn defaulted_fields_of_other_kinds_decode_when_absent() {
                 by_user: false,
                 unverified_sender: None,
                 sender_endpoint: None,
+                external_task_id: None,
             },
         ),
     ];

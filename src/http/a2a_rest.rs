@@ -141,7 +141,10 @@ async fn a2a_send(
     let secret = secret_of(headers);
     let (from, unverified) = match (sender.sender_id.filter(|id| !id.is_empty()), &secret) {
         (Some(id), Some(_)) => (Some(id), None),
-        (Some(id), None) => (None, Some(command::UnverifiedSender { id, endpoint: sender.sender_endpoint })),
+        (Some(id), None) => {
+            let task_id = metadata.sender_task_id.clone();
+            (None, Some(command::UnverifiedSender { id, endpoint: sender.sender_endpoint, task_id }))
+        }
         (None, _) => (None, None),
     };
     let request = api::SendRequest {

@@ -104,6 +104,7 @@ fn event() -> impl Strategy<Value = Event> {
                     by_user: response_expected,
                     unverified_sender: None,
                     sender_endpoint: None,
+                    external_task_id: None,
                     idempotency_key,
                 }
             }),
@@ -828,6 +829,7 @@ fn long_exchange(text: &str, reply: &str) -> (Vec<Event>, Vec<Event>) {
             by_user: false,
             unverified_sender: None,
             sender_endpoint: None,
+            external_task_id: None,
             idempotency_key: None,
         },
     ];

@@ -235,6 +235,7 @@ impl LogGenerator {
             by_user: false,
             unverified_sender: None,
             sender_endpoint: None,
+            external_task_id: None,
         });
         send.push(Event::TicketIssued {
             agent_id: receiver.into(),

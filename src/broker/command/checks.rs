@@ -68,6 +68,11 @@ pub fn check_unverified(
             CommandError::bad("sender_endpoint must be at most 512 characters without control characters").into()
         );
     }
+    if let Some(task_id) = &claimed.task_id
+        && (task_id.is_empty() || task_id.len() > 128 || task_id.chars().any(char::is_control))
+    {
+        return Err(CommandError::bad("sender_task_id must be 1-128 characters without control characters").into());
+    }
     // A registered agent speaks only with its secret: its name cannot be borrowed.
     let agents = view.agents()?;
     if view.agent(id)?.is_some() || resolve_target(&agents, id).is_ok() {

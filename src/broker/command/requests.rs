@@ -88,6 +88,8 @@ pub struct SendRequest {
 pub struct UnverifiedSender {
     pub id: String,
     pub endpoint: Option<String>,
+    /// Its own task for this message (`metadata.sender_task_id`), which its reply names.
+    pub task_id: Option<String>,
 }
 
 /// A follow-up message on a task that asks for input (A2A multi-turn: a message naming the

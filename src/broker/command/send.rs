@@ -233,6 +233,7 @@ pub fn decide_send(
         by_user: sender_id.is_none() && unverified.is_none() && request.by_user,
         unverified_sender: request.unverified_sender.as_ref().map(|claimed| claimed.id.clone()),
         sender_endpoint: request.unverified_sender.as_ref().and_then(|claimed| claimed.endpoint.clone()),
+        external_task_id: request.unverified_sender.as_ref().and_then(|claimed| claimed.task_id.clone()),
     });
     events.push(Event::TicketIssued {
         agent_id: target.agent_id.clone(),
