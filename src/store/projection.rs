@@ -629,8 +629,10 @@ impl<'txn> Projections<'txn> {
                     record.peer = Some(to.clone());
                     self.put_task(&record, &was)?;
                 }
-                // Tasks whose long message this event carries point at it.
-                for holder in std::iter::once(task_id).chain(sender_task_id.iter()) {
+                // Tasks whose long message this event carries point at it (only a long text is
+                // carried that way: a short one is read without decoding the tasks again).
+                let carried = if text.len() > INLINE_TEXT_MAX_BYTES { Some(task_id) } else { None };
+                for holder in carried.into_iter().chain(carried.and(sender_task_id.as_ref())) {
                     if let Some(mut record) = self.task_row(holder)?
                         && record.message_in.as_ref() == Some(task_id)
                         && record.message_seq.is_none()
