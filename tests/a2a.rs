@@ -415,6 +415,66 @@ fn send_message_waits_for_the_agent_and_get_task_shows_the_artifact_in_v1_shapes
     assert_eq!(rest["task"]["metadata"]["peer"], agent.id.as_str());
 }
 
+/// Issue 15: an agent that answers at once gives a `Message` result, not a task (both protocol
+/// versions and the HTTP+JSON binding); artifacts carry file and data parts in each version's
+/// shape.
+#[test]
+fn an_agent_answering_at_once_gives_a_message_and_artifacts_carry_file_and_data_parts() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let answer = v1(agent.port, "SendMessage", json!({"message": text_message("a message, please")}));
+    let message = &answer["result"]["message"];
+    assert!(answer["result"].get("task").is_none(), "a message, not a task: {answer}");
+    assert_eq!(message["role"], "ROLE_AGENT", "{answer}");
+    assert_eq!(message["parts"][0]["text"], "scenario agent: a message for you: a message, please", "{answer}");
+    assert!(message["messageId"].as_str().is_some_and(|id| !id.is_empty()), "{answer}");
+    assert!(message.get("taskId").is_none(), "the message names no task: {answer}");
+
+    let old = rpc(
+        agent.port,
+        None,
+        "message/send",
+        json!({"message": {"kind": "message", "messageId": "m-03",
+        "role": "user", "parts": [{"kind": "text", "text": "message in 0.3"}]}}),
+    );
+    assert_eq!(old["result"]["kind"], "message", "{old}");
+    assert_eq!(old["result"]["role"], "agent", "{old}");
+    assert_eq!(
+        old["result"]["parts"][0],
+        json!({"kind": "text", "text": "scenario agent: a message for you: message in 0.3"})
+    );
+
+    let (status, rest_answer) =
+        rest(agent.port, "POST", "/v1/message:send", Some(json!({"message": text_message("message over REST")})));
+    assert_eq!(status, 200, "{rest_answer}");
+    assert_eq!(rest_answer["message"]["role"], "ROLE_AGENT", "{rest_answer}");
+    assert!(rest_answer.get("task").is_none(), "{rest_answer}");
+
+    // A file part: the 1.0 shape names it by url, filename and mediaType; 0.3 nests a file.
+    let task = send_v1(agent.port, "the file, please", false);
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let parts = &task["artifacts"][0]["parts"];
+    assert_eq!(parts[0]["text"], "scenario agent: the report is attached", "{task}");
+    assert_eq!(parts[1]["filename"], "report.txt", "{task}");
+    assert_eq!(parts[1]["mediaType"], "text/plain", "{task}");
+    assert!(parts[1]["url"].as_str().unwrap().starts_with("data:text/plain;base64,"), "{task}");
+    let id = task["id"].as_str().unwrap();
+    let old = rpc(agent.port, None, "tasks/get", json!({"id": id}));
+    let file = &old["result"]["artifacts"][0]["parts"][1];
+    assert_eq!(file["kind"], "file", "{old}");
+    assert_eq!(file["file"]["name"], "report.txt", "{old}");
+    assert_eq!(file["file"]["mimeType"], "text/plain", "{old}");
+
+    // A data part: structured JSON, carried as it is.
+    let task = send_v1(agent.port, "some data, please", false);
+    let data = &task["artifacts"][0]["parts"][1]["data"];
+    assert_eq!(data["answer"], 42, "{task}");
+    assert_eq!(data["items"], json!(["a", "b"]), "{task}");
+    let old = rpc(agent.port, None, "tasks/get", json!({"id": task["id"]}));
+    assert_eq!(old["result"]["artifacts"][0]["parts"][1]["kind"], "data", "{old}");
+    assert_eq!(old["result"]["artifacts"][0]["parts"][1]["data"]["answer"], 42, "{old}");
+}
+
 /// A client that sends the same message again (same `messageId`: a retry after a lost answer)
 /// gets the first task back; no second message reaches the agent (issue 12, idempotency).
 #[test]

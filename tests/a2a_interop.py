@@ -16,6 +16,7 @@ import sys
 import uuid
 
 import httpx
+from google.protobuf import json_format
 
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.types import a2a_pb2 as pb
@@ -109,6 +110,21 @@ async def scenario_agent(http: httpx.AsyncClient, base_url: str) -> None:
     failed = events[-1].task
     check(failed.status.state == pb.TASK_STATE_FAILED, "scenario: 'fail' fails the task")
     check("failing as asked" in failed.status.message.parts[0].text, "scenario: the status message says why")
+
+    # An agent that answers at once: a Message, no task.
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("a message, please"))))
+    check(events[0].HasField("message"), "scenario: an answer given at once is a Message")
+    check(events[0].message.role == pb.ROLE_AGENT, "scenario: the Message comes from the agent")
+    check(events[0].message.parts[0].text.startswith("scenario agent: a message for you"), "scenario: its text")
+
+    # File and data parts in the artifacts.
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("the file, please"))))
+    parts = events[-1].task.artifacts[0].parts
+    check(parts[1].filename == "report.txt" and parts[1].media_type == "text/plain", "scenario: a file part")
+    check(parts[1].url.startswith("data:text/plain;base64,"), "scenario: the file part's url")
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("some data, please"))))
+    data = json_format.MessageToDict(events[-1].task.artifacts[0].parts[1].data)
+    check(data.get("answer") == 42 and data.get("items") == ["a", "b"], f"scenario: a data part ({data})")
 
     # input required
     events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("need your input"))))
@@ -299,11 +315,44 @@ async def scenario_agent(http: httpx.AsyncClient, base_url: str) -> None:
     check(states[-1:] == [pb.TASK_STATE_COMPLETED], "scenario: the 0.3 client's message/stream ends completed")
 
 
+async def http_json_binding(http: httpx.AsyncClient, base_url: str) -> None:
+    """The same scenario agent through the SDK's HTTP+JSON transport (the card's /v1 interface)."""
+    card = await resolve(http, base_url)
+    bindings = [interface.protocol_binding for interface in card.supported_interfaces]
+    check("HTTP+JSON" in bindings, f"rest: the card names an HTTP+JSON interface ({bindings})")
+    blocking = ClientFactory(ClientConfig(streaming=False, supported_protocol_bindings=["HTTP+JSON"])).create(card)
+    streaming = ClientFactory(ClientConfig(streaming=True, supported_protocol_bindings=["HTTP+JSON"])).create(card)
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("hello over rest"))))
+    done = events[-1].task
+    check(texts(done) == ["scenario agent: done: hello over rest"], "rest: SendMessage completes with the artifact")
+    got = await blocking.get_task(pb.GetTaskRequest(id=done.id))
+    check(got.status.state == pb.TASK_STATE_COMPLETED, "rest: GetTask")
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("a message over rest"))))
+    check(events[0].HasField("message"), "rest: an answer given at once is a Message")
+    events = await collect(streaming.send_message(pb.SendMessageRequest(message=message("stream over rest"))))
+    check(events[0].HasField("task"), "rest: the stream opens with the task")
+    check(events[-1].status_update.status.state == pb.TASK_STATE_COMPLETED, "rest: the stream ends completed")
+    # multi-turn over HTTP+JSON
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=message("input over rest"))))
+    asked = events[-1].task
+    check(asked.status.state == pb.TASK_STATE_INPUT_REQUIRED, "rest: the agent asks for input")
+    follow_up = message("use the red one")
+    follow_up.task_id = asked.id
+    events = await collect(blocking.send_message(pb.SendMessageRequest(message=follow_up)))
+    check(events[-1].task.status.state == pb.TASK_STATE_COMPLETED, "rest: the follow-up completes the task")
+    try:
+        await blocking.get_task(pb.GetTaskRequest(id="no-such-task"))
+        check(False, "rest: an unknown task is not found")
+    except TaskNotFoundError:
+        check(True, "rest: an unknown task is not found")
+
+
 async def main() -> None:
     dummy_url, scenario_url = sys.argv[1], sys.argv[2]
     async with httpx.AsyncClient(timeout=60) as http:
         await dummy_agent(http, dummy_url)
         await scenario_agent(http, scenario_url)
+        await http_json_binding(http, scenario_url)
     print("A2A INTEROP OK", flush=True)
 
 

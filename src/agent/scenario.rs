@@ -8,6 +8,10 @@
 //! | `input`  | asks for input (`input_required`, the question as an artifact)    |
 //! | `stream` | gets three artifacts while working, then completes with a reply   |
 //! | `wait`   | stays working until it is canceled                                |
+//! | `message`| answers with a message, not a task result (an A2A client that sent  |
+//! |          | the message gets a `Message`, no task)                              |
+//! | `file`   | completes with an artifact holding a file part (and a text part)  |
+//! | `data`   | completes with an artifact holding a data part (and a text part)  |
 //! | anything else | completes with a text artifact (a `synapse reply`)           |
 //!
 //! The first rule that matches wins (case-insensitive). A follow-up on a task that asked for
@@ -21,7 +25,7 @@ use super::wrapper::connect;
 use crate::api::{self, InboxTicket, TicketKind};
 use crate::client::{Client, ClientError};
 use crate::config::Paths;
-use crate::event::{AgentStatus, Artifact, TaskState};
+use crate::event::{AgentStatus, Artifact, Part, TaskState};
 use anyhow::Context;
 use std::io::Write;
 
@@ -35,6 +39,9 @@ pub enum Scenario {
     AskInput,
     Stream,
     Wait,
+    Message,
+    File,
+    Data,
     Complete,
 }
 
@@ -49,10 +56,19 @@ pub fn scenario_of(text: &str) -> Scenario {
         Scenario::Stream
     } else if text.contains("wait") {
         Scenario::Wait
+    } else if text.contains("message") {
+        Scenario::Message
+    } else if text.contains("file") {
+        Scenario::File
+    } else if text.contains("data") {
+        Scenario::Data
     } else {
         Scenario::Complete
     }
 }
+
+/// The file the `file` scenario attaches (a `data:` URL: the content travels with it).
+pub const SCENARIO_FILE_URI: &str = "data:text/plain;base64,c2NlbmFyaW8gcmVwb3J0Cg==";
 
 /// Number of artifacts the `stream` scenario sends before completing.
 pub const STREAM_CHUNKS: usize = 3;
@@ -162,7 +178,8 @@ impl Agent {
         artifacts: Vec<Artifact>,
         error: Option<String>,
     ) -> anyhow::Result<()> {
-        client.update_task(&self.id, task_id, &api::TaskUpdate { state, artifacts, error }).await?;
+        let update = api::TaskUpdate { state, artifacts, error, as_message: false };
+        client.update_task(&self.id, task_id, &update).await?;
         Ok(())
     }
 
@@ -192,6 +209,39 @@ impl Agent {
                     self.update(client, task_id, TaskState::Working, vec![artifact], None).await?;
                 }
                 self.complete(client, ticket, &format!("scenario agent: streamed {STREAM_CHUNKS} chunks")).await
+            }
+            Scenario::Message => {
+                let update = api::TaskUpdate {
+                    state: TaskState::Completed,
+                    artifacts: vec![Artifact::text(format!("scenario agent: a message for you: {preview}"))],
+                    error: None,
+                    as_message: true,
+                };
+                client.update_task(&self.id, task_id, &update).await?;
+                Ok(())
+            }
+            Scenario::File => {
+                let file = Part::File {
+                    name: Some("report.txt".into()),
+                    uri: Some(SCENARIO_FILE_URI.into()),
+                    mime_type: Some("text/plain".into()),
+                };
+                let artifact = Artifact {
+                    name: Some("report".into()),
+                    parts: vec![Part::Text { text: "scenario agent: the report is attached".into() }, file],
+                };
+                self.update(client, task_id, TaskState::Completed, vec![artifact], None).await
+            }
+            Scenario::Data => {
+                let data = serde_json::json!({"request": text, "answer": 42, "items": ["a", "b"]});
+                let artifact = Artifact {
+                    name: Some("result".into()),
+                    parts: vec![
+                        Part::Text { text: "scenario agent: the data is attached".into() },
+                        Part::Data { json: data.to_string() },
+                    ],
+                };
+                self.update(client, task_id, TaskState::Completed, vec![artifact], None).await
             }
             Scenario::Complete => self.complete(client, ticket, &format!("scenario agent: done: {preview}")).await,
         }
@@ -227,6 +277,9 @@ mod tests {
         assert_eq!(scenario_of("I need input"), Scenario::AskInput);
         assert_eq!(scenario_of("stream it"), Scenario::Stream);
         assert_eq!(scenario_of("wait for me"), Scenario::Wait);
+        assert_eq!(scenario_of("a MESSAGE with data"), Scenario::Message);
+        assert_eq!(scenario_of("send the file"), Scenario::File);
+        assert_eq!(scenario_of("some data please"), Scenario::Data);
         assert_eq!(scenario_of("hello"), Scenario::Complete);
     }
 }

@@ -241,4 +241,8 @@ pub struct TaskUpdate {
     pub artifacts: Vec<Artifact>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The agent answers with a message instead of a task result (an A2A client that sent the
+    /// message gets a `Message`); only with `completed`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub as_message: bool,
 }

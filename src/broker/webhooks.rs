@@ -622,6 +622,7 @@ mod tests {
                 artifacts: vec![],
                 error: None,
                 reply_of: None,
+                as_message: false,
             },
         ));
         assert!(outbox.deliveries().is_empty(), "working is not a webhook event");
@@ -633,6 +634,7 @@ mod tests {
                 artifacts: vec![],
                 error: None,
                 reply_of: None,
+                as_message: false,
             },
         ));
         outbox.apply(&envelope(4, Event::TaskCanceled { task_id: "u".into(), reason: None }));

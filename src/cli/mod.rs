@@ -173,8 +173,8 @@ pub enum Command {
     /// The built-in dummy agent (what the `dummy` profile runs)
     #[command(name = "dummy-agent", hide = true)]
     DummyAgent,
-    /// The built-in scenario agent: no PTY, answers by rule (fail, input, stream, wait, else
-    /// complete); prints its registration as one JSON line
+    /// The built-in scenario agent: no PTY, answers by rule (fail, input, stream, wait, message,
+    /// file, data, else complete); prints its registration as one JSON line
     #[command(name = "scenario-agent", hide = true)]
     ScenarioAgent {
         /// Port for the agent's endpoints (default: any free port)

@@ -266,6 +266,10 @@ pub enum Event {
         /// (the replier's task) becomes one more text artifact, after `artifacts`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reply_of: Option<String>,
+        /// The agent answered with a message instead of a task result (A2A: a `Message` as the
+        /// answer to a send); only with `completed`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        as_message: bool,
     },
     TaskCanceled {
         task_id: String,

@@ -226,6 +226,7 @@ fn samples() -> Vec<Event> {
             artifacts: vec![Artifact { name: Some("reply".into()), parts: vec![Part::Text { text: "ok".into() }] }],
             error: Some("needs a file name".into()),
             reply_of: Some(receiver_task()),
+            as_message: true,
         },
         Event::TaskCanceled { task_id: sender_task(), reason: Some("no longer needed".into()) },
         Event::FileLockAcquired {

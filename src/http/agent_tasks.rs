@@ -29,6 +29,7 @@ pub async fn update_task(
         state: update.state,
         artifacts: update.artifacts,
         error: update.error,
+        as_message: update.as_message,
     };
     task_outcome(state.writer.submit(Command::UpdateTask(request)).await?)
 }

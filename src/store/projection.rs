@@ -591,6 +591,7 @@ impl<'txn> Projections<'txn> {
                     artifact_texts: Vec::new(),
                     sent_by_user: false,
                     follow_ups: Vec::new(),
+                    as_message: false,
                 };
                 // The deciders refuse a taken id, but a log may still hold one created twice:
                 // the second replaces the first, and so do its index rows.
@@ -705,10 +706,11 @@ impl<'txn> Projections<'txn> {
                     }
                 }
             }
-            Event::TaskStateChanged { task_id, state, artifacts, error, reply_of } => {
+            Event::TaskStateChanged { task_id, state, artifacts, error, reply_of, as_message } => {
                 if let Some(mut task) = self.task_row(task_id)? {
                     let was = task_index_rows(&task);
                     task.state = *state;
+                    task.as_message = *as_message;
                     task.artifacts.extend(artifacts.iter().cloned());
                     // A long reply: an artifact without parts, its text read from the log.
                     if let Some(replier_task) = reply_of {

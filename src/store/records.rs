@@ -94,6 +94,9 @@ pub struct TaskRecord {
     /// The messages after the first, in order (A2A multi-turn, `task_continued`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub follow_ups: Vec<FollowUp>,
+    /// The agent answered with a message, not a task result (`task_state_changed.as_message`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub as_message: bool,
 }
 
 impl TaskRecord {

@@ -175,6 +175,7 @@ fn event() -> impl Strategy<Value = Event> {
             artifacts: vec![Artifact::text("out")],
             error: None,
             reply_of,
+            as_message: false,
         }),
         task().prop_map(|task_id| Event::TaskCanceled { task_id, reason: None }),
         (agent(), prop::sample::select(vec!["/tmp/a", "/tmp/b"])).prop_map(|(agent_id, path)| {
@@ -551,6 +552,7 @@ fn search_event() -> impl Strategy<Value = Event> {
             artifacts: vec![Artifact::text(text)],
             error: None,
             reply_of: None,
+            as_message: false,
         }),
     ]
 }
@@ -839,6 +841,7 @@ fn long_exchange(text: &str, reply: &str) -> (Vec<Event>, Vec<Event>) {
         artifacts: Vec::new(),
         error: None,
         reply_of: Some(receiver_task.clone()),
+        as_message: false,
     };
     let answer = vec![
         Event::ReplyPosted {

@@ -420,6 +420,7 @@ async fn fail_ticket(client: &mut Client, shared: &Shared, ticket: &InboxTicket,
         state: crate::event::TaskState::Failed,
         artifacts: Vec::new(),
         error: Some(format!("not delivered to {}: {reason}", shared.agent_id)),
+        as_message: false,
     };
     if let Err(error) = client.update_task(&shared.agent_id, task_id, &update).await {
         tracing::debug!("cannot mark task {task_id} failed: {error:#}");

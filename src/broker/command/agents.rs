@@ -79,6 +79,7 @@ pub fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) 
                 artifacts: Vec::new(),
                 error: Some(reason.clone()),
                 reply_of: None,
+                as_message: false,
             };
             if let Some(sender_task) = view.open_outgoing_of(&task)?
                 && !sender_task.state.is_final()
@@ -260,6 +261,7 @@ pub fn decide_ack_injection(view: &Projections<'_>, agent_id: &str, ticket: u64)
             artifacts: Vec::new(),
             error: None,
             reply_of: None,
+            as_message: false,
         });
     }
     Ok(Decision { actor: Some(agent_id.to_string()), events, answer: Answer::Injected { ticket } })

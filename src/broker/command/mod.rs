@@ -277,6 +277,7 @@ mod tests {
             state: TaskState::InputRequired,
             artifacts: vec![crate::event::Artifact::text("which one?")],
             error: None,
+            as_message: false,
         });
         run(&store, START_MS + 1_000, asked);
         let long = "blue ".repeat(crate::event::INLINE_TEXT_MAX_BYTES);

@@ -31,6 +31,8 @@ pub struct UpdateTaskRequest {
     pub state: TaskState,
     pub artifacts: Vec<Artifact>,
     pub error: Option<String>,
+    /// The answer is a message, not a task result (A2A `Message`); only with `completed`.
+    pub as_message: bool,
 }
 
 #[derive(Debug, Clone)]

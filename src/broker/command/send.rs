@@ -325,6 +325,7 @@ pub fn decide_continue(
         artifacts: Vec::new(),
         error: None,
         reply_of: None,
+        as_message: false,
     };
     let events = vec![
         Event::TaskContinued {
@@ -442,6 +443,7 @@ fn decide_reply(
             artifacts: artifacts.clone(),
             error: None,
             reply_of: reply_of.clone(),
+            as_message: false,
         },
         Event::TaskStateChanged {
             task_id: receiver_task.id.clone(),
@@ -449,6 +451,7 @@ fn decide_reply(
             artifacts,
             error: None,
             reply_of,
+            as_message: false,
         },
     ];
     if let Some(owner) = &sender_task.owner {

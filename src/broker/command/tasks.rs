@@ -55,6 +55,13 @@ pub fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -
         ))
         .into());
     }
+    if request.as_message && request.state != TaskState::Completed {
+        return Err(CommandError::bad(format!(
+            "an answer given as a message completes the task (state completed, not {})",
+            request.state
+        ))
+        .into());
+    }
     if task.state.is_final() {
         return Err(CommandError::conflict(format!(
             "task {} is already {}; nothing changed",
@@ -69,6 +76,7 @@ pub fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -
         artifacts: request.artifacts.clone(),
         error: request.error.clone(),
         reply_of: None,
+        as_message: request.as_message,
     };
     let mut events = vec![change(&task.id)];
     if let Some(sender_task) = view.open_outgoing_of(&task)?

@@ -5,13 +5,14 @@
 //! task index (`TaskIndexKind::Served`), never by decoding every task.
 
 use super::params::{bool_param, count_param, find_task, string_param, task_id_param};
-use super::shapes::{is_done, parse_state, task_json};
+use super::shapes::{answer_message_json, is_done, parse_state, task_json};
 use super::{
     CONTENT_TYPE_NOT_SUPPORTED, DEFAULT_PAGE_SIZE, INTERNAL_ERROR, MAX_CONTEXT_ID_CHARS, MAX_PAGE_SIZE, RpcError,
     TASK_NOT_CANCELABLE, TASK_NOT_FOUND, UNSUPPORTED_OPERATION, Version,
 };
 use crate::broker::command::{Actor, Command, CommandError, ContinueRequest, Outcome, SendRequest, default_priority};
 use crate::broker::tail;
+use crate::event::TaskState;
 use crate::http::{AppState, MAX_WAIT};
 use crate::store::{TaskIndexKind, TaskRecord};
 use serde_json::{Value, json};
@@ -176,6 +177,14 @@ pub(super) async fn send(state: &AppState, agent: &str, version: Version, params
     let (mut task, _) = submit_send(state, agent, version, &request).await?;
     if request.blocking {
         task = wait_until_done(state, agent, &task.id).await?;
+    }
+    // The agent answered at once with a message: the client gets that message, not a task.
+    if task.as_message && task.state == TaskState::Completed {
+        let message = answer_message_json(version, &task);
+        return Ok(match version {
+            Version::V10 => json!({"message": message}),
+            Version::V03 => message,
+        });
     }
     let task = task_json(version, &task, request.history_length, true);
     Ok(match version {

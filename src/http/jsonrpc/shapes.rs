@@ -80,6 +80,18 @@ pub(super) fn message_json(version: Version, message_id: &str, task: &TaskRecord
     value
 }
 
+/// The agent's answer given as a message instead of a task result (`as_message`): the parts of
+/// its newest artifact, in the task's context, naming no task (A2A: a `Message` answers the
+/// send; the client never hears of a task).
+pub(super) fn answer_message_json(version: Version, task: &TaskRecord) -> Value {
+    let parts = task.artifacts.last().map(|artifact| artifact.parts.as_slice()).unwrap_or_default();
+    let mut value = message_json(version, &format!("{}-answer", task.id), task, Role::Agent, parts);
+    if let Some(object) = value.as_object_mut() {
+        object.remove("taskId");
+    }
+    value
+}
+
 /// An artifact; its id is its position in the task (artifacts are only ever appended).
 pub fn artifact_json(version: Version, index: usize, artifact: &Artifact) -> Value {
     let mut value = json!({
