@@ -738,6 +738,15 @@ fn a_follow_up_with_the_task_id_continues_a_task_that_asks_for_input_in_v1_shape
     assert_eq!(again["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{again}");
     let continued = home.events().iter().filter(|e| e["event"]["kind"] == "task_continued").count();
     assert_eq!(continued, 1, "one follow-up in the log");
+    // The follow-up's words are searched like the first message's (both sides of the task).
+    let found: Value = serde_json::from_str(&home.ok(&["history", "search", "blue", "--json"])).unwrap();
+    let found = found.to_string();
+    assert!(found.contains(asking["id"].as_str().unwrap()), "the follow-up is searchable: {found}");
+    assert!(home.ok(&["history", "search", "turquoise"]).contains("No records."));
+    // The legacy task view shows the follow-up too, after the first message.
+    let (_, legacy) = home.http("GET", &format!("/tasks/{}", asking["id"].as_str().unwrap()), None, &[]);
+    assert_eq!(legacy["task"]["message"]["parts"][0]["text"], "I need input", "{legacy}");
+    assert_eq!(legacy["task"]["follow_ups"][0]["parts"][0]["text"], "use the blue one", "{legacy}");
     // A new follow-up to the completed task is refused, and makes no task.
     let late =
         json!({"messageId": "turn-3", "role": "ROLE_USER", "parts": [{"text": "and red?"}], "taskId": asking["id"]});

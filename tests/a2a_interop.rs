@@ -132,3 +132,70 @@ fn the_python_synapse_client_sends_and_waits_for_a_reply_from_a_synapse_agent() 
     let url = [format!("http://127.0.0.1:{}", dummy["port"])];
     run_script("python_synapse.py", &url, Some(&python_home), "PYTHON SYNAPSE OK");
 }
+
+/// Issue 15, mixed teams, the other direction: `synapse send` to a Python Synapse agent
+/// started from the package (`tests/python_agent.py` wraps a small dummy CLI, as the wheel has
+/// none). The message names the user's reply token as `sender_task_id` and this broker's
+/// `/external-replies` as `sender_endpoint`; the Python agent's `synapse reply` posts there
+/// with `in_reply_to` = the token, which completes the user's task, and `--wait` prints it.
+#[test]
+fn synapse_send_to_a_python_synapse_agent_gets_its_reply_back() {
+    let home = Home::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let root = home.dir.path().join("python-agent");
+    std::fs::create_dir_all(&root).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python_agent.py");
+    let mut agent = std::process::Command::new(python())
+        .arg(&script)
+        .arg(port.to_string())
+        .arg(&root)
+        .env_remove("SYNAPSE_AGENT_ID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = agent.stdout.take().unwrap();
+    let _agent = Killed(agent);
+    // Its readiness line, or the end of its output (it failed), within the deadline.
+    let (ready_sender, ready) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(output).lines() {
+            let Ok(line) = line else { break };
+            if line.starts_with("PYTHON AGENT") {
+                let _ = ready_sender.send(line);
+                return;
+            }
+        }
+        let _ = ready_sender.send("no readiness line".into());
+    });
+    let line = ready.recv_timeout(SCRIPT_DEADLINE).expect("the Python agent did not start in time");
+    assert_eq!(line, format!("PYTHON AGENT READY {port}"), "the Python agent did not start");
+
+    home.ok(&["external", "add", &format!("http://127.0.0.1:{port}"), "--alias", "py"]);
+    let asked = home.cmd(&["send", "py", "what is 6 x 7?", "--wait", "120", "--json"]).output().unwrap();
+    assert!(asked.status.success(), "{}", describe(&asked));
+    let answer: Value = serde_json::from_slice(&asked.stdout).unwrap();
+    assert_eq!(answer["task"]["state"], "completed", "{answer}");
+    let reply = answer["task"]["artifacts"][0]["parts"][0]["text"].as_str().unwrap_or_default();
+    assert!(reply.contains("Python auto-reply") && reply.contains("what is 6 x 7?"), "{answer}");
+    let task_id = answer["reply_task_id"].as_str().unwrap();
+    let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
+    assert_eq!(task["task"]["status"], "completed", "{task}");
+
+    // The Python agent got the token as sender_task_id (its task keeps our metadata); the
+    // token completed our task once and never shows here.
+    let remote_id = answer["task"]["id"].as_str().unwrap();
+    let (status, remote) = http_tcp(port, "GET", &format!("/tasks/{remote_id}"), None, &[]);
+    assert_eq!(status, 200, "{remote}");
+    let remote = remote.get("task").cloned().unwrap_or(remote);
+    let token = remote["metadata"]["sender_task_id"].as_str().unwrap_or_else(|| panic!("{remote}")).to_string();
+    assert_eq!(token.len(), 64, "{remote}");
+    let events = home.ok(&["events", "--json"]);
+    assert!(events.contains("external_reply_received"), "{events}");
+    assert!(!events.contains(&token) && !task.to_string().contains(&token), "the token leaked");
+
+    // Plain text too: the reply printed as it came.
+    let asked = home.cmd(&["send", "py", "and 7 x 8?", "--wait", "120"]).output().unwrap();
+    assert!(asked.status.success(), "{}", describe(&asked));
+    assert!(stdout(&asked).contains("Python auto-reply: and 7 x 8?"), "{}", describe(&asked));
+}

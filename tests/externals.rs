@@ -160,3 +160,128 @@ fn unreachable_slow_and_malformed_endpoints_fail_clearly_and_quickly() {
     }
     assert!(home.ok(&["external", "list"]).contains("No external agents"));
 }
+
+/// A fake external A2A agent: its card, and `POST /tasks/send` answered with a working task;
+/// every message it gets is passed on through the channel. It has no event stream (a Python
+/// Synapse agent has none either).
+fn fake_external() -> (u16, std::sync::mpsc::Receiver<Value>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sender, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 4096];
+            let head_end = loop {
+                let Ok(read) = stream.read(&mut buffer) else { break None };
+                if read == 0 {
+                    break None;
+                }
+                request.extend_from_slice(&buffer[..read]);
+                if let Some(end) = request.windows(4).position(|window| window == b"\r\n\r\n") {
+                    break Some(end + 4);
+                }
+            };
+            let Some(head_end) = head_end else { continue };
+            let head = String::from_utf8_lossy(&request[..head_end]).to_string();
+            let length: usize = head
+                .lines()
+                .find_map(|line| {
+                    line.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
+                })
+                .and_then(|value| value.parse().ok())
+                .unwrap_or(0);
+            while request.len() < head_end + length {
+                let Ok(read) = stream.read(&mut buffer) else { break };
+                if read == 0 {
+                    break;
+                }
+                request.extend_from_slice(&buffer[..read]);
+            }
+            let (status, body) = if head.starts_with("GET /.well-known/agent-card.json") {
+                ("200 OK", r#"{"name":"Fake Reviewer"}"#.to_string())
+            } else if head.starts_with("POST /tasks/send") {
+                let message: Value = serde_json::from_slice(&request[head_end..]).unwrap_or(Value::Null);
+                let _ = sender.send(message);
+                ("200 OK", r#"{"task":{"id":"remote-1","status":"working"}}"#.to_string())
+            } else {
+                ("404 Not Found", r#"{"error":"no"}"#.to_string())
+            };
+            let _ = stream.write_all(
+                format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    (port, received)
+}
+
+fn broker_port(home: &Home) -> u16 {
+    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
+    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
+}
+
+/// Issue 15: a reply from an external agent (a Python Synapse agent has no agent secret) is
+/// taken only with the random reply token the user's message carried as `sender_task_id`: a
+/// task id (shown by events and history) proves nothing, a token is spent by its first reply,
+/// and the token itself never shows in the log, the task or history.
+#[test]
+fn an_external_reply_completes_the_users_task_only_with_its_token_and_only_once() {
+    let (port, received) = fake_external();
+    let home = Home::new();
+    home.ok(&["external", "add", &format!("http://127.0.0.1:{port}"), "--alias", "fake"]);
+    let sent = local(&home, &["send", "fake", "review the parser", "--response", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let sent: Value = serde_json::from_slice(&sent.stdout).unwrap();
+    let task_id = sent["reply_task_id"].as_str().unwrap_or_else(|| panic!("a task waits for the reply: {sent}"));
+    let message = received.recv_timeout(Duration::from_secs(30)).unwrap();
+    let metadata = &message["metadata"];
+    let token = metadata["sender_task_id"].as_str().unwrap().to_string();
+    assert!(token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()), "a random token: {message}");
+    assert_eq!(metadata["response_mode"], "wait", "{message}");
+    let endpoint = format!("http://127.0.0.1:{}/external-replies", broker_port(&home));
+    assert_eq!(metadata["sender"]["sender_endpoint"], endpoint.as_str(), "{message}");
+    let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
+    assert_eq!(task["task"]["status"], "working", "{task}");
+
+    let broker = broker_port(&home);
+    let reply = |in_reply_to: &str, text: &str| {
+        let body = serde_json::json!({
+            "message": {"role": "user", "parts": [{"type": "text", "text": text}]},
+            "metadata": {"response_mode": "silent", "in_reply_to": in_reply_to,
+                         "sender": {"sender_id": "synapse-dummy-8110", "sender_type": "dummy"}},
+        })
+        .to_string();
+        http_tcp(broker, "POST", "/external-replies/tasks/send-priority?priority=3", Some(body.as_bytes()), &[])
+    };
+    // The task id is public: it completes nothing. Nor does a guess, or no token at all.
+    for forged in [task_id, &task_id[..8], "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"] {
+        let (status, answer) = reply(forged, "forged approval");
+        assert_eq!(status, 404, "{forged}: {answer}");
+    }
+    let body = serde_json::json!({"message": {"parts": [{"type": "text", "text": "no token"}]}}).to_string();
+    let (status, answer) = http_tcp(broker, "POST", "/external-replies/tasks/send", Some(body.as_bytes()), &[]);
+    assert_eq!(status, 400, "{answer}");
+    let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
+    assert_eq!(task["task"]["status"], "working", "nothing forged completed it: {task}");
+
+    let (status, answer) = reply(&token, "LGTM, one nit");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["task"]["status"], "completed", "{answer}");
+    let (status, answer) = reply(&token, "a second answer");
+    assert_eq!(status, 404, "a token is spent by its first reply: {answer}");
+    let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
+    assert_eq!(task["task"]["artifacts"][0]["parts"][0]["text"], "LGTM, one nit", "{task}");
+
+    // The token never shows: not in the log, the task, or history.
+    let events = home.ok(&["events", "--json"]);
+    assert!(events.contains("external_reply_received"), "{events}");
+    for shown in [events, task.to_string(), home.ok(&["history", "list", "--json"]), home.ok(&["events"])] {
+        assert!(!shown.contains(&token), "the token leaked: {shown}");
+    }
+    // The projections (the spent token included) are what a replay of the log gives.
+    assert!(home.ok(&["admin", "verify"]).starts_with("ok"));
+}

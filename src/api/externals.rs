@@ -59,6 +59,10 @@ pub struct ExternalSent {
     pub task: Option<RemoteTask>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timed_out: Option<bool>,
+    /// The user's own task that waits for the reply (when one is expected): `synapse history`,
+    /// `GET /tasks/{id}` and `synapse cancel` know it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_task_id: Option<String>,
 }
 
 /// What the CLI reads of a remote task or status update; the rest is kept as it came.

@@ -94,6 +94,10 @@ pub struct Task {
     pub context_id: String,
     pub status: TaskState,
     pub message: MessageView,
+    /// The messages after the first, in order (A2A multi-turn: each follow-up the sender gave
+    /// while the task asked for input); absent when there is none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub follow_ups: Vec<MessageView>,
     pub artifacts: Vec<ArtifactView>,
     #[serde(default)]
     pub error: Option<String>,

@@ -123,6 +123,13 @@ pub(super) async fn send(
             task.id.as_deref().unwrap_or_default(),
             task.status_text().unwrap_or_default()
         );
+        if let Some(reply_task) = &answer.reply_task_id {
+            println!(
+                "Reply expected: your task {reply_task} ({}) completes with it (synapse history show {})",
+                crate::event::short_id(reply_task),
+                crate::event::short_id(reply_task)
+            );
+        }
         return Ok(0);
     }
     match (answer.timed_out, task.state.as_deref(), task.reply_text()) {

@@ -24,8 +24,9 @@ pub use types::*;
 /// `task_continued` and `ticket_issued.turn` (an older build would write a follow-up's ticket
 /// with the task's first message). Version 6: `push_config_set` and `push_config_deleted` (an
 /// older build would lose an A2A client's push notifications), `message_sent.unverified_sender`,
-/// `sender_endpoint` and `external_task_id`.
-pub const SCHEMA_VERSION: u32 = 6;
+/// `sender_endpoint` and `external_task_id`. Version 7: `external_message_sent` and
+/// `external_reply_received` (an older build could not read a reply to an external message).
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// Texts longer than this (bytes) are stored once per send and once per reply: the
 /// `message_sent` / `reply_posted` event carries the text, and the tasks refer to it
@@ -406,6 +407,31 @@ pub enum Event {
         task_id: String,
         config_id: String,
     },
+    /// The user sent a message to an external agent (`synapse send <alias>`, `external send`)
+    /// and waits for its reply: the task (`task_created` before it: owner none, peer
+    /// `external:<alias>`) is completed by a reply that names the send's reply token, once.
+    ExternalMessageSent {
+        task_id: String,
+        alias: String,
+        /// SHA-256 (hex) of the random reply token sent as `metadata.sender_task_id`: the
+        /// token itself is never stored, shown or answered.
+        reply_token_sha256: String,
+        /// Sent by the user (the only sender of external messages): only the user cancels it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        by_user: bool,
+    },
+    /// An external agent answered an `external_message_sent` with its reply token: `text`
+    /// completes the task (a `task_state_changed` to `completed` follows in the same batch).
+    ExternalReplyReceived {
+        task_id: String,
+        /// The name the replier gave (`metadata.sender.sender_id`), unverified; none when it
+        /// gave none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
+        text: String,
+        /// The token the reply named (its SHA-256): spent, never taken again.
+        reply_token_sha256: String,
+    },
 }
 
 fn is_zero(number: &u32) -> bool {
@@ -442,6 +468,8 @@ impl Event {
             Event::TaskContinued { .. } => "task_continued",
             Event::PushConfigSet { .. } => "push_config_set",
             Event::PushConfigDeleted { .. } => "push_config_deleted",
+            Event::ExternalMessageSent { .. } => "external_message_sent",
+            Event::ExternalReplyReceived { .. } => "external_reply_received",
         }
     }
 
@@ -558,6 +586,15 @@ impl Event {
             Event::PushConfigDeleted { task_id, config_id } => {
                 format!("push config {config_id} of task {} deleted", short_id(task_id))
             }
+            Event::ExternalMessageSent { task_id, alias, .. } => {
+                format!("message to external agent {alias} (task {}, reply expected)", short_id(task_id))
+            }
+            Event::ExternalReplyReceived { task_id, from, text, .. } => format!(
+                "{} (external, unverified) replied (task {}): {}",
+                from.as_deref().unwrap_or("an external agent"),
+                short_id(task_id),
+                preview(text, 60)
+            ),
         }
     }
 }

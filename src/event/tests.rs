@@ -95,7 +95,7 @@ fn without_nulls(value: Value) -> Value {
 }
 
 /// Number of variants of [`Event`]; [`variant_number`] names each one.
-const VARIANT_COUNT: usize = 26;
+const VARIANT_COUNT: usize = 28;
 
 /// Position of the event's variant in the enum. Exhaustive on purpose: a new variant does not
 /// compile until it is numbered here, and `samples_cover_every_variant_in_enum_order` then fails
@@ -128,6 +128,8 @@ fn variant_number(event: &Event) -> usize {
         Event::TaskContinued { .. } => 23,
         Event::PushConfigSet { .. } => 24,
         Event::PushConfigDeleted { .. } => 25,
+        Event::ExternalMessageSent { .. } => 26,
+        Event::ExternalReplyReceived { .. } => 27,
     }
 }
 
@@ -296,6 +298,18 @@ fn samples() -> Vec<Event> {
             credentials_ref: Some("c2b8e4d1-5a6f-4b7c-9d0e-1f2a3b4c5d6e".into()),
         },
         Event::PushConfigDeleted { task_id: sender_task(), config_id: "cfg-1".into() },
+        Event::ExternalMessageSent {
+            task_id: sender_task(),
+            alias: "py-reviewer".into(),
+            reply_token_sha256: "9f2c1d4e8b7a6f5e4d3c2b1a0f9e8d7c6b5a49382716f5e4d3c2b1a0f9e8d7c6".into(),
+            by_user: true,
+        },
+        Event::ExternalReplyReceived {
+            task_id: sender_task(),
+            from: Some("synapse-dummy-8110".into()),
+            text: "LGTM".into(),
+            reply_token_sha256: "9f2c1d4e8b7a6f5e4d3c2b1a0f9e8d7c6b5a49382716f5e4d3c2b1a0f9e8d7c6".into(),
+        },
     ]
 }
 

@@ -45,9 +45,11 @@ impl AuthConfig {
     }
 }
 
-/// Paths that stay open: agent cards and status.
+/// Paths that stay open: agent cards and status, and the replies of external agents (the
+/// reply token they name is their proof, see `http::externals`).
 fn is_open(path: &str) -> bool {
-    path.ends_with("/.well-known/agent.json")
+    path.starts_with("/external-replies/")
+        || path.ends_with("/.well-known/agent.json")
         || path.ends_with("/.well-known/agent-card.json")
         || path == "/status"
         || (path.starts_with("/agents/") && path.ends_with("/status"))

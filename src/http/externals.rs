@@ -4,7 +4,7 @@ use super::error::answer;
 use super::extract::parse_body;
 use super::{ApiError, ApiResult, AppState};
 use crate::api;
-use crate::broker::command::{Command, Outcome};
+use crate::broker::command::{Command, ExternalReplyRequest, ExternalSendRequest, Outcome};
 use crate::broker::externals::{ExternalCommand, alias_from_name};
 use crate::broker::outbound;
 use axum::body::Bytes;
@@ -21,7 +21,14 @@ pub fn routes() -> axum::Router<AppState> {
         .route("/external", get(list).post(add))
         .route("/external/{alias}", get(info).delete(remove))
         .route("/external/{alias}/send", post(send))
+        .route("/external-replies/tasks/send", post(reply))
+        .route("/external-replies/tasks/send-priority", post(reply))
 }
+
+/// Where external agents post their replies: the `sender_endpoint` of the user's messages to
+/// them (A2A `POST <endpoint>/tasks/send`, as a Python Synapse agent answers). The reply token
+/// it names is the proof; no key or secret is asked (see `http::auth`).
+pub const REPLIES_PATH: &str = "/external-replies";
 
 /// The longest a send may follow the remote task (`wait_seconds` is capped to it).
 const FOLLOW_SECONDS_MAX: u64 = 24 * 60 * 60;
@@ -155,10 +162,81 @@ async fn send(
         return Err(ApiError::bad(format!("priority must be between 1 and 5 (got '{priority}')")));
     }
     let external = known(&state, &alias)?;
+    let response_expected = body.response_expected.unwrap_or(body.wait_seconds.is_some());
+    let mut metadata = json!({"response_expected": response_expected});
+    // A reply is expected: the user's own task waits for it, and the message names a random
+    // reply token (the log keeps its SHA-256) and this broker's reply endpoint, where the
+    // remote agent posts its answer naming the token (as a Python Synapse agent does).
+    let waiting = if response_expected {
+        let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let request = ExternalSendRequest {
+            alias: alias.clone(),
+            text: body.text.clone(),
+            priority: body.priority.unwrap_or(crate::broker::command::default_priority()),
+            reply_token_sha256: crate::secret::hash_secret(&token),
+        };
+        let task = match state.writer.submit(Command::SendExternal(request)).await? {
+            Outcome::Task { task } => task,
+            _ => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unexpected answer from the writer")),
+        };
+        let port = state.port.load(std::sync::atomic::Ordering::Relaxed);
+        metadata["response_mode"] = json!("wait");
+        metadata["sender_task_id"] = json!(token);
+        metadata["sender"] = json!({
+            "sender_id": USER_SENDER_ID,
+            "sender_name": "Synapse user",
+            "sender_endpoint": format!("http://127.0.0.1:{port}{REPLIES_PATH}"),
+        });
+        Some((task.id, token))
+    } else {
+        None
+    };
     let message = json!({
         "message": {"role": "user", "parts": [{"type": "text", "text": body.text}]},
-        "metadata": {"response_expected": body.response_expected.unwrap_or(body.wait_seconds.is_some())},
+        "metadata": metadata,
     });
+    let reply_task_id = waiting.as_ref().map(|(task_id, _)| task_id.clone());
+    let sent = deliver(&state, &alias, &external, &body, message).await;
+    let task = match sent {
+        Ok(task) => task,
+        Err(error) => {
+            if let Some((task_id, _)) = &waiting {
+                let failed =
+                    Command::ExternalSendFailed { task_id: task_id.clone(), error: error.message().to_string() };
+                if let Err(error) = state.writer.submit(failed).await {
+                    tracing::warn!("cannot mark the external message {task_id} failed: {error}");
+                }
+            }
+            return Err(error);
+        }
+    };
+    let Some(seconds) = body.wait_seconds else {
+        return answer(&api::ExternalSent { task, timed_out: None, reply_task_id });
+    };
+    let limit = Duration::from_secs(seconds.clamp(1, FOLLOW_SECONDS_MAX));
+    let remote_id = task.as_ref().and_then(|task| task.id.clone()).unwrap_or_default();
+    let policy = state.outbound_policy();
+    let mut followed = match &waiting {
+        None => follow(&policy, &external.url, &remote_id, limit).await?,
+        Some((task_id, token)) => {
+            wait_for_reply(&state, &policy, &external.url, &remote_id, task_id, token, limit).await?
+        }
+    };
+    followed.reply_task_id = reply_task_id;
+    answer(&followed)
+}
+
+/// The name a message from the user gives as its sender (`metadata.sender.sender_id`).
+const USER_SENDER_ID: &str = "synapse-user";
+
+/// Posts `message` to the external agent; answers the remote task it created, if it said.
+async fn deliver(
+    state: &AppState,
+    alias: &str,
+    external: &crate::broker::externals::External,
+    body: &SendBody,
+    message: Value,
+) -> Result<Option<api::RemoteTask>, ApiError> {
     // An A2A message's metadata has no priority (SPEC §3): a Synapse agent takes it in the query
     // of its own endpoint, which only a priority other than the default needs, so a peer
     // without that endpoint still takes every other message.
@@ -188,11 +266,153 @@ async fn send(
             format!("{alias} refused the message ({}): {reason}", remote.status),
         ));
     }
-    let task = remote_task(sent.get("task").cloned().unwrap_or(Value::Null));
-    let Some(seconds) = body.wait_seconds else { return answer(&api::ExternalSent { task, timed_out: None }) };
-    let task_id = task.as_ref().and_then(|task| task.id.clone()).unwrap_or_default();
-    let limit = Duration::from_secs(seconds.clamp(1, FOLLOW_SECONDS_MAX));
-    answer(&follow(&policy, &external.url, &task_id, limit).await?)
+    Ok(remote_task(sent.get("task").cloned().unwrap_or(Value::Null)))
+}
+
+/// Waits for the reply to the user's task `task_id`: the reply posted with its token, or the
+/// remote task's own end when its event stream can be followed (another Synapse broker; a
+/// Python agent has none), whichever comes first. A reply seen on the stream completes the
+/// task with the token, so a later post of the same reply is refused: the reply counts once.
+async fn wait_for_reply(
+    state: &AppState,
+    policy: &outbound::Policy,
+    base: &str,
+    remote_id: &str,
+    task_id: &str,
+    token: &str,
+    limit: Duration,
+) -> Result<api::ExternalSent, ApiError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let local = wait_until_final(state, task_id, deadline);
+    tokio::pin!(local);
+    let remote = async {
+        if remote_id.is_empty() {
+            return None;
+        }
+        follow(policy, base, remote_id, limit).await.ok().filter(|followed| followed.timed_out == Some(false))
+    };
+    tokio::pin!(remote);
+    let mut remote_done = false;
+    loop {
+        tokio::select! {
+            task = &mut local => return Ok(local_answer(remote_id, task?)),
+            followed = &mut remote, if !remote_done => {
+                remote_done = true;
+                let Some(followed) = followed else { continue };
+                let remote_task = followed.task.clone().unwrap_or_default();
+                let command = match (remote_task.state.as_deref(), remote_task.reply_text()) {
+                    (Some("completed"), Some(reply)) => Command::ExternalReply(ExternalReplyRequest {
+                        reply_token: token.to_string(),
+                        from: None,
+                        text: reply.to_string(),
+                    }),
+                    (state, _) => Command::ExternalSendFailed {
+                        task_id: task_id.to_string(),
+                        error: format!("the remote task ended {} without a reply", state.unwrap_or("unknown")),
+                    },
+                };
+                // A reply posted meanwhile was first: the task says what happened.
+                let _ = state.writer.submit(command).await;
+            }
+        }
+    }
+}
+
+/// Follows the log until the task is final or the deadline passes; answers the task then.
+async fn wait_until_final(
+    state: &AppState,
+    task_id: &str,
+    deadline: tokio::time::Instant,
+) -> Result<crate::store::TaskRecord, ApiError> {
+    loop {
+        let cursor = *state.head.borrow();
+        let task = state
+            .store
+            .read(|view| view.task(task_id))?
+            .ok_or_else(|| ApiError::not_found(format!("Task {task_id} not found")))?;
+        if task.state.is_final() {
+            return Ok(task);
+        }
+        match tokio::time::timeout_at(deadline, crate::broker::tail::wait_past(state, cursor)).await {
+            Ok(true) => continue,
+            Ok(false) | Err(_) => return Ok(task),
+        }
+    }
+}
+
+/// The user's task as the answer of a waited send: its state, and the reply as the artifact.
+fn local_answer(remote_id: &str, task: crate::store::TaskRecord) -> api::ExternalSent {
+    let reply = task.artifacts.last().and_then(|artifact| artifact.parts.first()).and_then(|part| match part {
+        crate::event::Part::Text { text } => Some(text.clone()),
+        _ => None,
+    });
+    let remote = api::RemoteTask {
+        id: (!remote_id.is_empty()).then(|| remote_id.to_string()),
+        state: Some(task.state.as_str().to_string()),
+        artifacts: reply.map(|text| {
+            vec![api::RemoteArtifact {
+                parts: vec![api::RemotePart { text: Some(text), rest: Default::default() }],
+                rest: Default::default(),
+            }]
+        }),
+        status: task.error.map(Value::from),
+        rest: Default::default(),
+    };
+    api::ExternalSent { task: Some(remote), timed_out: Some(!task.state.is_final()), reply_task_id: None }
+}
+
+#[derive(Deserialize)]
+struct ReplyBody {
+    message: ReplyMessage,
+    #[serde(default)]
+    metadata: Option<ReplyMetadata>,
+}
+
+#[derive(Deserialize)]
+struct ReplyMessage {
+    parts: Vec<Value>,
+}
+
+#[derive(Deserialize, Default)]
+struct ReplyMetadata {
+    #[serde(default)]
+    in_reply_to: Option<String>,
+    #[serde(default)]
+    sender: Option<ReplySender>,
+}
+
+#[derive(Deserialize, Default)]
+struct ReplySender {
+    #[serde(default)]
+    sender_id: Option<String>,
+}
+
+/// `POST /external-replies/tasks/send[-priority]`: an external agent's reply to the user's
+/// message, naming its reply token as `metadata.in_reply_to`. Anything else is refused.
+async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body: ReplyBody = parse_body(body)?;
+    let mut texts = Vec::new();
+    for part in &body.message.parts {
+        match part.get("text").and_then(Value::as_str) {
+            Some(text) => texts.push(text),
+            None => return Err(ApiError::bad("a reply has text parts only")),
+        }
+    }
+    let metadata = body.metadata.unwrap_or_default();
+    let Some(token) = metadata.in_reply_to.filter(|token| !token.is_empty()) else {
+        return Err(ApiError::bad(
+            "this endpoint takes replies to the user's messages only: metadata.in_reply_to must name the reply's token",
+        ));
+    };
+    let request = ExternalReplyRequest {
+        reply_token: token,
+        from: metadata.sender.and_then(|sender| sender.sender_id),
+        text: texts.join("\n"),
+    };
+    match state.writer.submit(Command::ExternalReply(request)).await? {
+        Outcome::Task { task } => answer(&super::wire::task_answer(&task)),
+        _ => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unexpected answer from the writer")),
+    }
 }
 
 /// A remote agent's task (or status update) as the API passes it on: an object, whatever else
@@ -220,8 +440,12 @@ async fn follow(
     let mut last: Value = Value::Null;
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => return Ok(api::ExternalSent { task: remote_task(last), timed_out: Some(true) }),
-            Ok(None) => return Ok(api::ExternalSent { task: remote_task(last), timed_out: Some(false) }),
+            Err(_) => {
+                return Ok(api::ExternalSent { task: remote_task(last), timed_out: Some(true), reply_task_id: None });
+            }
+            Ok(None) => {
+                return Ok(api::ExternalSent { task: remote_task(last), timed_out: Some(false), reply_task_id: None });
+            }
             Ok(Some(Err(error))) => return Err(ApiError::new(StatusCode::BAD_GATEWAY, format!("{url}: {error}"))),
             Ok(Some(Ok(frame))) => frame,
         };

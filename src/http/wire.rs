@@ -38,6 +38,7 @@ pub fn task(task: &TaskRecord) -> api::Task {
         context_id: task.context_id.clone(),
         status: task.state,
         message: message(&task.message),
+        follow_ups: task.follow_ups.iter().map(|follow_up| message(&follow_up.message)).collect(),
         artifacts: task.artifacts.iter().map(artifact).collect(),
         error: task.error.clone(),
         created_at: rfc3339(task.created_ms),

@@ -36,18 +36,27 @@ pub fn text_matches(text: &str, keyword: &str, case_sensitive: bool) -> bool {
     words(text).any(|word| lowercase(word).starts_with(&keyword))
 }
 
-/// The searchable text of a task: its message, then its output.
+/// The searchable text of a task: its message, its follow-ups (A2A multi-turn), then its
+/// output.
 fn searchable_text(task: &TaskRecord) -> String {
-    format!("{}\n{}", task.message.joined_text(), output_of(task))
+    let mut text = task.message.joined_text();
+    for follow_up in &task.follow_ups {
+        text.push('\n');
+        text.push_str(&follow_up.message.joined_text());
+    }
+    text.push('\n');
+    text.push_str(&output_of(task));
+    text
 }
 
 /// Calls `visit` with each lowercased word of a task's searchable text, repeats included
 /// (what the index holds). Parts are joined with newlines, so no word spans two of them.
 pub fn visit_task_words(task: &TaskRecord, mut visit: impl FnMut(&str)) {
     let message = task.message.parts.iter();
+    let follow_ups = task.follow_ups.iter().flat_map(|follow_up| follow_up.message.parts.iter());
     let output = task.artifacts.iter().flat_map(|artifact| artifact.parts.iter());
     let mut folded = String::new();
-    for part in message.chain(output) {
+    for part in message.chain(follow_ups).chain(output) {
         let Part::Text { text } = part else { continue };
         for word in words(text) {
             folded.clear();

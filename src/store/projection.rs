@@ -25,6 +25,7 @@ type TaskIndexDef = TableDefinition<'static, TaskIndexKey<'static>, &'static [u8
 /// Agent id to the number of tickets in its inbox (u64, little-endian): a queue's depth in one
 /// read, however long the queue.
 type InboxDepthDef = TableDefinition<'static, &'static str, &'static [u8]>;
+type ReplyTokensDef = TableDefinition<'static, &'static str, &'static [u8]>;
 
 /// A row of the task index: (agent, [`TaskIndexKind`] as u8, order, task id); the value is
 /// empty. The order is the task's `created_seq` (owned and served tasks, oldest first) or its
@@ -93,6 +94,9 @@ pub struct ProjectionNames {
     pub task_index: TaskIndexDef,
     /// Each agent's inbox depth (no row for an empty inbox), kept with the inbox.
     pub inbox_depth: InboxDepthDef,
+    /// The reply tokens of messages to external agents still waiting for their reply: the
+    /// token's SHA-256 (hex) to the task id (see `Event::ExternalMessageSent`).
+    pub reply_tokens: ReplyTokensDef,
 }
 
 pub const LIVE: ProjectionNames = ProjectionNames {
@@ -107,6 +111,7 @@ pub const LIVE: ProjectionNames = ProjectionNames {
     idempotency: TableDefinition::new("idempotency_keys"),
     task_index: TableDefinition::new("task_index"),
     inbox_depth: TableDefinition::new("inbox_depth"),
+    reply_tokens: TableDefinition::new("reply_tokens"),
 };
 
 pub const SCRATCH: ProjectionNames = ProjectionNames {
@@ -121,6 +126,7 @@ pub const SCRATCH: ProjectionNames = ProjectionNames {
     idempotency: TableDefinition::new("scratch_idempotency_keys"),
     task_index: TableDefinition::new("scratch_task_index"),
     inbox_depth: TableDefinition::new("scratch_inbox_depth"),
+    reply_tokens: TableDefinition::new("scratch_reply_tokens"),
 };
 
 impl ProjectionNames {
@@ -136,6 +142,7 @@ impl ProjectionNames {
         txn.delete_table(self.idempotency)?;
         txn.delete_table(self.task_index)?;
         txn.delete_table(self.inbox_depth)?;
+        txn.delete_table(self.reply_tokens)?;
         Ok(())
     }
 }
@@ -168,6 +175,9 @@ pub struct Projections<'txn> {
     task_index: redb::Table<'txn, TaskIndexKey<'static>, &'static [u8]>,
     /// Kept with the inbox (during a replay, counted from the cached inbox at the flush).
     inbox_depth: redb::Table<'txn, &'static str, &'static [u8]>,
+    /// Written directly even during a replay (one row per external message waiting for its
+    /// reply, read only by decide).
+    reply_tokens: redb::Table<'txn, &'static str, &'static [u8]>,
     /// The log, in the writer's transaction (None during a replay, which reads it itself):
     /// the appender writes it, and reads take long texts from it (see [`hydrate_task`]).
     pub(super) log: Option<redb::Table<'txn, u64, &'static [u8]>>,
@@ -288,6 +298,7 @@ impl<'txn> Projections<'txn> {
             idempotency: txn.open_table(names.idempotency)?,
             task_index: txn.open_table(names.task_index)?,
             inbox_depth: txn.open_table(names.inbox_depth)?,
+            reply_tokens: txn.open_table(names.reply_tokens)?,
             log: None,
             replay: None,
         })
@@ -832,6 +843,22 @@ impl<'txn> Projections<'txn> {
                     self.modifications.remove((path.as_str(), seq))?;
                 }
             }
+            Event::ExternalMessageSent { task_id, reply_token_sha256, by_user, .. } => {
+                if let Some(mut task) = self.task_row(task_id)? {
+                    let was = task_index_rows(&task);
+                    task.sent_by_user = *by_user;
+                    self.put_task(&task, &was)?;
+                }
+                self.reply_tokens.insert(reply_token_sha256.as_str(), task_id.as_bytes())?;
+            }
+            Event::ExternalReplyReceived { task_id, from, reply_token_sha256, .. } => {
+                self.reply_tokens.remove(reply_token_sha256.as_str())?;
+                if let Some(mut task) = self.task_row(task_id)? {
+                    let was = task_index_rows(&task);
+                    task.replied_by = Some(from.clone().unwrap_or_else(|| "external".to_string()));
+                    self.put_task(&task, &was)?;
+                }
+            }
             Event::HistoryPruned { .. }
             | Event::WebhookRegistered { .. }
             | Event::WebhookRemoved { .. }
@@ -1186,6 +1213,12 @@ impl Projections<'_> {
         self.agents.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
     }
 
+    /// The task waiting for the reply that names the reply token whose SHA-256 is `token_sha256`
+    /// (see `Event::ExternalMessageSent`); none once a reply spent it.
+    pub fn reply_token_task(&self, token_sha256: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.reply_tokens.get(token_sha256)?.map(|row| String::from_utf8_lossy(row.value()).into_owned()))
+    }
+
     /// One task as its row holds it (a long text only referred to); during a replay the
     /// write-back cache holds the newest rows.
     pub(crate) fn task_row(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
@@ -1254,6 +1287,7 @@ pub(crate) fn compare(
     compare_table(txn, live.idempotency, scratch.idempotency, "idempotency_keys", &mut differences)?;
     compare_table(txn, live.task_index, scratch.task_index, "task_index", &mut differences)?;
     compare_table(txn, live.inbox_depth, scratch.inbox_depth, "inbox_depth", &mut differences)?;
+    compare_table(txn, live.reply_tokens, scratch.reply_tokens, "reply_tokens", &mut differences)?;
     let live_cutoff = txn.open_table(live.history_meta)?.get(PRUNED_BEFORE)?.map(|v| v.value());
     let replay_cutoff = txn.open_table(scratch.history_meta)?.get(PRUNED_BEFORE)?.map(|v| v.value());
     if live_cutoff != replay_cutoff {

@@ -261,6 +261,7 @@ impl LogGenerator {
                     artifacts: Vec::new(),
                     error: None,
                     reply_of: None,
+                    as_message: false,
                 },
             ],
         )?;
@@ -274,6 +275,7 @@ impl LogGenerator {
             artifacts: vec![Artifact::text(REPLY_TEXT)],
             error: None,
             reply_of: None,
+            as_message: false,
         };
         let written = appender.append(
             Some(receiver),

@@ -15,6 +15,7 @@
 mod agents;
 pub mod checks;
 pub mod decision;
+pub mod external;
 pub mod requests;
 mod send;
 mod tasks;
@@ -24,8 +25,8 @@ pub use checks::{agent_id_of, resolve_target};
 pub use checks::{ambiguous_task, find_task, unique_task, validate_task_ref};
 pub use decision::{Answer, CommandError, Context, DecideError, Decision, Liveness, Outcome, SendOutcome};
 pub use requests::{
-    Actor, ContinueRequest, IDEMPOTENCY_WINDOW_MS, MAX_MESSAGE_BYTES, RegisterRequest, ReplyRequest, SendRequest,
-    UnverifiedSender, UpdateTaskRequest, default_priority,
+    Actor, ContinueRequest, ExternalReplyRequest, ExternalSendRequest, IDEMPOTENCY_WINDOW_MS, MAX_MESSAGE_BYTES,
+    RegisterRequest, ReplyRequest, SendRequest, UnverifiedSender, UpdateTaskRequest, default_priority,
 };
 pub use send::validate_priority;
 
@@ -75,6 +76,15 @@ pub enum Command {
     Webhook(super::webhooks::WebhookCommand),
     /// External agents added or removed (see `broker::externals`).
     External(super::externals::ExternalCommand),
+    /// The user's message to an external agent that waits for a reply (see [`external`]).
+    SendExternal(ExternalSendRequest),
+    /// A reply naming the reply token of such a message.
+    ExternalReply(ExternalReplyRequest),
+    /// Such a message was not delivered (or its remote task ended without a reply).
+    ExternalSendFailed {
+        task_id: String,
+        error: String,
+    },
     /// File locks and modification records (see `broker::file_safety`).
     FileSafety(super::file_safety::FileCommand),
     /// Prune the history view (the event is `HistoryPruned`, built by the caller).
@@ -155,6 +165,9 @@ pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) 
         Command::UpdateTask(request) => tasks::decide_update_task(view, request),
         Command::Webhook(command) => super::webhooks::decide(command),
         Command::External(command) => super::externals::decide(command),
+        Command::SendExternal(request) => external::decide_send_external(view, request),
+        Command::ExternalReply(request) => external::decide_external_reply(view, request),
+        Command::ExternalSendFailed { task_id, error } => external::decide_external_failed(view, task_id, error),
         Command::FileSafety(command) => super::file_safety::decide(view, command, context),
         Command::ExpireInboxes { hold_ms } => agents::decide_expire_inboxes(view, *hold_ms, context.now_ms),
         Command::ExpireIdempotencyKeys => send::decide_expire_idempotency_keys(view, context.now_ms),

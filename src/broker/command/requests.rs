@@ -130,3 +130,24 @@ pub const IDEMPOTENCY_WINDOW_MS: u64 = 24 * 60 * 60 * 1000;
 pub fn default_priority() -> u8 {
     3
 }
+
+/// The body of [`Command::SendExternal`](super::Command::SendExternal): the user's message to
+/// an external agent, waiting for its reply (see `Event::ExternalMessageSent`).
+#[derive(Debug, Clone)]
+pub struct ExternalSendRequest {
+    pub alias: String,
+    pub text: String,
+    pub priority: u8,
+    /// SHA-256 (hex) of the reply token the HTTP layer made and sends with the message.
+    pub reply_token_sha256: String,
+}
+
+/// The body of [`Command::ExternalReply`](super::Command::ExternalReply): a reply that names a
+/// reply token (`metadata.in_reply_to`), from whoever holds the token.
+#[derive(Debug, Clone)]
+pub struct ExternalReplyRequest {
+    pub reply_token: String,
+    /// The name the replier gives itself (`metadata.sender.sender_id`), unverified.
+    pub from: Option<String>,
+    pub text: String,
+}

@@ -45,8 +45,18 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
     let senders = || targets.iter().map(|target| target.sender_id.clone()).collect::<Vec<_>>();
     let target = match &request.to {
         Some(to) => {
-            let to =
-                if targets.iter().any(|target| &target.sender_id == to) { to.clone() } else { agent_id_of(view, to)? };
+            // A sender shown as `<name>(unverified)` waits as an anonymous one: when only one
+            // anonymous sender waits, that name is it.
+            let anonymous: Vec<&str> = targets
+                .iter()
+                .map(|target| target.sender_id.as_str())
+                .filter(|sender| sender.starts_with("anonymous-"))
+                .collect();
+            let to = match anonymous.as_slice() {
+                [only] if to.ends_with("(unverified)") => (*only).to_string(),
+                _ if targets.iter().any(|target| &target.sender_id == to) => to.clone(),
+                _ => agent_id_of(view, to)?,
+            };
             targets.iter().rev().find(|target| target.sender_id == to).ok_or_else(|| {
                 let pending = if targets.is_empty() { "none".to_string() } else { senders().join(", ") };
                 CommandError::not_found(format!("No reply target from '{to}'. Pending: {pending}"))
