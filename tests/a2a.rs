@@ -1275,6 +1275,22 @@ fn push_notification_configs_are_kept_and_a_change_is_posted_with_the_clients_to
     let events = home.ok(&["events", "--json"]);
     assert!(events.contains("push_config_set"), "{events}");
     assert!(!events.contains("tok-123") && !events.contains("cred-xyz") && !events.contains("tok-2"), "{events}");
+    // The task is over and its notification delivered: its secret files go, as did those of
+    // the deleted configs, while the config itself stays listed.
+    let secrets = home.home().join("webhook-secrets");
+    let deadline = std::time::Instant::now() + READ_DEADLINE;
+    loop {
+        let left: Vec<String> = std::fs::read_dir(&secrets)
+            .map(|dir| dir.flatten().map(|entry| entry.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        if left.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "secret files left behind: {left:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let listed = v1(port, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
+    assert_eq!(listed["result"]["configs"][0]["id"], "cfg-1", "{listed}");
 }
 
 /// Issue 15: a config given with the message (`configuration.taskPushNotificationConfig`)

@@ -161,10 +161,19 @@ fn bad_registrations_are_refused_and_removal_needs_a_registered_url() {
     assert_eq!(home.head(), head, "nothing appended");
     let (code, _) = home.http("DELETE", "/webhooks?url=http://127.0.0.1:9/", None, &[]);
     assert_eq!(code, 404);
-    let (code, _) = register_hook(&home, json!({"url": "http://127.0.0.1:9/"}));
+    let (code, _) = register_hook(&home, json!({"url": "http://127.0.0.1:9/", "secret": "s3cret-to-forget"}));
     assert_eq!(code, 200);
+    let secrets = home.home().join("webhook-secrets");
+    let files = || std::fs::read_dir(&secrets).map(|dir| dir.flatten().count()).unwrap_or(0);
+    assert_eq!(files(), 1, "the signing secret is kept in a file");
     let (code, _) = home.http("DELETE", "/webhooks?url=http://127.0.0.1:9/", None, &[]);
     assert_eq!(code, 200);
     let (_, listed) = home.http("GET", "/webhooks", None, &[]);
     assert!(listed["webhooks"].as_array().unwrap().is_empty());
+    // The removed hook's secret file goes too (the delivery worker deletes it after the event).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while files() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the removed hook's secret file stayed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

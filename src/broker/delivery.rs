@@ -41,11 +41,14 @@ pub fn spawn(state: Arc<BrokerState>) {
             }
             state.webhooks.cursor.send_replace(cursor);
             let now = crate::time::now_ms();
-            let (due, next) = {
-                let outbox = state.webhooks.lock();
+            let (due, next, unused) = {
+                let mut outbox = state.webhooks.lock();
                 in_flight.retain(|(id, attempts)| Webhooks::is_awaited(&outbox, id, *attempts));
-                (outbox.due(now, &in_flight), outbox.next_due())
+                (outbox.due(now, &in_flight), outbox.next_due(), outbox.take_unused_secrets())
             };
+            for reference in unused {
+                webhooks::delete_secret(&state.paths.home, &reference);
+            }
             for (delivery, secret) in due {
                 in_flight.insert((delivery.delivery_id.clone(), delivery.attempts));
                 let state = state.clone();

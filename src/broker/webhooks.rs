@@ -236,6 +236,20 @@ pub fn store_secret(home: &std::path::Path, secret: &str) -> std::io::Result<Str
     Ok(reference)
 }
 
+/// Deletes a secret file nothing names any more (see [`Outbox::take_unused_secrets`]); one
+/// already gone (deleted before a restart) is fine.
+pub fn delete_secret(home: &std::path::Path, reference: &str) {
+    if !is_valid_reference(reference) {
+        return;
+    }
+    let path = home.join(SECRETS_DIR).join(reference);
+    if let Err(error) = std::fs::remove_file(&path)
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!("cannot delete the retired secret {}: {error}", path.display());
+    }
+}
+
 /// Reads the secret of a hook.
 pub fn read_secret(home: &std::path::Path, source: &SecretSource) -> Result<String, String> {
     match source {
@@ -260,6 +274,18 @@ pub struct Outbox {
     /// Messages of unverified external senders that gave an endpoint: by the receiver's task,
     /// where its reply goes. Taken by the first reply.
     external_replies: BTreeMap<String, ExternalReply>,
+    /// Secret files (references under [`SECRETS_DIR`]) that no hook or push config names any
+    /// more: a removed hook's, a deleted config's, and those of a task that reached a final
+    /// state (its last notifications carry their own copy of the references). The worker
+    /// deletes each once no pending delivery needs it ([`Outbox::take_unused_secrets`]).
+    retired_secrets: std::collections::BTreeSet<String>,
+}
+
+impl PushAuth {
+    /// The secret files this authentication names.
+    fn references(&self) -> impl Iterator<Item = &String> {
+        self.token_ref.iter().chain(self.credentials_ref.iter())
+    }
 }
 
 /// Where the reply to an unverified external sender's message goes (a Python Synapse agent).
@@ -333,6 +359,9 @@ impl Outbox {
             Event::WebhookRemoved { url, .. } => {
                 if let Some(hook) = self.hooks.remove(url) {
                     self.pending.retain(|_, delivery| delivery.webhook_id != hook.webhook_id);
+                    if let Some(SecretSource::File(reference)) = hook.secret {
+                        self.retired_secrets.insert(reference);
+                    }
                 }
             }
             Event::WebhookDeliveryAttempted { delivery_id, attempt, status, error, next_attempt_ms, .. } => {
@@ -369,7 +398,9 @@ impl Outbox {
             }
             Event::PushConfigDeleted { task_id, config_id } => {
                 if let Some(configs) = self.push.get_mut(task_id) {
-                    configs.remove(config_id);
+                    if let Some(config) = configs.remove(config_id) {
+                        self.retired_secrets.extend(config.auth.references().cloned());
+                    }
                     if configs.is_empty() {
                         self.push.remove(task_id);
                     }
@@ -422,6 +453,18 @@ impl Outbox {
                         self.pending.insert(delivery.delivery_id.clone(), delivery);
                     }
                 }
+                // A final state is the task's last change: its configs stay listed, their
+                // secrets go once the last notifications are done.
+                if let Some((task_id, state, _)) = push_status(other)
+                    && state.is_final()
+                    && let Some(configs) = self.push.get_mut(task_id)
+                {
+                    for config in configs.values_mut() {
+                        self.retired_secrets.extend(config.auth.references().cloned());
+                        config.auth.token_ref = None;
+                        config.auth.credentials_ref = None;
+                    }
+                }
                 let Some((name, data)) = task_event(other) else { return };
                 for hook in self.hooks.values().filter(|hook| hook.events.iter().any(|e| e == name)) {
                     let delivery_id = format!("{}-{}", crate::event::short_id(&hook.webhook_id), envelope.seq);
@@ -462,6 +505,28 @@ impl Outbox {
         let owner = format!("reply:{task_id}");
         let delivery = Delivery::due(delivery_id, owner, &url, "task.replied", envelope.time_ms, body);
         self.pending.insert(delivery.delivery_id.clone(), delivery);
+    }
+
+    /// The retired secret files that nothing pending needs any more: forgotten here, for the
+    /// worker to delete.
+    pub fn take_unused_secrets(&mut self) -> Vec<String> {
+        if self.retired_secrets.is_empty() {
+            return Vec::new();
+        }
+        let mut in_use: std::collections::BTreeSet<&String> = std::collections::BTreeSet::new();
+        in_use
+            .extend(self.pending.values().filter_map(|delivery| delivery.push.as_ref()).flat_map(PushAuth::references));
+        in_use.extend(self.push.values().flat_map(BTreeMap::values).flat_map(|config| config.auth.references()));
+        in_use.extend(self.hooks.values().filter_map(|hook| match &hook.secret {
+            Some(SecretSource::File(reference)) => Some(reference),
+            _ => None,
+        }));
+        let unused: Vec<String> =
+            self.retired_secrets.iter().filter(|reference| !in_use.contains(reference)).cloned().collect();
+        for reference in &unused {
+            self.retired_secrets.remove(reference);
+        }
+        unused
     }
 
     /// The push configs of a task, by config id.
