@@ -199,3 +199,28 @@ fn synapse_send_to_a_python_synapse_agent_gets_its_reply_back() {
     assert!(asked.status.success(), "{}", describe(&asked));
     assert!(stdout(&asked).contains("Python auto-reply: and 7 x 8?"), "{}", describe(&asked));
 }
+
+/// Issue 15, mixed teams: the Python Synapse's own CLI (`synapse external send --wait`, and
+/// `synapse send --wait` to an agent in its registry) sends to a Synapse agent and prints the
+/// reply. Its client reads a reply from the flat artifact shape of 0.35 (`type`,
+/// `data.content`) and takes a message without `response_mode` as expecting a reply
+/// ("notify"): our legacy endpoints answer the same way.
+#[test]
+fn the_python_synapse_cli_sends_to_a_synapse_agent_and_prints_the_reply() {
+    let home = Home::new();
+    let (dummy, _dummy) = auto_replying_dummy(&home);
+    let url = [format!("http://127.0.0.1:{}", dummy["port"])];
+    run_script("python_cli_send.py", &url, None, "PYTHON CLI OK");
+}
+
+/// Issue 15, mixed teams: a Python Synapse agent (started from the package) sends to a
+/// Synapse agent as itself (an unverified sender here, with its endpoint and its own task);
+/// our agent's reply goes back to that endpoint naming the Python task (`in_reply_to`), and
+/// the Python agent's sending task is completed with it.
+#[test]
+fn a_python_synapse_agent_sends_to_a_synapse_agent_and_gets_the_reply_into_its_task() {
+    let home = Home::new();
+    let (dummy, _dummy) = auto_replying_dummy(&home);
+    let url = [format!("http://127.0.0.1:{}", dummy["port"])];
+    run_script("python_agent_send.py", &url, None, "PYTHON AGENT SEND OK");
+}

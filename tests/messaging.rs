@@ -371,8 +371,10 @@ fn per_agent_a2a_endpoints_answer_on_the_agents_port_socket_and_broker_path() {
     let (status, agent_status) = http_tcp(bob.port, "GET", "/status", None, &[]);
     assert_eq!(status, 200);
     assert_eq!(agent_status["queue_depth"], 1);
-    let (status, _) = http_tcp(bob.port, "GET", "/reply-stack/get", None, &[]);
-    assert_eq!(status, 404);
+    // No response_mode and no response_expected: a reply is expected, as the Python Synapse
+    // 0.35 takes it ("notify"), so the anonymous sender waits on the reply stack.
+    let (status, waiting) = http_tcp(bob.port, "GET", "/reply-stack/get", None, &[]);
+    assert_eq!(status, 200, "{waiting}");
 
     // Cancel from submitted works once; a canceled task cannot be canceled again.
     let (status, canceled) = http_tcp(bob.port, "POST", &format!("/tasks/{task_id}/cancel"), None, &[]);
@@ -381,6 +383,16 @@ fn per_agent_a2a_endpoints_answer_on_the_agents_port_socket_and_broker_path() {
     let (status, _) = http_tcp(bob.port, "POST", &format!("/tasks/{task_id}/cancel"), None, &[]);
     assert_eq!(status, 400);
     assert!(home.inbox(&bob).is_empty(), "the canceled message left bob's queue");
+    // response_mode silent: no reply expected.
+    let silent = json!({"message": {"role": "user", "parts": [{"type": "text", "text": "fyi"}]},
+                        "metadata": {"response_mode": "silent"}})
+    .to_string();
+    let (status, fyi) = http_tcp(bob.port, "POST", "/tasks/send", Some(silent.as_bytes()), &[]);
+    assert_eq!(status, 200, "{fyi}");
+    assert_eq!(fyi["task"]["metadata"]["response_expected"], false, "{fyi}");
+    let fyi_id = fyi["task"]["id"].as_str().unwrap();
+    let (status, _) = http_tcp(bob.port, "POST", &format!("/tasks/{fyi_id}/cancel"), None, &[]);
+    assert_eq!(status, 200);
 
     // /tasks/create makes a task owned by the agent, and needs its secret.
     let (status, _) = http_unix(&bob.socket, "POST", "/tasks/create", Some(message.as_bytes()), &[]);

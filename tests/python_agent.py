@@ -69,18 +69,9 @@ def die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def main() -> None:
-    port = int(sys.argv[1])
-    venv_bin = Path(sys.executable).parent  # must be the a2a venv's python
-    # An optional second argument names an (empty) directory to use, which the caller removes:
-    # useful when the caller may SIGKILL this script (Rust's Child::kill), which skips cleanup.
-    own_root = len(sys.argv) <= 2
-    root = Path(tempfile.mkdtemp(prefix="python-agent-")) if own_root else Path(sys.argv[2])
-    work = root / "work"  # cwd: dummy_agent.py and the project-local .synapse/ live here
-    for sub in ("work", "home", "tmp", "uds"):
-        (root / sub).mkdir()
-    (work / "dummy_agent.py").write_text(DUMMY_AGENT)
-
+def agent_env(root: Path, venv_bin: Path) -> dict:
+    """The environment of the server, and of a `synapse` command run as the agent (with
+    SYNAPSE_AGENT_ID added): every path of the package under `root`."""
     env = dict(os.environ)
     env.update(
         HOME=str(root / "home"),  # ~/.a2a/{registry,reply,external}, ~/.synapse/{logs,...}
@@ -96,6 +87,22 @@ def main() -> None:
         SYNAPSE_SHARED_MEMORY_DB_PATH=str(root / "home/.synapse/memory.db"),
         SYNAPSE_CANVAS_DB_PATH=str(root / "home/.synapse/canvas.db"),
     )
+    return env
+
+
+def main() -> None:
+    port = int(sys.argv[1])
+    venv_bin = Path(sys.executable).parent  # must be the a2a venv's python
+    # An optional second argument names an (empty) directory to use, which the caller removes:
+    # useful when the caller may SIGKILL this script (Rust's Child::kill), which skips cleanup.
+    own_root = len(sys.argv) <= 2
+    root = Path(tempfile.mkdtemp(prefix="python-agent-")) if own_root else Path(sys.argv[2])
+    work = root / "work"  # cwd: dummy_agent.py and the project-local .synapse/ live here
+    for sub in ("work", "home", "tmp", "uds"):
+        (root / sub).mkdir()
+    (work / "dummy_agent.py").write_text(DUMMY_AGENT)
+
+    env = agent_env(root, venv_bin)
     env.pop("SYNAPSE_AGENT_ID", None)  # inherited identity would confuse `synapse reply`
     server = subprocess.Popen(
         [sys.executable, "-m", "synapse.server", "--profile", "dummy", "--port", str(port),

@@ -141,6 +141,13 @@ pub struct ArtifactView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub parts: Vec<PartView>,
+    /// The Python Synapse 0.35's shape of the same artifact, which its client reads (it has no
+    /// `parts`): `text` with `data.content` for text, `data` with the data for a data part,
+    /// `file` with the file's reference.
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    #[serde(default)]
+    pub data: serde_json::Value,
 }
 
 /// One part of a message or artifact.

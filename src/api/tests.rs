@@ -23,7 +23,10 @@ fn task_example(id: &str, status: &str) -> Value {
             {"type": "file", "file": {"name": "a.txt", "uri": null, "mime_type": "text/plain"}},
             {"type": "data", "data": {"k": [1, 2]}},
         ]},
-        "artifacts": [{"name": "reply", "parts": [{"type": "text", "text": "done"}]}, {"parts": []}],
+        "artifacts": [
+            {"name": "reply", "parts": [{"type": "text", "text": "done"}], "type": "text", "data": {"content": "done"}},
+            {"parts": [], "type": "text", "data": {"content": ""}},
+        ],
         "error": null,
         "created_at": "2026-11-22T21:56:39.123Z",
         "updated_at": "2026-11-22T21:56:40.000Z",

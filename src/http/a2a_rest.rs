@@ -153,15 +153,18 @@ async fn a2a_send(
         from,
         text,
         priority,
-        response_expected: match (metadata.response_expected, metadata.response_mode.as_deref()) {
-            (Some(expected), _) => expected,
-            (None, None | Some("silent")) => false,
-            (None, Some("wait" | "notify")) => true,
-            (None, Some(other)) => {
+        // As the Python Synapse 0.35 decides: response_mode first, then response_expected, and
+        // with neither a reply is expected ("notify").
+        response_expected: match (metadata.response_mode.as_deref(), metadata.response_expected) {
+            (Some("wait" | "notify"), _) => true,
+            (Some("silent"), _) => false,
+            (Some(other), _) => {
                 return Err(ApiError::bad(format!(
                     "metadata.response_mode must be wait, notify or silent (got '{other}')"
                 )));
             }
+            (None, Some(expected)) => expected,
+            (None, None) => true,
         },
         reply_to: metadata.in_reply_to,
         // An unverified sender's task lives on its own server, not here.

@@ -28,7 +28,17 @@ pub fn message(message: &Message) -> api::MessageView {
 }
 
 pub fn artifact(artifact: &Artifact) -> api::ArtifactView {
-    api::ArtifactView { name: artifact.name.clone(), parts: artifact.parts.iter().map(part).collect() }
+    let parts: Vec<api::PartView> = artifact.parts.iter().map(part).collect();
+    // The Python Synapse's flat shape: the text parts joined, else the first part's content.
+    let texts: Vec<&str> = parts.iter().filter_map(api::PartView::text).collect();
+    let (kind, data) = match parts.first() {
+        Some(api::PartView::Data { data }) if texts.is_empty() => ("data", data.clone()),
+        Some(api::PartView::File { file }) if texts.is_empty() => {
+            ("file", serde_json::to_value(file).unwrap_or(Value::Null))
+        }
+        _ => ("text", serde_json::json!({"content": texts.join("\n")})),
+    };
+    api::ArtifactView { name: artifact.name.clone(), parts, kind: kind.to_string(), data }
 }
 
 /// A task as the A2A REST endpoints show it (seed 003 shape).
