@@ -346,6 +346,50 @@ async def http_json_binding(http: httpx.AsyncClient, base_url: str) -> None:
     except TaskNotFoundError:
         check(True, "rest: an unknown task is not found")
 
+    # Push notifications over HTTP+JSON: a config set through the SDK's REST transport, and the
+    # task's cancellation posted to a local receiver with the config's token.
+    received: asyncio.Queue = asyncio.Queue()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        headers = {
+            line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip()
+            for line in head.split("\r\n")[1:]
+            if ":" in line
+        }
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        await received.put((headers, json.loads(body)))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    receiver_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/rest-notify"
+    events = await collect(
+        blocking.send_message(
+            pb.SendMessageRequest(
+                message=message("wait over rest"), configuration=pb.SendMessageConfiguration(return_immediately=True)
+            )
+        )
+    )
+    waiting = events[-1].task
+    created = await blocking.create_task_push_notification_config(
+        pb.TaskPushNotificationConfig(task_id=waiting.id, id="rest-1", url=receiver_url, token="rest-token")
+    )
+    check(created.id == "rest-1" and created.url == receiver_url, "rest: CreateTaskPushNotificationConfig")
+    listed = await blocking.list_task_push_notification_configs(
+        pb.ListTaskPushNotificationConfigsRequest(task_id=waiting.id)
+    )
+    check([config.id for config in listed.configs] == ["rest-1"], "rest: ListTaskPushNotificationConfigs")
+    await blocking.cancel_task(pb.CancelTaskRequest(id=waiting.id))
+    while True:
+        headers, body = await asyncio.wait_for(received.get(), 60)
+        if body.get("statusUpdate", {}).get("status", {}).get("state") == "TASK_STATE_CANCELED":
+            break
+    check(body["statusUpdate"]["taskId"] == waiting.id, "rest: the receiver got the task's cancellation")
+    check(headers.get("x-a2a-notification-token") == "rest-token", "rest: with the config's token")
+    server.close()
+
 
 async def main() -> None:
     dummy_url, scenario_url = sys.argv[1], sys.argv[2]
