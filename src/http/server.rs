@@ -162,8 +162,7 @@ fn same_address(a: SocketAddr, b: SocketAddr) -> bool {
 }
 
 /// The uid of a loopback TCP caller, when it was told (see [`tcp_peer_uid`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpPeerUid(pub u32);
+pub use super::caller::TcpPeerUid;
 
 impl Accept for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;
