@@ -134,6 +134,12 @@
     return agent && agent.name ? `${agent.name} (${id})` : id || 'anonymous';
   }
 
+  // Short form for the message rows: the agent's name when it has one.
+  function shortLabel(id) {
+    const agent = state.agents.get(id);
+    return (agent && agent.name) || id || 'anonymous';
+  }
+
   function duration(ms) {
     const seconds = Math.max(0, Math.floor(ms / 1000));
     if (seconds < 60) return `${seconds}s`;
@@ -238,7 +244,7 @@
     if (state.messageById.has(data.task_id)) return;
     const message = {
       id: data.task_id,
-      from: data.from || (data.unverified_sender ? `${data.unverified_sender} (unverified)` : 'anonymous'),
+      from: data.from || (data.unverified_sender ? `${data.unverified_sender} (unverified)` : (data.by_user ? 'user' : 'anonymous')),
       to: data.to,
       priority: data.priority,
       response: Boolean(data.response_expected),
@@ -282,7 +288,9 @@
       row.style.top = `${index * ROW_HEIGHT}px`;
       row.dataset.task = message.id;
       const route = element('div', 'route');
-      route.append(element('span', 'who', `${agentLabel(message.from)} → ${agentLabel(message.to)}`));
+      const who = element('span', 'who', `${shortLabel(message.from)} → ${shortLabel(message.to)}`);
+      who.title = `${message.from} → ${message.to}`;
+      route.append(who);
       route.append(element('span', 'muted', `p${message.priority}${message.response ? ' :R' : ''}`));
       const stateBadge = element('span', 'state', message.state);
       stateBadge.dataset.state = message.state;
