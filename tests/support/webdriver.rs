@@ -6,6 +6,9 @@
 //! `/usr/bin/chromedriver` (Debian's `chromium` and `chromium-driver` packages), else the first
 //! on PATH. Missing: [`Browser::start`] prints one `SKIPPED:` line and answers None, except
 //! under `CI=true`, where it fails the test.
+//!
+//! Shared with `tools/synapse-bench` (the `dashboard` scenario), so it needs nothing beyond the
+//! crate's own dependencies.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{Value, json};
@@ -21,7 +24,8 @@ pub struct Browser {
     driver: Child,
     port: u16,
     session: String,
-    _profile: tempfile::TempDir,
+    /// The browser's fresh profile (`--user-data-dir`), removed on drop.
+    profile: PathBuf,
 }
 
 fn find(variable: &str, system: &str, names: &[&str]) -> Option<PathBuf> {
@@ -156,8 +160,9 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .expect("chromedriver starts");
-        let profile = tempfile::Builder::new().prefix("chromium").tempdir().unwrap();
-        let mut browser = Browser { driver, port, session: String::new(), _profile: profile };
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
+        let profile = std::env::temp_dir().join(format!("synapse-chromium-{}-{port}-{nanos}", std::process::id()));
+        let mut browser = Browser { driver, port, session: String::new(), profile };
         let deadline = Instant::now() + DEADLINE;
         loop {
             if let Ok((200, status)) = request(port, "GET", "/status", None)
@@ -178,7 +183,7 @@ impl Browser {
             "--disable-sync".into(),
             "--disable-dev-shm-usage".into(),
             "--hide-scrollbars".into(),
-            format!("--user-data-dir={}", browser._profile.path().display()),
+            format!("--user-data-dir={}", browser.profile.display()),
         ];
         if is_root() {
             // Chromium refuses to run its sandbox as root.
@@ -279,9 +284,11 @@ impl Drop for Browser {
         }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
     }
 }
 
+#[cfg(test)]
 #[test]
 fn base64_decodes_padding_and_groups() {
     assert_eq!(base64_decode("TWFu"), b"Man");
