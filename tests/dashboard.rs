@@ -359,3 +359,54 @@ fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_k
     let (status, _) = get(&format!("/events?token={token}"));
     assert_eq!(status, 401, "a spent token");
 }
+
+#[test]
+fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a_token() {
+    let Some(browser) = Browser::start("dashboard with auth in Chromium") else { return };
+    let home = Home::new();
+    let with_key = |args: &[&str]| {
+        let output = home
+            .cmd(args)
+            .env("SYNAPSE_AUTH_ENABLED", "true")
+            .env("SYNAPSE_API_KEYS", "key-one")
+            .env("SYNAPSE_ALLOW_LOCALHOST", "false")
+            .env("SYNAPSE_API_KEY", "key-one")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "synapse {args:?}: {}", describe(&output));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    with_key(&["broker", "start"]);
+    let pid = std::process::id().to_string();
+    let registered: Value = serde_json::from_str(&with_key(&[
+        "agent", "register", "--type", "dummy", "--pid", &pid, "--port", "0", "--name", "bob",
+    ]))
+    .unwrap();
+    let bob = registered["agent"]["agent_id"].as_str().unwrap().to_string();
+    let url = with_key(&["dashboard"]).trim().to_string();
+
+    browser.goto(&url);
+    browser.wait_value("the key form", "return !document.getElementById('key-form').hidden", vec![], |v| v == true);
+    let enter_key = |key: &str| {
+        browser.execute(
+            "document.getElementById('key-input').value = arguments[0];
+             document.getElementById('key-form').requestSubmit();",
+            vec![json!(key)],
+        );
+    };
+    enter_key("not-a-key");
+    browser.wait_value("the refusal on the page", "return document.getElementById('error').textContent", vec![], |v| {
+        v.as_str().is_some_and(|text| text.contains("Key refused"))
+    });
+    assert_eq!(browser.execute("return document.getElementById('key-form').hidden", vec![]), false);
+    enter_key("key-one");
+    // bob is registered without a wrapper: it stays STARTING.
+    wait_card(&browser, "bob's card once the key is given", &bob, "STARTING");
+    assert_eq!(browser.execute("return sessionStorage.getItem('synapse-api-key')", vec![]), "key-one");
+    browser.wait_value("the stream", "return document.getElementById('connection').dataset.state", vec![], |v| {
+        v == "live"
+    });
+    // The stream (opened with a token, not the key) brings a new message without a reload.
+    with_key(&["send", "bob", "seen through the token stream"]);
+    wait_message(&browser, "the message", "seen through the token stream", &[]);
+}
