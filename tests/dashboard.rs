@@ -198,11 +198,24 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
         "return document.getElementById('connection').dataset.state !== 'live'",
         vec![],
     );
+    let shown = browser.execute(
+        "return document.getElementById('error').hidden ? '' : document.getElementById('error').textContent",
+        vec![],
+    );
+    assert!(
+        shown.as_str().is_some_and(|text| text.contains("Lost the connection to the broker")),
+        "the page says the broker is gone: {shown}"
+    );
     home.ok(&["broker", "start"]);
     browser.wait_for(
         "the stream again",
         "return document.getElementById('connection').dataset.state === 'live'",
         vec![],
+    );
+    assert_eq!(
+        browser.execute("return document.getElementById('error').hidden", vec![]),
+        true,
+        "no error once live again"
     );
     home.ok(&["send", "alice", "after the restart"]);
     wait_message(&browser, "a message after the restart", "after the restart", &[]);

@@ -8,6 +8,7 @@
   const RECENT_EVENTS = 2000; // events read at start to fill the message list
   const EVENTS_PAGE = 100; // rows of one page of the event log
   const ROW_HEIGHT = 52; // px, the message list's fixed row height (virtualised)
+  const MAX_MESSAGES = 50000; // messages kept in the page
   const EVENT_KINDS = [
     'agent_registered', 'agent_status_changed', 'agent_deregistered', 'task_created', 'message_sent',
     'ticket_issued', 'ticket_injected', 'reply_posted', 'reverse_ticket_issued', 'task_state_changed',
@@ -253,6 +254,12 @@
       state: 'queued',
     };
     state.messages.push(message);
+    if (state.messages.length > MAX_MESSAGES) {
+      // The oldest leave the page (history search and the event log still reach them).
+      for (const old of state.messages.splice(0, state.messages.length - MAX_MESSAGES + MAX_MESSAGES / 10)) {
+        state.messageById.delete(old.id);
+      }
+    }
     state.messageById.set(data.task_id, message);
     if (data.sender_task_id) state.messageById.set(data.sender_task_id, message);
     state.filtered = null;
@@ -583,6 +590,7 @@
 
   let source = null;
   let retryDelay = 500;
+  const LOST = 'Lost the connection to the broker';
 
   function onStreamEvent(message) {
     const seq = Number(message.lastEventId);
@@ -620,11 +628,12 @@
     stream.addEventListener('open', () => {
       retryDelay = 500;
       setConnection('live', 'live');
-      if ($('error').textContent.startsWith('The broker does not answer')) showError('');
+      if ($('error').textContent.startsWith(LOST)) showError('');
       scheduleAgentRefresh();
     });
     stream.addEventListener('error', () => {
       if (stream !== source) return;
+      showError(`${LOST}: reconnecting… (the page resumes where it stopped)`);
       if (stream.readyState === EventSource.CLOSED) {
         // The browser gave up (the broker answered with an error: a spent token, a restart
         // that forgot it): open a new stream from the last event applied.
