@@ -48,11 +48,16 @@ impl AuthConfig {
     }
 }
 
-/// Paths that stay open: agent cards, status, and the dashboard's page and assets (which hold
-/// no data: the page asks for the key before it reads anything).
+/// Requests that stay open: agent cards, status, and a GET of the dashboard's page and assets
+/// (which hold no data: the page asks for the key before it reads anything). Only a GET: `POST /`
+/// is an agent's JSON-RPC endpoint.
+fn is_open_request(method: &axum::http::Method, path: &str) -> bool {
+    is_open(path) || (method == axum::http::Method::GET && super::dashboard::is_asset(path))
+}
+
+/// Paths that stay open: agent cards and status.
 fn is_open(path: &str) -> bool {
-    super::dashboard::is_asset(path)
-        || path.ends_with("/.well-known/agent.json")
+    path.ends_with("/.well-known/agent.json")
         || path.ends_with("/.well-known/agent-card.json")
         || path == "/status"
         || (path.starts_with("/agents/") && path.ends_with("/status"))
@@ -73,7 +78,7 @@ fn presented_key(request: &Request) -> Option<String> {
 
 /// The middleware: lets a request through or answers 401.
 pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next: Next) -> Response {
-    if is_open(request.uri().path()) {
+    if is_open_request(request.method(), request.uri().path()) {
         return next.run(request).await;
     }
     // A process of another user on this machine (over loopback TCP) is not "local": the broker
@@ -157,9 +162,11 @@ mod tests {
         assert!(is_open("/status"));
         assert!(!is_open("/tasks/send"));
         assert!(!is_open("/agents"));
-        assert!(is_open("/"));
-        assert!(is_open("/dashboard/app.js"));
-        assert!(!is_open("/dashboard/state"));
-        assert!(!is_open("/dashboard/stream-token"));
+        use axum::http::Method;
+        assert!(is_open_request(&Method::GET, "/"));
+        assert!(is_open_request(&Method::GET, "/dashboard/app.js"));
+        assert!(!is_open_request(&Method::POST, "/"), "an agent's JSON-RPC endpoint");
+        assert!(!is_open_request(&Method::GET, "/dashboard/state"));
+        assert!(!is_open_request(&Method::POST, "/dashboard/stream-token"));
     }
 }
