@@ -3,7 +3,8 @@
 //! headless Chromium (through chromedriver, the tests' WebDriver client) opens the page five
 //! times, and the page's own `performance.mark('synapse-first-render')` — set once its first
 //! full render (every card, the message list, the event log) is on screen — gives the time from
-//! navigation start. RESULT is the median.
+//! navigation start. RESULT is the median. `SYNAPSE_BENCH_DASHBOARD_SCREENSHOT=file.png` saves
+//! what the last load showed.
 
 #[path = "../../tests/support/webdriver.rs"]
 mod webdriver;
@@ -94,6 +95,11 @@ fn first_renders(url: &str) -> Result<Samples> {
         }
         if load > 0 {
             millis.push(mark[0].as_f64().context("mark time")?);
+        }
+        if load == LOADS
+            && let Some(path) = std::env::var_os("SYNAPSE_BENCH_DASHBOARD_SCREENSHOT")
+        {
+            browser.screenshot(std::path::Path::new(&path));
         }
     }
     Ok(Samples::from_millis(millis))
