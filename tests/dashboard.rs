@@ -423,3 +423,47 @@ fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a
     with_key(&["send", "bob", "seen through the token stream"]);
     wait_message(&browser, "the message", "seen through the token stream", &[]);
 }
+
+#[test]
+fn synapse_dashboard_prints_the_brokers_address_and_the_event_log_pages_backwards() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    for number in 0..5 {
+        home.ok(&["send", "bob", &format!("message {number}"), "--no-response"]);
+    }
+    let port = broker_port(&home);
+    assert_eq!(home.ok(&["dashboard"]).trim(), format!("http://127.0.0.1:{port}/"));
+    let printed: Value = serde_json::from_str(&home.ok(&["dashboard", "--json"])).unwrap();
+    assert_eq!(printed["url"], format!("http://127.0.0.1:{port}/"));
+
+    let head = home.head();
+    let (status, newest) = home.http("GET", "/dashboard/events?limit=4", None, &[]);
+    assert_eq!(status, 200, "{newest}");
+    let seqs = |page: &Value| -> Vec<u64> {
+        page["events"].as_array().unwrap().iter().map(|event| event["seq"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(seqs(&newest), (head - 3..=head).collect::<Vec<_>>(), "the newest page, oldest first");
+    assert_eq!(newest["head"], head);
+    let (_, older) = home.http("GET", &format!("/dashboard/events?before={}&limit=4", head - 3), None, &[]);
+    assert_eq!(seqs(&older), (head - 7..=head - 4).collect::<Vec<_>>());
+    let (_, first) = home.http("GET", "/dashboard/events?before=3&limit=100", None, &[]);
+    assert_eq!(seqs(&first), vec![1, 2]);
+    let (_, none) = home.http("GET", "/dashboard/events?before=1", None, &[]);
+    assert_eq!(seqs(&none), Vec::<u64>::new());
+    for bad in ["limit=0", "limit=5001", "limit=x", "before=-1", "colour=red"] {
+        let (status, answer) = home.http("GET", &format!("/dashboard/events?{bad}"), None, &[]);
+        assert_eq!(status, 400, "{bad}: {answer}");
+        assert!(answer["message"].is_string(), "{bad}: a JSON error: {answer}");
+    }
+
+    // The snapshot the page starts from: the agents as /agents shows them, since when each has
+    // its status, and the head to follow the stream from.
+    let (status, snapshot) = home.http("GET", "/dashboard/state", None, &[]);
+    assert_eq!(status, 200, "{snapshot}");
+    assert_eq!(snapshot["auth_enabled"], false);
+    assert!(snapshot["head"].as_u64().unwrap() >= head);
+    let agent = &snapshot["agents"][0];
+    assert_eq!(agent["agent_id"], bob.id.as_str());
+    assert_eq!(agent["queue_depth"], 5);
+    assert!(agent["status_since_ms"].as_u64().unwrap() > 0, "{agent}");
+}

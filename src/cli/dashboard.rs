@@ -30,6 +30,8 @@ pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
             return Ok(0);
         }
     }
-    eprintln!("No browser opener found ({}): open {url} yourself", OPENERS.join(", "));
-    Ok(1)
+    // No browser here (a server, a container): the address is printed, which is what a user
+    // needs to open it from elsewhere (an SSH tunnel, say).
+    eprintln!("No browser found ({}): open {url} yourself", OPENERS.join(", "));
+    Ok(0)
 }
