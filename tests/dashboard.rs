@@ -176,6 +176,19 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     wait_message(&browser, "the canceled message", "cancel me", &["canceled"]);
     assert!(browser.execute("return document.getElementById('error').hidden", vec![]) == true, "no error shown");
 
+    // File locks and who holds them, live.
+    let file = home.home.dir.path().join("shared.rs");
+    let file = file.to_str().unwrap();
+    let locked = home
+        .cmd(&["file-safety", "lock", file, &id(&alice)])
+        .env("SYNAPSE_FILE_SAFETY_ENABLED", "true")
+        .output()
+        .unwrap();
+    assert!(locked.status.success(), "{}", describe(&locked));
+    browser.wait_value("the lock on the page", "return document.getElementById('locks').textContent", vec![], |v| {
+        v.as_str().is_some_and(|text| text.contains(file) && text.contains("alice"))
+    });
+
     // Screenshots: wide and narrow, light and dark (look at them: target/dashboard-screenshots).
     for (width, label) in [(1280, "wide"), (400, "narrow")] {
         browser.set_size(width, 1000);
@@ -190,6 +203,16 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     }
     browser.color_scheme("light");
     browser.set_size(1280, 1000);
+
+    let unlocked = home
+        .cmd(&["file-safety", "unlock", file, &id(&alice)])
+        .env("SYNAPSE_FILE_SAFETY_ENABLED", "true")
+        .output()
+        .unwrap();
+    assert!(unlocked.status.success(), "{}", describe(&unlocked));
+    browser.wait_value("the lock gone", "return document.getElementById('locks').textContent", vec![], |v| {
+        v == "no file is locked"
+    });
 
     // The broker restarts: the page resumes from the last event it applied, without duplicates.
     home.ok(&["broker", "stop"]);
