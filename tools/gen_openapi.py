@@ -79,7 +79,7 @@ add("/dashboard/app.js","get","The dashboard's script; no auth",tags=["dashboard
 add("/dashboard/app.css","get","The dashboard's style sheet; no auth",tags=["dashboard"],responses=page("The style sheet","text/css"))
 add("/dashboard/state","get","What the dashboard starts from: the head to follow /events from, the agents (as GET /agents, plus status_since_ms), whether auth is on",tags=["dashboard"],responses=resp())
 add("/dashboard/events","get","The event log paged backwards: the limit events before `before` (default: the newest), oldest first, as envelopes in JSON",tags=["dashboard"],params=[q("before","integer","events with a smaller sequence number"),q("limit","integer","1..5000, default 200")],responses=resp(extra={400:"Bad query"}))
-add("/dashboard/stream-token","post","A token that opens one /events stream (?token=) within 60 s, for a browser's EventSource, which cannot send a key",tags=["dashboard"],responses=resp(extra={401:"API key required or invalid"}))
+add("/dashboard/stream-token","post","A token that opens one /events stream (?token=) within 60 s, for a browser's EventSource, which cannot send a key",tags=["dashboard"],responses=resp(extra={401:"API key required or invalid",429:"Too many unspent tokens"}))
 # per agent
 add("/","post","A2A JSON-RPC 2.0 (v1.0: SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask; 0.3 names without A2A-Version). "+A2A,tags=["a2a"],body="JsonRpcRequest",responses=resp(schema={"$ref":"#/components/schemas/JsonRpcResponse"}))
 add("/status","get","READY / PROCESSING / WAITING and queue depth (open). "+A2A,tags=["a2a"])

@@ -36,6 +36,9 @@ img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 /// How long a stream token may wait before it opens `/events`.
 pub const STREAM_TOKEN_LIFETIME: Duration = Duration::from_secs(60);
 
+/// Most unspent stream tokens at once (each page opens one stream at a time).
+const MAX_STREAM_TOKENS: usize = 1024;
+
 /// Most events one page of `/dashboard/events` answers.
 const MAX_EVENTS_PAGE: usize = 5_000;
 
@@ -47,15 +50,20 @@ pub struct StreamTokens {
 }
 
 impl StreamTokens {
-    /// A new random token, valid for [`STREAM_TOKEN_LIFETIME`].
-    pub fn issue(&self) -> String {
+    /// A new random token, valid for [`STREAM_TOKEN_LIFETIME`]; None while
+    /// [`MAX_STREAM_TOKENS`] unspent ones are outstanding (a caller asking in a loop cannot
+    /// grow the broker's memory).
+    pub fn issue(&self) -> Option<String> {
         let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
         let now = Instant::now();
         let mut issued = self.issued.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // Expired tokens go whenever a new one comes: the map stays as small as the tokens in use.
         issued.retain(|_, expires| *expires > now);
+        if issued.len() >= MAX_STREAM_TOKENS {
+            return None;
+        }
         issued.insert(token.clone(), now + STREAM_TOKEN_LIFETIME);
-        token
+        Some(token)
     }
 
     /// Spends `token`: true once, if it was issued and has not expired.
@@ -193,7 +201,14 @@ struct StreamToken {
 /// `POST /dashboard/stream-token`: a token for one `/events?token=...` stream. Authenticated
 /// like every route (the API key when auth is on), so the token proves the key was shown.
 async fn stream_token(State(state): State<AppState>) -> ApiResult {
-    let token = state.auth.stream_tokens.issue();
+    let token = state.auth.stream_tokens.issue().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "{MAX_STREAM_TOKENS} stream tokens are waiting to be used: open a stream with one, or wait a minute"
+            ),
+        )
+    })?;
     answer(&StreamToken { token, expires_in_ms: STREAM_TOKEN_LIFETIME.as_millis() as u64 })
 }
 
@@ -212,7 +227,7 @@ mod tests {
     #[test]
     fn a_stream_token_opens_one_stream_and_a_guess_none() {
         let tokens = StreamTokens::default();
-        let token = tokens.issue();
+        let token = tokens.issue().unwrap_or_default();
         assert_eq!(token.len(), 64);
         assert!(!tokens.redeem("0".repeat(64).as_str()));
         assert!(tokens.redeem(&token));
@@ -222,13 +237,23 @@ mod tests {
     #[test]
     fn an_expired_stream_token_is_refused() {
         let tokens = StreamTokens::default();
-        let token = tokens.issue();
+        let token = tokens.issue().unwrap_or_default();
         if let Ok(mut issued) = tokens.issued.lock()
             && let Some(expires) = issued.get_mut(&token)
         {
             *expires = Instant::now() - Duration::from_secs(1);
         }
         assert!(!tokens.redeem(&token));
+    }
+
+    #[test]
+    fn unspent_tokens_are_bounded_and_spending_one_makes_room() {
+        let tokens = StreamTokens::default();
+        let issued: Vec<String> = (0..MAX_STREAM_TOKENS).filter_map(|_| tokens.issue()).collect();
+        assert_eq!(issued.len(), MAX_STREAM_TOKENS);
+        assert!(tokens.issue().is_none());
+        assert!(tokens.redeem(&issued[0]));
+        assert!(tokens.issue().is_some());
     }
 
     #[test]

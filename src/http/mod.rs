@@ -4,8 +4,9 @@
 //! Layout: [`error`] (the one error type, whose body is `api::ErrorBody`), [`extract`] (bodies,
 //! queries, the agent a path names, secrets), [`broker_api`] (the broker's own REST API),
 //! [`a2a_rest`], [`a2a_card`], [`jsonrpc`] and [`subscribe`] (A2A: REST, cards, JSON-RPC and
-//! streams), and one file per feature (webhooks, externals, file safety, history, the dashboard); [`wire`]
-//! turns projection rows into `api` answers. Handlers translate only: every decision is a
+//! streams), and one file per feature (webhooks, externals, file safety, history, the dashboard);
+//! [`guard`], [`auth`] and [`caller`] judge requests ([`origin`]: this machine's hosts and
+//! origins); [`wire`] turns projection rows into `api` answers. Handlers translate only: every decision is a
 //! broker command's.
 //!
 //! The same handlers serve an agent's endpoints at the root of its own port and socket (the
