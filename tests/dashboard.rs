@@ -445,6 +445,21 @@ fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a
     // The stream (opened with a token, not the key) brings a new message without a reload.
     with_key(&["send", "bob", "seen through the token stream"]);
     wait_message(&browser, "the message", "seen through the token stream", &[]);
+    // A refused send says why on the page.
+    browser.execute(
+        "const select = document.getElementById('send-to');
+         const option = document.createElement('option');
+         option.value = 'nobody';
+         option.textContent = 'nobody';
+         select.append(option);
+         select.value = 'nobody';
+         document.getElementById('send-text').value = 'hello?';
+         document.querySelector('#send-form button').click();",
+        vec![],
+    );
+    browser.wait_value("the refusal", "return document.getElementById('error').textContent", vec![], |v| {
+        v.as_str().is_some_and(|text| text.starts_with("Send refused: 404") && text.contains("nobody"))
+    });
 }
 
 #[test]
