@@ -212,6 +212,69 @@ pub fn runs_this_executable(pid: u32) -> bool {
     theirs.dev() == ours.dev() && theirs.ino() == ours.ino()
 }
 
+/// The pid of a process holding the loopback TCP socket whose own address is `peer` and whose
+/// other end is `our_port` on this machine: the socket's inode from `/proc/net/tcp` (or
+/// `tcp6`), then a process whose `/proc/<pid>/fd` names `socket:[inode]`. Only processes this
+/// one may read are seen (the same user's, or all for root). None when it cannot be told.
+pub fn tcp_socket_holder(peer: std::net::SocketAddr, our_port: u16) -> Option<u32> {
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|table| {
+        let text = std::fs::read_to_string(table).ok()?;
+        text.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, remote, inode) = (fields.get(1)?, fields.get(2)?, fields.get(9)?);
+            let local = parse_proc_address(local)?;
+            let remote = parse_proc_address(remote)?;
+            (same_address(local, peer) && remote.port() == our_port).then(|| inode.parse::<u64>().ok()).flatten()
+        })
+    })?;
+    if inode == 0 {
+        return None;
+    }
+    let target = std::ffi::OsString::from(format!("socket:[{inode}]"));
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == target) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+/// `0100007F:1F90` (IPv4) or 32 hex digits `:port` (IPv6), each 32-bit word in host order, as
+/// `/proc/net/tcp*` prints a socket's address.
+pub fn parse_proc_address(text: &str) -> Option<std::net::SocketAddr> {
+    let (address, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    // The kernel prints each word as the number it is in memory: its bytes in host order.
+    let word = |hex: &str| u32::from_str_radix(hex, 16).ok().map(u32::to_ne_bytes);
+    match address.len() {
+        8 => {
+            let ip = std::net::Ipv4Addr::from(word(address)?);
+            Some(std::net::SocketAddr::from((ip, port)))
+        }
+        32 => {
+            let mut bytes = [0u8; 16];
+            for (index, chunk) in bytes.chunks_mut(4).enumerate() {
+                chunk.copy_from_slice(&word(address.get(index * 8..index * 8 + 8)?)?);
+            }
+            Some(std::net::SocketAddr::from((std::net::Ipv6Addr::from(bytes), port)))
+        }
+        _ => None,
+    }
+}
+
+/// The same endpoint, an IPv4 address and its IPv4-mapped IPv6 form counting as one.
+pub fn same_address(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    let canonical = |address: std::net::SocketAddr| match address.ip() {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address.ip(), std::net::IpAddr::V4),
+        ip => ip,
+    };
+    a.port() == b.port() && canonical(a) == canonical(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -648,3 +648,62 @@ fn a_reply_to_an_unverified_external_sender_goes_back_to_its_endpoint() {
     assert_eq!(delivered["metadata"]["sender"]["sender_id"], bob.id.as_str(), "{delivered}");
     assert!(request.body.len() < 4096 && !request.body.contains(&bob.secret), "no secret travels with it");
 }
+
+/// A helper in python3: with `wrapped`, it registers itself as an agent's wrapper over the
+/// broker's socket and a child of it asks; with `plain`, it asks itself. The question is a
+/// user-only route over loopback TCP, claiming the broker's own Origin (as the dashboard page
+/// does); it prints the answer's status.
+const ORIGIN_HELPER: &str = r#"
+import http.client, json, os, socket, sys
+mode, sock_path, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+class Unix(http.client.HTTPConnection):
+    def __init__(self):
+        super().__init__("localhost")
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(sock_path)
+def ask():
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.request("GET", "/external", headers={"Origin": f"http://127.0.0.1:{port}"})
+    return conn.getresponse().status
+if mode == "wrapped":
+    me = Unix()
+    body = json.dumps({"agent_type": "dummy", "name": "wrapped", "pid": os.getpid(), "port": 0}).encode()
+    me.request("POST", "/agents", body=body, headers={"Content-Type": "application/json"})
+    answer = me.getresponse()
+    assert answer.status == 200, answer.read()
+    reader, writer = os.pipe()
+    if os.fork() == 0:
+        os.write(writer, str(ask()).encode())
+        os._exit(0)
+    print(os.read(reader, 16).decode(), flush=True)
+    os.wait()
+else:
+    print(ask(), flush=True)
+"#;
+
+/// Issue 17: the dashboard in the user's browser acts as the user (loopback TCP, the broker's
+/// uid, the broker's own Origin), but a process inside an agent that writes the same Origin is
+/// not the user: the process holding its socket is found and its ancestry checked, as on the
+/// Unix socket.
+#[test]
+fn the_brokers_origin_makes_the_users_browser_the_user_but_not_a_process_inside_an_agent() {
+    let home = Home::new();
+    home.register(Some("someone"));
+    let port = broker_port(&home).to_string();
+    let socket = home.socket();
+    let ask = |mode: &str| {
+        let output = std::process::Command::new("python3")
+            .args(["-c", ORIGIN_HELPER, mode, socket.to_str().unwrap(), &port])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", describe(&output));
+        stdout(&output).trim().to_string()
+    };
+    assert_eq!(ask("plain"), "200", "a process of the user outside any agent, with the broker's Origin");
+    assert_eq!(ask("wrapped"), "403", "a process below an agent's wrapper claimed the user's rights");
+    // Without the Origin (or with another one) the same plain process is anonymous over TCP.
+    let (status, _) = http_tcp(broker_port(&home), "GET", "/external", None, &[]);
+    assert_eq!(status, 403);
+}

@@ -27,7 +27,7 @@ A2A="Per-agent endpoints: served at the root of the agent's port and Unix socket
 # broker
 add("/broker/health","get","Broker pid, version, schema, socket, port and head (version handshake)",tags=["broker"],responses=resp(schema={"$ref":"#/components/schemas/BrokerInfo"}))
 add("/broker/shutdown","post","Stop the broker cleanly",tags=["broker"],responses=resp())
-add("/events","get","The event log as server-sent events (id = sequence number; Last-Event-ID resumes)",tags=["broker"],params=[q("after","integer","start after this sequence number"),q("follow","boolean","keep streaming new events"),q("agent","string","only events about this agent"),q("kind","string","comma-separated event kinds")],responses={"200":{"description":"SSE stream; each data is an Envelope as JSON","content":{"text/event-stream":{"schema":{"type":"string"}}}},"400":{"description":"Bad query","content":{"application/json":{"schema":E}}}})
+add("/events","get","The event log as server-sent events (id = sequence number; Last-Event-ID resumes)",tags=["broker"],params=[q("after","integer","start after this sequence number"),q("follow","boolean","keep streaming new events"),q("agent","string","only events about this agent"),q("kind","string","comma-separated event kinds"),q("token","string","a stream token from POST /dashboard/stream-token, instead of a key (for a browser's EventSource)")],responses={"200":{"description":"SSE stream; each data is an Envelope as JSON","content":{"text/event-stream":{"schema":{"type":"string"}}}},"400":{"description":"Bad query","content":{"application/json":{"schema":E}}}})
 add("/admin/rebuild","post","Drop and replay every projection",tags=["admin"],responses=resp(schema={"$ref":"#/components/schemas/RebuildReport"}))
 add("/admin/verify","post","Replay into scratch tables and compare with the live projections",tags=["admin"],responses=resp(schema={"$ref":"#/components/schemas/VerifyReport"}))
 add("/admin/index","get","Where the history search index stands",tags=["admin"],responses=resp(schema={"$ref":"#/components/schemas/IndexProgress"}))
@@ -71,6 +71,15 @@ add("/file-safety/recent","get","Recent modifications of every file",tags=["file
 add("/file-safety/record","post","Record a modification (CREATE, MODIFY, DELETE)",tags=["file-safety"],body="RecordBody",responses=resp(extra={400:"Bad path or type",404:"Unknown agent or task"}))
 add("/file-safety/validate","post","May this agent write this file? Reason and recent modifications",tags=["file-safety"],body="ValidateBody",responses=resp(extra={400:"Bad path"}))
 add("/file-safety/cleanup","post","Release expired and orphaned locks; drop modification records older than days (default 30)",tags=["file-safety"],body="FileCleanupBody",responses=resp(extra={400:"Bad days"}))
+# the dashboard
+def page(desc,media):
+    return {"200":{"description":desc,"content":{media:{"schema":{"type":"string"}}}}}
+add("/","get","The live web dashboard (HTML; strict Content-Security-Policy, no inline script); no auth",tags=["dashboard"],responses=page("The page","text/html"))
+add("/dashboard/app.js","get","The dashboard's script; no auth",tags=["dashboard"],responses=page("The script","text/javascript"))
+add("/dashboard/app.css","get","The dashboard's style sheet; no auth",tags=["dashboard"],responses=page("The style sheet","text/css"))
+add("/dashboard/state","get","What the dashboard starts from: the head to follow /events from, the agents (as GET /agents, plus status_since_ms), whether auth is on",tags=["dashboard"],responses=resp())
+add("/dashboard/events","get","The event log paged backwards: the limit events before `before` (default: the newest), oldest first, as envelopes in JSON",tags=["dashboard"],params=[q("before","integer","events with a smaller sequence number"),q("limit","integer","1..5000, default 200")],responses=resp(extra={400:"Bad query"}))
+add("/dashboard/stream-token","post","A token that opens one /events stream (?token=) within 60 s, for a browser's EventSource, which cannot send a key",tags=["dashboard"],responses=resp(extra={401:"API key required or invalid",429:"Too many unspent tokens"}))
 # per agent
 add("/","post","A2A JSON-RPC 2.0 (v1.0: SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask; 0.3 names without A2A-Version). "+A2A,tags=["a2a"],body="JsonRpcRequest",responses=resp(schema={"$ref":"#/components/schemas/JsonRpcResponse"}))
 add("/status","get","READY / PROCESSING / WAITING and queue depth (open). "+A2A,tags=["a2a"])
@@ -107,7 +116,7 @@ comps={
  "JsonRpcRequest":S({"jsonrpc":{"type":"string","enum":["2.0"]},"id":{},"method":st,"params":{"type":"object"}},["jsonrpc","method"]),
  "JsonRpcResponse":S({"jsonrpc":st,"id":{},"result":{},"error":S({"code":it,"message":st,"data":{}})}),
  "ExternalAddBody":S({"url":st,"alias":st},["url"]),
- "ExternalSendBody":S({"text":st,"wait_seconds":it},["text"]),
+ "ExternalSendBody":S({"text":st,"wait_seconds":it,"priority":{"type":"integer","minimum":1,"maximum":5,"description":"Sent with the remote's POST /tasks/send-priority?priority=N; absent: POST /tasks/send (priority 3)"},"response_expected":{"type":"boolean","description":"Ask the remote agent for a reply (default: only with wait_seconds)"}},["text"]),
  "LockBody":S({"path":st,"agent_id":st,"duration_seconds":it,"intent":st,"task_id":st,"wait_seconds":it},["path","agent_id"]),
  "UnlockBody":S({"path":st,"agent_id":st,"force":bo},["path"]),
  "RecordBody":S({"path":st,"agent_id":st,"task_id":st,"change_type":{"type":"string","enum":["CREATE","MODIFY","DELETE"]},"intent":st},["path","agent_id","task_id"]),

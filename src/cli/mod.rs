@@ -4,6 +4,7 @@
 //! 2 usage (clap). Raw flags become validated values here, before anything talks to the broker.
 
 mod agents;
+mod dashboard;
 mod demo;
 mod doctor;
 mod external;
@@ -62,6 +63,15 @@ pub enum Command {
     },
     /// Print the event log (and follow it)
     Events(EventsArgs),
+    /// Print the address of the live web dashboard (the broker serves it on its port)
+    Dashboard {
+        /// Open it in a browser too (when the machine has one)
+        #[arg(long)]
+        open: bool,
+        /// Print {"url": ...} as one JSON document
+        #[arg(long)]
+        json: bool,
+    },
     /// Maintenance: rebuild or verify the projections, index the history
     Admin {
         #[command(subcommand)]
@@ -439,6 +449,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Command::Cancel { task_id, json } => messaging::cancel(&paths, &task_id, json).await,
             Command::Doctor { json } => doctor::run(&paths, json).await,
             Command::Events(args) => system::events(&paths, args).await,
+            Command::Dashboard { open, json } => dashboard::run(&paths, open, json).await,
             Command::Admin { command, json } => system::admin(&paths, command, json).await,
             Command::Agent { command } => system::agent(&paths, command).await,
             Command::External { command, json } => external::run(&paths, command, json).await,

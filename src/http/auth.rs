@@ -19,6 +19,8 @@ pub struct AuthConfig {
     pub enabled: bool,
     key_digests: Vec<[u8; 32]>,
     pub allow_localhost: bool,
+    /// The dashboard's tokens for `/events?token=` (a browser's `EventSource` cannot send a key).
+    pub stream_tokens: Arc<super::dashboard::StreamTokens>,
 }
 
 use crate::trust::key_digest as digest;
@@ -30,6 +32,7 @@ impl AuthConfig {
             enabled: settings.auth_enabled,
             key_digests: settings.key_digests(),
             allow_localhost: settings.allow_localhost,
+            stream_tokens: Arc::default(),
         }
     }
 
@@ -43,6 +46,13 @@ impl AuthConfig {
         }
         found == 1
     }
+}
+
+/// Requests that stay open: agent cards, status, and a GET of the dashboard's page and assets
+/// (which hold no data: the page asks for the key before it reads anything). Only a GET: `POST /`
+/// is an agent's JSON-RPC endpoint.
+fn is_open_request(method: &axum::http::Method, path: &str) -> bool {
+    is_open(path) || (method == axum::http::Method::GET && super::dashboard::is_asset(path))
 }
 
 /// Paths that stay open: agent cards and status, and the replies of external agents (the
@@ -70,7 +80,7 @@ fn presented_key(request: &Request) -> Option<String> {
 
 /// The middleware: lets a request through or answers 401.
 pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next: Next) -> Response {
-    if is_open(request.uri().path()) {
+    if is_open_request(request.method(), request.uri().path()) {
         return next.run(request).await;
     }
     // A process of another user on this machine (over loopback TCP) is not "local": the broker
@@ -99,11 +109,29 @@ pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next
     if local && config.allow_localhost {
         return next.run(request).await;
     }
+    // The dashboard's event stream: a browser's EventSource cannot send a key, so the page
+    // trades its key for a one-stream token first (POST /dashboard/stream-token).
+    if request.uri().path() == "/events"
+        && let Some(token) = stream_token(request.uri().query())
+    {
+        return if config.stream_tokens.redeem(&token) {
+            next.run(request).await
+        } else {
+            super::dashboard::bad_stream_token().into_response()
+        };
+    }
     match presented_key(&request) {
         None => ApiError::new(StatusCode::UNAUTHORIZED, "API key required").into_response(),
         Some(key) if config.accepts(&key) => next.run(request).await,
         Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "Invalid API key").into_response(),
     }
+}
+
+/// The `token` parameter of a query, decoded.
+fn stream_token(query: Option<&str>) -> Option<String> {
+    url::form_urlencoded::parse(query?.as_bytes())
+        .find(|(name, _)| name == "token")
+        .map(|(_, value)| value.into_owned())
 }
 
 /// `SYNAPSE_ALLOW_OTHER_USERS=true`: other users' processes may call an open broker over TCP.
@@ -117,8 +145,12 @@ mod tests {
 
     #[test]
     fn only_configured_keys_are_accepted() {
-        let config =
-            AuthConfig { enabled: true, key_digests: vec![digest("alpha"), digest("beta")], allow_localhost: false };
+        let config = AuthConfig {
+            enabled: true,
+            key_digests: vec![digest("alpha"), digest("beta")],
+            allow_localhost: false,
+            stream_tokens: Arc::default(),
+        };
         assert!(config.accepts("alpha"));
         assert!(config.accepts("beta"));
         assert!(!config.accepts("gamma"));
@@ -132,5 +164,11 @@ mod tests {
         assert!(is_open("/status"));
         assert!(!is_open("/tasks/send"));
         assert!(!is_open("/agents"));
+        use axum::http::Method;
+        assert!(is_open_request(&Method::GET, "/"));
+        assert!(is_open_request(&Method::GET, "/dashboard/app.js"));
+        assert!(!is_open_request(&Method::POST, "/"), "an agent's JSON-RPC endpoint");
+        assert!(!is_open_request(&Method::GET, "/dashboard/state"));
+        assert!(!is_open_request(&Method::POST, "/dashboard/stream-token"));
     }
 }

@@ -92,6 +92,9 @@ struct EventsQuery {
     agent: Option<String>,
     #[serde(default)]
     kind: Option<String>,
+    /// The dashboard's stream token (checked by authentication, see `auth::check`).
+    #[serde(default, rename = "token")]
+    _token: Option<String>,
 }
 
 /// `GET /events`: the log as SSE (`id:` = sequence number); `Last-Event-ID` resumes.

@@ -5,7 +5,8 @@
 //!   only as it — even when it also carries the admin key;
 //! - otherwise the admin key (an API key, when auth is on), or the broker's Unix socket with the
 //!   peer's uid (from the kernel, `SO_PEERCRED`) equal to the broker's, is **the user**: the CLI
-//!   typed in a plain shell, the dashboard;
+//!   typed in a plain shell; so is the dashboard page in the user's browser (loopback TCP from
+//!   the broker's uid, with the broker's own `Origin`);
 //! - anything else (a TCP caller without a key, a stale secret, a process below an agent's
 //!   wrapper that left the agent's secret out, a peer that has exited or cannot be read) is
 //!   **anonymous**: it may send messages and read what is public, never act for an agent.
@@ -156,6 +157,36 @@ pub fn peer_of(parts: &Parts) -> Option<PeerCredentials> {
     parts.extensions.get::<ConnectInfo<PeerCredentials>>().map(|ConnectInfo(peer)| peer.clone())
 }
 
+/// The uid of a loopback TCP caller, as the kernel's `/proc/net/tcp` names the owner of its
+/// socket (attached to each request by the server when it could be read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpPeerUid(pub u32);
+
+/// Is this the dashboard in the user's browser: over loopback TCP from a socket of the broker's
+/// uid, from the page the broker serves (its own `Origin`, which a browser sets and no page of
+/// another origin can)? A process of the user could send that Origin by hand; it could just as
+/// well use the Unix socket as the user.
+fn is_the_users_browser(state: &AppState, parts: &Parts) -> bool {
+    let same_uid = parts.extensions.get::<TcpPeerUid>().is_some_and(|TcpPeerUid(uid)| *uid == broker_uid());
+    let broker_port = state.port.load(std::sync::atomic::Ordering::Relaxed);
+    let own_origin = parts
+        .headers
+        .get(axum::http::header::ORIGIN)
+        .and_then(|origin| origin.to_str().ok())
+        .is_some_and(|origin| super::origin::is_broker_origin(origin, broker_port));
+    if !(same_uid && own_origin) {
+        return false;
+    }
+    // The same rule as on the Unix socket: a process inside an agent (below a wrapper) is not
+    // the user, whatever Origin it writes. The process holding the caller's socket, and its
+    // ancestors, are read from /proc (only for requests that claim the broker's own Origin).
+    let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<std::net::SocketAddr>>() else { return false };
+    let Some(pid) = process::tcp_socket_holder(*peer, broker_port) else { return false };
+    let credentials =
+        PeerCredentials { uid: broker_uid(), pid: Some(pid), lineage: process::lineage(pid).map(Arc::from) };
+    state.store.read(|view| view.agents()).is_ok_and(|agents| credentials.is_the_user(&agents))
+}
+
 /// Determines the caller of a request.
 pub fn caller_of(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
     if let Some(value) = parts.headers.get(SECRET_HEADER) {
@@ -174,6 +205,9 @@ pub fn caller_of(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
         );
     }
     if has_admin_key(state, &parts.headers) {
+        return Ok(Caller::User);
+    }
+    if is_the_users_browser(state, parts) {
         return Ok(Caller::User);
     }
     if let Some(peer) = peer_of(parts)

@@ -16,6 +16,7 @@
 //! Errors keep the API's JSON shape ([`ApiError`]).
 
 use super::ApiError;
+use super::origin::{LOOPBACK_HOSTS, is_broker_origin, split_host};
 use super::server::Transport;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -31,9 +32,6 @@ pub struct RequestRules {
     allowed_origins: Vec<String>,
 }
 
-/// Host names that always mean this machine.
-const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
-
 /// The media types a request body may have.
 const JSON_TYPES: [&str; 2] = ["application/json", "application/a2a+json"];
 
@@ -44,21 +42,6 @@ fn list(variable: &str) -> Vec<String> {
         .map(|item| item.trim().trim_end_matches('/').to_ascii_lowercase())
         .filter(|item| !item.is_empty())
         .collect()
-}
-
-/// Splits `host[:port]` (IPv6 in brackets) into the lowercase host and the port text.
-fn split_host(value: &str) -> (String, Option<&str>) {
-    let value = value.trim();
-    if value.starts_with('[')
-        && let Some(end) = value.find(']')
-    {
-        let port = value[end + 1..].strip_prefix(':');
-        return (value[..=end].to_ascii_lowercase(), port);
-    }
-    match value.rsplit_once(':') {
-        Some((host, port)) => (host.to_ascii_lowercase(), Some(port)),
-        None => (value.to_ascii_lowercase(), None),
-    }
 }
 
 fn is_port(text: Option<&str>) -> bool {
@@ -90,9 +73,7 @@ impl RequestRules {
         if self.allowed_origins.contains(&origin) {
             return true;
         }
-        let Some(authority) = origin.strip_prefix("http://") else { return false };
-        let (host, port) = split_host(authority);
-        broker_port != 0 && LOOPBACK_HOSTS.contains(&host.as_str()) && port == Some(broker_port.to_string().as_str())
+        is_broker_origin(&origin, broker_port)
     }
 
     /// Judges one request's headers; `Err` is the answer to send instead.

@@ -4,8 +4,9 @@
 //! Layout: [`error`] (the one error type, whose body is `api::ErrorBody`), [`extract`] (bodies,
 //! queries, the agent a path names, secrets), [`broker_api`] (the broker's own REST API),
 //! [`a2a_rest`], [`a2a_card`], [`jsonrpc`] and [`subscribe`] (A2A: REST, cards, JSON-RPC and
-//! streams), and one file per feature (webhooks, externals, file safety, history); [`wire`]
-//! turns projection rows into `api` answers. Handlers translate only: every decision is a
+//! streams), and one file per feature (webhooks, externals, file safety, history, the dashboard);
+//! [`guard`], [`auth`] and [`caller`] judge requests ([`origin`]: this machine's hosts and
+//! origins); [`wire`] turns projection rows into `api` answers. Handlers translate only: every decision is a
 //! broker command's.
 //!
 //! The same handlers serve an agent's endpoints at the root of its own port and socket (the
@@ -19,6 +20,7 @@ pub mod agent_tasks;
 pub mod auth;
 pub mod broker_api;
 pub mod caller;
+pub mod dashboard;
 pub mod error;
 pub mod externals;
 pub mod extract;
@@ -27,6 +29,7 @@ pub mod guard;
 pub mod history;
 pub mod jsonrpc;
 pub mod openapi;
+pub mod origin;
 pub mod server;
 pub mod subscribe;
 pub mod webhooks;
@@ -111,6 +114,7 @@ pub fn broker_router(state: AppState) -> Router {
         .merge(externals::routes())
         .merge(file_safety::routes())
         .merge(history::routes())
+        .merge(dashboard::routes())
         .nest("/agents/{agent}", a2a_routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -130,40 +130,10 @@ pub fn tcp_peer_uid(ours: SocketAddr, peer: SocketAddr) -> Option<u32> {
     })
 }
 
-/// `0100007F:1F90` (IPv4) or 32 hex digits `:port` (IPv6), each 32-bit word in host order.
-fn parse_proc_address(text: &str) -> Option<SocketAddr> {
-    let (address, port) = text.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    // The kernel prints each word as the number it is in memory: its bytes in host order.
-    let word = |hex: &str| u32::from_str_radix(hex, 16).ok().map(u32::to_ne_bytes);
-    match address.len() {
-        8 => {
-            let ip = std::net::Ipv4Addr::from(word(address)?);
-            Some(SocketAddr::from((ip, port)))
-        }
-        32 => {
-            let mut bytes = [0u8; 16];
-            for (index, chunk) in bytes.chunks_mut(4).enumerate() {
-                chunk.copy_from_slice(&word(address.get(index * 8..index * 8 + 8)?)?);
-            }
-            Some(SocketAddr::from((std::net::Ipv6Addr::from(bytes), port)))
-        }
-        _ => None,
-    }
-}
-
-/// The same endpoint, an IPv4 address and its IPv4-mapped IPv6 form counting as one.
-fn same_address(a: SocketAddr, b: SocketAddr) -> bool {
-    let canonical = |address: SocketAddr| match address.ip() {
-        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address.ip(), std::net::IpAddr::V4),
-        ip => ip,
-    };
-    a.port() == b.port() && canonical(a) == canonical(b)
-}
+use crate::process::{parse_proc_address, same_address};
 
 /// The uid of a loopback TCP caller, when it was told (see [`tcp_peer_uid`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpPeerUid(pub u32);
+pub use super::caller::TcpPeerUid;
 
 impl Accept for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;

@@ -15,6 +15,7 @@
 mod append;
 mod cli_send;
 mod common;
+mod dashboard;
 mod delivery;
 mod floor;
 mod history_search;
@@ -53,7 +54,7 @@ const DEFAULT_SECONDS: f64 = 10.0;
 const USAGE: &str = "usage: synapse-bench <scenario>... [--seconds N] [--synapse PATH]
 scenarios: floor, append, rebuild, memory, cli-send, http-send, round-trip, delivery, sse-fanout,
            history-search, lock-contention, storage, all; real-clis, busy-delivery (need tools/install-clis;
-           not in all); scale (grows a log to 10M events: needs ~11 GB of disk; not in all)
+           not in all); dashboard (needs chromium and chromedriver; not in all); scale (grows a log to 10M events: needs ~11 GB of disk; not in all)
   --seconds N      length of the timed scenarios (append, http-send, lock-contention); default 10,
                    or SYNAPSE_BENCH_SECONDS
   --synapse PATH   the synapse binary (default: next to synapse-bench), or SYNAPSE_BENCH_BIN
@@ -91,6 +92,7 @@ fn run() -> Result<ExitCode> {
             "busy-delivery" => real_clis::busy(&options.synapse),
             "storage" => runtime.block_on(storage::run(&options)),
             "scale" => runtime.block_on(scale::run(&options)),
+            "dashboard" => runtime.block_on(dashboard::run(&options)),
             other => Err(anyhow!("unknown scenario '{other}'")),
         };
         if let Err(error) = outcome {
@@ -124,7 +126,9 @@ fn parse_args(args: Vec<String>) -> Result<(Vec<String>, Options)> {
             "--seconds" => seconds = parse_seconds(&args.next().context("--seconds needs a value")?)?,
             "--synapse" => synapse = Some(PathBuf::from(args.next().context("--synapse needs a path")?)),
             "all" => scenarios.extend(SCENARIOS.iter().map(|name| name.to_string())),
-            name if SCENARIOS.contains(&name) || ["real-clis", "busy-delivery", "scale"].contains(&name) => {
+            name if SCENARIOS.contains(&name)
+                || ["real-clis", "busy-delivery", "scale", "dashboard"].contains(&name) =>
+            {
                 scenarios.push(name.to_string())
             }
             other => bail!("unknown argument '{other}'\n{USAGE}"),

@@ -1,0 +1,37 @@
+//! `synapse dashboard`: prints the address of the broker's web dashboard (starting the broker
+//! when none runs) and, with `--open`, opens it in a browser when the machine has one.
+
+use crate::client::Client;
+use crate::config::Paths;
+
+/// Programs that open a URL in the user's browser, tried in order.
+const OPENERS: [&str; 3] = ["xdg-open", "open", "sensible-browser"];
+
+pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
+    let mut client = Client::connect(paths, true).await?;
+    let info = client.health().await?;
+    let url = format!("http://127.0.0.1:{}/", info.port);
+    if json {
+        println!("{}", serde_json::json!({ "url": url }));
+    } else {
+        println!("{url}");
+    }
+    if !open {
+        return Ok(0);
+    }
+    for opener in OPENERS {
+        let launched = std::process::Command::new(opener)
+            .arg(&url)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        if launched.is_ok() {
+            return Ok(0);
+        }
+    }
+    // No browser here (a server, a container): the address is printed, which is what a user
+    // needs to open it from elsewhere (an SSH tunnel, say).
+    eprintln!("No browser found ({}): open {url} yourself", OPENERS.join(", "));
+    Ok(0)
+}

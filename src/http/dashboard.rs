@@ -1,0 +1,266 @@
+//! The live web dashboard (issue 17): the page at `/`, its script and style sheet (embedded in
+//! the binary, no build step), the snapshot it starts from, the event log paged backwards, and
+//! the short-lived stream tokens that let a browser's `EventSource` (which cannot set headers)
+//! open `/events` when authentication is on.
+//!
+//! What must stay true:
+//! - The page runs no inline script and loads nothing from elsewhere: every asset is served
+//!   here under a strict Content-Security-Policy, and the script builds the DOM with
+//!   `textContent` only (message text is hostile).
+//! - The page has no rights of its own: its reads and its actions (send, cancel) go through the
+//!   same routes and rules as the CLI's (Host/Origin guard, API key, who is the user).
+//! - A stream token opens `/events` only, once, within [`STREAM_TOKEN_LIFETIME`] of being
+//!   issued; it lives in the broker's memory (a restart forgets it, the page asks again).
+
+use super::error::{ApiError, ApiResult, answer};
+use super::extract::parse_query;
+use super::{AppState, wire};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const INDEX_HTML: &str = include_str!("dashboard/index.html");
+const APP_JS: &str = include_str!("dashboard/app.js");
+const APP_CSS: &str = include_str!("dashboard/app.css");
+
+/// The page may run only its own script and style sheet, talk only to its own origin, load no
+/// image, and be framed by no one.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// How long a stream token may wait before it opens `/events`.
+pub const STREAM_TOKEN_LIFETIME: Duration = Duration::from_secs(60);
+
+/// Most unspent stream tokens at once (each page opens one stream at a time).
+const MAX_STREAM_TOKENS: usize = 1024;
+
+/// Most events one page of `/dashboard/events` answers.
+const MAX_EVENTS_PAGE: usize = 5_000;
+
+/// Tokens handed out for `/events?token=`: each opens one stream, within its lifetime. Guarded
+/// by a mutex: issued and spent a few times per page load, never on a hot path.
+#[derive(Debug, Default)]
+pub struct StreamTokens {
+    issued: Mutex<HashMap<String, Instant>>,
+}
+
+impl StreamTokens {
+    /// A new random token, valid for [`STREAM_TOKEN_LIFETIME`]; None while
+    /// [`MAX_STREAM_TOKENS`] unspent ones are outstanding (a caller asking in a loop cannot
+    /// grow the broker's memory).
+    pub fn issue(&self) -> Option<String> {
+        let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let now = Instant::now();
+        let mut issued = self.issued.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Expired tokens go whenever a new one comes: the map stays as small as the tokens in use.
+        issued.retain(|_, expires| *expires > now);
+        if issued.len() >= MAX_STREAM_TOKENS {
+            return None;
+        }
+        issued.insert(token.clone(), now + STREAM_TOKEN_LIFETIME);
+        Some(token)
+    }
+
+    /// Spends `token`: true once, if it was issued and has not expired.
+    pub fn redeem(&self, token: &str) -> bool {
+        let mut issued = self.issued.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Looked up by the token itself: a guess that is not in the map learns nothing from time
+        // beyond what a hash map lookup of random 256-bit strings can tell.
+        match issued.remove(token) {
+            Some(expires) => expires > Instant::now(),
+            None => false,
+        }
+    }
+}
+
+pub fn routes() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route("/", get(index))
+        .route("/dashboard/app.js", get(script))
+        .route("/dashboard/app.css", get(style))
+        .route("/dashboard/state", get(snapshot))
+        .route("/dashboard/events", get(events_page))
+        .route("/dashboard/stream-token", post(stream_token))
+}
+
+/// Paths the page itself needs before it has a key: the page and its assets.
+pub fn is_asset(path: &str) -> bool {
+    matches!(path, "/" | "/dashboard/app.js" | "/dashboard/app.css")
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn index() -> Response {
+    asset("text/html; charset=utf-8", INDEX_HTML)
+}
+
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", APP_JS)
+}
+
+async fn style() -> Response {
+    asset("text/css; charset=utf-8", APP_CSS)
+}
+
+/// One agent as the dashboard's cards show it: the `/agents` view plus since when it has its
+/// status.
+#[derive(Serialize)]
+struct DashboardAgent {
+    #[serde(flatten)]
+    agent: crate::api::AgentView,
+    status_since_ms: u64,
+}
+
+#[derive(Serialize)]
+struct Snapshot {
+    /// The log's head when the snapshot was read: the page follows `/events` from here.
+    head: u64,
+    agents: Vec<DashboardAgent>,
+    /// Whether the page must authenticate its stream with a token.
+    auth_enabled: bool,
+}
+
+/// `GET /dashboard/state`: what the page starts from, and the head to follow `/events` from.
+/// The head is taken before the read: the stream that follows misses nothing, and an event it
+/// repeats from the snapshot changes nothing on the page (each sets a value, none adds one).
+async fn snapshot(State(state): State<AppState>) -> ApiResult {
+    let paths = state.paths.clone();
+    let head = *state.head.borrow();
+    let agents = state.store.read(|view| {
+        let mut agents = Vec::new();
+        for agent in view.agents()? {
+            let depth = view.inbox_depth(&agent.agent_id)?;
+            let current = view.current_task(&agent.agent_id)?;
+            let socket = paths.agent_socket(&agent.agent_id).display().to_string();
+            agents.push(DashboardAgent {
+                agent: wire::agent(&agent, &socket, depth, current.as_ref()),
+                status_since_ms: agent.status_ms,
+            });
+        }
+        Ok(agents)
+    })?;
+    answer(&Snapshot { head, agents, auth_enabled: state.auth.enabled })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsPageQuery {
+    /// Events before this sequence number (default: the newest).
+    #[serde(default)]
+    before: Option<u64>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct EventsPage {
+    head: u64,
+    /// Oldest first, each an envelope as `synapse events --json` prints it.
+    events: Vec<serde_json::Value>,
+}
+
+/// `GET /dashboard/events?before=N&limit=L`: the `limit` events just before `before`, so the
+/// page can walk the log backwards a page at a time (the stream only goes forwards).
+async fn events_page(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
+    let query: EventsPageQuery = parse_query(uri.query())?;
+    let limit = query.limit.unwrap_or(200);
+    if limit == 0 || limit > MAX_EVENTS_PAGE {
+        return Err(ApiError::bad(format!("limit must be between 1 and {MAX_EVENTS_PAGE}")));
+    }
+    let head = state.store.head()?;
+    let before = query.before.unwrap_or(head.saturating_add(1)).min(head.saturating_add(1));
+    let first = before.saturating_sub(limit as u64).max(1);
+    let count = usize::try_from(before.saturating_sub(first)).unwrap_or(limit);
+    let events = if count == 0 { Vec::new() } else { state.store.read_after(first - 1, count)? };
+    answer(&EventsPage { head, events: events.iter().map(|envelope| envelope.to_json()).collect() })
+}
+
+#[derive(Serialize)]
+struct StreamToken {
+    token: String,
+    expires_in_ms: u64,
+}
+
+/// `POST /dashboard/stream-token`: a token for one `/events?token=...` stream. Authenticated
+/// like every route (the API key when auth is on), so the token proves the key was shown.
+async fn stream_token(State(state): State<AppState>) -> ApiResult {
+    let token = state.auth.stream_tokens.issue().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "{MAX_STREAM_TOKENS} stream tokens are waiting to be used: open a stream with one, or wait a minute"
+            ),
+        )
+    })?;
+    answer(&StreamToken { token, expires_in_ms: STREAM_TOKEN_LIFETIME.as_millis() as u64 })
+}
+
+/// A refusal for a stream token that is missing its purpose.
+pub fn bad_stream_token() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "Invalid stream token: get a new one with POST /dashboard/stream-token (it opens one stream, within 60 s)",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_token_opens_one_stream_and_a_guess_none() {
+        let tokens = StreamTokens::default();
+        let token = tokens.issue().unwrap_or_default();
+        assert_eq!(token.len(), 64);
+        assert!(!tokens.redeem("0".repeat(64).as_str()));
+        assert!(tokens.redeem(&token));
+        assert!(!tokens.redeem(&token), "a token is spent by its first stream");
+    }
+
+    #[test]
+    fn an_expired_stream_token_is_refused() {
+        let tokens = StreamTokens::default();
+        let token = tokens.issue().unwrap_or_default();
+        if let Ok(mut issued) = tokens.issued.lock()
+            && let Some(expires) = issued.get_mut(&token)
+        {
+            *expires = Instant::now() - Duration::from_secs(1);
+        }
+        assert!(!tokens.redeem(&token));
+    }
+
+    #[test]
+    fn unspent_tokens_are_bounded_and_spending_one_makes_room() {
+        let tokens = StreamTokens::default();
+        let issued: Vec<String> = (0..MAX_STREAM_TOKENS).filter_map(|_| tokens.issue()).collect();
+        assert_eq!(issued.len(), MAX_STREAM_TOKENS);
+        assert!(tokens.issue().is_none());
+        assert!(tokens.redeem(&issued[0]));
+        assert!(tokens.issue().is_some());
+    }
+
+    #[test]
+    fn the_page_allows_no_inline_script_and_no_other_origin() {
+        assert!(CONTENT_SECURITY_POLICY.contains("script-src 'self'"));
+        assert!(!CONTENT_SECURITY_POLICY.contains("unsafe-inline"));
+        assert!(!INDEX_HTML.contains("<script>"), "no inline script in the page");
+        assert!(!APP_JS.contains("innerHTML"), "the script builds the DOM with textContent only");
+    }
+}

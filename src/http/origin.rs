@@ -1,0 +1,47 @@
+//! Host names and origins that mean this machine, shared by the request rules ([`super::guard`])
+//! and by who-is-calling ([`super::caller`], the dashboard in the user's browser). Imports
+//! nothing of the crate.
+
+/// Host names that always mean this machine.
+pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
+
+/// Splits `host[:port]` (IPv6 in brackets) into the lowercase host and the port text.
+pub fn split_host(value: &str) -> (String, Option<&str>) {
+    let value = value.trim();
+    if value.starts_with('[')
+        && let Some(end) = value.find(']')
+    {
+        let port = value[end + 1..].strip_prefix(':');
+        return (value[..=end].to_ascii_lowercase(), port);
+    }
+    match value.rsplit_once(':') {
+        Some((host, port)) => (host.to_ascii_lowercase(), Some(port)),
+        None => (value.to_ascii_lowercase(), None),
+    }
+}
+
+/// Is `origin` the broker's own page (`http://localhost:<broker port>`, `http://127.0.0.1:...`,
+/// `http://[::1]:...`)? Only the dashboard this broker serves has it.
+pub fn is_broker_origin(origin: &str, broker_port: u16) -> bool {
+    let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
+    let Some(authority) = origin.strip_prefix("http://") else { return false };
+    let (host, port) = split_host(authority);
+    broker_port != 0 && LOOPBACK_HOSTS.contains(&host.as_str()) && port == Some(broker_port.to_string().as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_loopback_origin_on_the_broker_port_is_the_broker_origin() {
+        assert!(is_broker_origin("http://localhost:7000", 7000));
+        assert!(is_broker_origin("http://127.0.0.1:7000/", 7000));
+        assert!(is_broker_origin("http://[::1]:7000", 7000));
+        assert!(!is_broker_origin("http://127.0.0.1:7001", 7000));
+        assert!(!is_broker_origin("https://127.0.0.1:7000", 7000));
+        assert!(!is_broker_origin("http://evil.example:7000", 7000));
+        assert!(!is_broker_origin("http://127.0.0.1", 7000));
+        assert!(!is_broker_origin("http://127.0.0.1:0", 0));
+    }
+}

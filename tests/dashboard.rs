@@ -1,0 +1,507 @@
+//! The web dashboard (issue 17): served by the broker at `/`, live from the event log, acting
+//! through the same API and rules as the CLI. One test drives a real headless Chromium through
+//! chromedriver ([`webdriver`]); the others check the HTTP rules without a browser.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "support/webdriver.rs"]
+mod webdriver;
+
+use common::*;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use webdriver::Browser;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap().local_addr().unwrap().port()
+}
+
+/// A home whose broker always listens on the same TCP port, so that the page (whose origin
+/// names the port) can reconnect after the broker restarts.
+struct FixedPortHome {
+    home: Home,
+    port: u16,
+}
+
+impl FixedPortHome {
+    fn new() -> FixedPortHome {
+        FixedPortHome { home: Home::new(), port: free_port() }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut command = self.home.cmd(args);
+        command.env("SYNAPSE_BROKER_PORT", self.port.to_string());
+        command
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.cmd(args).output().unwrap();
+        assert!(output.status.success(), "synapse {args:?}: {}", describe(&output));
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// Starts a background dummy agent; what `synapse start --json` announced.
+    fn start_dummy(&self, name: &str, env: &[(&str, &str)]) -> Value {
+        let mut command = self.cmd(&["start", "dummy", "--name", name, "--json"]);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "{}", describe(&output));
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+}
+
+/// Stops the agents' wrappers when the test ends, whatever happens.
+struct Wrappers<'a>(&'a FixedPortHome, Vec<String>);
+
+impl Drop for Wrappers<'_> {
+    fn drop(&mut self) {
+        for agent in &self.1 {
+            let _ = self.0.cmd(&["stop", agent]).output();
+        }
+    }
+}
+
+fn id(agent: &Value) -> String {
+    agent["agent_id"].as_str().unwrap().to_string()
+}
+
+/// Waits until the agent's terminal log contains `text`.
+fn wait_for_terminal(agent: &Value, text: &str) {
+    let log = PathBuf::from(agent["log"].as_str().unwrap());
+    let deadline = Instant::now() + webdriver::DEADLINE;
+    loop {
+        let screen = std::fs::read_to_string(&log).unwrap_or_default();
+        if screen.contains(text) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{} never showed {text:?}:\n{screen}", id(agent));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The state badge of the message row whose text is `arguments[0]` (null while there is none).
+const MESSAGE_STATE: &str = "const row = Array.from(document.querySelectorAll('#messages .msg'))
+    .find((r) => r.querySelector('.text').textContent === arguments[0]);
+  return row ? row.querySelector('.state').textContent : null;";
+
+/// The status shown on the card of agent `arguments[0]`.
+const CARD_STATUS: &str = "const card = document.querySelector(`.card[data-agent=\"${arguments[0]}\"]`);
+  return card ? card.querySelector('.status').textContent : null;";
+
+fn wait_card(browser: &Browser, what: &str, agent: &str, status: &str) {
+    browser.wait_value(what, CARD_STATUS, vec![json!(agent)], |value| value == status);
+}
+
+/// Waits for the row of the message `text`, in one of `states` (any state when empty).
+fn wait_message(browser: &Browser, what: &str, text: &str, states: &[&str]) {
+    browser.wait_value(what, MESSAGE_STATE, vec![json!(text)], |value| {
+        !value.is_null() && (states.is_empty() || states.iter().any(|state| value == state))
+    });
+}
+
+fn screenshots_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-screenshots")
+}
+
+#[test]
+fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_acts_as_the_user_and_resumes_after_a_restart()
+ {
+    let Some(browser) = Browser::start("dashboard in Chromium") else { return };
+    eprintln!("step: browser up");
+    let home = FixedPortHome::new();
+    // bob answers each :R message after 4 s, busy (PROCESSING) meanwhile.
+    let bob = home.start_dummy("bob", &[("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "4000")]);
+    let alice = home.start_dummy("alice", &[]);
+    let _wrappers = Wrappers(&home, vec![id(&alice), id(&bob)]);
+    let url = home.ok(&["dashboard"]).trim().to_string();
+    assert_eq!(url, format!("http://127.0.0.1:{}/", home.port));
+
+    browser.set_size(1280, 1000);
+    eprintln!("step: open {url}");
+    browser.goto(&url);
+    for agent in [&alice, &bob] {
+        wait_card(&browser, &format!("{} READY on its card", id(agent)), &id(agent), "READY");
+    }
+    assert_eq!(browser.execute("return document.querySelectorAll('#agents .card').length", vec![]), 2);
+
+    // A send from the CLI appears without a reload, and the target's status changes.
+    home.ok(&["send", "bob", "question one", "--response"]);
+    wait_message(&browser, "the CLI's message on the page", "question one", &[]);
+    wait_card(&browser, "bob PROCESSING", &id(&bob), "PROCESSING");
+    wait_message(&browser, "bob's reply", "question one", &["replied"]);
+    wait_card(&browser, "bob READY again", &id(&bob), "READY");
+
+    // Hostile text is shown as text: no element made of it, no script run.
+    let hostile = "<img src=x onerror=alert(1)>";
+    home.ok(&["send", "alice", hostile]);
+    wait_message(&browser, "the hostile message as text", hostile, &[]);
+    browser.execute(
+        "Array.from(document.querySelectorAll('#messages .msg')).find((r) => r.querySelector('.text').textContent === arguments[0]).click()",
+        vec![json!(hostile)],
+    );
+    browser.wait_for(
+        "the hostile message's thread",
+        "return document.getElementById('thread').textContent.includes(arguments[0])",
+        vec![json!(hostile)],
+    );
+    assert_eq!(browser.alert_text(), None, "no alert may open");
+    assert_eq!(browser.execute("return document.querySelectorAll('img').length", vec![]), 0, "no img element");
+
+    // A message sent from the page reaches the agent's terminal.
+    browser.execute(
+        "document.getElementById('send-to').value = arguments[0];
+         document.getElementById('send-text').value = arguments[1];
+         document.querySelector('#send-form button').click();",
+        vec![json!(id(&alice)), json!("hello from the page")],
+    );
+    wait_for_terminal(&alice, "hello from the page");
+    // Written, then completed (it asks for no reply).
+    wait_message(&browser, "the page's message in the list", "hello from the page", &["written", "completed"]);
+
+    // The page acts as the user: it cancels a message the user sent from the CLI (which an
+    // anonymous caller may not), queued behind bob's next question.
+    home.ok(&["send", "bob", "question two", "--response"]);
+    wait_card(&browser, "bob busy again", &id(&bob), "PROCESSING");
+    home.ok(&["send", "bob", "cancel me"]);
+    wait_message(&browser, "the queued message", "cancel me", &["queued"]);
+    browser.execute(
+        "Array.from(document.querySelectorAll('#messages .msg')).find((r) => r.querySelector('.text').textContent === arguments[0]).click();
+         document.getElementById('thread-cancel').click();",
+        vec![json!("cancel me")],
+    );
+    wait_message(&browser, "the canceled message", "cancel me", &["canceled"]);
+    assert!(browser.execute("return document.getElementById('error').hidden", vec![]) == true, "no error shown");
+
+    // File locks and who holds them, live.
+    let file = home.home.dir.path().join("shared.rs");
+    let file = file.to_str().unwrap();
+    let locked = home
+        .cmd(&["file-safety", "lock", file, &id(&alice)])
+        .env("SYNAPSE_FILE_SAFETY_ENABLED", "true")
+        .output()
+        .unwrap();
+    assert!(locked.status.success(), "{}", describe(&locked));
+    browser.wait_value("the lock on the page", "return document.getElementById('locks').textContent", vec![], |v| {
+        v.as_str().is_some_and(|text| text.contains(file) && text.contains("alice"))
+    });
+
+    // Screenshots: wide and narrow, light and dark (look at them: target/dashboard-screenshots).
+    for (width, label) in [(1280, "wide"), (400, "narrow")] {
+        browser.set_size(width, 1000);
+        for scheme in ["light", "dark"] {
+            browser.color_scheme(scheme);
+            browser.execute(
+                "return new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))",
+                vec![],
+            );
+            browser.screenshot(&screenshots_dir().join(format!("{label}-{scheme}.png")));
+        }
+    }
+    browser.color_scheme("light");
+    browser.set_size(1280, 1000);
+
+    let unlocked = home
+        .cmd(&["file-safety", "unlock", file, &id(&alice)])
+        .env("SYNAPSE_FILE_SAFETY_ENABLED", "true")
+        .output()
+        .unwrap();
+    assert!(unlocked.status.success(), "{}", describe(&unlocked));
+    browser.wait_value("the lock gone", "return document.getElementById('locks').textContent", vec![], |v| {
+        v == "no file is locked"
+    });
+
+    // The broker restarts: the page resumes from the last event it applied, without duplicates.
+    home.ok(&["broker", "stop"]);
+    browser.wait_for(
+        "the page to notice",
+        "return document.getElementById('connection').dataset.state !== 'live'",
+        vec![],
+    );
+    let shown = browser.execute(
+        "return document.getElementById('error').hidden ? '' : document.getElementById('error').textContent",
+        vec![],
+    );
+    assert!(
+        shown.as_str().is_some_and(|text| text.contains("Lost the connection to the broker")),
+        "the page says the broker is gone: {shown}"
+    );
+    home.ok(&["broker", "start"]);
+    browser.wait_for(
+        "the stream again",
+        "return document.getElementById('connection').dataset.state === 'live'",
+        vec![],
+    );
+    assert_eq!(
+        browser.execute("return document.getElementById('error').hidden", vec![]),
+        true,
+        "no error once live again"
+    );
+    home.ok(&["send", "alice", "after the restart"]);
+    wait_message(&browser, "a message after the restart", "after the restart", &[]);
+    let sent = home.home.events().iter().filter(|event| event["event"]["kind"] == "message_sent").count();
+    let rows = browser.execute(
+        "return Array.from(document.querySelectorAll('#messages .msg .text')).map((t) => t.textContent)",
+        vec![],
+    );
+    let rows: Vec<&str> = rows.as_array().unwrap().iter().map(|text| text.as_str().unwrap()).collect();
+    assert_eq!(rows.len(), sent, "one row per message sent: {rows:?}");
+    let mut unique = rows.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), rows.len(), "no message twice: {rows:?}");
+    let seqs = browser.execute(
+        "return Array.from(document.querySelectorAll('#events li')).map((li) => Number(li.textContent.split(' ')[0]))",
+        vec![],
+    );
+    let seqs: Vec<u64> = seqs.as_array().unwrap().iter().map(|seq| seq.as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|pair| pair[0] > pair[1]), "the event log, newest first, each once: {seqs:?}");
+}
+
+fn broker_port(home: &Home) -> u16 {
+    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
+    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
+}
+
+/// A raw request over TCP with its headers; the status, headers and body as text.
+fn raw_tcp(port: u16, request: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    (status, answer)
+}
+
+#[test]
+fn the_page_and_its_assets_carry_a_strict_content_security_policy_and_no_inline_script() {
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let port = broker_port(&home);
+    for (path, media) in
+        [("/", "text/html"), ("/dashboard/app.js", "text/javascript"), ("/dashboard/app.css", "text/css")]
+    {
+        let (status, answer) =
+            raw_tcp(port, &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"));
+        assert_eq!(status, 200, "{path}: {answer}");
+        let lower = answer.to_ascii_lowercase();
+        assert!(lower.contains(&format!("content-type: {media}")), "{path}: {answer}");
+        assert!(lower.contains("content-security-policy: default-src 'none'; script-src 'self'"), "{path}: {answer}");
+        assert!(!lower.contains("unsafe-inline"), "{path}");
+    }
+    let (_, page) = raw_tcp(port, &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"));
+    assert!(!page.contains("<script>") && page.contains("<script src=\"/dashboard/app.js\""), "{page}");
+    // A page of another site cannot read it either: a foreign Host is a rebinding attempt.
+    let (status, _) = raw_tcp(port, "GET / HTTP/1.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n");
+    assert_eq!(status, 421);
+}
+
+#[test]
+fn a_post_from_a_foreign_origin_is_refused_and_the_dashboards_own_origin_acts_as_the_user() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let port = broker_port(&home);
+    let send = |origin: &str, text: &str| {
+        let body = json!({"to": "bob", "text": text}).to_string();
+        raw_tcp(
+            port,
+            &format!(
+                "POST /send HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: {origin}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let (status, answer) = send("http://evil.example", "from elsewhere");
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer.contains("\"error\"") && answer.contains("evil.example"),
+        "a JSON error naming the origin: {answer}"
+    );
+    let (status, answer) = send(&format!("http://localhost:{}", port + 1), "from another port");
+    assert_eq!(status, 403, "{answer}");
+    let (status, answer) = send(&format!("http://127.0.0.1:{port}"), "from the dashboard");
+    assert_eq!(status, 200, "{answer}");
+    assert!(!home.events().iter().any(|event| event["event"]["data"]["text"] == "from elsewhere"));
+
+    // The user's message (sent from the CLI) may be canceled by the user only: over TCP without
+    // the dashboard's Origin the caller is anonymous; with it, the user.
+    let sent: Value = serde_json::from_str(&home.ok(&["send", "bob", "user's message", "--json"])).unwrap();
+    let task = sent["task"]["id"].as_str().unwrap().to_string();
+    let cancel = |origin: Option<&str>| {
+        let origin = origin.map(|origin| format!("Origin: {origin}\r\n")).unwrap_or_default();
+        raw_tcp(
+            port,
+            &format!(
+                "POST /agents/{}/tasks/{task}/cancel HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{origin}Connection: close\r\nContent-Length: 0\r\n\r\n",
+                bob.id
+            ),
+        )
+    };
+    let (status, answer) = cancel(None);
+    assert_eq!(status, 403, "anonymous: {answer}");
+    let (status, answer) = cancel(Some(&format!("http://127.0.0.1:{port}")));
+    assert_eq!(status, 200, "the dashboard: {answer}");
+}
+
+#[test]
+fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_key() {
+    let home = Home::new();
+    let started = home
+        .cmd(&["broker", "start"])
+        .env("SYNAPSE_AUTH_ENABLED", "true")
+        .env("SYNAPSE_API_KEYS", "key-one")
+        .env("SYNAPSE_ALLOW_LOCALHOST", "false")
+        .env("SYNAPSE_API_KEY", "key-one")
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let port = broker_port(&home);
+    let get = |path: &str| {
+        raw_tcp(port, &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"))
+    };
+    // The page itself needs no key (it asks for one); its data does.
+    assert_eq!(get("/").0, 200);
+    assert_eq!(get("/dashboard/state").0, 401);
+    let (status, answer) = get("/events");
+    assert_eq!(status, 401, "{answer}");
+    let (status, answer) = get(&format!("/events?token={}", "0".repeat(64)));
+    assert_eq!(status, 401, "a guessed token: {answer}");
+    assert!(answer.contains("Invalid stream token"), "{answer}");
+    let token_request = |key: &str| {
+        raw_tcp(
+            port,
+            &format!(
+                "POST /dashboard/stream-token HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-API-Key: {key}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    let (status, answer) = token_request("wrong-key");
+    assert_eq!(status, 401, "{answer}");
+    let (status, answer) = token_request("key-one");
+    assert_eq!(status, 200, "{answer}");
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let token: Value = serde_json::from_str(body).unwrap();
+    let token = token["token"].as_str().unwrap().to_string();
+    // The token opens one stream (not following, so it ends at the head) and only /events.
+    let (status, answer) = get(&format!("/dashboard/state?token={token}"));
+    assert_eq!(status, 401, "a token is for /events only: {answer}");
+    let (status, answer) = get(&format!("/events?token={token}"));
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("text/event-stream"), "{answer}");
+    let (status, _) = get(&format!("/events?token={token}"));
+    assert_eq!(status, 401, "a spent token");
+}
+
+#[test]
+fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a_token() {
+    let Some(browser) = Browser::start("dashboard with auth in Chromium") else { return };
+    let home = Home::new();
+    let with_key = |args: &[&str]| {
+        let output = home
+            .cmd(args)
+            .env("SYNAPSE_AUTH_ENABLED", "true")
+            .env("SYNAPSE_API_KEYS", "key-one")
+            .env("SYNAPSE_ALLOW_LOCALHOST", "false")
+            .env("SYNAPSE_API_KEY", "key-one")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "synapse {args:?}: {}", describe(&output));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    with_key(&["broker", "start"]);
+    let pid = std::process::id().to_string();
+    let registered: Value = serde_json::from_str(&with_key(&[
+        "agent", "register", "--type", "dummy", "--pid", &pid, "--port", "0", "--name", "bob",
+    ]))
+    .unwrap();
+    let bob = registered["agent"]["agent_id"].as_str().unwrap().to_string();
+    let url = with_key(&["dashboard"]).trim().to_string();
+
+    browser.goto(&url);
+    browser.wait_value("the key form", "return !document.getElementById('key-form').hidden", vec![], |v| v == true);
+    let enter_key = |key: &str| {
+        browser.execute(
+            "document.getElementById('key-input').value = arguments[0];
+             document.getElementById('key-form').requestSubmit();",
+            vec![json!(key)],
+        );
+    };
+    enter_key("not-a-key");
+    browser.wait_value("the refusal on the page", "return document.getElementById('error').textContent", vec![], |v| {
+        v.as_str().is_some_and(|text| text.contains("Key refused"))
+    });
+    assert_eq!(browser.execute("return document.getElementById('key-form').hidden", vec![]), false);
+    enter_key("key-one");
+    // bob is registered without a wrapper: it stays STARTING.
+    wait_card(&browser, "bob's card once the key is given", &bob, "STARTING");
+    assert_eq!(browser.execute("return sessionStorage.getItem('synapse-api-key')", vec![]), "key-one");
+    browser.wait_value("the stream", "return document.getElementById('connection').dataset.state", vec![], |v| {
+        v == "live"
+    });
+    // The stream (opened with a token, not the key) brings a new message without a reload.
+    with_key(&["send", "bob", "seen through the token stream"]);
+    wait_message(&browser, "the message", "seen through the token stream", &[]);
+    // A refused send says why on the page.
+    browser.execute(
+        "const select = document.getElementById('send-to');
+         const option = document.createElement('option');
+         option.value = 'nobody';
+         option.textContent = 'nobody';
+         select.append(option);
+         select.value = 'nobody';
+         document.getElementById('send-text').value = 'hello?';
+         document.querySelector('#send-form button').click();",
+        vec![],
+    );
+    browser.wait_value("the refusal", "return document.getElementById('error').textContent", vec![], |v| {
+        v.as_str().is_some_and(|text| text.starts_with("Send refused: 404") && text.contains("nobody"))
+    });
+}
+
+#[test]
+fn synapse_dashboard_prints_the_brokers_address_and_the_event_log_pages_backwards() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    for number in 0..5 {
+        home.ok(&["send", "bob", &format!("message {number}"), "--no-response"]);
+    }
+    let port = broker_port(&home);
+    assert_eq!(home.ok(&["dashboard"]).trim(), format!("http://127.0.0.1:{port}/"));
+    let printed: Value = serde_json::from_str(&home.ok(&["dashboard", "--json"])).unwrap();
+    assert_eq!(printed["url"], format!("http://127.0.0.1:{port}/"));
+
+    let head = home.head();
+    let (status, newest) = home.http("GET", "/dashboard/events?limit=4", None, &[]);
+    assert_eq!(status, 200, "{newest}");
+    let seqs = |page: &Value| -> Vec<u64> {
+        page["events"].as_array().unwrap().iter().map(|event| event["seq"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(seqs(&newest), (head - 3..=head).collect::<Vec<_>>(), "the newest page, oldest first");
+    assert_eq!(newest["head"], head);
+    let (_, older) = home.http("GET", &format!("/dashboard/events?before={}&limit=4", head - 3), None, &[]);
+    assert_eq!(seqs(&older), (head - 7..=head - 4).collect::<Vec<_>>());
+    let (_, first) = home.http("GET", "/dashboard/events?before=3&limit=100", None, &[]);
+    assert_eq!(seqs(&first), vec![1, 2]);
+    let (_, none) = home.http("GET", "/dashboard/events?before=1", None, &[]);
+    assert_eq!(seqs(&none), Vec::<u64>::new());
+    for bad in ["limit=0", "limit=5001", "limit=x", "before=-1", "colour=red"] {
+        let (status, answer) = home.http("GET", &format!("/dashboard/events?{bad}"), None, &[]);
+        assert_eq!(status, 400, "{bad}: {answer}");
+        assert!(answer["message"].is_string(), "{bad}: a JSON error: {answer}");
+    }
+
+    // The snapshot the page starts from: the agents as /agents shows them, since when each has
+    // its status, and the head to follow the stream from.
+    let (status, snapshot) = home.http("GET", "/dashboard/state", None, &[]);
+    assert_eq!(status, 200, "{snapshot}");
+    assert_eq!(snapshot["auth_enabled"], false);
+    assert!(snapshot["head"].as_u64().unwrap() >= head);
+    let agent = &snapshot["agents"][0];
+    assert_eq!(agent["agent_id"], bob.id.as_str());
+    assert_eq!(agent["queue_depth"], 5);
+    assert!(agent["status_since_ms"].as_u64().unwrap() > 0, "{agent}");
+}
