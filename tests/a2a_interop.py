@@ -50,6 +50,28 @@ async def collect(stream) -> list[pb.StreamResponse]:
     return [event async for event in stream]
 
 
+async def push_receiver(path: str) -> tuple[asyncio.AbstractServer, str, asyncio.Queue]:
+    """A local receiver of push notifications: each POST's headers and JSON body go into the
+    queue; answers 200."""
+    received: asyncio.Queue = asyncio.Queue()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        headers = {
+            line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip()
+            for line in head.split("\r\n")[1:]
+            if ":" in line
+        }
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        await received.put((headers, json.loads(body)))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}{path}", received
+
+
 async def resolve(http: httpx.AsyncClient, base_url: str) -> pb.AgentCard:
     card = await A2ACardResolver(http, base_url).get_agent_card()
     interface = card.supported_interfaces[0]
@@ -247,23 +269,7 @@ async def scenario_agent(http: httpx.AsyncClient, base_url: str) -> None:
     # Push notifications: a config set with the SDK, and the task's change posted to a local
     # receiver with the config's token.
     check(card.capabilities.push_notifications, "push: the card announces push notifications")
-    received: asyncio.Queue = asyncio.Queue()
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode()
-        headers = {
-            line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip()
-            for line in head.split("\r\n")[1:]
-            if ":" in line
-        }
-        body = await reader.readexactly(int(headers.get("content-length", "0")))
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        await writer.drain()
-        writer.close()
-        await received.put((headers, json.loads(body)))
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    receiver_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/a2a-notify"
+    server, receiver_url, received = await push_receiver("/a2a-notify")
     events = await collect(
         blocking.send_message(
             pb.SendMessageRequest(
@@ -348,23 +354,7 @@ async def http_json_binding(http: httpx.AsyncClient, base_url: str) -> None:
 
     # Push notifications over HTTP+JSON: a config set through the SDK's REST transport, and the
     # task's cancellation posted to a local receiver with the config's token.
-    received: asyncio.Queue = asyncio.Queue()
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode()
-        headers = {
-            line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip()
-            for line in head.split("\r\n")[1:]
-            if ":" in line
-        }
-        body = await reader.readexactly(int(headers.get("content-length", "0")))
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        await writer.drain()
-        writer.close()
-        await received.put((headers, json.loads(body)))
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    receiver_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/rest-notify"
+    server, receiver_url, received = await push_receiver("/rest-notify")
     events = await collect(
         blocking.send_message(
             pb.SendMessageRequest(

@@ -99,7 +99,9 @@ fn a_4xx_answer_is_not_retried() {
         register_hook(&home, json!({"url": format!("http://127.0.0.1:{port}/"), "events": ["task.canceled"]}));
     assert_eq!(code, 200);
     let bob = home.register(Some("bob"));
-    let message = br#"{"message":{"role":"user","parts":[{"type":"text","text":"x"}]}}"#;
+    // One-way (silent): one task, so one cancellation to report.
+    let message =
+        br#"{"message":{"role":"user","parts":[{"type":"text","text":"x"}]},"metadata":{"response_mode":"silent"}}"#;
     let (_, sent) = http_tcp(bob.port, "POST", "/tasks/send", Some(message), &[]);
     let task = sent["task"]["id"].as_str().unwrap();
     let (code, _) = http_tcp(bob.port, "POST", &format!("/tasks/{task}/cancel"), None, &[]);

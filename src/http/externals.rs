@@ -300,16 +300,19 @@ async fn wait_for_reply(
                 remote_done = true;
                 let Some(followed) = followed else { continue };
                 let remote_task = followed.task.clone().unwrap_or_default();
+                // Only a stream that says how the task ended decides; otherwise (no state, or
+                // completed with nothing to show) the reply may still be posted with the token.
                 let command = match (remote_task.state.as_deref(), remote_task.reply_text()) {
                     (Some("completed"), Some(reply)) => Command::ExternalReply(ExternalReplyRequest {
                         reply_token: token.to_string(),
                         from: None,
                         text: reply.to_string(),
                     }),
-                    (state, _) => Command::ExternalSendFailed {
+                    (Some(state @ ("failed" | "canceled" | "rejected")), _) => Command::ExternalSendFailed {
                         task_id: task_id.to_string(),
-                        error: format!("the remote task ended {} without a reply", state.unwrap_or("unknown")),
+                        error: format!("the remote task ended {state} without a reply"),
                     },
+                    _ => continue,
                 };
                 // A reply posted meanwhile was first: the task says what happened.
                 let _ = state.writer.submit(command).await;

@@ -17,9 +17,12 @@ pub const HTTP_CONNECTIONS: usize = 32;
 /// posting the same A2A send to `/tasks/send` in a loop. Returns every latency and the elapsed
 /// seconds. Also the load of `floor_http_per_s` (against a bare handler).
 pub async fn drive_sends(port: u16, seconds: f64) -> Result<(Vec<Duration>, f64)> {
-    let body = Bytes::from(serde_json::to_vec(
-        &json!({"message": {"role": "user", "parts": [{"type": "text", "text": "hi"}]}}),
-    )?);
+    // One-way, as the figures before it measured: a send without response_mode now expects a
+    // reply (the Python Synapse's "notify"), which adds the sender's task.
+    let body = Bytes::from(serde_json::to_vec(&json!({
+        "message": {"role": "user", "parts": [{"type": "text", "text": "hi"}]},
+        "metadata": {"response_mode": "silent"},
+    }))?);
     let mut connections = Vec::with_capacity(HTTP_CONNECTIONS);
     for _ in 0..HTTP_CONNECTIONS {
         connections.push(Http::tcp(port).await?);
