@@ -234,11 +234,6 @@ impl Stream {
     }
 }
 
-fn broker_port(home: &Home) -> u16 {
-    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
-    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
-}
-
 fn rpc_stream(port: u16, version: &str, method: &str, params: Value) -> Stream {
     let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string();
     Stream::open(port, "POST", "/", Some(&body), &[("A2A-Version", version)])

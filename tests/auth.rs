@@ -22,11 +22,6 @@ fn with_auth(home: &Home, args: &[&str], allow_localhost: &str, key: Option<&str
     command.output().unwrap()
 }
 
-fn broker_port(home: &Home) -> u16 {
-    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
-    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
-}
-
 #[test]
 fn with_localhost_refused_every_protected_endpoint_needs_a_valid_key() {
     let home = Home::new();

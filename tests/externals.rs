@@ -219,11 +219,6 @@ fn fake_external() -> (u16, std::sync::mpsc::Receiver<Value>) {
     (port, received)
 }
 
-fn broker_port(home: &Home) -> u16 {
-    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
-    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
-}
-
 /// Issue 15: a reply from an external agent (a Python Synapse agent has no agent secret) is
 /// taken only with the random reply token the user's message carried as `sender_task_id`: a
 /// task id (shown by events and history) proves nothing, a token is spent by its first reply,

@@ -17,11 +17,6 @@ use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
-fn broker_port(home: &Home) -> u16 {
-    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
-    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
-}
-
 /// Sends a raw request (head lines as given, `Connection: close`) and reads the whole answer.
 fn raw(stream: &mut (impl Read + Write), method: &str, path: &str, headers: &[&str], body: &str) -> (u16, String) {
     let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");

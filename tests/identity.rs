@@ -43,11 +43,6 @@ impl Drop for Wrappers<'_> {
     }
 }
 
-fn broker_port(home: &Home) -> u16 {
-    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
-    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
-}
-
 fn agents(home: &Home) -> Vec<Value> {
     let (status, list) = home.http("GET", "/agents", None, &[]);
     assert_eq!(status, 200, "{list}");

@@ -10,11 +10,6 @@ use common::*;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-fn broker_port(home: &Home) -> u16 {
-    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
-    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
-}
-
 #[test]
 fn auth_stays_on_after_a_broker_sigkill_and_an_autostart_by_a_client_without_the_settings() {
     let home = Home::new();

@@ -359,3 +359,10 @@ pub fn receiver(status: std::sync::Arc<std::sync::atomic::AtomicU16>) -> (u16, s
     });
     (port, received)
 }
+
+/// The broker's TCP port, from its `broker.json`.
+pub fn broker_port(home: &Home) -> u16 {
+    let info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
+    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
+}
