@@ -51,6 +51,12 @@ add("/external","post","Add an external agent (reads agent-card.json, then agent
 add("/external/{alias}","get","One external agent",tags=["external"],params=pp("alias"))
 add("/external/{alias}","delete","Forget an external agent",tags=["external"],params=pp("alias"))
 add("/external/{alias}/send","post","Send to an external agent; wait_seconds follows the remote task",tags=["external"],params=pp("alias"),body="ExternalSendBody",responses=resp(extra={400:"Bad input",404:"Unknown alias",502:"Remote failed",504:"Timed out"}))
+REPLY_BODY={"required":True,"content":{"application/json":{"schema":{"type":"object"}}}}
+REPLY_RESPONSES=resp("OK: the user's task, completed",extra={400:"Bad input (no in_reply_to, no text parts)",404:"No message waits for a reply with this token (unknown, or already answered)",409:"The task is already over"})
+add("/external-replies/tasks/send","post","An external agent's reply to the user's message, naming its reply token as metadata.in_reply_to (the message's sender_task_id); open without a key: the token is the proof, and it completes the user's task once",tags=["external"],responses=REPLY_RESPONSES)
+P["/external-replies/tasks/send"]["post"]["requestBody"]=REPLY_BODY
+add("/external-replies/tasks/send-priority","post","The same as /external-replies/tasks/send (a Python Synapse agent replies here, with ?priority=3)",tags=["external"],params=[{"name":"priority","in":"query","required":False,"schema":{"type":"integer"}}],responses=REPLY_RESPONSES)
+P["/external-replies/tasks/send-priority"]["post"]["requestBody"]=REPLY_BODY
 add("/webhooks","get","Registered webhooks (secrets never shown)",tags=["webhooks"])
 add("/webhooks","post","Register a webhook",tags=["webhooks"],body="WebhookBody",responses=resp(extra={400:"Bad URL or event"}))
 add("/webhooks","delete","Remove a webhook",tags=["webhooks"],params=[q("url","string","the registered URL")],responses=resp(extra={400:"No url",404:"Not registered"}))
@@ -110,7 +116,7 @@ comps={
  "SendOutcome":S({"task":{"$ref":"#/components/schemas/Task"},"sender_task":{"$ref":"#/components/schemas/Task"},"is_reply":bo,"warning":st,"seq":it}),
  "Part":S({"type":{"type":"string","enum":["text","file","data"]},"text":st}),
  "Message":S({"role":{"type":"string","enum":["user","agent"]},"parts":{"type":"array","items":{"$ref":"#/components/schemas/Part"}}},["parts"]),
- "Task":S({"id":st,"context_id":st,"status":{"type":"string","enum":["submitted","working","input_required","completed","failed","canceled"]},"message":{"$ref":"#/components/schemas/Message"},"artifacts":{"type":"array","items":{"type":"object"}},"error":st,"created_at":st,"updated_at":st,"metadata":{"type":"object"}}),
+ "Task":S({"id":st,"context_id":st,"status":{"type":"string","enum":["submitted","working","input_required","completed","failed","canceled"]},"message":{"$ref":"#/components/schemas/Message"},"follow_ups":{"type":"array","items":{"$ref":"#/components/schemas/Message"},"description":"the messages after the first (A2A multi-turn follow-ups), in order; absent when none"},"artifacts":{"type":"array","items":{"type":"object"}},"error":st,"created_at":st,"updated_at":st,"metadata":{"type":"object"}}),
  "A2aSendBody":S({"message":{"$ref":"#/components/schemas/Message"},"metadata":S({"sender":S({"sender_id":st}),"response_expected":bo,"in_reply_to":st,"sender_task_id":st}),"context_id":st},["message"]),
  "UpdateTaskRequest":{"type":"object","description":"state (working, input_required, completed, failed, canceled), artifacts, error"},
  "JsonRpcRequest":S({"jsonrpc":{"type":"string","enum":["2.0"]},"id":{},"method":st,"params":{"type":"object"}},["jsonrpc","method"]),
