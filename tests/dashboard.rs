@@ -214,6 +214,38 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
         v == "no file is locked"
     });
 
+    // The filter by agent keeps the messages from or to that agent.
+    let message_texts =
+        "return Array.from(document.querySelectorAll('#messages .msg .text')).map((t) => t.textContent)";
+    let set_filter = "const f = document.getElementById('message-filter'); f.value = arguments[0]; \
+                      f.dispatchEvent(new Event('change'));";
+    browser.execute(set_filter, vec![json!(id(&alice))]);
+    browser.wait_value("only alice's messages", message_texts, vec![], |texts| {
+        let texts: Vec<&str> = texts.as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        texts.contains(&"hello from the page") && !texts.iter().any(|text| text.starts_with("question"))
+    });
+    browser.execute(set_filter, vec![json!("")]);
+    browser.wait_value("every message again", message_texts, vec![], |texts| {
+        let texts: Vec<&str> = texts.as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        texts.contains(&"hello from the page") && texts.contains(&"question one")
+    });
+
+    // History search finds the messages by their words.
+    browser.execute(
+        "document.getElementById('search-input').value = 'question'; document.getElementById('search-form').requestSubmit();",
+        vec![],
+    );
+    browser.wait_value(
+        "the history search's records",
+        "return document.getElementById('search-results').textContent",
+        vec![],
+        |v| {
+            v.as_str().is_some_and(|text| {
+                text.contains("question one") && text.contains("question two") && !text.contains("hello from the page")
+            })
+        },
+    );
+
     // The broker restarts: the page resumes from the last event it applied, without duplicates.
     home.ok(&["broker", "stop"]);
     browser.wait_for(
@@ -259,11 +291,25 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     );
     let seqs: Vec<u64> = seqs.as_array().unwrap().iter().map(|seq| seq.as_u64().unwrap()).collect();
     assert!(seqs.windows(2).all(|pair| pair[0] > pair[1]), "the event log, newest first, each once: {seqs:?}");
-}
 
-fn broker_port(home: &Home) -> u16 {
-    let info: Value = serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
-    u16::try_from(info["port"].as_u64().unwrap()).unwrap()
+    // The event log pages back from the newest events and comes back to them (a page is 100
+    // events: these sends make the log longer than one).
+    for number in 0..20 {
+        home.ok(&["send", "alice", &format!("filler {number}"), "--no-response"]);
+    }
+    wait_message(&browser, "the last filler", "filler 19", &[]);
+    let range = "return document.getElementById('events-range').textContent";
+    let live =
+        browser.wait_value("the newest page", range, vec![], |v| v.as_str().is_some_and(|t| t.ends_with("(live)")));
+    let first_of = |range: &Value| -> u64 {
+        range.as_str().and_then(|t| t.split('–').next()).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+    };
+    browser.execute("document.getElementById('events-older').click()", vec![]);
+    let older =
+        browser.wait_value("an older page", range, vec![], |v| v.as_str().is_some_and(|t| !t.ends_with("(live)")));
+    assert!(first_of(&older) < first_of(&live), "older events: {older} after {live}");
+    browser.execute("document.getElementById('events-newest').click()", vec![]);
+    browser.wait_value("the newest page again", range, vec![], |v| v.as_str().is_some_and(|t| t.ends_with("(live)")));
 }
 
 /// A raw request over TCP with its headers; the status, headers and body as text.
