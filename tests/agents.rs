@@ -397,10 +397,25 @@ fn a_burst_of_200_messages_survives_sigkills_of_broker_and_wrapper_with_each_wri
         injected == 200 && settled(events, &id(&bob))
     });
     let screen = terminal(&bob);
+    // Each message is written once, with one exception that cannot be closed: the message
+    // whose submit key the killed wrapper had just written, before its record of it (two
+    // writes no system call makes atomic; a loaded machine can stop the wrapper's thread
+    // between them while the CLI echoes). That one is written again to the new CLI — once,
+    // as the new wrapper's first message — rather than risk losing it.
+    let lines: Vec<&str> = screen.lines().collect();
+    let restart = lines.iter().rposition(|line| line.contains("Dummy agent") && line.contains("ready"));
     for number in 0..200 {
         let needle = format!("] burst-{number:03}");
-        let echoed = screen.lines().filter(|line| line.starts_with("> ") && line.ends_with(&needle)).count();
-        assert_eq!(echoed, 1, "burst-{number:03} written {echoed} times:\n{screen}");
+        let written: Vec<usize> =
+            (0..lines.len()).filter(|&at| lines[at].starts_with("> ") && lines[at].ends_with(&needle)).collect();
+        let again_at_restart = written.len() == 2
+            && restart.is_some_and(|restart| {
+                written[0] < restart
+                    && written[1] > restart
+                    && !lines[written[0] + 1..restart].iter().any(|line| line.starts_with("> [A2A:"))
+                    && !lines[restart..written[1]].iter().any(|line| line.starts_with("> [A2A:"))
+            });
+        assert!(written.len() == 1 || again_at_restart, "burst-{number:03} written {} times:\n{screen}", written.len());
     }
 }
 

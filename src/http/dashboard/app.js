@@ -9,6 +9,7 @@
   const EVENTS_PAGE = 100; // rows of one page of the event log
   const ROW_HEIGHT = 52; // px, the message list's fixed row height (virtualised)
   const MAX_MESSAGES = 50000; // messages kept in the page
+  const GONE = 'The broker does not answer'; // a request found nobody listening
   const EVENT_KINDS = [
     'agent_registered', 'agent_status_changed', 'agent_deregistered', 'task_created', 'message_sent',
     'ticket_issued', 'ticket_injected', 'reply_posted', 'reverse_ticket_issued', 'task_state_changed',
@@ -82,7 +83,7 @@
         credentials: 'omit',
       });
     } catch (_) {
-      throw new ApiFailure(0, 'The broker does not answer (stopped?). Retrying…');
+      throw new ApiFailure(0, `${GONE} (stopped?). Retrying…`);
     }
     let data = null;
     try {
@@ -214,6 +215,7 @@
     refreshTimer = setTimeout(async () => {
       try {
         await loadAgents();
+        if (isConnectionError($('error').textContent)) showError('');
       } catch (error) {
         showError(error.message);
       } finally {
@@ -592,6 +594,11 @@
   let retryDelay = 500;
   const LOST = 'Lost the connection to the broker';
 
+  /** Does the error shown say only that the broker could not be reached? */
+  function isConnectionError(text) {
+    return text.startsWith(LOST) || text.startsWith(GONE);
+  }
+
   function onStreamEvent(message) {
     const seq = Number(message.lastEventId);
     // After a reconnect the stream resumes after the last id it delivered; an event seen
@@ -628,7 +635,9 @@
     stream.addEventListener('open', () => {
       retryDelay = 500;
       setConnection('live', 'live');
-      if ($('error').textContent.startsWith(LOST)) showError('');
+      // The broker answers again: what said it did not (the stream, or a refresh that ran
+      // while it was away) is over.
+      if (isConnectionError($('error').textContent)) showError('');
       scheduleAgentRefresh();
     });
     stream.addEventListener('error', () => {
