@@ -14,6 +14,12 @@ pub fn hash_secret(secret: &str) -> String {
     to_hex(&sha2::Sha256::digest(secret.as_bytes()))
 }
 
+/// A new random token, 64 hex digits of which 244 bits are random (two UUID v4s): what a
+/// client presents once as proof (a reply token, a stream token).
+pub fn random_token() -> String {
+    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+}
+
 /// Lowercase hexadecimal (digests, signatures).
 pub fn to_hex(bytes: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";

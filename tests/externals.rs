@@ -161,10 +161,10 @@ fn unreachable_slow_and_malformed_endpoints_fail_clearly_and_quickly() {
     assert!(home.ok(&["external", "list"]).contains("No external agents"));
 }
 
-/// A fake external A2A agent: its card, and `POST /tasks/send` answered with a working task;
-/// every message it gets is passed on through the channel. It has no event stream (a Python
-/// Synapse agent has none either).
-fn fake_external() -> (u16, std::sync::mpsc::Receiver<Value>) {
+/// A fake external A2A agent: its card, and `POST /tasks/send` answered with a working task
+/// (or refused with a 500, when `refuses`); every message it gets is passed on through the
+/// channel. It has no event stream (a Python Synapse agent has none either).
+fn fake_external(refuses: bool) -> (u16, std::sync::mpsc::Receiver<Value>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let (sender, received) = std::sync::mpsc::channel();
@@ -203,7 +203,11 @@ fn fake_external() -> (u16, std::sync::mpsc::Receiver<Value>) {
             } else if head.starts_with("POST /tasks/send") {
                 let message: Value = serde_json::from_slice(&request[head_end..]).unwrap_or(Value::Null);
                 let _ = sender.send(message);
-                ("200 OK", r#"{"task":{"id":"remote-1","status":"working"}}"#.to_string())
+                if refuses {
+                    ("500 Internal Server Error", r#"{"message":"out of order"}"#.to_string())
+                } else {
+                    ("200 OK", r#"{"task":{"id":"remote-1","status":"working"}}"#.to_string())
+                }
             } else {
                 ("404 Not Found", r#"{"error":"no"}"#.to_string())
             };
@@ -225,7 +229,7 @@ fn fake_external() -> (u16, std::sync::mpsc::Receiver<Value>) {
 /// and the token itself never shows in the log, the task or history.
 #[test]
 fn an_external_reply_completes_the_users_task_only_with_its_token_and_only_once() {
-    let (port, received) = fake_external();
+    let (port, received) = fake_external(false);
     let home = Home::new();
     home.ok(&["external", "add", &format!("http://127.0.0.1:{port}"), "--alias", "fake"]);
     let sent = local(&home, &["send", "fake", "review the parser", "--response", "--json"]);
@@ -260,6 +264,22 @@ fn an_external_reply_completes_the_users_task_only_with_its_token_and_only_once(
     let body = serde_json::json!({"message": {"parts": [{"type": "text", "text": "no token"}]}}).to_string();
     let (status, answer) = http_tcp(broker, "POST", "/external-replies/tasks/send", Some(body.as_bytes()), &[]);
     assert_eq!(status, 400, "{answer}");
+    // The right token with a name that could act on a terminal, or with a part that is not
+    // text: refused, and the token is not spent by it.
+    let body = serde_json::json!({
+        "message": {"parts": [{"type": "text", "text": "hi"}]},
+        "metadata": {"in_reply_to": token, "sender": {"sender_id": "evil\u{1b}[2J"}},
+    })
+    .to_string();
+    let (status, answer) = http_tcp(broker, "POST", "/external-replies/tasks/send", Some(body.as_bytes()), &[]);
+    assert_eq!(status, 400, "{answer}");
+    let body = serde_json::json!({
+        "message": {"parts": [{"type": "data", "data": {"ok": true}}]},
+        "metadata": {"in_reply_to": token},
+    })
+    .to_string();
+    let (status, answer) = http_tcp(broker, "POST", "/external-replies/tasks/send", Some(body.as_bytes()), &[]);
+    assert_eq!(status, 400, "{answer}");
     let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
     assert_eq!(task["task"]["status"], "working", "nothing forged completed it: {task}");
 
@@ -279,4 +299,18 @@ fn an_external_reply_completes_the_users_task_only_with_its_token_and_only_once(
     }
     // The projections (the spent token included) are what a replay of the log gives.
     assert!(home.ok(&["admin", "verify"]).starts_with("ok"));
+
+    // A message the external agent refuses fails the user's task, with the reason.
+    let (refusing, _refused) = fake_external(true);
+    home.ok(&["external", "add", &format!("http://127.0.0.1:{refusing}"), "--alias", "refusing"]);
+    let sent = local(&home, &["send", "refusing", "anyone there?", "--response"]);
+    assert_eq!(sent.status.code(), Some(1), "{}", describe(&sent));
+    assert!(stderr(&sent).contains("refused the message (500)"), "{}", describe(&sent));
+    let history: Value = serde_json::from_str(&home.ok(&["history", "list", "--json"])).unwrap();
+    let record = history
+        .as_array()
+        .or_else(|| history["records"].as_array())
+        .and_then(|records| records.iter().find(|record| record["peer"] == "external:refusing"))
+        .unwrap_or_else(|| panic!("the user's task: {history}"));
+    assert_eq!(record["status"], "failed", "{record}");
 }

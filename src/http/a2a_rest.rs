@@ -33,7 +33,7 @@ struct A2aSendBody {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct A2aMessage {
+pub(super) struct A2aMessage {
     #[serde(default)]
     role: Option<Role>,
     parts: Vec<A2aPart>,
@@ -75,7 +75,8 @@ struct A2aSender {
 }
 
 impl A2aMessage {
-    fn text(&self) -> Result<String, ApiError> {
+    /// The text parts joined by newlines; any other part is refused (a CLI is given text).
+    pub(super) fn text(&self) -> Result<String, ApiError> {
         let mut texts = Vec::new();
         for part in &self.parts {
             match (part.kind.as_str(), &part.text) {

@@ -58,7 +58,7 @@ fn is_open_request(method: &axum::http::Method, path: &str) -> bool {
 /// Paths that stay open: agent cards and status, and the replies of external agents (the
 /// reply token they name is their proof, see `http::externals`).
 fn is_open(path: &str) -> bool {
-    path.starts_with("/external-replies/")
+    path.strip_prefix(super::externals::REPLIES_PATH).is_some_and(|rest| rest.starts_with('/'))
         || path.ends_with("/.well-known/agent.json")
         || path.ends_with("/.well-known/agent-card.json")
         || path == "/status"

@@ -378,23 +378,44 @@ pub async fn wait_task(State(state): State<AppState>, Path(id): Path<String>, ur
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(query.timeout_ms.unwrap_or(60_000)).min(MAX_WAIT);
     let task_id = find_task_global(&state, &id)?.id;
+    match wait_until_final(&state, &task_id, deadline).await? {
+        (task, WaitEnd::Final) => {
+            answer(&api::TaskWait { task: wire::task(&task), reply: wire::reply_text(&task), timed_out: false })
+        }
+        (task, WaitEnd::TimedOut) => answer(&api::TaskWait { task: wire::task(&task), reply: None, timed_out: true }),
+        (_, WaitEnd::ShuttingDown) => {
+            Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the broker is shutting down"))
+        }
+    }
+}
+
+/// How [`wait_until_final`] ended.
+pub(super) enum WaitEnd {
+    Final,
+    TimedOut,
+    ShuttingDown,
+}
+
+/// Follows the log's head (not polling) until the task `task_id` is in a final state, the
+/// deadline passes or the broker stops; answers the task as it then is.
+pub(super) async fn wait_until_final(
+    state: &AppState,
+    task_id: &str,
+    deadline: tokio::time::Instant,
+) -> Result<(TaskRecord, WaitEnd), ApiError> {
     loop {
         let cursor = *state.head.borrow();
         let task = state
             .store
-            .read(|view| view.task(&task_id))?
+            .read(|view| view.task(task_id))?
             .ok_or_else(|| ApiError::not_found(format!("Task {task_id} not found")))?;
         if task.state.is_final() {
-            return answer(&api::TaskWait {
-                task: wire::task(&task),
-                reply: wire::reply_text(&task),
-                timed_out: false,
-            });
+            return Ok((task, WaitEnd::Final));
         }
-        match tokio::time::timeout_at(deadline, tail::wait_past(&state, cursor)).await {
+        match tokio::time::timeout_at(deadline, tail::wait_past(state, cursor)).await {
             Ok(true) => continue,
-            Ok(false) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the broker is shutting down")),
-            Err(_) => return answer(&api::TaskWait { task: wire::task(&task), reply: None, timed_out: true }),
+            Ok(false) => return Ok((task, WaitEnd::ShuttingDown)),
+            Err(_) => return Ok((task, WaitEnd::TimedOut)),
         }
     }
 }

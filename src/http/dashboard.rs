@@ -54,7 +54,7 @@ impl StreamTokens {
     /// [`MAX_STREAM_TOKENS`] unspent ones are outstanding (a caller asking in a loop cannot
     /// grow the broker's memory).
     pub fn issue(&self) -> Option<String> {
-        let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let token = crate::secret::random_token();
         let now = Instant::now();
         let mut issued = self.issued.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // Expired tokens go whenever a new one comes: the map stays as small as the tokens in use.

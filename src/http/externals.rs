@@ -168,7 +168,7 @@ async fn send(
     // reply token (the log keeps its SHA-256) and this broker's reply endpoint, where the
     // remote agent posts its answer naming the token (as a Python Synapse agent does).
     let waiting = if response_expected {
-        let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let token = crate::secret::random_token();
         let request = ExternalSendRequest {
             alias: alias.clone(),
             text: body.text.clone(),
@@ -283,7 +283,7 @@ async fn wait_for_reply(
     limit: Duration,
 ) -> Result<api::ExternalSent, ApiError> {
     let deadline = tokio::time::Instant::now() + limit;
-    let local = wait_until_final(state, task_id, deadline);
+    let local = super::broker_api::wait_until_final(state, task_id, deadline);
     tokio::pin!(local);
     let remote = async {
         if remote_id.is_empty() {
@@ -295,7 +295,7 @@ async fn wait_for_reply(
     let mut remote_done = false;
     loop {
         tokio::select! {
-            task = &mut local => return Ok(local_answer(remote_id, task?)),
+            waited = &mut local => return Ok(local_answer(remote_id, waited?.0)),
             followed = &mut remote, if !remote_done => {
                 remote_done = true;
                 let Some(followed) = followed else { continue };
@@ -321,34 +321,9 @@ async fn wait_for_reply(
     }
 }
 
-/// Follows the log until the task is final or the deadline passes; answers the task then.
-async fn wait_until_final(
-    state: &AppState,
-    task_id: &str,
-    deadline: tokio::time::Instant,
-) -> Result<crate::store::TaskRecord, ApiError> {
-    loop {
-        let cursor = *state.head.borrow();
-        let task = state
-            .store
-            .read(|view| view.task(task_id))?
-            .ok_or_else(|| ApiError::not_found(format!("Task {task_id} not found")))?;
-        if task.state.is_final() {
-            return Ok(task);
-        }
-        match tokio::time::timeout_at(deadline, crate::broker::tail::wait_past(state, cursor)).await {
-            Ok(true) => continue,
-            Ok(false) | Err(_) => return Ok(task),
-        }
-    }
-}
-
 /// The user's task as the answer of a waited send: its state, and the reply as the artifact.
 fn local_answer(remote_id: &str, task: crate::store::TaskRecord) -> api::ExternalSent {
-    let reply = task.artifacts.last().and_then(|artifact| artifact.parts.first()).and_then(|part| match part {
-        crate::event::Part::Text { text } => Some(text.clone()),
-        _ => None,
-    });
+    let reply = super::wire::reply_text(&task);
     let remote = api::RemoteTask {
         id: (!remote_id.is_empty()).then(|| remote_id.to_string()),
         state: Some(task.state.as_str().to_string()),
@@ -366,14 +341,9 @@ fn local_answer(remote_id: &str, task: crate::store::TaskRecord) -> api::Externa
 
 #[derive(Deserialize)]
 struct ReplyBody {
-    message: ReplyMessage,
+    message: super::a2a_rest::A2aMessage,
     #[serde(default)]
     metadata: Option<ReplyMetadata>,
-}
-
-#[derive(Deserialize)]
-struct ReplyMessage {
-    parts: Vec<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -394,24 +364,15 @@ struct ReplySender {
 /// message, naming its reply token as `metadata.in_reply_to`. Anything else is refused.
 async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: ReplyBody = parse_body(body)?;
-    let mut texts = Vec::new();
-    for part in &body.message.parts {
-        match part.get("text").and_then(Value::as_str) {
-            Some(text) => texts.push(text),
-            None => return Err(ApiError::bad("a reply has text parts only")),
-        }
-    }
+    let text = body.message.text()?;
     let metadata = body.metadata.unwrap_or_default();
     let Some(token) = metadata.in_reply_to.filter(|token| !token.is_empty()) else {
         return Err(ApiError::bad(
             "this endpoint takes replies to the user's messages only: metadata.in_reply_to must name the reply's token",
         ));
     };
-    let request = ExternalReplyRequest {
-        reply_token: token,
-        from: metadata.sender.and_then(|sender| sender.sender_id),
-        text: texts.join("\n"),
-    };
+    let request =
+        ExternalReplyRequest { reply_token: token, from: metadata.sender.and_then(|sender| sender.sender_id), text };
     match state.writer.submit(Command::ExternalReply(request)).await? {
         Outcome::Task { task } => answer(&super::wire::task_answer(&task)),
         _ => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unexpected answer from the writer")),

@@ -45,6 +45,18 @@ pub fn ambiguous_task(reference: &str, candidates: &[TaskRecord]) -> CommandErro
 /// A sender that names itself without proof: a plain name no registered agent answers to (by
 /// id, name or type), and an endpoint without control characters. Returns the name as it is
 /// shown (`<name>(unverified)`).
+/// A name an unverified sender gives itself (`metadata.sender.sender_id`): shown in headers and
+/// event lines, so 1-64 letters, digits, '-', '_' or '.', nothing that could act on a terminal.
+pub fn check_sender_name(id: &str) -> Result<(), CommandError> {
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+        return Err(CommandError::bad(format!(
+            "sender id '{}' must be 1-64 letters, digits, '-', '_' or '.'",
+            crate::event::preview(id, 80)
+        )));
+    }
+    Ok(())
+}
+
 pub fn check_unverified(
     view: &Projections<'_>,
     from: Option<&str>,
@@ -54,13 +66,7 @@ pub fn check_unverified(
         return Err(CommandError::bad("a send names a verified or an unverified sender, not both").into());
     }
     let id = claimed.id.as_str();
-    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
-        return Err(CommandError::bad(format!(
-            "sender id '{}' must be 1-64 letters, digits, '-', '_' or '.'",
-            crate::event::preview(id, 80)
-        ))
-        .into());
-    }
+    check_sender_name(id)?;
     if let Some(endpoint) = &claimed.endpoint
         && (endpoint.len() > 512 || endpoint.chars().any(char::is_control))
     {

@@ -1,11 +1,11 @@
 //! Messages to external agents that wait for a reply, and the replies that name their reply
 //! token (issue 15: a Python Synapse agent answers with `in_reply_to` and no secret).
 //!
-//! The rule: a task ids proves nothing (ids are shown by `/events` and history), so the user's
+//! The rule: a task id proves nothing (ids are shown by `/events` and history), so the user's
 //! message carries a random token as `sender_task_id`; the log keeps only its SHA-256, and a
 //! reply naming the token completes that task, once.
 
-use super::checks::{new_id, validate_text};
+use super::checks::{check_sender_name, new_id, validate_text};
 use super::decision::{Answer, CommandError, DecideError, Decision};
 use super::requests::{ExternalReplyRequest, ExternalSendRequest};
 use super::send::validate_priority;
@@ -67,16 +67,8 @@ pub fn decide_external_reply(view: &Projections<'_>, request: &ExternalReplyRequ
         ))
         .into());
     }
-    if let Some(from) = &request.from
-        && (from.is_empty()
-            || from.len() > 64
-            || !from.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
-    {
-        return Err(CommandError::bad(format!(
-            "sender id '{}' must be 1-64 letters, digits, '-', '_' or '.'",
-            crate::event::preview(from, 80)
-        ))
-        .into());
+    if let Some(from) = &request.from {
+        check_sender_name(from)?;
     }
     let digest = crate::secret::hash_secret(token);
     let task = match view.reply_token_task(&digest)? {
