@@ -38,6 +38,7 @@ pub mod daemon;
 pub mod escape;
 pub mod event;
 pub mod http;
+pub mod ids;
 pub mod mcp;
 pub mod private_files;
 pub mod process;

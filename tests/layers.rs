@@ -38,6 +38,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("private_files", 12),
     ("escape", 10),
     ("time", 10),
+    ("ids", 10),
     ("process", 10),
     ("secret", 10),
     ("lib", 0),

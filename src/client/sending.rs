@@ -40,7 +40,7 @@ impl Client {
     /// connection closed under it. A request without an idempotency key gets one first.
     pub async fn send_retrying(&mut self, paths: &Paths, request: &SendRequest) -> anyhow::Result<SendAnswer> {
         let mut request = request.clone();
-        let key = request.idempotency_key.get_or_insert_with(|| uuid::Uuid::new_v4().to_string()).clone();
+        let key = request.idempotency_key.get_or_insert_with(crate::ids::new_id).clone();
         let mut attempt = 1;
         loop {
             match self.send(&request).await {

@@ -181,9 +181,9 @@ impl LogGenerator {
         acked: bool,
     ) -> Result<(), StoreError> {
         let priority = 3;
-        let task_id = uuid::Uuid::new_v4().to_string();
-        let sender_task_id = reply.then(|| uuid::Uuid::new_v4().to_string());
-        let context_id = uuid::Uuid::new_v4().to_string();
+        let task_id = synapse::ids::new_id();
+        let sender_task_id = reply.then(synapse::ids::new_id);
+        let context_id = synapse::ids::new_id();
         self.last_task = Some(task_id.clone());
         let text = format!("{REQUEST_TEXT} (#{})", self.exchanges);
         let message = Message::text(Role::User, text.clone());

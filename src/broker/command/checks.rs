@@ -130,9 +130,7 @@ pub fn validate_text(text: &str) -> Result<(), CommandError> {
     Ok(())
 }
 
-pub fn new_id() -> String {
-    uuid::Uuid::new_v4().to_string()
-}
+pub use crate::ids::new_id;
 
 /// Target resolution: custom name → agent id → `<type>-<port>` → type; first hit wins.
 pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecord, CommandError> {

@@ -1,0 +1,85 @@
+//! New ids for tasks, contexts and idempotency keys: UUIDs whose first 32 bits count
+//! microseconds, so that ids made close in time sort close together.
+//!
+//! Why: the tasks table is keyed by the task id. With random (v4) ids, every send of a group
+//! commit dirtied its own B-tree leaf, and the copy, checksum and write of those pages cost
+//! about a third of the writer's time (`synapse-bench append`: 42–47k events/s with v4 ids,
+//! 67–73k with time-ordered ones). Putting the time first would make the 8-character prefix
+//! users see and type the same for a minute of tasks; putting its *low* 32 bits first (as UUID
+//! v1 does with `time_low`) keeps the prefix different from one id to the next and still puts
+//! the ids of one commit side by side in the table.
+//!
+//! Layout (RFC 9562 version 8, "custom"): bits 0–31 the low 32 bits of a microsecond clock
+//! that never gives the same value twice in a process (it runs ahead of the wall clock when
+//! ids are made faster than one per microsecond); the version nibble `8`; the RFC variant; the
+//! other 90 bits random. So an id is as hard to guess as a 90-bit secret, and two ids of one
+//! process never share their 8-character prefix unless made 2^32 µs (71.6 minutes) apart to
+//! the microsecond, about as rare as two random 32-bit prefixes meeting.
+//!
+//! Invariants: every id is a lowercase hyphenated UUID string; within a process the first 32
+//! bits of consecutive ids differ. Imports nothing of the crate.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The last microsecond value given out (0: none yet).
+static LAST_MICROS: AtomicU64 = AtomicU64::new(0);
+
+/// The next value of the process's microsecond clock: the wall clock, or one more than the last
+/// value when the wall clock has not moved on (or went back).
+fn next_micros() -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
+    let mut last = LAST_MICROS.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(last.wrapping_add(1));
+        match LAST_MICROS.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
+}
+
+/// A new id: see the module documentation for its layout.
+pub fn new_id() -> String {
+    let mut bytes = *uuid::Uuid::new_v4().as_bytes();
+    // Truncation intended: only the low 32 bits of the clock go into the id.
+    #[allow(clippy::cast_possible_truncation)]
+    let low = next_micros() as u32;
+    bytes[..4].copy_from_slice(&low.to_be_bytes());
+    uuid::Builder::from_custom_bytes(bytes).into_uuid().hyphenated().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn ids_are_version_8_uuids_with_the_rfc_variant() {
+        let id = new_id();
+        let parsed = uuid::Uuid::parse_str(&id).unwrap();
+        assert_eq!(parsed.get_version_num(), 8);
+        assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
+        assert_eq!(id, id.to_ascii_lowercase());
+        assert_eq!(id.len(), 36);
+    }
+
+    #[test]
+    fn consecutive_ids_have_different_prefixes_and_sort_in_order() {
+        let ids: Vec<String> = (0..10_000).map(|_| new_id()).collect();
+        let prefixes: std::collections::HashSet<&str> = ids.iter().map(|id| &id[..8]).collect();
+        assert_eq!(prefixes.len(), ids.len(), "every id has its own 8-character prefix");
+        // In order, except at most once where the 32-bit microsecond count wraps.
+        let descents = ids.windows(2).filter(|pair| pair[1] < pair[0]).count();
+        assert!(descents <= 1, "{descents} ids sorted before the one made just before them");
+    }
+
+    #[test]
+    fn the_rest_of_an_id_is_random() {
+        let first = new_id();
+        let second = new_id();
+        assert_ne!(first[9..], second[9..], "the 90 random bits differ");
+    }
+}
