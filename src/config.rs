@@ -5,6 +5,35 @@ use std::path::PathBuf;
 pub const DEFAULT_BROKER_PORT: u16 = 8099;
 pub const DEFAULT_UDS_DIR: &str = "/tmp/synapse-a2a";
 
+/// The main executable's file name.
+pub const MAIN_BIN: &str = "synapse";
+/// The agent wrapper's own executable, installed beside `synapse`: `synapse <profile>` runs
+/// it in its place (exec, same pid) when it is there, so that each wrapper, which lives as
+/// long as its agent, maps a 5 MB program instead of the 20 MB one with the broker, the
+/// store and the MCP server (about 5 MB of RSS instead of 10).
+pub const WRAPPER_BIN: &str = "synapse-agent";
+
+/// The `synapse` executable, from whichever of the two this process runs: for the commands a
+/// wrapper starts (the broker, `synapse mcp`, `synapse hook`, the dummy CLI). From the
+/// wrapper's executable, the `synapse` beside it; from any other, this one.
+pub fn synapse_exe() -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    if exe.file_name().is_some_and(|name| name == WRAPPER_BIN)
+        && let Some(main) = exe.parent().map(|dir| dir.join(MAIN_BIN))
+        && main.is_file()
+    {
+        return Ok(main);
+    }
+    Ok(exe)
+}
+
+/// The wrapper's executable beside this one, when it is installed there.
+pub fn wrapper_exe() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let wrapper = exe.parent()?.join(WRAPPER_BIN);
+    wrapper.is_file().then_some(wrapper)
+}
+
 /// Paths and ports of one Synapse installation.
 #[derive(Debug, Clone)]
 pub struct Paths {

@@ -5,7 +5,7 @@
 //! any pid, and pids are reused. So an agent's registration is checked against the registering
 //! peer's kernel-given credentials ([`is_related`]), the registered process's start time is
 //! recorded ([`start_ticks`]) so a reused pid is told apart, and `synapse stop` signals a process
-//! only when it is a `synapse` process ([`runs_this_executable`]) that started when the
+//! only when it runs a `synapse` executable ([`runs_one_of`]) that started when the
 //! registration says it did.
 //!
 //! Whether a caller is inside an agent is decided from its [`lineage`] (read when its
@@ -201,15 +201,17 @@ pub fn descends_from(pid: u32, ancestors: &[u32]) -> bool {
     false
 }
 
-/// Does `pid` run the same executable file as this process (same device and inode)? A
-/// `synapse` wrapper does; a shell, a test binary or an editor does not.
-pub fn runs_this_executable(pid: u32) -> bool {
+/// Does `pid` run one of `executables` (the same file: device and inode)? A `synapse` wrapper
+/// runs `synapse` or `synapse-agent`; a shell, a test binary or an editor runs neither.
+pub fn runs_one_of(pid: u32, executables: &[std::path::PathBuf]) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let (Ok(theirs), Ok(ours)) = (std::fs::metadata(format!("/proc/{pid}/exe")), std::fs::metadata("/proc/self/exe"))
-    else {
+    let Ok(theirs) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
         return false;
     };
-    theirs.dev() == ours.dev() && theirs.ino() == ours.ino()
+    executables
+        .iter()
+        .filter_map(|path| std::fs::metadata(path).ok())
+        .any(|ours| theirs.dev() == ours.dev() && theirs.ino() == ours.ino())
 }
 
 /// The pid of a process holding the loopback TCP socket whose own address is `peer` and whose
@@ -287,7 +289,10 @@ mod tests {
         assert!(is_related(me, parent), "the parent is an ancestor");
         assert!(!is_related(me, 1), "init is nobody's to register");
         assert!(start_ticks(me).is_some());
-        assert!(runs_this_executable(me));
+        let this = std::env::current_exe().expect("this executable");
+        assert!(runs_one_of(me, &[std::path::PathBuf::from("/bin/sh"), this]));
+        assert!(!runs_one_of(me, &[std::path::PathBuf::from("/bin/sh")]));
+        assert!(!runs_one_of(me, &[]));
     }
 
     #[test]
@@ -315,7 +320,7 @@ mod tests {
         // Seen from the child, the parent is an ancestor; a second child is unrelated to it.
         let mut other = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
         assert!(!is_related(child.id(), other.id()));
-        assert!(!runs_this_executable(child.id()));
+        assert!(!runs_one_of(child.id(), &[std::env::current_exe().expect("this executable")]));
         assert!(descends_from(child.id(), &[me]));
         assert!(!descends_from(child.id(), &[other.id()]));
         assert!(!descends_from(me, &[child.id()]));

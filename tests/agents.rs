@@ -990,3 +990,52 @@ fn an_external_send_with_priority_five_interrupts_the_peer_agent() {
     let urgent = screen.find("URGENT from afar").expect(&screen);
     assert!(interrupted < urgent, "{screen}");
 }
+
+/// The wrapper's own executable: `synapse dummy` checks its arguments, then `synapse-agent`
+/// takes the process's place (same pid, the registered one), and `synapse stop` still knows it
+/// for a wrapper. A `synapse` installed without it runs the wrapper in its own process.
+#[test]
+fn a_wrapper_runs_the_small_executable_beside_synapse_and_in_place_without_it() {
+    let exe_name = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).unwrap().file_name().unwrap().to_owned();
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let alice = start(&home, "alice", &[], None);
+    let alice_pid = u32::try_from(alice["pid"].as_u64().unwrap()).unwrap();
+    assert_eq!(exe_name(alice_pid), "synapse-agent");
+
+    // `synapse` alone in a directory (a hard link on the target's file system, or a copy).
+    let alone = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("synapse-alone-{}", std::process::id()));
+    std::fs::create_dir_all(&alone).unwrap();
+    let lone = alone.join("synapse");
+    let _ = std::fs::remove_file(&lone);
+    if std::fs::hard_link(BIN, &lone).is_err() {
+        std::fs::copy(BIN, &lone).unwrap();
+    }
+    let template = home.cmd(&[]);
+    let carol = std::process::Command::new(&lone)
+        .args(["start", "dummy", "--name", "carol", "--json"])
+        .envs(template.get_envs().filter_map(|(key, value)| Some((key, value?))))
+        .env_remove("SYNAPSE_AGENT_ID")
+        .env_remove("SYNAPSE_AGENT_SECRET")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(carol.status.success(), "{}", describe(&carol));
+    let carol: Value = serde_json::from_slice(&carol.stdout).unwrap();
+    let carol_pid = u32::try_from(carol["pid"].as_u64().unwrap()).unwrap();
+    let _wrappers = Wrappers(&home, vec![id(&alice), id(&carol)]);
+    assert_eq!(exe_name(carol_pid), "synapse", "no synapse-agent beside it: the wrapper runs in place");
+
+    // Both kinds of wrapper deliver, and both are stopped by `synapse stop`.
+    follower.wait_until("the agents READY", |events| ready(events, &id(&alice)) && ready(events, &id(&carol)));
+    let sent = home.run_as(&as_agent(&alice), &["send", "carol", "hello from the small wrapper", "--no-response"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    follower.wait_until("carol got it", |events| settled(events, &id(&carol)));
+    assert!(terminal(&carol).contains("hello from the small wrapper"), "{}", terminal(&carol));
+    for (agent, pid) in [(&alice, alice_pid), (&carol, carol_pid)] {
+        let stopped = home.cmd(&["stop", &id(agent)]).output().unwrap();
+        assert!(stopped.status.success(), "{}", describe(&stopped));
+        wait_until_dead(pid);
+    }
+    let _ = std::fs::remove_dir_all(&alone);
+}

@@ -92,7 +92,7 @@ pub fn run() -> anyhow::Result<i32> {
 async fn answer(id8: &str, sender: &str, line: &str) {
     let received = line.split_once("] ").map_or(line, |(_, text)| text);
     let text = format!("[DUMMY] Auto-reply to {id8}: {}", crate::event::preview(received, 80));
-    let exe = std::env::current_exe().unwrap_or_else(|_| "synapse".into());
+    let exe = crate::config::synapse_exe().unwrap_or_else(|_| "synapse".into());
     // An anonymous sender, and one that named itself without proof (`<name>(unverified)`),
     // waits under `anonymous-<id8>` (see `reply_target_sender`).
     let target = if sender == "anonymous" || sender.ends_with("(unverified)") {

@@ -28,20 +28,60 @@ pub struct ProfileArgs {
 }
 
 /// `synapse <profile> [--port N] [--name NAME] [--role ROLE] [-- tool args]`.
+///
+/// The arguments are checked here (so `--help` and mistakes are answered by `synapse`), then
+/// the wrapper's own executable takes this process's place when it is installed beside this
+/// one ([`crate::config::WRAPPER_BIN`]: same pid, same terminal, a smaller program for the
+/// agent's lifetime); without it, or if it cannot be run, the wrapper runs in this process.
 pub fn run_profile(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Result<i32> {
+    let (profile, args) = match parse_profile(&paths, words.clone())? {
+        Ok(parsed) => parsed,
+        Err(code) => return Ok(code),
+    };
+    if let Some(wrapper) = crate::config::wrapper_exe() {
+        use std::os::unix::process::CommandExt;
+        let mut command = std::process::Command::new(&wrapper);
+        if let Some(name) = std::env::args_os().next() {
+            command.arg0(name);
+        }
+        // Returns only when it failed.
+        let error = command.args(&words).exec();
+        tracing::warn!("cannot run {}: {error}; the wrapper runs in this process", wrapper.display());
+    }
+    wrap(paths, profile, args)
+}
+
+/// The wrapper's executable: `synapse-agent <profile> [arguments]`, as [`run_profile`] passes
+/// them on.
+pub fn run_wrapper(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Result<i32> {
+    match parse_profile(&paths, words)? {
+        Ok((profile, args)) => wrap(paths, profile, args),
+        Err(code) => Ok(code),
+    }
+}
+
+/// The profile named by the first word and the arguments after it, or the exit status when
+/// clap answered (help, or a usage error it printed).
+fn parse_profile(
+    paths: &Paths,
+    words: Vec<std::ffi::OsString>,
+) -> anyhow::Result<Result<(profile::Profile, ProfileArgs), i32>> {
     let mut words = words.into_iter();
     let name = words.next().map(|word| word.to_string_lossy().into_owned()).unwrap_or_default();
     let profile = profile::load(&name, &paths.home).map_err(|error| match super::similar_command(&name) {
         Some(command) => anyhow::anyhow!("{error}\nDid you mean `synapse {command}`?"),
         None => anyhow::anyhow!("{error}\nRun 'synapse --help' for the commands."),
     })?;
-    let args = match ProfileArgs::try_parse_from(words) {
-        Ok(args) => args,
+    match ProfileArgs::try_parse_from(words) {
+        Ok(args) => Ok(Ok((profile, args))),
         Err(error) => {
             let _ = error.print();
-            return Ok(if error.use_stderr() { 2 } else { 0 });
+            Ok(Err(if error.use_stderr() { 2 } else { 0 }))
         }
-    };
+    }
+}
+
+fn wrap(paths: Paths, profile: profile::Profile, args: ProfileArgs) -> anyhow::Result<i32> {
     wrapper::run(
         paths,
         wrapper::Options {
@@ -77,7 +117,7 @@ pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) 
     let log = crate::private_files::open_append(&wrapper_log)
         .with_context(|| format!("cannot open {}", wrapper_log.display()))?;
     let start_of_log = log.metadata().map(|meta| meta.len()).unwrap_or(0);
-    let exe = std::env::current_exe().context("cannot find the synapse executable")?;
+    let exe = crate::config::synapse_exe().context("cannot find the synapse executable")?;
     let mut command = std::process::Command::new(exe);
     if scenario {
         command.arg("scenario-agent");
@@ -156,8 +196,8 @@ async fn resolve(paths: &Paths, target: &str) -> anyhow::Result<Vec<AgentView>> 
 /// Why `synapse stop` may signal a registered agent's pid, or None when it may.
 ///
 /// The rule: only a process Synapse itself started and that is still the registered agent —
-/// it runs this very executable (a `synapse` wrapper: `/proc/<pid>/exe` is the same file as
-/// ours) and started at the time recorded when the broker checked its registration (so a pid
+/// it runs this very executable or the wrapper's beside it (a `synapse` wrapper:
+/// `/proc/<pid>/exe` is the same file as one of ours) and started at the time recorded when the broker checked its registration (so a pid
 /// reused by another process is never signalled). A registration naming any other process (a
 /// shell, a test, an editor) is listed and reachable, but never killed by `synapse stop`.
 fn refusal_to_stop(agent: &AgentView, pid: u32) -> Option<String> {
@@ -168,7 +208,9 @@ fn refusal_to_stop(agent: &AgentView, pid: u32) -> Option<String> {
     if process::start_ticks(pid) != Some(recorded) {
         return Some(format!("process {pid} is not the one that registered (its pid was reused)"));
     }
-    if !process::runs_this_executable(pid) {
+    let synapse: Vec<std::path::PathBuf> =
+        crate::config::synapse_exe().ok().into_iter().chain(crate::config::wrapper_exe()).collect();
+    if !process::runs_one_of(pid, &synapse) {
         return Some(format!("process {pid} is not a synapse wrapper; Synapse stops only the agents it started"));
     }
     None

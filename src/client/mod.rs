@@ -893,7 +893,7 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
     if respect_stop {
         refuse_if_stopped(paths)?;
     }
-    let exe = std::env::current_exe().context("cannot find the synapse executable")?;
+    let exe = crate::config::synapse_exe().context("cannot find the synapse executable")?;
     let log_path = paths.broker_log();
     let log =
         crate::private_files::open_append(&log_path).with_context(|| format!("cannot open {}", log_path.display()))?;

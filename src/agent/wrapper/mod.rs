@@ -164,7 +164,7 @@ fn cli_command(
     port: u16,
 ) -> anyhow::Result<(String, CommandBuilder, mcp_wiring::Wiring)> {
     let program = if options.profile.command == "{synapse}" {
-        std::env::current_exe().context("cannot find the synapse executable")?.display().to_string()
+        crate::config::synapse_exe().context("cannot find the synapse executable")?.display().to_string()
     } else {
         options.profile.command.clone()
     };
@@ -180,7 +180,7 @@ fn cli_command(
     .collect();
     let wiring = match options.profile.mcp {
         Some(style) if !options.no_mcp && settings.mcp()? => {
-            let synapse = std::env::current_exe().context("cannot find the synapse executable")?;
+            let synapse = crate::config::synapse_exe().context("cannot find the synapse executable")?;
             let dir = mcp_wiring::agent_dir(&paths.home, agent_id);
             mcp_wiring::wire(style, options.profile.hooks, &synapse, &dir, &identity, |name| std::env::var(name).ok())
                 .with_context(|| format!("cannot write the MCP registration in {}", dir.display()))?
