@@ -8,23 +8,39 @@ pub const DEFAULT_UDS_DIR: &str = "/tmp/synapse-a2a";
 /// The main executable's file name.
 pub const MAIN_BIN: &str = "synapse";
 /// The agent wrapper's own executable, installed beside `synapse`: `synapse <profile>` runs
-/// it in its place (exec, same pid) when it is there, so that each wrapper, which lives as
-/// long as its agent, maps a 5 MB program instead of the 20 MB one with the broker, the
-/// store and the MCP server (about 5 MB of RSS instead of 10).
+/// it in its place (exec, same pid) when it is there and from the same build, so that each
+/// wrapper, which lives as long as its agent, maps a 7 MB program instead of the 20 MB one
+/// with the broker, the store and the MCP server (about 6 MB of RSS instead of 10).
 pub const WRAPPER_BIN: &str = "synapse-agent";
 
-/// The `synapse` executable, from whichever of the two this process runs: for the commands a
-/// wrapper starts (the broker, `synapse mcp`, `synapse hook`, the dummy CLI). From the
-/// wrapper's executable, the `synapse` beside it; from any other, this one.
+/// This build's id (see `build.rs`): `synapse` and `synapse-agent` of one build share it.
+pub const BUILD_ID: &str = env!("SYNAPSE_BUILD_ID");
+
+/// Set by `synapse` for the `synapse-agent` it runs: the `synapse` executable's path ...
+pub const MAIN_EXE_ENV: &str = "SYNAPSE_MAIN_EXE";
+/// ... and its [`BUILD_ID`]; a `synapse-agent` of another build hands back to `synapse` ...
+pub const WRAPPER_BUILD_ENV: &str = "SYNAPSE_WRAPPER_BUILD";
+/// ... which then runs the wrapper in its own process.
+pub const WRAPPER_IN_PLACE_ENV: &str = "SYNAPSE_WRAPPER_IN_PLACE";
+/// The three, which the wrapper keeps from the CLI it runs.
+pub const WRAPPER_HANDOVER_ENV: [&str; 3] = [MAIN_EXE_ENV, WRAPPER_BUILD_ENV, WRAPPER_IN_PLACE_ENV];
+
+/// The `synapse` executable that ran this `synapse-agent` (set once, at its start).
+static MAIN_EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Records the `synapse` executable that ran this wrapper (its [`MAIN_EXE_ENV`]).
+pub fn set_main_exe(path: PathBuf) {
+    let _ = MAIN_EXE.set(path);
+}
+
+/// The `synapse` executable, for the commands a wrapper starts (the broker, `synapse mcp`,
+/// `synapse hook`, the dummy CLI): in `synapse-agent`, the one that ran it; elsewhere, this
+/// one.
 pub fn synapse_exe() -> std::io::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    if exe.file_name().is_some_and(|name| name == WRAPPER_BIN)
-        && let Some(main) = exe.parent().map(|dir| dir.join(MAIN_BIN))
-        && main.is_file()
-    {
-        return Ok(main);
+    match MAIN_EXE.get() {
+        Some(main) => Ok(main.clone()),
+        None => std::env::current_exe(),
     }
-    Ok(exe)
 }
 
 /// The wrapper's executable beside this one, when it is installed there.

@@ -996,10 +996,10 @@ fn an_external_send_with_priority_five_interrupts_the_peer_agent() {
 /// for a wrapper. A `synapse` installed without it runs the wrapper in its own process.
 #[test]
 fn a_wrapper_runs_the_small_executable_beside_synapse_and_in_place_without_it() {
-    let exe_name = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).unwrap().file_name().unwrap().to_owned();
     let home = Home::new();
     let mut follower = Follower::new(&home);
     let alice = start(&home, "alice", &[], None);
+    let mut wrappers = Wrappers(&home, vec![id(&alice)]);
     let alice_pid = u32::try_from(alice["pid"].as_u64().unwrap()).unwrap();
     assert_eq!(exe_name(alice_pid), "synapse-agent");
 
@@ -1011,31 +1011,93 @@ fn a_wrapper_runs_the_small_executable_beside_synapse_and_in_place_without_it() 
     if std::fs::hard_link(BIN, &lone).is_err() {
         std::fs::copy(BIN, &lone).unwrap();
     }
-    let template = home.cmd(&[]);
-    let carol = std::process::Command::new(&lone)
-        .args(["start", "dummy", "--name", "carol", "--json"])
-        .envs(template.get_envs().filter_map(|(key, value)| Some((key, value?))))
-        .env_remove("SYNAPSE_AGENT_ID")
-        .env_remove("SYNAPSE_AGENT_SECRET")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let lone_cmd = |args: &[&str]| {
+        let template = home.cmd(&[]);
+        let mut command = std::process::Command::new(&lone);
+        command
+            .args(args)
+            .envs(template.get_envs().filter_map(|(key, value)| Some((key, value?))))
+            .stdin(Stdio::null());
+        command.output().unwrap()
+    };
+    let carol = lone_cmd(&["start", "dummy", "--name", "carol", "--json"]);
     assert!(carol.status.success(), "{}", describe(&carol));
     let carol: Value = serde_json::from_slice(&carol.stdout).unwrap();
     let carol_pid = u32::try_from(carol["pid"].as_u64().unwrap()).unwrap();
-    let _wrappers = Wrappers(&home, vec![id(&alice), id(&carol)]);
+    let carol_id = id(&carol);
+    let stop_carol = Defer(|| {
+        let _ = lone_cmd(&["stop", &carol_id]);
+        let _ = std::fs::remove_dir_all(&alone);
+    });
     assert_eq!(exe_name(carol_pid), "synapse", "no synapse-agent beside it: the wrapper runs in place");
 
-    // Both kinds of wrapper deliver, and both are stopped by `synapse stop`.
+    // Both kinds of wrapper deliver, and both are stopped by `synapse stop` (carol's by the
+    // `synapse` that started it: a copy is not the file of `synapse` in the target directory).
     follower.wait_until("the agents READY", |events| ready(events, &id(&alice)) && ready(events, &id(&carol)));
     let sent = home.run_as(&as_agent(&alice), &["send", "carol", "hello from the small wrapper", "--no-response"]);
     assert!(sent.status.success(), "{}", describe(&sent));
     follower.wait_until("carol got it", |events| settled(events, &id(&carol)));
     assert!(terminal(&carol).contains("hello from the small wrapper"), "{}", terminal(&carol));
-    for (agent, pid) in [(&alice, alice_pid), (&carol, carol_pid)] {
-        let stopped = home.cmd(&["stop", &id(agent)]).output().unwrap();
-        assert!(stopped.status.success(), "{}", describe(&stopped));
-        wait_until_dead(pid);
+    let stopped = home.cmd(&["stop", &id(&alice)]).output().unwrap();
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    wait_until_dead(alice_pid);
+    wrappers.1.clear();
+    let stopped = lone_cmd(&["stop", &id(&carol)]);
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    wait_until_dead(carol_pid);
+    drop(stop_carol);
+}
+
+/// `synapse-agent` from another build (`cargo run` relinks only `synapse`) hands the same
+/// arguments back to the `synapse` that ran it, which runs the wrapper in place; run by hand,
+/// without `synapse`, it refuses.
+#[test]
+fn a_wrapper_executable_of_another_build_hands_back_to_synapse() {
+    let home = Home::new();
+    let wrapper = env!("CARGO_BIN_EXE_synapse-agent");
+    let template = home.cmd(&[]);
+    let command = |build: Option<&str>| {
+        let mut command = std::process::Command::new(wrapper);
+        command
+            .args(["dummy", "--name", "old", "--headless", "--announce"])
+            .envs(template.get_envs().filter_map(|(key, value)| Some((key, value?))))
+            .env_remove("SYNAPSE_MAIN_EXE")
+            .env_remove("SYNAPSE_WRAPPER_BUILD")
+            .env_remove("SYNAPSE_WRAPPER_IN_PLACE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(build) = build {
+            command.env("SYNAPSE_MAIN_EXE", BIN).env("SYNAPSE_WRAPPER_BUILD", build);
+        }
+        command
+    };
+    let by_hand = output_within(command(None).spawn().unwrap(), Duration::from_secs(60), "synapse-agent by hand");
+    assert_eq!(by_hand.status.code(), Some(1), "{}", describe(&by_hand));
+    assert!(stderr(&by_hand).contains("is run by `synapse <profile>`"), "{}", describe(&by_hand));
+
+    let mut stale = command(Some("another-build")).spawn().unwrap();
+    let mut announce = String::new();
+    BufReader::new(stale.stdout.take().unwrap()).read_line(&mut announce).unwrap();
+    let agent: Value = serde_json::from_str(&announce).unwrap_or_else(|_| panic!("an announce line: {announce:?}"));
+    let _wrappers = Wrappers(&home, vec![id(&agent)]);
+    assert_eq!(agent["pid"].as_u64(), Some(u64::from(stale.id())), "the same process");
+    assert_eq!(exe_name(stale.id()), "synapse", "handed back: the wrapper runs inside synapse");
+    let stopped = home.cmd(&["stop", &id(&agent)]).output().unwrap();
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    let _ = stale.wait();
+}
+
+/// The file name of the executable `pid` runs.
+fn exe_name(pid: u32) -> std::ffi::OsString {
+    std::fs::read_link(format!("/proc/{pid}/exe")).unwrap().file_name().unwrap().to_owned()
+}
+
+/// Runs a closure when dropped (clean-up that must happen however the test ends).
+struct Defer<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Defer<F> {
+    fn drop(&mut self) {
+        (self.0)();
     }
-    let _ = std::fs::remove_dir_all(&alone);
 }

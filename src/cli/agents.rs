@@ -38,17 +38,45 @@ pub fn run_profile(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Resu
         Ok(parsed) => parsed,
         Err(code) => return Ok(code),
     };
-    if let Some(wrapper) = crate::config::wrapper_exe() {
+    let in_place = std::env::var_os(crate::config::WRAPPER_IN_PLACE_ENV).is_some();
+    if !in_place && let Some(wrapper) = crate::config::wrapper_exe() {
         use std::os::unix::process::CommandExt;
         let mut command = std::process::Command::new(&wrapper);
         if let Some(name) = std::env::args_os().next() {
             command.arg0(name);
         }
+        if let Ok(main) = std::env::current_exe() {
+            command.env(crate::config::MAIN_EXE_ENV, main);
+        }
+        command.env(crate::config::WRAPPER_BUILD_ENV, crate::config::BUILD_ID);
         // Returns only when it failed.
         let error = command.args(&words).exec();
         tracing::warn!("cannot run {}: {error}; the wrapper runs in this process", wrapper.display());
     }
     wrap(paths, profile, args)
+}
+
+/// What `synapse-agent` does first: a wrapper of this build, run by `synapse`, goes on (and
+/// knows that `synapse`); one of another build (left beside a newer `synapse`, e.g. by `cargo
+/// run`) hands the same arguments back to that `synapse`, which runs the wrapper in place.
+/// Returns only to go on, or with the error that stopped it.
+pub fn check_wrapper_build() -> anyhow::Result<()> {
+    use crate::config::{BUILD_ID, MAIN_EXE_ENV, WRAPPER_BUILD_ENV, WRAPPER_IN_PLACE_ENV};
+    let Some(main) = std::env::var_os(MAIN_EXE_ENV).map(std::path::PathBuf::from) else {
+        bail!("{} is run by `synapse <profile>`: run that instead", crate::config::WRAPPER_BIN);
+    };
+    if std::env::var(WRAPPER_BUILD_ENV).is_ok_and(|build| build == BUILD_ID) {
+        crate::config::set_main_exe(main);
+        return Ok(());
+    }
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(&main);
+    let mut words = std::env::args_os();
+    if let Some(name) = words.next() {
+        command.arg0(name);
+    }
+    let error = command.args(words).env(WRAPPER_IN_PLACE_ENV, "1").exec();
+    Err(anyhow::anyhow!("cannot run {}: {error}", main.display()))
 }
 
 /// The wrapper's executable: `synapse-agent <profile> [arguments]`, as [`run_profile`] passes
@@ -196,8 +224,8 @@ async fn resolve(paths: &Paths, target: &str) -> anyhow::Result<Vec<AgentView>> 
 /// Why `synapse stop` may signal a registered agent's pid, or None when it may.
 ///
 /// The rule: only a process Synapse itself started and that is still the registered agent —
-/// it runs this very executable or the wrapper's beside it (a `synapse` wrapper:
-/// `/proc/<pid>/exe` is the same file as one of ours) and started at the time recorded when the broker checked its registration (so a pid
+/// it runs this very executable or the wrapper's beside it (`/proc/<pid>/exe` is the same
+/// file as one of ours) and started at the time recorded when the broker checked its registration (so a pid
 /// reused by another process is never signalled). A registration naming any other process (a
 /// shell, a test, an editor) is listed and reachable, but never killed by `synapse stop`.
 fn refusal_to_stop(agent: &AgentView, pid: u32) -> Option<String> {

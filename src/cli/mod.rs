@@ -4,7 +4,7 @@
 //! 2 usage (clap). Raw flags become validated values here, before anything talks to the broker.
 
 mod agents;
-pub use agents::run_wrapper;
+pub use agents::{check_wrapper_build, run_wrapper};
 mod dashboard;
 mod demo;
 mod doctor;

@@ -216,8 +216,9 @@ pub async fn tasks_list(State(state): State<AppState>, Scope(agent): Scope, uri:
         .filter(|task| query.context_id.as_ref().is_none_or(|context| &task.context_id == context))
         .filter(|task| wanted_state.is_none_or(|wanted| task.state == wanted))
         .collect();
-    // The order of a scan of every task, sorted stably by creation: by time, then by id.
-    tasks.sort_by(|left, right| left.created_ms.cmp(&right.created_ms).then_with(|| left.id.cmp(&right.id)));
+    // Oldest first: the index gives them in the order they were created, and a stable sort by
+    // creation time keeps that order within a millisecond.
+    tasks.sort_by_key(|task| task.created_ms);
     answer(&api::TaskList { tasks: tasks.iter().map(wire::task).collect() })
 }
 

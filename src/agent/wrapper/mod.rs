@@ -196,6 +196,10 @@ fn cli_command(
         );
     }
     let mut command = CommandBuilder::new(&program);
+    // What `synapse` told its wrapper is not the CLI's to inherit.
+    for name in crate::config::WRAPPER_HANDOVER_ENV {
+        command.env_remove(name);
+    }
     command.args(&options.profile.args);
     command.args(&wiring.args);
     let extra_env = wiring.env.clone();

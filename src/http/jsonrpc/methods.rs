@@ -252,7 +252,10 @@ pub(super) fn list_tasks(state: &AppState, agent: &str, version: Version, params
         .filter(|task| wanted.is_none_or(|wanted| task.state == wanted))
         .filter(|task| after_ms.is_none_or(|after| task.updated_ms >= after))
         .collect();
-    tasks.sort_by(|left, right| right.created_ms.cmp(&left.created_ms).then_with(|| left.id.cmp(&right.id)));
+    // The index gives them in the order they were created: reversed, then a stable sort, so a
+    // millisecond's tasks stay newest first too.
+    tasks.reverse();
+    tasks.sort_by_key(|task| std::cmp::Reverse(task.created_ms));
     let total = tasks.len();
     let page: Vec<Value> = tasks
         .iter()
