@@ -356,6 +356,9 @@ fn interrupt(cli: &'static str) {
     session.wait_screen("tick 2");
     session.wait_status("PROCESSING");
     session.send(&["urgent-marker stop now", "--no-response", "-p", "5"]);
+    // The interrupt cut the slow answer short (it would run about 60 s): the CLI went away from
+    // its stream. Without it, the message would still arrive, after the whole answer.
+    wait_for("the slow answer cut short", || session.world.model.slow_answers_cut() >= 1, || session.describe());
     session.wait_reached_model("urgent-marker");
     session.wait_status("READY");
     assert_eq!(session.reached_model("urgent-marker"), 1, "{}", session.describe());

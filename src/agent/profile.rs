@@ -28,6 +28,9 @@ pub enum InterruptStyle {
 /// presses, not as one Alt-Esc.
 pub const KEY_GAP: std::time::Duration = std::time::Duration::from_millis(120);
 
+/// How long the next key of an interrupt waits for the profile's `interrupt_hint`.
+pub const INTERRUPT_HINT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The bytes of one named key: `esc`, `enter`, `tab`, `backspace`, `space`, `up`, `down`,
 /// `left`, `right`, `ctrl-a` … `ctrl-z`, or a single printable character.
 pub fn parse_key(name: &str) -> Result<Vec<u8>, String> {
@@ -107,6 +110,11 @@ pub struct Profile {
     /// this try (the message stays queued and the agent's status says why).
     #[serde(default = "default_interrupt_timeout_ms")]
     pub interrupt_timeout_ms: u64,
+    /// Text the CLI shows once it has taken a key of a `keys` interrupt (OpenCode: "esc again
+    /// to interrupt"): the next key waits until it shows (at most [`INTERRUPT_HINT_WAIT`]), so
+    /// that a CLI slow to read its input never reads two presses as one.
+    #[serde(default)]
+    pub interrupt_hint: Option<String>,
     /// How the CLI takes Synapse's MCP server for one session (`claude`, `codex`, `gemini`,
     /// `opencode`, `copilot`); none: it gets no server.
     #[serde(default)]
@@ -202,6 +210,7 @@ pub fn builtin(name: &str) -> Option<Profile> {
         idle,
         interrupt,
         interrupt_timeout_ms: default_interrupt_timeout_ms(),
+        interrupt_hint: None,
         mcp: Some(match name {
             "claude" => McpStyle::Claude,
             "codex" => McpStyle::Codex,
@@ -240,7 +249,12 @@ pub fn builtin(name: &str) -> Option<Profile> {
         ),
         // OpenCode exits on Ctrl-C; Esc twice interrupts it. READY only once its input box
         // (the `┃` border at the cursor) is drawn: before that a message is lost.
-        "opencode" => profile("opencode", &[], (8130, 8139), idle(Some("┃"), 1000, false, &[]), esc_twice()),
+        // The second Esc waits for "esc again to interrupt": under load OpenCode could read both
+        // in one go, as one Alt-Esc, and go on answering (seen once in the suite).
+        "opencode" => Profile {
+            interrupt_hint: Some("again to interrupt".into()),
+            ..profile("opencode", &[], (8130, 8139), idle(Some("┃"), 1000, false, &[]), esc_twice())
+        },
         "copilot" => profile("copilot", &[], (8140, 8149), idle(Some("❯"), 500, true, &[]), InterruptStyle::CtrlC),
         "dummy" => Profile {
             name: "dummy".into(),
@@ -258,6 +272,7 @@ pub fn builtin(name: &str) -> Option<Profile> {
             },
             interrupt: InterruptStyle::Signal,
             interrupt_timeout_ms: default_interrupt_timeout_ms(),
+            interrupt_hint: None,
             mcp: None,
             hooks: false,
         },

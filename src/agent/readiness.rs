@@ -52,6 +52,11 @@ impl Readiness {
         self.last_output = Some(now);
     }
 
+    /// Does the screen show `text` anywhere?
+    pub fn shows(&self, text: &str) -> bool {
+        self.parser.screen().contents().contains(text)
+    }
+
     /// Records that input was written (a ticket): the CLI is busy until it shows its prompt
     /// again after this.
     pub fn input_written(&mut self, now: Instant) {

@@ -44,6 +44,8 @@ pub struct ModelState {
     pub recorder: Recorder,
     /// Slow answers whose client is still connected (a guard per stream keeps it true).
     pub slow_streams: AtomicUsize,
+    /// Slow answers the client went away from before their last chunk (an interrupted turn).
+    pub slow_streams_cut: AtomicUsize,
 }
 
 pub type SharedState = Arc<ModelState>;
@@ -72,7 +74,8 @@ pub fn run(port: u16, log: Option<PathBuf>) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         let recorder = Recorder::new(log)?;
-        let state = Arc::new(ModelState { recorder, slow_streams: AtomicUsize::new(0) });
+        let state =
+            Arc::new(ModelState { recorder, slow_streams: AtomicUsize::new(0), slow_streams_cut: AtomicUsize::new(0) });
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         let port = listener.local_addr()?.port();
         {
@@ -99,9 +102,13 @@ async fn requests(State(state): State<SharedState>) -> Json<Value> {
     Json(Value::Array(state.recorder.all()))
 }
 
-/// `GET /_synapse/slow_streams`: `{"active": N}`, slow answers still streaming to a client.
+/// `GET /_synapse/slow_streams`: `{"active": N, "cut": M}`, slow answers still streaming to a
+/// client, and those whose client left before the end.
 async fn slow_streams(State(state): State<SharedState>) -> Json<Value> {
-    Json(json!({"active": state.slow_streams.load(Ordering::SeqCst)}))
+    Json(json!({
+        "active": state.slow_streams.load(Ordering::SeqCst),
+        "cut": state.slow_streams_cut.load(Ordering::SeqCst),
+    }))
 }
 
 /// Anything else: recorded (api `unknown`) and answered 404 with a JSON error.
@@ -135,31 +142,39 @@ pub fn text_pieces(state: SharedState, action: &script::Action) -> impl Stream<I
         match single {
             Some(text) => yield text,
             None => {
-                let _guard = SlowGuard::new(state);
+                let mut guard = SlowGuard::new(state);
                 for index in 0..script::SLOW_CHUNKS {
                     if index > 0 {
                         tokio::time::sleep(script::SLOW_CHUNK_INTERVAL).await;
                     }
                     yield format!("tick {index}. ");
                 }
+                guard.finished = true;
             }
         }
     }
 }
 
-/// Counts a slow stream as active for as long as it lives.
-struct SlowGuard(SharedState);
+/// Counts a slow stream as active for as long as it lives, and as cut when it is dropped
+/// before its last chunk.
+struct SlowGuard {
+    state: SharedState,
+    finished: bool,
+}
 
 impl SlowGuard {
     fn new(state: SharedState) -> SlowGuard {
         state.slow_streams.fetch_add(1, Ordering::SeqCst);
-        SlowGuard(state)
+        SlowGuard { state, finished: false }
     }
 }
 
 impl Drop for SlowGuard {
     fn drop(&mut self) {
-        self.0.slow_streams.fetch_sub(1, Ordering::SeqCst);
+        self.state.slow_streams.fetch_sub(1, Ordering::SeqCst);
+        if !self.finished {
+            self.state.slow_streams_cut.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 

@@ -39,6 +39,13 @@ impl ScriptedModel {
         body.as_array().cloned().unwrap_or_default()
     }
 
+    /// How many slow answers a client left before their end (an interrupted turn).
+    pub fn slow_answers_cut(&self) -> u64 {
+        let (status, body) = super::http_tcp(self.port, "GET", "/_synapse/slow_streams", None, &[]);
+        assert_eq!(status, 200);
+        body["cut"].as_u64().unwrap_or_default()
+    }
+
     /// How many requests brought this text to the model as the user's new turn.
     pub fn count_user_text(&self, needle: &str) -> usize {
         self.requests()

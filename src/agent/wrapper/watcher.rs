@@ -88,6 +88,9 @@ async fn interrupt(shared: &Shared) {
             for (index, key) in keys.iter().enumerate() {
                 if index > 0 {
                     tokio::time::sleep(profile::KEY_GAP).await;
+                    if let Some(hint) = &shared.profile.interrupt_hint {
+                        wait_for_screen(shared, hint, profile::INTERRUPT_HINT_WAIT).await;
+                    }
                 }
                 // Checked when the profile was loaded.
                 if let Ok(bytes) = profile::parse_key(key) {
@@ -95,6 +98,23 @@ async fn interrupt(shared: &Shared) {
                 }
             }
         }
+    }
+}
+
+/// Waits until the CLI's screen shows `text`, at most `limit`.
+async fn wait_for_screen(shared: &Shared, text: &str, limit: std::time::Duration) {
+    let mut changes = shared.screen.subscribe();
+    let shows = || shared.screen.lock().shows(text);
+    let shown = tokio::time::timeout(limit, async {
+        while !shows() {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    if shown.is_err() {
+        tracing::warn!("the CLI did not show {text:?} within {limit:?}: the interrupt's next key goes anyway");
     }
 }
 
