@@ -5,8 +5,6 @@ use std::path::PathBuf;
 pub const DEFAULT_BROKER_PORT: u16 = 8099;
 pub const DEFAULT_UDS_DIR: &str = "/tmp/synapse-a2a";
 
-/// The main executable's file name.
-pub const MAIN_BIN: &str = "synapse";
 /// The agent wrapper's own executable, installed beside `synapse`: `synapse <profile>` runs
 /// it in its place (exec, same pid) when it is there and from the same build, so that each
 /// wrapper, which lives as long as its agent, maps a 7 MB program instead of the 20 MB one

@@ -214,21 +214,35 @@ pub fn runs_one_of(pid: u32, executables: &[std::path::PathBuf]) -> bool {
         .any(|ours| theirs.dev() == ours.dev() && theirs.ino() == ours.ino())
 }
 
-/// The pid of a process holding the loopback TCP socket whose own address is `peer` and whose
-/// other end is `our_port` on this machine: the socket's inode from `/proc/net/tcp` (or
-/// `tcp6`), then a process whose `/proc/<pid>/fd` names `socket:[inode]`. Only processes this
-/// one may read are seen (the same user's, or all for root). None when it cannot be told.
-pub fn tcp_socket_holder(peer: std::net::SocketAddr, our_port: u16) -> Option<u32> {
-    let inode = ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|table| {
+/// The other end of a loopback TCP connection, as `/proc/net/tcp*` shows its socket: the uid
+/// that owns it and its inode (by which [`socket_holder`] finds the process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSocket {
+    pub uid: u32,
+    pub inode: u64,
+}
+
+/// The socket on this machine whose local address is `peer` and whose remote address is `ours`
+/// (the caller's end of a connection we accepted). None when it cannot be told (not on this
+/// machine, or gone already).
+pub fn loopback_tcp_socket(ours: std::net::SocketAddr, peer: std::net::SocketAddr) -> Option<TcpSocket> {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|table| {
         let text = std::fs::read_to_string(table).ok()?;
         text.lines().skip(1).find_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let (local, remote, inode) = (fields.get(1)?, fields.get(2)?, fields.get(9)?);
-            let local = parse_proc_address(local)?;
-            let remote = parse_proc_address(remote)?;
-            (same_address(local, peer) && remote.port() == our_port).then(|| inode.parse::<u64>().ok()).flatten()
+            let (local, remote) = (parse_proc_address(fields.get(1)?)?, parse_proc_address(fields.get(2)?)?);
+            if !(same_address(local, peer) && same_address(remote, ours)) {
+                return None;
+            }
+            Some(TcpSocket { uid: fields.get(7)?.parse().ok()?, inode: fields.get(9)?.parse().ok()? })
         })
-    })?;
+    })
+}
+
+/// The pid of a process holding the socket `inode` (one whose `/proc/<pid>/fd` names
+/// `socket:[inode]`). Only processes this one may read are seen (the same user's, or all for
+/// root). None when it cannot be told.
+pub fn socket_holder(inode: u64) -> Option<u32> {
     if inode == 0 {
         return None;
     }
@@ -247,7 +261,7 @@ pub fn tcp_socket_holder(peer: std::net::SocketAddr, our_port: u16) -> Option<u3
 
 /// `0100007F:1F90` (IPv4) or 32 hex digits `:port` (IPv6), each 32-bit word in host order, as
 /// `/proc/net/tcp*` prints a socket's address.
-pub fn parse_proc_address(text: &str) -> Option<std::net::SocketAddr> {
+fn parse_proc_address(text: &str) -> Option<std::net::SocketAddr> {
     let (address, port) = text.split_once(':')?;
     let port = u16::from_str_radix(port, 16).ok()?;
     // The kernel prints each word as the number it is in memory: its bytes in host order.
@@ -269,7 +283,7 @@ pub fn parse_proc_address(text: &str) -> Option<std::net::SocketAddr> {
 }
 
 /// The same endpoint, an IPv4 address and its IPv4-mapped IPv6 form counting as one.
-pub fn same_address(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+fn same_address(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
     let canonical = |address: std::net::SocketAddr| match address.ip() {
         std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address.ip(), std::net::IpAddr::V4),
         ip => ip,
@@ -310,6 +324,22 @@ mod tests {
         }
         assert!(super::lineage(pid).is_none());
         let _ = child.wait();
+    }
+
+    #[test]
+    fn proc_net_tcp_addresses_are_read_in_host_order_and_our_own_connection_is_found() {
+        use std::net::SocketAddr;
+        assert_eq!(parse_proc_address("0100007F:1F90"), Some(SocketAddr::from(([127, 0, 0, 1], 8080))));
+        let loopback_v6: SocketAddr = "[::1]:80".parse().expect("an address");
+        assert_eq!(parse_proc_address("00000000000000000000000001000000:0050"), Some(loopback_v6));
+        assert_eq!(parse_proc_address("nonsense"), None);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let client = std::net::TcpStream::connect(listener.local_addr().expect("its address")).expect("a client");
+        let (server, peer) = listener.accept().expect("the connection");
+        assert_eq!(peer, client.local_addr().expect("the client's address"));
+        let socket = loopback_tcp_socket(server.local_addr().expect("our address"), peer).expect("the client's socket");
+        assert_eq!(socket.uid, crate::private_files::my_uid());
+        assert_eq!(socket_holder(socket.inode), Some(std::process::id()), "this process holds the client's end");
     }
 
     #[test]

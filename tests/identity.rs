@@ -449,6 +449,23 @@ fn broker_control_routes_are_refused_to_tcp_callers_without_the_key_and_to_agent
     wait_until_dead(pid);
 }
 
+/// The python3 helpers' connection to the broker's Unix socket (`sock_path`): a class put
+/// after the helper's first three lines (its imports and arguments).
+const UNIX_CLASS: &str = r#"class Unix(http.client.HTTPConnection):
+    def __init__(self):
+        super().__init__("localhost")
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(sock_path)
+"#;
+
+/// `helper` with [`UNIX_CLASS`] after its imports and arguments.
+fn with_unix_class(helper: &str) -> String {
+    let mut lines: Vec<&str> = helper.lines().collect();
+    lines.insert(3.min(lines.len()), UNIX_CLASS.trim_end());
+    lines.join("\n")
+}
+
 /// A helper in python3: `peer-gone` connects to the broker's socket, forks, and the connecting
 /// parent exits before the child sends on the inherited connection; `reparented` registers
 /// itself as an agent's wrapper, and a process two levels below it connects, lets its parent
@@ -457,12 +474,6 @@ fn broker_control_routes_are_refused_to_tcp_callers_without_the_key_and_to_agent
 const CANCEL_HELPER: &str = r#"
 import http.client, json, os, socket, sys, time
 mode, sock_path, path = sys.argv[1], sys.argv[2], sys.argv[3]
-class Unix(http.client.HTTPConnection):
-    def __init__(self):
-        super().__init__("localhost")
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(sock_path)
 def call(conn, method, target, body=b""):
     conn.request(method, target, body=body, headers={"Content-Type": "application/json"})
     answer = conn.getresponse()
@@ -501,7 +512,7 @@ else:
 
 fn cancel_from_helper(home: &Home, mode: &str, path: &str) -> (String, std::process::Child) {
     let mut helper = std::process::Command::new("python3")
-        .args(["-c", CANCEL_HELPER, mode, home.socket().to_str().unwrap(), path])
+        .args(["-c", &with_unix_class(CANCEL_HELPER), mode, home.socket().to_str().unwrap(), path])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -651,12 +662,6 @@ fn a_reply_to_an_unverified_external_sender_goes_back_to_its_endpoint() {
 const ORIGIN_HELPER: &str = r#"
 import http.client, json, os, socket, sys
 mode, sock_path, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-class Unix(http.client.HTTPConnection):
-    def __init__(self):
-        super().__init__("localhost")
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(sock_path)
 def ask():
     conn = http.client.HTTPConnection("127.0.0.1", port)
     conn.request("GET", "/external", headers={"Origin": f"http://127.0.0.1:{port}"})
@@ -689,7 +694,7 @@ fn the_brokers_origin_makes_the_users_browser_the_user_but_not_a_process_inside_
     let socket = home.socket();
     let ask = |mode: &str| {
         let output = std::process::Command::new("python3")
-            .args(["-c", ORIGIN_HELPER, mode, socket.to_str().unwrap(), &port])
+            .args(["-c", &with_unix_class(ORIGIN_HELPER), mode, socket.to_str().unwrap(), &port])
             .stdin(Stdio::null())
             .output()
             .unwrap();

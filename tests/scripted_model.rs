@@ -191,6 +191,7 @@ fn a_slow_answer_stops_streaming_when_the_client_disconnects() {
     loop {
         let (_, active) = http_tcp(model.port, "GET", "/_synapse/slow_streams", None, &[]);
         if active["active"] == 0 {
+            assert_eq!(active["cut"], 1, "the stream the client left is counted as cut: {active}");
             break;
         }
         assert!(Instant::now() < deadline, "the slow stream is still running after the client left");

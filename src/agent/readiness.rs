@@ -235,6 +235,19 @@ mod tests {
         assert_eq!(ready.status(typed).0, AgentStatus::Ready);
     }
 
+    /// OpenCode's hint after a first Esc, drawn with colours and cursor moves: it is seen on the
+    /// screen, and gone once the screen is redrawn without it.
+    #[test]
+    fn text_drawn_with_escape_codes_is_seen_on_the_screen_until_it_is_redrawn() {
+        let mut opencode = detector("opencode");
+        let now = Instant::now();
+        assert!(!opencode.shows("again to interrupt"));
+        opencode.feed(b"\x1b[5;3H\x1b[1mesc\x1b[0m \x1b[2magain to interrupt\x1b[0m", now);
+        assert!(opencode.shows("again to interrupt"));
+        opencode.feed(b"\x1b[5;3H\x1b[2K\x1b[1mesc\x1b[0m interrupt", now);
+        assert!(!opencode.shows("again to interrupt"));
+    }
+
     #[test]
     fn a_message_left_in_the_input_box_is_seen_as_unsent_and_an_emptied_box_is_not() {
         let mut gemini = detector("gemini");

@@ -39,18 +39,13 @@ pub fn run_profile(paths: Paths, words: Vec<std::ffi::OsString>) -> anyhow::Resu
         Err(code) => return Ok(code),
     };
     let in_place = std::env::var_os(crate::config::WRAPPER_IN_PLACE_ENV).is_some();
-    if !in_place && let Some(wrapper) = crate::config::wrapper_exe() {
-        use std::os::unix::process::CommandExt;
-        let mut command = std::process::Command::new(&wrapper);
-        if let Some(name) = std::env::args_os().next() {
-            command.arg0(name);
-        }
-        if let Ok(main) = std::env::current_exe() {
-            command.env(crate::config::MAIN_EXE_ENV, main);
-        }
-        command.env(crate::config::WRAPPER_BUILD_ENV, crate::config::BUILD_ID);
-        // Returns only when it failed.
-        let error = command.args(&words).exec();
+    if !in_place
+        && let Some(wrapper) = crate::config::wrapper_exe()
+        && let Ok(main) = std::env::current_exe()
+    {
+        let build = std::ffi::OsString::from(crate::config::BUILD_ID);
+        let env = [(crate::config::MAIN_EXE_ENV, main.into_os_string()), (crate::config::WRAPPER_BUILD_ENV, build)];
+        let error = exec_in_this_process(&wrapper, words.iter().cloned(), &env);
         tracing::warn!("cannot run {}: {error}; the wrapper runs in this process", wrapper.display());
     }
     wrap(paths, profile, args)
@@ -69,14 +64,24 @@ pub fn check_wrapper_build() -> anyhow::Result<()> {
         crate::config::set_main_exe(main);
         return Ok(());
     }
+    let error = exec_in_this_process(&main, std::env::args_os().skip(1), &[(WRAPPER_IN_PLACE_ENV, "1".into())]);
+    Err(anyhow::anyhow!("cannot run {}: {error}", main.display()))
+}
+
+/// Runs `program` in this process's place (exec: same pid, terminal and process group) with
+/// `args`, this process's `argv[0]` (so `ps` shows what the user typed) and `env` added.
+/// Returns only when that failed, with why.
+fn exec_in_this_process(
+    program: &std::path::Path,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+    env: &[(&str, std::ffi::OsString)],
+) -> std::io::Error {
     use std::os::unix::process::CommandExt;
-    let mut command = std::process::Command::new(&main);
-    let mut words = std::env::args_os();
-    if let Some(name) = words.next() {
+    let mut command = std::process::Command::new(program);
+    if let Some(name) = std::env::args_os().next() {
         command.arg0(name);
     }
-    let error = command.args(words).env(WRAPPER_IN_PLACE_ENV, "1").exec();
-    Err(anyhow::anyhow!("cannot run {}: {error}", main.display()))
+    command.args(args).envs(env.iter().map(|(name, value)| (name, value))).exec()
 }
 
 /// The wrapper's executable: `synapse-agent <profile> [arguments]`, as [`run_profile`] passes

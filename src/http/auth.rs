@@ -88,8 +88,8 @@ pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next
     // refused, unless SYNAPSE_ALLOW_OTHER_USERS=true.
     let other_user = request
         .extensions()
-        .get::<super::server::TcpPeerUid>()
-        .is_some_and(|super::server::TcpPeerUid(uid)| *uid != crate::private_files::my_uid());
+        .get::<crate::process::TcpSocket>()
+        .is_some_and(|socket| socket.uid != crate::private_files::my_uid());
     if other_user && !config.enabled && !allow_other_users() {
         return ApiError::new(
             StatusCode::FORBIDDEN,

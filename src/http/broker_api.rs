@@ -158,18 +158,25 @@ pub async fn events(
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 pub async fn list_agents(State(state): State<AppState>) -> ApiResult {
-    let paths = state.paths.clone();
-    let agents = state.store.read(|view| {
+    let agents = agent_views(&state)?.into_iter().map(|(_, view)| view).collect();
+    answer(&api::AgentList { agents })
+}
+
+/// Every registered agent with its view as `GET /agents` shows it (queue depth, current task,
+/// socket), read in one transaction.
+pub fn agent_views(state: &AppState) -> Result<Vec<(crate::store::AgentRecord, api::AgentView)>, ApiError> {
+    let paths = &state.paths;
+    Ok(state.store.read(|view| {
         let mut list = Vec::new();
         for agent in view.agents()? {
             let depth = view.inbox_depth(&agent.agent_id)?;
             let current = view.current_task(&agent.agent_id)?;
             let socket = paths.agent_socket(&agent.agent_id).display().to_string();
-            list.push(wire::agent(&agent, &socket, depth, current.as_ref()));
+            let shown = wire::agent(&agent, &socket, depth, current.as_ref());
+            list.push((agent, shown));
         }
         Ok(list)
-    })?;
-    answer(&api::AgentList { agents })
+    })?)
 }
 
 /// `POST /agents`: only over the Unix socket (the kernel names the peer process) or with the

@@ -157,31 +157,25 @@ pub fn peer_of(parts: &Parts) -> Option<PeerCredentials> {
     parts.extensions.get::<ConnectInfo<PeerCredentials>>().map(|ConnectInfo(peer)| peer.clone())
 }
 
-/// The uid of a loopback TCP caller, as the kernel's `/proc/net/tcp` names the owner of its
-/// socket (attached to each request by the server when it could be read).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpPeerUid(pub u32);
-
 /// Is this the dashboard in the user's browser: over loopback TCP from a socket of the broker's
 /// uid, from the page the broker serves (its own `Origin`, which a browser sets and no page of
 /// another origin can)? A process of the user could send that Origin by hand; it could just as
 /// well use the Unix socket as the user.
 fn is_the_users_browser(state: &AppState, parts: &Parts) -> bool {
-    let same_uid = parts.extensions.get::<TcpPeerUid>().is_some_and(|TcpPeerUid(uid)| *uid == broker_uid());
+    let Some(socket) = parts.extensions.get::<process::TcpSocket>() else { return false };
     let broker_port = state.port.load(std::sync::atomic::Ordering::Relaxed);
     let own_origin = parts
         .headers
         .get(axum::http::header::ORIGIN)
         .and_then(|origin| origin.to_str().ok())
         .is_some_and(|origin| super::origin::is_broker_origin(origin, broker_port));
-    if !(same_uid && own_origin) {
+    if !(socket.uid == broker_uid() && own_origin) {
         return false;
     }
     // The same rule as on the Unix socket: a process inside an agent (below a wrapper) is not
     // the user, whatever Origin it writes. The process holding the caller's socket, and its
     // ancestors, are read from /proc (only for requests that claim the broker's own Origin).
-    let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<std::net::SocketAddr>>() else { return false };
-    let Some(pid) = process::tcp_socket_holder(*peer, broker_port) else { return false };
+    let Some(pid) = process::socket_holder(socket.inode) else { return false };
     let credentials =
         PeerCredentials { uid: broker_uid(), pid: Some(pid), lineage: process::lineage(pid).map(Arc::from) };
     state.store.read(|view| view.agents()).is_ok_and(|agents| credentials.is_the_user(&agents))

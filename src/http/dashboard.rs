@@ -12,9 +12,9 @@
 //! - A stream token opens `/events` only, once, within [`STREAM_TOKEN_LIFETIME`] of being
 //!   issued; it lives in the broker's memory (a restart forgets it, the page asks again).
 
+use super::AppState;
 use super::error::{ApiError, ApiResult, answer};
 use super::extract::parse_query;
-use super::{AppState, wire};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -141,21 +141,11 @@ struct Snapshot {
 /// The head is taken before the read: the stream that follows misses nothing, and an event it
 /// repeats from the snapshot changes nothing on the page (each sets a value, none adds one).
 async fn snapshot(State(state): State<AppState>) -> ApiResult {
-    let paths = state.paths.clone();
     let head = *state.head.borrow();
-    let agents = state.store.read(|view| {
-        let mut agents = Vec::new();
-        for agent in view.agents()? {
-            let depth = view.inbox_depth(&agent.agent_id)?;
-            let current = view.current_task(&agent.agent_id)?;
-            let socket = paths.agent_socket(&agent.agent_id).display().to_string();
-            agents.push(DashboardAgent {
-                agent: wire::agent(&agent, &socket, depth, current.as_ref()),
-                status_since_ms: agent.status_ms,
-            });
-        }
-        Ok(agents)
-    })?;
+    let agents = super::broker_api::agent_views(&state)?
+        .into_iter()
+        .map(|(record, agent)| DashboardAgent { agent, status_since_ms: record.status_ms })
+        .collect();
     answer(&Snapshot { head, agents, auth_enabled: state.auth.enabled })
 }
 

@@ -108,32 +108,13 @@ pub trait Accept: Send + 'static {
     fn peer_credentials(_io: &Self::Io) -> Option<super::caller::PeerCredentials> {
         None
     }
-    /// The uid owning the other end of a loopback TCP connection (from `/proc/net/tcp*`).
-    fn tcp_peer_uid(_io: &Self::Io) -> Option<u32> {
+    /// The other end's socket of a loopback TCP connection (from `/proc/net/tcp*`).
+    fn tcp_peer(_io: &Self::Io) -> Option<TcpSocket> {
         None
     }
 }
 
-/// The uid of the process owning a loopback TCP connection: its socket is the one in
-/// `/proc/net/tcp` (or `tcp6`) whose local address is the connection's peer and whose remote
-/// address is our end. None when it cannot be told (not on this machine, or gone already).
-pub fn tcp_peer_uid(ours: SocketAddr, peer: SocketAddr) -> Option<u32> {
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|table| {
-        let text = std::fs::read_to_string(table).ok()?;
-        text.lines().skip(1).find_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (local, remote, uid) = (fields.get(1)?, fields.get(2)?, fields.get(7)?);
-            (same_address(parse_proc_address(local)?, peer) && same_address(parse_proc_address(remote)?, ours))
-                .then(|| uid.parse().ok())
-                .flatten()
-        })
-    })
-}
-
-use crate::process::{parse_proc_address, same_address};
-
-/// The uid of a loopback TCP caller, when it was told (see [`tcp_peer_uid`]).
-pub use super::caller::TcpPeerUid;
+use crate::process::TcpSocket;
 
 impl Accept for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;
@@ -146,8 +127,8 @@ impl Accept for tokio::net::TcpListener {
     fn slots(limits: &ConnectionLimits) -> Arc<Semaphore> {
         limits.tcp_slots.clone()
     }
-    fn tcp_peer_uid(io: &Self::Io) -> Option<u32> {
-        tcp_peer_uid(io.local_addr().ok()?, io.peer_addr().ok()?)
+    fn tcp_peer(io: &Self::Io) -> Option<TcpSocket> {
+        crate::process::loopback_tcp_socket(io.local_addr().ok()?, io.peer_addr().ok()?)
     }
 }
 
@@ -197,7 +178,7 @@ pub async fn serve<L: Accept>(
                     router: router.clone(),
                     transport,
                     peer: L::peer_credentials(&io),
-                    tcp_uid: L::tcp_peer_uid(&io),
+                    tcp_peer: L::tcp_peer(&io),
                     idle_timeout: limits.idle_timeout,
                     header_timeout: limits.header_timeout,
                     body_timeout: limits.body_timeout,
@@ -295,7 +276,7 @@ struct Connection {
     router: Router,
     transport: Transport,
     peer: Option<super::caller::PeerCredentials>,
-    tcp_uid: Option<u32>,
+    tcp_peer: Option<TcpSocket>,
     idle_timeout: Duration,
     header_timeout: Duration,
     body_timeout: Duration,
@@ -348,7 +329,7 @@ impl Connection {
         let activity = Activity(Arc::new(sender));
         let transport = self.transport;
         let peer = self.peer;
-        let tcp_uid = self.tcp_uid;
+        let tcp_peer = self.tcp_peer;
         let body_timeout = self.body_timeout;
         let service = TowerToHyperService::new(self.router);
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
@@ -363,8 +344,8 @@ impl Connection {
             if let Some(peer) = &peer {
                 request.extensions_mut().insert(ConnectInfo(peer.clone()));
             }
-            if let Some(uid) = tcp_uid {
-                request.extensions_mut().insert(TcpPeerUid(uid));
+            if let Some(socket) = tcp_peer {
+                request.extensions_mut().insert(socket);
             }
             if let Transport::Tcp { peer } = transport {
                 request.extensions_mut().insert(ConnectInfo(peer));
@@ -432,21 +413,4 @@ pub fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListe
         }
     }
     tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn proc_net_tcp_addresses_are_read_in_host_order_and_our_own_connection_is_found() {
-        assert_eq!(parse_proc_address("0100007F:1F90"), Some(SocketAddr::from(([127, 0, 0, 1], 8080))));
-        assert_eq!(parse_proc_address("00000000000000000000000001000000:0050"), Some("[::1]:80".parse().unwrap()));
-        assert_eq!(parse_proc_address("nonsense"), None);
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, peer) = listener.accept().unwrap();
-        assert_eq!(peer, client.local_addr().unwrap());
-        assert_eq!(tcp_peer_uid(server.local_addr().unwrap(), peer), Some(crate::private_files::my_uid()));
-    }
 }

@@ -74,8 +74,7 @@ pub fn run(port: u16, log: Option<PathBuf>) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         let recorder = Recorder::new(log)?;
-        let state =
-            Arc::new(ModelState { recorder, slow_streams: AtomicUsize::new(0), slow_streams_cut: AtomicUsize::new(0) });
+        let state = Arc::new(ModelState { recorder, ..ModelState::default() });
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         let port = listener.local_addr()?.port();
         {

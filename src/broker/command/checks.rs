@@ -42,9 +42,6 @@ pub fn ambiguous_task(reference: &str, candidates: &[TaskRecord]) -> CommandErro
     }
 }
 
-/// A sender that names itself without proof: a plain name no registered agent answers to (by
-/// id, name or type), and an endpoint without control characters. Returns the name as it is
-/// shown (`<name>(unverified)`).
 /// A name an unverified sender gives itself (`metadata.sender.sender_id`): shown in headers and
 /// event lines, so 1-64 letters, digits, '-', '_' or '.', nothing that could act on a terminal.
 pub fn check_sender_name(id: &str) -> Result<(), CommandError> {
@@ -57,6 +54,9 @@ pub fn check_sender_name(id: &str) -> Result<(), CommandError> {
     Ok(())
 }
 
+/// A sender that names itself without proof: a plain name no registered agent answers to (by
+/// id, name or type), and an endpoint without control characters. Returns the name as it is
+/// shown (`<name>(unverified)`).
 pub fn check_unverified(
     view: &Projections<'_>,
     from: Option<&str>,
