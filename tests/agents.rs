@@ -545,6 +545,46 @@ fn a_wrapper_whose_agent_was_deregistered_says_so_and_keeps_running() {
     wait_until_dead(wrapper_pid);
 }
 
+/// A wrapper told to stop while no broker can be started (killed, and its database made
+/// unopenable) gives up deregistering after a bounded wait and exits, instead of retrying
+/// forever; the next broker prunes its dead pid.
+#[test]
+fn a_stopped_wrapper_exits_when_no_broker_can_be_started() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let bob = start(&home, "bob", &[], None);
+    let _wrappers = Wrappers(&home, vec!["bob".into()]);
+    let bob_id = id(&bob);
+    follower.wait_until("bob ready", |events| ready(events, &bob_id));
+    drop(follower);
+    home.kill_broker();
+    // A directory where the database file was: every broker started from now on fails to open it.
+    let database = home.home().join("synapse.redb");
+    let saved = home.home().join("synapse.redb.saved");
+    std::fs::rename(&database, &saved).unwrap();
+    std::fs::create_dir(&database).unwrap();
+    let wrapper_pid = u32::try_from(bob["pid"].as_u64().unwrap()).unwrap();
+    kill(wrapper_pid, libc::SIGTERM);
+    let deadline = Instant::now() + EVENT_DEADLINE;
+    while is_alive(wrapper_pid) {
+        assert!(Instant::now() < deadline, "the wrapper kept waiting for a broker that cannot start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = std::fs::read_to_string(home.home().join("logs").join("dummy-wrapper.log")).unwrap_or_default();
+    assert!(log.contains("leaving without deregistering"), "{log}");
+    // With the database back, the next broker forgets the dead agent.
+    std::fs::remove_dir(&database).unwrap();
+    std::fs::rename(&saved, &database).unwrap();
+    let mut follower = Follower::new(&home);
+    follower.wait_until("bob pruned", |events| {
+        events.iter().any(|e| {
+            kind(e) == "agent_deregistered"
+                && data(e, "agent_id") == bob_id.as_str()
+                && data(e, "reason") == "process gone"
+        })
+    });
+}
+
 /// Starts tests/support/rawcli.py (a raw-mode CLI with bracketed paste) as agent `raw`; returns
 /// what `synapse start` announced and the program's own log of what it received.
 fn start_rawcli(home: &Home) -> (Value, std::path::PathBuf) {

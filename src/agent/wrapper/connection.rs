@@ -2,8 +2,9 @@
 //! router and the scenario agent: connecting as the agent (retried until a broker answers, never
 //! restarting one stopped on purpose), the pause between failed calls, and what a refusal means.
 //!
-//! Invariant: nothing here gives up on a broker that may come back; only a broker stopped on
-//! purpose ends the wait, and only for a departing agent ([`connect_to_leave`]).
+//! Invariant: nothing here gives up on a broker that may come back while the agent runs; a
+//! departing agent ([`connect_to_leave`]) stops waiting when the broker was stopped on purpose
+//! or has not answered for [`LEAVE_PATIENCE`].
 
 use crate::client::{Client, ClientError};
 use crate::config::Paths;
@@ -18,23 +19,40 @@ pub(crate) async fn connect(paths: &Paths, secret: &str) -> Client {
     client
 }
 
+/// How long an exiting agent keeps trying to reach the broker to deregister. Past it, the
+/// wrapper exits without deregistering: the next broker prunes its dead pid.
+pub(crate) const LEAVE_PATIENCE: Duration = Duration::from_secs(10);
+
 /// The connection for an exiting agent's deregistration: None when the broker was stopped on
-/// purpose (waiting for a new one would keep a finished agent alive; the next broker prunes
-/// its dead pid anyway).
+/// purpose (waiting for a new one would keep a finished agent alive) or cannot be reached or
+/// started within [`LEAVE_PATIENCE`] (its database unreadable, say). The next broker prunes the
+/// dead pid either way.
 pub(crate) async fn connect_to_leave(paths: &Paths, secret: &str) -> Option<Client> {
-    let mut delay = Duration::from_millis(20);
-    loop {
-        match Client::connect_unless_stopped(paths).await {
-            Ok(mut client) => {
-                client.set_secret(secret.to_string());
-                return Some(client);
+    let attempts = async {
+        let mut delay = Duration::from_millis(20);
+        loop {
+            match Client::connect_unless_stopped(paths).await {
+                Ok(mut client) => {
+                    client.set_secret(secret.to_string());
+                    return Some(client);
+                }
+                Err(error) if error.downcast_ref::<crate::client::StoppedOnPurpose>().is_some() => return None,
+                Err(error) => {
+                    tracing::warn!("cannot reach the broker ({error:#}); retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
             }
-            Err(error) if error.downcast_ref::<crate::client::StoppedOnPurpose>().is_some() => return None,
-            Err(error) => {
-                tracing::warn!("cannot reach the broker ({error:#}); retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
+        }
+    };
+    match tokio::time::timeout(LEAVE_PATIENCE, attempts).await {
+        Ok(client) => client,
+        Err(_) => {
+            tracing::warn!(
+                "no broker answered within {} s: leaving without deregistering (the next broker prunes this agent)",
+                LEAVE_PATIENCE.as_secs()
+            );
+            None
         }
     }
 }
