@@ -50,22 +50,28 @@ pub enum TaskIndexKind {
 /// A task index row, owned: (agent, kind, order, task id).
 pub(super) type IndexRow = (String, u8, u64, String);
 
+/// The index rows of `task` (at most two), borrowed from it.
+fn task_index_keys(task: &TaskRecord) -> impl Iterator<Item = TaskIndexKey<'_>> {
+    let id = task.id.as_str();
+    let rows = match (&task.owner, &task.peer) {
+        (Some(owner), _) => [
+            Some((owner.as_str(), TaskIndexKind::Owned as u8, task.created_seq, id)),
+            (task.direction == Direction::Incoming && task.state == TaskState::Working).then_some((
+                owner.as_str(),
+                TaskIndexKind::Working as u8,
+                task.updated_ms,
+                id,
+            )),
+        ],
+        (None, Some(peer)) => [Some((peer.as_str(), TaskIndexKind::Served as u8, task.created_seq, id)), None],
+        (None, None) => [None, None],
+    };
+    rows.into_iter().flatten()
+}
+
 /// The index rows of `task`, owned.
 pub(super) fn task_index_rows(task: &TaskRecord) -> Vec<IndexRow> {
-    let mut rows = Vec::with_capacity(2);
-    match (&task.owner, &task.peer) {
-        (Some(owner), _) => {
-            rows.push((owner.clone(), TaskIndexKind::Owned as u8, task.created_seq, task.id.clone()));
-            if task.direction == Direction::Incoming && task.state == TaskState::Working {
-                rows.push((owner.clone(), TaskIndexKind::Working as u8, task.updated_ms, task.id.clone()));
-            }
-        }
-        (None, Some(peer)) => {
-            rows.push((peer.clone(), TaskIndexKind::Served as u8, task.created_seq, task.id.clone()));
-        }
-        (None, None) => {}
-    }
-    rows
+    task_index_keys(task).map(|(agent, kind, order, id)| (agent.to_string(), kind, order, id.to_string())).collect()
 }
 
 /// The row key of an idempotency key: scoped by its sender (anonymous senders share one scope).
@@ -171,7 +177,8 @@ pub struct Projections<'txn> {
     departed: redb::Table<'txn, &'static str, &'static [u8]>,
     /// Written directly even during a replay (one row per keyed send, read only by decide).
     idempotency: redb::Table<'txn, &'static str, &'static [u8]>,
-    /// Kept by [`Projections::put_task`] (cached like the tasks during a replay).
+    /// Kept by [`Projections::put_task`]; during a replay, written from the final task rows
+    /// by [`Projections::flush`] (the index is a function of the rows).
     task_index: redb::Table<'txn, TaskIndexKey<'static>, &'static [u8]>,
     /// Kept with the inbox (during a replay, counted from the cached inbox at the flush).
     inbox_depth: redb::Table<'txn, &'static str, &'static [u8]>,
@@ -191,10 +198,11 @@ pub struct Projections<'txn> {
 #[derive(Default)]
 struct ReplayCache {
     agents: std::collections::BTreeMap<String, AgentRecord>,
-    tasks: std::collections::HashMap<String, TaskRecord>,
+    /// Changed in place ([`Projections::update_task`]): a task row is not copied per event.
+    /// Boxed, so the map's growth moves pointers, not rows.
+    tasks: std::collections::HashMap<String, Box<TaskRecord>>,
     reply_targets: std::collections::BTreeMap<(String, String), ReplyTarget>,
     inbox: std::collections::BTreeMap<(String, u8, u64), Ticket>,
-    task_index: std::collections::BTreeSet<(String, u8, u64, String)>,
 }
 
 /// The projection tables in a short read transaction.
@@ -318,10 +326,21 @@ impl<'txn> Projections<'txn> {
         for (id, agent) in cache.agents {
             self.agents.insert(id.as_str(), records::encode(&agent).as_slice())?;
         }
-        let mut tasks: Vec<(String, TaskRecord)> = cache.tasks.into_iter().collect();
-        tasks.sort_by(|left, right| left.0.cmp(&right.0));
+        // Sorted by reference: moving the rows themselves cost more than the sort's comparisons.
+        let mut tasks: Vec<(&str, &TaskRecord)> = cache.tasks.iter().map(|(id, task)| (id.as_str(), &**task)).collect();
+        tasks.sort_unstable_by_key(|(id, _)| *id);
+        // The index is a function of the final rows: built once here, not moved per event.
+        let mut index: Vec<TaskIndexKey<'_>> = Vec::with_capacity(tasks.len() * 2);
+        let mut row = Vec::new();
         for (id, task) in tasks {
-            self.tasks.insert(id.as_str(), records::encode(&task).as_slice())?;
+            row.clear();
+            records::encode_into(task, &mut row);
+            self.tasks.insert(id, row.as_slice())?;
+            index.extend(task_index_keys(task));
+        }
+        index.sort_unstable();
+        for key in index {
+            self.task_index.insert(key, [].as_slice())?;
         }
         for ((receiver, sender), target) in cache.reply_targets {
             self.reply_targets.insert((receiver.as_str(), sender.as_str()), records::encode(&target).as_slice())?;
@@ -333,9 +352,6 @@ impl<'txn> Projections<'txn> {
         }
         for (agent, depth) in depths {
             self.inbox_depth.insert(agent.as_str(), depth.to_le_bytes().as_slice())?;
-        }
-        for (agent, kind, order, task_id) in cache.task_index {
-            self.task_index.insert((agent.as_str(), kind, order, task_id.as_str()), [].as_slice())?;
         }
         Ok(())
     }
@@ -532,11 +548,24 @@ impl<'txn> Projections<'txn> {
                 self.departed.remove(agent_id.as_str())?;
             }
             Event::AgentStatusChanged { agent_id, status, note } => {
-                if let Some(mut record) = self.agent(agent_id)? {
+                let change = |record: &mut AgentRecord| {
                     record.status = *status;
                     record.status_note.clone_from(note);
                     record.status_ms = time_ms;
-                    self.put_agent(&record)?;
+                };
+                match self.replay.as_mut() {
+                    // Changed in place, as tasks are (`update_task`).
+                    Some(cache) => {
+                        if let Some(record) = cache.agents.get_mut(agent_id.as_str()) {
+                            change(record);
+                        }
+                    }
+                    None => {
+                        if let Some(mut record) = self.agent(agent_id)? {
+                            change(&mut record);
+                            self.put_agent(&record)?;
+                        }
+                    }
                 }
             }
             Event::AgentDeregistered { agent_id, .. } => {
@@ -606,8 +635,7 @@ impl<'txn> Projections<'txn> {
                 };
                 // The deciders refuse a taken id, but a log may still hold one created twice:
                 // the second replaces the first, and so do its index rows.
-                let was = self.task_row(task_id)?.as_ref().map(task_index_rows).unwrap_or_default();
-                self.put_task(&record, &was)?;
+                self.create_task(record)?;
             }
             Event::MessageSent {
                 task_id,
@@ -623,36 +651,37 @@ impl<'txn> Projections<'txn> {
                 // The row as stored (`task_row`), not as read (`task`): a read fills in the long
                 // texts the row only refers to, and writing that back would copy them into the
                 // row live but not during a replay, which has no log to fill them from.
-                if *by_user && let Some(mut record) = self.task_row(task_id)? {
-                    let was = task_index_rows(&record);
-                    record.sent_by_user = true;
-                    self.put_task(&record, &was)?;
+                if *by_user {
+                    self.update_task(task_id, |record| {
+                        record.sent_by_user = true;
+                        true
+                    })?;
                 }
                 if let Some(key) = idempotency_key {
                     self.remember_send(from.as_deref(), key, task_id, sender_task_id.as_deref(), time_ms)?;
                 }
                 // A sender task created beforehand (POST /tasks/create) is linked to this message.
-                if let Some(sender_task) = sender_task_id
-                    && let Some(mut record) = self.task_row(sender_task)?
-                    && record.peer_task_id.is_none()
-                {
-                    let was = task_index_rows(&record);
-                    record.peer_task_id = Some(task_id.clone());
-                    record.peer = Some(to.clone());
-                    self.put_task(&record, &was)?;
+                if let Some(sender_task) = sender_task_id {
+                    self.update_task(sender_task, |record| {
+                        if record.peer_task_id.is_some() {
+                            return false;
+                        }
+                        record.peer_task_id = Some(task_id.clone());
+                        record.peer = Some(to.clone());
+                        true
+                    })?;
                 }
                 // Tasks whose long message this event carries point at it (only a long text is
                 // carried that way: a short one is read without decoding the tasks again).
                 let carried = if text.len() > INLINE_TEXT_MAX_BYTES { Some(task_id) } else { None };
                 for holder in carried.into_iter().chain(carried.and(sender_task_id.as_ref())) {
-                    if let Some(mut record) = self.task_row(holder)?
-                        && record.message_in.as_ref() == Some(task_id)
-                        && record.message_seq.is_none()
-                    {
-                        let was = task_index_rows(&record);
+                    self.update_task(holder, |record| {
+                        if record.message_in.as_ref() != Some(task_id) || record.message_seq.is_some() {
+                            return false;
+                        }
                         record.message_seq = Some(envelope.seq);
-                        self.put_task(&record, &was)?;
-                    }
+                        true
+                    })?;
                 }
                 let sender = reply_target_sender(from.as_deref(), sender_task_id.as_deref());
                 if let (true, Some(from)) = (*response_expected, sender) {
@@ -703,13 +732,12 @@ impl<'txn> Projections<'txn> {
                     self.idempotency
                         .insert(idempotency_row(Some(from), key).as_str(), records::encode(&row).as_slice())?;
                 }
-                if let Some(mut task) = self.task_row(task_id)? {
-                    let was = task_index_rows(&task);
+                self.update_task(task_id, |task| {
                     task.replied_by = Some(from.clone());
                     task.reply_seq = Some(envelope.seq);
                     task.updated_ms = time_ms;
-                    self.put_task(&task, &was)?;
-                }
+                    true
+                })?;
                 if let Some(to) = reply_target_sender(to.as_deref(), sender_task_id.as_deref()) {
                     let pending = self.reply_target(from, &to)?;
                     if pending.is_some_and(|target| target.receiver_task_id == *task_id) {
@@ -718,18 +746,20 @@ impl<'txn> Projections<'txn> {
                 }
             }
             Event::TaskStateChanged { task_id, state, artifacts, error, reply_of, as_message } => {
-                if let Some(mut task) = self.task_row(task_id)? {
-                    let was = task_index_rows(&task);
+                // A long reply is in the replier's `reply_posted` (this task's own, or another's).
+                let other_reply_seq = match reply_of {
+                    Some(replier_task) if replier_task != task_id => {
+                        self.read_task(replier_task, |replier| replier.reply_seq)?.flatten()
+                    }
+                    _ => None,
+                };
+                self.update_task(task_id, |task| {
                     task.state = *state;
                     task.as_message = *as_message;
                     task.artifacts.extend(artifacts.iter().cloned());
                     // A long reply: an artifact without parts, its text read from the log.
                     if let Some(replier_task) = reply_of {
-                        let reply_seq = if replier_task == task_id {
-                            task.reply_seq
-                        } else {
-                            self.task_row(replier_task)?.and_then(|replier| replier.reply_seq)
-                        };
+                        let reply_seq = if replier_task == task_id { task.reply_seq } else { other_reply_seq };
                         if let Some(seq) = reply_seq {
                             let index = u32::try_from(task.artifacts.len()).unwrap_or(u32::MAX);
                             task.artifacts.push(Artifact { name: None, parts: Vec::new() });
@@ -740,8 +770,8 @@ impl<'txn> Projections<'txn> {
                         task.error = error.clone();
                     }
                     task.updated_ms = time_ms;
-                    self.put_task(&task, &was)?;
-                }
+                    true
+                })?;
             }
             Event::TaskContinued { task_id, sender_task_id, from, to, text, message_id, idempotency_key } => {
                 if let Some(key) = idempotency_key {
@@ -754,8 +784,7 @@ impl<'txn> Projections<'txn> {
                     vec![Part::Text { text: text.clone() }]
                 };
                 for holder in std::iter::once(task_id).chain(sender_task_id.iter()) {
-                    if let Some(mut record) = self.task_row(holder)? {
-                        let was = task_index_rows(&record);
+                    self.update_task(holder, |record| {
                         // Taken before the `task_state_changed` after this event moves the task
                         // on: the question is what the task asked while it waited.
                         let follow_up = FollowUp {
@@ -766,8 +795,8 @@ impl<'txn> Projections<'txn> {
                             time_ms,
                         };
                         record.follow_ups.push(follow_up);
-                        self.put_task(&record, &was)?;
-                    }
+                        true
+                    })?;
                 }
                 // The agent owes an answer again, now to this message.
                 if let Some(sender) = reply_target_sender(from.as_deref(), sender_task_id.as_deref()) {
@@ -775,18 +804,17 @@ impl<'txn> Projections<'txn> {
                 }
             }
             Event::TaskCanceled { task_id, reason } => {
-                if let Some(mut task) = self.task_row(task_id)? {
-                    let was = task_index_rows(&task);
+                if let Some(owner) = self.read_task(task_id, |task| task.owner.clone())?.flatten() {
+                    self.remove_tickets_of_task(&owner, task_id)?;
+                }
+                self.update_task(task_id, |task| {
                     task.state = TaskState::Canceled;
                     if reason.is_some() {
                         task.error = reason.clone();
                     }
                     task.updated_ms = time_ms;
-                    if let Some(owner) = task.owner.clone() {
-                        self.remove_tickets_of_task(&owner, task_id)?;
-                    }
-                    self.put_task(&task, &was)?;
-                }
+                    true
+                })?;
             }
             // Projections of these kinds (file safety, history, webhooks, externals) are not
             // kept yet; the events are in the log and a later rebuild will pick them up.
@@ -844,20 +872,18 @@ impl<'txn> Projections<'txn> {
                 }
             }
             Event::ExternalMessageSent { task_id, reply_token_sha256, by_user, .. } => {
-                if let Some(mut task) = self.task_row(task_id)? {
-                    let was = task_index_rows(&task);
+                self.update_task(task_id, |task| {
                     task.sent_by_user = *by_user;
-                    self.put_task(&task, &was)?;
-                }
+                    true
+                })?;
                 self.reply_tokens.insert(reply_token_sha256.as_str(), task_id.as_bytes())?;
             }
             Event::ExternalReplyReceived { task_id, from, reply_token_sha256, .. } => {
                 self.reply_tokens.remove(reply_token_sha256.as_str())?;
-                if let Some(mut task) = self.task_row(task_id)? {
-                    let was = task_index_rows(&task);
+                self.update_task(task_id, |task| {
                     task.replied_by = Some(from.clone().unwrap_or_else(|| "external".to_string()));
-                    self.put_task(&task, &was)?;
-                }
+                    true
+                })?;
             }
             Event::HistoryPruned { .. }
             | Event::WebhookRegistered { .. }
@@ -894,46 +920,79 @@ impl<'txn> Projections<'txn> {
     /// Writes a task's row; `was` are the index rows of the row it replaces (none for a new
     /// task), which the caller has in hand: read again here, the row would be decoded twice.
     pub(super) fn put_task(&mut self, task: &TaskRecord, was: &[IndexRow]) -> Result<(), StoreError> {
-        // A row holds a long reply only by reference; a row read with `task` (texts filled in)
-        // must not be written back, or live rows would differ from replayed ones.
-        debug_assert!(
-            task.artifact_texts
-                .iter()
-                .all(|reference| task.artifacts.get(reference.index as usize).is_none_or(|a| a.parts.is_empty())),
-            "task {} written with the text of a long reply copied into its row",
-            task.id
-        );
+        debug_assert_row_holds_no_long_reply(task);
         debug_assert_eq!(
             was,
             self.task_row(&task.id).ok().flatten().as_ref().map(task_index_rows).unwrap_or_default(),
             "task {}: the index rows given are not those of its stored row",
             task.id
         );
-        // The index follows the row in the same transaction: drop the rows the old row had and
-        // the new one has not, add the new ones.
-        let old_rows = was;
-        let new_rows = task_index_rows(task);
         match self.replay.as_mut() {
+            // The index is written from the final rows by `flush`.
             Some(cache) => {
-                cache.tasks.insert(task.id.clone(), task.clone());
-                for row in old_rows.iter().filter(|row| !new_rows.contains(row)) {
-                    cache.task_index.remove(row);
-                }
-                for row in new_rows {
-                    cache.task_index.insert(row);
-                }
+                cache.tasks.insert(task.id.clone(), Box::new(task.clone()));
             }
             None => {
+                // The index follows the row in the same transaction: drop the rows the old row
+                // had and the new one has not, add the new ones.
+                let new_rows = task_index_rows(task);
                 self.tasks.insert(task.id.as_str(), records::encode(task).as_slice())?;
-                for (agent, kind, order, id) in old_rows.iter().filter(|row| !new_rows.contains(row)) {
+                for (agent, kind, order, id) in was.iter().filter(|row| !new_rows.contains(row)) {
                     self.task_index.remove((agent.as_str(), *kind, *order, id.as_str()))?;
                 }
-                for (agent, kind, order, id) in new_rows.iter().filter(|row| !old_rows.contains(row)) {
+                for (agent, kind, order, id) in new_rows.iter().filter(|row| !was.contains(row)) {
                     self.task_index.insert((agent.as_str(), *kind, *order, id.as_str()), [].as_slice())?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Writes a new task's row (replacing one of the same id, which a log may hold).
+    fn create_task(&mut self, task: TaskRecord) -> Result<(), StoreError> {
+        match self.replay.as_mut() {
+            Some(cache) => {
+                debug_assert_row_holds_no_long_reply(&task);
+                cache.tasks.insert(task.id.clone(), Box::new(task));
+                Ok(())
+            }
+            None => {
+                let was = self.task_row(&task.id)?.as_ref().map(task_index_rows).unwrap_or_default();
+                self.put_task(&task, &was)
+            }
+        }
+    }
+
+    /// Changes a task's row with `change`, which says whether it changed anything (nothing is
+    /// written when it did not). Nothing happens to a task the projections do not hold. During
+    /// a replay the cached row is changed in place: a task changes several times in its life,
+    /// and copying its row out and back each time was most of a rebuild's work.
+    fn update_task(&mut self, task_id: &str, change: impl FnOnce(&mut TaskRecord) -> bool) -> Result<(), StoreError> {
+        match self.replay.as_mut() {
+            Some(cache) => {
+                if let Some(task) = cache.tasks.get_mut(task_id) {
+                    change(task);
+                    debug_assert_row_holds_no_long_reply(task);
+                }
+            }
+            None => {
+                if let Some(mut task) = self.task_row(task_id)? {
+                    let was = task_index_rows(&task);
+                    if change(&mut task) {
+                        self.put_task(&task, &was)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What `read` takes from a task's row, without copying the row during a replay.
+    fn read_task<R>(&self, task_id: &str, read: impl FnOnce(&TaskRecord) -> R) -> Result<Option<R>, StoreError> {
+        if let Some(cache) = &self.replay {
+            return Ok(cache.tasks.get(task_id).map(|task| read(task)));
+        }
+        Ok(self.task_row(task_id)?.as_ref().map(read))
     }
 
     fn put_ticket(&mut self, ticket: &Ticket) -> Result<(), StoreError> {
@@ -969,6 +1028,18 @@ impl<'txn> Projections<'txn> {
         }
         Ok(())
     }
+}
+
+/// A row holds a long reply only by reference; a row read with `task` (texts filled in) must
+/// not be written back, or live rows would differ from replayed ones.
+fn debug_assert_row_holds_no_long_reply(task: &TaskRecord) {
+    debug_assert!(
+        task.artifact_texts
+            .iter()
+            .all(|reference| task.artifacts.get(reference.index as usize).is_none_or(|a| a.parts.is_empty())),
+        "task {} written with the text of a long reply copied into its row",
+        task.id
+    );
 }
 
 impl ReadProjections {
@@ -1223,7 +1294,7 @@ impl Projections<'_> {
     /// write-back cache holds the newest rows.
     pub(crate) fn task_row(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         if let Some(cache) = &self.replay {
-            return Ok(cache.tasks.get(task_id).cloned());
+            return Ok(cache.tasks.get(task_id).map(|task| TaskRecord::clone(task)));
         }
         self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()
     }

@@ -195,6 +195,14 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     rmp_serde::to_vec_named(value).unwrap_or_default()
 }
 
+/// [`encode`] into a buffer the caller reuses (appended to `buffer`).
+pub(crate) fn encode_into<T: Serialize>(value: &T, buffer: &mut Vec<u8>) {
+    let start = buffer.len();
+    if rmp_serde::encode::write_named(buffer, value).is_err() {
+        buffer.truncate(start);
+    }
+}
+
 pub(crate) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, super::StoreError> {
     rmp_serde::from_slice(bytes).map_err(|error| super::StoreError::Corrupt(format!("projection row: {error}")))
 }
