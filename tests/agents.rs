@@ -545,25 +545,38 @@ fn a_wrapper_whose_agent_was_deregistered_says_so_and_keeps_running() {
     wait_until_dead(wrapper_pid);
 }
 
-/// A wrapper told to stop while no broker can be started (killed, and its database made
-/// unopenable) gives up deregistering after a bounded wait and exits, instead of retrying
-/// forever; the next broker prunes its dead pid.
+/// SIGKILLs a process when dropped, unless it has ended: a wrapper a failing test leaves
+/// behind, where `synapse stop` cannot reach it.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if is_alive(self.0) {
+            kill(self.0, libc::SIGKILL);
+        }
+    }
+}
+
+/// A wrapper told to stop while no broker can be started (killed, and its database replaced by
+/// a file that is not one) gives up deregistering after a bounded wait and exits, instead of
+/// retrying forever; the next broker prunes its dead pid.
 #[test]
 fn a_stopped_wrapper_exits_when_no_broker_can_be_started() {
     let home = Home::new();
     let mut follower = Follower::new(&home);
     let bob = start(&home, "bob", &[], None);
-    let _wrappers = Wrappers(&home, vec!["bob".into()]);
+    let wrapper_pid = u32::try_from(bob["pid"].as_u64().unwrap()).unwrap();
+    let _wrapper = KillOnDrop(wrapper_pid);
     let bob_id = id(&bob);
     follower.wait_until("bob ready", |events| ready(events, &bob_id));
     drop(follower);
-    home.kill_broker();
-    // A directory where the database file was: every broker started from now on fails to open it.
+    // Swapped before the broker dies (it keeps its open file), so no broker the wrapper starts
+    // after the kill opens the real log: each one refuses the file and exits.
     let database = home.home().join("synapse.redb");
     let saved = home.home().join("synapse.redb.saved");
     std::fs::rename(&database, &saved).unwrap();
-    std::fs::create_dir(&database).unwrap();
-    let wrapper_pid = u32::try_from(bob["pid"].as_u64().unwrap()).unwrap();
+    std::fs::write(&database, vec![0x5a_u8; 8192]).unwrap();
+    home.kill_broker();
     kill(wrapper_pid, libc::SIGTERM);
     let deadline = Instant::now() + EVENT_DEADLINE;
     while is_alive(wrapper_pid) {
@@ -572,8 +585,8 @@ fn a_stopped_wrapper_exits_when_no_broker_can_be_started() {
     }
     let log = std::fs::read_to_string(home.home().join("logs").join("dummy-wrapper.log")).unwrap_or_default();
     assert!(log.contains("leaving without deregistering"), "{log}");
-    // With the database back, the next broker forgets the dead agent.
-    std::fs::remove_dir(&database).unwrap();
+    // With the log back (one rename: no moment without a file), the next broker forgets the
+    // dead agent.
     std::fs::rename(&saved, &database).unwrap();
     let mut follower = Follower::new(&home);
     follower.wait_until("bob pruned", |events| {

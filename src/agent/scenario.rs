@@ -76,7 +76,7 @@ pub const STREAM_CHUNKS: usize = 3;
 /// Runs the scenario agent until SIGTERM / SIGINT; returns the exit code.
 pub fn run(paths: Paths, port: Option<u16>, name: Option<String>) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let mut client = Client::connect(&paths, true).await?;
         let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
         let request = api::RegisterRequest {
@@ -120,7 +120,10 @@ pub fn run(paths: Paths, port: Option<u16>, name: Option<String>) -> anyhow::Res
             let _ = client.deregister(&agent_id).await;
         }
         Ok(0)
-    })
+    });
+    // Blocking work still under way must not keep a finished agent alive.
+    runtime.shutdown_timeout(super::wrapper::EXIT_GRACE);
+    result
 }
 
 struct Agent {

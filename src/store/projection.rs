@@ -804,17 +804,20 @@ impl<'txn> Projections<'txn> {
                 }
             }
             Event::TaskCanceled { task_id, reason } => {
-                if let Some(owner) = self.read_task(task_id, |task| task.owner.clone())?.flatten() {
-                    self.remove_tickets_of_task(&owner, task_id)?;
-                }
+                let mut owner = None;
                 self.update_task(task_id, |task| {
                     task.state = TaskState::Canceled;
                     if reason.is_some() {
                         task.error = reason.clone();
                     }
                     task.updated_ms = time_ms;
+                    owner.clone_from(&task.owner);
                     true
                 })?;
+                // Its tickets go too (the inbox is apart from the task rows: order is free).
+                if let Some(owner) = owner {
+                    self.remove_tickets_of_task(&owner, task_id)?;
+                }
             }
             // Projections of these kinds (file safety, history, webhooks, externals) are not
             // kept yet; the events are in the log and a later rebuild will pick them up.

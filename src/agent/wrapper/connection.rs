@@ -23,39 +23,43 @@ pub(crate) async fn connect(paths: &Paths, secret: &str) -> Client {
 /// wrapper exits without deregistering: the next broker prunes its dead pid.
 pub(crate) const LEAVE_PATIENCE: Duration = Duration::from_secs(10);
 
+/// The longest one attempt may take: longer than the client's wait for a broker it starts
+/// (an attempt under way is not cut off while it holds the start-up lock or its broker is
+/// coming up), but bounded, since another process may hold that lock for ever.
+const LEAVE_ATTEMPT_LIMIT: Duration = Duration::from_secs(20);
+
 /// The connection for an exiting agent's deregistration: None when the broker was stopped on
 /// purpose (waiting for a new one would keep a finished agent alive) or cannot be reached or
-/// started within [`LEAVE_PATIENCE`] (its database unreadable, say). The next broker prunes the
-/// dead pid either way.
+/// started: no attempt begins after [`LEAVE_PATIENCE`] (its database unreadable, say). The
+/// next broker prunes the dead pid either way.
 pub(crate) async fn connect_to_leave(paths: &Paths, secret: &str) -> Option<Client> {
-    let attempts = async {
-        let mut delay = Duration::from_millis(20);
-        loop {
-            match Client::connect_unless_stopped(paths).await {
-                Ok(mut client) => {
-                    client.set_secret(secret.to_string());
-                    return Some(client);
-                }
-                Err(error) if error.downcast_ref::<crate::client::StoppedOnPurpose>().is_some() => return None,
-                Err(error) => {
-                    tracing::warn!("cannot reach the broker ({error:#}); retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(1));
-                }
+    let deadline = tokio::time::Instant::now() + LEAVE_PATIENCE;
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match tokio::time::timeout(LEAVE_ATTEMPT_LIMIT, Client::connect_unless_stopped(paths)).await {
+            Ok(Ok(mut client)) => {
+                client.set_secret(secret.to_string());
+                return Some(client);
             }
+            Ok(Err(error)) if error.downcast_ref::<crate::client::StoppedOnPurpose>().is_some() => return None,
+            Ok(Err(error)) => tracing::warn!("cannot reach the broker ({error:#})"),
+            Err(_) => tracing::warn!("the broker did not answer within {} s", LEAVE_ATTEMPT_LIMIT.as_secs()),
         }
-    };
-    match tokio::time::timeout(LEAVE_PATIENCE, attempts).await {
-        Ok(client) => client,
-        Err(_) => {
+        if tokio::time::Instant::now() + delay >= deadline {
             tracing::warn!(
                 "no broker answered within {} s: leaving without deregistering (the next broker prunes this agent)",
                 LEAVE_PATIENCE.as_secs()
             );
-            None
+            return None;
         }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(1));
     }
 }
+
+/// How long an exiting wrapper waits for blocking work still under way (a wait for the
+/// broker's start-up lock held by another process, say) before it exits anyway.
+pub(crate) const EXIT_GRACE: Duration = Duration::from_secs(1);
 
 /// Pauses between failed calls to the broker that did answer (a refused status report, a
 /// failed acknowledgement): doubling from 50 ms to 5 s, so a persistent refusal does not

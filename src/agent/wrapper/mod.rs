@@ -20,7 +20,7 @@ mod pty;
 mod reporter;
 mod watcher;
 
-pub(crate) use connection::{connect, connect_to_leave};
+pub(crate) use connection::{EXIT_GRACE, connect, connect_to_leave};
 pub use watcher::instruction_files;
 
 use super::mcp_wiring;
@@ -119,7 +119,10 @@ pub fn log_path(paths: &Paths, agent_id: &str) -> PathBuf {
 /// Runs the wrapper until the CLI exits or the wrapper is told to stop; returns the exit code.
 pub fn run(paths: Paths, options: Options) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(run_async(paths, options))
+    let result = runtime.block_on(run_async(paths, options));
+    // Blocking work still under way must not keep a finished wrapper alive.
+    runtime.shutdown_timeout(EXIT_GRACE);
+    result
 }
 
 async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
