@@ -561,8 +561,8 @@ fn search_keywords() -> impl Strategy<Value = Vec<String>> {
     prop::collection::vec("[abAB,Ωω]{1,3}", 1..4)
 }
 
-/// The search, written as plainly as possible: every record whose input or output has a
-/// whitespace- or punctuation-separated word starting with the keyword.
+/// The search, written as plainly as possible: every record whose input, follow-up messages
+/// or output have a whitespace- or punctuation-separated word starting with the keyword.
 fn naive_search(
     store: &Store,
     keywords: &[String],
@@ -579,7 +579,11 @@ fn naive_search(
         .unwrap()
         .into_iter()
         .filter(|record| {
-            let text = format!("{} {}", record.input, record.output);
+            // The record shows the first message only; the follow-ups are on its task.
+            let task = store.read(|view| view.task(&record.task_id)).unwrap().unwrap();
+            let follow_ups: Vec<String> =
+                task.follow_ups.iter().map(|follow_up| follow_up.message.joined_text()).collect();
+            let text = format!("{} {} {}", record.input, follow_ups.join(" "), record.output);
             let mut words = Vec::new();
             let mut current = String::new();
             for c in text.chars() {
