@@ -920,9 +920,11 @@ impl<'txn> Projections<'txn> {
         Ok(())
     }
 
-    /// Writes a task's row; `was` are the index rows of the row it replaces (none for a new
+    /// Writes a task's row outside a replay (a replay changes its cached rows in place, see
+    /// [`Self::update_task`]); `was` are the index rows of the row it replaces (none for a new
     /// task), which the caller has in hand: read again here, the row would be decoded twice.
     pub(super) fn put_task(&mut self, task: &TaskRecord, was: &[IndexRow]) -> Result<(), StoreError> {
+        debug_assert!(self.replay.is_none(), "task {} written to its table during a replay", task.id);
         debug_assert_row_holds_no_long_reply(task);
         debug_assert_eq!(
             was,
@@ -930,23 +932,15 @@ impl<'txn> Projections<'txn> {
             "task {}: the index rows given are not those of its stored row",
             task.id
         );
-        match self.replay.as_mut() {
-            // The index is written from the final rows by `flush`.
-            Some(cache) => {
-                cache.tasks.insert(task.id.clone(), Box::new(task.clone()));
-            }
-            None => {
-                // The index follows the row in the same transaction: drop the rows the old row
-                // had and the new one has not, add the new ones.
-                let new_rows = task_index_rows(task);
-                self.tasks.insert(task.id.as_str(), records::encode(task).as_slice())?;
-                for (agent, kind, order, id) in was.iter().filter(|row| !new_rows.contains(row)) {
-                    self.task_index.remove((agent.as_str(), *kind, *order, id.as_str()))?;
-                }
-                for (agent, kind, order, id) in new_rows.iter().filter(|row| !was.contains(row)) {
-                    self.task_index.insert((agent.as_str(), *kind, *order, id.as_str()), [].as_slice())?;
-                }
-            }
+        // The index follows the row in the same transaction: drop the rows the old row had and
+        // the new one has not, add the new ones.
+        let new_rows = task_index_rows(task);
+        self.tasks.insert(task.id.as_str(), records::encode(task).as_slice())?;
+        for (agent, kind, order, id) in was.iter().filter(|row| !new_rows.contains(row)) {
+            self.task_index.remove((agent.as_str(), *kind, *order, id.as_str()))?;
+        }
+        for (agent, kind, order, id) in new_rows.iter().filter(|row| !was.contains(row)) {
+            self.task_index.insert((agent.as_str(), *kind, *order, id.as_str()), [].as_slice())?;
         }
         Ok(())
     }
