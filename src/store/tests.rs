@@ -740,7 +740,7 @@ fn projections_of_an_older_shape_are_replayed_at_open() {
             let mut task = projections.task(task_id).unwrap().unwrap();
             let was = super::projection::task_index_rows(&task);
             task.created_seq = 0;
-            projections.put_task(&task, &was).unwrap();
+            projections.put_task(task, &was).unwrap();
         }
         txn.commit().unwrap();
         let task = store.read(|view| view.task(task_id)).unwrap().unwrap();
@@ -910,4 +910,62 @@ fn a_long_message_and_its_reply_are_stored_once_and_read_back_whole() {
     store.index_history().unwrap();
     let found = store.search_history(&["answer".to_string()], history::Logic::Or, false, None, 10).unwrap();
     assert_eq!(found.len(), 2, "both sides of the exchange are found by the reply's words");
+}
+
+/// Within one transaction (the writer's batch) every read sees the writes before it: the rows
+/// the projections keep decoded for the batch follow each change, removal and new row.
+#[test]
+fn reads_in_a_transaction_see_its_own_writes() {
+    let store = memory_store();
+    let agent_id = AGENTS[0];
+    let task_id = TASKS[0];
+    let registered = Event::AgentRegistered {
+        agent_type: "dummy".into(),
+        agent_id: agent_id.into(),
+        name: None,
+        role: None,
+        pid: 7,
+        port: 8190,
+        working_dir: "/tmp".into(),
+        secret_hash: "00".into(),
+        pid_start: None,
+        wrapper: true,
+    };
+    let status = |status| Event::AgentStatusChanged { agent_id: agent_id.into(), status, note: None };
+    let state = |state| Event::TaskStateChanged {
+        task_id: task_id.into(),
+        state,
+        artifacts: Vec::new(),
+        error: None,
+        reply_of: None,
+        as_message: false,
+    };
+    store
+        .transact(1_000, |appender| {
+            assert!(appender.view().agent(agent_id)?.is_none());
+            appender.append(None, vec![registered.clone()])?;
+            assert_eq!(appender.view().agent(agent_id)?.map(|agent| agent.status), Some(AgentStatus::Starting));
+            appender.append(None, vec![status(AgentStatus::Ready)])?;
+            assert_eq!(appender.view().agent(agent_id)?.map(|agent| agent.status), Some(AgentStatus::Ready));
+            appender
+                .append(None, vec![Event::AgentDeregistered { agent_id: agent_id.into(), reason: "gone".into() }])?;
+            assert!(appender.view().agent(agent_id)?.is_none());
+            appender.append(None, vec![registered.clone()])?;
+            assert!(appender.view().agent(agent_id)?.is_some(), "registered again");
+
+            assert!(appender.view().task(task_id)?.is_none());
+            appender.append(None, vec![alice_asks_bob(task_id, "hello")])?;
+            assert_eq!(appender.view().task(task_id)?.map(|task| task.state), Some(TaskState::Submitted));
+            appender.append(None, vec![state(TaskState::Working)])?;
+            assert_eq!(appender.view().task(task_id)?.map(|task| task.state), Some(TaskState::Working));
+            appender.append(None, vec![state(TaskState::Completed)])?;
+            assert_eq!(appender.view().task(task_id)?.map(|task| task.state), Some(TaskState::Completed));
+            Ok(())
+        })
+        .unwrap();
+    // And what the transaction stored is what it read last.
+    let (agent, task) = store.read(|view| Ok((view.agent(agent_id)?, view.task(task_id)?))).unwrap();
+    assert_eq!(agent.map(|agent| agent.status), Some(AgentStatus::Starting));
+    assert_eq!(task.map(|task| task.state), Some(TaskState::Completed));
+    assert!(store.verify().unwrap().differences.is_empty());
 }
