@@ -967,5 +967,53 @@ fn reads_in_a_transaction_see_its_own_writes() {
     let (agent, task) = store.read(|view| Ok((view.agent(agent_id)?, view.task(task_id)?))).unwrap();
     assert_eq!(agent.map(|agent| agent.status), Some(AgentStatus::Starting));
     assert_eq!(task.map(|task| task.state), Some(TaskState::Completed));
+    // A later transaction reads the committed rows, and its own changes to them.
+    store
+        .transact(2_000, |appender| {
+            assert_eq!(appender.view().agent(agent_id)?.map(|agent| agent.status), Some(AgentStatus::Starting));
+            appender.append(None, vec![status(AgentStatus::Processing)])?;
+            assert_eq!(appender.view().agent(agent_id)?.map(|agent| agent.status), Some(AgentStatus::Processing));
+            appender.append(None, vec![Event::TaskCanceled { task_id: task_id.into(), reason: None }])?;
+            assert_eq!(appender.view().task(task_id)?.map(|task| task.state), Some(TaskState::Canceled));
+            Ok(())
+        })
+        .unwrap();
     assert!(store.verify().unwrap().differences.is_empty());
+}
+
+/// A long exchange in one transaction: the rows the transaction keeps decoded stay rows (a
+/// read fills the texts into a copy), and the reply's event finds the replier's task there.
+#[test]
+fn a_long_exchange_in_one_transaction_reads_back_whole_and_stores_rows_without_the_text() {
+    let text = "long ".repeat(10_000);
+    let reply = "answer ".repeat(5_000);
+    let store = memory_store();
+    let (send, answer) = long_exchange(&text, &reply);
+    store
+        .transact(1_000, |appender| {
+            appender.append(None, send)?;
+            for _ in 0..2 {
+                let task = appender.view().task(TASKS[1])?.expect("the receiver's task");
+                assert_eq!(task.message, Message::text(Role::User, text.clone()));
+            }
+            appender.append(None, answer)?;
+            for task_id in [TASKS[0], TASKS[1]] {
+                for _ in 0..2 {
+                    let task = appender.view().task(task_id)?.expect("task");
+                    assert_eq!(task.artifacts, vec![Artifact::text(reply.clone())], "{task_id}");
+                    assert_eq!(task.state, TaskState::Completed);
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    let txn = store.db().unwrap().begin_read().unwrap();
+    let tasks = txn.open_table(LIVE.tasks).unwrap();
+    for row in tasks.iter().unwrap() {
+        let (_, value) = row.unwrap();
+        assert!(value.value().len() < 1_000, "a task row holds {} bytes", value.value().len());
+    }
+    drop(tasks);
+    drop(txn);
+    assert_eq!(store.verify().unwrap().differences, Vec::<String>::new());
 }
