@@ -862,6 +862,16 @@ fn long_exchange(text: &str, reply: &str) -> (Vec<Event>, Vec<Event>) {
     (send, answer)
 }
 
+/// Rows refer to a long text: none of them holds it.
+fn assert_no_task_row_holds_a_long_text(store: &Store) {
+    let txn = store.db().unwrap().begin_read().unwrap();
+    let tasks = txn.open_table(LIVE.tasks).unwrap();
+    for row in tasks.iter().unwrap() {
+        let (_, value) = row.unwrap();
+        assert!(value.value().len() < 1_000, "a task row holds {} bytes", value.value().len());
+    }
+}
+
 #[test]
 fn a_long_message_and_its_reply_are_stored_once_and_read_back_whole() {
     let text = "long ".repeat(100_000);
@@ -871,15 +881,7 @@ fn a_long_message_and_its_reply_are_stored_once_and_read_back_whole() {
     let written = store.transact(1_000, |appender| appender.append(None, send)).unwrap();
     store.transact(2_000, |appender| appender.append(None, answer)).unwrap();
 
-    // Rows refer to the text: none of them holds it.
-    let txn = store.db().unwrap().begin_read().unwrap();
-    let tasks = txn.open_table(LIVE.tasks).unwrap();
-    for row in tasks.iter().unwrap() {
-        let (_, value) = row.unwrap();
-        assert!(value.value().len() < 1_000, "a task row holds {} bytes", value.value().len());
-    }
-    drop(tasks);
-    drop(txn);
+    assert_no_task_row_holds_a_long_text(&store);
 
     // Every read gives the whole text, as if it had been copied.
     for task_id in [TASKS[0], TASKS[1]] {
@@ -1007,13 +1009,6 @@ fn a_long_exchange_in_one_transaction_reads_back_whole_and_stores_rows_without_t
             Ok(())
         })
         .unwrap();
-    let txn = store.db().unwrap().begin_read().unwrap();
-    let tasks = txn.open_table(LIVE.tasks).unwrap();
-    for row in tasks.iter().unwrap() {
-        let (_, value) = row.unwrap();
-        assert!(value.value().len() < 1_000, "a task row holds {} bytes", value.value().len());
-    }
-    drop(tasks);
-    drop(txn);
+    assert_no_task_row_holds_a_long_text(&store);
     assert_eq!(store.verify().unwrap().differences, Vec::<String>::new());
 }
