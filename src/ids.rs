@@ -54,26 +54,38 @@ const RANDOM_POOL: usize = 4096;
 /// no Synapse process forks without exec after making ids, so no two processes share one.
 fn random_bytes() -> [u8; 16] {
     thread_local! {
-        static POOL: std::cell::RefCell<(Vec<u8>, usize)> = const { std::cell::RefCell::new((Vec::new(), 0)) };
+        static POOL: std::cell::RefCell<Pool> = const { std::cell::RefCell::new(Pool { bytes: Vec::new(), used: 0 }) };
     }
-    let pooled = POOL.try_with(|pool| {
-        let (bytes, used) = &mut *pool.borrow_mut();
-        if *used + 16 > bytes.len() {
-            // Filled aside and kept only when the generator answered: a pool it failed to fill
-            // must not be handed out (it would hold zeros or stale bytes).
-            let mut fresh = vec![0u8; RANDOM_POOL];
-            getrandom::fill(&mut fresh).ok()?;
-            *bytes = fresh;
-            *used = 0;
-        }
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&bytes[*used..*used + 16]);
-        *used += 16;
-        Some(out)
-    });
+    let pooled = POOL.try_with(|pool| pool.borrow_mut().take(|fresh| getrandom::fill(fresh).is_ok()));
     // The generator failed (or the thread is ending): as before, one UUID's worth straight from
     // it, which panics if it fails again, as it did before the pool.
     pooled.ok().flatten().unwrap_or_else(|| *uuid::Uuid::new_v4().as_bytes())
+}
+
+/// Random bytes fetched ahead, and how many of them are spent.
+struct Pool {
+    bytes: Vec<u8>,
+    used: usize,
+}
+
+impl Pool {
+    /// The next 16 bytes, refilling the pool with `fill` (false: the generator failed) once it
+    /// is spent. A pool `fill` failed to fill is never handed out (it would hold zeros or stale
+    /// bytes): None, and the next call asks again.
+    fn take(&mut self, fill: impl FnOnce(&mut [u8]) -> bool) -> Option<[u8; 16]> {
+        if self.used + 16 > self.bytes.len() {
+            let mut fresh = vec![0u8; RANDOM_POOL];
+            if !fill(&mut fresh) {
+                return None;
+            }
+            self.bytes = fresh;
+            self.used = 0;
+        }
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&self.bytes[self.used..self.used + 16]);
+        self.used += 16;
+        Some(out)
+    }
 }
 
 /// A new id: see the module documentation for its layout.
@@ -118,7 +130,37 @@ mod tests {
         let ids: Vec<String> = (0..10_000).map(|_| new_id()).collect();
         let random: std::collections::HashSet<&str> = ids.iter().map(|id| &id[9..]).collect();
         assert_eq!(random.len(), ids.len());
-        assert!(ids.iter().all(|id| id[19..] != *"0000-000000000000"), "no id ends in zeros");
+        // The last 12 digits are random (before them: the variant, never 0).
+        assert!(ids.iter().all(|id| id[24..] != *"000000000000"), "no id ends in zeros");
+    }
+
+    #[test]
+    fn a_pool_the_generator_failed_to_fill_is_never_handed_out() {
+        let mut pool = Pool { bytes: Vec::new(), used: 0 };
+        assert_eq!(pool.take(|_| false), None, "an empty pool and a failing generator");
+        assert_eq!(pool.take(|_| false), None, "asked again, still nothing");
+        let mut counter = 0u8;
+        let mut numbered = |fresh: &mut [u8]| {
+            for byte in fresh.iter_mut() {
+                counter = counter.wrapping_add(1);
+                *byte = counter;
+            }
+            true
+        };
+        assert_eq!(pool.take(&mut numbered), Some(std::array::from_fn(|index| index as u8 + 1)));
+        // The rest of the pool is handed out without asking the generator.
+        for _ in 1..RANDOM_POOL / 16 {
+            assert!(pool.take(|_| panic!("the pool is not spent yet")).is_some());
+        }
+        // Spent: a failing refill gives nothing, not the old bytes again.
+        assert_eq!(pool.take(|_| false), None);
+        assert_eq!(
+            pool.take(|fresh| {
+                fresh.fill(7);
+                true
+            }),
+            Some([7; 16])
+        );
     }
 
     #[test]

@@ -949,14 +949,7 @@ impl<'txn> Projections<'txn> {
         // Read from the table itself: the check must not change what `decoded` holds.
         debug_assert_eq!(
             was,
-            self.tasks
-                .get(task.id.as_str())
-                .ok()
-                .flatten()
-                .and_then(|row| records::decode::<TaskRecord>(row.value()).ok())
-                .as_ref()
-                .map(task_index_rows)
-                .unwrap_or_default(),
+            self.stored_task(&task.id).ok().flatten().as_ref().map(task_index_rows).unwrap_or_default(),
             "task {}: the index rows given are not those of its stored row",
             task.id
         );
@@ -1024,7 +1017,7 @@ impl<'txn> Projections<'txn> {
         if let Some(known) = self.decoded.tasks.borrow().get(task_id) {
             return Ok(known.as_ref().map(read));
         }
-        let task: Option<TaskRecord> = self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()?;
+        let task = self.stored_task(task_id)?;
         let answer = task.as_ref().map(read);
         self.decoded.tasks.borrow_mut().insert(task_id.to_string(), task);
         Ok(answer)
@@ -1034,8 +1027,13 @@ impl<'txn> Projections<'txn> {
     fn take_task_row(&mut self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         match self.decoded.tasks.get_mut().remove(task_id) {
             Some(known) => Ok(known),
-            None => self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose(),
+            None => self.stored_task(task_id),
         }
+    }
+
+    /// A task's row decoded from the table itself (neither the replay's rows nor `decoded`).
+    fn stored_task(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()
     }
 
     fn put_ticket(&mut self, ticket: &Ticket) -> Result<(), StoreError> {
@@ -1342,15 +1340,7 @@ impl Projections<'_> {
     /// One task as its row holds it (a long text only referred to); during a replay the
     /// write-back cache holds the newest rows.
     pub(crate) fn task_row(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
-        if let Some(cache) = &self.replay {
-            return Ok(cache.tasks.get(task_id).map(|task| TaskRecord::clone(task)));
-        }
-        if let Some(known) = self.decoded.tasks.borrow().get(task_id) {
-            return Ok(known.clone());
-        }
-        let task: Option<TaskRecord> = self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()?;
-        self.decoded.tasks.borrow_mut().insert(task_id.to_string(), task.clone());
-        Ok(task)
+        self.read_task(task_id, TaskRecord::clone)
     }
 
     /// One task, with its texts.

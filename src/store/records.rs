@@ -192,10 +192,12 @@ pub use crate::api::FileLock;
 pub use crate::api::Modification as FileModification;
 
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    rmp_serde::to_vec_named(value).unwrap_or_default()
+    let mut row = Vec::new();
+    encode_into(value, &mut row);
+    row
 }
 
-/// [`encode`] into a buffer the caller reuses (appended to `buffer`).
+/// [`encode`] into a buffer the caller reuses (appended to `buffer`; nothing is, on an error).
 pub(crate) fn encode_into<T: Serialize>(value: &T, buffer: &mut Vec<u8>) {
     let start = buffer.len();
     if rmp_serde::encode::write_named(buffer, value).is_err() {
