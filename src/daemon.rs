@@ -4,8 +4,8 @@
 //!
 //! Order that must hold: the home is private and the sockets are bound before anything is
 //! served; the broker's info file is written only once its port is known and the agents'
-//! endpoints are restored; on stop the servers end first, then the agents' endpoints, then the
-//! writer (after it answered everything queued).
+//! endpoints are restored, and removed as soon as a stop begins; on stop the servers end first,
+//! then the agents' endpoints, then the writer (after it answered everything queued).
 
 use crate::broker::{self, BrokerState};
 use crate::config::Paths;
@@ -62,6 +62,15 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", info_path.display()))?;
     tracing::info!("broker {} listening on {} and 127.0.0.1:{port}", broker::VERSION, socket_path.display());
 
+    // A client that finds this file naming the process at the socket skips the version
+    // handshake (`client::info_file_names`): the file goes as soon as the broker begins to stop,
+    // so a command that comes then asks, finds no broker answering, and starts the next one.
+    let mut stopping = state.shutdown.subscribe();
+    let stopping_info = info_path.clone();
+    tokio::spawn(async move {
+        let _ = stopping.wait_for(|stopping| *stopping).await;
+        let _ = std::fs::remove_file(&stopping_info);
+    });
     spawn_signal_handler(state.clone());
     broker::spawn_liveness_sweeper(state.clone());
     broker::delivery::spawn(state.clone());

@@ -78,3 +78,49 @@ fn every_answer_the_clients_read_round_trips_through_its_api_type() {
     let gone = ok(&home, "DELETE", &format!("/agents/{}", alice.id), None, &alice_secret);
     round_trips::<api::Deregistered>("deregister", &gone);
 }
+
+#[test]
+fn an_acknowledgement_with_next_answers_the_inbox_as_it_stands_after_it() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let carol = home.register(Some("carol"));
+    for text in ["first", "second"] {
+        ok(&home, "POST", "/send", Some(serde_json::to_value(api::SendRequest::new("bob", text)).unwrap()), &[]);
+    }
+    let bob_secret = [(api::SECRET_HEADER, bob.secret.as_str())];
+    let inbox = ok(&home, "GET", &format!("/agents/{}/inbox", bob.id), None, &bob_secret);
+    let first = inbox["tickets"][0]["ticket"].as_u64().unwrap();
+    let second = inbox["tickets"][1]["ticket"].as_u64().unwrap();
+    let ack = |ticket: u64, query: &str| format!("/agents/{}/inbox/{ticket}/ack{query}", bob.id);
+
+    // Bad queries are refused before anything is stored; so is another agent's secret.
+    for query in ["?limit=1", "?next=maybe", "?next=true&limit=x", "?next=true&wait_ms=5"] {
+        let (status, body) = home.http("POST", &ack(first, query), None, &bob_secret);
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body["error"].as_str().is_some_and(|error| !error.is_empty()), "{query}: {body}");
+    }
+    let carol_secret = [(api::SECRET_HEADER, carol.secret.as_str())];
+    let (status, body) = home.http("POST", &ack(first, "?next=true"), None, &carol_secret);
+    assert_eq!(status, 403, "{body}");
+    let still = ok(&home, "GET", &format!("/agents/{}/inbox", bob.id), None, &bob_secret);
+    assert_eq!(still["tickets"].as_array().unwrap().len(), 2, "nothing was acknowledged: {still}");
+
+    // The first acknowledged: the answer names it and shows the second, with its text.
+    let answered = ok(&home, "POST", &ack(first, "?next=true&limit=1"), None, &bob_secret);
+    round_trips::<api::AckAndInbox>("ack with next", &answered);
+    assert_eq!(answered["ticket"], first);
+    assert_eq!(answered["inbox"]["agent_id"], bob.id.as_str());
+    let tickets = answered["inbox"]["tickets"].as_array().unwrap();
+    assert_eq!(tickets.len(), 1, "{answered}");
+    assert_eq!(tickets[0]["ticket"], second);
+    assert_eq!(tickets[0]["text"], "second");
+
+    // Acknowledged once: again is 404, and the inbox is unchanged by it.
+    let (status, body) = home.http("POST", &ack(first, "?next=true"), None, &bob_secret);
+    assert_eq!(status, 404, "{body}");
+    let answered = ok(&home, "POST", &ack(second, "?next=true"), None, &bob_secret);
+    assert_eq!(answered["ticket"], second);
+    assert_eq!(answered["inbox"]["tickets"], json!([]), "{answered}");
+    let acknowledged = home.events().iter().filter(|event| event["event"]["kind"] == "ticket_injected").count();
+    assert_eq!(acknowledged, 2);
+}

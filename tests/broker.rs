@@ -339,3 +339,128 @@ fn events_follow_goes_on_across_a_broker_restart_without_duplicates_or_gaps() {
     assert_eq!(ended.status.code(), Some(1), "{}", describe(&ended));
     assert!(stderr(&ended).contains("is no longer in it"), "{}", describe(&ended));
 }
+
+/// A stand-in broker on `home`'s socket, served by this test process: `GET /broker/health`
+/// answers as a broker of `version`, `GET /agents` with no agents, anything else 404. Each
+/// request line is recorded.
+fn stand_in_broker(home: &Home, version: &str) -> Arc<Mutex<Vec<String>>> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().mode(0o700).recursive(true).create(home.uds()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(home.socket()).unwrap();
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let health = json!({
+        "pid": std::process::id(), "version": version, "schema": 1, "home": home.home().to_str().unwrap(),
+        "socket": home.socket().to_str().unwrap(), "port": 0, "head": 0, "healthy": true,
+    })
+    .to_string();
+    let seen = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let (seen, health) = (seen.clone(), health.clone());
+            std::thread::spawn(move || {
+                let mut buffer = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request at a time, no body (the commands used here send none).
+                    let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") else {
+                        match stream.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(count) => buffer.extend_from_slice(&chunk[..count]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buffer[..end]).to_string();
+                    buffer.drain(..end + 4);
+                    let line = head.lines().next().unwrap_or_default().to_string();
+                    seen.lock().unwrap().push(line.clone());
+                    let (status, body) = if line.starts_with("GET /broker/health ") {
+                        ("200 OK", health.clone())
+                    } else if line.starts_with("GET /agents ") {
+                        ("200 OK", r#"{"agents":[]}"#.to_string())
+                    } else {
+                        ("404 Not Found", r#"{"error":"not here"}"#.to_string())
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    requests
+}
+
+#[test]
+fn a_command_skips_the_version_handshake_only_when_broker_json_names_the_process_at_the_socket() {
+    let home = Home::new();
+    // broker.json names this test process at times: it must be gone before `home` is dropped,
+    // which stops (and kills) the pid it names.
+    struct RemoveInfo(std::path::PathBuf);
+    impl Drop for RemoveInfo {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove_info = RemoveInfo(home.home().join("broker.json"));
+    // The stand-in claims another version in its health answer: a command that asks is refused.
+    let requests = stand_in_broker(&home, "0.0.0-other");
+    let info = |pid: u32, version: &str| {
+        let info = json!({
+            "pid": pid, "version": version, "schema": 1, "home": home.home().to_str().unwrap(),
+            "socket": home.socket().to_str().unwrap(), "port": 0, "head": 0, "healthy": true,
+        });
+        std::fs::write(home.home().join("broker.json"), info.to_string()).unwrap();
+    };
+    let ours = env!("CARGO_PKG_VERSION");
+    let me = std::process::id();
+    let asked_health = |requests: &Arc<Mutex<Vec<String>>>| {
+        let seen = std::mem::take(&mut *requests.lock().unwrap());
+        seen.iter().any(|line| line.starts_with("GET /broker/health "))
+    };
+
+    // The file names another process (a broker that died, its pid reused), or this process as
+    // another version, or cannot be read: the command asks the broker, and is told its version.
+    for (what, write) in
+        [("another pid", Some((me + 1, ours))), ("another version", Some((me, "0.0.0-file"))), ("no file", None)]
+    {
+        match write {
+            Some((pid, version)) => info(pid, version),
+            None => {
+                let _ = std::fs::remove_file(home.home().join("broker.json"));
+            }
+        }
+        let output = home.run(&["list"]);
+        assert!(!output.status.success(), "{what}: {}", describe(&output));
+        assert!(stderr(&output).contains("the running broker is version 0.0.0-other"), "{what}: {}", describe(&output));
+        assert!(asked_health(&requests), "{what}: the health check was skipped");
+    }
+    std::fs::write(home.home().join("broker.json"), b"{ not json").unwrap();
+    let output = home.run(&["list"]);
+    assert!(stderr(&output).contains("the running broker is version 0.0.0-other"), "{}", describe(&output));
+    assert!(asked_health(&requests));
+
+    // The file names the process the kernel says listens on the socket, as this version: the
+    // command goes straight to its request.
+    info(me, ours);
+    let output = home.run(&["list"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(!asked_health(&requests), "the health check was asked although broker.json vouched for the broker");
+}
+
+#[test]
+fn broker_json_is_gone_once_the_broker_has_stopped_and_the_next_command_starts_a_new_one() {
+    let home = Home::new();
+    home.ok(&["list"]);
+    let first = home.broker_pid().expect("broker.json of the first broker");
+    home.ok(&["broker", "stop"]);
+    assert!(!home.home().join("broker.json").exists(), "broker.json outlived the stop");
+    home.ok(&["list"]);
+    let second = home.broker_pid().expect("broker.json of the second broker");
+    assert_ne!(first, second);
+}

@@ -139,6 +139,18 @@ pub enum Outcome {
     Injected { ticket: u64 },
 }
 
+/// `POST /agents/{agent}/inbox/{ticket}/ack?next=true`: the acknowledgement, and the inbox as it
+/// stands once the acknowledgement is stored (what `GET /agents/{agent}/inbox` would answer then,
+/// without waiting). A watcher takes its next ticket from it instead of asking again: one round
+/// trip less per delivery, and a message stored together with the acknowledgement is not left
+/// waiting for that extra request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AckAndInbox {
+    /// The ticket acknowledged.
+    pub ticket: u64,
+    pub inbox: Inbox,
+}
+
 /// `DELETE /agents/{agent}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Deregistered {

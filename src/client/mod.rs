@@ -143,14 +143,19 @@ impl ClientError {
     }
 }
 
-async fn connect_unix(paths: &Paths) -> std::io::Result<Sender> {
+/// A connection, and the pid of the process at its other end when the kernel names it (a Unix
+/// socket's listener).
+type Connected = (Sender, Option<u32>);
+
+async fn connect_unix(paths: &Paths) -> std::io::Result<Connected> {
     connect_socket(&paths.broker_socket()).await
 }
 
-async fn connect_socket(socket: &std::path::Path) -> std::io::Result<Sender> {
+async fn connect_socket(socket: &std::path::Path) -> std::io::Result<Connected> {
     let stream = tokio::net::UnixStream::connect(socket).await?;
     // Secrets and messages go only to a broker of this user: the kernel names the other end.
-    let owner = stream.peer_cred()?.uid();
+    let peer = stream.peer_cred()?;
+    let owner = peer.uid();
     if owner != crate::private_files::my_uid() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
@@ -160,7 +165,8 @@ async fn connect_socket(socket: &std::path::Path) -> std::io::Result<Sender> {
             ),
         ));
     }
-    handshake(TokioIo::new(stream)).await
+    let pid = peer.pid().and_then(|pid| u32::try_from(pid).ok());
+    Ok((handshake(TokioIo::new(stream)).await?, pid))
 }
 
 async fn connect_tcp(port: u16) -> std::io::Result<Sender> {
@@ -181,7 +187,7 @@ where
 }
 
 /// Connects over the Unix socket, or TCP when the socket cannot be reached, within the call limit.
-async fn connect_any(paths: &Paths) -> std::io::Result<Sender> {
+async fn connect_any(paths: &Paths) -> std::io::Result<Connected> {
     match call_timeout() {
         None => connect_any_now(paths).await,
         Some(limit) => tokio::time::timeout(limit, connect_any_now(paths)).await.unwrap_or_else(|_| {
@@ -193,9 +199,9 @@ async fn connect_any(paths: &Paths) -> std::io::Result<Sender> {
     }
 }
 
-async fn connect_any_now(paths: &Paths) -> std::io::Result<Sender> {
+async fn connect_any_now(paths: &Paths) -> std::io::Result<Connected> {
     match connect_unix(paths).await {
-        Ok(sender) => Ok(sender),
+        Ok(connected) => Ok(connected),
         // Another user's socket where ours should be: no other way in is tried.
         Err(unix_error) if unix_error.kind() == std::io::ErrorKind::PermissionDenied => Err(unix_error),
         Err(unix_error) => {
@@ -207,11 +213,25 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Sender> {
                 .filter(|info| info.port != 0 && crate::process::is_pid_alive(info.pid))
                 .map(|info| info.port);
             match port {
-                Some(port) => connect_tcp(port).await.map_err(|_| unix_error),
+                Some(port) => connect_tcp(port).await.map(|sender| (sender, None)).map_err(|_| unix_error),
                 None => Err(unix_error),
             }
         }
     }
+}
+
+/// Does the broker's info file (`broker.json`, written once it serves, removed as soon as it
+/// begins to stop) name `pid` as a broker of this version, and does that process still run?
+/// `pid` is what the kernel says listens on the socket, so the file speaks for the broker this
+/// connection reaches. A broker killed with SIGKILL leaves the file behind, and its socket
+/// accepts connections (then resets them) until its last thread has gone, after its main
+/// thread shows as a zombie: the health check finds that out, as it did before.
+fn info_file_names(paths: &Paths, pid: u32) -> bool {
+    std::fs::read(paths.broker_info())
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<BrokerInfo>(&bytes).ok())
+        .is_some_and(|info| info.pid == pid && info.version == api::VERSION)
+        && crate::process::is_pid_alive(pid)
 }
 
 /// Tries to reach a broker just started before giving up.
@@ -259,8 +279,13 @@ impl Client {
 
     async fn connect_with(paths: &Paths, autostart: bool, respect_stop: bool) -> anyhow::Result<Client> {
         let secret = std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty());
-        if let Ok(sender) = connect_any(paths).await {
+        if let Ok((sender, peer)) = connect_any(paths).await {
             let mut client = Client { sender, secret: secret.clone() };
+            // The broker's info file names the process at the socket's other end, of this
+            // version: its health check would say no more (one round trip saved per command).
+            if peer.is_some_and(|pid| info_file_names(paths, pid)) {
+                return Ok(client);
+            }
             match client.check_version().await {
                 Ok(()) => return Ok(client),
                 // A broker that holds the connection without answering is stuck, not absent:
@@ -290,7 +315,7 @@ impl Client {
         loop {
             attempt += 1;
             let result = async {
-                let sender = connect_any(paths).await.with_context(|| {
+                let (sender, _) = connect_any(paths).await.with_context(|| {
                     format!("the broker started but {} does not answer", paths.broker_socket().display())
                 })?;
                 let mut client = Client { sender, secret: secret.clone() };
@@ -342,12 +367,12 @@ impl Client {
     /// A connection to the Unix socket at `socket` (the broker's or an agent's), without the
     /// version handshake: for the benchmarks, which start the broker themselves.
     pub async fn at_socket(socket: &std::path::Path) -> std::io::Result<Client> {
-        Ok(Client { sender: connect_socket(socket).await?, secret: None })
+        Ok(Client { sender: connect_socket(socket).await?.0, secret: None })
     }
 
     /// Only connects: None when no broker runs.
     pub async fn try_connect(paths: &Paths) -> Option<Client> {
-        let sender = connect_any(paths).await.ok()?;
+        let (sender, _) = connect_any(paths).await.ok()?;
         // Inside an agent the agent's secret goes along, as with `connect`: the broker then
         // knows the caller is that agent, not the user (who alone may stop the broker).
         let secret = std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty());
@@ -489,6 +514,18 @@ impl Client {
     /// `POST /agents/{agent}/inbox/{ticket}/ack`: the ticket was written (with the agent's secret).
     pub async fn ack(&mut self, agent_id: &str, ticket: u64) -> Result<Outcome, ClientError> {
         self.call(Method::POST, &format!("/agents/{}/inbox/{ticket}/ack", percent_encode(agent_id)), None::<&()>).await
+    }
+
+    /// `POST /agents/{agent}/inbox/{ticket}/ack?next=true`: acknowledges the ticket and answers
+    /// with the first `limit` tickets of the inbox as they stand once that is stored.
+    pub async fn ack_then_inbox(
+        &mut self,
+        agent_id: &str,
+        ticket: u64,
+        limit: usize,
+    ) -> Result<api::AckAndInbox, ClientError> {
+        let path = format!("/agents/{}/inbox/{ticket}/ack?next=true&limit={limit}", percent_encode(agent_id));
+        self.call(Method::POST, &path, None::<&()>).await
     }
 
     /// `GET /agents/{agent}/reply-stack/list`: the senders waiting for this agent's reply.
@@ -937,7 +974,7 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
 
 /// Does the broker on the Unix socket answer `GET /broker/health`?
 async fn answers_health(paths: &Paths) -> bool {
-    let Ok(sender) = connect_unix(paths).await else { return false };
+    let Ok((sender, _)) = connect_unix(paths).await else { return false };
     let mut client = Client { sender, secret: None };
     client.health().await.is_ok()
 }

@@ -263,50 +263,87 @@ pub async fn inbox(
     // An inbox holds other agents' words to this one: only it, or the user, reads it.
     caller.require_act_as(&agent, "read the inbox")?;
     let limit = query.limit.unwrap_or(100).clamp(1, 10_000);
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(query.wait_ms.unwrap_or(0)).min(MAX_WAIT);
+    let wait = Duration::from_millis(query.wait_ms.unwrap_or(0)).min(MAX_WAIT);
+    answer(&inbox_within(&state, agent, limit, wait).await?)
+}
+
+/// The first `limit` tickets of `agent`'s inbox; an empty inbox is watched for `wait`.
+async fn inbox_within(state: &AppState, agent: String, limit: usize, wait: Duration) -> Result<api::Inbox, ApiError> {
+    let deadline = tokio::time::Instant::now() + wait;
     loop {
         let cursor = *state.head.borrow();
-        let tickets = state.store.read(|view| {
-            let mut tickets = Vec::new();
-            for ticket in view.inbox(&agent, limit)? {
-                let text = match ticket.kind {
-                    // A follow-up's ticket writes that follow-up, not the task's first message.
-                    crate::store::TicketKind::Message => view.task(&ticket.task_id)?.map(|task| {
-                        match ticket.turn.checked_sub(1).and_then(|index| task.follow_ups.get(index as usize)) {
-                            Some(follow_up) => follow_up.message.joined_text(),
-                            None => task.message.joined_text(),
-                        }
-                    }),
-                    crate::store::TicketKind::Reply => {
-                        view.task(&ticket.task_id)?.and_then(|task| wire::reply_text(&task))
-                    }
-                };
-                tickets.push(wire::inbox_ticket(&ticket, text.unwrap_or_default()));
-            }
-            Ok(tickets)
-        })?;
+        let tickets = inbox_tickets(state, &agent, limit)?;
         if !tickets.is_empty() || tokio::time::Instant::now() >= deadline {
-            return answer(&api::Inbox { agent_id: agent, tickets });
+            return Ok(api::Inbox { agent_id: agent, tickets });
         }
-        match tokio::time::timeout_at(deadline, tail::wait_past(&state, cursor)).await {
+        match tokio::time::timeout_at(deadline, tail::wait_past(state, cursor)).await {
             Ok(true) => continue,
-            _ => return answer(&api::Inbox { agent_id: agent, tickets: Vec::new() }),
+            _ => return Ok(api::Inbox { agent_id: agent, tickets: Vec::new() }),
         }
     }
 }
 
+/// The first `limit` tickets of `agent`'s inbox as stored now, with their texts.
+fn inbox_tickets(state: &AppState, agent: &str, limit: usize) -> Result<Vec<api::InboxTicket>, ApiError> {
+    Ok(state.store.read(|view| {
+        let mut tickets = Vec::new();
+        for ticket in view.inbox(agent, limit)? {
+            let text = match ticket.kind {
+                // A follow-up's ticket writes that follow-up, not the task's first message.
+                crate::store::TicketKind::Message => view.task(&ticket.task_id)?.map(|task| {
+                    match ticket.turn.checked_sub(1).and_then(|index| task.follow_ups.get(index as usize)) {
+                        Some(follow_up) => follow_up.message.joined_text(),
+                        None => task.message.joined_text(),
+                    }
+                }),
+                crate::store::TicketKind::Reply => view.task(&ticket.task_id)?.and_then(|task| wire::reply_text(&task)),
+            };
+            tickets.push(wire::inbox_ticket(&ticket, text.unwrap_or_default()));
+        }
+        Ok(tickets)
+    })?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckQuery {
+    /// Answer with the inbox as it stands once the acknowledgement is stored.
+    #[serde(default)]
+    next: bool,
+    /// How many of those tickets (with `next`).
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `POST /agents/{agent}/inbox/{ticket}/ack[?next=true[&limit=N]]`: the ticket was written
+/// (the agent's secret). With `next`, the answer also carries the inbox read right after the
+/// acknowledgement was stored ([`api::AckAndInbox`]).
 pub async fn ack(
     State(state): State<AppState>,
     Path(params): Path<HashMap<String, String>>,
     headers: HeaderMap,
+    uri: axum::http::Uri,
 ) -> ApiResult {
+    let query: AckQuery = parse_query(uri.query())?;
+    if query.limit.is_some() && !query.next {
+        return Err(ApiError::bad("limit applies only with next=true"));
+    }
     let agent = params.get("agent").cloned().unwrap_or_default();
     let ticket: u64 = params
         .get("ticket")
         .and_then(|ticket| ticket.parse().ok())
         .ok_or_else(|| ApiError::bad("the ticket must be a number"))?;
     authorize_agent(&state, &agent, &headers)?;
-    outcome_answer(state.writer.submit(Command::AckInjection { agent_id: agent, ticket }).await?)
+    let outcome = state.writer.submit(Command::AckInjection { agent_id: agent.clone(), ticket }).await?;
+    if !query.next {
+        return outcome_answer(outcome);
+    }
+    let Outcome::Injected { ticket } = outcome else {
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unexpected answer from the writer"));
+    };
+    let limit = query.limit.unwrap_or(100).clamp(1, 10_000);
+    let inbox = inbox_within(&state, agent, limit, Duration::ZERO).await?;
+    answer(&api::AckAndInbox { ticket, inbox })
 }
 
 /// The answer to a send or a reply.

@@ -56,6 +56,86 @@ pub struct Options {
     pub announce: bool,
 }
 
+/// Shared by the watcher and the reporter so that a READY seen before a ticket was written
+/// never lands in the log after that ticket's acknowledgement (which records PROCESSING): the
+/// acknowledgement waits while such a report is on its way. A report decided after the write
+/// (the CLI back at its prompt, or busy with the ticket) may land on either side of it: the
+/// reporter reports the current status again after every acknowledgement. Nothing waits for a
+/// report otherwise: a ticket is written while the last status is still being posted.
+#[derive(Default)]
+struct ReportOrder {
+    counts: Mutex<Counts>,
+    /// Woken when a READY has been posted.
+    posted: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    /// Writes counted so far (a ticket's keys, or its submit key sent again).
+    writes: u64,
+    /// The `writes` count when the READY being posted now was decided, while one is.
+    ready_posting: Option<u64>,
+}
+
+impl ReportOrder {
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `record` (the screen model told of the write, so that it shows the CLI busy until
+    /// its prompt is drawn again) and counts a write, in one step against [`ReportOrder::decide`].
+    fn count_write(&self, record: impl FnOnce()) {
+        let mut counts = self.counts();
+        record();
+        counts.writes += 1;
+    }
+
+    /// Runs `decide` in one step against [`ReportOrder::count_write`]; when it says a READY
+    /// will be posted, that READY is marked with the writes counted so far until
+    /// [`ReportOrder::posted`].
+    fn decide<T>(&self, decide: impl FnOnce() -> (T, bool)) -> T {
+        let mut counts = self.counts();
+        let (value, ready) = decide();
+        if ready {
+            counts.ready_posting = Some(counts.writes);
+        }
+        value
+    }
+
+    /// The READY being posted has its answer (or failed).
+    fn posted(&self) {
+        self.counts().ready_posting = None;
+        self.posted.notify_waiters();
+    }
+
+    /// Waits until no READY decided before the last write is on its way to the broker.
+    async fn no_ready_from_before_the_last_write(&self) {
+        loop {
+            let posted = self.posted.notified();
+            tokio::pin!(posted);
+            // Registered before the check, so a post between the two is not missed.
+            posted.as_mut().enable();
+            let waiting = {
+                let counts = self.counts();
+                counts.ready_posting.is_some_and(|decided_at| decided_at < counts.writes)
+            };
+            if !waiting {
+                return;
+            }
+            posted.await;
+        }
+    }
+}
+
+impl Shared {
+    /// Records on the screen model that a ticket's keys are about to be written (the CLI counts
+    /// as busy until it draws its prompt again), and counts the write.
+    fn input_written(&self, now: std::time::Instant) {
+        self.report_order.count_write(|| self.screen.lock().input_written(now));
+        self.screen.notify();
+    }
+}
+
 /// What the wrapper's parts share, behind one `Arc`.
 struct Shared {
     paths: Paths,
@@ -77,10 +157,9 @@ struct Shared {
     /// Why a queued message is not written now (reported with the status, shown by `synapse
     /// list`); None when nothing is held back.
     note: Mutex<Option<String>>,
-    /// Held by the watcher from writing a ticket until its acknowledgement is recorded, and by
-    /// the reporter while it decides and posts a status: a READY seen before a ticket was written
-    /// cannot land in the log after that ticket's acknowledgement.
-    report_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Orders status reports before acknowledgements: a READY seen before a ticket was written
+    /// cannot land in the log after that ticket's acknowledgement ([`ReportOrder`]).
+    report_order: ReportOrder,
     /// The user's keystrokes held back while a message is typed (between its paste and its
     /// submit key), then passed on: they can never land inside a message and be sent with it.
     held_keys: HeldKeys,
@@ -269,7 +348,7 @@ async fn run_registered(
         log: log.to_path_buf(),
         report_again: std::sync::atomic::AtomicBool::new(false),
         note: Mutex::new(None),
-        report_gate: Arc::new(tokio::sync::Mutex::new(())),
+        report_order: ReportOrder::default(),
         held_keys: HeldKeys::default(),
         mcp_tools,
         delivery: Arc::default(),
@@ -321,4 +400,53 @@ async fn stop_child(shared: &Arc<Shared>) -> i32 {
     }
     crate::process::signal(-pid, libc::SIGKILL);
     143
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReportOrder;
+    use std::time::Duration;
+
+    /// Does the acknowledgement's wait end without anything else happening? (A zero timeout
+    /// polls the wait once.)
+    async fn acknowledgement_may_go(order: &ReportOrder) -> bool {
+        tokio::time::timeout(Duration::ZERO, order.no_ready_from_before_the_last_write()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn an_acknowledgement_waits_for_a_ready_decided_before_the_write_and_only_for_that() {
+        let order = ReportOrder::default();
+        assert!(acknowledgement_may_go(&order).await, "nothing posted, nothing written");
+
+        // READY decided at the prompt, then a ticket written while it is on its way: the
+        // acknowledgement waits until that READY has its answer.
+        assert_eq!(order.decide(|| ("ready", true)), "ready");
+        order.count_write(|| {});
+        assert!(!acknowledgement_may_go(&order).await, "the READY from before the write may land after it");
+        let order = std::sync::Arc::new(order);
+        let waiting = tokio::spawn({
+            let order = order.clone();
+            async move { order.no_ready_from_before_the_last_write().await }
+        });
+        order.posted();
+        waiting.await.unwrap();
+        assert!(acknowledgement_may_go(&order).await);
+
+        // A READY decided after the write (the CLI back at its prompt) does not hold it up.
+        order.decide(|| ((), true));
+        assert!(acknowledgement_may_go(&order).await, "a READY from after the write held the acknowledgement");
+        // Nor does a report that is not READY, decided before a later write.
+        order.posted();
+        order.decide(|| ((), false));
+        order.count_write(|| {});
+        assert!(acknowledgement_may_go(&order).await, "a PROCESSING report held the acknowledgement");
+    }
+
+    #[test]
+    fn a_write_is_counted_in_one_step_with_what_it_records() {
+        let order = ReportOrder::default();
+        order.count_write(|| assert!(order.counts.try_lock().is_err(), "recorded outside the step"));
+        assert_eq!(order.counts().writes, 1);
+        order.decide(|| (assert!(order.counts.try_lock().is_err(), "decided outside the step"), false));
+    }
 }

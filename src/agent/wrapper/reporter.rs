@@ -2,10 +2,11 @@
 //! that says why queued messages wait) as the screen changes.
 //!
 //! Invariants: only the reporter keeps what it last reported, so no update can be lost to
-//! another task's; it decides and posts under the report gate, so a READY seen before a ticket
-//! was written never lands in the log after that ticket's acknowledgement; after an
-//! acknowledgement (which records PROCESSING) it reports the current status again; STARTING is
-//! never reported.
+//! another task's; a READY it posts is marked with the write it was decided after
+//! (`ReportOrder`), and a ticket's acknowledgement waits while a READY decided before that
+//! ticket's write is on its way, so such a READY never lands in the log after the
+//! acknowledgement; after an acknowledgement (which records PROCESSING) it reports the current
+//! status again; STARTING is never reported.
 
 use super::Shared;
 use super::connection::{Backoff, connect, is_gone};
@@ -23,14 +24,20 @@ pub(super) async fn report_status(shared: Arc<Shared>) {
     let mut warned_gone = false;
     loop {
         changes.borrow_and_update();
-        // No ticket is between its write and its acknowledgement while this is held.
-        let gate = shared.report_gate.lock().await;
-        let (status, recheck) = shared.screen.lock().status(Instant::now());
-        let again = shared.report_again.swap(false, std::sync::atomic::Ordering::SeqCst);
-        let now = (status, shared.note());
-        if status != AgentStatus::Starting && (again || reported.as_ref() != Some(&now)) {
+        // Decided in one step against the watcher counting a write; a READY to post stays
+        // marked with the writes counted before it until its answer.
+        let (now, recheck, again, post) = shared.report_order.decide(|| {
+            let (status, recheck) = shared.screen.lock().status(Instant::now());
+            let again = shared.report_again.swap(false, std::sync::atomic::Ordering::SeqCst);
+            let now = (status, shared.note());
+            let post = status != AgentStatus::Starting && (again || reported.as_ref() != Some(&now));
+            ((now, recheck, again, post), post && status == AgentStatus::Ready)
+        });
+        if post {
             let update = api::StatusUpdate { status: now.0, note: now.1.clone() };
-            match client.set_status(&shared.agent_id, &update).await {
+            let answered = client.set_status(&shared.agent_id, &update).await;
+            shared.report_order.posted();
+            match answered {
                 Ok(_) => {
                     reported = Some(now);
                     backoff.reset();
@@ -54,7 +61,6 @@ pub(super) async fn report_status(shared: Arc<Shared>) {
                 }
             }
         }
-        drop(gate);
         match recheck {
             Some(at) => {
                 let _ = tokio::time::timeout_at(at.into(), changes.changed()).await;

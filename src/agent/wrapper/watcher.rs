@@ -9,8 +9,8 @@
 //! its record and the terminal log show the CLI saw it: [`written_before_restart`]).
 //!
 //! Never written to or interrupted: a CLI that is starting or shows a dialog (the keys could
-//! answer it), nor one whose user is typing. The report gate is held from a ticket's write to
-//! its acknowledgement, so the reporter cannot post a READY seen before the write after it.
+//! answer it), nor one whose user is typing. An acknowledgement waits while a READY seen before
+//! the write is on its way, so that READY cannot land after it (`ReportOrder`).
 
 use super::Shared;
 use super::connection::{Backoff, connect, is_gone};
@@ -193,27 +193,29 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
     let mut first_after_start = true;
     // The priority-5 ticket last interrupted for: each is interrupted for once.
     let mut interrupted: Option<u64> = None;
-    // The report gate, held from a ticket's write to its acknowledgement.
-    let mut held: Option<tokio::sync::OwnedMutexGuard<()>> = None;
     // The delivery lock (shared with the hooks), held from taking a ticket to write until its
     // acknowledgement, so a hook cannot hand the same ticket to the model meanwhile.
     let mut delivering: Option<tokio::sync::OwnedMutexGuard<std::collections::HashSet<u64>>> = None;
     let mut backoff = Backoff::default();
+    // The inbox as the last acknowledgement's answer showed it: the next ticket comes from it
+    // without another request (a message stored with that acknowledgement is written at once).
+    let mut after_ack: Option<crate::api::Inbox> = None;
     loop {
         if let Some(ticket) = unacknowledged {
-            match client.ack(&shared.agent_id, ticket).await {
-                Ok(_) => {
+            // A READY seen before the write, still on its way, lands before this PROCESSING.
+            shared.report_order.no_ready_from_before_the_last_write().await;
+            match client.ack_then_inbox(&shared.agent_id, ticket, 1).await {
+                Ok(answer) => {
+                    after_ack = Some(answer.inbox);
                     // The acknowledgement recorded PROCESSING; the reporter reports READY
                     // again once the CLI is back at its prompt, after this event.
                     unacknowledged = None;
-                    drop(held.take());
                     drop(delivering.take());
                     shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
                     shared.screen.notify();
                 }
                 Err(error) if is_gone(&error) => {
                     unacknowledged = None;
-                    drop(held.take());
                     drop(delivering.take());
                 }
                 Err(_) => {
@@ -223,7 +225,11 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                 }
             }
         }
-        let inbox = match client.inbox(&shared.agent_id, INBOX_WAIT_MS, Some(1)).await {
+        let fetched = match after_ack.take() {
+            Some(inbox) if !inbox.tickets.is_empty() => Ok(inbox),
+            _ => client.inbox(&shared.agent_id, INBOX_WAIT_MS, Some(1)).await,
+        };
+        let inbox = match fetched {
             Ok(answer) => {
                 backoff.reset();
                 answer
@@ -291,7 +297,6 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             continue;
         }
         delivering = Some(guard);
-        held = Some(shared.report_gate.clone().lock_owned().await);
         let bracketed = shared.screen.lock().bracketed_paste();
         let text = match ticket_text(&shared, &ticket, bracketed) {
             Ok(text) => text,
@@ -388,7 +393,7 @@ async fn resubmit_if_unsent(shared: &Shared, written: &Written) {
         resubmits += 1;
         tracing::info!("the message still sits in the input box; sending the submit key again");
         last_key = Instant::now();
-        shared.screen.lock().input_written(last_key);
+        shared.input_written(last_key);
         if shared.input.write(written.submit.clone()).await.is_err() {
             return;
         }
@@ -457,8 +462,7 @@ async fn write_input(
     then_record: Option<(PathBuf, String)>,
 ) -> anyhow::Result<Written> {
     let bracketed = shared.screen.lock().bracketed_paste();
-    shared.screen.lock().input_written(Instant::now());
-    shared.screen.notify();
+    shared.input_written(Instant::now());
     let keys = crate::escape::keystrokes(header, text, bracketed, &shared.profile.submit);
     let shown = String::from_utf8_lossy(&keys.paste).replace("\x1b[200~", "").replace("\x1b[201~", "");
     shared.screen.lock().remember_input(&shown);
