@@ -66,10 +66,10 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     // handshake (`client::info_file_names`): the file goes as soon as the broker begins to stop,
     // so a command that comes then asks, finds no broker answering, and starts the next one.
     let mut stopping = state.shutdown.subscribe();
-    let stopping_info = info_path.clone();
+    // (Only here: at the end of the stop, a broker started meanwhile may own the file.)
     tokio::spawn(async move {
         let _ = stopping.wait_for(|stopping| *stopping).await;
-        let _ = std::fs::remove_file(&stopping_info);
+        let _ = std::fs::remove_file(&info_path);
     });
     spawn_signal_handler(state.clone());
     broker::spawn_liveness_sweeper(state.clone());
@@ -91,7 +91,6 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
 
     broker::agents::stop_all(&state).await;
     let _ = std::fs::remove_file(&socket_path);
-    let _ = std::fs::remove_file(&info_path);
     // Dropping the last handle ends the writer after it has answered everything queued.
     drop(served);
     drop(state);

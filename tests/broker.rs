@@ -453,6 +453,9 @@ fn a_command_skips_the_version_handshake_only_when_broker_json_names_the_process
     assert!(!asked_health(&requests), "the health check was asked although broker.json vouched for the broker");
 }
 
+/// The file is removed when the stop begins (the end of the stop leaves it alone: a broker
+/// started meanwhile may own it); a command skips its version handshake only while the file
+/// names the broker at the socket.
 #[test]
 fn broker_json_is_gone_once_the_broker_has_stopped_and_the_next_command_starts_a_new_one() {
     let home = Home::new();

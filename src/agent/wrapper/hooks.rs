@@ -86,6 +86,10 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
         tracing::warn!("hook {}: no confirmation; {} message(s) stay queued", request.event, tickets.len());
         return Ok(());
     }
+    // Handed over like a write: a READY seen before it and still on its way lands before the
+    // acknowledgements' PROCESSING.
+    shared.report_order.count_write(|| {});
+    shared.report_order.no_ready_from_before_the_last_write().await;
     for number in tickets {
         if let Err(error) = client.ack(&shared.agent_id, number).await {
             // Printed but not recorded: it would be typed again; say so rather than hide it.

@@ -60,7 +60,8 @@ pub struct Options {
 /// never lands in the log after that ticket's acknowledgement (which records PROCESSING): the
 /// acknowledgement waits while such a report is on its way. A report decided after the write
 /// (the CLI back at its prompt, or busy with the ticket) may land on either side of it: the
-/// reporter reports the current status again after every acknowledgement. Nothing waits for a
+/// reporter reports the current status again after every acknowledgement. A hook's hand-over
+/// counts as a write and waits the same way before its acknowledgements. Nothing waits for a
 /// report otherwise: a ticket is written while the last status is still being posted.
 #[derive(Default)]
 struct ReportOrder {
@@ -129,10 +130,17 @@ impl ReportOrder {
 
 impl Shared {
     /// Records on the screen model that a ticket's keys are about to be written (the CLI counts
-    /// as busy until it draws its prompt again), and counts the write.
-    fn input_written(&self, now: std::time::Instant) {
-        self.report_order.count_write(|| self.screen.lock().input_written(now));
+    /// as busy until it draws its prompt again), and counts the write; returns the time recorded.
+    /// The time is taken inside the step: output stamped after it was read after it, so a
+    /// prompt drawn before the write cannot make a READY that counts as decided after it.
+    fn input_written(&self) -> Instant {
+        let mut now = Instant::now();
+        self.report_order.count_write(|| {
+            now = Instant::now();
+            self.screen.lock().input_written(now);
+        });
         self.screen.notify();
+        now
     }
 }
 
@@ -428,8 +436,13 @@ mod tests {
             let order = order.clone();
             async move { order.no_ready_from_before_the_last_write().await }
         });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "the acknowledgement went before the READY had its answer");
         order.posted();
-        waiting.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the acknowledgement still waits after the READY's answer")
+            .unwrap();
         assert!(acknowledgement_may_go(&order).await);
 
         // A READY decided after the write (the CLI back at its prompt) does not hold it up.

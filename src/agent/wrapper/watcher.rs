@@ -392,8 +392,7 @@ async fn resubmit_if_unsent(shared: &Shared, written: &Written) {
         }
         resubmits += 1;
         tracing::info!("the message still sits in the input box; sending the submit key again");
-        last_key = Instant::now();
-        shared.input_written(last_key);
+        last_key = shared.input_written();
         if shared.input.write(written.submit.clone()).await.is_err() {
             return;
         }
@@ -462,7 +461,7 @@ async fn write_input(
     then_record: Option<(PathBuf, String)>,
 ) -> anyhow::Result<Written> {
     let bracketed = shared.screen.lock().bracketed_paste();
-    shared.input_written(Instant::now());
+    shared.input_written();
     let keys = crate::escape::keystrokes(header, text, bracketed, &shared.profile.submit);
     let shown = String::from_utf8_lossy(&keys.paste).replace("\x1b[200~", "").replace("\x1b[201~", "");
     shared.screen.lock().remember_input(&shown);
