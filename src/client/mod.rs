@@ -213,7 +213,15 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Connected> {
                 .filter(|info| info.port != 0 && crate::process::is_pid_alive(info.pid))
                 .map(|info| info.port);
             match port {
-                Some(port) => connect_tcp(port).await.map(|sender| (sender, None)).map_err(|_| unix_error),
+                Some(port) => {
+                    // Said: over TCP the broker cannot tell which process calls (an agent cannot
+                    // register), so why the socket failed explains what follows.
+                    tracing::warn!(
+                        "cannot connect to {} ({unix_error}); using the broker's TCP port {port}",
+                        paths.broker_socket().display()
+                    );
+                    connect_tcp(port).await.map(|sender| (sender, None)).map_err(|_| unix_error)
+                }
                 None => Err(unix_error),
             }
         }
