@@ -467,3 +467,23 @@ fn broker_json_is_gone_once_the_broker_has_stopped_and_the_next_command_starts_a
     let second = home.broker_pid().expect("broker.json of the second broker");
     assert_ne!(first, second);
 }
+
+/// The Unix socket is the way in; a command that cannot reach it while broker.json names a live
+/// broker uses its TCP port and says why (an agent cannot register that way: the broker cannot
+/// tell which process calls).
+#[test]
+fn a_command_that_cannot_reach_the_socket_uses_the_live_brokers_tcp_port_and_says_why() {
+    let home = Home::new();
+    home.ok(&["list"]);
+    let moved = home.dir.path().join("broker.sock.moved");
+    std::fs::rename(home.socket(), &moved).unwrap();
+    let output = home.run(&["list"]);
+    std::fs::rename(&moved, home.socket()).unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let said = stderr(&output);
+    assert!(said.contains("cannot connect to") && said.contains("using the broker's TCP port"), "{said}");
+    // With the socket back, nothing is said.
+    let output = home.run(&["list"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(!stderr(&output).contains("TCP port"), "{}", describe(&output));
+}

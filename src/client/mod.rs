@@ -213,15 +213,23 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Connected> {
                 .filter(|info| info.port != 0 && crate::process::is_pid_alive(info.pid))
                 .map(|info| info.port);
             match port {
-                Some(port) => {
-                    // Said: over TCP the broker cannot tell which process calls (an agent cannot
-                    // register), so why the socket failed explains what follows.
-                    tracing::warn!(
-                        "cannot connect to {} ({unix_error}); using the broker's TCP port {port}",
-                        paths.broker_socket().display()
-                    );
-                    connect_tcp(port).await.map(|sender| (sender, None)).map_err(|_| unix_error)
-                }
+                Some(port) => match connect_unix(paths).await {
+                    // The socket once more first: a broker binds it before it writes broker.json,
+                    // so one that has just started (after the first try, before the file was
+                    // read) is reached there. Over TCP the broker cannot tell which process
+                    // calls, and a wrapper cannot register (seen once in a loaded suite run,
+                    // where two commands started the broker together).
+                    Ok(connected) => Ok(connected),
+                    Err(again) if again.kind() == std::io::ErrorKind::PermissionDenied => Err(again),
+                    Err(again) => {
+                        // Said: why the socket failed explains what follows.
+                        tracing::warn!(
+                            "cannot connect to {} ({again}); using the broker's TCP port {port}",
+                            paths.broker_socket().display()
+                        );
+                        connect_tcp(port).await.map(|sender| (sender, None)).map_err(|_| again)
+                    }
+                },
                 None => Err(unix_error),
             }
         }
