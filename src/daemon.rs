@@ -63,10 +63,10 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     tracing::info!("broker {} listening on {} and 127.0.0.1:{port}", broker::VERSION, socket_path.display());
 
     // A client that finds this file naming the process at the socket skips the version
-    // handshake (`client::info_file_names`): the file goes as soon as the broker begins to stop,
-    // so a command that comes then asks, finds no broker answering, and starts the next one.
+    // handshake (`client::info_file_names`): the file goes as soon as the broker begins to stop
+    // (and only then), so a command that comes then asks, finds no broker answering, and starts
+    // the next one.
     let mut stopping = state.shutdown.subscribe();
-    // (Only here: at the end of the stop, a broker started meanwhile may own the file.)
     tokio::spawn(async move {
         let _ = stopping.wait_for(|stopping| *stopping).await;
         let _ = std::fs::remove_file(&info_path);

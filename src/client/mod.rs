@@ -207,9 +207,7 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Connected> {
         Err(unix_error) => {
             // broker.json outlives a killed broker, and its port may by now belong to another
             // process (another home's broker, an agent): only a live broker's port is tried.
-            let port = std::fs::read(paths.broker_info())
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<BrokerInfo>(&bytes).ok())
+            let port = broker_info_file(paths)
                 .filter(|info| info.port != 0 && crate::process::is_pid_alive(info.pid))
                 .map(|info| info.port);
             match port {
@@ -243,11 +241,13 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Connected> {
 /// accepts connections (then resets them) until its last thread has gone, after its main
 /// thread shows as a zombie: the health check finds that out, as it did before.
 fn info_file_names(paths: &Paths, pid: u32) -> bool {
-    std::fs::read(paths.broker_info())
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<BrokerInfo>(&bytes).ok())
-        .is_some_and(|info| info.pid == pid && info.version == api::VERSION)
+    broker_info_file(paths).is_some_and(|info| info.pid == pid && info.version == api::VERSION)
         && crate::process::is_pid_alive(pid)
+}
+
+/// The broker's info file (`broker.json`), when it is there and readable.
+fn broker_info_file(paths: &Paths) -> Option<BrokerInfo> {
+    std::fs::read(paths.broker_info()).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok())
 }
 
 /// Tries to reach a broker just started before giving up.

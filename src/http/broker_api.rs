@@ -262,9 +262,14 @@ pub async fn inbox(
     let query: InboxQuery = parse_query(uri.query())?;
     // An inbox holds other agents' words to this one: only it, or the user, reads it.
     caller.require_act_as(&agent, "read the inbox")?;
-    let limit = query.limit.unwrap_or(100).clamp(1, 10_000);
+    let limit = ticket_limit(query.limit);
     let wait = Duration::from_millis(query.wait_ms.unwrap_or(0)).min(MAX_WAIT);
     answer(&inbox_within(&state, agent, limit, wait).await?)
+}
+
+/// How many tickets an inbox answer holds: `limit`, 1..10,000, 100 when not given.
+fn ticket_limit(limit: Option<usize>) -> usize {
+    limit.unwrap_or(100).clamp(1, 10_000)
 }
 
 /// The first `limit` tickets of `agent`'s inbox; an empty inbox is watched for `wait`.
@@ -341,7 +346,7 @@ pub async fn ack(
     let Outcome::Injected { ticket } = outcome else {
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unexpected answer from the writer"));
     };
-    let limit = query.limit.unwrap_or(100).clamp(1, 10_000);
+    let limit = ticket_limit(query.limit);
     let inbox = inbox_within(&state, agent, limit, Duration::ZERO).await?;
     answer(&api::AckAndInbox { ticket, inbox })
 }

@@ -84,11 +84,13 @@ impl ReportOrder {
     }
 
     /// Runs `record` (the screen model told of the write, so that it shows the CLI busy until
-    /// its prompt is drawn again) and counts a write, in one step against [`ReportOrder::decide`].
-    fn count_write(&self, record: impl FnOnce()) {
+    /// its prompt is drawn again) and counts a write, in one step against [`ReportOrder::decide`];
+    /// returns what `record` returned.
+    fn count_write<T>(&self, record: impl FnOnce() -> T) -> T {
         let mut counts = self.counts();
-        record();
+        let recorded = record();
         counts.writes += 1;
+        recorded
     }
 
     /// Runs `decide` in one step against [`ReportOrder::count_write`]; when it says a READY
@@ -134,10 +136,10 @@ impl Shared {
     /// The time is taken inside the step: output stamped after it was read after it, so a
     /// prompt drawn before the write cannot make a READY that counts as decided after it.
     fn input_written(&self) -> Instant {
-        let mut now = Instant::now();
-        self.report_order.count_write(|| {
-            now = Instant::now();
+        let now = self.report_order.count_write(|| {
+            let now = Instant::now();
             self.screen.lock().input_written(now);
+            now
         });
         self.screen.notify();
         now
