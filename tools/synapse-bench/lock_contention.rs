@@ -11,7 +11,7 @@ use synapse::broker::command::{Command, Outcome, RegisterRequest};
 use synapse::secret::hash_secret;
 use synapse::store::Store;
 
-const LOCK_AGENTS: usize = 16;
+const LOCK_AGENTS: usize = 64;
 const LOCK_FILES: usize = 100;
 
 pub async fn run(options: &Options) -> Result<()> {

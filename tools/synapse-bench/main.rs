@@ -71,7 +71,12 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<ExitCode> {
-    let (scenarios, options) = parse_args(std::env::args().skip(1).collect())?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(sse_fanout::FLOOR_SERVER) {
+        sse_fanout::serve_floor(&args[1..])?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (scenarios, options) = parse_args(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut failed = Vec::new();
     for scenario in &scenarios {

@@ -1,9 +1,10 @@
 //! `sse-fanout`: many subscribers on /events while events are appended.
 //!
 //! Each event's lag is its receive time minus its time in the log, over every subscriber
-//! (`sse_fanout_p99_ms`). Then its floor (issue 16): a bare axum SSE broadcast over a Unix socket
-//! of as many events of [`FLOOR_EVENT_BYTES`] bytes, at the rate the broker appended them, to
-//! as many subscribers, read by the same subscriber code (`floor_sse_p99_ms`).
+//! (`sse_fanout_p99_ms`). Then its floor (issue 16): a bare axum SSE broadcast over a Unix socket,
+//! from a process of its own, of as many events of [`FLOOR_EVENT_BYTES`] bytes, in the groups
+//! and at the times the broker committed them, to as many subscribers, read by the same
+//! subscriber code (`floor_sse_p99_ms`; see [`bare_broadcast`]).
 
 use crate::common::{BenchDir, BrokerProcess, Http, Options, Samples, SynapseEnv, register_agent, result};
 use anyhow::{Context, Result, bail};
@@ -29,9 +30,21 @@ fn unix_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|elapsed| elapsed.as_secs_f64() * 1000.0).unwrap_or(0.0)
 }
 
-/// One subscriber: reads `/events` from `after` until it has `wanted` events; returns each
-/// event's lag (receive time minus the event's time, in ms).
-async fn subscriber(socket: PathBuf, after: u64, wanted: usize, ready: Arc<tokio::sync::Barrier>) -> Result<Vec<f64>> {
+/// What one subscriber saw: each event's lag (receive time minus the event's time, in ms) and,
+/// when asked for, each event's time.
+struct Seen {
+    lags: Vec<f64>,
+    times_ms: Vec<u64>,
+}
+
+/// One subscriber: reads `/events` from `after` until it has `wanted` events.
+async fn subscriber(
+    socket: PathBuf,
+    after: u64,
+    wanted: usize,
+    keep_times: bool,
+    ready: Arc<tokio::sync::Barrier>,
+) -> Result<Seen> {
     let mut http = Http::unix(&socket).await?;
     let request = Request::builder()
         .method(Method::GET)
@@ -44,25 +57,49 @@ async fn subscriber(socket: PathBuf, after: u64, wanted: usize, ready: Arc<tokio
     let mut body = response.into_body();
     let mut buffer = Vec::new();
     let mut lags = Vec::with_capacity(wanted);
+    let mut times_ms = Vec::with_capacity(if keep_times { wanted } else { 0 });
+    // Where the search for the next event's end resumes (the bytes before it hold no "\n\n").
+    let mut scanned = 0;
     while lags.len() < wanted {
         let Some(frame) = body.frame().await else { bail!("the stream ended after {} events", lags.len()) };
         let frame = frame?;
         let Some(data) = frame.data_ref() else { continue };
         buffer.extend_from_slice(data);
-        while let Some(end) = buffer.windows(2).position(|pair| pair == b"\n\n") {
-            let event: Vec<u8> = buffer.drain(..end + 2).collect();
-            let text = String::from_utf8_lossy(&event);
-            // Only the time is needed: find it without parsing the whole event (the client
-            // shares the machine's two cores with the broker it measures).
-            if let Some(json) = text.lines().find_map(|line| line.strip_prefix("data:")) {
-                let at = json.find("\"time_ms\":").context("an event without time_ms")? + "\"time_ms\":".len();
-                let digits: String = json[at..].chars().take_while(char::is_ascii_digit).collect();
-                let time_ms: f64 = digits.parse().context("a bad time_ms")?;
-                lags.push((unix_ms() - time_ms).max(0.0));
+        // Only each event's time is needed: found in the bytes, without copying or parsing the
+        // event (the subscribers share the machine's two cores with what they measure).
+        let (mut start, received_ms) = (0, unix_ms());
+        while let Some(end) = find(&buffer[scanned..], b"\n\n").map(|at| scanned + at) {
+            let event = &buffer[start..end];
+            scanned = end + 2;
+            start = scanned;
+            if event.starts_with(b":") {
+                continue; // a keep-alive comment
+            }
+            let time_ms = event_time_ms(event).context("an event without a time_ms")?;
+            lags.push((received_ms - time_ms as f64).max(0.0));
+            if keep_times {
+                times_ms.push(time_ms);
             }
         }
+        buffer.drain(..start);
+        scanned -= start;
+        // A "\n" at the end may begin the next "\n\n".
+        scanned = scanned.max(buffer.len().saturating_sub(1)).min(buffer.len());
     }
-    Ok(lags)
+    Ok(Seen { lags, times_ms })
+}
+
+/// Where `needle` first occurs in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|window| window == needle)
+}
+
+/// The `"time_ms":` number of one server-sent event's bytes.
+fn event_time_ms(event: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"\"time_ms\":";
+    let at = find(event, KEY)? + KEY.len();
+    let digits = event[at..].iter().take_while(|byte| byte.is_ascii_digit()).count();
+    std::str::from_utf8(&event[at..at + digits]).ok()?.parse().ok()
 }
 
 pub async fn run(options: &Options) -> Result<()> {
@@ -78,7 +115,7 @@ pub async fn run(options: &Options) -> Result<()> {
     let ready = Arc::new(tokio::sync::Barrier::new(FANOUT_SUBSCRIBERS + 1));
     let socket = env.broker_socket();
     let subscribers: Vec<_> = (0..FANOUT_SUBSCRIBERS)
-        .map(|_| tokio::spawn(subscriber(socket.clone(), head, FANOUT_EVENTS, ready.clone())))
+        .map(|index| tokio::spawn(subscriber(socket.clone(), head, FANOUT_EVENTS, index == 0, ready.clone())))
         .collect();
     ready.wait().await;
     println!(
@@ -108,8 +145,13 @@ pub async fn run(options: &Options) -> Result<()> {
     }
     let appended = started.elapsed();
     let mut lags = Vec::with_capacity(FANOUT_SUBSCRIBERS * FANOUT_EVENTS);
+    let mut times_ms = Vec::new();
     for subscriber in subscribers {
-        lags.extend(subscriber.await??);
+        let seen = subscriber.await??;
+        lags.extend(seen.lags);
+        if times_ms.is_empty() {
+            times_ms = seen.times_ms;
+        }
     }
     let all = started.elapsed();
     drop(http);
@@ -123,27 +165,111 @@ pub async fn run(options: &Options) -> Result<()> {
         samples.summary()
     );
     result("sse_fanout_p99_ms", samples.percentile(99.0), 3, "ms");
-    let floor = bare_broadcast(FANOUT_EVENTS, appended).await?;
-    println!("bare SSE broadcast, same events, rate and subscribers: lag {}", floor.summary());
+    let schedule = commit_schedule(&times_ms);
+    println!("the broker committed them in {} groups (events of one commit share their time)", schedule.len());
+    let floor = bare_broadcast(&schedule).await?;
+    println!("bare SSE broadcast, same events, groups, times and subscribers: lag {}", floor.summary());
     result("floor_sse_p99_ms", floor.percentile(99.0), 3, "ms");
     Ok(())
 }
 
-/// The floor of `sse-fanout`: `events` events spread evenly over `over`, broadcast by a bare
-/// axum SSE handler to [`FANOUT_SUBSCRIBERS`] subscribers on a Unix socket; their lags.
-async fn bare_broadcast(events: usize, over: std::time::Duration) -> Result<Samples> {
+/// The broker's commits as the events' times show them: (milliseconds after the first, events),
+/// one entry per distinct time (a commit gives every event of it one time; two commits in one
+/// millisecond count as one group, which can only make the floor lower).
+fn commit_schedule(times_ms: &[u64]) -> Vec<(u64, usize)> {
+    let first = times_ms.first().copied().unwrap_or(0);
+    let mut schedule: Vec<(u64, usize)> = Vec::new();
+    for &time in times_ms {
+        let offset = time.saturating_sub(first);
+        match schedule.last_mut() {
+            Some((last, count)) if *last == offset => *count += 1,
+            _ => schedule.push((offset, 1)),
+        }
+    }
+    schedule
+}
+
+/// The floor of `sse-fanout`: the same events (as many, of [`FLOOR_EVENT_BYTES`] bytes), in the
+/// broker's groups at the broker's times (`schedule`, see [`commit_schedule`]), broadcast by a
+/// bare axum SSE server in a child process (see [`serve_floor`]) to [`FANOUT_SUBSCRIBERS`]
+/// subscribers on a Unix socket, read by the same subscriber code; their lags.
+///
+/// Why this shape: a floor must be the cheapest way to move the same bytes as the scenario
+/// does. With the server in this process (sharing the subscribers' runtime, no second process
+/// competing for the cores) its p99 swung between 5 and 35 ms from run to run; with one write
+/// per event instead of one per commit, it was slower than the broker itself.
+async fn bare_broadcast(schedule: &[(u64, usize)]) -> Result<Samples> {
+    use tokio::io::AsyncBufReadExt;
+    let events: usize = schedule.iter().map(|(_, count)| count).sum();
     let dir = BenchDir::new("sse-floor")?;
     let socket = dir.uds().join("floor.sock");
-    // Room for every event: a subscriber never misses one, as on the broker.
+    let schedule_file = dir.root.join("schedule");
+    let lines: String = schedule.iter().map(|(offset, count)| format!("{offset} {count}\n")).collect();
+    std::fs::write(&schedule_file, lines)?;
+    let exe = std::env::current_exe().context("cannot find synapse-bench")?;
+    let mut server = tokio::process::Command::new(exe)
+        .arg(FLOOR_SERVER)
+        .arg(&socket)
+        .arg(&schedule_file)
+        .arg(FANOUT_SUBSCRIBERS.to_string())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start the bare SSE server")?;
+    // It prints one line once it listens.
+    let stdout = server.stdout.take().context("the bare SSE server has no stdout")?;
+    let mut line = String::new();
+    tokio::io::BufReader::new(stdout).read_line(&mut line).await?;
+    if line.trim() != "listening" {
+        bail!("the bare SSE server did not start (it said {line:?})");
+    }
+    let ready = Arc::new(tokio::sync::Barrier::new(FANOUT_SUBSCRIBERS + 1));
+    let subscribers: Vec<_> = (0..FANOUT_SUBSCRIBERS)
+        .map(|_| tokio::spawn(subscriber(socket.clone(), 0, events, false, ready.clone())))
+        .collect();
+    ready.wait().await;
+    let mut lags = Vec::with_capacity(FANOUT_SUBSCRIBERS * events);
+    for subscriber in subscribers {
+        lags.extend(subscriber.await??.lags);
+    }
+    server.kill().await?;
+    Ok(Samples::from_millis(lags))
+}
+
+/// The hidden argument that makes `synapse-bench` the bare SSE server of [`bare_broadcast`].
+pub const FLOOR_SERVER: &str = "--sse-floor-server";
+
+/// The bare SSE server (`synapse-bench --sse-floor-server SOCKET SCHEDULE SUBSCRIBERS`): serves
+/// `/events` on SOCKET; once SUBSCRIBERS streams are open, a thread of its own (as the broker's
+/// writer is) broadcasts the groups of SCHEDULE (lines `MS_AFTER_START EVENTS`), each group as
+/// one message of that many events of [`FLOOR_EVENT_BYTES`] bytes (one commit's events); each
+/// stream writes every message waiting in one chunk, as the broker's does. Runs until killed.
+pub fn serve_floor(args: &[String]) -> Result<()> {
+    let [socket, schedule, subscribers] = args else {
+        bail!("usage: synapse-bench {FLOOR_SERVER} SOCKET SCHEDULE SUBSCRIBERS")
+    };
+    let schedule = std::fs::read_to_string(schedule).with_context(|| format!("cannot read {schedule}"))?;
+    let schedule: Vec<(u64, usize)> = schedule
+        .lines()
+        .map(|line| {
+            let (offset, count) = line.split_once(' ').context("a schedule line without a space")?;
+            anyhow::Ok((offset.parse()?, count.parse()?))
+        })
+        .collect::<Result<_>>()?;
+    let events: usize = schedule.iter().map(|(_, count)| count).sum();
+    let subscribers: usize = subscribers.parse().context("SUBSCRIBERS")?;
     let (sender, _) = tokio::sync::broadcast::channel::<Arc<str>>(events + 16);
+    let (all_connected, start) = std::sync::mpsc::channel::<()>();
+    let connected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let handler_sender = sender.clone();
     let app = axum::Router::new().route(
         "/events",
         axum::routing::get(move || {
             let mut receiver = handler_sender.subscribe();
+            if connected.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == subscribers {
+                let _ = all_connected.send(());
+            }
             async move {
-                // Each wake-up writes every event waiting, in one chunk, as the broker's stream
-                // does: the floor is the cheapest way to move these bytes, not one write each.
                 let stream = async_stream::stream! {
                     while let Ok(first) = receiver.recv().await {
                         let mut chunk = format!("data: {first}\n\n");
@@ -157,25 +283,38 @@ async fn bare_broadcast(events: usize, over: std::time::Duration) -> Result<Samp
             }
         }),
     );
-    let listener = tokio::net::UnixListener::bind(&socket)?;
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let ready = Arc::new(tokio::sync::Barrier::new(FANOUT_SUBSCRIBERS + 1));
-    let subscribers: Vec<_> =
-        (0..FANOUT_SUBSCRIBERS).map(|_| tokio::spawn(subscriber(socket.clone(), 0, events, ready.clone()))).collect();
-    ready.wait().await;
-    let started = Instant::now();
-    for index in 0..events {
-        let due = started + over.mul_f64(index as f64 / events as f64);
-        tokio::time::sleep_until(due.into()).await;
-        let head = format!("{{\"seq\":{index},\"time_ms\":{:.0},\"pad\":\"", unix_ms());
-        let pad = "x".repeat(FLOOR_EVENT_BYTES.saturating_sub(head.len() + 2));
-        // The broadcast's send fails only without receivers: the subscribers hold theirs.
-        let _ = sender.send(Arc::from(format!("{head}{pad}\"}}").as_str()));
-    }
-    let mut lags = Vec::with_capacity(FANOUT_SUBSCRIBERS * events);
-    for subscriber in subscribers {
-        lags.extend(subscriber.await??);
-    }
-    server.abort();
-    Ok(Samples::from_millis(lags))
+    let emitter = std::thread::spawn(move || {
+        if start.recv().is_err() {
+            return;
+        }
+        let started = Instant::now();
+        let mut seq = 0;
+        for (offset_ms, count) in schedule {
+            let due = started + std::time::Duration::from_millis(offset_ms);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            // Whole milliseconds, cut as the broker's times are (not rounded up).
+            let time_ms = unix_ms() as u64;
+            let mut group = String::with_capacity(count * (FLOOR_EVENT_BYTES + 8));
+            for _ in 0..count {
+                if !group.is_empty() {
+                    group.push_str("\n\ndata: ");
+                }
+                let head = format!("{{\"seq\":{seq},\"time_ms\":{time_ms},\"pad\":\"");
+                group.push_str(&head);
+                group.push_str(&"x".repeat(FLOOR_EVENT_BYTES.saturating_sub(head.len() + 2)));
+                group.push_str("\"}");
+                seq += 1;
+            }
+            // The broadcast's send fails only without receivers: the subscribers hold theirs.
+            let _ = sender.send(Arc::from(group.as_str()));
+        }
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::UnixListener::bind(socket)?;
+        println!("listening");
+        axum::serve(listener, app).await?;
+        anyhow::Ok(())
+    })?;
+    emitter.join().map_err(|_| anyhow::anyhow!("the emitter panicked"))
 }
