@@ -11,7 +11,9 @@
 //! A size the disk cannot hold (judged up front from the bytes per event of the previous size,
 //! or of `rebuild`'s log for the first) is skipped with a line that says so.
 
-use crate::common::{BenchDir, BrokerProcess, Options, Samples, SynapseEnv, proc_status_kib, register_agent, result};
+use crate::common::{
+    BenchDir, BrokerProcess, Options, Samples, SynapseEnv, proc_status_kib, register_agent, result, splitmix,
+};
 use crate::rebuild::LogGenerator;
 use anyhow::{Context, Result, bail};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -155,8 +157,9 @@ async fn measure(env: &SynapseEnv, dir: &BenchDir, log: &LogGenerator, size: u64
     };
     drop(client);
     println!(
-        "  history index caught up ({} events, {} segments) in {:.1} s",
+        "  history index caught up ({} events, {} exchanges, {} segments) in {:.1} s",
         progress.indexed_through,
+        log.exchanges,
         progress.segments,
         indexing.elapsed().as_secs_f64()
     );
@@ -211,6 +214,21 @@ async fn measure(env: &SynapseEnv, dir: &BenchDir, log: &LogGenerator, size: u64
     rss("after tasks, inbox and status");
     let millis = (0..SAMPLES).map(|_| cli(&["history", "list"])).collect::<Result<_>>()?;
     timed("history_list", millis);
+    // Two numbers of exchanges, OR (a word also finds the longer words it begins, so a number
+    // finds the numbers it begins): rare words, through the word index. Then two words of every
+    // request, AND: every record matches, and the newest 50 are the answer.
+    let mut seed = size;
+    let exchanges = log.exchanges.max(1);
+    let millis = (0..SAMPLES)
+        .map(|_| {
+            let (first, second) = (splitmix(&mut seed) % exchanges, splitmix(&mut seed) % exchanges);
+            cli(&["history", "search", &first.to_string(), &second.to_string()])
+        })
+        .collect::<Result<_>>()?;
+    timed("history_search", millis);
+    let millis =
+        (0..SAMPLES).map(|_| cli(&["history", "search", "review", "disk", "--logic", "AND"])).collect::<Result<_>>()?;
+    timed("history_search_common", millis);
     drop(client);
     let rss_kib = proc_status_kib(broker.pid(), "VmRSS")?;
     result(&format!("scale_broker_rss_mb_{}", label(size)), rss_kib as f64 / 1024.0, 1, "MB");
