@@ -659,6 +659,18 @@ proptest! {
                 .read(|view| view.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit))
                 .unwrap();
             let indexed = store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit).unwrap();
+            // Keywords common from so many bytes of posting lists: none (a huge threshold),
+            // some or all of them; the walk of the newest tasks may finish, or is cut off after
+            // one or no task and falls back on the lists.
+            for common_posting_bytes in [usize::MAX, 8, 4, 2, 1, 0] {
+                for walk_budget in [usize::MAX, 1, 0] {
+                    let tuning = crate::store::search_index::SearchTuning { common_posting_bytes, walk_budget };
+                    let tuned = store
+                        .search_history_tuned(&keywords, logic, case_sensitive, agent.as_deref(), limit, tuning)
+                        .unwrap();
+                    assert_eq!(tuned, scanned, "common from {common_posting_bytes} bytes, walk budget {walk_budget}");
+                }
+            }
             let mut listed = store.read(|view| view.history_records(agent.as_deref())).unwrap();
             listed.truncate(limit);
             let recent = store.recent_history(agent.as_deref(), limit).unwrap();
