@@ -104,11 +104,11 @@ pub fn may_write(
 }
 
 fn registered<'a>(view: &'a Projections<'a>) -> impl Fn(&str) -> bool + 'a {
-    move |agent: &str| view.agent(agent).ok().flatten().is_some()
+    move |agent: &str| view.agent_exists(agent).unwrap_or(false)
 }
 
 fn require_agent(view: &Projections<'_>, agent: &str) -> Result<(), DecideError> {
-    if view.agent(agent)?.is_none() {
+    if !view.agent_exists(agent)? {
         return Err(CommandError::not_found(format!("Agent '{agent}' is not registered")).into());
     }
     Ok(())
@@ -154,9 +154,12 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, context: &Context<'
             let Some(lock) = view.lock(&path)? else {
                 return Err(CommandError::not_found(format!("File {path} is not locked")).into());
             };
-            let holder_alive = view.agent(&lock.agent_id)?.is_some_and(|holder| context.liveness.is_alive(holder.pid));
             let is_foreign = agent_id.as_deref() != Some(lock.agent_id.as_str());
-            if *force && is_foreign && !by_user && lock.expires_ms > now_ms && holder_alive {
+            // The holder's row is read only when it decides: a forced release by another agent.
+            let holder_alive = || -> Result<bool, DecideError> {
+                Ok(view.agent(&lock.agent_id)?.is_some_and(|holder| context.liveness.is_alive(holder.pid)))
+            };
+            if *force && is_foreign && !by_user && lock.expires_ms > now_ms && holder_alive()? {
                 return Err(CommandError::forbidden(format!(
                     "File {path} is locked by {} until its lock expires, and that agent is running: only the user may force-release it",
                     lock.agent_id
@@ -203,7 +206,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, context: &Context<'
                 });
             }
             for lock in view.locks()? {
-                let stale = lock.expires_ms <= now_ms || view.agent(&lock.agent_id)?.is_none();
+                let stale = lock.expires_ms <= now_ms || !view.agent_exists(&lock.agent_id)?;
                 if stale {
                     events.push(Event::FileLockReleased { path: lock.path, agent_id: lock.agent_id, forced: true });
                 }

@@ -1318,6 +1318,18 @@ impl Projections<'_> {
         Ok(false)
     }
 
+    /// Whether an agent is registered, without decoding (or copying) its row: the writer asks
+    /// this for every file-safety decision, and a batch of 64 agents' locks decoded 64 rows.
+    pub fn agent_exists(&self, agent_id: &str) -> Result<bool, StoreError> {
+        if let Some(cache) = &self.replay {
+            return Ok(cache.agents.contains_key(agent_id));
+        }
+        if let Some(known) = self.decoded.agents.borrow().get(agent_id) {
+            return Ok(known.is_some());
+        }
+        Ok(self.agents.get(agent_id)?.is_some())
+    }
+
     pub fn agent(&self, agent_id: &str) -> Result<Option<AgentRecord>, StoreError> {
         if let Some(cache) = &self.replay {
             return Ok(cache.agents.get(agent_id).cloned());

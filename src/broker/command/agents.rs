@@ -212,7 +212,7 @@ pub fn decide_set_status(
 }
 
 pub fn decide_deregister(view: &Projections<'_>, agent_id: &str, reason: &str) -> Result<Decision, DecideError> {
-    if view.agent(agent_id)?.is_none() {
+    if !view.agent_exists(agent_id)? {
         return Err(CommandError::not_found(format!("Agent '{agent_id}' is not registered")).into());
     }
     Ok(Decision {

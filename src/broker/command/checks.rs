@@ -81,7 +81,7 @@ pub fn check_unverified(
     }
     // A registered agent speaks only with its secret: its name cannot be borrowed.
     let agents = view.agents()?;
-    if view.agent(id)?.is_some() || resolve_target(&agents, id).is_ok() {
+    if view.agent_exists(id)? || resolve_target(&agents, id).is_ok() {
         return Err(CommandError::forbidden(format!(
             "sending as '{id}' requires its secret: '{id}' is a registered agent here"
         ))
@@ -170,7 +170,7 @@ pub fn resolve_target(agents: &[AgentRecord], target: &str) -> Result<AgentRecor
 /// target), or `reference` itself when no live agent matches: a departed agent's id still names
 /// its records. Several agents of one type are ambiguous, as for a send.
 pub fn agent_id_of(view: &Projections<'_>, reference: &str) -> Result<String, DecideError> {
-    if view.agent(reference)?.is_some() {
+    if view.agent_exists(reference)? {
         return Ok(reference.to_string());
     }
     match resolve_target(&view.agents()?, reference) {
