@@ -77,7 +77,8 @@ pub struct SearchTuning {
     /// before a walk of the newest tasks has had its chance (each posting takes at least a byte,
     /// so this many bytes may be as many tasks).
     pub common_posting_bytes: usize,
-    /// Tasks that walk reads before it gives up and the lists are read after all.
+    /// How long that walk may take before it gives up and the lists are read after all, in
+    /// task reads (passing a task that is no candidate counts as a thirtieth of one).
     pub walk_budget: usize,
 }
 
@@ -344,18 +345,10 @@ impl Store {
         agent: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        let scan =
-            |projections: &ReadProjections| projections.search_history(keywords, logic, case_sensitive, agent, limit);
-        let prefixes: Vec<String> = keywords.iter().map(|keyword| lowercase(keyword)).collect();
-        if prefixes.is_empty() || prefixes.iter().any(String::is_empty) {
-            return self.read(scan);
-        }
-        let query = Query { keywords, logic, case_sensitive, agent, limit };
-        self.indexed_query(Some(&prefixes), &query, SearchTuning::default(), scan)
+        self.search_history_tuned(keywords, logic, case_sensitive, agent, limit, SearchTuning::default())
     }
 
     /// [`Store::search_history`] with a tuning of its own (tests: every path of the search).
-    #[cfg(test)]
     pub(super) fn search_history_tuned(
         &self,
         keywords: &[String],
@@ -439,13 +432,23 @@ impl Store {
             }
             Ok::<_, StoreError>(())
         };
-        let posting_bytes = |prefix: &str| -> Result<usize, StoreError> {
+        // Whether the prefix's lists take `tuning.common_posting_bytes` or more (they are not
+        // read past that).
+        let is_common = |prefix: &str| -> Result<bool, StoreError> {
             let mut bytes = 0;
-            visit_lists(prefix, &mut |list| {
-                bytes += list.len();
-                Ok(())
-            })?;
-            Ok(bytes)
+            for words in &segments {
+                for row in words.range(prefix..)? {
+                    let (word, value) = row?;
+                    if !word.value().starts_with(prefix) {
+                        break;
+                    }
+                    bytes += value.value().len();
+                    if bytes >= tuning.common_posting_bytes {
+                        return Ok(true);
+                    }
+                }
+            }
+            Ok(bytes >= tuning.common_posting_bytes)
         };
         let postings_of = |prefix: &str| -> Result<Vec<u64>, StoreError> {
             let mut postings = Vec::new();
@@ -499,15 +502,17 @@ impl Store {
         // displace them (a task outside the tail is in RECENCY under its current updated_ms).
         // Records found so far that are strictly newer than the task at hand: the tail's (by
         // binary search) and the walk's (its records have their key's updated_ms, and keys
-        // come in non-increasing order, so a count per key value is enough). None: `budget`
-        // tasks were read before the walk could end.
+        // come in non-increasing order, so a count per key value is enough). None: the walk
+        // cost more than `budget` task reads before it could end.
         let walk =
             |matching: Option<&[u64]>, budget: Option<usize>| -> Result<Option<Vec<HistoryRecord>>, StoreError> {
                 let mut found = from_tail.clone();
                 let mut tail_times: Vec<u64> = found.iter().map(|record| record.updated_ms).collect();
                 tail_times.sort_unstable();
                 let (mut walked_newer, mut walked_at_current, mut current) = (0usize, 0usize, u64::MAX);
-                let mut read = 0;
+                // In steps of the walk; reading a task costs about 30 (see `walks` below).
+                let mut cost = 0usize;
+                let allowed = budget.map(|budget| budget.saturating_mul(30));
                 for row in recency.iter()?.rev() {
                     let (key, _) = row?;
                     let (updated_ms, seq) = key.value();
@@ -520,59 +525,72 @@ impl Store {
                     if updated_ms < cutoff || walked_newer + tail_newer >= limit {
                         break;
                     }
-                    if matching.is_none_or(|matching| matching.binary_search(&seq).is_ok()) {
-                        if budget.is_some_and(|budget| read >= budget) {
-                            return Ok(None);
-                        }
-                        read += 1;
-                        if let Some(task) = indexed_task(seq)? {
-                            let records = keep(&task);
-                            walked_at_current += records.len();
-                            found.extend(records);
-                        }
+                    let candidate = matching.is_none_or(|matching| matching.binary_search(&seq).is_ok());
+                    cost += if candidate { 31 } else { 1 };
+                    if allowed.is_some_and(|allowed| cost > allowed) {
+                        return Ok(None);
+                    }
+                    if candidate && let Some(task) = indexed_task(seq)? {
+                        let records = keep(&task);
+                        walked_at_current += records.len();
+                        found.extend(records);
                     }
                 }
                 Ok(Some(found))
             };
 
-        let matching = match prefixes {
+        // Reading every candidate costs about 30 times a step of the walk by recency; the walk
+        // needs about limit × tasks / candidates steps (when most candidates match).
+        let tasks = recency.len()?;
+        let walks = |matching: &Option<Vec<u64>>| match matching {
+            None => true,
+            Some(matching) => {
+                let candidates = matching.len() as u64;
+                candidates > 0 && (limit as u64).saturating_mul(tasks) / candidates < 30 * candidates
+            }
+        };
+        let done = |mut found: Vec<HistoryRecord>| {
+            newest_first(&mut found);
+            found.truncate(limit);
+            found
+        };
+        // The candidates, and whether they are only a loose superset of the answer (the rare
+        // keywords' tasks of an AND with common ones: most of them may not match).
+        let (mut matching, loose) = match prefixes {
             // Every indexed task is a candidate.
-            None => None,
+            None => (None, false),
             Some(prefixes) => {
                 let mut common = Vec::new();
                 let mut rare = Vec::new();
                 for prefix in prefixes {
-                    if posting_bytes(prefix)? >= tuning.common_posting_bytes {
+                    if is_common(prefix)? {
                         common.push(prefix.as_str());
                     } else {
                         rare.push(prefix.as_str());
                     }
                 }
-                if logic == Logic::And && !rare.is_empty() {
+                if common.is_empty() {
+                    (Some(candidates(&rare)?), false)
+                } else if logic == Logic::And && !rare.is_empty() {
                     // The rare keywords' tasks; the text check sees to the common ones.
-                    Some(candidates(&rare)?)
-                } else if common.is_empty() {
-                    Some(candidates(&rare)?)
-                } else if let Some(mut found) = walk(None, Some(tuning.walk_budget))? {
-                    newest_first(&mut found);
-                    found.truncate(limit);
-                    return Ok(found);
+                    (Some(candidates(&rare)?), true)
+                } else if let Some(found) = walk(None, Some(tuning.walk_budget))? {
+                    return Ok(done(found));
                 } else {
-                    let all: Vec<&str> = prefixes.iter().map(String::as_str).collect();
-                    Some(candidates(&all)?)
+                    (Some(candidates(prefixes.iter().map(String::as_str).collect::<Vec<_>>().as_slice())?), false)
                 }
             }
         };
-        // Reading every candidate costs about 30 times a step of the walk by recency; the walk
-        // needs about limit × tasks / candidates steps.
-        let walks = match &matching {
-            None => true,
-            Some(matching) => {
-                let candidates = matching.len() as u64;
-                candidates > 0 && (limit as u64).saturating_mul(recency.len()?) / candidates < 30 * candidates
+        if loose && walks(&matching) {
+            // Few of the loose candidates may match, and then the walk would go through every
+            // task: it gets the budget, and after it the exact candidates (every list) decide.
+            if let Some(found) = walk(matching.as_deref(), Some(tuning.walk_budget))? {
+                return Ok(done(found));
             }
-        };
-        let mut found = if walks {
+            let all: Vec<&str> = prefixes.unwrap_or_default().iter().map(String::as_str).collect();
+            matching = Some(candidates(&all)?);
+        }
+        let found = if walks(&matching) {
             walk(matching.as_deref(), None)?.unwrap_or_default()
         } else {
             let mut found = from_tail;
@@ -583,9 +601,7 @@ impl Store {
             }
             found
         };
-        newest_first(&mut found);
-        found.truncate(limit);
-        Ok(found)
+        Ok(done(found))
     }
 }
 

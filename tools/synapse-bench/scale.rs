@@ -221,7 +221,8 @@ async fn measure(env: &SynapseEnv, dir: &BenchDir, log: &LogGenerator, size: u64
     let exchanges = log.exchanges.max(1);
     let millis = (0..SAMPLES)
         .map(|_| {
-            let (first, second) = (splitmix(&mut seed) % exchanges, splitmix(&mut seed) % exchanges);
+            // Exchanges are numbered from 1 (`rebuild`'s texts).
+            let (first, second) = (1 + splitmix(&mut seed) % exchanges, 1 + splitmix(&mut seed) % exchanges);
             cli(&["history", "search", &first.to_string(), &second.to_string()])
         })
         .collect::<Result<_>>()?;

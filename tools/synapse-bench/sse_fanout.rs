@@ -212,6 +212,7 @@ async fn bare_broadcast(schedule: &[(u64, usize)]) -> Result<Samples> {
         .arg(&socket)
         .arg(&schedule_file)
         .arg(FANOUT_SUBSCRIBERS.to_string())
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -228,6 +229,10 @@ async fn bare_broadcast(schedule: &[(u64, usize)]) -> Result<Samples> {
         .map(|_| tokio::spawn(subscriber(socket.clone(), 0, events, false, ready.clone())))
         .collect();
     ready.wait().await;
+    // Every subscriber reads its stream: the broadcast may begin (as the broker's appenders
+    // begin only now).
+    let mut go = server.stdin.take().context("the bare SSE server has no stdin")?;
+    tokio::io::AsyncWriteExt::write_all(&mut go, b"go\n").await?;
     let mut lags = Vec::with_capacity(FANOUT_SUBSCRIBERS * events);
     for subscriber in subscribers {
         lags.extend(subscriber.await??.lags);
@@ -240,7 +245,8 @@ async fn bare_broadcast(schedule: &[(u64, usize)]) -> Result<Samples> {
 pub const FLOOR_SERVER: &str = "--sse-floor-server";
 
 /// The bare SSE server (`synapse-bench --sse-floor-server SOCKET SCHEDULE SUBSCRIBERS`): serves
-/// `/events` on SOCKET; once SUBSCRIBERS streams are open, a thread of its own (as the broker's
+/// `/events` on SOCKET; once SUBSCRIBERS streams are open and a line arrives on its standard
+/// input (the parent's word that every subscriber reads), a thread of its own (as the broker's
 /// writer is) broadcasts the groups of SCHEDULE (lines `MS_AFTER_START EVENTS`), each group as
 /// one message of that many events of [`FLOOR_EVENT_BYTES`] bytes (one commit's events); each
 /// stream writes every message waiting in one chunk, as the broker's does. Runs until killed.
@@ -284,7 +290,9 @@ pub fn serve_floor(args: &[String]) -> Result<()> {
         }),
     );
     let emitter = std::thread::spawn(move || {
-        if start.recv().is_err() {
+        // Every stream open, then the parent's word that every subscriber reads its stream.
+        let mut go = String::new();
+        if start.recv().is_err() || std::io::stdin().read_line(&mut go).is_err() {
             return;
         }
         let started = Instant::now();
