@@ -25,6 +25,7 @@ use super::{LOG, Store, StoreError};
 use crate::event::{Envelope, Event};
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::{BTreeSet, HashMap};
+use std::ops::ControlFlow;
 
 const INDEX_META: TableDefinition<&str, u64> = TableDefinition::new("history_index_meta");
 /// Segment id → number of postings in it.
@@ -69,6 +70,9 @@ const MAX_MERGED_POSTINGS: u64 = 1_000_000;
 /// Unindexed events a search reads itself at most; with more (an indexer far behind, just
 /// after a rebuild) it scans every task instead, which is slower but as exact.
 pub(super) const TAIL_LIMIT: usize = 20_000;
+
+/// What a search does with each posting list it reads: go on to the next, or stop.
+type ListVisitor<'a> = dyn FnMut(&[u8]) -> Result<ControlFlow<()>, StoreError> + 'a;
 
 /// How a search weighs reading posting lists against walking the tasks newest first.
 #[derive(Debug, Clone, Copy)]
@@ -419,15 +423,18 @@ impl Store {
         for (id, _) in segment_ids(&txn.open_table(SEGMENTS)?)? {
             segments.push(txn.open_table(words_of(&segment_table(id)))?);
         }
-        // Each posting list of a word starting with `prefix`, in every segment.
-        let visit_lists = |prefix: &str, visit: &mut dyn FnMut(&[u8]) -> Result<(), StoreError>| {
+        // Each posting list of a word starting with `prefix`, in every segment, until `visit`
+        // says to stop.
+        let visit_lists = |prefix: &str, visit: &mut ListVisitor<'_>| {
             for words in &segments {
                 for row in words.range(prefix..)? {
                     let (word, value) = row?;
                     if !word.value().starts_with(prefix) {
                         break;
                     }
-                    visit(value.value())?;
+                    if visit(value.value())?.is_break() {
+                        return Ok(());
+                    }
                 }
             }
             Ok::<_, StoreError>(())
@@ -436,23 +443,19 @@ impl Store {
         // read past that).
         let is_common = |prefix: &str| -> Result<bool, StoreError> {
             let mut bytes = 0;
-            for words in &segments {
-                for row in words.range(prefix..)? {
-                    let (word, value) = row?;
-                    if !word.value().starts_with(prefix) {
-                        break;
-                    }
-                    bytes += value.value().len();
-                    if bytes >= tuning.common_posting_bytes {
-                        return Ok(true);
-                    }
-                }
-            }
+            visit_lists(prefix, &mut |list| {
+                bytes += list.len();
+                Ok(if bytes >= tuning.common_posting_bytes {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                })
+            })?;
             Ok(bytes >= tuning.common_posting_bytes)
         };
         let postings_of = |prefix: &str| -> Result<Vec<u64>, StoreError> {
             let mut postings = Vec::new();
-            visit_lists(prefix, &mut |list| decode_postings(list, &mut postings))?;
+            visit_lists(prefix, &mut |list| decode_postings(list, &mut postings).map(ControlFlow::Continue))?;
             postings.sort_unstable();
             postings.dedup();
             Ok(postings)
@@ -554,6 +557,7 @@ impl Store {
             found.truncate(limit);
             found
         };
+        let all: Vec<&str> = prefixes.unwrap_or_default().iter().map(String::as_str).collect();
         // The candidates, and whether they are only a loose superset of the answer (the rare
         // keywords' tasks of an AND with common ones: most of them may not match).
         let (mut matching, loose) = match prefixes {
@@ -577,7 +581,7 @@ impl Store {
                 } else if let Some(found) = walk(None, Some(tuning.walk_budget))? {
                     return Ok(done(found));
                 } else {
-                    (Some(candidates(prefixes.iter().map(String::as_str).collect::<Vec<_>>().as_slice())?), false)
+                    (Some(candidates(&all)?), false)
                 }
             }
         };
@@ -587,7 +591,6 @@ impl Store {
             if let Some(found) = walk(matching.as_deref(), Some(tuning.walk_budget))? {
                 return Ok(done(found));
             }
-            let all: Vec<&str> = prefixes.unwrap_or_default().iter().map(String::as_str).collect();
             matching = Some(candidates(&all)?);
         }
         let found = if walks(&matching) {
