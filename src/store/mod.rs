@@ -50,10 +50,12 @@ const PROJECTION_VERSION: u64 = 9;
 /// admits one open `Database`; reads are short).
 const REOPEN_WAIT: Duration = Duration::from_secs(2);
 
-/// redb page cache (allocated as pages are used: an idle broker stays at a few MB). 32 MB:
-/// the broker's RSS at 1M events is 58 MB with it and 95 MB with 64 MB, and http-send and
-/// round-trip measured the same with either (the system's page cache holds the file too).
-const CACHE_SIZE_BYTES: usize = 32 << 20;
+/// redb page cache (allocated as pages are used: an idle broker stays at a few MB). 16 MB:
+/// the broker's RSS at 1M events was 95 MB with 64 MB and 58 MB with 32 MB; with 32 MB it
+/// reached 64-70 MB at 10M events (`synapse-bench scale`), 44 MB with 16 MB. The operations
+/// `scale` times measured the same with 16 and 32 MB, and http-send and round-trip the same
+/// with 32 and 64 MB: the system's page cache holds the file too.
+const CACHE_SIZE_BYTES: usize = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -208,6 +210,7 @@ impl Store {
 
     fn initialise(db: Database, source: Option<FileSource>) -> Result<Store, StoreError> {
         let txn = db.begin_write()?;
+        let mut replayed = None;
         {
             let mut meta = txn.open_table(META)?;
             let stored = meta.get(META_SCHEMA)?.map(|v| v.value());
@@ -227,7 +230,8 @@ impl Store {
             Projections::open(&txn, &LIVE)?;
             search_index::create_tables(&txn)?;
             if replay {
-                let events = replay_into(&txn, &LIVE)?;
+                let (events, rows) = replay_into(&txn, &LIVE)?;
+                replayed = Some(rows);
                 search_index::clear(&txn)?;
                 tracing::info!("projections rebuilt from {events} events (their shape changed with this build)");
             }
@@ -236,6 +240,9 @@ impl Store {
             }
         }
         txn.commit()?;
+        if let Some(rows) = replayed {
+            free_in_background(rows);
+        }
         Ok(Store {
             database: RwLock::new(Some(Arc::new(db))),
             source,
@@ -356,9 +363,10 @@ impl Store {
         let started = Instant::now();
         let _indexer = self.index_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let txn = self.db()?.begin_write()?;
-        let events = replay_into(&txn, &LIVE)?;
+        let (events, rows) = replay_into(&txn, &LIVE)?;
         search_index::clear(&txn)?;
         txn.commit()?;
+        free_in_background(rows);
         Ok(RebuildReport { events, elapsed_ms: millis(started.elapsed()) })
     }
 
@@ -366,9 +374,10 @@ impl Store {
     /// Writes nothing: the transaction is aborted.
     pub fn verify(&self) -> Result<VerifyReport, StoreError> {
         let txn = self.db()?.begin_write()?;
-        let events = replay_into(&txn, &SCRATCH)?;
+        let (events, rows) = replay_into(&txn, &SCRATCH)?;
         let differences = projection::compare(&txn, &LIVE, &SCRATCH)?;
         let _ = txn.abort();
+        free_in_background(rows);
         Ok(VerifyReport { events, differences })
     }
 
@@ -409,19 +418,43 @@ fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
-fn replay_into(txn: &WriteTransaction, names: &ProjectionNames) -> Result<u64, StoreError> {
-    names.delete_all(txn)?;
-    let mut projections = Projections::open_for_replay(txn, names)?;
-    let log = txn.open_table(LOG)?;
-    let mut events = 0;
-    for row in log.iter()? {
-        let (_, bytes) = row?;
-        let envelope = Envelope::decode(bytes.value())?;
-        projections.apply(&envelope)?;
-        events += 1;
-    }
-    projections.flush()?;
-    Ok(events)
+/// Replays the whole log into the (emptied) projection tables `names`.
+///
+/// A replay keeps every row in memory until its end: at 1M events, 200k tasks and a few million
+/// small allocations. Freeing them was a sixth of a rebuild (the drop, then glibc merging its
+/// freed chunks inside the next large allocation), so the replay runs on a thread of its own,
+/// whose allocator arena nothing else uses, and hands its rows back, for the caller to free
+/// once the transaction has ended ([`free_in_background`]).
+fn replay_into(txn: &WriteTransaction, names: &ProjectionNames) -> Result<(u64, projection::ReplayRows), StoreError> {
+    let replay = || -> Result<(u64, projection::ReplayRows), StoreError> {
+        names.delete_all(txn)?;
+        let mut projections = Projections::open_for_replay(txn, names)?;
+        let log = txn.open_table(LOG)?;
+        let mut events = 0;
+        for row in log.iter()? {
+            let (_, bytes) = row?;
+            let envelope = Envelope::decode(bytes.value())?;
+            projections.apply(&envelope)?;
+            events += 1;
+        }
+        Ok((events, projections.flush()?))
+    };
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new().name("synapse-replay".into()).spawn_scoped(scope, replay) {
+            Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => replay(),
+        }
+    })
+}
+
+/// Drops a replay's rows on a thread of its own, after its transaction (its commit frees
+/// buffers of the same allocator arena), and returns the freed memory to the system. When no
+/// thread can be started, the closure and the rows are dropped here.
+fn free_in_background(rows: projection::ReplayRows) {
+    let _ = std::thread::Builder::new().name("synapse-free".into()).spawn(move || {
+        drop(rows);
+        crate::process::release_free_memory();
+    });
 }
 
 /// The writer's handle inside one transaction: reads see everything appended before.

@@ -222,6 +222,11 @@ struct ReplayCache {
     inbox: std::collections::BTreeMap<(String, u8, u64), Ticket>,
 }
 
+/// A replay's rows once they are in their tables ([`Projections::flush`]): only to be dropped.
+pub(crate) struct ReplayRows {
+    _rows: Option<ReplayCache>,
+}
+
 /// The projection tables in a short read transaction.
 pub struct ReadProjections {
     agents: redb::ReadOnlyTable<&'static str, &'static [u8]>,
@@ -338,11 +343,12 @@ impl<'txn> Projections<'txn> {
         Ok(projections)
     }
 
-    /// Writes the cached rows (replay) to their tables.
-    pub(crate) fn flush(&mut self) -> Result<(), StoreError> {
-        let Some(cache) = self.replay.take() else { return Ok(()) };
-        for (id, agent) in cache.agents {
-            self.agents.insert(id.as_str(), records::encode(&agent).as_slice())?;
+    /// Writes the cached rows (replay) to their tables, and hands them back: freeing a million
+    /// small allocations is the caller's to schedule (see `store::replay_into`).
+    pub(crate) fn flush(&mut self) -> Result<ReplayRows, StoreError> {
+        let Some(cache) = self.replay.take() else { return Ok(ReplayRows { _rows: None }) };
+        for (id, agent) in &cache.agents {
+            self.agents.insert(id.as_str(), records::encode(agent).as_slice())?;
         }
         // Sorted by reference: moving the rows themselves cost more than the sort's comparisons.
         let mut tasks: Vec<(&str, &TaskRecord)> = cache.tasks.iter().map(|(id, task)| (id.as_str(), &**task)).collect();
@@ -360,18 +366,18 @@ impl<'txn> Projections<'txn> {
         for key in index {
             self.task_index.insert(key, [].as_slice())?;
         }
-        for ((receiver, sender), target) in cache.reply_targets {
-            self.reply_targets.insert((receiver.as_str(), sender.as_str()), records::encode(&target).as_slice())?;
+        for ((receiver, sender), target) in &cache.reply_targets {
+            self.reply_targets.insert((receiver.as_str(), sender.as_str()), records::encode(target).as_slice())?;
         }
-        let mut depths: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-        for ((agent, rank, ticket), row) in cache.inbox {
-            self.inbox.insert((agent.as_str(), rank, ticket), records::encode(&row).as_slice())?;
-            *depths.entry(agent).or_default() += 1;
+        let mut depths: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+        for ((agent, rank, ticket), row) in &cache.inbox {
+            self.inbox.insert((agent.as_str(), *rank, *ticket), records::encode(row).as_slice())?;
+            *depths.entry(agent.as_str()).or_default() += 1;
         }
         for (agent, depth) in depths {
-            self.inbox_depth.insert(agent.as_str(), depth.to_le_bytes().as_slice())?;
+            self.inbox_depth.insert(agent, depth.to_le_bytes().as_slice())?;
         }
-        Ok(())
+        Ok(ReplayRows { _rows: Some(cache) })
     }
 
     fn put_agent(&mut self, agent: &AgentRecord) -> Result<(), StoreError> {
