@@ -67,6 +67,11 @@ pub fn open_write(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().create(true).truncate(false).write(true).mode(FILE_MODE).open(path)
 }
 
+/// Opens `path` for reading and writing without truncating it, creating it 0600 if needed.
+pub fn open_read_write(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().create(true).truncate(false).read(true).write(true).mode(FILE_MODE).open(path)
+}
+
 /// Writes `contents` to `path` (replacing it), creating it 0600 if needed.
 pub fn write(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
     let mut file = OpenOptions::new().create(true).truncate(true).write(true).mode(FILE_MODE).open(path)?;

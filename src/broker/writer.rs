@@ -37,6 +37,9 @@ const GATHER: Duration = Duration::from_micros(200);
 /// Smallest last batch that makes the writer gather.
 const GATHER_FROM: usize = 4;
 /// First pause between attempts to reopen the database, doubled after each failure.
+/// How long the writer waits for more work before it makes the batches that only the
+/// write-ahead log holds durable in the database too (`Store::checkpoint`).
+const IDLE_CHECKPOINT: Duration = Duration::from_millis(50);
 const REOPEN_BACKOFF_FIRST: Duration = Duration::from_millis(100);
 /// Longest pause between attempts to reopen the database.
 const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -157,7 +160,19 @@ fn run(writer: &mut Writer, receiver: &mpsc::Receiver<Job>) {
             }
             continue;
         }
-        let Ok(job) = receiver.recv() else { return };
+        let job = if writer.store.checkpoint_pending() {
+            match receiver.recv_timeout(IDLE_CHECKPOINT) {
+                Ok(job) => job,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    writer.checkpoint();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        } else {
+            let Ok(job) = receiver.recv() else { return };
+            job
+        };
         writer.take(job, &mut batch);
         while batch.len() < MAX_BATCH_JOBS {
             let Ok(job) = receiver.try_recv() else { break };
@@ -220,6 +235,15 @@ impl Writer {
                     self.start_recovery(reason);
                 }
             }
+        }
+    }
+
+    /// Makes what only the write-ahead log holds durable in the database; a failure is a
+    /// storage failure like a failed batch (nothing is lost: the log still holds it all).
+    fn checkpoint(&mut self) {
+        if let Err(error) = catch_storage_panic(|| self.store.checkpoint()) {
+            tracing::error!("checkpoint failed: {error}");
+            self.storage_failed(&error);
         }
     }
 

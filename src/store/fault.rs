@@ -32,6 +32,11 @@ impl SimulatedDisk {
     pub fn new(switch: PathBuf) -> SimulatedDisk {
         SimulatedDisk { switch, allocated: Arc::new(AtomicU64::new(u64::MAX)) }
     }
+
+    /// Is the disk "full" now? (The write-ahead log asks too: it must fail as the database does.)
+    pub fn is_full(&self) -> bool {
+        self.switch.exists()
+    }
 }
 
 #[derive(Debug)]
@@ -48,7 +53,7 @@ impl DiskFullSwitch {
     }
 
     fn is_full(&self) -> bool {
-        self.disk.switch.exists()
+        self.disk.is_full()
     }
 
     fn no_space() -> io::Error {

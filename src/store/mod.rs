@@ -21,9 +21,12 @@ pub mod history;
 pub mod projection;
 pub mod records;
 pub mod search_index;
+mod wal;
 
 use crate::event::{DecodeError, Envelope, Event, SCHEMA_VERSION};
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction,
+};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -56,6 +59,13 @@ const REOPEN_WAIT: Duration = Duration::from_secs(2);
 /// `scale` times measured the same with 16 and 32 MB, and http-send and round-trip the same
 /// with 32 and 64 MB: the system's page cache holds the file too.
 const CACHE_SIZE_BYTES: usize = 16 << 20;
+
+/// A batch is made durable by the write-ahead log ([`wal`]) until this many have been logged, or
+/// this many bytes, since the last durable commit; the next one is then committed durably in
+/// the database itself (a checkpoint), and the log starts over. The writer also checkpoints
+/// when it is idle ([`Store::checkpoint`]).
+const CHECKPOINT_RECORDS: u32 = 256;
+const CHECKPOINT_BYTES: u64 = 4 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -166,6 +176,9 @@ pub struct Store {
     reopening: Mutex<()>,
     /// Held by the history indexer for a whole step, and by a rebuild (which empties the index).
     index_lock: Mutex<()>,
+    /// The write-ahead log of a store on a file (see [`wal`]); taken after the write
+    /// transaction has begun, never before.
+    wal: Option<Mutex<wal::Wal>>,
 }
 
 /// What a rebuild did.
@@ -195,8 +208,11 @@ impl Store {
             path: path.to_path_buf(),
             simulated_disk: disk_full_switch.map(|switch| fault::SimulatedDisk::new(switch.to_path_buf())),
         };
+        let mut wal = wal::Wal::open(&path.with_extension("wal"), source.simulated_disk.clone())?;
+        let logged = wal.read()?;
         let db = open_database(&source)?;
-        Store::initialise(db, Some(source))
+        let store = Store::initialise(db, Some(source), Some((wal, logged)))?;
+        Ok(store)
     }
 
     /// Opens a store on any redb backend (tests use an in-memory or fault-injecting one).
@@ -205,10 +221,16 @@ impl Store {
             .set_cache_size(CACHE_SIZE_BYTES)
             .create_with_backend(backend)
             .map_err(|error| StoreError::Unreadable { path: "<backend>".into(), reason: error.to_string() })?;
-        Store::initialise(db, None)
+        Store::initialise(db, None, None)
     }
 
-    fn initialise(db: Database, source: Option<FileSource>) -> Result<Store, StoreError> {
+    /// Checks the schema, appends what the write-ahead log holds past the database's last
+    /// durable commit, and replays the projections when their shape changed.
+    fn initialise(
+        db: Database,
+        source: Option<FileSource>,
+        wal: Option<(wal::Wal, Vec<wal::LoggedEvent>)>,
+    ) -> Result<Store, StoreError> {
         let txn = db.begin_write()?;
         let mut replayed = None;
         {
@@ -223,10 +245,15 @@ impl Store {
                     meta.insert(META_SCHEMA, u64::from(SCHEMA_VERSION))?;
                 }
             }
-            let log = txn.open_table(LOG)?;
             let stale = meta.get(META_PROJECTIONS)?.map(|v| v.value()) != Some(PROJECTION_VERSION);
-            let replay = stale && !log.is_empty()?;
-            drop(log);
+            if let Some((_, logged)) = &wal {
+                // Projections of an older shape are replayed below, from the whole log.
+                let recovered = recover_logged(&txn, logged, !stale)?;
+                if recovered > 0 {
+                    tracing::info!("{recovered} events recovered from the write-ahead log");
+                }
+            }
+            let replay = stale && !txn.open_table(LOG)?.is_empty()?;
             Projections::open(&txn, &LIVE)?;
             search_index::create_tables(&txn)?;
             if replay {
@@ -243,11 +270,19 @@ impl Store {
         if let Some(rows) = replayed {
             free_in_background(rows);
         }
+        let wal = match wal {
+            Some((mut wal, _)) => {
+                wal.reset()?;
+                Some(Mutex::new(wal))
+            }
+            None => None,
+        };
         Ok(Store {
             database: RwLock::new(Some(Arc::new(db))),
             source,
             reopening: Mutex::new(()),
             index_lock: Mutex::new(()),
+            wal,
         })
     }
 
@@ -288,8 +323,43 @@ impl Store {
                 Err(error) => return Err(error),
             }
         };
+        // redb opened at its last durable commit: the batches logged since come back.
+        if let Some(wal) = &self.wal {
+            let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
+            let logged = wal.read()?;
+            if !logged.is_empty() {
+                let txn = db.begin_write()?;
+                let recovered = recover_logged(&txn, &logged, true)?;
+                if recovered > 0 {
+                    txn.commit()?;
+                    tracing::info!("{recovered} events recovered from the write-ahead log");
+                } else {
+                    let _ = txn.abort();
+                }
+                wal.reset()?;
+            }
+        }
         *self.database.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(db));
         Ok(())
+    }
+
+    /// Has a batch been made durable only by the write-ahead log since the last durable commit?
+    pub fn checkpoint_pending(&self) -> bool {
+        self.wal.as_ref().is_some_and(|wal| wal.lock().unwrap_or_else(PoisonError::into_inner).pending().0 > 0)
+    }
+
+    /// Commits durably in the database everything the write-ahead log holds, and starts the
+    /// log over (the writer does this when it is idle).
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        let Some(wal) = &self.wal else { return Ok(()) };
+        let txn = self.db()?.begin_write()?;
+        let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
+        if wal.pending().0 == 0 {
+            let _ = txn.abort();
+            return Ok(());
+        }
+        txn.commit()?;
+        wal.reset()
     }
 
     /// The sequence number of the last event (0 when the log is empty).
@@ -337,17 +407,19 @@ impl Store {
         work: impl FnOnce(&mut Appender<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let txn = self.db()?.begin_write()?;
-        let result = {
+        let (result, logged) = {
             let log = txn.open_table(LOG)?;
             let next_seq = log.last()?.map_or(0, |(seq, _)| seq.value()) + 1;
             let mut projections = Projections::open(&txn, &LIVE)?;
             projections.log = Some(log);
-            let mut appender = Appender { projections, next_seq, time_ms };
-            work(&mut appender)
+            let logged = self.wal.as_ref().map(|_| Vec::new());
+            let mut appender = Appender { projections, next_seq, time_ms, logged };
+            let result = work(&mut appender);
+            (result, appender.logged.take())
         };
         match result {
             Ok(value) => {
-                txn.commit()?;
+                self.commit(txn, logged.unwrap_or_default())?;
                 Ok(value)
             }
             Err(error) => {
@@ -355,6 +427,42 @@ impl Store {
                 Err(error)
             }
         }
+    }
+
+    /// Commits a batch whose events are `logged` (for the write-ahead log, see [`wal`]): they
+    /// are durable in the log before the database shows them to anyone.
+    fn commit(&self, mut txn: WriteTransaction, logged: Vec<u8>) -> Result<(), StoreError> {
+        let Some(wal) = &self.wal else {
+            txn.commit()?;
+            return Ok(());
+        };
+        let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
+        let (records, bytes) = wal.pending();
+        if records >= CHECKPOINT_RECORDS || bytes + logged.len() as u64 >= CHECKPOINT_BYTES {
+            txn.commit()?;
+            // Everything is durable in the database now; a log that cannot start over keeps
+            // records the next open skips (they are not past the database's head).
+            if let Err(error) = wal.reset() {
+                tracing::warn!("the write-ahead log cannot start over: {error}");
+            }
+            return Ok(());
+        }
+        txn.set_durability(Durability::None).map_err(|error| StoreError::Storage(error.to_string()))?;
+        if logged.is_empty() {
+            // No event: nothing to make durable.
+            txn.commit()?;
+            return Ok(());
+        }
+        let end = wal.end();
+        if let Err(error) = wal.append(&logged) {
+            let _ = txn.abort();
+            return Err(error);
+        }
+        if let Err(error) = txn.commit() {
+            wal.undo(end);
+            return Err(error.into());
+        }
+        Ok(())
     }
 
     /// Drops every projection and replays the whole log into fresh ones. The history index is
@@ -406,6 +514,16 @@ impl Store {
     }
 }
 
+impl Drop for Store {
+    /// A store that closes leaves its database durable on its own and its write-ahead log empty
+    /// (best effort: whatever the log still holds comes back at the next open anyway).
+    fn drop(&mut self) {
+        if let Err(error) = self.checkpoint() {
+            tracing::warn!("closing the store: {error}");
+        }
+    }
+}
+
 /// One table's share of the file (see [`Store::table_sizes`]).
 #[derive(Debug, Clone)]
 pub struct TableSize {
@@ -425,6 +543,43 @@ fn millis(duration: Duration) -> f64 {
 /// freed chunks inside the next large allocation), so the replay runs on a thread of its own,
 /// whose allocator arena nothing else uses, and hands its rows back, for the caller to free
 /// once the transaction has ended ([`free_in_background`]).
+/// Appends to the log, and applies to the live projections when `apply`, the events of the
+/// write-ahead log past the log's head (the ones before it are in the database already). They
+/// must continue the log: a gap means the log file does not belong to this database.
+fn recover_logged(txn: &WriteTransaction, logged: &[wal::LoggedEvent], apply: bool) -> Result<u64, StoreError> {
+    let mut log = txn.open_table(LOG)?;
+    let head = log.last()?.map_or(0, |(seq, _)| seq.value());
+    let missing: Vec<&wal::LoggedEvent> = logged.iter().filter(|event| event.seq > head).collect();
+    if missing.is_empty() {
+        return Ok(0);
+    }
+    if let Some(first) = missing.first()
+        && first.seq != head + 1
+    {
+        return Err(StoreError::Corrupt(format!(
+            "the write-ahead log continues at event {} but the database ends at {head}: it belongs to another database (move it aside to open this one)",
+            first.seq
+        )));
+    }
+    if !apply {
+        for event in &missing {
+            Envelope::decode(&event.bytes)?;
+            log.insert(event.seq, event.bytes.as_slice())?;
+        }
+        return Ok(missing.len() as u64);
+    }
+    let mut projections = Projections::open(txn, &LIVE)?;
+    projections.log = Some(log);
+    for event in &missing {
+        let envelope = Envelope::decode(&event.bytes)?;
+        if let Some(log) = projections.log.as_mut() {
+            log.insert(event.seq, event.bytes.as_slice())?;
+        }
+        projections.apply(&envelope)?;
+    }
+    Ok(missing.len() as u64)
+}
+
 fn replay_into(txn: &WriteTransaction, names: &ProjectionNames) -> Result<(u64, projection::ReplayRows), StoreError> {
     let replay = || -> Result<(u64, projection::ReplayRows), StoreError> {
         names.delete_all(txn)?;
@@ -463,6 +618,8 @@ pub struct Appender<'txn> {
     projections: Projections<'txn>,
     next_seq: u64,
     time_ms: u64,
+    /// The batch's events for the write-ahead log (None: the store has none).
+    logged: Option<Vec<u8>>,
 }
 
 impl<'txn> Appender<'txn> {
@@ -497,7 +654,11 @@ impl<'txn> Appender<'txn> {
             let Some(log) = self.projections.log.as_mut() else {
                 return Err(StoreError::Storage("the appender has no log table".into()));
             };
-            log.insert(envelope.seq, envelope.encode().as_slice())?;
+            let bytes = envelope.encode();
+            log.insert(envelope.seq, bytes.as_slice())?;
+            if let Some(logged) = self.logged.as_mut() {
+                wal::push_event(logged, envelope.seq, &bytes);
+            }
             self.projections.apply(&envelope)?;
             self.next_seq += 1;
             written.push(envelope);
