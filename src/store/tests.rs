@@ -786,15 +786,27 @@ fn a_search_far_ahead_of_the_indexer_scans_and_answers_the_same() {
     assert_eq!(store.recent_history(None, 10).unwrap().len(), 2);
 }
 
-#[test]
-fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_space_returns() {
+/// A store on a simulated disk that is full while the returned switch file exists.
+fn store_on_a_disk_that_fills() -> (tempfile::TempDir, std::path::PathBuf, Store) {
     let dir = tempfile::tempdir().unwrap();
     let switch = dir.path().join("disk-full");
     let store = Store::open_with_disk_full_switch(&dir.path().join("log.redb"), Some(&switch)).unwrap();
-    let small = || vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready, note: None }];
-    // Larger than the file: committing it needs the file to grow.
-    let large =
-        || vec![Event::AgentStatusChanged { agent_id: "b".repeat(8 << 20), status: AgentStatus::Ready, note: None }];
+    (dir, switch, store)
+}
+
+fn small_batch() -> Vec<Event> {
+    vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready, note: None }]
+}
+
+/// Larger than the file: committing it needs the file to grow.
+fn large_batch() -> Vec<Event> {
+    vec![Event::AgentStatusChanged { agent_id: "b".repeat(8 << 20), status: AgentStatus::Ready, note: None }]
+}
+
+#[test]
+fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_space_returns() {
+    let (_dir, switch, store) = store_on_a_disk_that_fills();
+    let (small, large) = (small_batch, large_batch);
     store.transact(1, |appender| appender.append(None, small())).unwrap();
     // Durable in the database itself, not only in the write-ahead log.
     store.checkpoint().unwrap();
@@ -817,12 +829,8 @@ fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_s
 
 #[test]
 fn a_batch_only_the_write_ahead_log_holds_survives_a_failed_batch_and_the_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let switch = dir.path().join("disk-full");
-    let store = Store::open_with_disk_full_switch(&dir.path().join("log.redb"), Some(&switch)).unwrap();
-    let small = || vec![Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready, note: None }];
-    let large =
-        || vec![Event::AgentStatusChanged { agent_id: "b".repeat(8 << 20), status: AgentStatus::Ready, note: None }];
+    let (_dir, switch, store) = store_on_a_disk_that_fills();
+    let (small, large) = (small_batch, large_batch);
     store.transact(1, |appender| appender.append(None, small())).unwrap();
     assert!(store.checkpoint_pending(), "durable in the write-ahead log only");
 

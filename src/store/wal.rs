@@ -263,6 +263,13 @@ mod tests {
         payload
     }
 
+    fn fresh() -> (tempfile::TempDir, PathBuf, Wal) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("synapse.wal");
+        let wal = Wal::open(&path, None).unwrap();
+        (dir, path, wal)
+    }
+
     fn seqs(events: &[LoggedEvent]) -> Vec<u64> {
         events.iter().map(|event| event.seq).collect()
     }
@@ -275,9 +282,7 @@ mod tests {
 
     #[test]
     fn records_read_back_in_order_across_reopens() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("synapse.wal");
-        let mut wal = Wal::open(&path, None).unwrap();
+        let (_dir, path, mut wal) = fresh();
         assert!(wal.read().unwrap().is_empty());
         wal.append(&batch(&[(1, "a"), (2, "bb")])).unwrap();
         wal.append(&batch(&[(3, "ccc")])).unwrap();
@@ -294,9 +299,7 @@ mod tests {
 
     #[test]
     fn a_torn_or_damaged_tail_ends_the_log_and_is_written_over() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("synapse.wal");
-        let mut wal = Wal::open(&path, None).unwrap();
+        let (_dir, path, mut wal) = fresh();
         wal.append(&batch(&[(1, "first")])).unwrap();
         let first_end = wal.end();
         wal.append(&batch(&[(2, "second")])).unwrap();
@@ -324,9 +327,7 @@ mod tests {
 
     #[test]
     fn after_a_reset_older_records_are_not_read_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("synapse.wal");
-        let mut wal = Wal::open(&path, None).unwrap();
+        let (_dir, path, mut wal) = fresh();
         wal.append(&batch(&[(1, "one"), (2, "two")])).unwrap();
         wal.append(&batch(&[(3, "three")])).unwrap();
         wal.append(&batch(&[(4, "four")])).unwrap();
@@ -341,9 +342,7 @@ mod tests {
 
     #[test]
     fn an_undone_record_is_not_read_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("synapse.wal");
-        let mut wal = Wal::open(&path, None).unwrap();
+        let (_dir, path, mut wal) = fresh();
         wal.append(&batch(&[(1, "kept")])).unwrap();
         let end = wal.end();
         wal.append(&batch(&[(2, "not stored")])).unwrap();
