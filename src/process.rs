@@ -38,7 +38,7 @@ pub fn is_pid_alive(pid: u32) -> bool {
 }
 
 fn is_zombie(pid: libc::pid_t) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let Some(stat) = read_proc_file(&format!("/proc/{pid}/stat")) else { return false };
     // The state follows the command name, which is in parentheses and may contain spaces.
     stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z")
 }
@@ -111,10 +111,10 @@ pub fn lineage(pid: u32) -> Option<Vec<ProcessStamp>> {
     if let Some(leader) = session
         && leader > 1
         && !lineage.iter().any(|stamp| stamp.pid == leader)
-        && let Some(stamp) = ProcessStamp::of(leader)
+        && let Some((stamp, parent)) = stamp_and_parent(leader)
     {
         lineage.push(stamp);
-        push_ancestors(&mut lineage, parent_of(leader));
+        push_ancestors(&mut lineage, parent);
     }
     Some(lineage)
 }
@@ -125,10 +125,17 @@ fn push_ancestors(lineage: &mut Vec<ProcessStamp>, mut parent: Option<u32>) {
         if lineage.iter().any(|stamp| stamp.pid == pid) {
             return;
         }
-        let Some(stamp) = ProcessStamp::of(pid) else { return };
+        let Some((stamp, next)) = stamp_and_parent(pid) else { return };
         lineage.push(stamp);
-        parent = parent_of(pid);
+        parent = next;
     }
+}
+
+/// A process's stamp and its parent's pid, from one read of its `stat`.
+fn stamp_and_parent(pid: u32) -> Option<(ProcessStamp, Option<u32>)> {
+    let fields = stat_fields(pid)?;
+    let stamp = ProcessStamp { pid, start_ticks: fields.get(19)?.parse().ok()? };
+    Some((stamp, fields.get(1).and_then(|ppid| ppid.parse().ok())))
 }
 
 /// Like [`start_ticks`], but None for a process that has exited and is not yet reaped.
@@ -157,9 +164,28 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
     if pid == 0 {
         return None;
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = read_proc_file(&format!("/proc/{pid}/stat"))?;
     let (_, rest) = stat.rsplit_once(')')?;
     Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// A small file of `/proc` in one `read`: procfs reports a size of 0, so `read_to_string`
+/// probes with reads of 32, 32, 64, 128 ... bytes (eight system calls for a `stat`), and the
+/// broker reads several such files for every new connection. The command name in a `stat` may
+/// hold any bytes; the fields read from it are ASCII.
+fn read_proc_file(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut contents = Vec::new();
+    let mut chunk = [0_u8; 1024];
+    loop {
+        let read = file.read(&mut chunk).ok()?;
+        if read == 0 {
+            break;
+        }
+        contents.extend_from_slice(&chunk[..read]);
+    }
+    Some(String::from_utf8_lossy(&contents).into_owned())
 }
 
 /// Longest ancestor chain walked (a cycle cannot happen in /proc, but a bound costs nothing).
