@@ -180,6 +180,28 @@ fn rebuild_and_verify_report_on_the_whole_log() {
     assert!(verified.contains(&format!("ok: replaying {events} events")), "{verified}");
 }
 
+/// A send is made durable by the write-ahead log, and the writer, once idle, commits it
+/// durably to the database and starts the log over.
+#[test]
+fn an_idle_writer_checkpoints_what_only_the_write_ahead_log_held() {
+    let home = Home::new();
+    home.register(Some("target"));
+    home.ok(&["send", "target", "kept", "--no-response"]);
+    let wal = home.home().join("synapse.wal");
+    let header = || std::fs::read(&wal).unwrap().get(..8).map(<[u8]>::to_vec).unwrap_or_default();
+    assert!(std::fs::metadata(&wal).unwrap().len() >= 1 << 20, "a record was appended (the file grew by a step)");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while header() != [0; 8] {
+        assert!(std::time::Instant::now() < deadline, "the write-ahead log still holds a record: {:?}", header());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Durable in the database now: a broker killed at once loses nothing, with nothing to replay.
+    home.kill_broker();
+    let sent: Vec<Value> = home.events().into_iter().filter(|event| event["event"]["kind"] == "message_sent").collect();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0]["event"]["data"]["text"], "kept");
+}
+
 /// Issue 2: a broker killed with SIGKILL mid-load loses nothing it acknowledged.
 #[test]
 fn every_acknowledged_event_survives_a_sigkill_in_the_middle_of_a_load() {
