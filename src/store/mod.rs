@@ -325,17 +325,18 @@ impl Store {
         };
         // redb opened at its last durable commit: the batches logged since come back.
         if let Some(wal) = &self.wal {
+            // The write transaction first, then the log's lock, as everywhere.
+            let txn = db.begin_write()?;
             let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
             let logged = wal.read()?;
+            let recovered = recover_logged(&txn, &logged, true)?;
+            if recovered > 0 {
+                txn.commit()?;
+                tracing::info!("{recovered} events recovered from the write-ahead log");
+            } else {
+                let _ = txn.abort();
+            }
             if !logged.is_empty() {
-                let txn = db.begin_write()?;
-                let recovered = recover_logged(&txn, &logged, true)?;
-                if recovered > 0 {
-                    txn.commit()?;
-                    tracing::info!("{recovered} events recovered from the write-ahead log");
-                } else {
-                    let _ = txn.abort();
-                }
                 wal.reset()?;
             }
         }
@@ -458,11 +459,20 @@ impl Store {
             let _ = txn.abort();
             return Err(error);
         }
-        if let Err(error) = txn.commit() {
-            wal.undo(end);
-            return Err(error.into());
+        // redb may panic after a failed write: the record is taken back either way, so that
+        // a batch its callers hear was not stored never comes back at the next open.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| txn.commit())) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => {
+                wal.undo(end);
+                Err(error.into())
+            }
+            Err(panic) => {
+                wal.undo(end);
+                drop(wal);
+                std::panic::resume_unwind(panic)
+            }
         }
-        Ok(())
     }
 
     /// Drops every projection and replays the whole log into fresh ones. The history index is

@@ -86,10 +86,20 @@ impl Wal {
             }
             let mut payload = vec![0_u8; size as usize];
             self.file.read_exact_at(&mut payload, offset + RECORD_HEADER as u64).map_err(io_error)?;
-            if crc32(&payload) != checksum {
+            let batch = if crc32(&payload) == checksum { parse_payload(&payload) } else { None };
+            let Some(batch) = batch else {
+                // A torn last record ends the log; a damaged one followed by a record that
+                // continues the log would silently lose acknowledged events.
+                if let Some(next) = self.record_at(end, length)?
+                    && events.last().is_none_or(|last| next > last.seq)
+                {
+                    return Err(StoreError::Corrupt(format!(
+                        "{}: the record at byte {offset} is damaged and later records follow it; move the file aside to open the database without them",
+                        self.path.display()
+                    )));
+                }
                 break;
-            }
-            let Some(batch) = parse_payload(&payload) else { break };
+            };
             // A record older than the one before it was left from before a checkpoint.
             if let (Some(last), Some(first)) = (events.last(), batch.first())
                 && first.seq != last.seq + 1
@@ -103,6 +113,26 @@ impl Wal {
         self.end = offset;
         self.records = records;
         Ok(events)
+    }
+
+    /// The first sequence number of a valid record at `offset`, if there is one.
+    fn record_at(&self, offset: u64, length: u64) -> Result<Option<u64>, StoreError> {
+        let io_error = |error: io::Error| StoreError::Io(format!("{}: {error}", self.path.display()));
+        let mut header = [0_u8; RECORD_HEADER];
+        if offset + RECORD_HEADER as u64 > length {
+            return Ok(None);
+        }
+        self.file.read_exact_at(&mut header, offset).map_err(io_error)?;
+        let (size, checksum) = split_header(header);
+        if size == 0 || offset + RECORD_HEADER as u64 + u64::from(size) > length {
+            return Ok(None);
+        }
+        let mut payload = vec![0_u8; size as usize];
+        self.file.read_exact_at(&mut payload, offset + RECORD_HEADER as u64).map_err(io_error)?;
+        if crc32(&payload) != checksum {
+            return Ok(None);
+        }
+        Ok(parse_payload(&payload).and_then(|events| events.first().map(|event| event.seq)))
     }
 
     /// Appends one batch's events (`payload`, built with [`push_event`]) and waits until they
@@ -338,6 +368,32 @@ mod tests {
         // does not continue the sequence.
         wal.append(&batch(&[(5, "five")])).unwrap();
         assert_eq!(seqs(&Wal::open(&path, None).unwrap().read().unwrap()), [5]);
+    }
+
+    #[test]
+    fn an_older_record_of_the_same_size_left_after_a_reset_does_not_continue_the_log() {
+        let (_dir, path, mut wal) = fresh();
+        wal.append(&batch(&[(1, "same")])).unwrap();
+        wal.append(&batch(&[(2, "size")])).unwrap();
+        wal.reset().unwrap();
+        // Written over the first: the second, intact, starts exactly where it ends.
+        wal.append(&batch(&[(3, "next")])).unwrap();
+        assert_eq!(seqs(&Wal::open(&path, None).unwrap().read().unwrap()), [3]);
+    }
+
+    #[test]
+    fn a_damaged_record_followed_by_later_ones_is_refused_not_skipped() {
+        let (_dir, path, mut wal) = fresh();
+        wal.append(&batch(&[(1, "one")])).unwrap();
+        let first_end = usize::try_from(wal.end()).unwrap();
+        wal.append(&batch(&[(2, "two")])).unwrap();
+        wal.append(&batch(&[(3, "three")])).unwrap();
+        let mut damaged = std::fs::read(&path).unwrap();
+        damaged[first_end + RECORD_HEADER + 2] ^= 0x01;
+        std::fs::write(&path, &damaged).unwrap();
+        let error = Wal::open(&path, None).unwrap().read().map(|_| ()).unwrap_err();
+        assert!(matches!(error, StoreError::Corrupt(_)), "{error}");
+        assert!(error.to_string().contains("damaged"), "{error}");
     }
 
     #[test]
