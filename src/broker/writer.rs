@@ -36,10 +36,10 @@ const MAX_BATCH_JOBS: usize = 4096;
 const GATHER: Duration = Duration::from_micros(200);
 /// Smallest last batch that makes the writer gather.
 const GATHER_FROM: usize = 4;
-/// First pause between attempts to reopen the database, doubled after each failure.
 /// How long the writer waits for more work before it makes the batches that only the
 /// write-ahead log holds durable in the database too (`Store::checkpoint`).
 const IDLE_CHECKPOINT: Duration = Duration::from_millis(50);
+/// First pause between attempts to reopen the database, doubled after each failure.
 const REOPEN_BACKOFF_FIRST: Duration = Duration::from_millis(100);
 /// Longest pause between attempts to reopen the database.
 const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(5);

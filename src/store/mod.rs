@@ -211,8 +211,7 @@ impl Store {
         let mut wal = wal::Wal::open(&path.with_extension("wal"), source.simulated_disk.clone())?;
         let logged = wal.read()?;
         let db = open_database(&source)?;
-        let store = Store::initialise(db, Some(source), Some((wal, logged)))?;
-        Ok(store)
+        Store::initialise(db, Some(source), Some((wal, logged)))
     }
 
     /// Opens a store on any redb backend (tests use an in-memory or fault-injecting one).
@@ -546,13 +545,6 @@ fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
-/// Replays the whole log into the (emptied) projection tables `names`.
-///
-/// A replay keeps every row in memory until its end: at 1M events, 200k tasks and a few million
-/// small allocations. Freeing them was a sixth of a rebuild (the drop, then glibc merging its
-/// freed chunks inside the next large allocation), so the replay runs on a thread of its own,
-/// whose allocator arena nothing else uses, and hands its rows back, for the caller to free
-/// once the transaction has ended ([`free_in_background`]).
 /// Appends to the log, and applies to the live projections when `apply`, the events of the
 /// write-ahead log past the log's head (the ones before it are in the database already). They
 /// must continue the log: a gap means the log file does not belong to this database.
@@ -590,6 +582,13 @@ fn recover_logged(txn: &WriteTransaction, logged: &[wal::LoggedEvent], apply: bo
     Ok(missing.len() as u64)
 }
 
+/// Replays the whole log into the (emptied) projection tables `names`.
+///
+/// A replay keeps every row in memory until its end: at 1M events, 200k tasks and a few million
+/// small allocations. Freeing them was a sixth of a rebuild (the drop, then glibc merging its
+/// freed chunks inside the next large allocation), so the replay runs on a thread of its own,
+/// whose allocator arena nothing else uses, and hands its rows back, for the caller to free
+/// once the transaction has ended ([`free_in_background`]).
 fn replay_into(txn: &WriteTransaction, names: &ProjectionNames) -> Result<(u64, projection::ReplayRows), StoreError> {
     let replay = || -> Result<(u64, projection::ReplayRows), StoreError> {
         names.delete_all(txn)?;

@@ -45,6 +45,20 @@ pub(super) struct Wal {
     simulated_disk: Option<SimulatedDisk>,
 }
 
+/// What the file holds at an offset.
+enum Record {
+    /// Nothing more: zeros (the start of the unused part) or a record cut short.
+    End,
+    /// A whole record whose checksum or contents are wrong; the next one would start at `end`.
+    Damaged {
+        end: u64,
+    },
+    Valid {
+        end: u64,
+        events: Vec<LoggedEvent>,
+    },
+}
+
 /// One event as the log holds it: its sequence number and its encoded envelope.
 pub(super) struct LoggedEvent {
     pub seq: u64,
@@ -71,68 +85,65 @@ impl Wal {
     /// Every event of the records written since the last checkpoint, in order. Leaves the log
     /// positioned after them.
     pub fn read(&mut self) -> Result<Vec<LoggedEvent>, StoreError> {
-        let io_error = |error: io::Error| StoreError::Io(format!("{}: {error}", self.path.display()));
-        let length = self.file.metadata().map_err(io_error)?.len();
+        let length = self.file.metadata().map_err(|error| wal_error(&self.path, error))?.len();
         let mut events: Vec<LoggedEvent> = Vec::new();
         let mut offset = 0_u64;
         let mut records = 0;
-        let mut header = [0_u8; RECORD_HEADER];
-        while offset + RECORD_HEADER as u64 <= length {
-            self.file.read_exact_at(&mut header, offset).map_err(io_error)?;
-            let (size, checksum) = split_header(header);
-            let Some(end) = (offset + RECORD_HEADER as u64).checked_add(u64::from(size)) else { break };
-            if size == 0 || end > length {
-                break;
-            }
-            let mut payload = vec![0_u8; size as usize];
-            self.file.read_exact_at(&mut payload, offset + RECORD_HEADER as u64).map_err(io_error)?;
-            let batch = if crc32(&payload) == checksum { parse_payload(&payload) } else { None };
-            let Some(batch) = batch else {
-                // A torn last record ends the log; a damaged one followed by a record that
-                // continues the log would silently lose acknowledged events.
-                if let Some(next) = self.record_at(end, length)?
-                    && events.last().is_none_or(|last| next > last.seq)
-                {
-                    return Err(StoreError::Corrupt(format!(
-                        "{}: the record at byte {offset} is damaged and later records follow it; move the file aside to open the database without them",
-                        self.path.display()
-                    )));
+        loop {
+            match self.record_at(offset, length)? {
+                Record::End => break,
+                Record::Damaged { end } => {
+                    // A torn last record ends the log; a damaged one followed by a record that
+                    // continues the log would silently lose acknowledged events.
+                    if let Record::Valid { events: next, .. } = self.record_at(end, length)?
+                        && next.first().is_some_and(|first| events.last().is_none_or(|last| first.seq > last.seq))
+                    {
+                        return Err(StoreError::Corrupt(format!(
+                            "{}: the record at byte {offset} is damaged and later records follow it; move the file aside to open the database without them",
+                            self.path.display()
+                        )));
+                    }
+                    break;
                 }
-                break;
-            };
-            // A record older than the one before it was left from before a checkpoint.
-            if let (Some(last), Some(first)) = (events.last(), batch.first())
-                && first.seq != last.seq + 1
-            {
-                break;
+                Record::Valid { end, events: batch } => {
+                    // A record older than the one before it was left from before a checkpoint.
+                    if let (Some(last), Some(first)) = (events.last(), batch.first())
+                        && first.seq != last.seq + 1
+                    {
+                        break;
+                    }
+                    events.extend(batch);
+                    offset = end;
+                    records += 1;
+                }
             }
-            events.extend(batch);
-            offset = end;
-            records += 1;
         }
         self.end = offset;
         self.records = records;
         Ok(events)
     }
 
-    /// The first sequence number of a valid record at `offset`, if there is one.
-    fn record_at(&self, offset: u64, length: u64) -> Result<Option<u64>, StoreError> {
-        let io_error = |error: io::Error| StoreError::Io(format!("{}: {error}", self.path.display()));
-        let mut header = [0_u8; RECORD_HEADER];
-        if offset + RECORD_HEADER as u64 > length {
-            return Ok(None);
+    /// The record at `offset` of a file of `length` bytes.
+    fn record_at(&self, offset: u64, length: u64) -> Result<Record, StoreError> {
+        let io_error = |error: io::Error| wal_error(&self.path, error);
+        let start = offset + RECORD_HEADER as u64;
+        if start > length {
+            return Ok(Record::End);
         }
+        let mut header = [0_u8; RECORD_HEADER];
         self.file.read_exact_at(&mut header, offset).map_err(io_error)?;
         let (size, checksum) = split_header(header);
-        if size == 0 || offset + RECORD_HEADER as u64 + u64::from(size) > length {
-            return Ok(None);
+        let end = start + u64::from(size);
+        if size == 0 || end > length {
+            return Ok(Record::End);
         }
         let mut payload = vec![0_u8; size as usize];
-        self.file.read_exact_at(&mut payload, offset + RECORD_HEADER as u64).map_err(io_error)?;
-        if crc32(&payload) != checksum {
-            return Ok(None);
-        }
-        Ok(parse_payload(&payload).and_then(|events| events.first().map(|event| event.seq)))
+        self.file.read_exact_at(&mut payload, start).map_err(io_error)?;
+        let events = if crc32(&payload) == checksum { parse_payload(&payload) } else { None };
+        Ok(match events {
+            Some(events) => Record::Valid { end, events },
+            None => Record::Damaged { end },
+        })
     }
 
     /// Appends one batch's events (`payload`, built with [`push_event`]) and waits until they
@@ -408,6 +419,24 @@ mod tests {
         let events = Wal::open(&path, None).unwrap().read().unwrap();
         assert_eq!(seqs(&events), [1, 2]);
         assert_eq!(events[1].bytes, b"stored");
+    }
+
+    #[test]
+    fn an_append_on_a_full_disk_fails_clearly_and_leaves_nothing_to_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("synapse.wal");
+        let switch = dir.path().join("disk-full");
+        let mut wal = Wal::open(&path, Some(SimulatedDisk::new(switch.clone()))).unwrap();
+        std::fs::write(&switch, b"").unwrap();
+        let error = wal.append(&batch(&[(1, "no room")])).unwrap_err();
+        assert!(matches!(error, StoreError::DiskFull(_)), "{error}");
+        assert_eq!(wal.pending(), (0, 0));
+        assert!(Wal::open(&path, None).unwrap().read().unwrap().is_empty());
+        std::fs::remove_file(&switch).unwrap();
+        wal.append(&batch(&[(1, "room again")])).unwrap();
+        let events = Wal::open(&path, None).unwrap().read().unwrap();
+        assert_eq!(seqs(&events), [1]);
+        assert_eq!(events[0].bytes, b"room again");
     }
 
     #[test]
