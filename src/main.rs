@@ -2,7 +2,6 @@
 //! (`src/bin/synapse-agent.rs`) are the places an error becomes the user's `Error: ...` line
 //! ([`synapse::cli::user_message`]): messages everywhere else say only what went wrong.
 
-use clap::Parser;
 use std::process::ExitCode;
 
 /// The exit status of a command whose output pipe was closed (128 + SIGPIPE, as for tools
@@ -11,7 +10,7 @@ const CLOSED_PIPE_EXIT: i32 = 141;
 
 fn main() -> ExitCode {
     end_quietly_on_a_closed_pipe();
-    let cli = match synapse::cli::Cli::try_parse() {
+    let cli = match synapse::cli::parse_args() {
         Ok(cli) => cli,
         Err(error) => {
             let _ = error.print();
