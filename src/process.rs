@@ -34,10 +34,11 @@ pub fn pid_exists(pid: u32) -> bool {
 /// Is this process alive? A zombie (exited, not yet reaped by its parent) is gone for our
 /// purposes.
 pub fn is_pid_alive(pid: u32) -> bool {
-    pid_exists(pid) && libc::pid_t::try_from(pid).is_ok_and(|pid| !is_zombie(pid))
+    pid_exists(pid) && !is_zombie(pid)
 }
 
-fn is_zombie(pid: libc::pid_t) -> bool {
+/// Has this process exited without being reaped yet? False for one that runs, or is gone.
+pub fn is_zombie(pid: u32) -> bool {
     let Some(stat) = read_proc_file(&format!("/proc/{pid}/stat")) else { return false };
     // The state follows the command name, which is in parentheses and may contain spaces.
     stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z")
@@ -169,10 +170,12 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_string).collect())
 }
 
-/// A small file of `/proc` in one `read`: procfs reports a size of 0, so `read_to_string`
+/// A `/proc/<pid>/stat` in one `read`: procfs reports a size of 0, so `read_to_string`
 /// probes with reads of 32, 32, 64, 128 ... bytes (eight system calls for a `stat`), and the
-/// broker reads several such files for every new connection. The command name in a `stat` may
-/// hold any bytes; the fields read from it are ASCII.
+/// broker reads several such files for every new connection. The kernel makes the whole line
+/// at once, so a read that ends it (a newline, room left in the buffer) needs no second read to
+/// see the end of the file. The command name in a `stat` may hold any bytes; the fields read
+/// from it are ASCII.
 fn read_proc_file(path: &str) -> Option<String> {
     use std::io::Read;
     let mut file = std::fs::File::open(path).ok()?;
@@ -184,6 +187,9 @@ fn read_proc_file(path: &str) -> Option<String> {
             break;
         }
         contents.extend_from_slice(&chunk[..read]);
+        if read < chunk.len() && contents.ends_with(b"\n") {
+            break;
+        }
     }
     Some(String::from_utf8_lossy(&contents).into_owned())
 }
@@ -349,6 +355,28 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert!(super::lineage(pid).is_none());
+        assert!(is_zombie(pid) && !is_pid_alive(pid));
+        assert!(!is_zombie(me) && is_pid_alive(me));
+        let _ = child.wait();
+        assert!(!is_zombie(pid), "reaped: gone, not a zombie");
+    }
+
+    /// One read gives the whole line, as reading to the end of the file does.
+    #[test]
+    fn a_stat_file_reads_whole() {
+        // A sleeping child's line does not change between two reads (ours would: page faults).
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        let path = format!("/proc/{}/stat", child.id());
+        let mut whole = std::fs::read_to_string(&path).expect("its stat");
+        // Until it has exec'd sleep and sleeps (state S), its line moves.
+        while !whole.contains("(sleep) S ") {
+            std::thread::yield_now();
+            whole = std::fs::read_to_string(&path).expect("its stat");
+        }
+        assert!(whole.ends_with('\n'));
+        assert_eq!(read_proc_file(&path).as_deref(), Some(whole.as_str()));
+        assert_eq!(read_proc_file("/proc/0/stat"), None);
+        let _ = child.kill();
         let _ = child.wait();
     }
 

@@ -268,29 +268,56 @@ fn parse_payload(mut payload: &[u8]) -> Option<Vec<LoggedEvent>> {
     (!events.is_empty()).then_some(events)
 }
 
-/// CRC-32 (IEEE 802.3, reflected), as zlib computes it.
+/// CRC-32 (IEEE 802.3, reflected), as zlib computes it, eight bytes per step ("slicing by
+/// eight"): the byte-at-a-time loop was about a tenth of the writer's time under a load of small
+/// sends, and 25 ms for one 16 MB message (issue 16). `CRC_TABLES[0]` is the classic table;
+/// table `k` advances a byte's remainder through `k` more zero bytes.
 fn crc32(bytes: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut table = [0_u32; 256];
-        let mut index = 0;
-        while index < 256 {
-            let mut value = index as u32;
-            let mut bit = 0;
-            while bit < 8 {
-                value = if value & 1 == 1 { (value >> 1) ^ 0xEDB8_8320 } else { value >> 1 };
-                bit += 1;
-            }
-            table[index] = value;
-            index += 1;
-        }
-        table
-    };
     let mut crc = !0_u32;
-    for &byte in bytes {
-        crc = TABLE[((crc ^ u32::from(byte)) & 0xFF) as usize] ^ (crc >> 8);
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let low = u32::from_le_bytes([word[0], word[1], word[2], word[3]]) ^ crc;
+        let high = u32::from_le_bytes([word[4], word[5], word[6], word[7]]);
+        crc = CRC_TABLES[7][(low & 0xFF) as usize]
+            ^ CRC_TABLES[6][((low >> 8) & 0xFF) as usize]
+            ^ CRC_TABLES[5][((low >> 16) & 0xFF) as usize]
+            ^ CRC_TABLES[4][(low >> 24) as usize]
+            ^ CRC_TABLES[3][(high & 0xFF) as usize]
+            ^ CRC_TABLES[2][((high >> 8) & 0xFF) as usize]
+            ^ CRC_TABLES[1][((high >> 16) & 0xFF) as usize]
+            ^ CRC_TABLES[0][(high >> 24) as usize];
+    }
+    for &byte in words.remainder() {
+        crc = CRC_TABLES[0][((crc ^ u32::from(byte)) & 0xFF) as usize] ^ (crc >> 8);
     }
     !crc
 }
+
+const CRC_TABLES: [[u32; 256]; 8] = {
+    let mut tables = [[0_u32; 256]; 8];
+    let mut index = 0;
+    while index < 256 {
+        let mut value = index as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            value = if value & 1 == 1 { (value >> 1) ^ 0xEDB8_8320 } else { value >> 1 };
+            bit += 1;
+        }
+        tables[0][index] = value;
+        index += 1;
+    }
+    let mut table = 1;
+    while table < 8 {
+        let mut index = 0;
+        while index < 256 {
+            let previous = tables[table - 1][index];
+            tables[table][index] = (previous >> 8) ^ tables[0][(previous & 0xFF) as usize];
+            index += 1;
+        }
+        table += 1;
+    }
+    tables
+};
 
 #[cfg(test)]
 mod tests {
@@ -319,6 +346,30 @@ mod tests {
     fn crc32_matches_the_standard_check_value() {
         assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
         assert_eq!(crc32(b""), 0);
+        // Longer than one eight-byte step, with a tail: zlib's value.
+        assert_eq!(crc32(b"The quick brown fox jumps over the lazy dog"), 0x414F_A339);
+    }
+
+    /// Eight bytes per step give the byte-at-a-time result for every length and alignment.
+    #[test]
+    fn crc32_agrees_with_the_bitwise_definition() {
+        fn bitwise(bytes: &[u8]) -> u32 {
+            let mut crc = !0_u32;
+            for &byte in bytes {
+                crc ^= u32::from(byte);
+                for _ in 0..8 {
+                    crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+                }
+            }
+            !crc
+        }
+        let data: Vec<u8> = (0..600_u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for start in 0..9 {
+            for length in [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 511] {
+                let slice = &data[start..start + length];
+                assert_eq!(crc32(slice), bitwise(slice), "start {start}, length {length}");
+            }
+        }
     }
 
     #[test]

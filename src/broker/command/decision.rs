@@ -162,10 +162,10 @@ impl Liveness {
             processes.entry(pid).or_insert_with(|| {
                 if !crate::process::pid_exists(pid) {
                     ProcessState::Gone
-                } else if crate::process::is_pid_alive(pid) {
-                    ProcessState::Running
-                } else {
+                } else if crate::process::is_zombie(pid) {
                     ProcessState::Exited
+                } else {
+                    ProcessState::Running
                 }
             });
         }
