@@ -293,7 +293,8 @@ fn crc32(bytes: &[u8]) -> u32 {
     !crc
 }
 
-const CRC_TABLES: [[u32; 256]; 8] = {
+// A static, not a const: unoptimised builds would copy a const array at every index.
+static CRC_TABLES: [[u32; 256]; 8] = {
     let mut tables = [[0_u32; 256]; 8];
     let mut index = 0;
     while index < 256 {
