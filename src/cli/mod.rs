@@ -705,6 +705,33 @@ mod tests {
         assert_eq!(narrow_accepted, 9);
     }
 
+    /// Whatever is added to `send` or `reply` later (an argument, a setting, a global flag on
+    /// the whole tree) must reach both trees alike, or the lines above stop being a sample of
+    /// everything.
+    #[test]
+    fn the_narrow_tree_builds_send_and_reply_as_the_whole_one_does() {
+        use clap::CommandFactory;
+        let (mut narrow, mut whole) = (super::FrequentCli::command(), super::Cli::command());
+        narrow.build();
+        whole.build();
+        for name in ["send", "reply"] {
+            let (Some(fast), Some(full)) = (narrow.find_subcommand(name), whole.find_subcommand(name)) else {
+                panic!("{name} is missing from a tree");
+            };
+            // Help text and place in the list are for `--help`, which the whole tree answers.
+            let plain = |command: &clap::Command| format!("{:?}", command.clone().about(None::<&str>).display_order(0));
+            assert_eq!(plain(fast), plain(full), "{name}");
+        }
+        let globals = |command: &clap::Command| {
+            command
+                .get_arguments()
+                .filter(|arg| arg.is_global_set())
+                .map(|arg| arg.get_id().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(globals(&narrow), globals(&whole));
+    }
+
     #[test]
     fn a_mistyped_command_gets_a_suggestion_and_a_new_word_none() {
         assert_eq!(similar_command("lsit").as_deref(), Some("list"));
