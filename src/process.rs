@@ -39,7 +39,7 @@ pub fn is_pid_alive(pid: u32) -> bool {
 
 /// Has this process exited without being reaped yet? False for one that runs, or is gone.
 pub fn is_zombie(pid: u32) -> bool {
-    let Some(stat) = read_proc_file(&format!("/proc/{pid}/stat")) else { return false };
+    let Some(stat) = read_proc_stat(&format!("/proc/{pid}/stat")) else { return false };
     // The state follows the command name, which is in parentheses and may contain spaces.
     stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z")
 }
@@ -165,7 +165,7 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
     if pid == 0 {
         return None;
     }
-    let stat = read_proc_file(&format!("/proc/{pid}/stat"))?;
+    let stat = read_proc_stat(&format!("/proc/{pid}/stat"))?;
     let (_, rest) = stat.rsplit_once(')')?;
     Some(rest.split_whitespace().map(str::to_string).collect())
 }
@@ -176,7 +176,7 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
 /// at once, so a read that ends it (a newline, room left in the buffer) needs no second read to
 /// see the end of the file. The command name in a `stat` may hold any bytes; the fields read
 /// from it are ASCII.
-fn read_proc_file(path: &str) -> Option<String> {
+fn read_proc_stat(path: &str) -> Option<String> {
     use std::io::Read;
     let mut file = std::fs::File::open(path).ok()?;
     let mut contents = Vec::new();
@@ -374,8 +374,8 @@ mod tests {
             whole = std::fs::read_to_string(&path).expect("its stat");
         }
         assert!(whole.ends_with('\n'));
-        assert_eq!(read_proc_file(&path).as_deref(), Some(whole.as_str()));
-        assert_eq!(read_proc_file("/proc/0/stat"), None);
+        assert_eq!(read_proc_stat(&path).as_deref(), Some(whole.as_str()));
+        assert_eq!(read_proc_stat("/proc/0/stat"), None);
         let _ = child.kill();
         let _ = child.wait();
     }

@@ -269,8 +269,8 @@ fn parse_payload(mut payload: &[u8]) -> Option<Vec<LoggedEvent>> {
 }
 
 /// CRC-32 (IEEE 802.3, reflected), as zlib computes it, eight bytes per step ("slicing by
-/// eight"): the byte-at-a-time loop was about a tenth of the writer's time under a load of small
-/// sends, and 25 ms for one 16 MB message (issue 16). `CRC_TABLES[0]` is the classic table;
+/// eight"): the byte-at-a-time loop was about a tenth of a commit's time under a load of small
+/// sends, and 30 ms for one 16 MB message (issue 16). `CRC_TABLES[0]` is the classic table;
 /// table `k` advances a byte's remainder through `k` more zero bytes.
 fn crc32(bytes: &[u8]) -> u32 {
     let mut crc = !0_u32;
@@ -339,6 +339,11 @@ mod tests {
         (dir, path, wal)
     }
 
+    /// What an open of the file at `path` reads back.
+    fn read_back(path: &Path) -> Vec<LoggedEvent> {
+        Wal::open(path, None).unwrap().read().unwrap()
+    }
+
     fn seqs(events: &[LoggedEvent]) -> Vec<u64> {
         events.iter().map(|event| event.seq).collect()
     }
@@ -387,7 +392,7 @@ mod tests {
         assert_eq!(events[2].bytes, b"ccc");
         // Appends continue after what was read.
         wal.append(&batch(&[(4, "d")])).unwrap();
-        assert_eq!(seqs(&Wal::open(&path, None).unwrap().read().unwrap()), [1, 2, 3, 4]);
+        assert_eq!(seqs(&read_back(&path)), [1, 2, 3, 4]);
     }
 
     #[test]
@@ -413,7 +418,7 @@ mod tests {
         let mut reopened = Wal::open(&path, None).unwrap();
         assert_eq!(seqs(&reopened.read().unwrap()), [1]);
         reopened.append(&batch(&[(2, "again")])).unwrap();
-        let events = Wal::open(&path, None).unwrap().read().unwrap();
+        let events = read_back(&path);
         assert_eq!(seqs(&events), [1, 2]);
         assert_eq!(events[1].bytes, b"again");
     }
@@ -426,11 +431,11 @@ mod tests {
         wal.append(&batch(&[(4, "four")])).unwrap();
         wal.reset().unwrap();
         assert_eq!(wal.pending(), (0, 0));
-        assert!(Wal::open(&path, None).unwrap().read().unwrap().is_empty());
+        assert!(read_back(&path).is_empty());
         // A shorter record written over the first: the old second record that follows it
         // does not continue the sequence.
         wal.append(&batch(&[(5, "five")])).unwrap();
-        assert_eq!(seqs(&Wal::open(&path, None).unwrap().read().unwrap()), [5]);
+        assert_eq!(seqs(&read_back(&path)), [5]);
     }
 
     #[test]
@@ -441,7 +446,7 @@ mod tests {
         wal.reset().unwrap();
         // Written over the first: the second, intact, starts exactly where it ends.
         wal.append(&batch(&[(3, "next")])).unwrap();
-        assert_eq!(seqs(&Wal::open(&path, None).unwrap().read().unwrap()), [3]);
+        assert_eq!(seqs(&read_back(&path)), [3]);
     }
 
     #[test]
@@ -466,9 +471,9 @@ mod tests {
         let end = wal.end();
         wal.append(&batch(&[(2, "not stored")])).unwrap();
         wal.undo(end);
-        assert_eq!(seqs(&Wal::open(&path, None).unwrap().read().unwrap()), [1]);
+        assert_eq!(seqs(&read_back(&path)), [1]);
         wal.append(&batch(&[(2, "stored")])).unwrap();
-        let events = Wal::open(&path, None).unwrap().read().unwrap();
+        let events = read_back(&path);
         assert_eq!(seqs(&events), [1, 2]);
         assert_eq!(events[1].bytes, b"stored");
     }
@@ -483,10 +488,10 @@ mod tests {
         let error = wal.append(&batch(&[(1, "no room")])).unwrap_err();
         assert!(matches!(error, StoreError::DiskFull(_)), "{error}");
         assert_eq!(wal.pending(), (0, 0));
-        assert!(Wal::open(&path, None).unwrap().read().unwrap().is_empty());
+        assert!(read_back(&path).is_empty());
         std::fs::remove_file(&switch).unwrap();
         wal.append(&batch(&[(1, "room again")])).unwrap();
-        let events = Wal::open(&path, None).unwrap().read().unwrap();
+        let events = read_back(&path);
         assert_eq!(seqs(&events), [1]);
         assert_eq!(events[0].bytes, b"room again");
     }
