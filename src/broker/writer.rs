@@ -282,7 +282,7 @@ impl Writer {
         let Some(recovery) = self.recovery.as_mut() else { return Recovering::Reopened };
         let now = Instant::now();
         if now >= recovery.next_attempt {
-            match catch_storage_panic(|| self.store.reopen()) {
+            match catch_storage_panic(|| self.store.reopen(&recovery.reason)) {
                 Ok(()) => {
                     tracing::info!("database reopened; writes are tried again");
                     self.recovery = None;
@@ -412,7 +412,7 @@ fn catch_storage_panic<T>(work: impl FnOnce() -> Result<T, StoreError>) -> Resul
 
 /// Does this error leave redb's database unusable until it is reopened?
 fn needs_reopen(error: &StoreError) -> bool {
-    error.is_io_failure() || matches!(error, StoreError::Reopening)
+    error.is_io_failure() || matches!(error, StoreError::Reopening(_))
 }
 
 fn describe_storage_failure(error: &StoreError) -> String {

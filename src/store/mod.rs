@@ -83,8 +83,13 @@ pub enum StoreError {
     DiskFull(String),
     #[error("the database could not be read or written: {0}")]
     Io(String),
-    #[error("the database is being reopened after a storage error; try again in a moment")]
-    Reopening,
+    /// The database is swapped out by [`Store::reopen`]; with the failure that made it reopen,
+    /// when known.
+    #[error(
+        "the database is being reopened after a storage error{}; try again in a moment",
+        .0.as_deref().map(|reason| format!(" ({reason})")).unwrap_or_default()
+    )]
+    Reopening(Option<String>),
     #[error("the database is corrupt: {0}")]
     Corrupt(String),
     #[error("storage error: {0}")]
@@ -113,7 +118,7 @@ macro_rules! storage_error_from {
                     redb::Error::Io(io) if is_disk_full(&io) => StoreError::DiskFull(io.to_string()),
                     redb::Error::Io(io) => StoreError::Io(io.to_string()),
                     redb::Error::PreviousIo => StoreError::Io("an earlier write failed (Previous I/O error occurred)".into()),
-                    redb::Error::DatabaseClosed => StoreError::Reopening,
+                    redb::Error::DatabaseClosed => StoreError::Reopening(None),
                     redb::Error::Corrupted(reason) => StoreError::Corrupt(reason),
                     other => StoreError::Storage(other.to_string()),
                 }
@@ -174,6 +179,8 @@ pub struct Store {
     source: Option<FileSource>,
     /// One reopen at a time.
     reopening: Mutex<()>,
+    /// The failure that made the last reopen happen: reads during a reopen say it.
+    reopen_reason: Mutex<Option<String>>,
     /// Held by the history indexer for a whole step, and by a rebuild (which empties the index).
     index_lock: Mutex<()>,
     /// The write-ahead log of a store on a file (see [`wal`]); taken after the write
@@ -280,6 +287,7 @@ impl Store {
             database: RwLock::new(Some(Arc::new(db))),
             source,
             reopening: Mutex::new(()),
+            reopen_reason: Mutex::new(None),
             index_lock: Mutex::new(()),
             wal,
         })
@@ -288,7 +296,10 @@ impl Store {
     /// The database as it is now. Hold it only for one transaction: a reopen waits until the
     /// old one is let go of.
     pub(crate) fn db(&self) -> Result<Arc<Database>, StoreError> {
-        self.database.read().unwrap_or_else(PoisonError::into_inner).clone().ok_or(StoreError::Reopening)
+        if let Some(db) = self.database.read().unwrap_or_else(PoisonError::into_inner).clone() {
+            return Ok(db);
+        }
+        Err(StoreError::Reopening(self.reopen_reason.lock().unwrap_or_else(PoisonError::into_inner).clone()))
     }
 
     /// Drops the database and opens the file again, after a failed commit made redb refuse it.
@@ -297,11 +308,14 @@ impl Store {
     ///
     /// Fails when the file cannot be opened (the caller tries again later); until it succeeds,
     /// every read and write gets [`StoreError::Reopening`].
-    pub fn reopen(&self) -> Result<(), StoreError> {
+    ///
+    /// `reason` is the failure that calls for it; reads in the meantime are refused with it.
+    pub fn reopen(&self, reason: &str) -> Result<(), StoreError> {
         let Some(source) = &self.source else {
             return Err(StoreError::Storage("a store on a custom backend cannot be reopened".into()));
         };
         let _one_at_a_time = self.reopening.lock().unwrap_or_else(PoisonError::into_inner);
+        *self.reopen_reason.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.to_string());
         // Out of the slot first, and the lock released at once: readers are not held up while
         // the file is repaired, they get `Reopening`.
         let old = self.database.write().unwrap_or_else(PoisonError::into_inner).take();

@@ -818,7 +818,7 @@ fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_s
     // redb refuses the database after a failed commit, reads included, until it is reopened.
     let refused = store.head().unwrap_err();
     assert!(refused.is_io_failure(), "{refused:?}");
-    store.reopen().unwrap();
+    store.reopen(&error.to_string()).unwrap();
     assert_eq!(store.head().unwrap(), 1, "the committed event is there, the failed one is not");
 
     std::fs::remove_file(&switch).unwrap();
@@ -839,11 +839,14 @@ fn a_batch_only_the_write_ahead_log_holds_survives_a_failed_batch_and_the_reopen
     assert!(error.is_io_failure(), "{error}");
     // The reopened database starts from its last durable commit, without the first batch: it
     // takes it back from the log, which may need room; until then nothing is read from it.
-    if let Err(error) = store.reopen() {
-        assert!(error.is_io_failure(), "{error}");
-        assert!(store.head().is_err());
+    if let Err(reopen_error) = store.reopen(&error.to_string()) {
+        assert!(reopen_error.is_io_failure(), "{reopen_error}");
+        // Reads are refused until the reopen succeeds, with the failure that called for it.
+        let refused = store.head().unwrap_err();
+        assert!(matches!(refused, StoreError::Reopening(_)), "{refused:?}");
+        assert!(refused.to_string().contains("the disk is full"), "{refused}");
         std::fs::remove_file(&switch).unwrap();
-        store.reopen().unwrap();
+        store.reopen("a test").unwrap();
     } else {
         std::fs::remove_file(&switch).unwrap();
     }
