@@ -44,10 +44,11 @@ const META_PROJECTIONS: &str = "projection_version";
 /// it: `message_seq`, `reply_seq`, `artifact_texts`; version 5: the `task_index` of each agent's
 /// tasks; version 6: a canceled task's queued ticket leaves the inbox; version 7: task rows keep
 /// their follow-up messages (`follow_ups`) and tickets the `turn` they write; version 8: each
-/// agent's `inbox_depth`; version 9: `reply_tokens` of messages to external agents), opening a
+/// agent's `inbox_depth`; version 9: `reply_tokens` of messages to external agents; version 10:
+/// task and ticket rows leave out empty and usual values), opening a
 /// store written by another build replays the log into fresh projections: they are derived, the
 /// log is not.
-const PROJECTION_VERSION: u64 = 9;
+const PROJECTION_VERSION: u64 = 10;
 
 /// How long a reopen waits for readers of the old database to let go of its file (its lock
 /// admits one open `Database`; reads are short).

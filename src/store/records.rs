@@ -44,29 +44,29 @@ pub struct DepartedAgent {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecord {
     pub id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     pub context_id: String,
     pub direction: Direction,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,
     pub state: TaskState,
     pub message: Message,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<Artifact>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub priority: u8,
     pub response_expected: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sender_task_id: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_reply_to: Option<String>,
     /// For a sender's task: the receiver's task created with it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_task_id: Option<String>,
     /// Who replied to this task, once someone has (a second reply is refused).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replied_by: Option<String>,
     pub created_ms: u64,
     pub updated_ms: u64,
@@ -89,7 +89,7 @@ pub struct TaskRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifact_texts: Vec<ArtifactText>,
     /// Sent anonymously by the user (see `Event::MessageSent`): only the user cancels it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sent_by_user: bool,
     /// The messages after the first, in order (A2A multi-turn, `task_continued`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -167,6 +167,7 @@ pub enum TicketKind {
 
 /// Something still to be written into an agent's PTY.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "TicketRow", into = "TicketRow")]
 pub struct Ticket {
     /// Sequence number of the event that issued it.
     pub ticket: u64,
@@ -175,14 +176,73 @@ pub struct Ticket {
     pub task_id: String,
     /// The id shown in the terminal, the one to reply to.
     pub display_task_id: String,
-    #[serde(default)]
     pub from: Option<String>,
     pub priority: u8,
     pub response_expected: bool,
     pub issued_ms: u64,
     /// The task's message it writes: 0 the first, N the N-th follow-up.
-    #[serde(default)]
     pub turn: u32,
+}
+
+/// A [`Ticket`] as its row holds it: what is usual is left out (a ticket's display id is
+/// mostly its task's id; most tickets expect no reply and write the first message). Rows
+/// written with every field read the same.
+#[derive(Serialize, Deserialize)]
+struct TicketRow {
+    ticket: u64,
+    agent_id: String,
+    kind: TicketKind,
+    task_id: String,
+    /// Absent: the same as `task_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    display_task_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    from: Option<String>,
+    priority: u8,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    response_expected: bool,
+    issued_ms: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    turn: u32,
+}
+
+fn is_zero(turn: &u32) -> bool {
+    *turn == 0
+}
+
+impl From<Ticket> for TicketRow {
+    fn from(ticket: Ticket) -> TicketRow {
+        let display_task_id = (ticket.display_task_id != ticket.task_id).then_some(ticket.display_task_id);
+        TicketRow {
+            ticket: ticket.ticket,
+            agent_id: ticket.agent_id,
+            kind: ticket.kind,
+            task_id: ticket.task_id,
+            display_task_id,
+            from: ticket.from,
+            priority: ticket.priority,
+            response_expected: ticket.response_expected,
+            issued_ms: ticket.issued_ms,
+            turn: ticket.turn,
+        }
+    }
+}
+
+impl From<TicketRow> for Ticket {
+    fn from(row: TicketRow) -> Ticket {
+        Ticket {
+            display_task_id: row.display_task_id.unwrap_or_else(|| row.task_id.clone()),
+            ticket: row.ticket,
+            agent_id: row.agent_id,
+            kind: row.kind,
+            task_id: row.task_id,
+            from: row.from,
+            priority: row.priority,
+            response_expected: row.response_expected,
+            issued_ms: row.issued_ms,
+            turn: row.turn,
+        }
+    }
 }
 
 /// A lock on a file (file safety), as the API shows it. Free once `expires_ms` has passed or
@@ -231,5 +291,84 @@ pub fn reply_target_sender(from: Option<&str>, sender_task_id: Option<&str>) -> 
         (Some(from), _) => Some(from.to_string()),
         (None, Some(task)) => Some(format!("anonymous-{}", crate::event::short_id(task))),
         (None, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ticket(display_task_id: &str, response_expected: bool, turn: u32) -> Ticket {
+        Ticket {
+            ticket: 7,
+            agent_id: "claude-8100".into(),
+            kind: TicketKind::Message,
+            task_id: "0195f0e2-aaaa-7bbb-8ccc-000000000001".into(),
+            display_task_id: display_task_id.into(),
+            from: None,
+            priority: 3,
+            response_expected,
+            issued_ms: 1_700_000_000_000,
+            turn,
+        }
+    }
+
+    /// The names in a row (a msgpack map's keys).
+    fn keys(row: &[u8]) -> Vec<String> {
+        let value: serde_json::Value = rmp_serde::from_slice(row).unwrap();
+        value.as_object().unwrap().keys().cloned().collect()
+    }
+
+    #[test]
+    fn a_ticket_row_leaves_out_the_usual_and_reads_back_the_same() {
+        let usual = ticket("0195f0e2-aaaa-7bbb-8ccc-000000000001", false, 0);
+        let row = encode(&usual);
+        let names = keys(&row);
+        for left_out in ["display_task_id", "from", "response_expected", "turn"] {
+            assert!(!names.contains(&left_out.to_string()), "{left_out} in {names:?}");
+        }
+        assert_eq!(decode::<Ticket>(&row).unwrap(), usual);
+
+        let mut unusual = ticket("0195f0e2-aaaa-7bbb-8ccc-000000000002", true, 2);
+        unusual.from = Some("gemini-8110".into());
+        let row = encode(&unusual);
+        assert_eq!(keys(&row).len(), 10, "every field is kept: {:?}", keys(&row));
+        assert_eq!(decode::<Ticket>(&row).unwrap(), unusual);
+        assert!(row.len() > encode(&usual).len());
+    }
+
+    /// Rows written before version 10 held every field, `null` included: they read the same.
+    #[test]
+    fn rows_with_every_field_read_as_before() {
+        let old_ticket = serde_json::json!({
+            "ticket": 7, "agent_id": "claude-8100", "kind": "message",
+            "task_id": "0195f0e2-aaaa-7bbb-8ccc-000000000001",
+            "display_task_id": "0195f0e2-aaaa-7bbb-8ccc-000000000001",
+            "from": null, "priority": 3, "response_expected": false,
+            "issued_ms": 1_700_000_000_000_u64, "turn": 0,
+        });
+        let row = rmp_serde::to_vec_named(&old_ticket).unwrap();
+        assert_eq!(decode::<Ticket>(&row).unwrap(), ticket("0195f0e2-aaaa-7bbb-8ccc-000000000001", false, 0));
+
+        let task = serde_json::json!({
+            "id": "t1", "owner": null, "context_id": "c1", "direction": "incoming", "peer": null,
+            "state": "submitted", "message": {"role": "user", "parts": [{"type": "text", "text": "hi"}]},
+            "artifacts": [], "error": null, "priority": 3, "response_expected": false,
+            "sender_task_id": null, "in_reply_to": null, "peer_task_id": null, "replied_by": null,
+            "created_ms": 1, "updated_ms": 2, "created_seq": 3, "sent_by_user": false,
+        });
+        let old_row = rmp_serde::to_vec_named(&task).unwrap();
+        let record: TaskRecord = decode(&old_row).unwrap();
+        assert_eq!(record.id, "t1");
+        assert_eq!(record.owner, None);
+        assert!(record.artifacts.is_empty() && !record.sent_by_user);
+        // Written again, the empty fields are left out, and it reads back the same.
+        let row = encode(&record);
+        assert!(row.len() < old_row.len(), "{} >= {}", row.len(), old_row.len());
+        let names = keys(&row);
+        for left_out in ["owner", "peer", "artifacts", "error", "sender_task_id", "in_reply_to", "replied_by"] {
+            assert!(!names.contains(&left_out.to_string()), "{left_out} in {names:?}");
+        }
+        assert_eq!(decode::<TaskRecord>(&row).unwrap(), record);
     }
 }
