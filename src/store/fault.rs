@@ -10,9 +10,10 @@
 //! Only the broker's tests turn this on (`SYNAPSE_TEST_DISK_FULL_FILE`); without it the broker
 //! uses redb's plain file backend.
 
-use redb::StorageBackend;
 use redb::backends::FileBackend;
+use redb::{BackendError, StorageBackend};
 use std::io;
+use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct SimulatedDisk {
     /// The disk is "full" while this file exists.
     switch: PathBuf,
-    /// The length up to which the file has blocks: its length when first opened, and what it
-    /// grew to while the disk was not full. `u64::MAX` until first opened.
+    /// The length up to which the file has blocks: its length when first opened, and how far
+    /// writes reached while the disk was not full. `u64::MAX` until first opened.
     allocated: Arc<AtomicU64>,
 }
 
@@ -70,12 +71,10 @@ impl StorageBackend for DiskFullSwitch {
         self.file.read(offset, out)
     }
 
+    /// A longer length is a sparse extension: no blocks, whether the disk is full or not (redb
+    /// makes room this way; a write into it later needs the blocks).
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        self.file.set_len(len)?;
-        if !self.is_full() {
-            self.disk.allocated.fetch_max(len, Ordering::SeqCst);
-        }
-        Ok(())
+        self.file.set_len(len)
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
@@ -95,5 +94,31 @@ impl StorageBackend for DiskFullSwitch {
 
     fn close(&self) -> Result<(), io::Error> {
         self.file.close()
+    }
+
+    // The file's locks, as the plain backend takes them (one broker per database).
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.file.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.file.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.file.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.file.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.file.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.file.query_lock_range(start, end)
     }
 }

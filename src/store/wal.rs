@@ -168,10 +168,12 @@ impl Wal {
                 self.file.write_all_at(&record, self.end)?;
             } else {
                 // A long message is not copied again for the sake of 8 bytes: two writes, one
-                // fsync. A crash between them leaves a record whose checksum fails, as a write
-                // cut short does.
-                self.file.write_all_at(&header, self.end)?;
+                // fsync. The payload first: until the header is written, what lies at `end` is
+                // what was there before (zeros after a checkpoint or an undo, or a record older
+                // than those before it), so a crash between the two writes adds nothing to the
+                // log and leaves no record that claims the new payload.
                 self.file.write_all_at(payload, self.end + RECORD_HEADER as u64)?;
+                self.file.write_all_at(&header, self.end)?;
             }
             self.file.sync_data()
         });
@@ -490,6 +492,34 @@ mod tests {
         // Written over the first: the second, intact, starts exactly where it ends.
         wal.append(&batch(&[(3, "next")])).unwrap();
         assert_eq!(seqs(&read_back(&path)), [3]);
+    }
+
+    /// What a crash between the two writes of a long record leaves (`append` writes the payload
+    /// first, then the header): after a checkpoint the header at the start is still zeroed, so
+    /// the log reads as empty, even with an older record of the same size right behind. Had the
+    /// header gone first, it would claim a payload that is not there, and the intact older
+    /// record after it would make the log refuse to open.
+    #[test]
+    fn a_crash_between_the_two_writes_of_a_long_record_adds_nothing_and_opens() {
+        let (_dir, path, mut wal) = fresh();
+        let long = |letter: &str| letter.repeat(SEPARATE_WRITES_FROM + 1);
+        wal.append(&batch(&[(1, long("a").as_str())])).unwrap();
+        wal.append(&batch(&[(2, long("b").as_str())])).unwrap();
+        wal.reset().unwrap();
+        // The next record, the same size, cut after its payload.
+        let payload = batch(&[(3, long("c").as_str())]);
+        wal.file.write_all_at(&payload, RECORD_HEADER as u64).unwrap();
+        assert!(read_back(&path).is_empty());
+        // The header written alone instead: refused (what the order avoids).
+        let mut header = [0_u8; RECORD_HEADER];
+        header[..4].copy_from_slice(&u32::try_from(payload.len()).unwrap().to_le_bytes());
+        header[4..].copy_from_slice(&crc32(&payload).to_le_bytes());
+        let (_other_dir, other_path, mut other) = fresh();
+        other.append(&batch(&[(1, long("a").as_str())])).unwrap();
+        other.append(&batch(&[(2, long("b").as_str())])).unwrap();
+        other.reset().unwrap();
+        other.file.write_all_at(&header, 0).unwrap();
+        assert!(matches!(Wal::open(&other_path, None).unwrap().read(), Err(StoreError::Corrupt(_))));
     }
 
     #[test]
