@@ -154,11 +154,7 @@ impl Wal {
     /// Appends one batch's events (`payload`, built with [`push_event`]) and waits until they
     /// are on the disk. On failure nothing of it is left to be read back.
     pub fn append(&mut self, payload: &[u8]) -> Result<(), StoreError> {
-        let size = u32::try_from(payload.len())
-            .map_err(|_| StoreError::Storage(format!("a batch of {} bytes is too large to log", payload.len())))?;
-        let mut header = [0_u8; RECORD_HEADER];
-        header[..4].copy_from_slice(&size.to_le_bytes());
-        header[4..].copy_from_slice(&crc32(payload).to_le_bytes());
+        let header = record_header(payload)?;
         let record_length = (RECORD_HEADER + payload.len()) as u64;
         let written = self.make_room(record_length).and_then(|()| {
             if payload.len() <= SEPARATE_WRITES_FROM {
@@ -261,6 +257,16 @@ fn wal_error(path: &Path, error: io::Error) -> StoreError {
     } else {
         StoreError::Io(format!("{}: {error}", path.display()))
     }
+}
+
+/// The header of a record holding `payload`: its length and its checksum.
+fn record_header(payload: &[u8]) -> Result<[u8; RECORD_HEADER], StoreError> {
+    let size = u32::try_from(payload.len())
+        .map_err(|_| StoreError::Storage(format!("a batch of {} bytes is too large to log", payload.len())))?;
+    let mut header = [0_u8; RECORD_HEADER];
+    header[..4].copy_from_slice(&size.to_le_bytes());
+    header[4..].copy_from_slice(&crc32(payload).to_le_bytes());
+    Ok(header)
 }
 
 fn split_header(header: [u8; RECORD_HEADER]) -> (u32, u32) {
@@ -501,24 +507,24 @@ mod tests {
     /// record after it would make the log refuse to open.
     #[test]
     fn a_crash_between_the_two_writes_of_a_long_record_adds_nothing_and_opens() {
-        let (_dir, path, mut wal) = fresh();
         let long = |letter: &str| letter.repeat(SEPARATE_WRITES_FROM + 1);
-        wal.append(&batch(&[(1, long("a").as_str())])).unwrap();
-        wal.append(&batch(&[(2, long("b").as_str())])).unwrap();
-        wal.reset().unwrap();
-        // The next record, the same size, cut after its payload.
+        // Two long records, then a checkpoint: the next record, the same size, goes over them.
+        let checkpointed = || {
+            let (dir, path, mut wal) = fresh();
+            wal.append(&batch(&[(1, long("a").as_str())])).unwrap();
+            wal.append(&batch(&[(2, long("b").as_str())])).unwrap();
+            wal.reset().unwrap();
+            (dir, path, wal)
+        };
         let payload = batch(&[(3, long("c").as_str())]);
+
+        // Cut after its payload.
+        let (_dir, path, wal) = checkpointed();
         wal.file.write_all_at(&payload, RECORD_HEADER as u64).unwrap();
         assert!(read_back(&path).is_empty());
         // The header written alone instead: refused (what the order avoids).
-        let mut header = [0_u8; RECORD_HEADER];
-        header[..4].copy_from_slice(&u32::try_from(payload.len()).unwrap().to_le_bytes());
-        header[4..].copy_from_slice(&crc32(&payload).to_le_bytes());
-        let (_other_dir, other_path, mut other) = fresh();
-        other.append(&batch(&[(1, long("a").as_str())])).unwrap();
-        other.append(&batch(&[(2, long("b").as_str())])).unwrap();
-        other.reset().unwrap();
-        other.file.write_all_at(&header, 0).unwrap();
+        let (_other_dir, other_path, other) = checkpointed();
+        other.file.write_all_at(&record_header(&payload).unwrap(), 0).unwrap();
         assert!(matches!(Wal::open(&other_path, None).unwrap().read(), Err(StoreError::Corrupt(_))));
     }
 
