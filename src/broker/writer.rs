@@ -32,6 +32,8 @@ use tokio::sync::{oneshot, watch};
 
 /// Most jobs decided in one transaction.
 const MAX_BATCH_JOBS: usize = 4096;
+/// Room for this many jobs is kept between batches; a burst's larger batch gives the rest back.
+const KEPT_BATCH_ROOM: usize = 256;
 /// Longest wait for the callers of the last batch to send again (see the module's notes).
 const GATHER: Duration = Duration::from_micros(200);
 /// Smallest last batch that makes the writer gather.
@@ -317,7 +319,9 @@ impl Writer {
         if batch.is_empty() {
             return;
         }
-        let jobs = std::mem::take(batch);
+        // The batch's vector is drained, not taken: its room serves the next batch (a vector
+        // grown from empty for every batch cost the allocator's slow path under load).
+        let jobs = batch;
         let mut outcomes: Vec<Result<Outcome, CommandError>> = Vec::with_capacity(jobs.len());
         let mut appended = Vec::new();
         // redb asserts in some paths after a failed write (an abort after a failed allocation):
@@ -326,9 +330,9 @@ impl Writer {
             self.store.transact(now_ms(), |appender| {
                 // The process table is read here, once for the whole batch, so that decide reads
                 // nothing but the projections and the command.
-                let liveness = look_up_liveness(appender.view(), &jobs)?;
+                let liveness = look_up_liveness(appender.view(), jobs)?;
                 let context = Context { now_ms: appender.time_ms(), liveness: &liveness };
-                for (command, _) in &jobs {
+                for (command, _) in jobs.iter() {
                     match command::decide(appender.view(), command, &context) {
                         Ok(decision) => {
                             let written = appender.append(decision.actor.as_deref(), decision.events)?;
@@ -353,7 +357,7 @@ impl Writer {
                 // Into the tails' ring before anyone hears of them (an answered caller may read the
                 // log at once) and before the head moves (woken tails find them there).
                 self.recent.push(appended);
-                for ((_, answer), outcome) in jobs.into_iter().zip(outcomes) {
+                for ((_, answer), outcome) in jobs.drain(..).zip(outcomes) {
                     let _ = answer.send(outcome);
                 }
                 self.head.send_if_modified(|current| {
@@ -369,11 +373,12 @@ impl Writer {
                 // Recorded before the callers hear: one that asks the health check next sees it.
                 self.storage_failed(&error);
                 let message = describe_storage_failure(&error);
-                for (_, answer) in jobs {
+                for (_, answer) in jobs.drain(..) {
                     let _ = answer.send(Err(CommandError::Unavailable { message: message.clone() }));
                 }
             }
         }
+        jobs.shrink_to(KEPT_BATCH_ROOM);
     }
 }
 

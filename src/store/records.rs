@@ -252,7 +252,8 @@ pub use crate::api::FileLock;
 pub use crate::api::Modification as FileModification;
 
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut row = Vec::new();
+    // Most rows fit: one allocation instead of a chain of growths (the allocator's slow path).
+    let mut row = Vec::with_capacity(crate::event::ENCODE_ROOM);
     encode_into(value, &mut row);
     row
 }

@@ -88,7 +88,9 @@ fn run() -> Result<ExitCode> {
             "memory" => runtime.block_on(memory::run(&options)),
             "cli-send" => runtime.block_on(cli_send::run(&options)),
             "http-send" => runtime.block_on(http_send::run(&options)),
-            "round-trip" => runtime.block_on(round_trip::run(&options)),
+            // One caller, one request at a time, on one thread: as the CLI and the wrappers
+            // call the broker (their runtimes are current-thread too).
+            "round-trip" => single_thread_runtime().and_then(|runtime| runtime.block_on(round_trip::run(&options))),
             "delivery" => runtime.block_on(delivery::run(&options)),
             "sse-fanout" => runtime.block_on(sse_fanout::run(&options)),
             "history-search" => history_search::run(),
@@ -112,6 +114,10 @@ fn run() -> Result<ExitCode> {
         eprintln!("failed scenarios: {}", failed.join(", "));
         Ok(ExitCode::FAILURE)
     }
+}
+
+fn single_thread_runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
 }
 
 fn parse_args(args: Vec<String>) -> Result<(Vec<String>, Options)> {
