@@ -379,28 +379,27 @@ impl Store {
 
     /// The sequence number of the last event (0 when the log is empty).
     pub fn head(&self) -> Result<u64, StoreError> {
-        let txn = self.db()?.begin_read()?;
-        let log = txn.open_table(LOG)?;
-        Ok(log.last()?.map_or(0, |(seq, _)| seq.value()))
+        self.reading(|txn| Ok(txn.open_table(LOG)?.last()?.map_or(0, |(seq, _)| seq.value())))
     }
 
     /// Up to `limit` events after `after`, in order.
     pub fn read_after(&self, after: u64, limit: usize) -> Result<Vec<Envelope>, StoreError> {
-        let txn = self.db()?.begin_read()?;
-        let log = txn.open_table(LOG)?;
-        let mut events = Vec::new();
-        for row in log.range(after.saturating_add(1)..)?.take(limit) {
-            let (_, bytes) = row?;
-            events.push(Envelope::decode(bytes.value())?);
-        }
-        // An event that refers to a long text stored once gets it, as if it had been copied.
-        if events.iter().any(|envelope| envelope.event.refers_to_text()) {
-            let projections = projection::ReadProjections::open(&txn, &LIVE)?;
-            for envelope in &mut events {
-                projections.hydrate_event(&mut envelope.event)?;
+        self.reading(|txn| {
+            let log = txn.open_table(LOG)?;
+            let mut events = Vec::new();
+            for row in log.range(after.saturating_add(1)..)?.take(limit) {
+                let (_, bytes) = row?;
+                events.push(Envelope::decode(bytes.value())?);
             }
-        }
-        Ok(events)
+            // An event that refers to a long text stored once gets it, as if it had been copied.
+            if events.iter().any(|envelope| envelope.event.refers_to_text()) {
+                let projections = projection::ReadProjections::open(txn, &LIVE)?;
+                for envelope in &mut events {
+                    projections.hydrate_event(&mut envelope.event)?;
+                }
+            }
+            Ok(events)
+        })
     }
 
     /// Runs `read` against the live projections in one short read transaction.
@@ -408,9 +407,25 @@ impl Store {
         &self,
         read: impl FnOnce(&projection::ReadProjections) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let txn = self.db()?.begin_read()?;
-        let projections = projection::ReadProjections::open(&txn, &LIVE)?;
-        read(&projections)
+        self.reading(|txn| read(&projection::ReadProjections::open(txn, &LIVE)?))
+    }
+
+    /// Runs `read` in one read transaction of the database as it is now. A reopen that closes
+    /// the database under the transaction makes redb answer "closed"; the error then gives the
+    /// failure that called for the reopen, as a read that starts during the reopen does.
+    pub(crate) fn reading<T>(
+        &self,
+        read: impl FnOnce(&redb::ReadTransaction) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        // The database itself is let go of at once: a reopen closes it under the transaction
+        // instead of waiting for it.
+        let txn = self.db()?.begin_read();
+        txn.map_err(StoreError::from).and_then(|txn| read(&txn)).map_err(|error| match error {
+            StoreError::Reopening(None) => {
+                StoreError::Reopening(self.reopen_reason.lock().unwrap_or_else(PoisonError::into_inner).clone())
+            }
+            other => other,
+        })
     }
 
     /// Runs one write transaction: `work` appends events through the [`Appender`]; everything is
@@ -516,25 +531,25 @@ impl Store {
     /// Every table's name, the bytes its rows hold and the pages its tree takes (4 KiB each),
     /// largest first: where the file's size goes (`synapse-bench scale`).
     pub fn table_sizes(&self) -> Result<Vec<TableSize>, StoreError> {
-        let txn = self.db()?.begin_read()?;
-        let mut sizes = Vec::new();
-        for handle in txn.list_tables()? {
-            let name = redb::TableHandle::name(&handle).to_string();
-            let stats = txn.open_untyped_table(handle)?.stats()?;
-            sizes.push(TableSize {
-                name,
-                stored_bytes: stats.stored_bytes(),
-                pages: stats.leaf_pages() + stats.branch_pages(),
-            });
-        }
-        sizes.sort_by_key(|size| std::cmp::Reverse(size.pages));
-        Ok(sizes)
+        self.reading(|txn| {
+            let mut sizes = Vec::new();
+            for handle in txn.list_tables()? {
+                let name = redb::TableHandle::name(&handle).to_string();
+                let stats = txn.open_untyped_table(handle)?.stats()?;
+                sizes.push(TableSize {
+                    name,
+                    stored_bytes: stats.stored_bytes(),
+                    pages: stats.leaf_pages() + stats.branch_pages(),
+                });
+            }
+            sizes.sort_by_key(|size| std::cmp::Reverse(size.pages));
+            Ok(sizes)
+        })
     }
 
     /// Number of events in the log.
     pub fn event_count(&self) -> Result<u64, StoreError> {
-        let txn = self.db()?.begin_read()?;
-        Ok(txn.open_table(LOG)?.len()?)
+        self.reading(|txn| Ok(txn.open_table(LOG)?.len()?))
     }
 }
 

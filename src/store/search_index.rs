@@ -328,13 +328,14 @@ impl Store {
 
     /// Where the indexer stands.
     pub fn index_progress(&self) -> Result<IndexProgress, StoreError> {
-        let txn = self.db()?.begin_read()?;
-        let meta = txn.open_table(INDEX_META)?;
-        let head = txn.open_table(LOG)?.last()?.map_or(0, |(seq, _)| seq.value());
-        Ok(IndexProgress {
-            indexed_through: meta_value(&meta, INDEXED_THROUGH)?,
-            head,
-            segments: txn.open_table(SEGMENTS)?.len()?,
+        self.reading(|txn| {
+            let meta = txn.open_table(INDEX_META)?;
+            let head = txn.open_table(LOG)?.last()?.map_or(0, |(seq, _)| seq.value());
+            Ok(IndexProgress {
+                indexed_through: meta_value(&meta, INDEXED_THROUGH)?,
+                head,
+                segments: txn.open_table(SEGMENTS)?.len()?,
+            })
         })
     }
 
@@ -401,9 +402,20 @@ impl Store {
         tuning: SearchTuning,
         scan: impl FnOnce(&ReadProjections) -> Result<Vec<HistoryRecord>, StoreError>,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
+        self.reading(|txn| self.indexed_query_in(txn, prefixes, query, tuning, scan))
+    }
+
+    /// [`Self::indexed_query`] in its read transaction.
+    fn indexed_query_in(
+        &self,
+        txn: &redb::ReadTransaction,
+        prefixes: Option<&[String]>,
+        query: &Query<'_>,
+        tuning: SearchTuning,
+        scan: impl FnOnce(&ReadProjections) -> Result<Vec<HistoryRecord>, StoreError>,
+    ) -> Result<Vec<HistoryRecord>, StoreError> {
         let Query { logic, limit, .. } = *query;
-        let txn = self.db()?.begin_read()?;
-        let projections = ReadProjections::open(&txn, &LIVE)?;
+        let projections = ReadProjections::open(txn, &LIVE)?;
         let meta = txn.open_table(INDEX_META)?;
         let log = txn.open_table(LOG)?;
         // Tasks changed by events the indexer has not reached: read whatever they hold now

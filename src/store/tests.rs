@@ -1130,3 +1130,22 @@ fn after_a_crash_the_batches_only_the_write_ahead_log_held_are_stored_and_applie
     let error = Store::open(&alone.path().join("log.redb")).map(|_| ()).unwrap_err();
     assert!(error.to_string().contains("write-ahead log"), "{error}");
 }
+
+#[test]
+fn a_read_cut_off_by_a_reopen_says_why_the_store_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("log.redb")).unwrap();
+    store.transact(1, |appender| appender.append(None, small_batch())).unwrap();
+    store.checkpoint().unwrap();
+    let cut_off = store
+        .reading(|txn| {
+            // The reopen closes the database this transaction reads; redb then answers
+            // "closed" to its reads.
+            store.reopen("the disk is full (a test)").unwrap();
+            Ok(txn.open_table(LOG)?.last()?.map(|(seq, _)| seq.value()))
+        })
+        .unwrap_err();
+    assert!(matches!(cut_off, StoreError::Reopening(Some(_))), "{cut_off:?}");
+    assert!(cut_off.to_string().contains("the disk is full (a test)"), "{cut_off}");
+    assert_eq!(store.head().unwrap(), 1, "the reopened store reads again");
+}
