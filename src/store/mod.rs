@@ -420,12 +420,18 @@ impl Store {
         // The database itself is let go of at once: a reopen closes it under the transaction
         // instead of waiting for it.
         let txn = self.db()?.begin_read();
-        txn.map_err(StoreError::from).and_then(|txn| read(&txn)).map_err(|error| match error {
+        txn.map_err(StoreError::from).and_then(|txn| read(&txn)).map_err(|error| self.with_reopen_reason(error))
+    }
+
+    /// A "being reopened" without its reason (redb's answer to a transaction whose database a
+    /// reopen closed) given the failure that called for the reopen; any other error as it is.
+    pub(crate) fn with_reopen_reason(&self, error: StoreError) -> StoreError {
+        match error {
             StoreError::Reopening(None) => {
                 StoreError::Reopening(self.reopen_reason.lock().unwrap_or_else(PoisonError::into_inner).clone())
             }
             other => other,
-        })
+        }
     }
 
     /// Runs one write transaction: `work` appends events through the [`Appender`]; everything is
