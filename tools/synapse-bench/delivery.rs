@@ -1,7 +1,8 @@
 //! `delivery`: from the send's answer to the bytes in the target's PTY.
 //!
 //! A dummy agent in a wrapper; each message is timed from the broker's answer to its echo in
-//! the wrapper's terminal log, and the dummy is back at its prompt before the next (`delivery_*`).
+//! the wrapper's terminal log, and the dummy is back at its prompt before the next (`delivery_*`);
+//! the same from the send's request too (`delivery_from_request_*`: what the sender waits for).
 
 use crate::common::{BenchDir, BrokerProcess, Options, Samples, SynapseEnv, result, start_dummy};
 use anyhow::{Context, Result, bail};
@@ -55,13 +56,16 @@ pub async fn run(options: &Options) -> Result<()> {
     let mut seen = String::new();
     wait_in_log(&agent.log, &mut offset, &mut seen, "> ")?;
     let mut samples = Vec::with_capacity(DELIVERIES);
+    let mut from_request = Vec::with_capacity(DELIVERIES);
     for number in 0..DELIVERIES {
         let text = format!("delivery-{number:05}");
+        let asked = Instant::now();
         http.send(&SendBody::new(agent.id.clone(), text.clone())).await?;
         let sent = Instant::now();
         // The echo of the written line; then the dummy's answer and its prompt (READY again).
         wait_in_log(&agent.log, &mut offset, &mut seen, &format!("] {text}"))?;
         samples.push(sent.elapsed());
+        from_request.push(asked.elapsed());
         wait_in_log(&agent.log, &mut offset, &mut seen, "You said: [A2A")?;
         wait_in_log(&agent.log, &mut offset, &mut seen, "> ")?;
     }
@@ -69,8 +73,12 @@ pub async fn run(options: &Options) -> Result<()> {
     drop(agent);
     broker.stop()?;
     let samples = Samples::new(samples);
+    let from_request = Samples::new(from_request);
     println!("send answered -> line echoed by the target PTY (dummy, settle 0): {}", samples.summary());
+    println!("send asked -> line echoed by the target PTY: {}", from_request.summary());
     result("delivery_p50_ms", samples.median(), 3, "ms");
     result("delivery_p99_ms", samples.percentile(99.0), 3, "ms");
+    result("delivery_from_request_p50_ms", from_request.median(), 3, "ms");
+    result("delivery_from_request_p99_ms", from_request.percentile(99.0), 3, "ms");
     Ok(())
 }
