@@ -59,13 +59,15 @@ pub async fn run(options: &Options) -> Result<()> {
     let mut from_request = Vec::with_capacity(DELIVERIES);
     for number in 0..DELIVERIES {
         let text = format!("delivery-{number:05}");
+        let body = SendBody::new(agent.id.clone(), text.clone());
         let asked = Instant::now();
-        http.send(&SendBody::new(agent.id.clone(), text.clone())).await?;
+        http.send(&body).await?;
         let sent = Instant::now();
         // The echo of the written line; then the dummy's answer and its prompt (READY again).
         wait_in_log(&agent.log, &mut offset, &mut seen, &format!("] {text}"))?;
-        samples.push(sent.elapsed());
-        from_request.push(asked.elapsed());
+        let echoed = Instant::now();
+        samples.push(echoed - sent);
+        from_request.push(echoed - asked);
         wait_in_log(&agent.log, &mut offset, &mut seen, "You said: [A2A")?;
         wait_in_log(&agent.log, &mut offset, &mut seen, "> ")?;
     }
