@@ -1,10 +1,10 @@
 //! The writer thread: the only code that writes the store.
 //!
 //! Group commit: it takes every queued job, decides each in order inside one transaction (each
-//! sees the effects of those before it), commits once (durable through the write-ahead log's
-//! fsync, [`Store::transact`]), and only then answers every caller and moves the head (which
-//! wakes the tails). A batch whose storage fails answers every caller with an error and
-//! acknowledges nothing.
+//! sees the effects of those before it), commits once, durably (the write-ahead log's fsync, or
+//! redb's own for a store without that log: [`Store::transact`]), and only then answers every
+//! caller and moves the head (which wakes the tails). A batch whose storage fails answers every
+//! caller with an error and acknowledges nothing.
 //!
 //! Recovery: after a failed commit redb refuses the database ("Previous I/O error occurred"),
 //! reads included. The writer then reopens it ([`Store::reopen`]: redb repairs the file from
