@@ -106,6 +106,17 @@ impl From<DecodeError> for StoreError {
     }
 }
 
+/// redb's refusal of every transaction after a failed write, until the database is reopened. It
+/// does not say what failed: [`Store::explained`] puts the remembered cause in its place.
+const EARLIER_WRITE_FAILED: &str = "an earlier write failed (Previous I/O error occurred)";
+
+/// The storage failure of the last failed write, kept until the database is reopened.
+#[derive(Debug, Clone)]
+enum WriteFailureCause {
+    DiskFull(String),
+    Io(String),
+}
+
 fn is_disk_full(error: &std::io::Error) -> bool {
     error.kind() == std::io::ErrorKind::StorageFull || error.raw_os_error() == Some(libc::ENOSPC)
 }
@@ -118,7 +129,7 @@ macro_rules! storage_error_from {
                 match error {
                     redb::Error::Io(io) if is_disk_full(&io) => StoreError::DiskFull(io.to_string()),
                     redb::Error::Io(io) => StoreError::Io(io.to_string()),
-                    redb::Error::PreviousIo => StoreError::Io("an earlier write failed (Previous I/O error occurred)".into()),
+                    redb::Error::PreviousIo => StoreError::Io(EARLIER_WRITE_FAILED.into()),
                     redb::Error::DatabaseClosed => StoreError::Reopening(None),
                     redb::Error::Corrupted(reason) => StoreError::Corrupt(reason),
                     other => StoreError::Storage(other.to_string()),
@@ -182,6 +193,10 @@ pub struct Store {
     reopening: Mutex<()>,
     /// The failure that made the last reopen happen: reads during a reopen say it.
     reopen_reason: Mutex<Option<String>>,
+    /// The storage failure of the last write that failed, until a reopen. redb answers every
+    /// transaction after it with "Previous I/O error occurred" only, so whoever comes next (the
+    /// writer's batch after the history indexer's failed step, say) is told this cause instead.
+    write_failure: Mutex<Option<WriteFailureCause>>,
     /// Held by the history indexer for a whole step, and by a rebuild (which empties the index).
     index_lock: Mutex<()>,
     /// The write-ahead log of a store on a file (see [`wal`]); taken after the write
@@ -289,6 +304,7 @@ impl Store {
             source,
             reopening: Mutex::new(()),
             reopen_reason: Mutex::new(None),
+            write_failure: Mutex::new(None),
             index_lock: Mutex::new(()),
             wal,
         })
@@ -354,6 +370,7 @@ impl Store {
                 wal.reset()?;
             }
         }
+        *self.write_failure.lock().unwrap_or_else(PoisonError::into_inner) = None;
         *self.database.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(db));
         Ok(())
     }
@@ -367,14 +384,17 @@ impl Store {
     /// log over (the writer does this when it is idle).
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         let Some(wal) = &self.wal else { return Ok(()) };
-        let txn = self.db()?.begin_write()?;
-        let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
-        if wal.pending().0 == 0 {
-            let _ = txn.abort();
-            return Ok(());
-        }
-        txn.commit()?;
-        wal.reset()
+        let checkpointed = (|| {
+            let txn = self.db()?.begin_write()?;
+            let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
+            if wal.pending().0 == 0 {
+                let _ = txn.abort();
+                return Ok(());
+            }
+            txn.commit()?;
+            wal.reset()
+        })();
+        checkpointed.map_err(|error| self.explained(error))
     }
 
     /// The sequence number of the last event (0 when the log is empty).
@@ -420,15 +440,34 @@ impl Store {
         // The database itself is let go of at once: a reopen closes it under the transaction
         // instead of waiting for it.
         let txn = self.db()?.begin_read();
-        txn.map_err(StoreError::from).and_then(|txn| read(&txn)).map_err(|error| self.with_reopen_reason(error))
+        txn.map_err(StoreError::from).and_then(|txn| read(&txn)).map_err(|error| self.explained(error))
     }
 
-    /// A "being reopened" without its reason (redb's answer to a transaction whose database a
-    /// reopen closed) given the failure that called for the reopen; any other error as it is.
-    pub(crate) fn with_reopen_reason(&self, error: StoreError) -> StoreError {
+    /// An error of a transaction, with the causes redb does not give. A "being reopened" without
+    /// its reason (redb's answer to a transaction whose database a reopen closed) gets the failure
+    /// that called for the reopen. "An earlier write failed" gets the storage failure of that
+    /// write (a full disk stays a full disk), which is remembered here when it happens.
+    pub(crate) fn explained(&self, error: StoreError) -> StoreError {
         match error {
             StoreError::Reopening(None) => {
                 StoreError::Reopening(self.reopen_reason.lock().unwrap_or_else(PoisonError::into_inner).clone())
+            }
+            StoreError::Io(reason) if reason == EARLIER_WRITE_FAILED => {
+                match self.write_failure.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+                    Some(WriteFailureCause::DiskFull(cause)) => StoreError::DiskFull(cause),
+                    Some(WriteFailureCause::Io(cause)) => StoreError::Io(format!("an earlier write failed: {cause}")),
+                    None => StoreError::Io(reason),
+                }
+            }
+            StoreError::DiskFull(cause) => {
+                *self.write_failure.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(WriteFailureCause::DiskFull(cause.clone()));
+                StoreError::DiskFull(cause)
+            }
+            StoreError::Io(cause) => {
+                *self.write_failure.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(WriteFailureCause::Io(cause.clone()));
+                StoreError::Io(cause)
             }
             other => other,
         }
@@ -438,6 +477,14 @@ impl Store {
     /// committed durably (fsync) when it returns `Ok`, and nothing is kept when it returns `Err`
     /// or the commit fails.
     pub fn transact<T>(
+        &self,
+        time_ms: u64,
+        work: impl FnOnce(&mut Appender<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.transact_unexplained(time_ms, work).map_err(|error| self.explained(error))
+    }
+
+    fn transact_unexplained<T>(
         &self,
         time_ms: u64,
         work: impl FnOnce(&mut Appender<'_>) -> Result<T, StoreError>,
@@ -515,23 +562,29 @@ impl Store {
     pub fn rebuild(&self) -> Result<RebuildReport, StoreError> {
         let started = Instant::now();
         let _indexer = self.index_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let txn = self.db()?.begin_write()?;
-        let (events, rows) = replay_into(&txn, &LIVE)?;
-        search_index::clear(&txn)?;
-        txn.commit()?;
-        free_in_background(rows);
-        Ok(RebuildReport { events, elapsed_ms: millis(started.elapsed()) })
+        let rebuilt = (|| {
+            let txn = self.db()?.begin_write()?;
+            let (events, rows) = replay_into(&txn, &LIVE)?;
+            search_index::clear(&txn)?;
+            txn.commit()?;
+            free_in_background(rows);
+            Ok(RebuildReport { events, elapsed_ms: millis(started.elapsed()) })
+        })();
+        rebuilt.map_err(|error| self.explained(error))
     }
 
     /// Replays the log into scratch tables and compares them with the live projections.
     /// Writes nothing: the transaction is aborted.
     pub fn verify(&self) -> Result<VerifyReport, StoreError> {
-        let txn = self.db()?.begin_write()?;
-        let (events, rows) = replay_into(&txn, &SCRATCH)?;
-        let differences = projection::compare(&txn, &LIVE, &SCRATCH)?;
-        let _ = txn.abort();
-        free_in_background(rows);
-        Ok(VerifyReport { events, differences })
+        let verified = (|| {
+            let txn = self.db()?.begin_write()?;
+            let (events, rows) = replay_into(&txn, &SCRATCH)?;
+            let differences = projection::compare(&txn, &LIVE, &SCRATCH)?;
+            let _ = txn.abort();
+            free_in_background(rows);
+            Ok(VerifyReport { events, differences })
+        })();
+        verified.map_err(|error| self.explained(error))
     }
 
     /// Every table's name, the bytes its rows hold and the pages its tree takes (4 KiB each),

@@ -206,8 +206,9 @@ impl Store {
     /// Indexes the tasks changed by up to `max_events` events after the index's watermark, as
     /// one new segment (merged with small older ones), in a transaction of its own.
     pub fn index_history_step(&self, max_events: usize) -> Result<IndexProgress, StoreError> {
-        // Its read transaction, too, may be cut off by a reopen (see `Store::reading`).
-        self.take_index_step(max_events).map_err(|error| self.with_reopen_reason(error))
+        // Its read transaction, too, may be cut off by a reopen (see `Store::reading`); its write
+        // may fail on the storage, or find an earlier write failed (see `Store::explained`).
+        self.take_index_step(max_events).map_err(|error| self.explained(error))
     }
 
     fn take_index_step(&self, max_events: usize) -> Result<IndexProgress, StoreError> {

@@ -828,6 +828,32 @@ fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_s
 }
 
 #[test]
+fn a_write_after_a_failed_one_hears_the_cause_not_only_that_an_earlier_write_failed() {
+    let (_dir, switch, store) = store_on_a_disk_that_fills();
+    store.transact(1, |appender| appender.append(None, small_batch())).unwrap();
+    store.checkpoint().unwrap();
+
+    std::fs::write(&switch, b"").unwrap();
+    let first = store.transact(2, |appender| appender.append(None, large_batch())).unwrap_err();
+    assert!(matches!(first, StoreError::DiskFull(_)), "{first:?}");
+    // The next write (the writer's batch after the history indexer's failed step, say) gets
+    // only redb's "Previous I/O error occurred"; it must say what failed.
+    let next = store.transact(3, |appender| appender.append(None, small_batch())).unwrap_err();
+    assert!(matches!(next, StoreError::DiskFull(_)), "{next:?}");
+    assert!(next.to_string().contains("disk is full"), "{next}");
+    let checkpoint = store.checkpoint().unwrap_err();
+    assert!(matches!(checkpoint, StoreError::DiskFull(_)), "{checkpoint:?}");
+    let read = store.head().unwrap_err();
+    assert!(matches!(read, StoreError::DiskFull(_)), "{read:?}");
+
+    // Reopened, with space again: the cause is forgotten and writes go on.
+    std::fs::remove_file(&switch).unwrap();
+    store.reopen(&first.to_string()).unwrap();
+    store.transact(4, |appender| appender.append(None, small_batch())).unwrap();
+    assert_eq!(store.head().unwrap(), 2);
+}
+
+#[test]
 fn a_batch_only_the_write_ahead_log_holds_survives_a_failed_batch_and_the_reopen() {
     let (_dir, switch, store) = store_on_a_disk_that_fills();
     let (small, large) = (small_batch, large_batch);
