@@ -25,6 +25,11 @@ pub fn spawn(state: Arc<BrokerState>) {
             let pause = match tokio::task::spawn_blocking(move || store.index_history_step(STEP_EVENTS)).await {
                 Err(error) => {
                     tracing::error!("history index step failed ({error}); searches read the log until it works");
+                    // A panic inside redb may leave the database refused, as a failed commit
+                    // does: the writer reopens it now rather than at its next batch.
+                    if error.is_panic() {
+                        state.writer.report_storage_failure(format!("history index: the step failed ({error})"));
+                    }
                     RETRY
                 }
                 Ok(Ok(progress)) if !progress.caught_up() => continue,

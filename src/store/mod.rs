@@ -16,6 +16,7 @@
 //!   of the failed one is kept. Everyone reaches the database through [`Store::db`], which
 //!   hands out the current one; while it is swapped, reads get [`StoreError::Reopening`].
 
+pub mod failure;
 pub mod fault;
 pub mod history;
 pub mod projection;
@@ -106,16 +107,9 @@ impl From<DecodeError> for StoreError {
     }
 }
 
-/// redb's refusal of every transaction after a failed write, until the database is reopened. It
-/// does not say what failed: [`Store::explained`] puts the remembered cause in its place.
+/// redb's refusal of every transaction after a storage failure, until the database is reopened.
+/// It does not say what failed: [`Store::explained`] puts the cause in its place ([`failure`]).
 const EARLIER_WRITE_FAILED: &str = "an earlier write failed (Previous I/O error occurred)";
-
-/// The storage failure of the last failed write, kept until the database is reopened.
-#[derive(Debug, Clone)]
-enum WriteFailureCause {
-    DiskFull(String),
-    Io(String),
-}
 
 fn is_disk_full(error: &std::io::Error) -> bool {
     error.kind() == std::io::ErrorKind::StorageFull || error.raw_os_error() == Some(libc::ENOSPC)
@@ -153,6 +147,8 @@ struct FileSource {
     path: PathBuf,
     /// Tests only: see [`fault::DiskFullSwitch`].
     simulated_disk: Option<fault::SimulatedDisk>,
+    /// The last storage failure its backends met (see [`failure`]).
+    failure: failure::LastFailure,
 }
 
 fn open_database(source: &FileSource) -> Result<Database, StoreError> {
@@ -165,20 +161,23 @@ fn open_database(source: &FileSource) -> Result<Database, StoreError> {
         }
         other => StoreError::Unreadable { path: shown.clone(), reason: other.to_string() },
     };
+    // Opened as redb's `Builder::create` opens it, with the backend wrapped.
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(
+        |error| match error {
+            error if is_disk_full(&error) => StoreError::DiskFull(error.to_string()),
+            error => StoreError::Unreadable { path: shown.clone(), reason: error.to_string() },
+        },
+    )?;
+    let backend = redb::backends::FileBackend::new(file).map_err(refused)?;
+    let mut builder = Database::builder();
+    builder.set_cache_size(CACHE_SIZE_BYTES);
+    let failure = source.failure.clone();
     match &source.simulated_disk {
-        None => Database::builder().set_cache_size(CACHE_SIZE_BYTES).create(path).map_err(refused),
+        None => builder.create_with_backend(failure::Recording { inner: backend, failure }).map_err(refused),
         Some(disk) => {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(path)
-                .map_err(|error| StoreError::Unreadable { path: shown.clone(), reason: error.to_string() })?;
-            let backend = redb::backends::FileBackend::new(file).map_err(refused)?;
             let backend = fault::DiskFullSwitch::new(backend, disk.clone())
                 .map_err(|error| StoreError::Unreadable { path: shown.clone(), reason: error.to_string() })?;
-            Database::builder().set_cache_size(CACHE_SIZE_BYTES).create_with_backend(backend).map_err(refused)
+            builder.create_with_backend(failure::Recording { inner: backend, failure }).map_err(refused)
         }
     }
 }
@@ -193,10 +192,6 @@ pub struct Store {
     reopening: Mutex<()>,
     /// The failure that made the last reopen happen: reads during a reopen say it.
     reopen_reason: Mutex<Option<String>>,
-    /// The storage failure of the last write that failed, until a reopen. redb answers every
-    /// transaction after it with "Previous I/O error occurred" only, so whoever comes next (the
-    /// writer's batch after the history indexer's failed step, say) is told this cause instead.
-    write_failure: Mutex<Option<WriteFailureCause>>,
     /// Held by the history indexer for a whole step, and by a rebuild (which empties the index).
     index_lock: Mutex<()>,
     /// The write-ahead log of a store on a file (see [`wal`]); taken after the write
@@ -230,6 +225,7 @@ impl Store {
         let source = FileSource {
             path: path.to_path_buf(),
             simulated_disk: disk_full_switch.map(|switch| fault::SimulatedDisk::new(switch.to_path_buf())),
+            failure: failure::LastFailure::default(),
         };
         let mut wal = wal::Wal::open(&path.with_extension("wal"), source.simulated_disk.clone())?;
         let logged = wal.read()?;
@@ -304,7 +300,6 @@ impl Store {
             source,
             reopening: Mutex::new(()),
             reopen_reason: Mutex::new(None),
-            write_failure: Mutex::new(None),
             index_lock: Mutex::new(()),
             wal,
         })
@@ -370,7 +365,9 @@ impl Store {
                 wal.reset()?;
             }
         }
-        *self.write_failure.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        // The old database's failure is behind us (one the new one met in its recovery above
+        // failed the reopen and is still to be told).
+        source.failure.clear();
         *self.database.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(db));
         Ok(())
     }
@@ -445,29 +442,20 @@ impl Store {
 
     /// An error of a transaction, with the causes redb does not give. A "being reopened" without
     /// its reason (redb's answer to a transaction whose database a reopen closed) gets the failure
-    /// that called for the reopen. "An earlier write failed" gets the storage failure of that
-    /// write (a full disk stays a full disk), which is remembered here when it happens.
+    /// that called for the reopen. "An earlier write failed" gets the storage failure behind it,
+    /// noted by the backend before redb saw it ([`failure`]): a full disk stays a full disk.
     pub(crate) fn explained(&self, error: StoreError) -> StoreError {
         match error {
             StoreError::Reopening(None) => {
-                StoreError::Reopening(self.reopen_reason.lock().unwrap_or_else(PoisonError::into_inner).clone())
+                let reason = self.reopen_reason.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                StoreError::Reopening(reason)
             }
             StoreError::Io(reason) if reason == EARLIER_WRITE_FAILED => {
-                match self.write_failure.lock().unwrap_or_else(PoisonError::into_inner).clone() {
-                    Some(WriteFailureCause::DiskFull(cause)) => StoreError::DiskFull(cause),
-                    Some(WriteFailureCause::Io(cause)) => StoreError::Io(format!("an earlier write failed: {cause}")),
+                match self.source.as_ref().and_then(|source| source.failure.get()) {
+                    Some(failure::Cause::DiskFull(cause)) => StoreError::DiskFull(cause),
+                    Some(failure::Cause::Io(cause)) => StoreError::Io(format!("an earlier write failed: {cause}")),
                     None => StoreError::Io(reason),
                 }
-            }
-            StoreError::DiskFull(cause) => {
-                *self.write_failure.lock().unwrap_or_else(PoisonError::into_inner) =
-                    Some(WriteFailureCause::DiskFull(cause.clone()));
-                StoreError::DiskFull(cause)
-            }
-            StoreError::Io(cause) => {
-                *self.write_failure.lock().unwrap_or_else(PoisonError::into_inner) =
-                    Some(WriteFailureCause::Io(cause.clone()));
-                StoreError::Io(cause)
             }
             other => other,
         }

@@ -845,10 +845,13 @@ fn a_write_after_a_failed_one_hears_the_cause_not_only_that_an_earlier_write_fai
     assert!(matches!(checkpoint, StoreError::DiskFull(_)), "{checkpoint:?}");
     let read = store.head().unwrap_err();
     assert!(matches!(read, StoreError::DiskFull(_)), "{read:?}");
+    let noted = || store.source.as_ref().and_then(|source| source.failure.get());
+    assert!(matches!(noted(), Some(super::failure::Cause::DiskFull(_))), "{:?}", noted());
 
     // Reopened, with space again: the cause is forgotten and writes go on.
     std::fs::remove_file(&switch).unwrap();
     store.reopen(&first.to_string()).unwrap();
+    assert_eq!(noted(), None);
     store.transact(4, |appender| appender.append(None, small_batch())).unwrap();
     assert_eq!(store.head().unwrap(), 2);
 }
