@@ -20,6 +20,9 @@ pub fn spawn(state: Arc<BrokerState>) {
         let mut head = state.head.clone();
         let mut stop = state.shutdown.subscribe();
         let mut trimmed_through = 0;
+        // A step that panics again and again (a bug of ours, not the disk) reports once, not
+        // a reopen every `RETRY`.
+        let mut panic_reported = false;
         loop {
             let store = state.store.clone();
             let pause = match tokio::task::spawn_blocking(move || store.index_history_step(STEP_EVENTS)).await {
@@ -27,13 +30,18 @@ pub fn spawn(state: Arc<BrokerState>) {
                     tracing::error!("history index step failed ({error}); searches read the log until it works");
                     // A panic inside redb may leave the database refused, as a failed commit
                     // does: the writer reopens it now rather than at its next batch.
-                    if error.is_panic() {
+                    if error.is_panic() && !panic_reported {
+                        panic_reported = true;
                         state.writer.report_storage_failure(format!("history index: the step failed ({error})"));
                     }
                     RETRY
                 }
-                Ok(Ok(progress)) if !progress.caught_up() => continue,
+                Ok(Ok(progress)) if !progress.caught_up() => {
+                    panic_reported = false;
+                    continue;
+                }
                 Ok(Ok(progress)) => {
+                    panic_reported = false;
                     // Caught up after indexing something: what the steps allocated goes back
                     // to the system.
                     if progress.indexed_through > trimmed_through {

@@ -32,6 +32,14 @@ impl LastFailure {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
+    /// A lock that cannot be released fails the database too.
+    fn note_backend<T>(&self, result: Result<T, BackendError>) -> Result<T, BackendError> {
+        if let Err(error) = &result {
+            *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Cause::Io(error.to_string()));
+        }
+        result
+    }
+
     fn note<T>(&self, result: Result<T, io::Error>) -> Result<T, io::Error> {
         if let Err(error) = &result {
             let cause = if super::is_disk_full(error) {
@@ -46,6 +54,10 @@ impl LastFailure {
 }
 
 /// A storage backend that passes everything to `inner` and notes its I/O failures first.
+///
+/// redb fails the database after any failed call of its backend but one: a best-effort write of
+/// its cache under memory pressure, which it tries again later. Such a note waits for the next
+/// refusal or reopen, and a refusal after it is always preceded by a note of its own.
 #[derive(Debug)]
 pub struct Recording<B> {
     pub inner: B,
@@ -96,7 +108,7 @@ impl<B: StorageBackend> StorageBackend for Recording<B> {
     }
 
     fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.unlock_range(start, end)
+        self.failure.note_backend(self.inner.unlock_range(start, end))
     }
 
     fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {

@@ -348,6 +348,9 @@ impl Store {
                 Err(error) => return Err(error),
             }
         };
+        // The old database is closed (its file lock is gone): its failure is behind us. One the
+        // new database meets from here on is noted afresh.
+        source.failure.clear();
         // redb opened at its last durable commit: the batches logged since come back.
         if let Some(wal) = &self.wal {
             // The write transaction first, then the log's lock, as everywhere.
@@ -359,15 +362,13 @@ impl Store {
                 txn.commit()?;
                 tracing::info!("{recovered} events recovered from the write-ahead log");
             } else {
-                let _ = txn.abort();
+                // Its rollback may write; a failure leaves the new database refused too.
+                txn.abort()?;
             }
             if !logged.is_empty() {
                 wal.reset()?;
             }
         }
-        // The old database's failure is behind us (one the new one met in its recovery above
-        // failed the reopen and is still to be told).
-        source.failure.clear();
         *self.database.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(db));
         Ok(())
     }
