@@ -2,10 +2,11 @@
 //!
 //! After a storage failure redb refuses every transaction with `PreviousIo` ("Previous I/O error
 //! occurred") until the database is reopened, without saying what failed. The store's backend
-//! wrapper ([`Recording`]) notes each I/O failure before redb sees it, so that whoever meets the
+//! ([`Recording`]) notes each I/O failure before redb sees it, so that whoever meets the
 //! refusal next (the writer's batch after the history indexer's failed step, say) is told the
 //! cause: a full disk stays a full disk ([`crate::store::Store::explained`]).
 
+use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
 use std::io;
 use std::ops::Bound;
@@ -53,65 +54,82 @@ impl LastFailure {
     }
 }
 
-/// A storage backend that passes everything to `inner` and notes its I/O failures first.
+/// The backend of a store's database: redb's file backend, which notes its I/O failures before
+/// redb sees them. In fault-injection tests it also behaves as on a full disk
+/// ([`super::fault::SimulatedDisk`]).
 ///
 /// redb fails the database after any failed call of its backend but one: a best-effort write of
 /// its cache under memory pressure, which it tries again later. Such a note waits for the next
 /// refusal or reopen, and a refusal after it is always preceded by a note of its own.
 #[derive(Debug)]
-pub struct Recording<B> {
-    pub inner: B,
-    pub failure: LastFailure,
+pub struct Recording {
+    file: FileBackend,
+    disk: Option<super::fault::SimulatedDisk>,
+    failure: LastFailure,
 }
 
-impl<B: StorageBackend> StorageBackend for Recording<B> {
+impl Recording {
+    pub fn new(
+        file: FileBackend,
+        disk: Option<super::fault::SimulatedDisk>,
+        failure: LastFailure,
+    ) -> Result<Recording, io::Error> {
+        if let Some(disk) = &disk {
+            disk.attach(file.len()?);
+        }
+        Ok(Recording { file, disk, failure })
+    }
+}
+
+impl StorageBackend for Recording {
     fn len(&self) -> Result<u64, io::Error> {
-        self.failure.note(self.inner.len())
+        self.failure.note(self.file.len())
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
-        self.failure.note(self.inner.read(offset, out))
+        self.failure.note(self.file.read(offset, out))
     }
 
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        self.failure.note(self.inner.set_len(len))
+        self.failure.note(self.file.set_len(len))
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
-        self.failure.note(self.inner.sync_data())
+        self.failure.note(self.file.sync_data())
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        self.failure.note(self.inner.write(offset, data))
+        let checked = self.disk.as_ref().map_or(Ok(()), |disk| disk.check_write(offset, data.len()));
+        self.failure.note(checked.and_then(|()| self.file.write(offset, data)))
     }
 
     fn close(&self) -> Result<(), io::Error> {
-        self.inner.close()
+        self.file.close()
     }
 
     // The file's locks, passed on (one broker per database).
 
     fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_range(start, end)
+        self.file.try_lock_range(start, end)
     }
 
     fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_shared_range(start, end)
+        self.file.try_lock_shared_range(start, end)
     }
 
     fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_range(start, end)
+        self.file.lock_range(start, end)
     }
 
     fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_shared_range(start, end)
+        self.file.lock_shared_range(start, end)
     }
 
     fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.failure.note_backend(self.inner.unlock_range(start, end))
+        self.failure.note_backend(self.file.unlock_range(start, end))
     }
 
     fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.query_lock_range(start, end)
+        self.file.query_lock_range(start, end)
     }
 }

@@ -145,7 +145,7 @@ impl StoreError {
 /// Where a store's file is, to open it again after a failure.
 struct FileSource {
     path: PathBuf,
-    /// Tests only: see [`fault::DiskFullSwitch`].
+    /// Tests only: see [`fault::SimulatedDisk`].
     simulated_disk: Option<fault::SimulatedDisk>,
     /// The last storage failure its backends met (see [`failure`]).
     failure: failure::LastFailure,
@@ -168,18 +168,12 @@ fn open_database(source: &FileSource) -> Result<Database, StoreError> {
             error => StoreError::Unreadable { path: shown.clone(), reason: error.to_string() },
         },
     )?;
-    let backend = redb::backends::FileBackend::new(file).map_err(refused)?;
+    let file = redb::backends::FileBackend::new(file).map_err(refused)?;
+    let backend = failure::Recording::new(file, source.simulated_disk.clone(), source.failure.clone())
+        .map_err(|error| StoreError::Unreadable { path: shown.clone(), reason: error.to_string() })?;
     let mut builder = Database::builder();
     builder.set_cache_size(CACHE_SIZE_BYTES);
-    let failure = source.failure.clone();
-    match &source.simulated_disk {
-        None => builder.create_with_backend(failure::Recording { inner: backend, failure }).map_err(refused),
-        Some(disk) => {
-            let backend = fault::DiskFullSwitch::new(backend, disk.clone())
-                .map_err(|error| StoreError::Unreadable { path: shown.clone(), reason: error.to_string() })?;
-            builder.create_with_backend(failure::Recording { inner: backend, failure }).map_err(refused)
-        }
-    }
+    builder.create_with_backend(backend).map_err(refused)
 }
 
 /// The event log and its projections.
@@ -220,7 +214,7 @@ impl Store {
     }
 
     /// Opens (or creates) the store at `path`; for fault-injection tests, the file behaves as
-    /// on a full disk while `disk_full_switch` exists ([`fault::DiskFullSwitch`]).
+    /// on a full disk while `disk_full_switch` exists ([`fault::SimulatedDisk`]).
     pub fn open_with_disk_full_switch(path: &Path, disk_full_switch: Option<&Path>) -> Result<Store, StoreError> {
         let source = FileSource {
             path: path.to_path_buf(),
@@ -382,7 +376,7 @@ impl Store {
     /// log over (the writer does this when it is idle).
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         let Some(wal) = &self.wal else { return Ok(()) };
-        let checkpointed = (|| {
+        self.explaining(|| {
             let txn = self.db()?.begin_write()?;
             let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
             if wal.pending().0 == 0 {
@@ -391,8 +385,7 @@ impl Store {
             }
             txn.commit()?;
             wal.reset()
-        })();
-        checkpointed.map_err(|error| self.explained(error))
+        })
     }
 
     /// The sequence number of the last event (0 when the log is empty).
@@ -435,10 +428,17 @@ impl Store {
         &self,
         read: impl FnOnce(&redb::ReadTransaction) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        // The database itself is let go of at once: a reopen closes it under the transaction
-        // instead of waiting for it.
-        let txn = self.db()?.begin_read();
-        txn.map_err(StoreError::from).and_then(|txn| read(&txn)).map_err(|error| self.explained(error))
+        self.explaining(|| {
+            // The database itself is let go of at the end of this statement, before the read:
+            // a reopen closes it under the transaction instead of waiting for it.
+            let txn = self.db()?.begin_read()?;
+            read(&txn)
+        })
+    }
+
+    /// Runs `work` (a transaction of this store) and gives its error [`explained`](Self::explained).
+    fn explaining<T>(&self, work: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+        work().map_err(|error| self.explained(error))
     }
 
     /// An error of a transaction, with the causes redb does not give. A "being reopened" without
@@ -470,10 +470,10 @@ impl Store {
         time_ms: u64,
         work: impl FnOnce(&mut Appender<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        self.transact_unexplained(time_ms, work).map_err(|error| self.explained(error))
+        self.explaining(|| self.transact_once(time_ms, work))
     }
 
-    fn transact_unexplained<T>(
+    fn transact_once<T>(
         &self,
         time_ms: u64,
         work: impl FnOnce(&mut Appender<'_>) -> Result<T, StoreError>,
@@ -551,29 +551,27 @@ impl Store {
     pub fn rebuild(&self) -> Result<RebuildReport, StoreError> {
         let started = Instant::now();
         let _indexer = self.index_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let rebuilt = (|| {
+        self.explaining(|| {
             let txn = self.db()?.begin_write()?;
             let (events, rows) = replay_into(&txn, &LIVE)?;
             search_index::clear(&txn)?;
             txn.commit()?;
             free_in_background(rows);
             Ok(RebuildReport { events, elapsed_ms: millis(started.elapsed()) })
-        })();
-        rebuilt.map_err(|error| self.explained(error))
+        })
     }
 
     /// Replays the log into scratch tables and compares them with the live projections.
     /// Writes nothing: the transaction is aborted.
     pub fn verify(&self) -> Result<VerifyReport, StoreError> {
-        let verified = (|| {
+        self.explaining(|| {
             let txn = self.db()?.begin_write()?;
             let (events, rows) = replay_into(&txn, &SCRATCH)?;
             let differences = projection::compare(&txn, &LIVE, &SCRATCH)?;
             let _ = txn.abort();
             free_in_background(rows);
             Ok(VerifyReport { events, differences })
-        })();
-        verified.map_err(|error| self.explained(error))
+        })
     }
 
     /// Every table's name, the bytes its rows hold and the pages its tree takes (4 KiB each),

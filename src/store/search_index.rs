@@ -208,7 +208,7 @@ impl Store {
     pub fn index_history_step(&self, max_events: usize) -> Result<IndexProgress, StoreError> {
         // Its read transaction, too, may be cut off by a reopen (see `Store::reading`); its write
         // may fail on the storage, or find an earlier write failed (see `Store::explained`).
-        self.take_index_step(max_events).map_err(|error| self.explained(error))
+        self.explaining(|| self.take_index_step(max_events))
     }
 
     fn take_index_step(&self, max_events: usize) -> Result<IndexProgress, StoreError> {
