@@ -20,7 +20,7 @@ pub enum Cause {
 }
 
 /// The last storage failure of a store's database, shared by its backends (a reopen opens a
-/// new one) and cleared when a reopened database is in place.
+/// new one) and cleared as soon as a reopened database has opened.
 #[derive(Debug, Clone, Default)]
 pub struct LastFailure(Arc<Mutex<Option<Cause>>>);
 
@@ -54,7 +54,7 @@ impl LastFailure {
     }
 }
 
-/// The backend of a store's database: redb's file backend, which notes its I/O failures before
+/// The backend of a store's database: redb's file backend, with its I/O failures noted before
 /// redb sees them. In fault-injection tests it also behaves as on a full disk
 /// ([`super::fault::SimulatedDisk`]).
 ///
