@@ -358,14 +358,17 @@ impl Writer {
                 // Into the tails' ring before anyone hears of them (an answered caller may read the
                 // log at once) and before the head moves (woken tails find them there).
                 self.recent.push(appended);
-                for ((_, answer), outcome) in jobs.drain(..).zip(outcomes) {
-                    let _ = answer.send(outcome);
-                }
+                // The head moves before the callers hear: the broker's Unix socket is served on
+                // one thread, where the tasks woken first run first, and the tails that deliver
+                // to the agents (what they wait for) then go before the answers.
                 self.head.send_if_modified(|current| {
                     let moved = *current != new_head;
                     *current = new_head;
                     moved
                 });
+                for ((_, answer), outcome) in jobs.drain(..).zip(outcomes) {
+                    let _ = answer.send(outcome);
+                }
             }
             Err(error) => {
                 // Nothing of this batch is in the log (the transaction was not committed), so

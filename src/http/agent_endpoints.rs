@@ -139,17 +139,24 @@ pub async fn register(
     })
 }
 
-/// Serves the agent's endpoints on `listener` and on its Unix socket; returns the socket path.
+/// Serves the agent's endpoints on `listener` and on its Unix socket, on the broker's
+/// multi-threaded runtime whichever server's request registered it; returns the socket path.
 fn serve(state: &AppState, agent: &AgentRecord, listener: tokio::net::TcpListener) -> anyhow::Result<String> {
     let socket_path = state.paths.agent_socket(&agent.agent_id);
-    let unix = super::server::bind_unix(&socket_path)?;
+    // Both sockets are watched by that runtime's reactor: the listener may have been bound by a
+    // request on the broker's Unix socket, served by a runtime of its own.
+    let (unix, listener) = {
+        let listener = listener.into_std()?;
+        let _runtime = state.runtime.enter();
+        (super::server::bind_unix(&socket_path)?, tokio::net::TcpListener::from_std(listener)?)
+    };
     let (stop, _) = watch::channel(false);
     let router = super::agent_router(state.clone(), agent.agent_id.clone());
     let router_tcp = router.clone();
     let (tcp_signal, unix_signal) = (stop_signal(state, &stop), stop_signal(state, &stop));
     let cleanup_path = socket_path.clone();
     let limits = state.connection_limits.clone();
-    tokio::spawn(async move {
+    state.runtime.spawn(async move {
         tokio::join!(
             super::server::serve(unix, router, limits.clone(), unix_signal),
             super::server::serve(listener, router_tcp, limits, tcp_signal),

@@ -67,11 +67,16 @@ pub struct HttpState {
     pub request_rules: guard::RequestRules,
     /// Idle timeout and connection limit shared by every HTTP server of this broker.
     pub connection_limits: Arc<server::ConnectionLimits>,
+    /// The broker's multi-threaded runtime. The broker's Unix socket is served on a thread of
+    /// its own (see `daemon`), so a request there that starts something lasting, an agent's
+    /// endpoints, starts it here.
+    pub runtime: tokio::runtime::Handle,
 }
 
 impl HttpState {
-    pub fn new(broker: Arc<BrokerState>) -> Arc<HttpState> {
+    pub fn new(broker: Arc<BrokerState>, runtime: tokio::runtime::Handle) -> Arc<HttpState> {
         Arc::new(HttpState {
+            runtime,
             auth: Arc::new(auth::AuthConfig::from_trust(&broker.trust)),
             request_rules: guard::RequestRules::from_env(),
             connection_limits: Arc::new(server::ConnectionLimits::from_env()),

@@ -397,9 +397,15 @@ impl Connection {
     }
 }
 
-/// Binds a Unix socket at `path`, removing a stale socket file left by a dead process. Fails
-/// when something is listening there.
+/// Binds a Unix socket at `path` (see [`bind_unix_std`]) in the current runtime.
 pub fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    tokio::net::UnixListener::from_std(bind_unix_std(path)?)
+        .with_context(|| format!("cannot listen on {}", path.display()))
+}
+
+/// Binds a Unix socket at `path`, non-blocking, removing a stale socket file left by a dead
+/// process. Fails when something is listening there.
+pub fn bind_unix_std(path: &std::path::Path) -> anyhow::Result<std::os::unix::net::UnixListener> {
     if path.exists() {
         match std::os::unix::net::UnixStream::connect(path) {
             Ok(_) => anyhow::bail!(
@@ -412,5 +418,8 @@ pub fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListe
             }
         }
     }
-    tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
+    let listener =
+        std::os::unix::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    listener.set_nonblocking(true).with_context(|| format!("cannot listen on {}", path.display()))?;
+    Ok(listener)
 }
