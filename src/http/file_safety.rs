@@ -51,8 +51,7 @@ async fn submit(state: &AppState, command: FileCommand) -> Result<u64, CommandEr
 }
 
 async fn status(State(state): State<AppState>) -> ApiResult {
-    let (locks, modifications) =
-        state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
+    let (locks, modifications) = state.store.read(|view| view.file_safety_counts())?;
     answer(&api::FileSafetyStatus { locks, modifications })
 }
 
@@ -254,11 +253,9 @@ async fn cleanup(State(state): State<AppState>, body: Result<Bytes, BytesRejecti
         .ok()
         .filter(|days| *days > 0)
         .ok_or_else(|| ApiError::bad(format!("--days must be a positive number of days (got {days})")))?;
-    let (locks_before, records_before) =
-        state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
+    let (locks_before, records_before) = state.store.read(|view| view.file_safety_counts())?;
     submit(&state, FileCommand::Cleanup { keep_days: Some(keep_days) }).await?;
-    let (locks_after, records_after) =
-        state.store.read(|view| Ok((view.locks()?.len(), view.recent_modifications(None, usize::MAX)?.len())))?;
+    let (locks_after, records_after) = state.store.read(|view| view.file_safety_counts())?;
     answer(&api::FileCleanupAnswer {
         released: locks_before.saturating_sub(locks_after),
         pruned: records_before.saturating_sub(records_after),

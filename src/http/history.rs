@@ -43,6 +43,20 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
+/// Runs a read that may take long (every record, or a search that reads events the index has
+/// not reached) on a blocking thread: the broker's Unix socket is served by one thread, which
+/// meanwhile answers the other commands and delivers to the agents.
+async fn read_apart<T: Send + 'static>(
+    state: &AppState,
+    read: impl FnOnce(&crate::store::Store) -> Result<T, crate::store::StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let store = state.store.clone();
+    match tokio::task::spawn_blocking(move || read(&store)).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "the read of the history failed")),
+    }
+}
+
 async fn list(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: ListQuery = parse_query(uri.query())?;
     let limit = limit(query.limit, 50)?;
@@ -106,7 +120,10 @@ async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     let limit = limit(query.limit, 50)?;
     let case_sensitive = query.case_sensitive.unwrap_or(false);
     let agent = super::extract::agent_filter(&state, query.agent.clone())?;
-    let records = state.store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit)?;
+    let records = read_apart(&state, move |store| {
+        store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit)
+    })
+    .await?;
     answer(&api::HistoryRecords { records })
 }
 
@@ -120,7 +137,7 @@ struct StatsQuery {
 async fn stats(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: StatsQuery = parse_query(uri.query())?;
     let agent = super::extract::agent_filter(&state, query.agent)?;
-    let records = state.store.read(|view| view.history_records(agent.as_deref()))?;
+    let records = read_apart(&state, move |store| store.read(|view| view.history_records(agent.as_deref()))).await?;
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_agent: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     let mut size = 0usize;
@@ -164,7 +181,7 @@ async fn cleanup(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let body: CleanupBody = parse_body(body)?;
-    let records = state.store.read(|view| view.history_records(None))?;
+    let records = read_apart(&state, |store| store.read(|view| view.history_records(None))).await?;
     let now = crate::time::now_ms();
     let before_ms = match (body.days, body.max_size_mb) {
         (Some(days), None) if days > 0 => {

@@ -8,7 +8,7 @@
 use super::StoreError;
 use super::records::{self, *};
 use crate::event::{Artifact, Direction, Envelope, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState};
-use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 
 /// Key of the prune cut-off in the history meta table (read by `history`, compared by verify).
 pub const PRUNED_BEFORE: &str = "pruned_before_ms";
@@ -1261,6 +1261,13 @@ macro_rules! impl_queries {
                     locks.push(records::decode(value.value())?);
                 }
                 Ok(locks)
+            }
+
+            /// How many files are locked, and how many modifications are recorded (read from
+            /// the tables' own counts, nothing decoded).
+            pub fn file_safety_counts(&self) -> Result<(usize, usize), StoreError> {
+                let count = |rows: u64| usize::try_from(rows).unwrap_or(usize::MAX);
+                Ok((count(self.locks.len()?), count(self.modifications.len()?)))
             }
 
             /// A file's modifications, newest first, at most `limit`.
