@@ -62,6 +62,16 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     let served = HttpState::new(state.clone(), tokio::runtime::Handle::current());
     http::agent_endpoints::restore(&served).await;
 
+    let router = http::broker_router(served.clone());
+    let stop_signal = || {
+        let mut stop = state.shutdown.subscribe();
+        async move {
+            let _ = stop.wait_for(|stopping| *stopping).await;
+        }
+    };
+    let limits = served.connection_limits.clone();
+    let unix_server = serve_unix(unix, router.clone(), limits.clone(), stop_signal(), state.clone())?;
+
     let info_path = paths.broker_info();
     crate::private_files::write(&info_path, serde_json::to_vec_pretty(&state.info())?)
         .with_context(|| format!("cannot write {}", info_path.display()))?;
@@ -81,20 +91,13 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     broker::delivery::spawn(state.clone());
     broker::indexer::spawn(state.clone());
 
-    let router = http::broker_router(served.clone());
-    let stop_signal = || {
-        let mut stop = state.shutdown.subscribe();
-        async move {
-            let _ = stop.wait_for(|stopping| *stopping).await;
-        }
-    };
-    let limits = served.connection_limits.clone();
-    let unix_server = serve_unix(unix, router.clone(), limits.clone(), stop_signal(), state.clone())?;
     http::server::serve(tcp, router, limits, stop_signal()).await;
-    if let Ok(Err(_)) = tokio::task::spawn_blocking(move || unix_server.join()).await {
-        // The panic's message is in the log already (the panic hook's).
-        tracing::error!("the server of the broker's socket panicked: the broker stops");
-    }
+    let socket_failure = match tokio::task::spawn_blocking(move || unix_server.join()).await {
+        Ok(Ok(Ok(()))) => None,
+        Ok(Ok(Err(error))) => Some(error),
+        // The panic's own message went to stderr (the panic hook).
+        Ok(Err(_)) | Err(_) => Some(anyhow::anyhow!("the server of the broker's socket panicked")),
+    };
 
     broker::agents::stop_all(&state).await;
     let _ = std::fs::remove_file(&socket_path);
@@ -102,6 +105,10 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     drop(served);
     drop(state);
     let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
+    if let Some(error) = socket_failure {
+        tracing::error!("broker stopped: {error:#}");
+        return Err(error);
+    }
     tracing::info!("broker stopped");
     Ok(())
 }
@@ -119,7 +126,7 @@ fn serve_unix(
     limits: Arc<http::server::ConnectionLimits>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
     state: Arc<BrokerState>,
-) -> anyhow::Result<std::thread::JoinHandle<()>> {
+) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
     /// Stops the broker when the thread ends, however it ends.
     struct StopBroker(Arc<BrokerState>);
     impl Drop for StopBroker {
@@ -131,16 +138,16 @@ fn serve_unix(
         .name("synapse-socket".into())
         .spawn(move || {
             let _stop_broker = StopBroker(state);
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(runtime) => runtime,
-                Err(error) => return tracing::error!("cannot serve the broker's socket: {error}"),
-            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the runtime of the broker's socket")?;
             runtime.block_on(async move {
-                match tokio::net::UnixListener::from_std(listener) {
-                    Ok(listener) => http::server::serve(listener, router, limits, stop).await,
-                    Err(error) => tracing::error!("cannot serve the broker's socket: {error}"),
-                }
-            });
+                let listener =
+                    tokio::net::UnixListener::from_std(listener).context("cannot serve the broker's socket")?;
+                http::server::serve(listener, router, limits, stop).await;
+                Ok(())
+            })
         })
         .context("cannot start the thread of the broker's socket")
 }

@@ -589,10 +589,14 @@ impl Webhooks {
         self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Waits until the outbox has applied the log up to `seq`.
-    pub async fn caught_up(&self, seq: u64) {
+    /// Waits until the outbox has applied the log up to `seq`, or the broker stops (`stop`: its
+    /// shutdown signal; the delivery worker that moves the cursor ends then).
+    pub async fn caught_up(&self, seq: u64, mut stop: tokio::sync::watch::Receiver<bool>) {
         let mut cursor = self.cursor.subscribe();
-        let _ = cursor.wait_for(|cursor| *cursor >= seq).await;
+        tokio::select! {
+            _ = cursor.wait_for(|cursor| *cursor >= seq) => {}
+            _ = stop.wait_for(|stopping| *stopping) => {}
+        }
     }
 }
 

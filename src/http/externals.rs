@@ -71,7 +71,7 @@ async fn discover(policy: &outbound::Policy, base: &str) -> Result<(String, Opti
 async fn appended(state: &AppState, command: ExternalCommand) -> Result<(), ApiError> {
     match state.writer.submit(Command::External(command)).await? {
         Outcome::Appended { seq } => {
-            state.webhooks.caught_up(seq).await;
+            state.webhooks.caught_up(seq, state.shutdown.subscribe()).await;
             Ok(())
         }
         _ => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unexpected answer from the writer")),

@@ -185,8 +185,12 @@ async fn recent(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     let query: AgentQuery = parse_query(uri.query())?;
     let limit = limit(query.limit)?;
     let agent = super::extract::agent_filter(&state, query.agent)?;
-    let modifications = state.store.read(|view| view.recent_modifications(agent.as_deref(), limit))?;
-    answer(&api::Modifications { path: None, modifications })
+    // Every modification is read and sorted.
+    super::long_read(&state, move |store| {
+        let modifications = store.read(|view| view.recent_modifications(agent.as_deref(), limit))?;
+        answer(&api::Modifications { path: None, modifications })
+    })
+    .await
 }
 
 #[derive(Deserialize)]

@@ -2,7 +2,7 @@
 
 use super::error::answer;
 use super::extract::{parse_body, parse_query};
-use super::{ApiError, ApiResult, AppState};
+use super::{ApiError, ApiResult, AppState, long_read};
 use crate::api;
 use crate::broker::command::{Command, Outcome};
 use crate::event::{Event, TaskState};
@@ -43,51 +43,46 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
-/// Runs a read that may take long (every record, or a search that reads events the index has
-/// not reached) on a blocking thread: the broker's Unix socket is served by one thread, which
-/// meanwhile answers the other commands and delivers to the agents.
-async fn read_apart<T: Send + 'static>(
-    state: &AppState,
-    read: impl FnOnce(&crate::store::Store) -> Result<T, crate::store::StoreError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let store = state.store.clone();
-    match tokio::task::spawn_blocking(move || read(&store)).await {
-        Ok(result) => Ok(result?),
-        Err(_) => Err(ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "the read of the history failed")),
-    }
-}
-
 async fn list(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: ListQuery = parse_query(uri.query())?;
     let limit = limit(query.limit, 50)?;
     let agent = super::extract::agent_filter(&state, query.agent)?;
-    let records = state.store.recent_history(agent.as_deref(), limit)?;
-    answer(&api::HistoryRecords { records })
+    long_read(&state, move |store| {
+        answer(&api::HistoryRecords { records: store.recent_history(agent.as_deref(), limit)? })
+    })
+    .await
 }
 
 async fn show(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
     let reference = crate::broker::command::validate_task_ref(&id)?;
-    let records = state.store.read(|view| view.history_of_task(&reference))?;
-    let tasks: std::collections::BTreeSet<&str> = records.iter().map(|record| record.task_id.as_str()).collect();
-    match tasks.len() {
-        0 => Err(ApiError::not_found(format!("Task {reference} not found in the history"))),
-        1 => answer(&api::HistoryRecords { records }),
-        _ => {
-            let candidates = tasks.iter().map(|task| task.to_string()).collect();
-            Err(ApiError::bad(format!("Ambiguous task id '{reference}': {} tasks start with it", tasks.len()))
-                .with_candidates(candidates))
+    // A short prefix may name many tasks.
+    long_read(&state, move |store| {
+        let records = store.read(|view| view.history_of_task(&reference))?;
+        let tasks: std::collections::BTreeSet<&str> = records.iter().map(|record| record.task_id.as_str()).collect();
+        match tasks.len() {
+            0 => Err(ApiError::not_found(format!("Task {reference} not found in the history"))),
+            1 => answer(&api::HistoryRecords { records }),
+            _ => {
+                let candidates = tasks.iter().map(|task| task.to_string()).collect();
+                Err(ApiError::bad(format!("Ambiguous task id '{reference}': {} tasks start with it", tasks.len()))
+                    .with_candidates(candidates))
+            }
         }
-    }
+    })
+    .await
 }
 
 /// `GET /threads/{id}`: the conversation the task belongs to, oldest first.
 async fn thread(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
     let reference = crate::broker::command::validate_task_ref(&id)?;
-    let records = state
-        .store
-        .read(|view| view.thread_of(&reference))?
-        .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found (or the prefix is ambiguous)")))?;
-    answer(&api::HistoryRecords { records })
+    // Finding a conversation's tasks reads every task.
+    long_read(&state, move |store| {
+        let records = store
+            .read(|view| view.thread_of(&reference))?
+            .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found (or the prefix is ambiguous)")))?;
+        answer(&api::HistoryRecords { records })
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -120,11 +115,12 @@ async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     let limit = limit(query.limit, 50)?;
     let case_sensitive = query.case_sensitive.unwrap_or(false);
     let agent = super::extract::agent_filter(&state, query.agent.clone())?;
-    let records = read_apart(&state, move |store| {
-        store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit)
+    long_read(&state, move |store| {
+        answer(&api::HistoryRecords {
+            records: store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit)?,
+        })
     })
-    .await?;
-    answer(&api::HistoryRecords { records })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -137,11 +133,14 @@ struct StatsQuery {
 async fn stats(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: StatsQuery = parse_query(uri.query())?;
     let agent = super::extract::agent_filter(&state, query.agent)?;
-    let records = read_apart(&state, move |store| store.read(|view| view.history_records(agent.as_deref()))).await?;
+    long_read(&state, move |store| stats_of(&store.read(|view| view.history_records(agent.as_deref()))?)).await
+}
+
+fn stats_of(records: &[HistoryRecord]) -> ApiResult {
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_agent: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     let mut size = 0usize;
-    for record in &records {
+    for record in records {
         *by_status.entry(record.status.to_string()).or_default() += 1;
         *by_agent.entry(record.agent.clone()).or_default().entry(record.side.clone()).or_default() += 1;
         size += record.input.len() + record.output.len();
@@ -181,33 +180,35 @@ async fn cleanup(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let body: CleanupBody = parse_body(body)?;
-    let records = read_apart(&state, |store| store.read(|view| view.history_records(None))).await?;
     let now = crate::time::now_ms();
-    let before_ms = match (body.days, body.max_size_mb) {
+    // The cut-off by age is known now; by size, once the records are read.
+    let (by_age, budget) = match (body.days, body.max_size_mb) {
         (Some(days), None) if days > 0 => {
-            now.saturating_sub(u64::try_from(days).unwrap_or(0).saturating_mul(86_400_000))
+            (Some(now.saturating_sub(u64::try_from(days).unwrap_or(0).saturating_mul(86_400_000))), 0)
         }
-        (None, Some(mb)) if mb > 0 => {
-            let budget = u64::try_from(mb).unwrap_or(0).saturating_mul(1 << 20);
-            let mut used = 0u64;
-            let mut cut = 0u64;
-            for record in &records {
-                used += (record.input.len() + record.output.len()) as u64;
-                if used > budget {
-                    cut = record.updated_ms + 1;
-                    break;
-                }
-            }
-            cut
-        }
+        (None, Some(mb)) if mb > 0 => (None, u64::try_from(mb).unwrap_or(0).saturating_mul(1 << 20)),
         (Some(_), Some(_)) => return Err(ApiError::bad("give --days or --max-size, not both")),
         (None, None) => return Err(ApiError::bad("give --days N or --max-size MB")),
         _ => return Err(ApiError::bad("--days and --max-size must be positive")),
     };
-    let removed: Vec<&HistoryRecord> = records.iter().filter(|record| record.updated_ms < before_ms).collect();
-    if body.dry_run || removed.is_empty() {
+    let (before_ms, removed) = long_read(&state, move |store| {
+        let records = store.read(|view| view.history_records(None))?;
+        let before_ms = by_age.unwrap_or_else(|| {
+            let mut used = 0u64;
+            for record in &records {
+                used += (record.input.len() + record.output.len()) as u64;
+                if used > budget {
+                    return record.updated_ms + 1;
+                }
+            }
+            0
+        });
+        Ok((before_ms, records.iter().filter(|record| record.updated_ms < before_ms).count()))
+    })
+    .await?;
+    if body.dry_run || removed == 0 {
         return answer(&api::HistoryCleanupAnswer {
-            would_remove: Some(removed.len()),
+            would_remove: Some(removed),
             removed: 0,
             before: crate::time::rfc3339(before_ms),
         });
@@ -217,9 +218,5 @@ async fn cleanup(
         Outcome::Appended { .. } => {}
         _ => return Err(ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "unexpected answer")),
     }
-    answer(&api::HistoryCleanupAnswer {
-        would_remove: None,
-        removed: removed.len(),
-        before: crate::time::rfc3339(before_ms),
-    })
+    answer(&api::HistoryCleanupAnswer { would_remove: None, removed, before: crate::time::rfc3339(before_ms) })
 }

@@ -71,12 +71,15 @@ pub struct HttpState {
     /// its own (see `daemon`), so a request there that starts something lasting, an agent's
     /// endpoints, starts it here.
     pub runtime: tokio::runtime::Handle,
+    /// Turns of [`long_read`]: at most two run at once.
+    long_reads: Arc<tokio::sync::Semaphore>,
 }
 
 impl HttpState {
     pub fn new(broker: Arc<BrokerState>, runtime: tokio::runtime::Handle) -> Arc<HttpState> {
         Arc::new(HttpState {
             runtime,
+            long_reads: Arc::new(tokio::sync::Semaphore::new(2)),
             auth: Arc::new(auth::AuthConfig::from_trust(&broker.trust)),
             request_rules: guard::RequestRules::from_env(),
             connection_limits: Arc::new(server::ConnectionLimits::from_env()),
@@ -93,6 +96,26 @@ impl std::ops::Deref for HttpState {
 }
 
 type AppState = Arc<HttpState>;
+
+/// Runs a read that may take long (every history record or task, a search that reads the events
+/// the index has not reached, every file modification) and what it answers on a blocking
+/// thread, at most two at a time: the broker's Unix socket is served by one thread
+/// (`daemon::serve_unix`), which meanwhile answers the other commands and delivers to the agents.
+async fn long_read<T: Send + 'static>(
+    state: &AppState,
+    read: impl FnOnce(&crate::store::Store) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let unavailable = || ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "the read failed; try again");
+    // The turn is held until the read ends, also when the caller has gone.
+    let turn = state.long_reads.clone().acquire_owned().await.map_err(|_| unavailable())?;
+    let store = state.store.clone();
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        read(&store)
+    })
+    .await
+    .unwrap_or_else(|_| Err(unavailable()))
+}
 
 /// The broker's own API (its Unix socket and TCP port).
 pub fn broker_router(state: AppState) -> Router {

@@ -31,7 +31,7 @@ struct RegisterBody {
 async fn appended(state: &AppState, command: WebhookCommand) -> Result<(), ApiError> {
     match state.writer.submit(Command::Webhook(command)).await? {
         Outcome::Appended { seq } => {
-            state.webhooks.caught_up(seq).await;
+            state.webhooks.caught_up(seq, state.shutdown.subscribe()).await;
             Ok(())
         }
         _ => Err(ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "unexpected answer from the writer")),

@@ -112,7 +112,7 @@ fn store_secret(state: &AppState, secret: &Option<String>) -> Result<Option<Stri
 async fn appended(state: &AppState, command: WebhookCommand) -> Result<(), RpcError> {
     match state.writer.submit(Command::Webhook(command)).await? {
         Outcome::Appended { seq } => {
-            state.webhooks.caught_up(seq).await;
+            state.webhooks.caught_up(seq, state.shutdown.subscribe()).await;
             Ok(())
         }
         _ => Err(RpcError::new(INTERNAL_ERROR, "unexpected answer from the writer")),
