@@ -1,15 +1,17 @@
 """A Python Synapse agent (synapse-a2a 0.35.0) wrapping a tiny dummy CLI, for mixed-team tests:
 a Synapse (Rust) `synapse send` talks to it and gets its `synapse reply` back.
 
-    <a2a-venv>/bin/python tests/python_agent.py <port> [<empty temporary directory>]
+    <a2a-venv>/bin/python tests/python_agent.py [<empty temporary directory>]
 
 Runs the package's headless server (`python -m synapse.server --profile dummy`), which wraps the
 profile's command `python3 -u dummy_agent.py` (run from the current directory) in a PTY. The wheel
 lacks dummy_agent.py, so this script writes one into a temporary directory and starts the server
 there. Every path the package uses (HOME, so ~/.a2a and ~/.synapse; TMPDIR, so
 /tmp/synapse-a2a/messages; the UDS directory; the registry; the reply targets; the databases) is
-moved into that directory. Prints "PYTHON AGENT READY <port>" once the agent card answers and
-the registry entry says READY (the dummy showed its prompt; it gets no initial instructions, as
+moved into that directory. The script picks a free port itself: when the server cannot bind it
+(another process took it between the pick and the bind, which happens on a busy machine), the
+server is stopped at once and another port is tried, up to three. Prints "PYTHON AGENT READY
+<port>" once the agent card answers and the registry entry says READY (the dummy showed its prompt; it gets no initial instructions, as
 no instruction file exists for the dummy profile), then runs until SIGTERM/SIGINT, which stops
 the server and removes the directory (unless the caller gave it).
 
@@ -27,9 +29,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -90,13 +94,58 @@ def agent_env(root: Path, venv_bin: Path) -> dict:
     return env
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# The server's line when its port is taken (uvicorn); it then takes about 30 s to exit.
+PORT_TAKEN = "address already in use"
+ATTEMPTS = 3
+
+
+def start_server(work: Path, env: dict, port: int) -> tuple:
+    """The server on `port`, its output passed on to ours, and an event set when it says that
+    the port is taken."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "synapse.server", "--profile", "dummy", "--port", str(port),
+         "--host", "127.0.0.1"],
+        cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True, preexec_fn=die_with_parent,
+    )
+    taken = threading.Event()
+
+    def pass_on() -> None:
+        for line in server.stdout:
+            if PORT_TAKEN in line:
+                taken.set()
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    threading.Thread(target=pass_on, daemon=True).start()
+    return server, taken
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        # uvicorn shuts down: controller.stop() (SIGTERM to the dummy, but then it waits up to
+        # 30 s for the dummy's process group to vanish, which a zombie never does), then
+        # registry.unregister(). No need to wait that long: the whole directory goes anyway.
+        server.terminate()
+        try:
+            server.wait(3)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
 def main() -> None:
-    port = int(sys.argv[1])
     venv_bin = Path(sys.executable).parent  # must be the a2a venv's python
-    # An optional second argument names an (empty) directory to use, which the caller removes:
-    # useful when the caller may SIGKILL this script (Rust's Child::kill), which skips cleanup.
-    own_root = len(sys.argv) <= 2
-    root = Path(tempfile.mkdtemp(prefix="python-agent-")) if own_root else Path(sys.argv[2])
+    # An optional argument names an (empty) directory to use, which the caller removes: useful
+    # when the caller may SIGKILL this script (Rust's Child::kill), which skips cleanup.
+    own_root = len(sys.argv) <= 1
+    root = Path(tempfile.mkdtemp(prefix="python-agent-")) if own_root else Path(sys.argv[1])
     work = root / "work"  # cwd: dummy_agent.py and the project-local .synapse/ live here
     for sub in ("work", "home", "tmp", "uds"):
         (root / sub).mkdir()
@@ -104,12 +153,6 @@ def main() -> None:
 
     env = agent_env(root, venv_bin)
     env.pop("SYNAPSE_AGENT_ID", None)  # inherited identity would confuse `synapse reply`
-    server = subprocess.Popen(
-        [sys.executable, "-m", "synapse.server", "--profile", "dummy", "--port", str(port),
-         "--host", "127.0.0.1"],
-        cwd=work, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
 
     def on_signal(*_: object) -> None:
         raise SystemExit(0)  # leaves server.wait()/the poll loop; `finally` cleans up
@@ -117,37 +160,43 @@ def main() -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    server = None
     try:
-        # Ready = the agent card answers and the registry entry (written by the server) says
-        # READY, i.e. the dummy showed its prompt "> " (the dummy has no initial instructions).
-        agent_file = root / f"home/.a2a/registry/synapse-dummy-{port}.json"
-        deadline = time.time() + 60
-        while True:
-            if server.poll() is not None or time.time() > deadline:
-                print("PYTHON AGENT FAILED", flush=True)
-                sys.exit(1)
-            try:
-                url = f"http://127.0.0.1:{port}/.well-known/agent.json"
-                with urllib.request.urlopen(url, timeout=2):
+        for attempt in range(1, ATTEMPTS + 1):
+            port = free_port()
+            server, taken = start_server(work, env, port)
+            # Ready = the agent card answers and the registry entry (written by the server) says
+            # READY, i.e. the dummy showed its prompt "> " (the dummy has no initial instructions).
+            agent_file = root / f"home/.a2a/registry/synapse-dummy-{port}.json"
+            deadline = time.time() + 60
+            ready = False
+            while not taken.is_set():
+                if server.poll() is not None or time.time() > deadline:
+                    why = "its server exited" if server.poll() is not None else "not ready after 60 s"
+                    print(f"PYTHON AGENT FAILED ({why})", flush=True)
+                    sys.exit(1)
+                try:
+                    url = f"http://127.0.0.1:{port}/.well-known/agent.json"
+                    with urllib.request.urlopen(url, timeout=2):
+                        pass
+                    if json.loads(agent_file.read_text()).get("status") == "READY":
+                        ready = True
+                        break
+                except (OSError, ValueError):
                     pass
-                if json.loads(agent_file.read_text()).get("status") == "READY":
-                    break
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.2)
+                time.sleep(0.2)
+            if ready:
+                break
+            stop_server(server)
+            if attempt == ATTEMPTS:
+                print(f"PYTHON AGENT FAILED (the ports tried were taken, the last {port})", flush=True)
+                sys.exit(1)
+            print(f"port {port} was taken; trying another", flush=True)
         print(f"PYTHON AGENT READY {port}", flush=True)
         server.wait()
     finally:
-        if server.poll() is None:
-            # uvicorn shuts down: controller.stop() (SIGTERM to the dummy, but then it waits up to
-            # 30 s for the dummy's process group to vanish, which a zombie never does), then
-            # registry.unregister(). No need to wait that long: the whole directory goes anyway.
-            server.terminate()
-            try:
-                server.wait(3)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
+        if server is not None:
+            stop_server(server)
         if own_root:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -6,7 +6,7 @@ Synapse (Rust) agent and gets the reply back into its own task (the "unverified 
 The Rust agent is a dummy that auto-replies "[DUMMY] Auto-reply to <id8>: <text>"; its broker
 must be allowed to post to 127.0.0.1 (`{"outbound_allow_private": true}` in broker-settings.json).
 
-Starts a Python agent with tests/python_agent.py (a free port, a temporary directory), then runs
+Starts a Python agent with tests/python_agent.py (in a temporary directory, on a port it finds free), then runs
 the package's CLI as that agent (its environment plus SYNAPSE_AGENT_ID=synapse-dummy-<port>):
 `synapse send <name> <text> --wait`. The CLI resolves targets only from the package's registry,
 so a registry entry for the Rust agent is written there first. The CLI then
@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,30 +56,32 @@ def get_json_list(url: str) -> list:
         return json.load(response)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def main() -> None:
     url = sys.argv[1].rstrip("/")
     card = get_json(f"{url}/.well-known/agent.json")
     name = card["name"]
     rust_id = card.get("extensions", {}).get("synapse", {}).get("agent_id") or f"synapse-{name}"
 
-    port = free_port()
     root = Path(tempfile.mkdtemp(prefix="python-agent-send-"))
     agent = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "python_agent.py"), str(port), str(root)],
+        [sys.executable, str(Path(__file__).parent / "python_agent.py"), str(root)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        # python_agent.py prints "PYTHON AGENT READY <port>" once its dummy shows its prompt.
+        # python_agent.py prints "PYTHON AGENT READY <port>" once its dummy shows its prompt
+        # (the port it found free); the server's own lines come before it.
+        before: list[str] = []
+        line = ""
         for line in agent.stdout:
             if line.startswith("PYTHON AGENT"):
                 break
-        check(line.strip() == f"PYTHON AGENT READY {port}", f"the Python agent started ({line.strip()!r})")
+            before = (before + [line.rstrip()])[-20:]
+        words = line.split()
+        check(
+            line.startswith("PYTHON AGENT READY ") and len(words) == 4 and words[3].isdigit(),
+            f"the Python agent started ({line.strip()!r}; its last lines: {before!r})",
+        )
+        port = int(words[3])
 
         # The Rust agent in the Python registry; working_dir = the CLI's cwd (else `send`
         # refuses a target in another directory without --force).
