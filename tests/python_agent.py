@@ -11,9 +11,10 @@ there. Every path the package uses (HOME, so ~/.a2a and ~/.synapse; TMPDIR, so
 moved into that directory. The script picks a free port itself: when the server cannot bind it
 (another process took it between the pick and the bind, which happens on a busy machine), the
 server is stopped at once and another port is tried, up to three. Prints "PYTHON AGENT READY
-<port>" once the agent card answers and the registry entry says READY (the dummy showed its prompt; it gets no initial instructions, as
-no instruction file exists for the dummy profile), then runs until SIGTERM/SIGINT, which stops
-the server and removes the directory (unless the caller gave it).
+<port>" once the agent card answers and the registry entry says READY (the dummy showed its
+prompt; it gets no initial instructions, as no instruction file exists for the dummy profile),
+then runs until SIGTERM/SIGINT, which stops the server and removes the directory (unless the
+caller gave it).
 
 The dummy CLI prints the prompt "> " (the dummy profile's idle pattern). For each line the server
 types into it that is a message from an agent ("A2A: [From: ...] ..."), it runs
