@@ -188,6 +188,33 @@ fn cleanup_asks_first_and_dry_run_changes_nothing() {
     assert_eq!(home.head(), head, "nothing appended by refused cleanups");
 }
 
+/// The first number in `text` after `prefix`.
+fn number_after(text: &str, prefix: &str) -> usize {
+    let rest = &text[text.find(prefix).unwrap_or_else(|| panic!("no '{prefix}' in {text}")) + prefix.len()..];
+    rest.split_whitespace().next().and_then(|word| word.parse().ok()).unwrap_or_else(|| panic!("{text}"))
+}
+
+#[test]
+fn cleanup_by_size_keeps_the_newest_records_within_the_budget() {
+    let (home, alice, ..) = history_home();
+    // A 700 KB message: its two records (sent and received) hold 1.4 MB of text, more than a
+    // budget of 1 MB, so everything older than the newest record goes (the newest may share its
+    // millisecond with the other, and go with it).
+    let big = home.dir.path().join("big.txt");
+    std::fs::write(&big, "x".repeat(700 * 1024)).unwrap();
+    let sent = home.run_as(&alice, &["send", "bob", "--message-file", big.to_str().unwrap(), "--no-response"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let records = |home: &Home| home.ok(&["history", "list"]).lines().filter(|line| *line != "No records.").count();
+    assert_eq!(records(&home), 6);
+    let dry = home.ok(&["history", "cleanup", "--max-size", "1", "--dry-run"]);
+    let would = number_after(&dry, "Would remove ");
+    assert!((5..=6).contains(&would), "the four older records and the big message's older one: {dry}");
+    assert_eq!(records(&home), 6, "a dry run removes nothing");
+    let done = home.ok(&["history", "cleanup", "--max-size", "1", "--force"]);
+    assert_eq!(number_after(&done, "Removed "), would, "{done}");
+    assert_eq!(records(&home), 6 - would);
+}
+
 #[test]
 fn the_views_are_off_when_history_is_disabled_and_limits_are_checked() {
     let (home, ..) = history_home();
