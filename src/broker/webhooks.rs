@@ -724,6 +724,33 @@ mod tests {
         assert!(outbox.due(u64::MAX, &HashSet::new()).is_empty());
     }
 
+    #[tokio::test]
+    async fn a_wait_for_the_outbox_ends_when_it_catches_up_or_when_the_broker_stops() {
+        let webhooks = std::sync::Arc::new(Webhooks::default());
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+
+        let waiting = tokio::spawn({
+            let (webhooks, stopping) = (webhooks.clone(), stopping.clone());
+            async move { webhooks.caught_up(5, stopping).await }
+        });
+        webhooks.cursor.send_replace(4);
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "the outbox has not reached 5 yet");
+        webhooks.cursor.send_replace(5);
+        waiting.await.unwrap();
+
+        // The cursor never reaches 100: the stop ends the wait (the worker that moves it has ended).
+        let waiting = tokio::spawn({
+            let webhooks = webhooks.clone();
+            async move { webhooks.caught_up(100, stopping).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        stop.send_replace(true);
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(30), waiting).await;
+        assert!(ended.is_ok(), "the wait must end when the broker stops");
+    }
+
     #[test]
     fn client_errors_are_not_retried_and_retries_give_up() {
         let delivery = Delivery {

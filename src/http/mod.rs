@@ -105,13 +105,21 @@ async fn long_read<T: Send + 'static>(
     state: &AppState,
     read: impl FnOnce(&crate::store::Store) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    on_a_blocking_thread(&state.long_reads, state.store.clone(), move |store| read(store)).await
+}
+
+/// [`long_read`]'s work: `work` runs on a blocking thread once it has one of `turns`, which it
+/// keeps until it ends, also when the caller has gone. A panic in it answers 503.
+async fn on_a_blocking_thread<R: Send + 'static, T: Send + 'static>(
+    turns: &Arc<tokio::sync::Semaphore>,
+    resource: R,
+    work: impl FnOnce(&R) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     let unavailable = || ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "the read failed; try again");
-    // The turn is held until the read ends, also when the caller has gone.
-    let turn = state.long_reads.clone().acquire_owned().await.map_err(|_| unavailable())?;
-    let store = state.store.clone();
+    let turn = turns.clone().acquire_owned().await.map_err(|_| unavailable())?;
     tokio::task::spawn_blocking(move || {
         let _turn = turn;
-        read(&store)
+        work(&resource)
     })
     .await
     .unwrap_or_else(|_| Err(unavailable()))
@@ -183,4 +191,82 @@ fn a2a_routes() -> Router<AppState> {
 
 async fn not_found() -> ApiError {
     ApiError::not_found("no such endpoint")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::response::IntoResponse;
+    use std::sync::mpsc;
+    use tokio::sync::Semaphore;
+
+    /// A read that says it has started, then waits until it is let go.
+    fn blocking_read(
+        started: tokio::sync::mpsc::UnboundedSender<u32>,
+        number: u32,
+    ) -> (mpsc::Sender<()>, impl FnOnce(&()) -> Result<u32, ApiError> + Send + 'static) {
+        let (release, released) = mpsc::channel::<()>();
+        let read = move |_: &()| {
+            let _ = started.send(number);
+            let _ = released.recv();
+            Ok(number)
+        };
+        (release, read)
+    }
+
+    #[tokio::test]
+    async fn at_most_two_long_reads_run_at_once_and_a_turn_is_kept_until_its_read_ends() {
+        let turns = Arc::new(Semaphore::new(2));
+        let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+        let mut releases = Vec::new();
+        let mut callers = Vec::new();
+        for number in 1..=3 {
+            let (release, read) = blocking_read(started.clone(), number);
+            releases.push(release);
+            let turns = turns.clone();
+            callers.push(tokio::spawn(async move { on_a_blocking_thread(&turns, (), read).await }));
+        }
+        let first_two = [starts.recv().await, starts.recv().await];
+        assert_eq!(turns.available_permits(), 0);
+        // The third cannot have a turn while both are taken.
+        let waiting = (1..=3).find(|number| !first_two.contains(&Some(*number))).unwrap();
+        assert!(starts.try_recv().is_err(), "a third read started while two ran");
+
+        // One ends: the third starts.
+        let ending = first_two[0].unwrap();
+        releases[ending as usize - 1].send(()).unwrap();
+        assert_eq!(starts.recv().await, Some(waiting));
+        for release in &releases {
+            let _ = release.send(());
+        }
+        let mut answers = Vec::new();
+        for caller in callers {
+            answers.push(caller.await.unwrap().unwrap());
+        }
+        answers.sort();
+        assert_eq!(answers, [1, 2, 3]);
+
+        // A caller that goes away leaves its read running, and the read keeps its turn.
+        let (release, read) = blocking_read(started.clone(), 4);
+        let caller = tokio::spawn({
+            let turns = turns.clone();
+            async move { on_a_blocking_thread(&turns, (), read).await }
+        });
+        assert_eq!(starts.recv().await, Some(4));
+        caller.abort();
+        assert!(caller.await.unwrap_err().is_cancelled());
+        assert_eq!(turns.available_permits(), 1, "the read still runs, with its turn");
+        release.send(()).unwrap();
+        let both = tokio::time::timeout(Duration::from_secs(30), turns.acquire_many(2)).await;
+        assert!(both.is_ok(), "the turn comes back when the read ends");
+    }
+
+    #[tokio::test]
+    async fn a_read_that_panics_answers_503_and_gives_its_turn_back() {
+        let turns = Arc::new(Semaphore::new(2));
+        let answer: Result<(), ApiError> = on_a_blocking_thread(&turns, (), |_: &()| panic!("a bug in a read")).await;
+        let status = answer.unwrap_err().into_response().status();
+        assert_eq!(status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(turns.available_permits(), 2);
+    }
 }
