@@ -223,15 +223,8 @@ pub async fn tasks_list(State(state): State<AppState>, Scope(agent): Scope, uri:
 }
 
 fn find_agent_task(state: &AppState, agent: &str, reference: &str) -> Result<TaskRecord, ApiError> {
-    let reference = command::validate_task_ref(reference)?;
-    let candidates: Vec<TaskRecord> = state
-        .store
-        .read(|view| view.tasks_with_prefix(&reference, usize::MAX))?
-        .into_iter()
-        .filter(|task| task.owner.as_deref() == Some(agent))
-        .collect();
-    command::unique_task(&reference, candidates)?
-        .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found")))
+    super::subscribe::find_task_where(state, reference, |task| task.owner.as_deref() == Some(agent))?
+        .ok_or_else(|| ApiError::not_found(format!("Task {} not found", reference.trim().to_ascii_lowercase())))
 }
 
 pub async fn agent_task(

@@ -11,10 +11,10 @@
 //!   a longer scan, never a missed event.
 
 use super::{ApiError, AppState, FixedAgent, Scope, wire};
-use crate::broker::command;
+use crate::broker::command::{self, CommandError};
 use crate::broker::tail::{self, TailEnd};
 use crate::event::{Artifact, Event, TaskState};
-use crate::store::{StoreError, TaskRecord};
+use crate::store::TaskRecord;
 use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -114,44 +114,31 @@ pub fn task_changes(
     }
 }
 
-/// The cursor just before the event that created `task`, so that a tail from it sees the whole
-/// life of the task.
-pub fn creation_cursor(state: &AppState, task: &TaskRecord) -> Result<u64, StoreError> {
-    let head = state.store.head()?;
-    // Largest seq whose event is older than the task (0 when none): events' times follow the
-    // log order unless the clock stepped back, which the confirmation below catches.
-    let (mut low, mut high) = (0u64, head);
-    while low < high {
-        let middle = low + (high - low).div_ceil(2);
-        let older =
-            state.store.read_after(middle - 1, 1)?.first().is_some_and(|envelope| envelope.time_ms < task.created_ms);
-        if older {
-            low = middle;
-        } else {
-            high = middle - 1;
-        }
-    }
-    let mut cursor = low;
-    loop {
-        let batch = state.store.read_after(cursor, 1024)?;
-        let Some(last) = batch.last().map(|envelope| envelope.seq) else { break };
-        if let Some(created) = batch.iter().find(|envelope| change_of(envelope, &task.id).is_some_and(|c| c.created)) {
-            return Ok(created.seq - 1);
-        }
-        cursor = last;
-    }
-    Ok(0)
-}
-
 /// A task of `agent`: one it owns, or one an anonymous client (A2A) sent to it.
 pub fn find_task_of_agent(state: &AppState, agent: &str, reference: &str) -> Result<Option<TaskRecord>, ApiError> {
+    find_task_where(state, reference, |task| belongs_to(task, agent))
+}
+
+/// Most tasks an agent's endpoint reads to find one of its own by a prefix of its id: a
+/// prefix of one or two characters may start a fair share of every task in the log.
+pub const MAX_PREFIX_READ: usize = 10_000;
+
+/// The one task whose id is or starts with `reference` and that `keep` accepts (an agent's
+/// endpoints see their own tasks only). A prefix that more than [`MAX_PREFIX_READ`] tasks start
+/// with is refused as ambiguous, without reading them through.
+pub fn find_task_where(
+    state: &AppState,
+    reference: &str,
+    keep: impl Fn(&TaskRecord) -> bool,
+) -> Result<Option<TaskRecord>, ApiError> {
     let reference = command::validate_task_ref(reference)?;
-    let candidates: Vec<TaskRecord> = state
-        .store
-        .read(|view| view.tasks_with_prefix(&reference, usize::MAX))?
-        .into_iter()
-        .filter(|task| belongs_to(task, agent))
-        .collect();
+    let candidates = state.store.read(|view| view.tasks_with_prefix_where(&reference, &keep, 11, MAX_PREFIX_READ))?;
+    let candidates = candidates.ok_or_else(|| CommandError::Ambiguous {
+        message: format!(
+            "Ambiguous task id '{reference}': more than {MAX_PREFIX_READ} tasks start with it. Use more characters."
+        ),
+        candidates: Vec::new(),
+    })?;
     Ok(command::unique_task(&reference, candidates)?)
 }
 
@@ -188,7 +175,8 @@ pub async fn subscribe(
         .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found")))?;
     let cursor = match last_event_id(&headers)? {
         Some(seq) => seq,
-        None => creation_cursor(&state, &task)?,
+        // Just before the event that created the task: a tail from there sees its whole life.
+        None => task.created_seq.saturating_sub(1),
     };
     let task_id = task.id.clone();
     let served_by = fixed.map(|Extension(FixedAgent(agent))| agent);

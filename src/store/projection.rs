@@ -1138,6 +1138,33 @@ macro_rules! impl_queries {
                 Ok(tasks)
             }
 
+            /// Tasks whose id starts with `prefix` and that `keep` accepts (asked before their
+            /// texts are read), at most `limit` of them. `None` when more than `read_limit`
+            /// tasks start with `prefix`: a prefix that short is not read through on a request.
+            pub fn tasks_with_prefix_where(
+                &self,
+                prefix: &str,
+                keep: impl Fn(&TaskRecord) -> bool,
+                limit: usize,
+                read_limit: usize,
+            ) -> Result<Option<Vec<TaskRecord>>, StoreError> {
+                let mut tasks = Vec::new();
+                for (read, row) in self.tasks.range(prefix..)?.enumerate() {
+                    let (key, value) = row?;
+                    if !key.value().starts_with(prefix) || tasks.len() >= limit {
+                        break;
+                    }
+                    if read >= read_limit {
+                        return Ok(None);
+                    }
+                    let task: TaskRecord = records::decode(value.value())?;
+                    if keep(&task) {
+                        tasks.push(self.hydrated(task)?);
+                    }
+                }
+                Ok(Some(tasks))
+            }
+
             /// Every task (for listings; owners filter afterwards).
             pub fn tasks(&self) -> Result<Vec<TaskRecord>, StoreError> {
                 let mut tasks = Vec::new();

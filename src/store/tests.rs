@@ -1178,3 +1178,36 @@ fn a_read_cut_off_by_a_reopen_says_why_the_store_reopened() {
     assert!(cut_off.to_string().contains("the disk is full (a test)"), "{cut_off}");
     assert_eq!(store.head().unwrap(), 1, "the reopened store reads again");
 }
+
+#[test]
+fn a_prefix_lookup_filters_before_it_reads_texts_and_stops_at_its_read_limit() {
+    let store = memory_store();
+    let mut events = Vec::new();
+    for n in 0..40u64 {
+        let mut event = alice_asks_bob(&format!("ab{n:02}"), &format!("question {n}"));
+        // Every fourth task is carol's.
+        if let Event::TaskCreated { owner, .. } = &mut event
+            && n % 4 == 0
+        {
+            *owner = Some("carol".into());
+        }
+        events.push(event);
+    }
+    events.push(alice_asks_bob("ac00", "another prefix"));
+    store.transact(1_000, |appender| appender.append(None, events)).unwrap();
+    let carols = |task: &TaskRecord| task.owner.as_deref() == Some("carol");
+
+    let found = store.read(|view| view.tasks_with_prefix_where("ab", carols, 100, 1_000)).unwrap().unwrap();
+    let ids: Vec<&str> = found.iter().map(|task| task.id.as_str()).collect();
+    assert_eq!(ids, ["ab00", "ab04", "ab08", "ab12", "ab16", "ab20", "ab24", "ab28", "ab32", "ab36"]);
+    assert_eq!(found[1].message, Message::text(Role::User, "question 4"), "the texts of the tasks kept are read");
+    // At most `limit` kept.
+    let two = store.read(|view| view.tasks_with_prefix_where("ab", carols, 2, 1_000)).unwrap().unwrap();
+    assert_eq!(two.len(), 2);
+    // 40 tasks start with "ab": a read limit of 40 reads them all, 39 refuses.
+    assert!(store.read(|view| view.tasks_with_prefix_where("ab", carols, 100, 40)).unwrap().is_some());
+    assert!(store.read(|view| view.tasks_with_prefix_where("ab", carols, 100, 39)).unwrap().is_none());
+    // The limit counts the tasks that start with the prefix, not those after it.
+    let one = store.read(|view| view.tasks_with_prefix_where("ac", |_| true, 100, 1)).unwrap().unwrap();
+    assert_eq!(one.len(), 1);
+}
