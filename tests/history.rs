@@ -4,7 +4,8 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
 
 /// A small RFC 4180 reader, to check that exported CSV survives a round trip.
 fn parse_csv(text: &str) -> Vec<Vec<String>> {
@@ -60,6 +61,16 @@ fn list_show_and_stats_keep_both_sides_of_each_exchange() {
     let stats = home.ok(&["history", "stats"]);
     assert!(stats.contains("Total records: 4"), "{stats}");
     assert!(stats.contains("completed") && stats.contains("Success rate: 100.0%"), "{stats}");
+    let stats: Value = serde_json::from_str(&home.ok(&["history", "stats", "--json"])).unwrap();
+    assert_eq!(stats["total"], 4);
+    assert_eq!(stats["by_agent"][&alice.id], json!({"sent": 2}));
+    assert_eq!(stats["by_agent"][&bob.id], json!({"received": 2}));
+    let texts = ["Please review the Parser, \"carefully\"\nthanks", "Parser looks fine, one nit", "deploy tonight"];
+    // Each side of both messages holds its input; the answered one's sides hold the reply too.
+    assert_eq!(stats["text_bytes"], 2 * (texts[0].len() + texts[1].len() + texts[2].len()));
+    assert!(stats["first"].as_str().unwrap() <= stats["last"].as_str().unwrap(), "{stats}");
+    let for_bob: Value = serde_json::from_str(&home.ok(&["history", "stats", "--json", "--agent", &bob.id])).unwrap();
+    assert_eq!(for_bob["total"], 2);
     let missing = home.run(&["history", "show", "ffffffff"]);
     assert_eq!(missing.status.code(), Some(1));
     assert!(stderr(&missing).contains("not found"));
@@ -240,4 +251,34 @@ fn thread_shows_the_message_and_its_reply_from_both_sides() {
     assert!(!thread.contains("deploy tonight"), "another conversation is not part of this thread");
     let missing = home.run(&["history", "thread", "ffffffff"]);
     assert_eq!(missing.status.code(), Some(1));
+}
+
+#[test]
+fn show_with_a_prefix_many_tasks_share_names_ten_of_them() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let body = json!({"message": {"role": "user", "parts": [{"type": "text", "text": "hi"}]}}).to_string();
+    for _ in 0..161 {
+        let (status, answer) = http_tcp(bob.port, "POST", "/tasks/send", Some(body.as_bytes()), &[]);
+        assert!((200..300).contains(&status), "{status} {answer}");
+    }
+    let listed: Value = serde_json::from_str(&home.ok(&["history", "list", "--json", "--limit", "1000"])).unwrap();
+    let ids: std::collections::BTreeSet<&str> =
+        listed["records"].as_array().unwrap().iter().map(|record| record["task_id"].as_str().unwrap()).collect();
+    assert!(ids.len() >= 161, "{}", ids.len());
+    // 161 tasks or more over 16 first digits: at least 11 start with one of them.
+    let mut by_digit: BTreeMap<char, usize> = BTreeMap::new();
+    for id in &ids {
+        *by_digit.entry(id.chars().next().unwrap()).or_default() += 1;
+    }
+    let (digit, count) = by_digit.iter().max_by_key(|(_, count)| **count).map(|(d, c)| (d.to_string(), *c)).unwrap();
+    assert!(count >= 11);
+    let output = home.run(&["history", "show", &digit]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("more than 10 tasks start with it"), "{}", stderr(&output));
+    let (status, answer) = home.http("GET", &format!("/history/{digit}"), None, &[]);
+    assert_eq!(status, 400, "{answer}");
+    let candidates = answer["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 10);
+    assert!(candidates.iter().all(|id| ids.contains(id.as_str().unwrap()) && id.as_str().unwrap().starts_with(&digit)));
 }

@@ -62,9 +62,11 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> ApiResul
         match tasks.len() {
             0 => Err(ApiError::not_found(format!("Task {reference} not found in the history"))),
             1 => answer(&api::HistoryRecords { records }),
-            _ => {
-                let candidates = tasks.iter().map(|task| task.to_string()).collect();
-                Err(ApiError::bad(format!("Ambiguous task id '{reference}': {} tasks start with it", tasks.len()))
+            // Eleven at most are read (`history_of_task`).
+            count => {
+                let candidates = tasks.iter().take(10).map(|task| task.to_string()).collect();
+                let count = if count > 10 { "more than 10".to_string() } else { count.to_string() };
+                Err(ApiError::bad(format!("Ambiguous task id '{reference}': {count} tasks start with it"))
                     .with_candidates(candidates))
             }
         }
@@ -133,32 +135,52 @@ struct StatsQuery {
 async fn stats(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: StatsQuery = parse_query(uri.query())?;
     let agent = super::extract::agent_filter(&state, query.agent)?;
-    long_read(&state, move |store| stats_of(&store.read(|view| view.history_records(agent.as_deref()))?)).await
+    long_read(&state, move |store| {
+        let mut stats = Stats::default();
+        store.read(|view| view.visit_history_records(agent.as_deref(), |record| stats.count(&record)))?;
+        stats.answer()
+    })
+    .await
 }
 
-fn stats_of(records: &[HistoryRecord]) -> ApiResult {
-    let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
-    let mut by_agent: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
-    let mut size = 0usize;
-    for record in records {
-        *by_status.entry(record.status.to_string()).or_default() += 1;
-        *by_agent.entry(record.agent.clone()).or_default().entry(record.side.clone()).or_default() += 1;
-        size += record.input.len() + record.output.len();
+/// What `history stats` counts, one record at a time.
+#[derive(Default)]
+struct Stats {
+    total: usize,
+    by_status: BTreeMap<String, usize>,
+    by_agent: BTreeMap<String, BTreeMap<String, usize>>,
+    text_bytes: usize,
+    completed: usize,
+    failed: usize,
+    first: Option<u64>,
+    last: Option<u64>,
+}
+
+impl Stats {
+    fn count(&mut self, record: &HistoryRecord) {
+        self.total += 1;
+        *self.by_status.entry(record.status.to_string()).or_default() += 1;
+        *self.by_agent.entry(record.agent.clone()).or_default().entry(record.side.clone()).or_default() += 1;
+        self.text_bytes += record.input.len() + record.output.len();
+        self.completed += usize::from(record.status == TaskState::Completed);
+        self.failed += usize::from(record.status == TaskState::Failed);
+        self.first = Some(self.first.map_or(record.created_ms, |first| first.min(record.created_ms)));
+        self.last = Some(self.last.map_or(record.updated_ms, |last| last.max(record.updated_ms)));
     }
-    let completed = records.iter().filter(|r| r.status == TaskState::Completed).count();
-    let failed = records.iter().filter(|r| r.status == TaskState::Failed).count();
-    let success_rate = (completed + failed > 0).then(|| completed as f64 / (completed + failed) as f64);
-    let first = records.iter().map(|r| r.created_ms).min();
-    let last = records.iter().map(|r| r.updated_ms).max();
-    answer(&api::HistoryStats {
-        total: records.len(),
-        by_status,
-        success_rate,
-        by_agent,
-        first: first.map(crate::time::rfc3339),
-        last: last.map(crate::time::rfc3339),
-        text_bytes: size,
-    })
+
+    fn answer(self) -> ApiResult {
+        let Stats { total, by_status, by_agent, text_bytes: size, completed, failed, first, last } = self;
+        let success_rate = (completed + failed > 0).then(|| completed as f64 / (completed + failed) as f64);
+        answer(&api::HistoryStats {
+            total,
+            by_status,
+            success_rate,
+            by_agent,
+            first: first.map(crate::time::rfc3339),
+            last: last.map(crate::time::rfc3339),
+            text_bytes: size,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -192,18 +214,30 @@ async fn cleanup(
         _ => return Err(ApiError::bad("--days and --max-size must be positive")),
     };
     let (before_ms, removed) = long_read(&state, move |store| {
-        let records = store.read(|view| view.history_records(None))?;
-        let before_ms = by_age.unwrap_or_else(|| {
-            let mut used = 0u64;
-            for record in &records {
-                used += (record.input.len() + record.output.len()) as u64;
-                if used > budget {
-                    return record.updated_ms + 1;
-                }
-            }
-            0
+        if let Some(before_ms) = by_age {
+            let mut removed = 0;
+            store.read(|view| {
+                view.visit_history_records(None, |record| removed += usize::from(record.updated_ms < before_ms))
+            })?;
+            return Ok((before_ms, removed));
+        }
+        // By size, the newest records are kept while their text fits the budget. Per time of
+        // last update: how many records, and how many bytes of text.
+        let mut by_time: BTreeMap<u64, (usize, u64)> = BTreeMap::new();
+        store.read(|view| {
+            view.visit_history_records(None, |record| {
+                let (count, bytes) = by_time.entry(record.updated_ms).or_default();
+                *count += 1;
+                *bytes += (record.input.len() + record.output.len()) as u64;
+            })
+        })?;
+        let mut used = 0u64;
+        let newest_removed = by_time.iter().rev().find(|(_, (_, bytes))| {
+            used += bytes;
+            used > budget
         });
-        Ok((before_ms, records.iter().filter(|record| record.updated_ms < before_ms).count()))
+        let before_ms = newest_removed.map_or(0, |(&updated_ms, _)| updated_ms + 1);
+        Ok((before_ms, by_time.range(..before_ms).map(|(_, &(count, _))| count).sum::<usize>()))
     })
     .await?;
     if body.dry_run || removed == 0 {

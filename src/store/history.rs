@@ -136,36 +136,62 @@ impl ReadProjections {
 
     /// Every history record (optionally of one agent), newest first.
     pub fn history_records(&self, agent: Option<&str>) -> Result<Vec<HistoryRecord>, StoreError> {
-        let cutoff = self.pruned_before()?;
-        let mut found: Vec<HistoryRecord> = self
-            .tasks()?
-            .iter()
-            .flat_map(records_of)
-            .filter(|record| record.updated_ms >= cutoff && agent.is_none_or(|agent| record.agent == agent))
-            .collect();
-        newest_first(&mut found);
-        Ok(found)
+        self.newest_history_records(agent, usize::MAX)
     }
 
-    /// The records of tasks whose id starts with `prefix`.
+    /// The newest `limit` history records (optionally of one agent), newest first, holding
+    /// about twice `limit` of them at a time.
+    pub fn newest_history_records(&self, agent: Option<&str>, limit: usize) -> Result<Vec<HistoryRecord>, StoreError> {
+        let mut newest = Newest::new(limit);
+        self.visit_history_records(agent, |record| newest.push([record]))?;
+        Ok(newest.into_records())
+    }
+
+    /// Calls `visit` with every history record (optionally of one agent) in no particular
+    /// order, one task's at a time: what counts the records does not hold them all.
+    pub fn visit_history_records(
+        &self,
+        agent: Option<&str>,
+        mut visit: impl FnMut(HistoryRecord),
+    ) -> Result<(), StoreError> {
+        let cutoff = self.pruned_before()?;
+        self.visit_tasks(
+            |_| true,
+            |task| {
+                for record in records_of(&task) {
+                    if record.updated_ms >= cutoff && agent.is_none_or(|agent| record.agent == agent) {
+                        visit(record);
+                    }
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// The records of the tasks whose id starts with `prefix` and that have records after the
+    /// cut-off: of eleven such tasks at most (more only make the prefix ambiguous).
     pub fn history_of_task(&self, prefix: &str) -> Result<Vec<HistoryRecord>, StoreError> {
         let cutoff = self.pruned_before()?;
-        Ok(self
-            .tasks_with_prefix(prefix, usize::MAX)?
-            .iter()
-            .flat_map(records_of)
-            .filter(|record| record.updated_ms >= cutoff)
-            .collect())
+        let tasks =
+            self.tasks_with_prefix_where(prefix, |task| task.updated_ms >= cutoff, 11, usize::MAX)?.unwrap_or_default();
+        Ok(tasks.iter().flat_map(records_of).filter(|record| record.updated_ms >= cutoff).collect())
     }
 
     /// The whole conversation a task belongs to (SPEC §4, seed 004): every task of its context
     /// (a message, its sender's task, the reply that completed them), as history records,
-    /// oldest first. None when the task is unknown or ambiguous.
+    /// oldest first. None when the task is unknown or ambiguous. Reads every task, and the
+    /// texts of the conversation's only.
     pub fn thread_of(&self, prefix: &str) -> Result<Option<Vec<HistoryRecord>>, StoreError> {
         let candidates = self.tasks_with_prefix(prefix, 2)?;
         let [task] = candidates.as_slice() else { return Ok(None) };
-        let mut records: Vec<HistoryRecord> =
-            self.tasks()?.iter().filter(|other| other.context_id == task.context_id).flat_map(records_of).collect();
+        let mut records = Vec::new();
+        self.visit_tasks(
+            |other| other.context_id == task.context_id,
+            |other| {
+                records.extend(records_of(&other));
+                Ok(())
+            },
+        )?;
         records.sort_by(|left, right| {
             left.created_ms
                 .cmp(&right.created_ms)
@@ -187,13 +213,41 @@ impl ReadProjections {
     ) -> Result<Vec<HistoryRecord>, StoreError> {
         let query = Query { keywords, logic, case_sensitive, agent, limit };
         let cutoff = self.pruned_before()?;
-        let mut found = Vec::new();
-        for task in self.tasks()? {
-            found.extend(query.records_of(&task, cutoff));
+        let mut newest = Newest::new(limit);
+        self.visit_tasks(
+            |_| true,
+            |task| {
+                newest.push(query.records_of(&task, cutoff));
+                Ok(())
+            },
+        )?;
+        Ok(newest.into_records())
+    }
+}
+
+/// The newest `limit` of the records pushed, holding at most about twice that many.
+struct Newest {
+    limit: usize,
+    records: Vec<HistoryRecord>,
+}
+
+impl Newest {
+    fn new(limit: usize) -> Newest {
+        Newest { limit, records: Vec::new() }
+    }
+
+    fn push(&mut self, records: impl IntoIterator<Item = HistoryRecord>) {
+        self.records.extend(records);
+        if self.records.len() >= self.limit.saturating_mul(2).max(1024) {
+            newest_first(&mut self.records);
+            self.records.truncate(self.limit);
         }
-        newest_first(&mut found);
-        found.truncate(limit);
-        Ok(found)
+    }
+
+    fn into_records(mut self) -> Vec<HistoryRecord> {
+        newest_first(&mut self.records);
+        self.records.truncate(self.limit);
+        self.records
     }
 }
 
@@ -295,6 +349,34 @@ mod tests {
             .unwrap();
         assert_eq!(store.read(|view| view.history_records(None)).unwrap().len(), 2, "records of time 1 are gone");
         assert!(store.verify().unwrap().differences.is_empty());
+    }
+
+    #[test]
+    fn the_newest_records_are_kept_while_few_are_held() {
+        let record = |n: u64| HistoryRecord {
+            task_id: format!("{n:08}"),
+            side: "sent".into(),
+            agent: "alice".into(),
+            peer: "bob".into(),
+            input: String::new(),
+            output: String::new(),
+            status: TaskState::Completed,
+            priority: 3,
+            created_ms: 0,
+            // Times repeat, and come in no order.
+            updated_ms: (n * 7919) % 1000,
+        };
+        let mut all: Vec<HistoryRecord> = (0..5000).map(record).collect();
+        newest_first(&mut all);
+        for limit in [0, 1, 10, 700, 4999, 5000, 6000] {
+            let mut newest = Newest::new(limit);
+            for n in 0..5000 {
+                newest.push([record(n)]);
+                assert!(newest.records.len() <= limit.saturating_mul(2).max(1024));
+            }
+            let kept = newest.into_records();
+            assert_eq!(kept, all[..limit.min(5000)], "limit {limit}");
+        }
     }
 
     #[test]

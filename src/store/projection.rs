@@ -1165,14 +1165,34 @@ macro_rules! impl_queries {
                 Ok(Some(tasks))
             }
 
-            /// Every task (for listings; owners filter afterwards).
+            /// Every task, with its texts (tests, and checks of the whole projection).
             pub fn tasks(&self) -> Result<Vec<TaskRecord>, StoreError> {
                 let mut tasks = Vec::new();
+                self.visit_tasks(
+                    |_| true,
+                    |task| {
+                        tasks.push(task);
+                        Ok(())
+                    },
+                )?;
+                Ok(tasks)
+            }
+
+            /// Calls `visit` with each task that `wanted` accepts (asked before its texts are
+            /// read), in id order, one at a time: a pass over every task holds one of them.
+            pub fn visit_tasks(
+                &self,
+                wanted: impl Fn(&TaskRecord) -> bool,
+                mut visit: impl FnMut(TaskRecord) -> Result<(), StoreError>,
+            ) -> Result<(), StoreError> {
                 for row in self.tasks.iter()? {
                     let (_, value) = row?;
-                    tasks.push(self.hydrated(records::decode(value.value())?)?);
+                    let task: TaskRecord = records::decode(value.value())?;
+                    if wanted(&task) {
+                        visit(self.hydrated(task)?)?;
+                    }
                 }
-                Ok(tasks)
+                Ok(())
             }
 
             /// The ids of `agent`'s tasks of one kind, in index order (oldest first).

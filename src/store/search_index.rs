@@ -382,11 +382,7 @@ impl Store {
     /// The newest history records (of one agent, or all), at most `limit`: `history list`
     /// without reading every task.
     pub fn recent_history(&self, agent: Option<&str>, limit: usize) -> Result<Vec<HistoryRecord>, StoreError> {
-        let scan = |projections: &ReadProjections| {
-            let mut records = projections.history_records(agent)?;
-            records.truncate(limit);
-            Ok(records)
-        };
+        let scan = |projections: &ReadProjections| projections.newest_history_records(agent, limit);
         // No keyword, AND: every record matches.
         let query = Query { keywords: &[], logic: Logic::And, case_sensitive: false, agent, limit };
         self.indexed_query(None, &query, SearchTuning::default(), scan)
