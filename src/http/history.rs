@@ -77,10 +77,10 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> ApiResul
 /// `GET /threads/{id}`: the conversation the task belongs to, oldest first.
 async fn thread(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
     let reference = crate::broker::command::validate_task_ref(&id)?;
-    // Finding a conversation's tasks reads every task.
+    // From the history index; by a scan of every task while the indexer is far behind.
     long_read(&state, move |store| {
         let records = store
-            .read(|view| view.thread_of(&reference))?
+            .thread_of(&reference)?
             .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found (or the prefix is ambiguous)")))?;
         answer(&api::HistoryRecords { records })
     })

@@ -105,6 +105,16 @@ pub fn records_of(task: &TaskRecord) -> Vec<HistoryRecord> {
     }
 }
 
+/// A conversation's records, oldest first (a message before its reply; at the same time, the
+/// sent side before the received one).
+pub(super) fn thread_records(tasks: &[TaskRecord]) -> Vec<HistoryRecord> {
+    let mut records: Vec<HistoryRecord> = tasks.iter().flat_map(records_of).collect();
+    records.sort_by(|left, right| {
+        left.created_ms.cmp(&right.created_ms).then(right.side.cmp(&left.side)).then(left.task_id.cmp(&right.task_id))
+    });
+    records
+}
+
 pub(super) fn newest_first(records: &mut [HistoryRecord]) {
     records.sort_by(|left, right| {
         right.updated_ms.cmp(&left.updated_ms).then(left.task_id.cmp(&right.task_id)).then(left.side.cmp(&right.side))
@@ -179,26 +189,26 @@ impl ReadProjections {
 
     /// The whole conversation a task belongs to (SPEC §4, seed 004): every task of its context
     /// (a message, its sender's task, the reply that completed them), as history records,
-    /// oldest first. None when the task is unknown or ambiguous. Reads every task, and the
-    /// texts of the conversation's only.
+    /// oldest first. None when the task is unknown or ambiguous. The definition, by a scan of
+    /// every task; [`Store::thread_of`](super::Store::thread_of) answers the same from the index.
     pub fn thread_of(&self, prefix: &str) -> Result<Option<Vec<HistoryRecord>>, StoreError> {
         let candidates = self.tasks_with_prefix(prefix, 2)?;
         let [task] = candidates.as_slice() else { return Ok(None) };
-        let mut records = Vec::new();
+        self.thread_scan(&task.context_id).map(Some)
+    }
+
+    /// The records of a conversation's tasks, oldest first, by a scan of every task (the texts
+    /// of the conversation's only are read).
+    pub(super) fn thread_scan(&self, context: &str) -> Result<Vec<HistoryRecord>, StoreError> {
+        let mut tasks = Vec::new();
         self.visit_tasks(
-            |other| other.context_id == task.context_id,
-            |other| {
-                records.extend(records_of(&other));
+            |task| task.context_id == context,
+            |task| {
+                tasks.push(task);
                 Ok(())
             },
         )?;
-        records.sort_by(|left, right| {
-            left.created_ms
-                .cmp(&right.created_ms)
-                .then(right.side.cmp(&left.side))
-                .then(left.task_id.cmp(&right.task_id))
-        });
-        Ok(Some(records))
+        Ok(thread_records(&tasks))
     }
 
     /// Records matching the keywords (word prefixes), newest first, at most `limit`: the

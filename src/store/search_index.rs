@@ -19,7 +19,7 @@
 //! logarithmic number of times; segments stop growing at about a million postings, so that
 //! no merge holds the writer long.
 
-use super::history::{HistoryRecord, Logic, Query, lowercase, newest_first, visit_task_words};
+use super::history::{HistoryRecord, Logic, Query, lowercase, newest_first, thread_records, visit_task_words};
 use super::projection::{LIVE, ReadProjections};
 use super::{LOG, Store, StoreError};
 use crate::event::{Envelope, Event};
@@ -59,6 +59,9 @@ fn segment_ids(segments: &impl ReadableTable<u64, u64>) -> Result<Vec<(u64, u64)
 
 /// Every task changed by an event up to this sequence number is in the index.
 const INDEXED_THROUGH: &str = "indexed_through";
+/// What the index holds: version 2 added each task's conversation ([`context_word`]).
+const INDEX_VERSION_KEY: &str = "index_version";
+const INDEX_VERSION: u64 = 2;
 const NEXT_SEGMENT: &str = "next_segment";
 
 /// Events read by one indexing step at most when catching up in one go.
@@ -110,12 +113,16 @@ impl IndexProgress {
     }
 }
 
-/// Creates the index tables (at open) so that read transactions find them.
+/// Creates the index tables (at open) so that read transactions find them. An index written
+/// by a build that kept other words is emptied, and indexed again from the first event.
 pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
-    txn.open_table(INDEX_META)?;
+    let version = meta_value(&txn.open_table(INDEX_META)?, INDEX_VERSION_KEY)?;
     txn.open_table(SEGMENTS)?;
     txn.open_table(RECENCY)?;
     txn.open_table(UPDATED)?;
+    if version != INDEX_VERSION {
+        clear(txn)?;
+    }
     Ok(())
 }
 
@@ -128,8 +135,21 @@ pub(super) fn clear(txn: &WriteTransaction) -> Result<(), StoreError> {
     segments.retain(|_, _| false)?;
     txn.open_table(RECENCY)?.retain(|_, _| false)?;
     txn.open_table(UPDATED)?.retain(|_, _| false)?;
-    txn.open_table(INDEX_META)?.retain(|_, _| false)?;
+    let mut meta = txn.open_table(INDEX_META)?;
+    meta.retain(|_, _| false)?;
+    meta.insert(INDEX_VERSION_KEY, INDEX_VERSION)?;
     Ok(())
+}
+
+/// The word under which the index keeps a task's conversation (`history thread`): a control
+/// character, which no word of a text holds (words are runs of letters and digits), then a
+/// 32-bit hash of the context id in hex. Other conversations may share it: what the index
+/// finds is checked against the task.
+fn context_word(context_id: &str) -> String {
+    // FNV-1a: stable across builds and platforms, unlike the standard library's hasher.
+    let hash =
+        context_id.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
+    format!("\u{1}{hash:08x}")
 }
 
 /// The tasks whose searchable text or state an event may change.
@@ -239,12 +259,14 @@ impl Store {
             // when the store is opened (`projection_version`).
             let Some(task) = projections.task(task_id)? else { continue };
             updates.push((task.created_seq, task.updated_ms, task_id.as_str()));
-            visit_task_words(&task, |word| match segment.get_mut(word) {
+            let mut add = |word: &str| match segment.get_mut(word) {
                 Some(postings) => postings.push(task.created_seq),
                 None => {
                     segment.insert(word.to_string(), vec![task.created_seq]);
                 }
-            });
+            };
+            visit_task_words(&task, &mut add);
+            add(&context_word(&task.context_id));
         }
         let mut size = sort_postings(&mut segment);
 
@@ -386,6 +408,60 @@ impl Store {
         // No keyword, AND: every record matches.
         let query = Query { keywords: &[], logic: Logic::And, case_sensitive: false, agent, limit };
         self.indexed_query(None, &query, SearchTuning::default(), scan)
+    }
+
+    /// The whole conversation of the task `prefix` names (see [`ReadProjections::thread_of`]):
+    /// the tasks the index keeps under its conversation's word, and those changed by events it
+    /// has not reached; by a scan of every task when it is far behind.
+    pub fn thread_of(&self, prefix: &str) -> Result<Option<Vec<HistoryRecord>>, StoreError> {
+        self.reading(|txn| {
+            let projections = ReadProjections::open(txn, &LIVE)?;
+            let candidates = projections.tasks_with_prefix(prefix, 2)?;
+            let [task] = candidates.as_slice() else { return Ok(None) };
+            let context = task.context_id.as_str();
+            let meta = txn.open_table(INDEX_META)?;
+            let log = txn.open_table(LOG)?;
+            let indexed_through = meta_value(&meta, INDEXED_THROUGH)?;
+            let head = log.last()?.map_or(0, |(seq, _)| seq.value());
+            if head.saturating_sub(indexed_through) > TAIL_LIMIT as u64 {
+                return projections.thread_scan(context).map(Some);
+            }
+            let mut tail = BTreeSet::new();
+            for row in log.range(indexed_through + 1..)? {
+                let (_, bytes) = row?;
+                tail.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(str::to_string));
+            }
+            let word = context_word(context);
+            let mut seqs = Vec::new();
+            for (id, _) in segment_ids(&txn.open_table(SEGMENTS)?)? {
+                if let Some(postings) = txn.open_table(words_of(&segment_table(id)))?.get(word.as_str())? {
+                    decode_postings(postings.value(), &mut seqs)?;
+                }
+            }
+            seqs.sort_unstable();
+            seqs.dedup();
+            let updated = txn.open_table(UPDATED)?;
+            let mut tasks = Vec::new();
+            for seq in seqs {
+                let Some(row) = updated.get(seq)? else { continue };
+                let (_, task_id) = row.value();
+                // A task the tail changed is read from there; a stale number (a `task_created`
+                // for an id that already existed renumbers it) is passed over.
+                if !tail.contains(task_id)
+                    && let Some(task) = projections.task(task_id)?
+                    && task.created_seq == seq
+                    && task.context_id == context
+                {
+                    tasks.push(task);
+                }
+            }
+            for task_id in &tail {
+                if let Some(task) = projections.task(task_id)?.filter(|task| task.context_id == context) {
+                    tasks.push(task);
+                }
+            }
+            Ok(Some(thread_records(&tasks)))
+        })
     }
 
     /// Answers a query from the index: the tasks with a word starting with each prefix (every
@@ -633,6 +709,52 @@ mod tests {
             decode_postings(&encode_postings(&postings), &mut decoded).unwrap();
             assert_eq!(decoded, postings);
         }
+    }
+
+    fn created(task_id: &str, context: &str) -> Event {
+        Event::TaskCreated {
+            task_id: task_id.into(),
+            owner: Some("alice".into()),
+            context_id: context.into(),
+            direction: crate::event::Direction::Outgoing,
+            peer: Some("bob".into()),
+            state: crate::event::TaskState::Submitted,
+            message: crate::event::Message::text(crate::event::Role::User, "hello"),
+            priority: 3,
+            response_expected: true,
+            sender_task_id: None,
+            in_reply_to: None,
+            peer_task_id: None,
+            message_in: None,
+        }
+    }
+
+    /// An index written before it kept conversations is emptied when the store opens, and
+    /// indexed again: `history thread` then finds the conversation from the index.
+    #[test]
+    fn an_index_of_an_older_version_is_indexed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("synapse.redb");
+        {
+            let store = Store::open(&path).unwrap();
+            let events = vec![created("aa000000", "one"), created("bb000000", "one"), created("cc000000", "two")];
+            store.transact(1_000, |appender| appender.append(None, events)).unwrap();
+            assert!(store.index_history().unwrap().caught_up());
+            // As an older build left it: no version.
+            let txn = store.db().unwrap().begin_write().unwrap();
+            txn.open_table(INDEX_META).unwrap().remove(INDEX_VERSION_KEY).unwrap();
+            txn.commit().unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let progress = store.index_progress().unwrap();
+        assert_eq!((progress.indexed_through, progress.segments), (0, 0), "emptied");
+        assert!(store.index_history().unwrap().caught_up());
+        let thread = store.thread_of("bb").unwrap().unwrap();
+        let tasks: Vec<&str> = thread.iter().map(|record| record.task_id.as_str()).collect();
+        assert_eq!(tasks, ["aa000000", "bb000000"]);
+        // The same store opened again keeps its index.
+        drop(store);
+        assert!(Store::open(&path).unwrap().index_progress().unwrap().caught_up());
     }
 
     #[test]

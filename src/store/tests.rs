@@ -529,11 +529,11 @@ fn search_text() -> impl Strategy<Value = String> {
 fn search_event() -> impl Strategy<Value = Event> {
     prop_oneof![
         1 => event(),
-        2 => (task(), prop::option::of(agent()), prop::option::of(agent()), any::<bool>(), search_text()).prop_map(
-            |(task_id, owner, peer, incoming, text)| Event::TaskCreated {
+        2 => (task(), prop::option::of(agent()), prop::option::of(agent()), any::<bool>(), search_text(), context()).prop_map(
+            |(task_id, owner, peer, incoming, text, context_id)| Event::TaskCreated {
                 task_id,
                 owner,
-                context_id: "ctx".into(),
+                context_id,
                 direction: if incoming { Direction::Incoming } else { Direction::Outgoing },
                 peer,
                 state: TaskState::Submitted,
@@ -555,6 +555,11 @@ fn search_event() -> impl Strategy<Value = Event> {
             as_message: false,
         }),
     ]
+}
+
+/// Conversations: a task created again may change its own.
+fn context() -> impl Strategy<Value = String> {
+    prop::sample::select(vec!["ctx".to_string(), "other".to_string(), String::new()])
 }
 
 fn search_keywords() -> impl Strategy<Value = Vec<String>> {
@@ -674,7 +679,12 @@ proptest! {
             let mut listed = store.read(|view| view.history_records(agent.as_deref())).unwrap();
             listed.truncate(limit);
             let recent = store.recent_history(agent.as_deref(), limit).unwrap();
-            ((scanned, listed), (indexed, recent))
+            // Each task's conversation, and prefixes that name several tasks or none.
+            let references = TASKS.iter().copied().chain(["0a", "0", "ff"]);
+            let threads_scanned: Vec<_> =
+                references.clone().map(|task| store.read(|view| view.thread_of(task)).unwrap()).collect();
+            let threads_indexed: Vec<_> = references.map(|task| store.thread_of(task).unwrap()).collect();
+            ((scanned, listed, threads_scanned), (indexed, recent, threads_indexed))
         };
         let (scanned, indexed) = search(&store);
         prop_assert_eq!(&indexed, &scanned, "partly indexed");
