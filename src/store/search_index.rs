@@ -27,7 +27,7 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefiniti
 use std::collections::{BTreeSet, HashMap};
 use std::ops::ControlFlow;
 
-const INDEX_META: TableDefinition<&str, u64> = TableDefinition::new("history_index_meta");
+pub(super) const INDEX_META: TableDefinition<&str, u64> = TableDefinition::new("history_index_meta");
 /// Segment id → number of postings in it.
 const SEGMENTS: TableDefinition<u64, u64> = TableDefinition::new("history_index_segments");
 
@@ -60,7 +60,7 @@ fn segment_ids(segments: &impl ReadableTable<u64, u64>) -> Result<Vec<(u64, u64)
 /// Every task changed by an event up to this sequence number is in the index.
 const INDEXED_THROUGH: &str = "indexed_through";
 /// What the index holds: version 2 added each task's conversation ([`context_word`]).
-const INDEX_VERSION_KEY: &str = "index_version";
+pub(super) const INDEX_VERSION_KEY: &str = "index_version";
 const INDEX_VERSION: u64 = 2;
 const NEXT_SEGMENT: &str = "next_segment";
 
@@ -709,52 +709,6 @@ mod tests {
             decode_postings(&encode_postings(&postings), &mut decoded).unwrap();
             assert_eq!(decoded, postings);
         }
-    }
-
-    fn created(task_id: &str, context: &str) -> Event {
-        Event::TaskCreated {
-            task_id: task_id.into(),
-            owner: Some("alice".into()),
-            context_id: context.into(),
-            direction: crate::event::Direction::Outgoing,
-            peer: Some("bob".into()),
-            state: crate::event::TaskState::Submitted,
-            message: crate::event::Message::text(crate::event::Role::User, "hello"),
-            priority: 3,
-            response_expected: true,
-            sender_task_id: None,
-            in_reply_to: None,
-            peer_task_id: None,
-            message_in: None,
-        }
-    }
-
-    /// An index written before it kept conversations is emptied when the store opens, and
-    /// indexed again: `history thread` then finds the conversation from the index.
-    #[test]
-    fn an_index_of_an_older_version_is_indexed_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("synapse.redb");
-        {
-            let store = Store::open(&path).unwrap();
-            let events = vec![created("aa000000", "one"), created("bb000000", "one"), created("cc000000", "two")];
-            store.transact(1_000, |appender| appender.append(None, events)).unwrap();
-            assert!(store.index_history().unwrap().caught_up());
-            // As an older build left it: no version.
-            let txn = store.db().unwrap().begin_write().unwrap();
-            txn.open_table(INDEX_META).unwrap().remove(INDEX_VERSION_KEY).unwrap();
-            txn.commit().unwrap();
-        }
-        let store = Store::open(&path).unwrap();
-        let progress = store.index_progress().unwrap();
-        assert_eq!((progress.indexed_through, progress.segments), (0, 0), "emptied");
-        assert!(store.index_history().unwrap().caught_up());
-        let thread = store.thread_of("bb").unwrap().unwrap();
-        let tasks: Vec<&str> = thread.iter().map(|record| record.task_id.as_str()).collect();
-        assert_eq!(tasks, ["aa000000", "bb000000"]);
-        // The same store opened again keeps its index.
-        drop(store);
-        assert!(Store::open(&path).unwrap().index_progress().unwrap().caught_up());
     }
 
     #[test]

@@ -1221,3 +1221,38 @@ fn a_prefix_lookup_filters_before_it_reads_texts_and_stops_at_its_read_limit() {
     let one = store.read(|view| view.tasks_with_prefix_where("ac", |_| true, 100, 1)).unwrap().unwrap();
     assert_eq!(one.len(), 1);
 }
+
+/// An index written before it kept conversations is emptied when the store opens, and indexed
+/// again: `history thread` then finds the conversation from the index.
+#[test]
+fn an_index_of_an_older_version_is_indexed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("synapse.redb");
+    let in_context = |task_id: &str, context: &str| {
+        let mut event = alice_asks_bob(task_id, "hello");
+        if let Event::TaskCreated { context_id, .. } = &mut event {
+            *context_id = context.into();
+        }
+        event
+    };
+    {
+        let store = Store::open(&path).unwrap();
+        let events = vec![in_context("aa000000", "one"), in_context("bb000000", "one"), in_context("cc000000", "two")];
+        store.transact(1_000, |appender| appender.append(None, events)).unwrap();
+        assert!(store.index_history().unwrap().caught_up());
+        // As an older build left it: no version.
+        let txn = store.db().unwrap().begin_write().unwrap();
+        txn.open_table(search_index::INDEX_META).unwrap().remove(search_index::INDEX_VERSION_KEY).unwrap();
+        txn.commit().unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let progress = store.index_progress().unwrap();
+    assert_eq!((progress.indexed_through, progress.segments), (0, 0), "emptied");
+    assert!(store.index_history().unwrap().caught_up());
+    let thread = store.thread_of("bb").unwrap().unwrap();
+    let tasks: Vec<&str> = thread.iter().map(|record| record.task_id.as_str()).collect();
+    assert_eq!(tasks, ["aa000000", "bb000000"]);
+    // The same store opened again keeps its index.
+    drop(store);
+    assert!(Store::open(&path).unwrap().index_progress().unwrap().caught_up());
+}
