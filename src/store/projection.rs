@@ -1451,6 +1451,15 @@ impl ReadProjections {
         self.task_row(task_id)?.map(|task| self.hydrated(task)).transpose()
     }
 
+    /// One task, if `wanted` accepts it (asked before its texts are read).
+    pub fn task_if(
+        &self,
+        task_id: &str,
+        wanted: impl Fn(&TaskRecord) -> bool,
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        self.task_row(task_id)?.filter(|task| wanted(task)).map(|task| self.hydrated(task)).transpose()
+    }
+
     fn hydrated(&self, mut task: TaskRecord) -> Result<TaskRecord, StoreError> {
         hydrate_task(&self.log, &mut task)?;
         Ok(task)

@@ -1256,3 +1256,38 @@ fn an_index_of_an_older_version_is_indexed_again() {
     drop(store);
     assert!(Store::open(&path).unwrap().index_progress().unwrap().caught_up());
 }
+
+/// Conversations share the index's words for them (4,096 in all): `history thread` keeps the
+/// tasks of its own conversation only, indexed or not yet.
+#[test]
+fn thread_keeps_its_own_conversation_among_those_sharing_its_word() {
+    let contexts: Vec<String> = (0..).map(|n| format!("conversation-{n}")).take(5_000).collect();
+    let (first, second) = contexts
+        .iter()
+        .enumerate()
+        .find_map(|(i, one)| {
+            let word = search_index::context_word(one);
+            contexts[i + 1..].iter().find(|other| search_index::context_word(other) == word).map(|other| (one, other))
+        })
+        .expect("5,000 contexts over 4,096 words share one");
+    let store = memory_store();
+    let in_context = |task_id: &str, context: &str| {
+        let mut event = alice_asks_bob(task_id, "hello");
+        if let Event::TaskCreated { context_id, .. } = &mut event {
+            *context_id = context.into();
+        }
+        event
+    };
+    let events = vec![in_context("aa000000", first), in_context("bb000000", second), in_context("cc000000", first)];
+    store.transact(1_000, |appender| appender.append(None, events)).unwrap();
+    let thread = |store: &Store, task: &str| -> Vec<String> {
+        store.thread_of(task).unwrap().unwrap().into_iter().map(|record| record.task_id).collect()
+    };
+    for indexed in [false, true] {
+        if indexed {
+            assert!(store.index_history().unwrap().caught_up());
+        }
+        assert_eq!(thread(&store, "aa"), ["aa000000", "cc000000"], "indexed: {indexed}");
+        assert_eq!(thread(&store, "bb"), ["bb000000"], "indexed: {indexed}");
+    }
+}
