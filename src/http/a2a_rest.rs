@@ -223,8 +223,9 @@ pub async fn tasks_list(State(state): State<AppState>, Scope(agent): Scope, uri:
 }
 
 fn find_agent_task(state: &AppState, agent: &str, reference: &str) -> Result<TaskRecord, ApiError> {
-    super::subscribe::find_task_where(state, reference, |task| task.owner.as_deref() == Some(agent))?
-        .ok_or_else(|| ApiError::not_found(format!("Task {} not found", reference.trim().to_ascii_lowercase())))
+    let reference = command::validate_task_ref(reference)?;
+    super::subscribe::find_task_where(state, &reference, |task| task.owner.as_deref() == Some(agent))?
+        .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found")))
 }
 
 pub async fn agent_task(

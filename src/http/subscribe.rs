@@ -125,7 +125,8 @@ pub const MAX_PREFIX_READ: usize = 10_000;
 
 /// The one task whose id is or starts with `reference` and that `keep` accepts (an agent's
 /// endpoints see their own tasks only). A prefix that more than [`MAX_PREFIX_READ`] tasks start
-/// with is refused as ambiguous, without reading them through.
+/// with (any agent's) is refused as too short, without reading them through, even when the
+/// agent has one task under it.
 pub fn find_task_where(
     state: &AppState,
     reference: &str,
@@ -133,12 +134,8 @@ pub fn find_task_where(
 ) -> Result<Option<TaskRecord>, ApiError> {
     let reference = command::validate_task_ref(reference)?;
     let candidates = state.store.read(|view| view.tasks_with_prefix_where(&reference, &keep, 11, MAX_PREFIX_READ))?;
-    let candidates = candidates.ok_or_else(|| CommandError::Ambiguous {
-        message: format!(
-            "Ambiguous task id '{reference}': more than {MAX_PREFIX_READ} tasks start with it. Use more characters."
-        ),
-        candidates: Vec::new(),
-    })?;
+    let candidates = candidates
+        .ok_or_else(|| CommandError::bad(format!("Task id prefix '{reference}' is too short: use more characters")))?;
     Ok(command::unique_task(&reference, candidates)?)
 }
 

@@ -79,10 +79,13 @@ fn output_of(task: &TaskRecord) -> String {
     texts.join("\n")
 }
 
+/// The agent of a record whose task has no owner (or no peer).
+const ANONYMOUS: &str = "anonymous";
+
 /// The history records of one task: its owner's side, and for a message that expected no
 /// reply (no sender task exists) the sender's side too.
 pub fn records_of(task: &TaskRecord) -> Vec<HistoryRecord> {
-    let anonymous = || "anonymous".to_string();
+    let anonymous = || ANONYMOUS.to_string();
     let base = HistoryRecord {
         task_id: task.id.clone(),
         side: String::new(),
@@ -165,8 +168,15 @@ impl ReadProjections {
         mut visit: impl FnMut(HistoryRecord),
     ) -> Result<(), StoreError> {
         let cutoff = self.pruned_before()?;
+        // A record's agent is its task's owner or peer ("anonymous" for none): only those tasks
+        // have their texts read.
         self.visit_tasks(
-            |_| true,
+            |task| {
+                task.updated_ms >= cutoff
+                    && agent.is_none_or(|agent| {
+                        [&task.owner, &task.peer].iter().any(|side| side.as_deref().unwrap_or(ANONYMOUS) == agent)
+                    })
+            },
             |task| {
                 for record in records_of(&task) {
                     if record.updated_ms >= cutoff && agent.is_none_or(|agent| record.agent == agent) {

@@ -1139,8 +1139,9 @@ macro_rules! impl_queries {
             }
 
             /// Tasks whose id starts with `prefix` and that `keep` accepts (asked before their
-            /// texts are read), at most `limit` of them. `None` when more than `read_limit`
-            /// tasks start with `prefix`: a prefix that short is not read through on a request.
+            /// texts are read), at most `limit` of them. `None` when `read_limit` tasks starting
+            /// with `prefix` have been read and more follow before `limit` are kept: a prefix that
+            /// short is not read through on a request.
             pub fn tasks_with_prefix_where(
                 &self,
                 prefix: &str,

@@ -9,6 +9,10 @@
 //! always sees everything acknowledged, and checks every candidate against the real text: the
 //! index only narrows the tasks to read, it never decides a match.
 //!
+//! Each task is also filed under a word for its conversation ([`context_word`]: a control
+//! character, which no word of a text holds, and one of 4,096 hashes of its context id), which
+//! `history thread` reads ([`Store::thread_of`]).
+//!
 //! Layout (log-structured, so a step writes a fresh table instead of touching a page per word
 //! all over one big tree): each step writes one *segment*, a table of its own with rows
 //! `word → posting list` where a posting is the task's `created_seq` (ascending, delta-varint
@@ -59,10 +63,11 @@ fn segment_ids(segments: &impl ReadableTable<u64, u64>) -> Result<Vec<(u64, u64)
 
 /// Every task changed by an event up to this sequence number is in the index.
 const INDEXED_THROUGH: &str = "indexed_through";
-/// What the index holds: version 2 added each task's conversation ([`context_word`]), version 3
-/// made that word one of 4,096.
-pub(super) const INDEX_VERSION_KEY: &str = "index_version";
-const INDEX_VERSION: u64 = 3;
+/// [`INDEXED_THROUGH`] as written by this version of the indexer, whose words include each
+/// task's conversation ([`context_word`], one of 4,096). A build that indexes otherwise (an older
+/// one, or a newer one that changes the words again) moves `indexed_through` and not this key,
+/// so when the two differ at open the index is not this build's and is indexed again.
+pub(super) const INDEXED_THROUGH_BY_THIS_VERSION: &str = "indexed_through_v3";
 const NEXT_SEGMENT: &str = "next_segment";
 
 /// Events read by one indexing step at most when catching up in one go.
@@ -114,14 +119,19 @@ impl IndexProgress {
     }
 }
 
-/// Creates the index tables (at open) so that read transactions find them. An index written
-/// by a build that kept other words is emptied, and indexed again from the first event.
+/// Creates the index tables (at open) so that read transactions find them. An index another
+/// build has written to (one that keeps other words) is emptied, and indexed again from the
+/// first event; searches scan meanwhile, as after a rebuild.
 pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
-    let version = meta_value(&txn.open_table(INDEX_META)?, INDEX_VERSION_KEY)?;
+    let ours = {
+        let meta = txn.open_table(INDEX_META)?;
+        let through = meta_value(&meta, INDEXED_THROUGH)?;
+        meta.get(INDEXED_THROUGH_BY_THIS_VERSION)?.map(|value| value.value()) == Some(through)
+    };
     txn.open_table(SEGMENTS)?;
     txn.open_table(RECENCY)?;
     txn.open_table(UPDATED)?;
-    if version != INDEX_VERSION {
+    if !ours {
         clear(txn)?;
     }
     Ok(())
@@ -138,7 +148,7 @@ pub(super) fn clear(txn: &WriteTransaction) -> Result<(), StoreError> {
     txn.open_table(UPDATED)?.retain(|_, _| false)?;
     let mut meta = txn.open_table(INDEX_META)?;
     meta.retain(|_, _| false)?;
-    meta.insert(INDEX_VERSION_KEY, INDEX_VERSION)?;
+    meta.insert(INDEXED_THROUGH_BY_THIS_VERSION, 0)?;
     Ok(())
 }
 
@@ -219,6 +229,24 @@ fn sort_postings(segment: &mut HashMap<String, Vec<u64>>) -> u64 {
         total += postings.len() as u64;
     }
     total
+}
+
+/// The tasks changed by events the indexer has not reached (a query reads whatever they hold
+/// now), or None when there are more than [`TAIL_LIMIT`] such events: the query then scans.
+/// Sequence numbers have no gaps, so the tail's length is known before reading it.
+fn unindexed_tail(txn: &redb::ReadTransaction) -> Result<Option<BTreeSet<String>>, StoreError> {
+    let indexed_through = meta_value(&txn.open_table(INDEX_META)?, INDEXED_THROUGH)?;
+    let log = txn.open_table(LOG)?;
+    let head = log.last()?.map_or(0, |(seq, _)| seq.value());
+    if head.saturating_sub(indexed_through) > TAIL_LIMIT as u64 {
+        return Ok(None);
+    }
+    let mut tail = BTreeSet::new();
+    for row in log.range(indexed_through + 1..)? {
+        let (_, bytes) = row?;
+        tail.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(str::to_string));
+    }
+    Ok(Some(tail))
 }
 
 fn meta_value(meta: &impl ReadableTable<&'static str, u64>, key: &str) -> Result<u64, StoreError> {
@@ -341,6 +369,7 @@ impl Store {
                 }
             }
             meta.insert(INDEXED_THROUGH, through)?;
+            meta.insert(INDEXED_THROUGH_BY_THIS_VERSION, through)?;
             segment_count = segment_sizes.len()?;
         }
         txn.commit()?;
@@ -422,18 +451,7 @@ impl Store {
             let candidates = projections.tasks_with_prefix(prefix, 2)?;
             let [task] = candidates.as_slice() else { return Ok(None) };
             let context = task.context_id.as_str();
-            let meta = txn.open_table(INDEX_META)?;
-            let log = txn.open_table(LOG)?;
-            let indexed_through = meta_value(&meta, INDEXED_THROUGH)?;
-            let head = log.last()?.map_or(0, |(seq, _)| seq.value());
-            if head.saturating_sub(indexed_through) > TAIL_LIMIT as u64 {
-                return projections.thread_scan(context).map(Some);
-            }
-            let mut tail = BTreeSet::new();
-            for row in log.range(indexed_through + 1..)? {
-                let (_, bytes) = row?;
-                tail.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(str::to_string));
-            }
+            let Some(tail) = unindexed_tail(txn)? else { return projections.thread_scan(context).map(Some) };
             let word = context_word(context);
             let mut seqs = Vec::new();
             for (id, _) in segment_ids(&txn.open_table(SEGMENTS)?)? {
@@ -493,20 +511,7 @@ impl Store {
     ) -> Result<Vec<HistoryRecord>, StoreError> {
         let Query { logic, limit, .. } = *query;
         let projections = ReadProjections::open(txn, &LIVE)?;
-        let meta = txn.open_table(INDEX_META)?;
-        let log = txn.open_table(LOG)?;
-        // Tasks changed by events the indexer has not reached: read whatever they hold now
-        // (sequence numbers have no gaps, so the tail's length is known before reading it).
-        let indexed_through = meta_value(&meta, INDEXED_THROUGH)?;
-        let head = log.last()?.map_or(0, |(seq, _)| seq.value());
-        if head.saturating_sub(indexed_through) > TAIL_LIMIT as u64 {
-            return scan(&projections);
-        }
-        let mut tail = BTreeSet::new();
-        for row in log.range(indexed_through + 1..)? {
-            let (_, bytes) = row?;
-            tail.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(str::to_string));
-        }
+        let Some(tail) = unindexed_tail(txn)? else { return scan(&projections) };
 
         let mut segments = Vec::new();
         for (id, _) in segment_ids(&txn.open_table(SEGMENTS)?)? {

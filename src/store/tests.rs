@@ -794,6 +794,10 @@ fn a_search_far_ahead_of_the_indexer_scans_and_answers_the_same() {
     assert_eq!(found, scanned);
     assert_eq!(found.len(), 2, "{found:?}");
     assert_eq!(store.recent_history(None, 10).unwrap().len(), 2);
+    // The conversation, from the index and the far tail: a scan.
+    let thread = store.thread_of("task-1").unwrap().unwrap();
+    assert_eq!(thread, store.read(|view| view.thread_of("task-1")).unwrap().unwrap());
+    assert_eq!(thread.len(), 2, "{thread:?}");
 }
 
 /// A store on a simulated disk that is full while the returned switch file exists.
@@ -1222,39 +1226,54 @@ fn a_prefix_lookup_filters_before_it_reads_texts_and_stops_at_its_read_limit() {
     assert_eq!(one.len(), 1);
 }
 
-/// An index written before it kept conversations is emptied when the store opens, and indexed
-/// again: `history thread` then finds the conversation from the index.
+/// Alice's task for a question to bob, in conversation `context`.
+fn asked_in(task_id: &str, context: &str) -> Event {
+    let mut event = alice_asks_bob(task_id, "hello");
+    if let Event::TaskCreated { context_id, .. } = &mut event {
+        *context_id = context.into();
+    }
+    event
+}
+
+/// An index another build has written to (one without conversation words: older than them, or
+/// an older build opened on this file after a newer one) is emptied when the store opens, and
+/// indexed again: `history thread` then finds the conversation from the index.
 #[test]
-fn an_index_of_an_older_version_is_indexed_again() {
+fn an_index_another_build_wrote_to_is_indexed_again() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("synapse.redb");
-    let in_context = |task_id: &str, context: &str| {
-        let mut event = alice_asks_bob(task_id, "hello");
-        if let Event::TaskCreated { context_id, .. } = &mut event {
-            *context_id = context.into();
-        }
-        event
+    let events = vec![asked_in("aa000000", "one"), asked_in("bb000000", "one"), asked_in("cc000000", "two")];
+    Store::open(&path).unwrap().transact(1_000, |appender| appender.append(None, events)).unwrap();
+    let older_build = |txn: &redb::WriteTransaction| {
+        // Written before the key existed.
+        txn.open_table(search_index::INDEX_META)
+            .unwrap()
+            .remove(search_index::INDEXED_THROUGH_BY_THIS_VERSION)
+            .unwrap();
     };
-    {
+    let older_build_after_this_one = |txn: &redb::WriteTransaction| {
+        // An older build's step moves the watermark alone.
+        txn.open_table(search_index::INDEX_META).unwrap().insert("indexed_through", 2).unwrap();
+    };
+    for (case, other_build) in [("older", &older_build as &dyn Fn(&_)), ("older after", &older_build_after_this_one)] {
+        {
+            let store = Store::open(&path).unwrap();
+            assert!(store.index_history().unwrap().caught_up());
+            let txn = store.db().unwrap().begin_write().unwrap();
+            other_build(&txn);
+            txn.commit().unwrap();
+        }
         let store = Store::open(&path).unwrap();
-        let events = vec![in_context("aa000000", "one"), in_context("bb000000", "one"), in_context("cc000000", "two")];
-        store.transact(1_000, |appender| appender.append(None, events)).unwrap();
+        let progress = store.index_progress().unwrap();
+        assert_eq!((progress.indexed_through, progress.segments), (0, 0), "{case}: emptied");
         assert!(store.index_history().unwrap().caught_up());
-        // As an older build left it: no version.
-        let txn = store.db().unwrap().begin_write().unwrap();
-        txn.open_table(search_index::INDEX_META).unwrap().remove(search_index::INDEX_VERSION_KEY).unwrap();
-        txn.commit().unwrap();
+        let thread = store.thread_of("bb").unwrap().unwrap();
+        let tasks: Vec<&str> = thread.iter().map(|record| record.task_id.as_str()).collect();
+        assert_eq!(tasks, ["aa000000", "bb000000"], "{case}");
+        // This build opening it again keeps its index.
+        drop(store);
+        assert!(Store::open(&path).unwrap().index_progress().unwrap().caught_up(), "{case}: kept");
     }
-    let store = Store::open(&path).unwrap();
-    let progress = store.index_progress().unwrap();
-    assert_eq!((progress.indexed_through, progress.segments), (0, 0), "emptied");
-    assert!(store.index_history().unwrap().caught_up());
-    let thread = store.thread_of("bb").unwrap().unwrap();
-    let tasks: Vec<&str> = thread.iter().map(|record| record.task_id.as_str()).collect();
-    assert_eq!(tasks, ["aa000000", "bb000000"]);
-    // The same store opened again keeps its index.
-    drop(store);
-    assert!(Store::open(&path).unwrap().index_progress().unwrap().caught_up());
 }
 
 /// Conversations share the index's words for them (4,096 in all): `history thread` keeps the
@@ -1271,14 +1290,7 @@ fn thread_keeps_its_own_conversation_among_those_sharing_its_word() {
         })
         .expect("5,000 contexts over 4,096 words share one");
     let store = memory_store();
-    let in_context = |task_id: &str, context: &str| {
-        let mut event = alice_asks_bob(task_id, "hello");
-        if let Event::TaskCreated { context_id, .. } = &mut event {
-            *context_id = context.into();
-        }
-        event
-    };
-    let events = vec![in_context("aa000000", first), in_context("bb000000", second), in_context("cc000000", first)];
+    let events = vec![asked_in("aa000000", first), asked_in("bb000000", second), asked_in("cc000000", first)];
     store.transact(1_000, |appender| appender.append(None, events)).unwrap();
     let thread = |store: &Store, task: &str| -> Vec<String> {
         store.thread_of(task).unwrap().unwrap().into_iter().map(|record| record.task_id).collect()

@@ -5,7 +5,7 @@
 //! realistic mix of `rebuild`. At each size a broker starts on it and the p50 of `synapse
 //! send`, `synapse list`, `GET /tasks/{id}`, an inbox fetch, an agent's `/status` and `synapse
 //! history list` is measured (`scale_<op>_p50_ms_<size>`), with the broker's RSS and the
-//! file's bytes per event; `history stats` and `history thread`, which read every task, are
+//! file's bytes per event; `history stats` (which reads every task) and `history thread` are
 //! timed too (three samples). Then `scale_bytes_per_send`: the file's growth per small send
 //! through `POST /tasks/send`, in a log of its own.
 //!
@@ -231,14 +231,14 @@ async fn measure(env: &SynapseEnv, dir: &BenchDir, log: &LogGenerator, size: u64
     let millis =
         (0..SAMPLES).map(|_| cli(&["history", "search", "review", "disk", "--logic", "AND"])).collect::<Result<_>>()?;
     timed("history_search_common", millis);
-    // What reads every task by its nature (stats counts every record, thread finds a
-    // conversation's tasks among all of them): timed, not held to the growth target, and read
-    // before the RSS line, which shows what they leave held.
+    // `history stats` reads every task by its nature; `history thread` did until it had the
+    // index. Timed, not held to the growth target, and run before the RSS line, which shows
+    // what they leave held.
     for (name, args) in
         [("history_stats", vec!["history", "stats"]), ("history_thread", vec!["history", "thread", &task])]
     {
         let samples = Samples::from_millis((0..3).map(|_| cli(&args)).collect::<Result<_>>()?);
-        println!("  {name} (reads every task): {}", samples.summary());
+        println!("  {name}: {}", samples.summary());
         result(&format!("scale_{name}_p50_ms_{}", label(size)), samples.median(), 1, "ms");
     }
     if let Ok(kib) = proc_status_kib(broker.pid(), "VmHWM") {
