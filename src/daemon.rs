@@ -70,11 +70,15 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
         }
     };
     let limits = served.connection_limits.clone();
-    let unix_server = serve_unix(unix, router.clone(), limits.clone(), stop_signal(), state.clone())?;
+    let (unix_server, serve_socket) =
+        serve_unix(unix, router.clone(), limits.clone(), stop_signal(), state.clone()).await?;
 
     let info_path = paths.broker_info();
     crate::private_files::write(&info_path, serde_json::to_vec_pretty(&state.info())?)
         .with_context(|| format!("cannot write {}", info_path.display()))?;
+    // A client that has an answer may read broker.json (`broker start`, then the port in it):
+    // the socket answers once the file is there.
+    let _ = serve_socket.send(());
     tracing::info!("broker {} listening on {} and 127.0.0.1:{port}", broker::VERSION, socket_path.display());
 
     // A client that finds this file naming the process at the socket skips the version
@@ -120,13 +124,18 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
 /// `round_trip_p50_ms` and `cli_send_median_ms` about 0.1 ms lower, `http_sends_per_s` the same.
 /// Should the thread end otherwise (it cannot start its runtime, a panic), the broker stops:
 /// without its socket no command reaches it.
-fn serve_unix(
+///
+/// Returns once the socket is registered with the thread's runtime (its failure to start is
+/// this function's error), with the sender that lets it answer: connections wait in the
+/// listener's backlog until then (`run` sends once `broker.json` is written), and dropping the
+/// sender ends the thread without serving.
+async fn serve_unix(
     listener: std::os::unix::net::UnixListener,
     router: axum::Router,
     limits: Arc<http::server::ConnectionLimits>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
     state: Arc<BrokerState>,
-) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
+) -> anyhow::Result<(std::thread::JoinHandle<anyhow::Result<()>>, tokio::sync::oneshot::Sender<()>)> {
     /// Stops the broker when the thread ends, however it ends.
     struct StopBroker(Arc<BrokerState>);
     impl Drop for StopBroker {
@@ -134,7 +143,9 @@ fn serve_unix(
             self.0.request_shutdown();
         }
     }
-    std::thread::Builder::new()
+    let (started, serving) = tokio::sync::oneshot::channel::<()>();
+    let (serve, told_to_serve) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
         .name("synapse-socket".into())
         .spawn(move || {
             let _stop_broker = StopBroker(state);
@@ -145,11 +156,22 @@ fn serve_unix(
             runtime.block_on(async move {
                 let listener =
                     tokio::net::UnixListener::from_std(listener).context("cannot serve the broker's socket")?;
-                http::server::serve(listener, router, limits, stop).await;
+                let _ = started.send(());
+                if told_to_serve.await.is_ok() {
+                    http::server::serve(listener, router, limits, stop).await;
+                }
                 Ok(())
             })
         })
-        .context("cannot start the thread of the broker's socket")
+        .context("cannot start the thread of the broker's socket")?;
+    if serving.await.is_err() {
+        // The thread ended before its socket was registered: its result says why.
+        return Err(match tokio::task::spawn_blocking(move || thread.join()).await {
+            Ok(Ok(Err(error))) => error,
+            _ => anyhow::anyhow!("the server of the broker's socket panicked"),
+        });
+    }
+    Ok((thread, serve))
 }
 
 fn spawn_signal_handler(state: Arc<BrokerState>) {
