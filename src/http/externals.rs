@@ -105,6 +105,7 @@ async fn add(
     policy.resolve(&host, port).await.map_err(|reason| ApiError::bad(format!("URL {url} refused: {reason}")))?;
     let (name, description) = discover(&policy, &url).await?;
     let alias = body.alias.unwrap_or_else(|| alias_from_name(&name));
+    state.delivery_current().await;
     if state.externals.get(&alias).is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -116,19 +117,21 @@ async fn add(
 }
 
 async fn list(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
+    state.delivery_current().await;
     answer(&api::ExternalList { externals: state.externals.list() })
 }
 
-fn known(state: &AppState, alias: &str) -> Result<crate::broker::externals::External, ApiError> {
+async fn known(state: &AppState, alias: &str) -> Result<crate::broker::externals::External, ApiError> {
+    state.delivery_current().await;
     state.externals.get(alias).ok_or_else(|| ApiError::not_found(format!("No external agent '{alias}'")))
 }
 
 async fn info(State(state): State<AppState>, _user: super::caller::TheUser, Path(alias): Path<String>) -> ApiResult {
-    answer(&api::ExternalAnswer { external: Some(known(&state, &alias)?) })
+    answer(&api::ExternalAnswer { external: Some(known(&state, &alias).await?) })
 }
 
 async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, Path(alias): Path<String>) -> ApiResult {
-    known(&state, &alias)?;
+    known(&state, &alias).await?;
     appended(&state, ExternalCommand::Remove { alias: alias.clone() }).await?;
     answer(&api::Removed { removed: alias })
 }
@@ -161,7 +164,7 @@ async fn send(
     {
         return Err(ApiError::bad(format!("priority must be between 1 and 5 (got '{priority}')")));
     }
-    let external = known(&state, &alias)?;
+    let external = known(&state, &alias).await?;
     let response_expected = body.response_expected.unwrap_or(body.wait_seconds.is_some());
     let mut metadata = json!({"response_expected": response_expected});
     // A reply is expected: the user's own task waits for it, and the message names a random

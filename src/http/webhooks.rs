@@ -70,6 +70,7 @@ async fn register(
 }
 
 async fn list(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
+    state.delivery_current().await;
     answer(&api::WebhookList { webhooks: state.webhooks.lock().hooks().iter().map(webhook_view).collect() })
 }
 
@@ -82,6 +83,7 @@ struct RemoveQuery {
 async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, uri: axum::http::Uri) -> ApiResult {
     let query: RemoveQuery = parse_query(uri.query())?;
     let url = query.url.ok_or_else(|| ApiError::bad("DELETE /webhooks needs ?url=<registered url>"))?;
+    state.delivery_current().await;
     if state.webhooks.lock().hook(&url).is_none() {
         return Err(ApiError::not_found(format!("No webhook registered for {url}")));
     }
@@ -90,6 +92,7 @@ async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, ur
 }
 
 async fn deliveries(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
+    state.delivery_current().await;
     let deliveries = state.webhooks.lock().deliveries().iter().map(delivery_view).collect();
     answer(&api::WebhookDeliveries { deliveries })
 }

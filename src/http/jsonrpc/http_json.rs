@@ -276,12 +276,16 @@ async fn push_read(
     Path(path): Path<std::collections::HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    answer(push_params(&state, agent, &path, &headers, Map::new()).and_then(|(agent, params)| {
-        match path.contains_key("config") {
-            true => super::push::get(&state, &agent, Version::V10, &params),
-            false => super::push::list(&state, &agent, Version::V10, &params),
+    answer(
+        async {
+            let (agent, params) = push_params(&state, agent, &path, &headers, Map::new())?;
+            match path.contains_key("config") {
+                true => super::push::get(&state, &agent, Version::V10, &params).await,
+                false => super::push::list(&state, &agent, Version::V10, &params).await,
+            }
         }
-    }))
+        .await,
+    )
 }
 
 /// `DELETE /v1/tasks/{id}/pushNotificationConfigs/{configId}`: answers `{}` (an empty message).

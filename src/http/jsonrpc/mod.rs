@@ -339,8 +339,8 @@ pub async fn handle(
         Method::Stream => return stream_send(state, agent, version, call, served_by).await,
         Method::Subscribe => return subscribe_task(state, agent, version, call, served_by),
         Method::PushCreate => push::create(&state, &agent, version, &call.params).await,
-        Method::PushGet => push::get(&state, &agent, version, &call.params),
-        Method::PushList => push::list(&state, &agent, version, &call.params),
+        Method::PushGet => push::get(&state, &agent, version, &call.params).await,
+        Method::PushList => push::list(&state, &agent, version, &call.params).await,
         Method::PushDelete => push::delete(&state, &agent, version, &call.params).await,
         Method::ExtendedCard => extended_card(&state, &agent, served_by.is_some()),
     };

@@ -222,8 +222,9 @@ pub(super) async fn create(state: &AppState, agent: &str, version: Version, para
 
 /// `GetTaskPushNotificationConfig` / `tasks/pushNotificationConfig/get` (0.3: without an id,
 /// the task's only or first config).
-pub(super) fn get(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
+pub(super) async fn get(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
     let task = task_of(state, agent, version, params)?;
+    state.delivery_current().await;
     let configs = state.webhooks.lock().push_configs(&task.id);
     let config = match config_id_of(version, params)? {
         Some(id) => {
@@ -238,8 +239,9 @@ pub(super) fn get(state: &AppState, agent: &str, version: Version, params: &Valu
 }
 
 /// `ListTaskPushNotificationConfigs` / `tasks/pushNotificationConfig/list`.
-pub(super) fn list(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
+pub(super) async fn list(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
     let task = task_of(state, agent, version, params)?;
+    state.delivery_current().await;
     let configs: Vec<Value> =
         state.webhooks.lock().push_configs(&task.id).iter().map(|config| config_json(version, config)).collect();
     Ok(match version {
@@ -253,6 +255,7 @@ pub(super) fn list(state: &AppState, agent: &str, version: Version, params: &Val
 pub(super) async fn delete(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
     let task = task_of(state, agent, version, params)?;
     let config_id = config_id_of(version, params)?.ok_or_else(|| RpcError::params("the config id is required"))?;
+    state.delivery_current().await;
     let known = state.webhooks.lock().push_configs(&task.id).iter().any(|config| config.config_id == config_id);
     if known {
         appended(state, WebhookCommand::DeletePushConfig { task_id: task.id.clone(), config_id }).await?;
