@@ -1127,15 +1127,8 @@ macro_rules! impl_queries {
 
             /// Tasks whose id starts with `prefix`, at most `limit` of them.
             pub fn tasks_with_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {
-                let mut tasks = Vec::new();
-                for row in self.tasks.range(prefix..)? {
-                    let (key, value) = row?;
-                    if !key.value().starts_with(prefix) || tasks.len() >= limit {
-                        break;
-                    }
-                    tasks.push(self.hydrated(records::decode(value.value())?)?);
-                }
-                Ok(tasks)
+                // Without a read limit the answer is always there.
+                Ok(self.tasks_with_prefix_where(prefix, |_| true, limit, usize::MAX)?.unwrap_or_default())
             }
 
             /// Tasks whose id starts with `prefix` and that `keep` accepts (asked before their
