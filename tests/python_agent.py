@@ -39,6 +39,22 @@ import time
 import urllib.request
 from pathlib import Path
 
+OUTPUT = threading.Lock()
+
+
+def say(line: str) -> None:
+    """Writes one whole line to our output. The server's output is passed on from another
+    thread: `print` writes a text and its newline separately, and a line of the server once
+    landed between the two, inside the readiness line the test reads. Once the test stops
+    reading, what follows is dropped (the server's output is still drained, so it never blocks)."""
+    with OUTPUT:
+        try:
+            sys.stdout.write(line if line.endswith("\n") else line + "\n")
+            sys.stdout.flush()
+        except OSError:
+            pass
+
+
 DUMMY_AGENT = r'''
 import os, subprocess, sys
 
@@ -121,8 +137,7 @@ def start_server(work: Path, env: dict, port: int) -> tuple:
         for line in server.stdout:
             if PORT_TAKEN in line:
                 taken.set()
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            say(line)
 
     threading.Thread(target=pass_on, daemon=True).start()
     return server, taken
@@ -174,7 +189,7 @@ def main() -> None:
             while not taken.is_set():
                 if server.poll() is not None or time.time() > deadline:
                     why = "its server exited" if server.poll() is not None else "not ready after 60 s"
-                    print(f"PYTHON AGENT FAILED ({why})", flush=True)
+                    say(f"PYTHON AGENT FAILED ({why})")
                     sys.exit(1)
                 try:
                     url = f"http://127.0.0.1:{port}/.well-known/agent.json"
@@ -190,10 +205,10 @@ def main() -> None:
                 break
             stop_server(server)
             if attempt == ATTEMPTS:
-                print(f"PYTHON AGENT FAILED (the ports tried were taken, the last {port})", flush=True)
+                say(f"PYTHON AGENT FAILED (the ports tried were taken, the last {port})")
                 sys.exit(1)
-            print(f"port {port} was taken; trying another", flush=True)
-        print(f"PYTHON AGENT READY {port}", flush=True)
+            say(f"port {port} was taken; trying another")
+        say(f"PYTHON AGENT READY {port}")
         server.wait()
     finally:
         if server is not None:
