@@ -10,8 +10,14 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+/// A command against the local broker; a broker it starts saves the delivery worker's snapshot
+/// (which holds the external agents) at every change, so that a restart starts from it.
 fn local(home: &Home, args: &[&str]) -> std::process::Output {
-    home.cmd(args).env("SYNAPSE_EXTERNAL_TIMEOUT_MS", "700").output().unwrap()
+    home.cmd(args)
+        .env("SYNAPSE_EXTERNAL_TIMEOUT_MS", "700")
+        .env("SYNAPSE_DELIVERY_SNAPSHOT_EVERY", "1")
+        .output()
+        .unwrap()
 }
 
 /// An auto-replying dummy named bob, started in `remote` (another broker); its announcement.
@@ -101,7 +107,8 @@ fn an_agent_of_another_broker_is_added_asked_and_answers() {
     let fire = local(&home, &["external", "send", "remote-bob", "no wait"]);
     assert!(fire.status.success(), "{}", describe(&fire));
 
-    // The registration is an event: it survives a restart of the local broker.
+    // The registration is an event: it survives a restart of the local broker (which starts
+    // from the delivery worker's snapshot, saved at every change here, and the log after it).
     home.kill_broker();
     assert!(home.ok(&["external", "list"]).contains("remote-bob"));
     assert!(home.ok(&["external", "remove", "remote-bob"]).contains("Removed remote-bob"));

@@ -114,7 +114,27 @@ fn a_4xx_answer_is_not_retried() {
 
 #[test]
 fn registrations_and_pending_deliveries_survive_a_broker_restart() {
+    survive_a_restart(None);
+}
+
+/// The same with the delivery worker saving its snapshot at every change: the restarted broker
+/// starts from the snapshot, not from the log's first event, and answers the same.
+#[test]
+fn registrations_and_pending_deliveries_survive_a_restart_from_the_delivery_snapshot() {
+    survive_a_restart(Some("1"));
+}
+
+fn survive_a_restart(snapshot_every: Option<&str>) {
     let home = Home::new();
+    let start_broker = |home: &Home| {
+        let mut command = home.cmd(&["broker", "start"]);
+        command.env("SYNAPSE_WEBHOOK_RETRY_BASE_MS", "20");
+        if let Some(every) = snapshot_every {
+            command.env("SYNAPSE_DELIVERY_SNAPSHOT_EVERY", every);
+        }
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "{}", describe(&output));
+    };
     start_broker(&home);
     let status = Arc::new(AtomicU16::new(503));
     let (port, received) = receiver(status.clone());
@@ -129,6 +149,21 @@ fn registrations_and_pending_deliveries_survive_a_broker_restart() {
     let failed = next(&received);
     assert_eq!(failed.answered, 503);
     let event_id = failed.header("x-synapse-event-id").unwrap().to_string();
+    // The failed attempt is in the log (and, with a snapshot at every change, in a snapshot
+    // soon after) before the broker dies.
+    let attempts = |home: &Home| {
+        let (_, deliveries) = home.http("GET", "/webhooks/deliveries", None, &[]);
+        let listed = deliveries["deliveries"].as_array().unwrap().clone();
+        listed
+            .iter()
+            .find(|delivery| delivery["delivery_id"] == event_id.as_str())
+            .map(|delivery| (delivery["attempts"].as_u64().unwrap(), delivery["state"].as_str().unwrap().to_string()))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while attempts(&home).is_none_or(|(attempts, _)| attempts == 0) {
+        assert!(std::time::Instant::now() < deadline, "the failed attempt was not recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     home.kill_broker();
     status.store(200, Ordering::SeqCst);
     start_broker(&home);
@@ -143,6 +178,12 @@ fn registrations_and_pending_deliveries_survive_a_broker_restart() {
     }
     let (_, listed) = home.http("GET", "/webhooks", None, &[]);
     assert_eq!(listed["webhooks"].as_array().unwrap().len(), 1, "the registration survived");
+    // The attempt before the restart counts; the one that succeeded may not be recorded yet.
+    let (count, state) = attempts(&home).expect("the delivery is listed");
+    assert!(count >= 1 && (count >= 2 || state == "pending"), "{count} attempts, {state}");
+    let log = std::fs::read_to_string(home.home().join("broker.log")).unwrap();
+    let resumed = log.contains("delivery worker: resumed from its snapshot");
+    assert_eq!(resumed, snapshot_every.is_some(), "{log}");
 }
 
 #[test]

@@ -5,12 +5,20 @@
 //! Every attempt's outcome goes back into the log through the writer before the outbox forgets
 //! it is in flight, so a restart resumes where delivery stopped. Targets are reached only
 //! through [`super::outbound`] with the broker's policy at the time of the attempt.
+//!
+//! Both projections live in memory. So that a start need not replay the whole log into them
+//! (seconds at ten million events, while requests that read them wait), the worker saves them
+//! in the store every [`SNAPSHOT_EVERY`] events, with the event they reflect, and a start
+//! replays only the log after that.
 
 use super::BrokerState;
 use super::command::Command;
 use super::outbound;
 use super::tail;
-use super::webhooks::{self, Delivery, PostResult, SecretSource, WebhookCommand, Webhooks};
+use super::webhooks::{self, Delivery, Outbox, PostResult, SecretSource, WebhookCommand, Webhooks};
+use crate::api::External;
+use crate::store::Store;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,11 +26,114 @@ use std::time::Duration;
 /// How long one delivery attempt may take once connected.
 const ATTEMPT_TIMEOUT: Duration = outbound::READ_TIMEOUT;
 
+/// The name of the worker's snapshot in the store.
+const SNAPSHOT: &str = "delivery";
+/// The snapshot's shape and meaning. A build that keeps other fields, or applies an event
+/// differently, changes it: the snapshot of another build is set aside and the log replayed
+/// from its first event.
+const SNAPSHOT_VERSION: u32 = 1;
+/// Events applied between two snapshots, so a start replays at most about this many (tens of
+/// milliseconds). `SYNAPSE_DELIVERY_SNAPSHOT_EVERY` sets another number (the tests take one at
+/// every change).
+const SNAPSHOT_EVERY: u64 = 65_536;
+
+fn snapshot_every() -> u64 {
+    std::env::var("SYNAPSE_DELIVERY_SNAPSHOT_EVERY")
+        .ok()
+        .and_then(|every| every.parse().ok())
+        .filter(|every| *every > 0)
+        .unwrap_or(SNAPSHOT_EVERY)
+}
+
+/// What a snapshot holds: both projections as of event `through`.
+#[derive(Serialize)]
+struct SnapshotOut<'a> {
+    version: u32,
+    through: u64,
+    outbox: &'a Outbox,
+    externals: Vec<External>,
+}
+
+#[derive(Deserialize)]
+struct SnapshotIn {
+    through: u64,
+    outbox: Outbox,
+    externals: Vec<External>,
+}
+
+/// A snapshot's version, read before the rest (whose shape depends on it).
+#[derive(Deserialize)]
+struct SnapshotVersion {
+    version: u32,
+}
+
+/// A snapshot of both projections as of event `through`.
+pub fn encode_snapshot(
+    through: u64,
+    outbox: &Outbox,
+    externals: Vec<External>,
+) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    // Named fields: a reader of another version still finds `version`.
+    rmp_serde::to_vec_named(&SnapshotOut { version: SNAPSHOT_VERSION, through, outbox, externals })
+}
+
+/// The projections of `bytes` and the event they reflect, or why they cannot be used. `head`
+/// is the log's last event: a snapshot past it belongs to another log.
+pub fn decode_snapshot(bytes: &[u8], head: u64) -> Result<(u64, Outbox, Vec<External>), String> {
+    let version = rmp_serde::from_slice::<SnapshotVersion>(bytes)
+        .map_err(|error| format!("it cannot be read ({error})"))?
+        .version;
+    if version != SNAPSHOT_VERSION {
+        return Err(format!("it is of version {version}, this build writes {SNAPSHOT_VERSION}"));
+    }
+    let snapshot: SnapshotIn = rmp_serde::from_slice(bytes).map_err(|error| format!("it cannot be read ({error})"))?;
+    if snapshot.through > head {
+        return Err(format!("it reflects event {}, past the log's last ({head})", snapshot.through));
+    }
+    Ok((snapshot.through, snapshot.outbox, snapshot.externals))
+}
+
+/// The last snapshot, if there is one this build can use; otherwise the log is replayed from
+/// its first event (and why is logged).
+fn load_snapshot(store: &Store) -> Option<(u64, Outbox, Vec<External>)> {
+    let loaded = store.snapshot(SNAPSHOT).and_then(|bytes| Ok((bytes, store.head()?)));
+    let (bytes, head) = match loaded {
+        Ok((Some(bytes), head)) => (bytes, head),
+        Ok((None, _)) => return None,
+        Err(error) => {
+            tracing::warn!("the delivery worker cannot read its snapshot ({error}); it replays the log");
+            return None;
+        }
+    };
+    match decode_snapshot(&bytes, head) {
+        Ok((through, outbox, externals)) => {
+            tracing::info!(
+                "delivery worker: resumed from its snapshot at event {through} ({} events to replay)",
+                head - through
+            );
+            Some((through, outbox, externals))
+        }
+        Err(why) => {
+            tracing::info!("delivery worker: its snapshot is set aside, {why}; it replays the log");
+            None
+        }
+    }
+}
+
 /// The delivery worker: follows the log into the outbox (and the external agents' list) and
 /// delivers what is due. `Webhooks::caught_up` waits for it.
 pub fn spawn(state: Arc<BrokerState>) {
     tokio::spawn(async move {
+        let store = state.store.clone();
+        let restored = tokio::task::spawn_blocking(move || load_snapshot(&store)).await.ok().flatten();
         let mut cursor = 0;
+        if let Some((through, outbox, externals)) = restored {
+            *state.webhooks.lock() = outbox;
+            state.externals.restore(externals);
+            cursor = through;
+        }
+        let every = snapshot_every();
+        let mut saved = cursor;
         let mut in_flight: HashSet<(String, u32)> = HashSet::new();
         let mut shutdown = state.shutdown.subscribe();
         loop {
@@ -58,6 +169,11 @@ pub fn spawn(state: Arc<BrokerState>) {
                     let _ = state.writer.submit(Command::Webhook(WebhookCommand::RecordAttempt(attempt))).await;
                 });
             }
+            if cursor >= saved.saturating_add(every) {
+                save_snapshot(&state, cursor).await;
+                // After a failure too: the next try comes after as many events again.
+                saved = cursor;
+            }
             let wait = next.filter(|at| *at > now).map(|at| Duration::from_millis(at - now));
             let in_flight_only = next.is_some_and(|at| at <= now);
             tokio::select! {
@@ -67,6 +183,24 @@ pub fn spawn(state: Arc<BrokerState>) {
             }
         }
     });
+}
+
+/// Saves both projections as of event `through` (the worker has applied the log up to it and
+/// nothing else applies events).
+async fn save_snapshot(state: &Arc<BrokerState>, through: u64) {
+    let bytes = match encode_snapshot(through, &state.webhooks.lock(), state.externals.list()) {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            tracing::warn!("the delivery worker cannot encode its snapshot ({error})");
+            return;
+        }
+    };
+    let store = state.store.clone();
+    match tokio::task::spawn_blocking(move || store.save_snapshot(SNAPSHOT, &bytes)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!("the delivery worker cannot save its snapshot ({error})"),
+        Err(error) => tracing::warn!("the delivery worker's snapshot failed ({error})"),
+    }
 }
 
 /// One POST; Ok(status, note) or Err(network error, refused target, unreadable secret).
@@ -105,4 +239,181 @@ async fn post(state: &BrokerState, delivery: &Delivery, secret: Option<&SecretSo
         format!("the answer's body is longer than {} bytes; reading stopped there", outbound::BODY_LIMIT_BYTES)
     });
     Ok((answer.status, note))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::externals::Externals;
+    use crate::event::{Envelope, Event, TaskState};
+
+    fn message_from_outside(task_id: &str) -> Event {
+        Event::MessageSent {
+            task_id: task_id.into(),
+            from: None,
+            to: "bob".into(),
+            priority: 3,
+            response_expected: true,
+            sender_task_id: None,
+            in_reply_to: None,
+            text: "from far away".into(),
+            parts: vec![],
+            idempotency_key: None,
+            by_user: false,
+            unverified_sender: Some("far".into()),
+            sender_endpoint: Some("http://127.0.0.1:9/".into()),
+            external_task_id: Some("theirs".into()),
+        }
+    }
+
+    fn state_changed(task_id: &str, state: TaskState) -> Event {
+        Event::TaskStateChanged {
+            task_id: task_id.into(),
+            state,
+            artifacts: vec![],
+            error: None,
+            reply_of: None,
+            as_message: false,
+        }
+    }
+
+    fn attempt(delivery_id: &str, webhook_id: &str, attempt: u32, status: u16, retry: bool) -> Event {
+        Event::WebhookDeliveryAttempted {
+            delivery_id: delivery_id.into(),
+            webhook_id: webhook_id.into(),
+            event: "task.completed".into(),
+            attempt,
+            status: Some(status),
+            error: None,
+            next_attempt_ms: retry.then_some(99_000),
+        }
+    }
+
+    /// Every kind of event either projection applies, in an order that uses what came before.
+    fn log() -> Vec<Envelope> {
+        let events = vec![
+            Event::WebhookRegistered {
+                webhook_id: "aaaaaaaa-1".into(),
+                url: "http://127.0.0.1:1/".into(),
+                events: vec!["task.completed".into(), "task.replied".into()],
+                secret: None,
+                secret_ref: Some("0123abcd".into()),
+            },
+            Event::ExternalAgentAdded {
+                alias: "far".into(),
+                url: "http://127.0.0.1:2/".into(),
+                name: "Far".into(),
+                description: Some("an agent elsewhere".into()),
+            },
+            state_changed("t1", TaskState::Completed),
+            attempt("aaaaaaaa-3", "aaaaaaaa-1", 1, 503, true),
+            Event::PushConfigSet {
+                task_id: "t2".into(),
+                config_id: "c".into(),
+                context_id: "ctx".into(),
+                url: "http://127.0.0.1:3/".into(),
+                token_ref: Some("0456".into()),
+                auth_scheme: Some("Bearer".into()),
+                credentials_ref: Some("0789".into()),
+            },
+            state_changed("t2", TaskState::Working),
+            message_from_outside("t3"),
+            Event::ExternalAgentAdded {
+                alias: "near".into(),
+                url: "http://127.0.0.1:4/".into(),
+                name: "Near".into(),
+                description: None,
+            },
+            state_changed("t1", TaskState::Completed),
+            attempt("aaaaaaaa-3", "aaaaaaaa-1", 2, 200, false),
+            Event::ReplyPosted {
+                task_id: "t3".into(),
+                sender_task_id: None,
+                from: "bob".into(),
+                to: None,
+                text: "back to you".into(),
+                idempotency_key: None,
+            },
+            state_changed("t2", TaskState::Completed),
+            Event::ExternalAgentRemoved { alias: "far".into() },
+            attempt("aaaaaaaa-9", "aaaaaaaa-1", 1, 404, false),
+            Event::PushConfigDeleted { task_id: "t2".into(), config_id: "c".into() },
+            Event::WebhookRemoved { webhook_id: String::new(), url: "http://127.0.0.1:1/".into() },
+        ];
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(at, event)| Envelope { v: 1, seq: at as u64 + 1, time_ms: 5_000 + at as u64, actor: None, event })
+            .collect()
+    }
+
+    /// Both projections, whole, as comparable values.
+    fn view(outbox: &Outbox, externals: &Externals) -> (serde_json::Value, Vec<External>) {
+        (serde_json::to_value(outbox).unwrap(), externals.list())
+    }
+
+    #[test]
+    fn a_snapshot_taken_anywhere_and_the_log_after_it_give_what_the_whole_log_gives() {
+        let log = log();
+        let (mut outbox, externals) = (Outbox::default(), Externals::default());
+        for envelope in &log {
+            outbox.apply(envelope);
+            externals.apply(envelope);
+        }
+        let whole = view(&outbox, &externals);
+        assert_eq!(whole.1.len(), 1, "one external agent is left");
+
+        // Each part of the outbox is held by some snapshot below.
+        let mut held = std::collections::BTreeSet::new();
+        let head = log.len() as u64;
+        for at in 0..=log.len() {
+            let (mut before, before_externals) = (Outbox::default(), Externals::default());
+            for envelope in &log[..at] {
+                before.apply(envelope);
+                before_externals.apply(envelope);
+            }
+            let bytes = encode_snapshot(at as u64, &before, before_externals.list()).unwrap();
+            let (through, mut outbox, list) = decode_snapshot(&bytes, head).unwrap();
+            assert_eq!(through, at as u64);
+            let externals = Externals::default();
+            externals.restore(list);
+            let restored = view(&outbox, &externals);
+            assert_eq!(restored, view(&before, &before_externals), "the snapshot at {at} restores");
+            for (part, value) in restored.0.as_object().unwrap() {
+                if value.as_object().is_some_and(|map| !map.is_empty())
+                    || value.as_array().is_some_and(|list| !list.is_empty())
+                {
+                    held.insert(part.clone());
+                }
+            }
+            for envelope in &log[at..] {
+                outbox.apply(envelope);
+                externals.apply(envelope);
+            }
+            assert_eq!(view(&outbox, &externals), whole, "a snapshot at event {at}, then the rest");
+        }
+        let parts = ["external_replies", "finished", "hooks", "pending", "push", "retired_secrets"];
+        assert_eq!(held, parts.into_iter().map(str::to_string).collect(), "the log exercises every part");
+    }
+
+    #[test]
+    fn a_snapshot_of_another_version_past_the_log_or_unreadable_is_set_aside() {
+        let bytes = encode_snapshot(7, &Outbox::default(), vec![]).unwrap();
+        assert!(decode_snapshot(&bytes, 7).is_ok());
+        let past = decode_snapshot(&bytes, 6).map(|_| ()).unwrap_err();
+        assert!(past.contains("past the log's last (6)"), "{past}");
+
+        #[derive(serde::Serialize)]
+        struct Other {
+            version: u32,
+            through: u64,
+        }
+        let other = rmp_serde::to_vec_named(&Other { version: SNAPSHOT_VERSION + 1, through: 1 }).unwrap();
+        let why = decode_snapshot(&other, 7).map(|_| ()).unwrap_err();
+        assert!(why.contains(&format!("version {}", SNAPSHOT_VERSION + 1)), "{why}");
+        for garbage in [&b""[..], b"\xff\x00garbage", &bytes[..bytes.len() / 2]] {
+            let why = decode_snapshot(garbage, 7).map(|_| ()).unwrap_err();
+            assert!(why.contains("cannot be read"), "{why}");
+        }
+    }
 }

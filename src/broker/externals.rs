@@ -98,6 +98,11 @@ impl Externals {
     pub fn list(&self) -> Vec<External> {
         self.lock().values().cloned().collect()
     }
+
+    /// Puts back the list of a snapshot (the delivery worker's, at its start).
+    pub fn restore(&self, list: Vec<External>) {
+        *self.lock() = list.into_iter().map(|external| (external.alias.clone(), external)).collect();
+    }
 }
 
 #[cfg(test)]

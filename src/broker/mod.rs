@@ -124,8 +124,9 @@ impl BrokerState {
 
     /// Waits until the delivery worker has applied the log up to its head as it is now, or the
     /// broker stops. The webhook outbox and the external agents' list are its projections, in
-    /// memory, built again from the first event after every start: a request that reads them
-    /// waits for this first, or it could answer from a list not yet rebuilt.
+    /// memory, built again after every start (from its last snapshot and the log after it): a
+    /// request that reads them waits for this first, or it could answer from a list not yet
+    /// rebuilt.
     pub async fn delivery_current(&self) {
         let head = *self.head.borrow();
         self.webhooks.caught_up(head, self.shutdown.subscribe()).await;

@@ -2,8 +2,8 @@
 //! lives in the log.
 //!
 //! Registrations and every delivery attempt are events. The outbox is an in-memory projection
-//! of the log, rebuilt by replaying it when the broker starts ([`Outbox::apply`] is pure), so a
-//! restart resumes delivery where it stopped. A delivery's id (`<webhook8>-<seq>`) is stable
+//! of the log, rebuilt when the broker starts from the delivery worker's last snapshot and the
+//! log after it ([`Outbox::apply`] is pure), so a restart resumes delivery where it stopped. A delivery's id (`<webhook8>-<seq>`) is stable
 //! across attempts and restarts, for receivers to dedupe on.
 //!
 //! Secrets: a signing secret never enters the log (which `GET /events` serves). It is written
@@ -56,7 +56,7 @@ pub enum WebhookCommand {
 
 /// A push notification config of an A2A client's task (`push_config_set`): every later status
 /// change of the task is posted to `url`, as a delivery of the outbox.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PushConfig {
     pub task_id: String,
     pub config_id: String,
@@ -66,7 +66,7 @@ pub struct PushConfig {
 }
 
 /// How a push delivery authenticates: references of files under [`SECRETS_DIR`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PushAuth {
     /// Sent as `X-A2A-Notification-Token`.
     pub token_ref: Option<String>,
@@ -153,33 +153,34 @@ pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
     Ok(Decision { actor: None, events: vec![event], answer: Answer::Appended })
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// A registration. Serialized for the delivery worker's snapshot only (the API has its own view).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Hook {
     pub webhook_id: String,
     pub url: String,
     pub events: Vec<String>,
     /// Where the signing secret is (the secret itself only for old logs).
-    #[serde(skip)]
     pub secret: Option<SecretSource>,
     pub has_secret: bool,
     pub registered_seq: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// A delivery of the outbox. Serialized for the delivery worker's snapshot only (the API has
+/// its own view).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Delivery {
     pub delivery_id: String,
     pub webhook_id: String,
     pub url: String,
     pub event: String,
-    pub state: &'static str,
+    /// "pending", "delivered" or "failed".
+    pub state: String,
     pub attempts: u32,
     pub last_status: Option<u16>,
     pub last_error: Option<String>,
     pub next_attempt_ms: Option<u64>,
-    #[serde(skip)]
     pub body: String,
     /// A push notification's authentication (none for a webhook's delivery, which is signed).
-    #[serde(skip)]
     pub push: Option<PushAuth>,
 }
 
@@ -191,7 +192,7 @@ impl Delivery {
             webhook_id,
             url: url.to_string(),
             event: event.to_string(),
-            state: "pending",
+            state: "pending".into(),
             attempts: 0,
             last_status: None,
             last_error: None,
@@ -207,7 +208,7 @@ impl Delivery {
 }
 
 /// Where a hook's signing secret is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SecretSource {
     /// In the registration event (logs written before secrets moved out of the log).
     Inline(String),
@@ -263,8 +264,9 @@ pub fn read_secret(home: &std::path::Path, source: &SecretSource) -> Result<Stri
     }
 }
 
-/// The webhook projection: registrations, pending and recently finished deliveries.
-#[derive(Default)]
+/// The webhook projection: registrations, pending and recently finished deliveries. Serialized
+/// whole in the delivery worker's snapshot (`broker::delivery`).
+#[derive(Default, Serialize, Deserialize)]
 pub struct Outbox {
     hooks: BTreeMap<String, Hook>,
     pending: BTreeMap<String, Delivery>,
@@ -289,7 +291,7 @@ impl PushAuth {
 }
 
 /// Where the reply to an unverified external sender's message goes (a Python Synapse agent).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct ExternalReply {
     /// The sender's endpoint (its `/tasks/send` gets the reply).
     endpoint: String,
@@ -374,7 +376,7 @@ impl Outbox {
                         self.pending.insert(delivery_id.clone(), delivery);
                     } else {
                         delivery.state =
-                            if status.is_some_and(|s| (200..300).contains(&s)) { "delivered" } else { "failed" };
+                            if status.is_some_and(|s| (200..300).contains(&s)) { "delivered" } else { "failed" }.into();
                         self.finished.push_back(delivery);
                         if self.finished.len() > KEPT_FINISHED {
                             self.finished.pop_front();
@@ -758,7 +760,7 @@ mod tests {
             webhook_id: "w".into(),
             url: "http://127.0.0.1:1/".into(),
             event: "task.completed".into(),
-            state: "pending",
+            state: "pending".into(),
             attempts: 0,
             last_status: None,
             last_error: None,

@@ -37,6 +37,10 @@ pub use records::*;
 
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Projections that broker workers keep in memory (the delivery worker's webhook outbox and
+/// external agents), saved by name now and then with the event they reflect, so that a start
+/// replays only the log after it ([`Store::save_snapshot`]).
+const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("worker_snapshots");
 const META_SCHEMA: &str = "schema_version";
 const META_PROJECTIONS: &str = "projection_version";
 /// The shape of the projection tables. When a build changes what they hold (version 2: task
@@ -268,6 +272,7 @@ impl Store {
             let replay = stale && !txn.open_table(LOG)?.is_empty()?;
             Projections::open(&txn, &LIVE)?;
             search_index::create_tables(&txn)?;
+            txn.open_table(SNAPSHOTS)?;
             if replay {
                 let (events, rows) = replay_into(&txn, &LIVE)?;
                 replayed = Some(rows);
@@ -386,6 +391,23 @@ impl Store {
             txn.commit()?;
             wal.reset()
         })
+    }
+
+    /// Saves `bytes` as the snapshot `name` (a worker's in-memory projection, which says itself
+    /// how far it has read the log), in a durable transaction of its own (the events it
+    /// reflects were committed before the worker read them).
+    pub fn save_snapshot(&self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.explaining(|| {
+            let txn = self.db()?.begin_write()?;
+            txn.open_table(SNAPSHOTS)?.insert(name, bytes)?;
+            txn.commit()?;
+            Ok(())
+        })
+    }
+
+    /// The snapshot `name` last saved, if any (none after a rebuild).
+    pub fn snapshot(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.reading(|txn| Ok(txn.open_table(SNAPSHOTS)?.get(name)?.map(|bytes| bytes.value().to_vec())))
     }
 
     /// The sequence number of the last event (0 when the log is empty).
@@ -555,6 +577,8 @@ impl Store {
             let txn = self.db()?.begin_write()?;
             let (events, rows) = replay_into(&txn, &LIVE)?;
             search_index::clear(&txn)?;
+            // The workers' projections are replayed from the log too, at the next start.
+            txn.open_table(SNAPSHOTS)?.retain(|_, _| false)?;
             txn.commit()?;
             free_in_background(rows);
             Ok(RebuildReport { events, elapsed_ms: millis(started.elapsed()) })

@@ -1303,3 +1303,26 @@ fn thread_keeps_its_own_conversation_among_those_sharing_its_word() {
         assert_eq!(thread(&store, "bb"), ["bb000000"], "indexed: {indexed}");
     }
 }
+
+#[test]
+fn a_worker_snapshot_is_kept_across_a_reopen_replaced_by_the_next_and_dropped_by_a_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.redb");
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.snapshot("delivery").unwrap(), None);
+    let status = vec![Event::AgentStatusChanged { agent_id: AGENTS[0].into(), status: AgentStatus::Ready, note: None }];
+    store.transact(1, |appender| appender.append(None, status)).unwrap();
+    store.save_snapshot("delivery", b"first").unwrap();
+    store.save_snapshot("delivery", b"second").unwrap();
+    store.save_snapshot("other", b"its own").unwrap();
+    assert_eq!(store.snapshot("delivery").unwrap().as_deref(), Some(&b"second"[..]));
+    drop(store);
+
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.snapshot("delivery").unwrap().as_deref(), Some(&b"second"[..]));
+    assert_eq!(store.snapshot("other").unwrap().as_deref(), Some(&b"its own"[..]));
+    store.rebuild().unwrap();
+    assert_eq!(store.snapshot("delivery").unwrap(), None, "a rebuild replays the workers' projections too");
+    assert_eq!(store.snapshot("other").unwrap(), None);
+    assert_eq!(store.head().unwrap(), 1, "the log is untouched");
+}

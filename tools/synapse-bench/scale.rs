@@ -6,17 +6,20 @@
 //! send`, `synapse list`, `GET /tasks/{id}`, an inbox fetch, an agent's `/status` and `synapse
 //! history list` is measured (`scale_<op>_p50_ms_<size>`), with the broker's RSS and the
 //! file's bytes per event; `history stats` (which reads every task) and `history thread` are
-//! timed too (three samples). Then `scale_bytes_per_send`: the file's growth per small send
+//! timed too (three samples). Then the broker restarts on the same log: the time until its
+//! socket answers, and its first `GET /webhooks` (which waits for the delivery worker to catch
+//! up with the log), one sample each (`scale_restart_ms_<size>`, `scale_first_webhooks_ms_<size>`). Then `scale_bytes_per_send`: the file's growth per small send
 //! through `POST /tasks/send`, in a log of its own.
 //!
 //! A size the disk cannot hold (judged up front from the bytes per event of the previous size,
 //! or of `rebuild`'s log for the first) is skipped with a line that says so.
 
 use crate::common::{
-    BenchDir, BrokerProcess, Options, Samples, SynapseEnv, proc_status_kib, register_agent, result, splitmix,
+    BenchDir, BrokerProcess, Http, Options, Samples, SynapseEnv, proc_status_kib, register_agent, result, splitmix,
 };
 use crate::rebuild::LogGenerator;
 use anyhow::{Context, Result, bail};
+use hyper::Method;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use synapse::client::Client;
 use synapse::store::Store;
@@ -248,6 +251,27 @@ async fn measure(env: &SynapseEnv, dir: &BenchDir, log: &LogGenerator, size: u64
     let rss_kib = proc_status_kib(broker.pid(), "VmRSS")?;
     result(&format!("scale_broker_rss_mb_{}", label(size)), rss_kib as f64 / 1024.0, 1, "MB");
     broker.stop()?;
+    // A restart on the log that broker left: the time until the socket answers, and the first
+    // request that reads the delivery worker's projections (the webhook outbox), at once: it
+    // waits until the worker has caught up with the log. One sample each.
+    let starting = Instant::now();
+    let broker =
+        BrokerProcess::start(env.clone(), dir.root.join(format!("broker-{}-restart.log", label(size)))).await?;
+    let restart_ms = starting.elapsed().as_secs_f64() * 1000.0;
+    let asking = Instant::now();
+    let mut http = Http::unix(&env.broker_socket()).await?;
+    let (status, body) = http.send(Method::GET, "/webhooks", None).await?;
+    if !status.is_success() {
+        bail!("GET /webhooks answered {status}: {}", String::from_utf8_lossy(&body));
+    }
+    let first_webhooks_ms = asking.elapsed().as_secs_f64() * 1000.0;
+    drop(http);
+    broker.stop()?;
+    for (name, millis) in [("restart", restart_ms), ("first_webhooks", first_webhooks_ms)] {
+        println!("  {name}: {millis:.2} ms");
+        result(&format!("scale_{name}_ms_{}", label(size)), millis, 2, "ms");
+        figures.push((name, millis));
+    }
     Ok(figures)
 }
 
