@@ -186,6 +186,44 @@ fn survive_a_restart(snapshot_every: Option<&str>) {
     assert_eq!(resumed, snapshot_every.is_some(), "{log}");
 }
 
+/// A retired secret file the worker cannot delete stays retired (in its snapshot too) and is
+/// deleted at a later pass, once it can be.
+#[test]
+fn a_retired_secret_that_cannot_be_deleted_is_deleted_later() {
+    let home = Home::new();
+    let output = home.cmd(&["broker", "start"]).env("SYNAPSE_DELIVERY_SNAPSHOT_EVERY", "1").output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let (code, _) = register_hook(&home, json!({"url": "http://127.0.0.1:9/", "secret": "s3cret"}));
+    assert_eq!(code, 200);
+    let secrets = home.home().join("webhook-secrets");
+    let file = std::fs::read_dir(&secrets).unwrap().flatten().next().expect("the secret's file").path();
+    // A directory with something in it where the file was: removing it as a file fails.
+    std::fs::remove_file(&file).unwrap();
+    std::fs::create_dir(&file).unwrap();
+    std::fs::write(file.join("keep"), b"x").unwrap();
+    let (code, _) = home.http("DELETE", "/webhooks?url=http://127.0.0.1:9/", None, &[]);
+    assert_eq!(code, 200);
+    let (_, listed) = home.http("GET", "/webhooks", None, &[]);
+    assert!(listed["webhooks"].as_array().unwrap().is_empty());
+    // The worker tried and said so.
+    let log = home.home().join("broker.log");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("cannot delete the retired secret") {
+        assert!(std::time::Instant::now() < deadline, "the worker did not try to delete the secret");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(file.is_dir());
+    std::fs::remove_dir_all(&file).unwrap();
+    std::fs::write(&file, b"s3cret").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while file.exists() {
+        assert!(std::time::Instant::now() < deadline, "the retired secret was never deleted");
+        // Any event makes the worker pass again.
+        home.register(None);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn bad_registrations_are_refused_and_removal_needs_a_registered_url() {
     let home = Home::new();

@@ -114,7 +114,7 @@ fn load_snapshot(store: &Store) -> Option<(u64, Outbox, Vec<External>)> {
             Some((through, outbox, externals))
         }
         Err(why) => {
-            tracing::info!("delivery worker: its snapshot is set aside, {why}; it replays the log");
+            tracing::warn!("delivery worker: its snapshot is set aside, {why}; it replays the log");
             None
         }
     }
@@ -157,8 +157,14 @@ pub fn spawn(state: Arc<BrokerState>) {
                 in_flight.retain(|(id, attempts)| Webhooks::is_awaited(&outbox, id, *attempts));
                 (outbox.due(now, &in_flight), outbox.next_due(), outbox.take_unused_secrets())
             };
-            for reference in unused {
-                webhooks::delete_secret(&state.paths.home, &reference);
+            let undeleted: Vec<String> =
+                unused.into_iter().filter(|reference| !webhooks::delete_secret(&state.paths.home, reference)).collect();
+            if !undeleted.is_empty() {
+                // Tried again at the next pass; a snapshot keeps them retired meanwhile.
+                let mut outbox = state.webhooks.lock();
+                for reference in undeleted {
+                    outbox.retire_again(reference);
+                }
             }
             for (delivery, secret) in due {
                 in_flight.insert((delivery.delivery_id.clone(), delivery.attempts));
@@ -198,8 +204,20 @@ async fn save_snapshot(state: &Arc<BrokerState>, through: u64) {
     let store = state.store.clone();
     match tokio::task::spawn_blocking(move || store.save_snapshot(SNAPSHOT, &bytes)).await {
         Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::warn!("the delivery worker cannot save its snapshot ({error})"),
-        Err(error) => tracing::warn!("the delivery worker's snapshot failed ({error})"),
+        Ok(Err(error)) => {
+            tracing::warn!("the delivery worker cannot save its snapshot ({error})");
+            // A failed commit leaves the database refused until the writer reopens it.
+            if error.is_io_failure() {
+                state.writer.report_storage_failure(format!("delivery snapshot: {error}"));
+            }
+        }
+        Err(error) => {
+            tracing::error!("the delivery worker's snapshot failed ({error})");
+            // A panic inside redb may leave the database refused, as a failed commit does.
+            if error.is_panic() {
+                state.writer.report_storage_failure(format!("delivery snapshot: the save failed ({error})"));
+            }
+        }
     }
 }
 
@@ -347,9 +365,11 @@ mod tests {
             .collect()
     }
 
-    /// Both projections, whole, as comparable values.
-    fn view(outbox: &Outbox, externals: &Externals) -> (serde_json::Value, Vec<External>) {
-        (serde_json::to_value(outbox).unwrap(), externals.list())
+    /// Both projections, whole, as comparable values: the outbox's fields as its snapshot writes
+    /// them, and as `Debug` shows them (every field, so that one the snapshot left out would
+    /// differ here).
+    fn view(outbox: &Outbox, externals: &Externals) -> (serde_json::Value, String, Vec<External>) {
+        (serde_json::to_value(outbox).unwrap(), format!("{outbox:?}"), externals.list())
     }
 
     #[test]
@@ -361,7 +381,7 @@ mod tests {
             externals.apply(envelope);
         }
         let whole = view(&outbox, &externals);
-        assert_eq!(whole.1.len(), 1, "one external agent is left");
+        assert_eq!(whole.2.len(), 1, "one external agent is left");
 
         // Each part of the outbox is held by some snapshot below.
         let mut held = std::collections::BTreeSet::new();

@@ -69,7 +69,8 @@ impl Externals {
         self.agents.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Applies one event. Pure: the same log gives the same list.
+    /// Applies one event. Pure: the same log gives the same list. A change here changes
+    /// `broker::delivery::SNAPSHOT_VERSION` too (the list is in the delivery worker's snapshot).
     pub fn apply(&self, envelope: &Envelope) {
         match &envelope.event {
             Event::ExternalAgentAdded { alias, url, name, description } => {

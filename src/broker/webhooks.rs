@@ -238,16 +238,19 @@ pub fn store_secret(home: &std::path::Path, secret: &str) -> std::io::Result<Str
 }
 
 /// Deletes a secret file nothing names any more (see [`Outbox::take_unused_secrets`]); one
-/// already gone (deleted before a restart) is fine.
-pub fn delete_secret(home: &std::path::Path, reference: &str) {
+/// already gone (deleted before a restart) is fine. False when the file is still there: the
+/// caller retires it again ([`Outbox::retire_again`]), to try later.
+pub fn delete_secret(home: &std::path::Path, reference: &str) -> bool {
     if !is_valid_reference(reference) {
-        return;
+        return true;
     }
     let path = home.join(SECRETS_DIR).join(reference);
-    if let Err(error) = std::fs::remove_file(&path)
-        && error.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!("cannot delete the retired secret {}: {error}", path.display());
+    match std::fs::remove_file(&path) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            tracing::warn!("cannot delete the retired secret {}: {error}", path.display());
+            false
+        }
+        _ => true,
     }
 }
 
@@ -266,7 +269,7 @@ pub fn read_secret(home: &std::path::Path, source: &SecretSource) -> Result<Stri
 
 /// The webhook projection: registrations, pending and recently finished deliveries. Serialized
 /// whole in the delivery worker's snapshot (`broker::delivery`).
-#[derive(Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Outbox {
     hooks: BTreeMap<String, Hook>,
     pending: BTreeMap<String, Delivery>,
@@ -337,7 +340,9 @@ fn task_event(event: &Event) -> Option<(&'static str, Value)> {
 }
 
 impl Outbox {
-    /// Applies one event. Pure: the same log gives the same outbox.
+    /// Applies one event. Pure: the same log gives the same outbox. A change to what it keeps
+    /// or how it applies an event changes `broker::delivery::SNAPSHOT_VERSION` too, or a start
+    /// would take a snapshot made by the old rule for the new one's.
     pub fn apply(&mut self, envelope: &Envelope) {
         match &envelope.event {
             Event::WebhookRegistered { webhook_id, url, events, secret, secret_ref } => {
@@ -529,6 +534,12 @@ impl Outbox {
             self.retired_secrets.remove(reference);
         }
         unused
+    }
+
+    /// A retired secret file that could not be deleted: given again by the next
+    /// [`Outbox::take_unused_secrets`] (and kept in the snapshot meanwhile).
+    pub fn retire_again(&mut self, reference: String) {
+        self.retired_secrets.insert(reference);
     }
 
     /// The push configs of a task, by config id.

@@ -1,6 +1,8 @@
 //! The store: one append-only redb log plus projection tables, updated in the same transaction.
 //!
-//! Synchronous code over redb; the broker's writer thread is its only writer. Invariants:
+//! Synchronous code over redb; the broker's writer thread is the only writer of the log and the
+//! projections (the history indexer and the delivery worker write their own tables, in
+//! transactions of their own). Invariants:
 //! - The `log` table maps sequence number → encoded [`Envelope`]; numbers start at 1 and have no
 //!   gaps. Nothing is ever rewritten in it.
 //! - Projection tables are a pure function of the log: [`Projections::apply`] never reads the
@@ -405,7 +407,9 @@ impl Store {
         })
     }
 
-    /// The snapshot `name` last saved, if any (none after a rebuild).
+    /// The snapshot `name` last saved, if any. A rebuild leaves it: it replays the projections
+    /// of this store, and a worker's snapshot is of the worker's, which a running broker holds
+    /// in memory (a new rule for them comes with a new build, which sets older snapshots aside).
     pub fn snapshot(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.reading(|txn| Ok(txn.open_table(SNAPSHOTS)?.get(name)?.map(|bytes| bytes.value().to_vec())))
     }
@@ -577,8 +581,6 @@ impl Store {
             let txn = self.db()?.begin_write()?;
             let (events, rows) = replay_into(&txn, &LIVE)?;
             search_index::clear(&txn)?;
-            // The workers' projections are replayed from the log too, at the next start.
-            txn.open_table(SNAPSHOTS)?.retain(|_, _| false)?;
             txn.commit()?;
             free_in_background(rows);
             Ok(RebuildReport { events, elapsed_ms: millis(started.elapsed()) })
