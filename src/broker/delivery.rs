@@ -46,19 +46,13 @@ fn snapshot_every() -> u64 {
         .unwrap_or(SNAPSHOT_EVERY)
 }
 
-/// What a snapshot holds: both projections as of event `through`.
-#[derive(Serialize)]
-struct SnapshotOut<'a> {
+/// What a snapshot holds: both projections as of event `through` (the outbox borrowed when it
+/// is written, owned when it is read).
+#[derive(Serialize, Deserialize)]
+struct Snapshot<O> {
     version: u32,
     through: u64,
-    outbox: &'a Outbox,
-    externals: Vec<External>,
-}
-
-#[derive(Deserialize)]
-struct SnapshotIn {
-    through: u64,
-    outbox: Outbox,
+    outbox: O,
     externals: Vec<External>,
 }
 
@@ -75,7 +69,7 @@ pub fn encode_snapshot(
     externals: Vec<External>,
 ) -> Result<Vec<u8>, rmp_serde::encode::Error> {
     // Named fields: a reader of another version still finds `version`.
-    rmp_serde::to_vec_named(&SnapshotOut { version: SNAPSHOT_VERSION, through, outbox, externals })
+    rmp_serde::to_vec_named(&Snapshot { version: SNAPSHOT_VERSION, through, outbox, externals })
 }
 
 /// The projections of `bytes` and the event they reflect, or why they cannot be used. `head`
@@ -87,7 +81,8 @@ pub fn decode_snapshot(bytes: &[u8], head: u64) -> Result<(u64, Outbox, Vec<Exte
     if version != SNAPSHOT_VERSION {
         return Err(format!("it is of version {version}, this build writes {SNAPSHOT_VERSION}"));
     }
-    let snapshot: SnapshotIn = rmp_serde::from_slice(bytes).map_err(|error| format!("it cannot be read ({error})"))?;
+    let snapshot: Snapshot<Outbox> =
+        rmp_serde::from_slice(bytes).map_err(|error| format!("it cannot be read ({error})"))?;
     if snapshot.through > head {
         return Err(format!("it reflects event {}, past the log's last ({head})", snapshot.through));
     }

@@ -3,8 +3,9 @@
 //!
 //! Registrations and every delivery attempt are events. The outbox is an in-memory projection
 //! of the log, rebuilt when the broker starts from the delivery worker's last snapshot and the
-//! log after it ([`Outbox::apply`] is pure), so a restart resumes delivery where it stopped. A delivery's id (`<webhook8>-<seq>`) is stable
-//! across attempts and restarts, for receivers to dedupe on.
+//! log after it ([`Outbox::apply`] is pure), so a restart resumes delivery where it stopped. A
+//! delivery's id (`<webhook8>-<seq>`) is stable across attempts and restarts, for receivers to
+//! dedupe on.
 //!
 //! Secrets: a signing secret never enters the log (which `GET /events` serves). It is written
 //! to `$SYNAPSE_HOME/webhook-secrets/<ref>` (0600, fsynced before the registration commits) and

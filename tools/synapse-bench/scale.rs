@@ -8,8 +8,9 @@
 //! file's bytes per event; `history stats` (which reads every task) and `history thread` are
 //! timed too (three samples). Then the broker restarts on the same log: the time until its
 //! socket answers, and its first `GET /webhooks` (which waits for the delivery worker to catch
-//! up with the log), one sample each (`scale_restart_ms_<size>`, `scale_first_webhooks_ms_<size>`). Then `scale_bytes_per_send`: the file's growth per small send
-//! through `POST /tasks/send`, in a log of its own.
+//! up with the log), one sample each (`scale_restart_ms_<size>`,
+//! `scale_first_webhooks_ms_<size>`). Then `scale_bytes_per_send`: the file's growth per small
+//! send through `POST /tasks/send`, in a log of its own.
 //!
 //! A size the disk cannot hold (judged up front from the bytes per event of the previous size,
 //! or of `rebuild`'s log for the first) is skipped with a line that says so.
