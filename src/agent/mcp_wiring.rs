@@ -270,8 +270,13 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    /// As long as a real secret: a short one ("s3", until 2026-11-27) can occur by chance in
+    /// the random name of the test's temporary directory, which the arguments name (the likely
+    /// cause of one failure in a full run).
+    const SECRET: &str = "5e0c7d1a9b3f42e68a0d17c5b2e94f3a";
+
     fn identity() -> Vec<(String, String)> {
-        vec![("SYNAPSE_AGENT_ID".into(), "synapse-claude-8100".into()), ("SYNAPSE_AGENT_SECRET".into(), "s3".into())]
+        vec![("SYNAPSE_AGENT_ID".into(), "synapse-claude-8100".into()), ("SYNAPSE_AGENT_SECRET".into(), SECRET.into())]
     }
 
     fn read(path: &str) -> Value {
@@ -284,7 +289,7 @@ mod tests {
         let agent = dir.path().join("agents/a");
         let wiring = wire(McpStyle::Claude, true, Path::new("/bin/syn apse"), &agent, &identity(), |_| None).unwrap();
         assert_eq!(wiring.args.len(), 2);
-        assert!(wiring.args.iter().all(|arg| !arg.contains("s3")), "{:?}", wiring.args);
+        assert!(wiring.args.iter().all(|arg| !arg.contains(SECRET)), "{:?}", wiring.args);
         let servers = read(wiring.args[0].strip_prefix("--mcp-config=").unwrap());
         assert_eq!(servers["mcpServers"]["synapse"]["command"], "/bin/syn apse");
         assert_eq!(servers["mcpServers"]["synapse"]["alwaysLoad"], true);
@@ -302,7 +307,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let wiring =
             wire(McpStyle::Codex, false, Path::new("/x/\"q\"/synapse"), dir.path(), &identity(), |_| None).unwrap();
-        assert!(wiring.args.iter().all(|arg| !arg.contains("s3")));
+        assert!(wiring.args.iter().all(|arg| !arg.contains(SECRET)));
         assert!(
             wiring.args.contains(&r#"mcp_servers.synapse.command="/x/\"q\"/synapse""#.to_string()),
             "{:?}",
@@ -328,7 +333,7 @@ mod tests {
         assert_eq!(config["mcp"]["mine"]["command"], json!(["x"]));
         assert_eq!(config["theme"], "dark");
         assert_eq!(config["mcp"]["synapse"]["command"], json!(["/s", "mcp"]));
-        assert_eq!(config["mcp"]["synapse"]["environment"]["SYNAPSE_AGENT_SECRET"], "s3");
+        assert_eq!(config["mcp"]["synapse"]["environment"]["SYNAPSE_AGENT_SECRET"], SECRET);
         assert_eq!(config["permission"]["synapse_*"], "allow");
         assert_eq!(std::fs::read_to_string(&own).unwrap(), original, "the user's file is untouched");
     }
