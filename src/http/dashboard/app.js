@@ -215,7 +215,10 @@
     refreshTimer = setTimeout(async () => {
       try {
         await loadAgents();
-        if (isConnectionError($('error').textContent)) showError('');
+        // The broker answered, but a stream lost meanwhile (this request may have left
+        // before it was) says so until the stream opens again, which clears it.
+        const live = $('connection').dataset.state === 'live';
+        if (live && isConnectionError($('error').textContent)) showError('');
       } catch (error) {
         showError(error.message);
       } finally {
