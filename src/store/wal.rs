@@ -18,6 +18,15 @@
 //! little-endian. A checkpoint does not shrink the file: records are written again from its
 //! start, over older ones. Reading stops at the first record that is cut short, fails its
 //! checksum or does not continue the sequence (an older record left behind).
+//!
+//! On Linux a record is written with direct I/O (`O_DIRECT`, a second descriptor) where the
+//! file system allows it: the block holding the log's end is written again whole, its head
+//! (the end of the record before) from a copy kept in memory and its rest zeros; the
+//! `fdatasync` follows as before. On this machine's disk that took 8-10 % off an append
+//! (779-byte records, alternated append by append with the page cache's way, 1,500 each, four
+//! runs: medians 181-225 µs against 200-249 µs). Records larger than [`SEPARATE_WRITES_FROM`]
+//! and file systems that refuse direct I/O (`EINVAL` at the open or at a write) go through
+//! the page cache.
 
 use super::StoreError;
 use super::fault::SimulatedDisk;
@@ -35,9 +44,14 @@ const EVENT_HEADER: usize = 12;
 /// here, against 190-330 µs for an append that grows the file). The store checkpoints before
 /// the log reaches 4 MiB, so after the first few checkpoints the file no longer grows.
 const GROW_BYTES: u64 = 1 << 20;
+/// The size and alignment of a direct write: a page, which covers disks of 512-byte and of
+/// 4 KiB sectors alike.
+const BLOCK: usize = 4096;
 
 pub(super) struct Wal {
     file: File,
+    /// The log opened for direct I/O, when the file system takes it.
+    direct: Option<Direct>,
     path: PathBuf,
     /// Where the next record goes: the end of the records written since the last checkpoint.
     end: u64,
@@ -48,6 +62,90 @@ pub(super) struct Wal {
     length: Option<u64>,
     /// Tests only: the file is "full" while the switch exists (see [`SimulatedDisk`]).
     simulated_disk: Option<SimulatedDisk>,
+}
+
+/// Appends by direct I/O: whole aligned blocks from an aligned buffer.
+struct Direct {
+    file: File,
+    /// The bytes from the start of the block that holds the log's end up to the end (fewer
+    /// than [`BLOCK`]): the next record's write begins with them.
+    tail: Vec<u8>,
+    /// Reused for every write; the aligned part is sliced out of it.
+    buffer: Vec<u8>,
+}
+
+impl Direct {
+    /// Opens `path` for direct I/O; None where the file system (or the system) has none.
+    fn open(path: &Path) -> Option<Direct> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let file = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path);
+            match file {
+                Ok(file) => Some(Direct { file, tail: Vec::new(), buffer: Vec::new() }),
+                Err(error) => {
+                    tracing::debug!("{}: no direct I/O ({error}); records go through the page cache", path.display());
+                    None
+                }
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = path;
+            None
+        }
+    }
+
+    /// Writes `header` and `payload` at `end` (where the log ends now, `tail` before it), in
+    /// whole blocks padded with zeros. Does not sync.
+    fn write(&mut self, end: u64, header: &[u8], payload: &[u8]) -> io::Result<()> {
+        let used = self.tail.len() + header.len() + payload.len();
+        let length = used.next_multiple_of(BLOCK);
+        self.buffer.clear();
+        self.buffer.resize(length + BLOCK, 0);
+        let skip = self.buffer.as_ptr().align_offset(BLOCK);
+        let block = self.buffer.get_mut(skip..skip + length).ok_or_else(|| io::Error::other("unaligned buffer"))?;
+        let (head, rest) = block.split_at_mut(self.tail.len());
+        head.copy_from_slice(&self.tail);
+        let (record_header, rest) = rest.split_at_mut(header.len());
+        record_header.copy_from_slice(header);
+        rest[..payload.len()].copy_from_slice(payload);
+        let start = end.checked_sub(self.tail.len() as u64).filter(|start| start.is_multiple_of(BLOCK as u64));
+        let Some(start) = start else {
+            // Some file systems would take an unaligned write, through their page cache.
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "the copy of the log's last block is out of step"));
+        };
+        let written = self.file.write_at(block, start)?;
+        if written != length {
+            // Never seen for a write within the file's length; the caller falls back.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a direct write of {length} bytes wrote {written}"),
+            ));
+        }
+        let kept = used % BLOCK;
+        self.tail.clear();
+        self.tail.extend_from_slice(&block[used - kept..used]);
+        Ok(())
+    }
+}
+
+/// The last `end % BLOCK` bytes of `parts` joined, which end at `end` (`parts` reach back at
+/// least to the block's start).
+fn tail_of(parts: &[&[u8]], end: u64) -> Vec<u8> {
+    let kept = (end % BLOCK as u64) as usize;
+    let total: usize = parts.iter().map(|part| part.len()).sum();
+    let mut skip = total.saturating_sub(kept);
+    let mut tail = Vec::with_capacity(kept);
+    for part in parts {
+        if skip >= part.len() {
+            skip -= part.len();
+            continue;
+        }
+        tail.extend_from_slice(&part[skip..]);
+        skip = 0;
+    }
+    tail
 }
 
 /// What the file holds at an offset.
@@ -84,7 +182,33 @@ impl Wal {
                 File::open(dir).and_then(|dir| dir.sync_all()).map_err(unreadable)?;
             }
         }
-        Ok(Wal { file, path: path.to_path_buf(), end: 0, records: 0, length: None, simulated_disk })
+        let direct = Direct::open(path);
+        Ok(Wal { file, direct, path: path.to_path_buf(), end: 0, records: 0, length: None, simulated_disk })
+    }
+
+    /// Tests only: every record through the page cache.
+    #[cfg(test)]
+    fn without_direct_io(mut self) -> Wal {
+        self.direct = None;
+        self
+    }
+
+    /// Fills the direct writer's copy of the block before `end` from the file (after an open
+    /// or an undo); without it, direct I/O is given up.
+    fn reload_tail(&mut self) {
+        let Some(direct) = &mut self.direct else { return };
+        let kept = (self.end % BLOCK as u64) as usize;
+        let mut tail = vec![0_u8; kept];
+        match self.file.read_exact_at(&mut tail, self.end - kept as u64) {
+            Ok(()) => direct.tail = tail,
+            Err(error) => {
+                tracing::warn!(
+                    "{}: cannot read the log's last block ({error}); records go through the page cache",
+                    self.path.display()
+                );
+                self.direct = None;
+            }
+        }
     }
 
     /// Every event of the records written since the last checkpoint, in order. Leaves the log
@@ -125,6 +249,7 @@ impl Wal {
         }
         self.end = offset;
         self.records = records;
+        self.reload_tail();
         Ok(events)
     }
 
@@ -157,6 +282,22 @@ impl Wal {
         let header = record_header(payload)?;
         let record_length = (RECORD_HEADER + payload.len()) as u64;
         let written = self.make_room(record_length).and_then(|()| {
+            if payload.len() <= SEPARATE_WRITES_FROM
+                && let Some(direct) = &mut self.direct
+            {
+                match direct.write(self.end, &header, payload) {
+                    Ok(()) => return self.file.sync_data(),
+                    Err(error) if error.kind() == io::ErrorKind::InvalidInput => {
+                        // EINVAL: this file system takes no direct I/O after all.
+                        tracing::warn!(
+                            "{}: direct I/O refused ({error}); records go through the page cache",
+                            self.path.display()
+                        );
+                        self.direct = None;
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
             if payload.len() <= SEPARATE_WRITES_FROM {
                 let mut record = Vec::with_capacity(RECORD_HEADER + payload.len());
                 record.extend_from_slice(&header);
@@ -171,6 +312,10 @@ impl Wal {
                 self.file.write_all_at(payload, self.end + RECORD_HEADER as u64)?;
                 self.file.write_all_at(&header, self.end)?;
             }
+            if let Some(direct) = &mut self.direct {
+                let old_tail = std::mem::take(&mut direct.tail);
+                direct.tail = tail_of(&[&old_tail, &header, payload], self.end + record_length);
+            }
             self.file.sync_data()
         });
         match written {
@@ -181,6 +326,7 @@ impl Wal {
             }
             Err(error) => {
                 self.forget_from(self.end);
+                self.reload_tail();
                 Err(wal_error(&self.path, error))
             }
         }
@@ -196,6 +342,7 @@ impl Wal {
         self.forget_from(end);
         self.end = end;
         self.records = self.records.saturating_sub(1);
+        self.reload_tail();
     }
 
     /// Makes the bytes from `offset` on unreadable as a record (best effort: if this fails too,
@@ -216,13 +363,25 @@ impl Wal {
     pub fn reset(&mut self) -> Result<(), StoreError> {
         self.records = 0;
         self.end = 0;
+        if let Some(direct) = &mut self.direct {
+            direct.tail.clear();
+        }
         // The first header is zeroed so that an open finds nothing to replay even before the
         // next record is written; older records after it are never read (see the module).
         let length = self.file.metadata().map_err(|error| wal_error(&self.path, error))?.len();
-        if length > 0 {
-            self.file.write_all_at(&[0_u8; RECORD_HEADER], 0).map_err(|error| wal_error(&self.path, error))?;
+        if length == 0 {
+            return Ok(());
         }
-        Ok(())
+        // With direct I/O the first block is written directly too: a page left dirty in the
+        // cache would be written out, and waited for, before the next record's direct write.
+        if let Some(direct) = &mut self.direct {
+            let zeroed = direct.write(0, &[0_u8; RECORD_HEADER], &[]);
+            direct.tail.clear();
+            if zeroed.is_ok() {
+                return Ok(());
+            }
+        }
+        self.file.write_all_at(&[0_u8; RECORD_HEADER], 0).map_err(|error| wal_error(&self.path, error))
     }
 
     /// Grows the file with zeros (by [`GROW_BYTES`] at least) when `bytes` more would not fit;
@@ -573,6 +732,86 @@ mod tests {
         let events = read_back(&path);
         assert_eq!(seqs(&events), [1]);
         assert_eq!(events[0].bytes, b"room again");
+    }
+
+    /// Direct I/O and the page cache leave the same log: records that cross blocks, fill one
+    /// exactly, a long one written through the page cache in between, an undo, a reset, a
+    /// reopen. (Where the file system takes no direct I/O, both runs use the page cache.)
+    #[test]
+    fn direct_writes_leave_the_log_that_the_page_cache_leaves() {
+        fn append(wal: &mut Wal, seq: &mut u64, length: usize) {
+            *seq += 1;
+            let text: String = (0..length).map(|i| char::from(b'a' + ((*seq as usize + i) % 26) as u8)).collect();
+            wal.append(&batch(&[(*seq, text.as_str())])).unwrap();
+        }
+        // The events read back, the file's bytes up to the log's end, and whether direct I/O
+        // was used.
+        type Outcome = (Vec<(u64, Vec<u8>)>, Vec<u8>, bool);
+        let run = |direct: bool| -> Outcome {
+            let (dir, path, wal) = fresh();
+            let mut wal = if direct { wal } else { wal.without_direct_io() };
+            let used_direct = wal.direct.is_some();
+            let mut seq = 0;
+            // 8 + 12 bytes of headers and 10 of text: the first record is 30 bytes long; the
+            // third ends at the first block's end.
+            for length in [10, 4000, 4096 - 30 - 20 - 4000, 5000, SEPARATE_WRITES_FROM + 100, 1, 3] {
+                append(&mut wal, &mut seq, length);
+            }
+            let end = wal.end();
+            append(&mut wal, &mut seq, 700);
+            wal.undo(end);
+            seq -= 1;
+            append(&mut wal, &mut seq, 900);
+            assert_eq!(wal.direct.is_some(), used_direct, "direct I/O was not given up on the way");
+            drop(wal);
+            let mut wal = Wal::open(&path, None).unwrap();
+            if !direct {
+                wal = wal.without_direct_io();
+            }
+            assert_eq!(wal.read().unwrap().len(), 8);
+            for length in [2, 8000] {
+                append(&mut wal, &mut seq, length);
+            }
+            let events = read_back(&path);
+            let kept = std::fs::read(&path).unwrap()[..usize::try_from(wal.end()).unwrap()].to_vec();
+            // After a checkpoint, shorter records over the longer ones.
+            wal.reset().unwrap();
+            for length in [5, 6] {
+                append(&mut wal, &mut seq, length);
+            }
+            let after_reset = read_back(&path);
+            assert_eq!(seqs(&after_reset), [11, 12]);
+            assert_eq!(wal.direct.is_some(), used_direct, "direct I/O was not given up on the way");
+            drop(dir);
+            (events.into_iter().map(|event| (event.seq, event.bytes)).collect(), kept, used_direct)
+        };
+        let (direct_events, direct_bytes, used_direct) = run(true);
+        let (cached_events, cached_bytes, _) = run(false);
+        assert_eq!(direct_events.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), (1..=10).collect::<Vec<_>>());
+        assert_eq!(direct_events, cached_events);
+        assert_eq!(direct_bytes, cached_bytes, "the same bytes up to the log's end");
+        if !used_direct {
+            eprintln!("this file system takes no direct I/O: both runs used the page cache");
+        }
+    }
+
+    /// A direct write that fails with `EINVAL` (here: the copy of the last block out of step)
+    /// is done through the page cache instead, and direct I/O is given up.
+    #[test]
+    fn a_refused_direct_write_goes_through_the_page_cache() {
+        let (_dir, path, mut wal) = fresh();
+        wal.append(&batch(&[(1, "one")])).unwrap();
+        let Some(direct) = &mut wal.direct else {
+            eprintln!("this file system takes no direct I/O: nothing to refuse");
+            return;
+        };
+        direct.tail.push(b'?');
+        wal.append(&batch(&[(2, "two")])).unwrap();
+        assert!(wal.direct.is_none());
+        wal.append(&batch(&[(3, "three")])).unwrap();
+        let events = read_back(&path);
+        assert_eq!(seqs(&events), [1, 2, 3]);
+        assert_eq!(events[1].bytes, b"two");
     }
 
     #[test]
