@@ -31,7 +31,10 @@ const SNAPSHOT: &str = "delivery";
 /// The snapshot's shape and meaning. A build that keeps other fields, or applies an event
 /// differently, changes it: the snapshot of another build is set aside and the log replayed
 /// from its first event.
-const SNAPSHOT_VERSION: u32 = 1;
+///
+/// 2 (2026-11-27): an unverified sender's message is kept for its reply only when it expects
+/// one, and until its sender's task ends.
+const SNAPSHOT_VERSION: u32 = 2;
 /// Events applied between two snapshots, so a start replays at most about this many (about
 /// 0.1 s: the whole log replayed at 1.75 s per million events in `scale`).
 /// `SYNAPSE_DELIVERY_SNAPSHOT_EVERY` sets another number (the tests take one at
@@ -268,7 +271,7 @@ mod tests {
             to: "bob".into(),
             priority: 3,
             response_expected: true,
-            sender_task_id: None,
+            sender_task_id: Some(format!("{task_id}-sender")),
             in_reply_to: None,
             text: "from far away".into(),
             parts: vec![],
@@ -340,15 +343,17 @@ mod tests {
             },
             state_changed("t1", TaskState::Completed),
             attempt("aaaaaaaa-3", "aaaaaaaa-1", 2, 200, false),
+            message_from_outside("t4"),
             Event::ReplyPosted {
                 task_id: "t3".into(),
-                sender_task_id: None,
+                sender_task_id: Some("t3-sender".into()),
                 from: "bob".into(),
                 to: None,
                 text: "back to you".into(),
                 idempotency_key: None,
             },
             state_changed("t2", TaskState::Completed),
+            state_changed("t4-sender", TaskState::Canceled),
             Event::ExternalAgentRemoved { alias: "far".into() },
             attempt("aaaaaaaa-9", "aaaaaaaa-1", 1, 404, false),
             Event::PushConfigDeleted { task_id: "t2".into(), config_id: "c".into() },
@@ -408,7 +413,8 @@ mod tests {
             }
             assert_eq!(view(&outbox, &externals), whole, "a snapshot at event {at}, then the rest");
         }
-        let parts = ["external_replies", "finished", "hooks", "pending", "push", "retired_secrets"];
+        let parts =
+            ["external_replies", "external_reply_senders", "finished", "hooks", "pending", "push", "retired_secrets"];
         assert_eq!(held, parts.into_iter().map(str::to_string).collect(), "the log exercises every part");
     }
 

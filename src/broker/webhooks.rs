@@ -277,9 +277,12 @@ pub struct Outbox {
     finished: VecDeque<Delivery>,
     /// Push notification configs: task id, then config id.
     push: BTreeMap<String, BTreeMap<String, PushConfig>>,
-    /// Messages of unverified external senders that gave an endpoint: by the receiver's task,
-    /// where its reply goes. Taken by the first reply.
+    /// Messages of unverified external senders that gave an endpoint and expect a reply: by the
+    /// receiver's task, where its reply goes. Taken by the first reply, or dropped when the
+    /// sender's side of the task ends without one (no reply can be posted then).
     external_replies: BTreeMap<String, ExternalReply>,
+    /// The sender's task of each of `external_replies`, to the receiver's task (its key there).
+    external_reply_senders: BTreeMap<String, String>,
     /// Secret files (references under [`SECRETS_DIR`]) that no hook or push config names any
     /// more: a removed hook's, a deleted config's, and those of a task that reached a final
     /// state (its last notifications carry their own copy of the references). The worker
@@ -301,6 +304,8 @@ struct ExternalReply {
     endpoint: String,
     /// The sender's task, which the reply names (`in_reply_to`).
     task_id: Option<String>,
+    /// Our task for the sender's side (the key of `external_reply_senders`).
+    sender_task_id: String,
 }
 
 /// The `webhook_id` of a push config's deliveries (their attempts are recorded as a webhook's).
@@ -416,21 +421,37 @@ impl Outbox {
                 let owner = push_delivery_owner(task_id, config_id);
                 self.pending.retain(|_, delivery| delivery.webhook_id != owner);
             }
+            // A message that expects no reply (no sender's task) can never get one.
             Event::MessageSent {
                 task_id,
                 unverified_sender: Some(_),
                 sender_endpoint: Some(endpoint),
                 external_task_id,
+                sender_task_id: Some(sender_task_id),
                 ..
             } => {
-                let reply = ExternalReply { endpoint: endpoint.clone(), task_id: external_task_id.clone() };
+                let reply = ExternalReply {
+                    endpoint: endpoint.clone(),
+                    task_id: external_task_id.clone(),
+                    sender_task_id: sender_task_id.clone(),
+                };
+                self.external_reply_senders.insert(sender_task_id.clone(), task_id.clone());
                 self.external_replies.insert(task_id.clone(), reply);
             }
             other => {
                 if let Event::ReplyPosted { task_id, from, text, .. } = other
                     && let Some(reply) = self.external_replies.remove(task_id)
                 {
+                    self.external_reply_senders.remove(&reply.sender_task_id);
                     self.deliver_external_reply(envelope, task_id, from, text, reply);
+                }
+                // A reply comes before the sender's task completes (`decide_reply`); once that
+                // task has ended, the broker refuses replies to it.
+                if let Some((task_id, state, _)) = push_status(other)
+                    && state.is_final()
+                    && let Some(receiver_task) = self.external_reply_senders.remove(task_id)
+                {
+                    self.external_replies.remove(&receiver_task);
                 }
                 if let Some((task_id, state, reason)) = push_status(other)
                     && let Some(configs) = self.push.get(task_id)
@@ -763,6 +784,79 @@ mod tests {
         stop.send_replace(true);
         let ended = tokio::time::timeout(std::time::Duration::from_secs(30), waiting).await;
         assert!(ended.is_ok(), "the wait must end when the broker stops");
+    }
+
+    /// An unverified sender's message waits for its reply only while one can come: the reply
+    /// is delivered once; a message that expects none, or whose sender's task ended without
+    /// one, leaves nothing behind.
+    #[test]
+    fn an_outside_message_waits_for_its_reply_only_while_one_can_come() {
+        let from_outside = |task_id: &str, sender_task_id: Option<&str>| Event::MessageSent {
+            task_id: task_id.into(),
+            from: None,
+            to: "bob".into(),
+            priority: 3,
+            response_expected: sender_task_id.is_some(),
+            sender_task_id: sender_task_id.map(str::to_string),
+            in_reply_to: None,
+            text: "from far away".into(),
+            parts: vec![],
+            idempotency_key: None,
+            by_user: false,
+            unverified_sender: Some("far".into()),
+            sender_endpoint: Some("http://127.0.0.1:9/".into()),
+            external_task_id: Some(format!("theirs-{task_id}")),
+        };
+        let reply = |task_id: &str, sender_task_id: &str| Event::ReplyPosted {
+            task_id: task_id.into(),
+            sender_task_id: Some(sender_task_id.into()),
+            from: "bob".into(),
+            to: None,
+            text: "back to you".into(),
+            idempotency_key: None,
+        };
+        let ended = |task_id: &str, state: TaskState| Event::TaskStateChanged {
+            task_id: task_id.into(),
+            state,
+            artifacts: vec![],
+            error: None,
+            reply_of: None,
+            as_message: false,
+        };
+        let waiting = |outbox: &Outbox| (outbox.external_replies.len(), outbox.external_reply_senders.len());
+        let mut outbox = Outbox::default();
+        let events = [
+            from_outside("silent", None),
+            from_outside("answered", Some("answered-s")),
+            from_outside("canceled", Some("canceled-s")),
+            from_outside("failed", Some("failed-s")),
+            from_outside("open", Some("open-s")),
+        ];
+        for (at, event) in events.into_iter().enumerate() {
+            outbox.apply(&envelope(at as u64 + 1, event));
+        }
+        assert_eq!(waiting(&outbox), (4, 4), "the silent message waits for nothing");
+        // The order of `decide_reply`: the reply, then the sender's task completes.
+        outbox.apply(&envelope(10, reply("answered", "answered-s")));
+        outbox.apply(&envelope(11, ended("answered-s", TaskState::Completed)));
+        outbox.apply(&envelope(12, Event::TaskCanceled { task_id: "canceled-s".into(), reason: None }));
+        outbox.apply(&envelope(13, ended("failed-s", TaskState::Failed)));
+        // The receiver's side ending does not end the wait: the broker still takes a reply.
+        outbox.apply(&envelope(14, ended("open", TaskState::Completed)));
+        outbox.apply(&envelope(15, ended("open-s", TaskState::Working)));
+        assert_eq!(waiting(&outbox), (1, 1));
+        assert!(outbox.external_replies.contains_key("open"));
+        let replies: Vec<Delivery> =
+            outbox.deliveries().into_iter().filter(|delivery| delivery.event == "task.replied").collect();
+        assert_eq!(replies.len(), 1, "{replies:?}");
+        assert_eq!(replies[0].url, "http://127.0.0.1:9/tasks/send");
+        let body: Value = serde_json::from_str(&replies[0].body).unwrap();
+        assert_eq!(body["metadata"]["in_reply_to"], "theirs-answered");
+        // A second reply to the answered message (refused by the broker anyway) sends nothing.
+        outbox.apply(&envelope(16, reply("answered", "answered-s")));
+        outbox.apply(&envelope(17, reply("open", "open-s")));
+        assert_eq!(waiting(&outbox), (0, 0));
+        assert_eq!(outbox.deliveries().iter().filter(|delivery| delivery.event == "task.replied").count(), 2);
     }
 
     #[test]
