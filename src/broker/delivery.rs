@@ -33,8 +33,9 @@ const SNAPSHOT: &str = "delivery";
 /// from its first event.
 ///
 /// 2 (2026-11-27): an unverified sender's message is kept for its reply only when it expects
-/// one, and until its sender's task ends.
-const SNAPSHOT_VERSION: u32 = 2;
+/// one, and until its sender's task ends. 3 (2026-11-27): the push configs of the last 1,000
+/// tasks that ended are kept, not all.
+const SNAPSHOT_VERSION: u32 = 3;
 /// Events applied between two snapshots, so a start replays at most about this many (about
 /// 0.1 s: the whole log replayed at 1.75 s per million events in `scale`).
 /// `SYNAPSE_DELIVERY_SNAPSHOT_EVERY` sets another number (the tests take one at
@@ -413,8 +414,17 @@ mod tests {
             }
             assert_eq!(view(&outbox, &externals), whole, "a snapshot at event {at}, then the rest");
         }
-        let parts =
-            ["external_replies", "external_reply_senders", "finished", "hooks", "pending", "push", "retired_secrets"];
+        let parts = [
+            "ended_push",
+            "ended_push_at",
+            "external_replies",
+            "external_reply_senders",
+            "finished",
+            "hooks",
+            "pending",
+            "push",
+            "retired_secrets",
+        ];
         assert_eq!(held, parts.into_iter().map(str::to_string).collect(), "the log exercises every part");
     }
 

@@ -34,6 +34,10 @@ pub const MAX_ATTEMPTS: u32 = 8;
 pub const SECRETS_DIR: &str = "webhook-secrets";
 /// Finished deliveries kept for `GET /webhooks/deliveries`.
 const KEPT_FINISHED: usize = 500;
+/// Tasks that ended whose push configs stay listed: past this many, the configs of the task
+/// that ended first are forgotten (an A2A client that sets a config for every task would
+/// otherwise grow the outbox, and every snapshot of it, with each task).
+const KEPT_ENDED_PUSH: usize = 1_000;
 
 #[derive(Debug, Clone)]
 pub enum WebhookCommand {
@@ -277,6 +281,10 @@ pub struct Outbox {
     finished: VecDeque<Delivery>,
     /// Push notification configs: task id, then config id.
     push: BTreeMap<String, BTreeMap<String, PushConfig>>,
+    /// The tasks of `push` in a final state, by the event that ended them (oldest first).
+    ended_push: BTreeMap<u64, String>,
+    /// The same tasks, to their key in `ended_push`.
+    ended_push_at: BTreeMap<String, u64>,
     /// Messages of unverified external senders that gave an endpoint and expect a reply: by the
     /// receiver's task, where its reply goes. Taken by the first reply, or dropped when the
     /// sender's side of the task ends without one (no reply can be posted then).
@@ -416,6 +424,7 @@ impl Outbox {
                     }
                     if configs.is_empty() {
                         self.push.remove(task_id);
+                        self.set_push_ended(task_id, None);
                     }
                 }
                 let owner = push_delivery_owner(task_id, config_id);
@@ -482,16 +491,21 @@ impl Outbox {
                         self.pending.insert(delivery.delivery_id.clone(), delivery);
                     }
                 }
-                // A final state is the task's last change: its configs stay listed, their
-                // secrets go once the last notifications are done.
+                // A final state is the task's last change: its configs stay listed (those of
+                // the last `KEPT_ENDED_PUSH` tasks that ended), their secrets go once the last
+                // notifications are done.
                 if let Some((task_id, state, _)) = push_status(other)
-                    && state.is_final()
                     && let Some(configs) = self.push.get_mut(task_id)
                 {
-                    for config in configs.values_mut() {
-                        self.retired_secrets.extend(config.auth.references().cloned());
-                        config.auth.token_ref = None;
-                        config.auth.credentials_ref = None;
+                    if state.is_final() {
+                        for config in configs.values_mut() {
+                            self.retired_secrets.extend(config.auth.references().cloned());
+                            config.auth.token_ref = None;
+                            config.auth.credentials_ref = None;
+                        }
+                        self.set_push_ended(task_id, Some(envelope.seq));
+                    } else {
+                        self.set_push_ended(task_id, None);
                     }
                 }
                 let Some((name, data)) = task_event(other) else { return };
@@ -507,6 +521,26 @@ impl Outbox {
                         Delivery::due(delivery_id, hook.webhook_id.clone(), &hook.url, name, envelope.time_ms, body);
                     self.pending.insert(delivery.delivery_id.clone(), delivery);
                 }
+            }
+        }
+    }
+
+    /// Records that a task with push configs ended at event `seq` (None: it has not, or has
+    /// no configs any more), and forgets the configs of the task that ended first when more
+    /// than [`KEPT_ENDED_PUSH`] have. Their pending notifications carry their own copies.
+    fn set_push_ended(&mut self, task_id: &str, seq: Option<u64>) {
+        if let Some(earlier) = self.ended_push_at.remove(task_id) {
+            self.ended_push.remove(&earlier);
+        }
+        let Some(seq) = seq else { return };
+        self.ended_push.insert(seq, task_id.to_string());
+        self.ended_push_at.insert(task_id.to_string(), seq);
+        while self.ended_push.len() > KEPT_ENDED_PUSH {
+            let Some((_, oldest)) = self.ended_push.pop_first() else { break };
+            self.ended_push_at.remove(&oldest);
+            for config in self.push.remove(&oldest).into_iter().flat_map(BTreeMap::into_values) {
+                // A config set after its task ended still names its secret files.
+                self.retired_secrets.extend(config.auth.references().cloned());
             }
         }
     }
@@ -857,6 +891,60 @@ mod tests {
         outbox.apply(&envelope(17, reply("open", "open-s")));
         assert_eq!(waiting(&outbox), (0, 0));
         assert_eq!(outbox.deliveries().iter().filter(|delivery| delivery.event == "task.replied").count(), 2);
+    }
+
+    /// The configs of tasks that ended stay listed for the last `KEPT_ENDED_PUSH` of them; a
+    /// task that goes on after a final state keeps its configs; the forgotten ones' last
+    /// notifications are still delivered.
+    #[test]
+    fn the_push_configs_of_the_tasks_that_ended_longest_ago_are_forgotten() {
+        let set = |task_id: &str| Event::PushConfigSet {
+            task_id: task_id.into(),
+            config_id: "c".into(),
+            context_id: "ctx".into(),
+            url: "http://127.0.0.1:3/".into(),
+            token_ref: Some(format!("token-{task_id}")),
+            auth_scheme: None,
+            credentials_ref: None,
+        };
+        let moved = |task_id: &str, state: TaskState| Event::TaskStateChanged {
+            task_id: task_id.into(),
+            state,
+            artifacts: vec![],
+            error: None,
+            reply_of: None,
+            as_message: false,
+        };
+        let mut outbox = Outbox::default();
+        let mut seq = 0;
+        let mut apply = |outbox: &mut Outbox, event: Event| {
+            seq += 1;
+            outbox.apply(&envelope(seq, event));
+        };
+        apply(&mut outbox, set("goes-on"));
+        apply(&mut outbox, moved("goes-on", TaskState::Completed));
+        apply(&mut outbox, moved("goes-on", TaskState::Working));
+        apply(&mut outbox, set("open"));
+        for n in 0..KEPT_ENDED_PUSH + 2 {
+            let task = format!("p{n}");
+            apply(&mut outbox, set(&task));
+            apply(&mut outbox, moved(&task, TaskState::Completed));
+        }
+        assert!(outbox.push_configs("p0").is_empty());
+        assert!(outbox.push_configs("p1").is_empty());
+        assert_eq!(outbox.push_configs("p2").len(), 1);
+        assert_eq!(outbox.push_configs(&format!("p{}", KEPT_ENDED_PUSH + 1)).len(), 1);
+        assert_eq!(outbox.push_configs("goes-on").len(), 1, "a task that went on is not one that ended");
+        assert_eq!(outbox.push_configs("open").len(), 1);
+        assert_eq!(outbox.push.len(), KEPT_ENDED_PUSH + 2);
+        assert_eq!((outbox.ended_push.len(), outbox.ended_push_at.len()), (KEPT_ENDED_PUSH, KEPT_ENDED_PUSH));
+        // p0's completion notification is still pending, with its token.
+        let p0 = outbox.deliveries().into_iter().find(|delivery| delivery.webhook_id == "push:p0:c").unwrap();
+        assert_eq!(p0.push.and_then(|auth| auth.token_ref).as_deref(), Some("token-p0"));
+        // Deleting the last config of a task that ended takes it out of the count.
+        outbox.apply(&envelope(100_000, Event::PushConfigDeleted { task_id: "p2".into(), config_id: "c".into() }));
+        assert_eq!(outbox.ended_push.len(), KEPT_ENDED_PUSH - 1);
+        assert!(!outbox.ended_push_at.contains_key("p2"));
     }
 
     #[test]
