@@ -228,8 +228,8 @@ impl Store {
             failure: failure::LastFailure::default(),
         };
         let mut wal = wal::Wal::open(&path.with_extension("wal"), source.simulated_disk.clone())?;
-        let logged = wal.read()?;
         let db = open_database(&source)?;
+        let logged = wal.read(durable_head(&db)?)?;
         Store::initialise(db, Some(source), Some((wal, logged)))
     }
 
@@ -357,7 +357,7 @@ impl Store {
             // The write transaction first, then the log's lock, as everywhere.
             let txn = db.begin_write()?;
             let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
-            let logged = wal.read()?;
+            let logged = wal.read(txn.open_table(LOG)?.last()?.map_or(0, |(seq, _)| seq.value()))?;
             let recovered = recover_logged(&txn, &logged, true)?;
             if recovered > 0 {
                 txn.commit()?;
@@ -650,6 +650,16 @@ fn millis(duration: Duration) -> f64 {
 /// Appends to the log, and applies to the live projections when `apply`, the events of the
 /// write-ahead log past the log's head (the ones before it are in the database already). They
 /// must continue the log: a gap means the log file does not belong to this database.
+/// The last event of a database just opened (at its last durable commit); 0 when it has none.
+fn durable_head(db: &Database) -> Result<u64, StoreError> {
+    let txn = db.begin_read()?;
+    match txn.open_table(LOG) {
+        Ok(log) => Ok(log.last()?.map_or(0, |(seq, _)| seq.value())),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+        Err(error) => Err(error.into()),
+    }
+}
+
 fn recover_logged(txn: &WriteTransaction, logged: &[wal::LoggedEvent], apply: bool) -> Result<u64, StoreError> {
     let mut log = txn.open_table(LOG)?;
     let head = log.last()?.map_or(0, |(seq, _)| seq.value());

@@ -104,7 +104,10 @@ impl Direct {
         self.buffer.clear();
         self.buffer.resize(length + BLOCK, 0);
         let skip = self.buffer.as_ptr().align_offset(BLOCK);
-        let block = self.buffer.get_mut(skip..skip + length).ok_or_else(|| io::Error::other("unaligned buffer"))?;
+        let block = skip
+            .checked_add(length)
+            .and_then(|block_end| self.buffer.get_mut(skip..block_end))
+            .ok_or_else(|| io::Error::other("no aligned buffer"))?;
         let (head, rest) = block.split_at_mut(self.tail.len());
         head.copy_from_slice(&self.tail);
         let (record_header, rest) = rest.split_at_mut(header.len());
@@ -117,9 +120,10 @@ impl Direct {
         };
         let written = self.file.write_at(block, start)?;
         if written != length {
-            // Never seen for a write within the file's length; the caller falls back.
+            // A direct write cannot be continued from an unaligned place: the caller writes
+            // the record through the page cache.
             return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
+                io::ErrorKind::WriteZero,
                 format!("a direct write of {length} bytes wrote {written}"),
             ));
         }
@@ -212,8 +216,9 @@ impl Wal {
     }
 
     /// Every event of the records written since the last checkpoint, in order. Leaves the log
-    /// positioned after them.
-    pub fn read(&mut self) -> Result<Vec<LoggedEvent>, StoreError> {
+    /// positioned after them. `head`: the database's last event, which every record older than
+    /// the last checkpoint is at or below.
+    pub fn read(&mut self, head: u64) -> Result<Vec<LoggedEvent>, StoreError> {
         let length = self.file.metadata().map_err(|error| wal_error(&self.path, error))?.len();
         let mut events: Vec<LoggedEvent> = Vec::new();
         let mut offset = 0_u64;
@@ -223,9 +228,13 @@ impl Wal {
                 Record::End => break,
                 Record::Damaged { end } => {
                     // A torn last record ends the log; a damaged one followed by a record that
-                    // continues the log would silently lose acknowledged events.
+                    // continues the log would silently lose acknowledged events. (A record of
+                    // events the database has, left from before a checkpoint, continues
+                    // nothing: the first record after a checkpoint may be torn over one.)
                     if let Record::Valid { events: next, .. } = self.record_at(end, length)?
-                        && next.first().is_some_and(|first| events.last().is_none_or(|last| first.seq > last.seq))
+                        && next.first().is_some_and(|first| {
+                            first.seq > head && events.last().is_none_or(|last| first.seq > last.seq)
+                        })
                     {
                         return Err(StoreError::Corrupt(format!(
                             "{}: the record at byte {offset} is damaged and later records follow it; move the file aside to open the database without them",
@@ -287,15 +296,18 @@ impl Wal {
             {
                 match direct.write(self.end, &header, payload) {
                     Ok(()) => return self.file.sync_data(),
-                    Err(error) if error.kind() == io::ErrorKind::InvalidInput => {
-                        // EINVAL: this file system takes no direct I/O after all.
+                    // Written through the page cache, it would fail the same way.
+                    Err(error) if super::is_disk_full(&error) => return Err(error),
+                    Err(error) => {
+                        // EINVAL or EOPNOTSUPP: this file system takes no direct I/O after
+                        // all. Any other failure: the page cache's write and fsync say whether
+                        // the disk fails.
                         tracing::warn!(
-                            "{}: direct I/O refused ({error}); records go through the page cache",
+                            "{}: a direct write failed ({error}); records go through the page cache",
                             self.path.display()
                         );
                         self.direct = None;
                     }
-                    Err(error) => return Err(error),
                 }
             }
             if payload.len() <= SEPARATE_WRITES_FROM {
@@ -372,10 +384,17 @@ impl Wal {
         if length == 0 {
             return Ok(());
         }
-        // With direct I/O the first block is written directly too: a page left dirty in the
-        // cache would be written out, and waited for, before the next record's direct write.
+        // With direct I/O the first block is written directly too (a page left dirty in the
+        // cache would be written out, and waited for, before the next record's direct write),
+        // as it is: only the header zeroed. Zeros over the rest could reach the disk without
+        // the header's sector, leaving a damaged first record followed by an intact older one,
+        // which an open refuses.
         if let Some(direct) = &mut self.direct {
-            let zeroed = direct.write(0, &[0_u8; RECORD_HEADER], &[]);
+            let mut block = vec![0_u8; usize::try_from(length).map_or(BLOCK, |length| length.min(BLOCK))];
+            let zeroed = self
+                .file
+                .read_exact_at(&mut block, 0)
+                .and_then(|()| direct.write(0, &[0_u8; RECORD_HEADER], block.get(RECORD_HEADER..).unwrap_or_default()));
             direct.tail.clear();
             if zeroed.is_ok() {
                 return Ok(());
@@ -532,7 +551,7 @@ mod tests {
 
     /// What an open of the file at `path` reads back.
     fn read_back(path: &Path) -> Vec<LoggedEvent> {
-        Wal::open(path, None).unwrap().read().unwrap()
+        Wal::open(path, None).unwrap().read(0).unwrap()
     }
 
     fn seqs(events: &[LoggedEvent]) -> Vec<u64> {
@@ -591,13 +610,13 @@ mod tests {
     #[test]
     fn records_read_back_in_order_across_reopens() {
         let (_dir, path, mut wal) = fresh();
-        assert!(wal.read().unwrap().is_empty());
+        assert!(wal.read(0).unwrap().is_empty());
         wal.append(&batch(&[(1, "a"), (2, "bb")])).unwrap();
         wal.append(&batch(&[(3, "ccc")])).unwrap();
         assert_eq!(wal.pending().0, 2);
         drop(wal);
         let mut wal = Wal::open(&path, None).unwrap();
-        let events = wal.read().unwrap();
+        let events = wal.read(0).unwrap();
         assert_eq!(seqs(&events), [1, 2, 3]);
         assert_eq!(events[2].bytes, b"ccc");
         // Appends continue after what was read.
@@ -618,7 +637,7 @@ mod tests {
         // Cut short inside the second record.
         std::fs::write(&path, &full[..second_end - 3]).unwrap();
         let mut reopened = Wal::open(&path, None).unwrap();
-        assert_eq!(seqs(&reopened.read().unwrap()), [1]);
+        assert_eq!(seqs(&reopened.read(0).unwrap()), [1]);
         assert_eq!(reopened.end(), first_end);
 
         // One byte of the second record's payload flipped: its checksum fails.
@@ -626,7 +645,7 @@ mod tests {
         damaged[second_end - 1] ^= 0x40;
         std::fs::write(&path, &damaged).unwrap();
         let mut reopened = Wal::open(&path, None).unwrap();
-        assert_eq!(seqs(&reopened.read().unwrap()), [1]);
+        assert_eq!(seqs(&reopened.read(0).unwrap()), [1]);
         reopened.append(&batch(&[(2, "again")])).unwrap();
         let events = read_back(&path);
         assert_eq!(seqs(&events), [1, 2]);
@@ -662,8 +681,9 @@ mod tests {
     /// What a crash between the two writes of a long record leaves (`append` writes the payload
     /// first, then the header): after a checkpoint the header at the start is still zeroed, so
     /// the log reads as empty, even with an older record of the same size right behind. Had the
-    /// header gone first, it would claim a payload that is not there, and the intact older
-    /// record after it would make the log refuse to open.
+    /// header gone first, it would claim a payload that is not there; the intact older record
+    /// after it is recognised as older only by the database's head (read here as 0, which
+    /// refuses: see `a_torn_first_record_after_a_checkpoint_ends_the_log`).
     #[test]
     fn a_crash_between_the_two_writes_of_a_long_record_adds_nothing_and_opens() {
         let long = |letter: &str| letter.repeat(SEPARATE_WRITES_FROM + 1);
@@ -684,7 +704,25 @@ mod tests {
         // The header written alone instead: refused (what the order avoids).
         let (_other_dir, other_path, other) = checkpointed();
         other.file.write_all_at(&record_header(&payload).unwrap(), 0).unwrap();
-        assert!(matches!(Wal::open(&other_path, None).unwrap().read(), Err(StoreError::Corrupt(_))));
+        assert!(matches!(Wal::open(&other_path, None).unwrap().read(0), Err(StoreError::Corrupt(_))));
+    }
+
+    /// After a checkpoint, a first record torn over an older one of the same size (its header
+    /// written, its payload not) ends the log: the older record after it holds events the
+    /// database has (at or below its head), so it continues nothing.
+    #[test]
+    fn a_torn_first_record_after_a_checkpoint_ends_the_log() {
+        let (_dir, path, mut wal) = fresh();
+        wal.append(&batch(&[(1, "same")])).unwrap();
+        wal.append(&batch(&[(2, "size")])).unwrap();
+        wal.reset().unwrap();
+        let payload = batch(&[(3, "next")]);
+        wal.file.write_all_at(&record_header(&payload).unwrap(), 0).unwrap();
+        let mut reopened = Wal::open(&path, None).unwrap();
+        assert!(reopened.read(2).unwrap().is_empty());
+        assert_eq!(reopened.end(), 0);
+        // Were the database behind that older record, it would continue the log: refused.
+        assert!(matches!(Wal::open(&path, None).unwrap().read(1), Err(StoreError::Corrupt(_))));
     }
 
     #[test]
@@ -697,7 +735,7 @@ mod tests {
         let mut damaged = std::fs::read(&path).unwrap();
         damaged[first_end + RECORD_HEADER + 2] ^= 0x01;
         std::fs::write(&path, &damaged).unwrap();
-        let error = Wal::open(&path, None).unwrap().read().map(|_| ()).unwrap_err();
+        let error = Wal::open(&path, None).unwrap().read(0).map(|_| ()).unwrap_err();
         assert!(matches!(error, StoreError::Corrupt(_)), "{error}");
         assert!(error.to_string().contains("damaged"), "{error}");
     }
@@ -768,7 +806,7 @@ mod tests {
             if !direct {
                 wal = wal.without_direct_io();
             }
-            assert_eq!(wal.read().unwrap().len(), 8);
+            assert_eq!(wal.read(0).unwrap().len(), 8);
             for length in [2, 8000] {
                 append(&mut wal, &mut seq, length);
             }
@@ -811,6 +849,40 @@ mod tests {
         wal.append(&batch(&[(3, "three")])).unwrap();
         let events = read_back(&path);
         assert_eq!(seqs(&events), [1, 2, 3]);
+        assert_eq!(events[1].bytes, b"two");
+    }
+
+    /// A checkpoint's reset zeroes the first header and nothing else: zeros over the rest of
+    /// the block could reach the disk without the header's sector.
+    #[test]
+    fn a_reset_zeroes_the_first_header_and_leaves_the_rest_of_the_file_as_it_was() {
+        let (_dir, path, mut wal) = fresh();
+        for seq in 1..=4 {
+            wal.append(&batch(&[(seq, "x".repeat(1_500).as_str())])).unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        wal.reset().unwrap();
+        let after = std::fs::read(&path).unwrap();
+        assert_eq!(after[..RECORD_HEADER], [0_u8; RECORD_HEADER]);
+        assert_eq!(after[RECORD_HEADER..], before[RECORD_HEADER..]);
+        assert!(read_back(&path).is_empty());
+    }
+
+    /// A direct write that fails for another reason than a full disk (here: a descriptor that
+    /// cannot write) is done through the page cache, and direct I/O is given up.
+    #[test]
+    fn a_direct_write_that_fails_goes_through_the_page_cache() {
+        let (_dir, path, mut wal) = fresh();
+        wal.append(&batch(&[(1, "one")])).unwrap();
+        let Some(direct) = &mut wal.direct else {
+            eprintln!("this file system takes no direct I/O: nothing to fail");
+            return;
+        };
+        direct.file = File::open(&path).unwrap();
+        wal.append(&batch(&[(2, "two")])).unwrap();
+        assert!(wal.direct.is_none());
+        let events = read_back(&path);
+        assert_eq!(seqs(&events), [1, 2]);
         assert_eq!(events[1].bytes, b"two");
     }
 
