@@ -263,37 +263,8 @@ async fn post(state: &BrokerState, delivery: &Delivery, secret: Option<&SecretSo
 mod tests {
     use super::*;
     use crate::broker::externals::Externals;
+    use crate::broker::webhooks::tests::{from_outside, state_changed};
     use crate::event::{Envelope, Event, TaskState};
-
-    fn message_from_outside(task_id: &str) -> Event {
-        Event::MessageSent {
-            task_id: task_id.into(),
-            from: None,
-            to: "bob".into(),
-            priority: 3,
-            response_expected: true,
-            sender_task_id: Some(format!("{task_id}-sender")),
-            in_reply_to: None,
-            text: "from far away".into(),
-            parts: vec![],
-            idempotency_key: None,
-            by_user: false,
-            unverified_sender: Some("far".into()),
-            sender_endpoint: Some("http://127.0.0.1:9/".into()),
-            external_task_id: Some("theirs".into()),
-        }
-    }
-
-    fn state_changed(task_id: &str, state: TaskState) -> Event {
-        Event::TaskStateChanged {
-            task_id: task_id.into(),
-            state,
-            artifacts: vec![],
-            error: None,
-            reply_of: None,
-            as_message: false,
-        }
-    }
 
     fn attempt(delivery_id: &str, webhook_id: &str, attempt: u32, status: u16, retry: bool) -> Event {
         Event::WebhookDeliveryAttempted {
@@ -335,7 +306,7 @@ mod tests {
                 credentials_ref: Some("0789".into()),
             },
             state_changed("t2", TaskState::Working),
-            message_from_outside("t3"),
+            from_outside("t3", Some("t3-sender")),
             Event::ExternalAgentAdded {
                 alias: "near".into(),
                 url: "http://127.0.0.1:4/".into(),
@@ -344,7 +315,7 @@ mod tests {
             },
             state_changed("t1", TaskState::Completed),
             attempt("aaaaaaaa-3", "aaaaaaaa-1", 2, 200, false),
-            message_from_outside("t4"),
+            from_outside("t4", Some("t4-sender")),
             Event::ReplyPosted {
                 task_id: "t3".into(),
                 sender_task_id: Some("t3-sender".into()),

@@ -714,8 +714,40 @@ pub fn record(delivery: &Delivery, result: PostResult, now_ms: u64) -> Attempt {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A message of an unverified sender that gave an endpoint; with a sender's task when it
+    /// expects a reply.
+    pub(crate) fn from_outside(task_id: &str, sender_task_id: Option<&str>) -> Event {
+        Event::MessageSent {
+            task_id: task_id.into(),
+            from: None,
+            to: "bob".into(),
+            priority: 3,
+            response_expected: sender_task_id.is_some(),
+            sender_task_id: sender_task_id.map(str::to_string),
+            in_reply_to: None,
+            text: "from far away".into(),
+            parts: vec![],
+            idempotency_key: None,
+            by_user: false,
+            unverified_sender: Some("far".into()),
+            sender_endpoint: Some("http://127.0.0.1:9/".into()),
+            external_task_id: Some(format!("theirs-{task_id}")),
+        }
+    }
+
+    pub(crate) fn state_changed(task_id: &str, state: TaskState) -> Event {
+        Event::TaskStateChanged {
+            task_id: task_id.into(),
+            state,
+            artifacts: vec![],
+            error: None,
+            reply_of: None,
+            as_message: false,
+        }
+    }
 
     #[test]
     fn hmac_matches_rfc_4231_test_case_2() {
@@ -825,22 +857,6 @@ mod tests {
     /// one, leaves nothing behind.
     #[test]
     fn an_outside_message_waits_for_its_reply_only_while_one_can_come() {
-        let from_outside = |task_id: &str, sender_task_id: Option<&str>| Event::MessageSent {
-            task_id: task_id.into(),
-            from: None,
-            to: "bob".into(),
-            priority: 3,
-            response_expected: sender_task_id.is_some(),
-            sender_task_id: sender_task_id.map(str::to_string),
-            in_reply_to: None,
-            text: "from far away".into(),
-            parts: vec![],
-            idempotency_key: None,
-            by_user: false,
-            unverified_sender: Some("far".into()),
-            sender_endpoint: Some("http://127.0.0.1:9/".into()),
-            external_task_id: Some(format!("theirs-{task_id}")),
-        };
         let reply = |task_id: &str, sender_task_id: &str| Event::ReplyPosted {
             task_id: task_id.into(),
             sender_task_id: Some(sender_task_id.into()),
@@ -848,14 +864,6 @@ mod tests {
             to: None,
             text: "back to you".into(),
             idempotency_key: None,
-        };
-        let ended = |task_id: &str, state: TaskState| Event::TaskStateChanged {
-            task_id: task_id.into(),
-            state,
-            artifacts: vec![],
-            error: None,
-            reply_of: None,
-            as_message: false,
         };
         let waiting = |outbox: &Outbox| (outbox.external_replies.len(), outbox.external_reply_senders.len());
         let mut outbox = Outbox::default();
@@ -872,12 +880,12 @@ mod tests {
         assert_eq!(waiting(&outbox), (4, 4), "the silent message waits for nothing");
         // The order of `decide_reply`: the reply, then the sender's task completes.
         outbox.apply(&envelope(10, reply("answered", "answered-s")));
-        outbox.apply(&envelope(11, ended("answered-s", TaskState::Completed)));
+        outbox.apply(&envelope(11, state_changed("answered-s", TaskState::Completed)));
         outbox.apply(&envelope(12, Event::TaskCanceled { task_id: "canceled-s".into(), reason: None }));
-        outbox.apply(&envelope(13, ended("failed-s", TaskState::Failed)));
+        outbox.apply(&envelope(13, state_changed("failed-s", TaskState::Failed)));
         // The receiver's side ending does not end the wait: the broker still takes a reply.
-        outbox.apply(&envelope(14, ended("open", TaskState::Completed)));
-        outbox.apply(&envelope(15, ended("open-s", TaskState::Working)));
+        outbox.apply(&envelope(14, state_changed("open", TaskState::Completed)));
+        outbox.apply(&envelope(15, state_changed("open-s", TaskState::Working)));
         assert_eq!(waiting(&outbox), (1, 1));
         assert!(outbox.external_replies.contains_key("open"));
         let replies: Vec<Delivery> =
@@ -907,14 +915,6 @@ mod tests {
             auth_scheme: None,
             credentials_ref: None,
         };
-        let moved = |task_id: &str, state: TaskState| Event::TaskStateChanged {
-            task_id: task_id.into(),
-            state,
-            artifacts: vec![],
-            error: None,
-            reply_of: None,
-            as_message: false,
-        };
         let mut outbox = Outbox::default();
         let mut seq = 0;
         let mut apply = |outbox: &mut Outbox, event: Event| {
@@ -922,13 +922,13 @@ mod tests {
             outbox.apply(&envelope(seq, event));
         };
         apply(&mut outbox, set("goes-on"));
-        apply(&mut outbox, moved("goes-on", TaskState::Completed));
-        apply(&mut outbox, moved("goes-on", TaskState::Working));
+        apply(&mut outbox, state_changed("goes-on", TaskState::Completed));
+        apply(&mut outbox, state_changed("goes-on", TaskState::Working));
         apply(&mut outbox, set("open"));
         for n in 0..KEPT_ENDED_PUSH + 2 {
             let task = format!("p{n}");
             apply(&mut outbox, set(&task));
-            apply(&mut outbox, moved(&task, TaskState::Completed));
+            apply(&mut outbox, state_changed(&task, TaskState::Completed));
         }
         assert!(outbox.push_configs("p0").is_empty());
         assert!(outbox.push_configs("p1").is_empty());
