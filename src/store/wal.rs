@@ -25,8 +25,8 @@
 //! `fdatasync` follows as before. On this machine's disk that took 8-10 % off an append
 //! (779-byte records, alternated append by append with the page cache's way, 1,500 each, four
 //! runs: medians 181-225 µs against 200-249 µs). Records larger than [`SEPARATE_WRITES_FROM`]
-//! and file systems that refuse direct I/O (`EINVAL` at the open or at a write) go through
-//! the page cache.
+//! go through the page cache, and so does everything after a direct open or write failed
+//! (a file system without direct I/O; a full disk fails the append instead).
 
 use super::StoreError;
 use super::fault::SimulatedDisk;
