@@ -357,7 +357,7 @@ impl Store {
             // The write transaction first, then the log's lock, as everywhere.
             let txn = db.begin_write()?;
             let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
-            let logged = wal.read(txn.open_table(LOG)?.last()?.map_or(0, |(seq, _)| seq.value()))?;
+            let logged = wal.read(last_seq(&txn.open_table(LOG)?)?)?;
             let recovered = recover_logged(&txn, &logged, true)?;
             if recovered > 0 {
                 txn.commit()?;
@@ -416,7 +416,7 @@ impl Store {
 
     /// The sequence number of the last event (0 when the log is empty).
     pub fn head(&self) -> Result<u64, StoreError> {
-        self.reading(|txn| Ok(txn.open_table(LOG)?.last()?.map_or(0, |(seq, _)| seq.value())))
+        self.reading(|txn| last_seq(&txn.open_table(LOG)?))
     }
 
     /// Up to `limit` events after `after`, in order.
@@ -507,7 +507,7 @@ impl Store {
         let txn = self.db()?.begin_write()?;
         let (result, logged) = {
             let log = txn.open_table(LOG)?;
-            let next_seq = log.last()?.map_or(0, |(seq, _)| seq.value()) + 1;
+            let next_seq = last_seq(&log)? + 1;
             let mut projections = Projections::open(&txn, &LIVE)?;
             projections.log = Some(log);
             let logged = self.wal.as_ref().map(|_| Vec::new());
@@ -647,22 +647,27 @@ fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
-/// Appends to the log, and applies to the live projections when `apply`, the events of the
-/// write-ahead log past the log's head (the ones before it are in the database already). They
-/// must continue the log: a gap means the log file does not belong to this database.
+/// The sequence number of the log's last event; 0 when it has none.
+fn last_seq(log: &impl ReadableTable<u64, &'static [u8]>) -> Result<u64, StoreError> {
+    Ok(log.last()?.map_or(0, |(seq, _)| seq.value()))
+}
+
 /// The last event of a database just opened (at its last durable commit); 0 when it has none.
 fn durable_head(db: &Database) -> Result<u64, StoreError> {
     let txn = db.begin_read()?;
     match txn.open_table(LOG) {
-        Ok(log) => Ok(log.last()?.map_or(0, |(seq, _)| seq.value())),
+        Ok(log) => last_seq(&log),
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
         Err(error) => Err(error.into()),
     }
 }
 
+/// Appends to the log, and applies to the live projections when `apply`, the events of the
+/// write-ahead log past the log's head (the ones before it are in the database already). They
+/// must continue the log: a gap means the log file does not belong to this database.
 fn recover_logged(txn: &WriteTransaction, logged: &[wal::LoggedEvent], apply: bool) -> Result<u64, StoreError> {
     let mut log = txn.open_table(LOG)?;
-    let head = log.last()?.map_or(0, |(seq, _)| seq.value());
+    let head = last_seq(&log)?;
     let missing: Vec<&wal::LoggedEvent> = logged.iter().filter(|event| event.seq > head).collect();
     if missing.is_empty() {
         return Ok(0);

@@ -25,7 +25,7 @@
 
 use super::history::{HistoryRecord, Logic, Query, lowercase, newest_first, thread_records, visit_task_words};
 use super::projection::{LIVE, ReadProjections};
-use super::{LOG, Store, StoreError};
+use super::{LOG, Store, StoreError, last_seq};
 use crate::event::{Envelope, Event};
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::{BTreeSet, HashMap};
@@ -237,7 +237,7 @@ fn sort_postings(segment: &mut HashMap<String, Vec<u64>>) -> u64 {
 fn unindexed_tail(txn: &redb::ReadTransaction) -> Result<Option<BTreeSet<String>>, StoreError> {
     let indexed_through = meta_value(&txn.open_table(INDEX_META)?, INDEXED_THROUGH)?;
     let log = txn.open_table(LOG)?;
-    let head = log.last()?.map_or(0, |(seq, _)| seq.value());
+    let head = last_seq(&log)?;
     if head.saturating_sub(indexed_through) > TAIL_LIMIT as u64 {
         return Ok(None);
     }
@@ -268,7 +268,7 @@ impl Store {
         let meta = txn.open_table(INDEX_META)?;
         let from = meta_value(&meta, INDEXED_THROUGH)?;
         let log = txn.open_table(LOG)?;
-        let head = log.last()?.map_or(0, |(seq, _)| seq.value());
+        let head = last_seq(&log)?;
         let segments = segment_ids(&txn.open_table(SEGMENTS)?)?;
         if from >= head {
             return Ok(IndexProgress { indexed_through: from, head, segments: segments.len() as u64 });
@@ -390,7 +390,7 @@ impl Store {
     pub fn index_progress(&self) -> Result<IndexProgress, StoreError> {
         self.reading(|txn| {
             let meta = txn.open_table(INDEX_META)?;
-            let head = txn.open_table(LOG)?.last()?.map_or(0, |(seq, _)| seq.value());
+            let head = last_seq(&txn.open_table(LOG)?)?;
             Ok(IndexProgress {
                 indexed_through: meta_value(&meta, INDEXED_THROUGH)?,
                 head,

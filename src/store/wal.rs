@@ -97,7 +97,7 @@ impl Direct {
     }
 
     /// Writes `header` and `payload` at `end` (where the log ends now, `tail` before it), in
-    /// whole blocks padded with zeros. Does not sync.
+    /// whole blocks padded with zeros. Does not sync, nor move `tail` (the caller does).
     fn write(&mut self, end: u64, header: &[u8], payload: &[u8]) -> io::Result<()> {
         let used = self.tail.len() + header.len() + payload.len();
         let length = used.next_multiple_of(BLOCK);
@@ -127,9 +127,6 @@ impl Direct {
                 format!("a direct write of {length} bytes wrote {written}"),
             ));
         }
-        let kept = used % BLOCK;
-        self.tail.clear();
-        self.tail.extend_from_slice(&block[used - kept..used]);
         Ok(())
     }
 }
@@ -291,38 +288,8 @@ impl Wal {
         let header = record_header(payload)?;
         let record_length = (RECORD_HEADER + payload.len()) as u64;
         let written = self.make_room(record_length).and_then(|()| {
-            if payload.len() <= SEPARATE_WRITES_FROM
-                && let Some(direct) = &mut self.direct
-            {
-                match direct.write(self.end, &header, payload) {
-                    Ok(()) => return self.file.sync_data(),
-                    // Written through the page cache, it would fail the same way.
-                    Err(error) if super::is_disk_full(&error) => return Err(error),
-                    Err(error) => {
-                        // EINVAL or EOPNOTSUPP: this file system takes no direct I/O after
-                        // all. Any other failure: the page cache's write and fsync say whether
-                        // the disk fails.
-                        tracing::warn!(
-                            "{}: a direct write failed ({error}); records go through the page cache",
-                            self.path.display()
-                        );
-                        self.direct = None;
-                    }
-                }
-            }
-            if payload.len() <= SEPARATE_WRITES_FROM {
-                let mut record = Vec::with_capacity(RECORD_HEADER + payload.len());
-                record.extend_from_slice(&header);
-                record.extend_from_slice(payload);
-                self.file.write_all_at(&record, self.end)?;
-            } else {
-                // A long message is not copied again for the sake of 8 bytes: two writes, one
-                // fsync. The payload first: until the header is written, what lies at `end` is
-                // what was there before (zeros after a checkpoint or an undo, or a record older
-                // than those before it), so a crash between the two writes adds nothing to the
-                // log and leaves no record that claims the new payload.
-                self.file.write_all_at(payload, self.end + RECORD_HEADER as u64)?;
-                self.file.write_all_at(&header, self.end)?;
+            if !self.write_direct(&header, payload)? {
+                self.write_cached(&header, payload)?;
             }
             if let Some(direct) = &mut self.direct {
                 let old_tail = std::mem::take(&mut direct.tail);
@@ -341,6 +308,47 @@ impl Wal {
                 self.reload_tail();
                 Err(wal_error(&self.path, error))
             }
+        }
+    }
+
+    /// Writes a record at the log's end by direct I/O: false when it was not (a long record,
+    /// no direct I/O, or a failed direct write, after which direct I/O is given up).
+    fn write_direct(&mut self, header: &[u8], payload: &[u8]) -> io::Result<bool> {
+        let Some(direct) = self.direct.as_mut().filter(|_| payload.len() <= SEPARATE_WRITES_FROM) else {
+            return Ok(false);
+        };
+        match direct.write(self.end, header, payload) {
+            Ok(()) => Ok(true),
+            // Written through the page cache, it would fail the same way.
+            Err(error) if super::is_disk_full(&error) => Err(error),
+            Err(error) => {
+                // EINVAL or EOPNOTSUPP: this file system takes no direct I/O after all. Any
+                // other failure: the page cache's write and fsync say whether the disk fails.
+                tracing::warn!(
+                    "{}: a direct write failed ({error}); records go through the page cache",
+                    self.path.display()
+                );
+                self.direct = None;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Writes a record at the log's end through the page cache.
+    fn write_cached(&self, header: &[u8], payload: &[u8]) -> io::Result<()> {
+        if payload.len() <= SEPARATE_WRITES_FROM {
+            let mut record = Vec::with_capacity(RECORD_HEADER + payload.len());
+            record.extend_from_slice(header);
+            record.extend_from_slice(payload);
+            self.file.write_all_at(&record, self.end)
+        } else {
+            // A long message is not copied again for the sake of 8 bytes: two writes, one
+            // fsync. The payload first: until the header is written, what lies at `end` is
+            // what was there before (zeros after a checkpoint or an undo, or a record older
+            // than those before it), so a crash between the two writes adds nothing to the
+            // log and leaves no record that claims the new payload.
+            self.file.write_all_at(payload, self.end + RECORD_HEADER as u64)?;
+            self.file.write_all_at(header, self.end)
         }
     }
 
@@ -395,7 +403,6 @@ impl Wal {
                 .file
                 .read_exact_at(&mut block, 0)
                 .and_then(|()| direct.write(0, &[0_u8; RECORD_HEADER], block.get(RECORD_HEADER..).unwrap_or_default()));
-            direct.tail.clear();
             if zeroed.is_ok() {
                 return Ok(());
             }
