@@ -62,6 +62,9 @@ pub(super) struct Wal {
     length: Option<u64>,
     /// Tests only: the file is "full" while the switch exists (see [`SimulatedDisk`]).
     simulated_disk: Option<SimulatedDisk>,
+    /// Tests only: the next append's fsync fails (as a disk's I/O error would).
+    #[cfg(test)]
+    fail_next_sync: bool,
 }
 
 /// Appends by direct I/O: whole aligned blocks from an aligned buffer.
@@ -184,7 +187,17 @@ impl Wal {
             }
         }
         let direct = Direct::open(path);
-        Ok(Wal { file, direct, path: path.to_path_buf(), end: 0, records: 0, length: None, simulated_disk })
+        Ok(Wal {
+            file,
+            direct,
+            path: path.to_path_buf(),
+            end: 0,
+            records: 0,
+            length: None,
+            simulated_disk,
+            #[cfg(test)]
+            fail_next_sync: false,
+        })
     }
 
     /// Tests only: every record through the page cache.
@@ -294,6 +307,10 @@ impl Wal {
             if let Some(direct) = &mut self.direct {
                 let old_tail = std::mem::take(&mut direct.tail);
                 direct.tail = tail_of(&[&old_tail, &header, payload], self.end + record_length);
+            }
+            #[cfg(test)]
+            if std::mem::take(&mut self.fail_next_sync) {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
             }
             self.file.sync_data()
         });
@@ -891,6 +908,31 @@ mod tests {
         let events = read_back(&path);
         assert_eq!(seqs(&events), [1, 2]);
         assert_eq!(events[1].bytes, b"two");
+    }
+
+    /// An append whose fsync fails leaves nothing to read back, and the next append goes on
+    /// from the log's end as it was, still by direct I/O (the copy of the last block is read
+    /// again from the file, without the failed record).
+    #[test]
+    fn after_a_failed_fsync_the_next_append_goes_on_from_where_the_log_ended() {
+        let (_dir, path, mut wal) = fresh();
+        wal.append(&batch(&[(1, "one")])).unwrap();
+        let used_direct = wal.direct.is_some();
+        let end = wal.end();
+        wal.fail_next_sync = true;
+        let failed = wal.append(&batch(&[(2, "the failed one, longer than the next")]));
+        assert!(failed.is_err());
+        assert_eq!(wal.end(), end);
+        assert_eq!(seqs(&read_back(&path)), [1]);
+        wal.append(&batch(&[(2, "two")])).unwrap();
+        wal.append(&batch(&[(3, "three")])).unwrap();
+        assert_eq!(wal.direct.is_some(), used_direct, "direct I/O was not given up");
+        let events = read_back(&path);
+        assert_eq!(seqs(&events), [1, 2, 3]);
+        assert_eq!(events[1].bytes, b"two");
+        if !used_direct {
+            eprintln!("this file system takes no direct I/O: the page cache was tested");
+        }
     }
 
     #[test]
