@@ -1325,3 +1325,35 @@ fn a_worker_snapshot_is_kept_across_a_reopen_and_a_rebuild_and_replaced_by_the_n
     assert_eq!(store.snapshot("delivery").unwrap().as_deref(), Some(&b"second"[..]));
     assert_eq!(store.head().unwrap(), 1, "the log is untouched");
 }
+
+/// The delivery worker's snapshot is saved outside the writer: on a full disk its commit fails
+/// as the writer's would (an I/O failure, for which the worker asks the writer to reopen the
+/// database). The reopened database keeps the batches acknowledged before and the previous
+/// snapshot; with space again the next snapshot is saved.
+#[test]
+fn a_snapshot_that_a_full_disk_refuses_leaves_the_previous_one_and_every_acknowledged_batch() {
+    let (_dir, switch, store) = store_on_a_disk_that_fills();
+    store.transact(1, |appender| appender.append(None, small_batch())).unwrap();
+    store.save_snapshot("delivery", b"first").unwrap();
+    store.transact(2, |appender| appender.append(None, small_batch())).unwrap();
+    assert!(store.checkpoint_pending(), "the second batch is durable in the write-ahead log only");
+
+    std::fs::write(&switch, b"").unwrap();
+    let error = store.save_snapshot("delivery", &vec![7_u8; 8 << 20]).unwrap_err();
+    assert!(error.is_io_failure(), "{error:?}");
+    assert!(matches!(error, StoreError::DiskFull(_)), "{error:?}");
+    if let Err(reopen_error) = store.reopen(&error.to_string()) {
+        assert!(reopen_error.is_io_failure(), "{reopen_error}");
+        std::fs::remove_file(&switch).unwrap();
+        store.reopen("a test").unwrap();
+    } else {
+        std::fs::remove_file(&switch).unwrap();
+    }
+    assert_eq!(store.head().unwrap(), 2, "both acknowledged batches are there");
+    assert_eq!(store.snapshot("delivery").unwrap().as_deref(), Some(&b"first"[..]));
+    store.save_snapshot("delivery", &vec![7_u8; 8 << 20]).unwrap();
+    assert_eq!(store.snapshot("delivery").unwrap().map(|bytes| bytes.len()), Some(8 << 20));
+    store.transact(3, |appender| appender.append(None, small_batch())).unwrap();
+    assert_eq!(store.head().unwrap(), 3);
+    assert!(store.verify().unwrap().differences.is_empty());
+}
