@@ -1273,9 +1273,30 @@ fn push_notification_configs_are_kept_and_a_change_is_posted_with_the_clients_to
     // The task is over and its notification delivered: its secret files go, as did those of
     // the deleted configs, while the config itself stays listed.
     let secrets = home.home().join("webhook-secrets");
+    wait_until_no_secret_files(&secrets);
+    let listed = v1(port, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
+    assert_eq!(listed["result"]["configs"][0]["id"], "cfg-1", "{listed}");
+    // A config set on the task that ended gets no notification: it is listed, and its token's
+    // file goes at once (it would stay for good otherwise).
+    let late = v1(
+        port,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "late", "url": url, "token": "tok-late"}),
+    );
+    assert!(late.get("error").is_none(), "{late}");
+    let events = home.ok(&["events", "--json"]);
+    assert!(events.contains("\"task_ended\":true"), "{events}");
+    wait_until_no_secret_files(&secrets);
+    let listed = v1(port, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
+    assert_eq!(listed["result"]["configs"].as_array().map(Vec::len), Some(2), "{listed}");
+}
+
+/// Waits until `secrets` holds no file (the broker deletes a retired secret file when no
+/// pending delivery names it).
+fn wait_until_no_secret_files(secrets: &std::path::Path) {
     let deadline = std::time::Instant::now() + READ_DEADLINE;
     loop {
-        let left: Vec<String> = std::fs::read_dir(&secrets)
+        let left: Vec<String> = std::fs::read_dir(secrets)
             .map(|dir| dir.flatten().map(|entry| entry.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         if left.is_empty() {
@@ -1284,8 +1305,6 @@ fn push_notification_configs_are_kept_and_a_change_is_posted_with_the_clients_to
         assert!(std::time::Instant::now() < deadline, "secret files left behind: {left:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let listed = v1(port, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
-    assert_eq!(listed["result"]["configs"][0]["id"], "cfg-1", "{listed}");
 }
 
 /// Issue 15: a config given with the message (`configuration.taskPushNotificationConfig`)

@@ -34,8 +34,9 @@ const SNAPSHOT: &str = "delivery";
 ///
 /// 2 (2026-11-27): an unverified sender's message is kept for its reply only when it expects
 /// one, and until its sender's task ends. 3 (2026-11-27): the push configs of the last 1,000
-/// tasks that ended are kept, not all.
-const SNAPSHOT_VERSION: u32 = 3;
+/// tasks that ended are kept, not all. 4 (2026-11-27): a push config set after its task ended
+/// counts among those, and one that replaces another gives up the other's secret files.
+const SNAPSHOT_VERSION: u32 = 4;
 /// Events applied between two snapshots, so a start replays at most about this many (about
 /// 0.1 s: the whole log replayed at 1.75 s per million events in `scale`).
 /// `SYNAPSE_DELIVERY_SNAPSHOT_EVERY` sets another number (the tests take one at
@@ -304,6 +305,7 @@ mod tests {
                 token_ref: Some("0456".into()),
                 auth_scheme: Some("Bearer".into()),
                 credentials_ref: Some("0789".into()),
+                task_ended: false,
             },
             state_changed("t2", TaskState::Working),
             from_outside("t3", Some("t3-sender")),
@@ -325,6 +327,16 @@ mod tests {
                 idempotency_key: None,
             },
             state_changed("t2", TaskState::Completed),
+            Event::PushConfigSet {
+                task_id: "t2".into(),
+                config_id: "late".into(),
+                context_id: "ctx".into(),
+                url: "http://127.0.0.1:3/".into(),
+                token_ref: Some("0abc".into()),
+                auth_scheme: None,
+                credentials_ref: None,
+                task_ended: true,
+            },
             state_changed("t4-sender", TaskState::Canceled),
             Event::ExternalAgentRemoved { alias: "far".into() },
             attempt("aaaaaaaa-9", "aaaaaaaa-1", 1, 404, false),

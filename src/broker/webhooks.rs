@@ -22,6 +22,7 @@
 
 use super::command::decision::{Answer, CommandError, DecideError, Decision};
 use crate::event::{Envelope, Event, TaskState};
+use crate::store::Projections;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -98,8 +99,19 @@ pub struct Attempt {
 
 pub use super::outbound::parse_url;
 
-pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
-    let event = match command {
+pub fn decide(view: &Projections<'_>, command: &WebhookCommand) -> Result<Decision, DecideError> {
+    let task_ended = match command {
+        WebhookCommand::SetPushConfig(config) => {
+            view.task_row(&config.task_id)?.is_some_and(|task| task.state.is_final())
+        }
+        _ => false,
+    };
+    Ok(Decision { actor: None, events: vec![event_of(command, task_ended)?], answer: Answer::Appended })
+}
+
+/// The event of `command`; `task_ended`: a push config's task has ended already.
+fn event_of(command: &WebhookCommand, task_ended: bool) -> Result<Event, DecideError> {
+    Ok(match command {
         WebhookCommand::Register { url, events, secret_ref } => {
             parse_url(url).map_err(|message| CommandError::bad(format!("Invalid webhook URL {message}")))?;
             for event in events {
@@ -149,13 +161,13 @@ pub fn decide(command: &WebhookCommand) -> Result<Decision, DecideError> {
                 token_ref: config.auth.token_ref.clone(),
                 auth_scheme: config.auth.scheme.clone(),
                 credentials_ref: config.auth.credentials_ref.clone(),
+                task_ended,
             }
         }
         WebhookCommand::DeletePushConfig { task_id, config_id } => {
             Event::PushConfigDeleted { task_id: task_id.clone(), config_id: config_id.clone() }
         }
-    };
-    Ok(Decision { actor: None, events: vec![event], answer: Answer::Appended })
+    })
 }
 
 /// A registration. Serialized for the delivery worker's snapshot only (the API has its own view).
@@ -403,8 +415,17 @@ impl Outbox {
                     }
                 }
             }
-            Event::PushConfigSet { task_id, config_id, context_id, url, token_ref, auth_scheme, credentials_ref } => {
-                let config = PushConfig {
+            Event::PushConfigSet {
+                task_id,
+                config_id,
+                context_id,
+                url,
+                token_ref,
+                auth_scheme,
+                credentials_ref,
+                task_ended,
+            } => {
+                let mut config = PushConfig {
                     task_id: task_id.clone(),
                     config_id: config_id.clone(),
                     context_id: context_id.clone(),
@@ -415,7 +436,24 @@ impl Outbox {
                         credentials_ref: credentials_ref.clone(),
                     },
                 };
-                self.push.entry(task_id.clone()).or_default().insert(config_id.clone(), config);
+                // A config set after its task ended gets no notification: its secrets are not
+                // needed, and it counts among the configs of tasks that ended from now on.
+                if *task_ended {
+                    self.retired_secrets.extend(config.auth.references().cloned());
+                    config.auth.token_ref = None;
+                    config.auth.credentials_ref = None;
+                }
+                let named: Vec<String> = config.auth.references().cloned().collect();
+                let replaced = self.push.entry(task_id.clone()).or_default().insert(config_id.clone(), config);
+                // The config it replaces named secret files of its own.
+                for reference in replaced.iter().flat_map(|old| old.auth.references()) {
+                    if !named.contains(reference) {
+                        self.retired_secrets.insert(reference.clone());
+                    }
+                }
+                if *task_ended {
+                    self.set_push_ended(task_id, Some(envelope.seq));
+                }
             }
             Event::PushConfigDeleted { task_id, config_id } => {
                 if let Some(configs) = self.push.get_mut(task_id) {
@@ -816,11 +854,11 @@ pub(crate) mod tests {
         let retry = record(&due[0].0, Ok((503, None)), 5000);
         assert_eq!(retry.attempt, 1);
         assert!(retry.next_attempt_ms.is_some());
-        outbox.apply(&envelope(5, decide(&WebhookCommand::RecordAttempt(retry)).ok().unwrap().events.remove(0)));
+        outbox.apply(&envelope(5, event_of(&WebhookCommand::RecordAttempt(retry), false).ok().unwrap()));
         assert_eq!(outbox.deliveries()[0].state, "pending");
         let done = record(&outbox.deliveries()[0], Ok((200, None)), 6000);
         assert!(done.next_attempt_ms.is_none());
-        outbox.apply(&envelope(6, decide(&WebhookCommand::RecordAttempt(done)).ok().unwrap().events.remove(0)));
+        outbox.apply(&envelope(6, event_of(&WebhookCommand::RecordAttempt(done), false).ok().unwrap()));
         assert_eq!(outbox.deliveries()[0].state, "delivered");
         assert!(outbox.due(u64::MAX, &HashSet::new()).is_empty());
     }
@@ -914,6 +952,7 @@ pub(crate) mod tests {
             token_ref: Some(format!("token-{task_id}")),
             auth_scheme: None,
             credentials_ref: None,
+            task_ended: false,
         };
         let mut outbox = Outbox::default();
         let mut seq = 0;
@@ -945,6 +984,45 @@ pub(crate) mod tests {
         outbox.apply(&envelope(100_000, Event::PushConfigDeleted { task_id: "p2".into(), config_id: "c".into() }));
         assert_eq!(outbox.ended_push.len(), KEPT_ENDED_PUSH - 1);
         assert!(!outbox.ended_push_at.contains_key("p2"));
+    }
+
+    /// A config set on a task that had ended gets no notification: its secret goes at once and
+    /// it counts among the configs of tasks that ended (it would be kept for good otherwise). A
+    /// config that replaces another gives up the other's secret.
+    #[test]
+    fn a_config_set_after_its_task_ended_or_replaced_gives_up_its_secret() {
+        let set = |task_id: &str, token: &str, task_ended: bool| Event::PushConfigSet {
+            task_id: task_id.into(),
+            config_id: "c".into(),
+            context_id: "ctx".into(),
+            url: "http://127.0.0.1:3/".into(),
+            token_ref: Some(token.into()),
+            auth_scheme: None,
+            credentials_ref: None,
+            task_ended,
+        };
+        let mut outbox = Outbox::default();
+        outbox.apply(&envelope(1, set("open", "token-1", false)));
+        outbox.apply(&envelope(2, set("open", "token-2", false)));
+        assert_eq!(outbox.take_unused_secrets(), ["token-1"]);
+        assert_eq!(outbox.push_configs("open")[0].auth.token_ref.as_deref(), Some("token-2"));
+        // The same reference again is not given up.
+        outbox.apply(&envelope(3, set("open", "token-2", false)));
+        assert!(outbox.take_unused_secrets().is_empty());
+
+        outbox.apply(&envelope(4, set("late", "token-late", true)));
+        assert_eq!(outbox.take_unused_secrets(), ["token-late"]);
+        assert_eq!(outbox.push_configs("late").len(), 1, "still listed");
+        assert_eq!(outbox.ended_push_at.get("late"), Some(&4));
+        assert!(outbox.deliveries().is_empty());
+        for n in 0..KEPT_ENDED_PUSH {
+            let task = format!("p{n}");
+            let seq = 10 + 2 * n as u64;
+            outbox.apply(&envelope(seq, set(&task, &format!("token-{n}"), false)));
+            outbox.apply(&envelope(seq + 1, state_changed(&task, TaskState::Completed)));
+        }
+        assert!(outbox.push_configs("late").is_empty(), "forgotten with the tasks that ended first");
+        assert_eq!(outbox.push_configs("open").len(), 1);
     }
 
     #[test]

@@ -407,6 +407,9 @@ pub enum Event {
         auth_scheme: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         credentials_ref: Option<String>,
+        /// The task had already ended when the config was set: no notification will follow.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        task_ended: bool,
     },
     PushConfigDeleted {
         task_id: String,

@@ -296,6 +296,7 @@ fn samples() -> Vec<Event> {
             token_ref: Some("7d1f0c2a-9b3e-4c55-8e0f-2f4b6a1d9c30".into()),
             auth_scheme: Some("Bearer".into()),
             credentials_ref: Some("c2b8e4d1-5a6f-4b7c-9d0e-1f2a3b4c5d6e".into()),
+            task_ended: true,
         },
         Event::PushConfigDeleted { task_id: sender_task(), config_id: "cfg-1".into() },
         Event::ExternalMessageSent {

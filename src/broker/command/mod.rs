@@ -163,7 +163,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) 
         Command::CancelTask { task_id, reason, actor } => tasks::decide_cancel_task(view, task_id, reason, actor),
         Command::AckInjection { agent_id, ticket } => agents::decide_ack_injection(view, agent_id, *ticket),
         Command::UpdateTask(request) => tasks::decide_update_task(view, request),
-        Command::Webhook(command) => super::webhooks::decide(command),
+        Command::Webhook(command) => super::webhooks::decide(view, command),
         Command::External(command) => super::externals::decide(command),
         Command::SendExternal(request) => external::decide_send_external(view, request),
         Command::ExternalReply(request) => external::decide_external_reply(view, request),
