@@ -35,13 +35,18 @@ const SNAPSHOT: &str = "delivery";
 /// 2 (2026-11-27): an unverified sender's message is kept for its reply only when it expects
 /// one, and until its sender's task ends. 3 (2026-11-27): the push configs of the last 1,000
 /// tasks that ended are kept, not all. 4 (2026-11-27): a push config set after its task ended
-/// counts among those, and one that replaces another gives up the other's secret files.
+/// counts among those, and one that replaces another gives up the other's secret files; a
+/// webhook registered again for its URL takes over the old registration's pending deliveries.
 const SNAPSHOT_VERSION: u32 = 4;
 /// Events applied between two snapshots, so a start replays at most about this many (about
 /// 0.1 s: the whole log replayed at 1.75 s per million events in `scale`).
 /// `SYNAPSE_DELIVERY_SNAPSHOT_EVERY` sets another number (the tests take one at
 /// every change).
 const SNAPSHOT_EVERY: u64 = 65_536;
+
+/// How long the worker waits before it reads the log, or records an attempt, again after the
+/// store refused.
+const READ_RETRY: Duration = Duration::from_secs(1);
 
 fn snapshot_every() -> u64 {
     std::env::var("SYNAPSE_DELIVERY_SNAPSHOT_EVERY")
@@ -139,7 +144,20 @@ pub fn spawn(state: Arc<BrokerState>) {
         let mut shutdown = state.shutdown.subscribe();
         loop {
             loop {
-                let Ok(batch) = tail::next_batch(&state, cursor, false).await else { return };
+                let batch = match tail::next_batch(&state, cursor, false).await {
+                    Ok(batch) => batch,
+                    Err(tail::TailEnd::Shutdown) => return,
+                    // The store is being reopened after a failed write, say: the worker waits
+                    // and reads again (ending would leave every request that waits for it
+                    // waiting until the broker stops).
+                    Err(tail::TailEnd::Failed(reason)) => {
+                        tracing::warn!("delivery worker: cannot read the log ({reason}); reading again in a second");
+                        tokio::select! {
+                            _ = tokio::time::sleep(READ_RETRY) => continue,
+                            _ = shutdown.wait_for(|stopping| *stopping) => return,
+                        }
+                    }
+                };
                 if batch.is_empty() {
                     break;
                 }
@@ -153,10 +171,10 @@ pub fn spawn(state: Arc<BrokerState>) {
             }
             state.webhooks.cursor.send_replace(cursor);
             let now = crate::time::now_ms();
-            let (due, next, unused) = {
+            let (due, unused) = {
                 let mut outbox = state.webhooks.lock();
                 in_flight.retain(|(id, attempts)| Webhooks::is_awaited(&outbox, id, *attempts));
-                (outbox.due(now, &in_flight), outbox.next_due(), outbox.take_unused_secrets())
+                (outbox.due(now, &in_flight), outbox.take_unused_secrets())
             };
             let undeleted: Vec<String> =
                 unused.into_iter().filter(|reference| !webhooks::delete_secret(&state.paths.home, reference)).collect();
@@ -173,23 +191,45 @@ pub fn spawn(state: Arc<BrokerState>) {
                 tokio::spawn(async move {
                     let result = post(&state, &delivery, secret.as_ref()).await;
                     let attempt = webhooks::record(&delivery, result, crate::time::now_ms());
-                    let _ = state.writer.submit(Command::Webhook(WebhookCommand::RecordAttempt(attempt))).await;
+                    record_attempt(&state, attempt).await;
                 });
             }
+            // The next attempt due that is not under way (one under way is awaited by its
+            // record, which moves the head).
+            let next = state.webhooks.lock().next_due(&in_flight);
             if cursor >= saved.saturating_add(every) {
                 save_snapshot(&state, cursor).await;
                 // After a failure too: the next try comes after as many events again.
                 saved = cursor;
             }
-            let wait = next.filter(|at| *at > now).map(|at| Duration::from_millis(at - now));
-            let in_flight_only = next.is_some_and(|at| at <= now);
+            let wait = next.map(|at| Duration::from_millis(at.saturating_sub(now)));
             tokio::select! {
                 moved = tail::wait_past(&state, cursor) => if !moved { return },
-                _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))), if wait.is_some() && !in_flight_only => {}
+                _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))), if wait.is_some() => {}
                 _ = shutdown.wait_for(|stopping| *stopping) => return,
             }
         }
     });
+}
+
+/// Stores the outcome of a delivery's attempt. The delivery stays under way (not posted again)
+/// until its record is stored, so a refusal (the store being reopened, a full disk) is tried
+/// again until the broker stops.
+async fn record_attempt(state: &BrokerState, attempt: webhooks::Attempt) {
+    let mut shutdown = state.shutdown.subscribe();
+    loop {
+        let command = Command::Webhook(WebhookCommand::RecordAttempt(attempt.clone()));
+        let Err(error) = state.writer.submit(command).await else { return };
+        tracing::warn!(
+            "delivery worker: cannot record attempt {} of {} ({error}); trying again in a second",
+            attempt.attempt,
+            attempt.delivery_id
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(READ_RETRY) => {}
+            _ = shutdown.wait_for(|stopping| *stopping) => return,
+        }
+    }
 }
 
 /// Saves both projections as of event `through` (the worker has applied the log up to it and

@@ -57,6 +57,14 @@ pub struct RecentEvents {
 impl RecentEvents {
     pub fn push(&self, envelopes: Vec<Envelope>) {
         let Ok(mut ring) = self.ring.write() else { return };
+        // The ring holds consecutive events only (`after` counts on it): events that do not
+        // follow its last (a batch the reopened store took back from its write-ahead log was
+        // never pushed) start it again, and the tails read the store before them.
+        if let (Some(last), Some(first)) = (ring.back(), envelopes.first())
+            && first.seq != last.seq + 1
+        {
+            ring.clear();
+        }
         for envelope in envelopes {
             ring.push_back(Arc::new(TailEvent::new(envelope)));
         }
@@ -149,5 +157,40 @@ pub async fn wait_past(state: &BrokerState, cursor: u64) -> bool {
     tokio::select! {
         moved = head.wait_for(|head| *head > cursor) => moved.is_ok(),
         _ = shutdown.wait_for(|stopping| *stopping) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{AgentStatus, Event};
+
+    fn envelopes(seqs: std::ops::RangeInclusive<u64>) -> Vec<Envelope> {
+        seqs.map(|seq| Envelope {
+            v: 1,
+            seq,
+            time_ms: seq,
+            actor: None,
+            event: Event::AgentStatusChanged { agent_id: "a".into(), status: AgentStatus::Ready, note: None },
+        })
+        .collect()
+    }
+
+    fn seqs(events: Option<Vec<Arc<TailEvent>>>) -> Option<Vec<u64>> {
+        events.map(|events| events.iter().map(|event| event.seq).collect())
+    }
+
+    /// Events that do not follow the ring's last start it again: a tail never skips the ones
+    /// between (a batch taken back from the write-ahead log by a reopen was never pushed).
+    #[test]
+    fn the_ring_holds_consecutive_events_only() {
+        let recent = RecentEvents::default();
+        recent.push(envelopes(1..=3));
+        assert_eq!(seqs(recent.after(1, 10)), Some(vec![2, 3]));
+        recent.push(envelopes(6..=7));
+        assert_eq!(seqs(recent.after(3, 10)), None, "4 and 5 are read from the store");
+        assert_eq!(seqs(recent.after(5, 10)), Some(vec![6, 7]));
+        recent.push(envelopes(8..=8));
+        assert_eq!(seqs(recent.after(6, 10)), Some(vec![7, 8]));
     }
 }

@@ -377,6 +377,20 @@ impl Outbox {
                     (None, Some(secret)) => Some(SecretSource::Inline(secret.clone())),
                     (None, None) => None,
                 };
+                // The same URL again replaces its registration: the deliveries still pending
+                // go on under the new one (signed with its secret, dropped by its removal),
+                // and the old secret's file goes.
+                if let Some(old) = self.hooks.get(url) {
+                    let old_id = old.webhook_id.clone();
+                    if let Some(SecretSource::File(reference)) = &old.secret
+                        && !matches!(&secret, Some(SecretSource::File(new)) if new == reference)
+                    {
+                        self.retired_secrets.insert(reference.clone());
+                    }
+                    for delivery in self.pending.values_mut().filter(|delivery| delivery.webhook_id == old_id) {
+                        delivery.webhook_id = webhook_id.clone();
+                    }
+                }
                 self.hooks.insert(
                     url.clone(),
                     Hook {
@@ -577,7 +591,7 @@ impl Outbox {
             let Some((_, oldest)) = self.ended_push.pop_first() else { break };
             self.ended_push_at.remove(&oldest);
             for config in self.push.remove(&oldest).into_iter().flat_map(BTreeMap::into_values) {
-                // A config set after its task ended still names its secret files.
+                // Their files were given up when their task ended; any left go now.
                 self.retired_secrets.extend(config.auth.references().cloned());
             }
         }
@@ -669,8 +683,13 @@ impl Outbox {
             .collect()
     }
 
-    pub fn next_due(&self) -> Option<u64> {
-        self.pending.values().filter_map(|delivery| delivery.next_attempt_ms).min()
+    /// When the next attempt is due, of the deliveries not under way (`in_flight`).
+    pub fn next_due(&self, in_flight: &HashSet<(String, u32)>) -> Option<u64> {
+        self.pending
+            .values()
+            .filter(|delivery| !in_flight.contains(&(delivery.delivery_id.clone(), delivery.attempts)))
+            .filter_map(|delivery| delivery.next_attempt_ms)
+            .min()
     }
 }
 
@@ -1023,6 +1042,44 @@ pub(crate) mod tests {
         }
         assert!(outbox.push_configs("late").is_empty(), "forgotten with the tasks that ended first");
         assert_eq!(outbox.push_configs("open").len(), 1);
+    }
+
+    /// The same URL registered again: its pending delivery goes on under the new registration
+    /// (with its secret, and dropped by its removal), the old secret's file goes; the next
+    /// attempt due is that of a delivery not under way.
+    #[test]
+    fn a_url_registered_again_takes_over_the_pending_deliveries_and_gives_up_the_old_secret() {
+        let register = |webhook_id: &str, secret_ref: &str| Event::WebhookRegistered {
+            webhook_id: webhook_id.into(),
+            url: "http://127.0.0.1:1/".into(),
+            events: vec!["task.completed".into()],
+            secret: None,
+            secret_ref: Some(secret_ref.into()),
+        };
+        let mut outbox = Outbox::default();
+        outbox.apply(&envelope(1, register("11111111-0000", "secret-1")));
+        outbox.apply(&envelope(2, state_changed("t", TaskState::Completed)));
+        let pending = outbox.deliveries();
+        assert_eq!(pending.len(), 1);
+        let under_way = HashSet::from([(pending[0].delivery_id.clone(), 0)]);
+        assert_eq!(outbox.next_due(&HashSet::new()), pending[0].next_attempt_ms);
+        assert_eq!(outbox.next_due(&under_way), None, "the only delivery is under way");
+
+        outbox.apply(&envelope(3, register("22222222-0000", "secret-2")));
+        assert_eq!(outbox.take_unused_secrets(), ["secret-1"]);
+        let due = outbox.due(u64::MAX, &HashSet::new());
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].0.webhook_id, "22222222-0000");
+        assert!(matches!(&due[0].1, Some(SecretSource::File(reference)) if reference == "secret-2"));
+        // The same secret file again is not given up.
+        outbox.apply(&envelope(4, register("33333333-0000", "secret-2")));
+        assert!(outbox.take_unused_secrets().is_empty());
+        outbox.apply(&envelope(
+            5,
+            Event::WebhookRemoved { webhook_id: String::new(), url: "http://127.0.0.1:1/".into() },
+        ));
+        assert!(outbox.deliveries().is_empty(), "the removal drops the delivery it took over");
+        assert_eq!(outbox.take_unused_secrets(), ["secret-2"]);
     }
 
     #[test]
