@@ -315,6 +315,11 @@ impl PushAuth {
     fn references(&self) -> impl Iterator<Item = &String> {
         self.token_ref.iter().chain(self.credentials_ref.iter())
     }
+
+    /// Forgets the secret files it names, and gives their references (to retire them).
+    fn take_references(&mut self) -> impl Iterator<Item = String> {
+        self.token_ref.take().into_iter().chain(self.credentials_ref.take())
+    }
 }
 
 /// Where the reply to an unverified external sender's message goes (a Python Synapse agent).
@@ -453,9 +458,7 @@ impl Outbox {
                 // A config set after its task ended gets no notification: its secrets are not
                 // needed, and it counts among the configs of tasks that ended from now on.
                 if *task_ended {
-                    self.retired_secrets.extend(config.auth.references().cloned());
-                    config.auth.token_ref = None;
-                    config.auth.credentials_ref = None;
+                    self.retired_secrets.extend(config.auth.take_references());
                 }
                 let named: Vec<String> = config.auth.references().cloned().collect();
                 let replaced = self.push.entry(task_id.clone()).or_default().insert(config_id.clone(), config);
@@ -551,9 +554,7 @@ impl Outbox {
                 {
                     if state.is_final() {
                         for config in configs.values_mut() {
-                            self.retired_secrets.extend(config.auth.references().cloned());
-                            config.auth.token_ref = None;
-                            config.auth.credentials_ref = None;
+                            self.retired_secrets.extend(config.auth.take_references());
                         }
                         self.set_push_ended(task_id, Some(envelope.seq));
                     } else {
@@ -806,6 +807,20 @@ pub(crate) mod tests {
         }
     }
 
+    /// A client's push config `c` for `task_id`, with a token file.
+    fn push_config_set(task_id: &str, token_ref: &str, task_ended: bool) -> Event {
+        Event::PushConfigSet {
+            task_id: task_id.into(),
+            config_id: "c".into(),
+            context_id: "ctx".into(),
+            url: "http://127.0.0.1:3/".into(),
+            token_ref: Some(token_ref.into()),
+            auth_scheme: None,
+            credentials_ref: None,
+            task_ended,
+        }
+    }
+
     #[test]
     fn hmac_matches_rfc_4231_test_case_2() {
         assert_eq!(
@@ -963,16 +978,7 @@ pub(crate) mod tests {
     /// notifications are still delivered.
     #[test]
     fn the_push_configs_of_the_tasks_that_ended_longest_ago_are_forgotten() {
-        let set = |task_id: &str| Event::PushConfigSet {
-            task_id: task_id.into(),
-            config_id: "c".into(),
-            context_id: "ctx".into(),
-            url: "http://127.0.0.1:3/".into(),
-            token_ref: Some(format!("token-{task_id}")),
-            auth_scheme: None,
-            credentials_ref: None,
-            task_ended: false,
-        };
+        let set = |task_id: &str| push_config_set(task_id, &format!("token-{task_id}"), false);
         let mut outbox = Outbox::default();
         let mut seq = 0;
         let mut apply = |outbox: &mut Outbox, event: Event| {
@@ -1010,26 +1016,16 @@ pub(crate) mod tests {
     /// config that replaces another gives up the other's secret.
     #[test]
     fn a_config_set_after_its_task_ended_or_replaced_gives_up_its_secret() {
-        let set = |task_id: &str, token: &str, task_ended: bool| Event::PushConfigSet {
-            task_id: task_id.into(),
-            config_id: "c".into(),
-            context_id: "ctx".into(),
-            url: "http://127.0.0.1:3/".into(),
-            token_ref: Some(token.into()),
-            auth_scheme: None,
-            credentials_ref: None,
-            task_ended,
-        };
         let mut outbox = Outbox::default();
-        outbox.apply(&envelope(1, set("open", "token-1", false)));
-        outbox.apply(&envelope(2, set("open", "token-2", false)));
+        outbox.apply(&envelope(1, push_config_set("open", "token-1", false)));
+        outbox.apply(&envelope(2, push_config_set("open", "token-2", false)));
         assert_eq!(outbox.take_unused_secrets(), ["token-1"]);
         assert_eq!(outbox.push_configs("open")[0].auth.token_ref.as_deref(), Some("token-2"));
         // The same reference again is not given up.
-        outbox.apply(&envelope(3, set("open", "token-2", false)));
+        outbox.apply(&envelope(3, push_config_set("open", "token-2", false)));
         assert!(outbox.take_unused_secrets().is_empty());
 
-        outbox.apply(&envelope(4, set("late", "token-late", true)));
+        outbox.apply(&envelope(4, push_config_set("late", "token-late", true)));
         assert_eq!(outbox.take_unused_secrets(), ["token-late"]);
         assert_eq!(outbox.push_configs("late").len(), 1, "still listed");
         assert_eq!(outbox.ended_push_at.get("late"), Some(&4));
@@ -1037,7 +1033,7 @@ pub(crate) mod tests {
         for n in 0..KEPT_ENDED_PUSH {
             let task = format!("p{n}");
             let seq = 10 + 2 * n as u64;
-            outbox.apply(&envelope(seq, set(&task, &format!("token-{n}"), false)));
+            outbox.apply(&envelope(seq, push_config_set(&task, &format!("token-{n}"), false)));
             outbox.apply(&envelope(seq + 1, state_changed(&task, TaskState::Completed)));
         }
         assert!(outbox.push_configs("late").is_empty(), "forgotten with the tasks that ended first");
