@@ -248,7 +248,7 @@ async fn save_snapshot(state: &Arc<BrokerState>, through: u64) {
         Ok(Err(error)) => {
             tracing::warn!("the delivery worker cannot save its snapshot ({error})");
             // A failed commit leaves the database refused until the writer reopens it.
-            if error.is_io_failure() {
+            if error.refuses_until_reopened() {
                 state.writer.report_storage_failure(format!("delivery snapshot: {error}"));
             }
         }

@@ -59,7 +59,7 @@ pub fn spawn(state: Arc<BrokerState>) {
                 Ok(Err(error)) => {
                     tracing::warn!("history index: {error}; searches read the log until it catches up");
                     // A failed commit leaves the database refused until the writer reopens it.
-                    if error.is_io_failure() {
+                    if error.refuses_until_reopened() {
                         state.writer.report_storage_failure(format!("history index: {error}"));
                     }
                     RETRY

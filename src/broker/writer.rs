@@ -421,7 +421,7 @@ fn catch_storage_panic<T>(work: impl FnOnce() -> Result<T, StoreError>) -> Resul
 
 /// Does this error leave redb's database unusable until it is reopened?
 fn needs_reopen(error: &StoreError) -> bool {
-    error.is_io_failure() || matches!(error, StoreError::Reopening(_))
+    error.refuses_until_reopened() || matches!(error, StoreError::Reopening(_))
 }
 
 fn describe_storage_failure(error: &StoreError) -> String {

@@ -95,12 +95,18 @@ impl StorageBackend for Recording {
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
-        self.failure.note(self.file.sync_data())
+        let synced = self.file.sync_data();
+        let reported = synced.and_then(|()| self.disk.as_ref().map_or(Ok(()), |disk| disk.after_sync()));
+        self.failure.note(reported)
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
         let checked = self.disk.as_ref().map_or(Ok(()), |disk| disk.check_write(offset, data.len()));
-        self.failure.note(checked.and_then(|()| self.file.write(offset, data)))
+        let written = checked.and_then(|()| self.file.write(offset, data));
+        if let (Ok(()), Some(disk)) = (&written, &self.disk) {
+            disk.after_write(offset);
+        }
+        self.failure.note(written)
     }
 
     fn close(&self) -> Result<(), io::Error> {

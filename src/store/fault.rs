@@ -14,6 +14,8 @@
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
+#[cfg(test)]
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The state of the simulated disk, shared by every backend opened on the file (a reopen
@@ -25,11 +27,49 @@ pub struct SimulatedDisk {
     /// The length up to which the file has blocks: its length when first opened, and how far
     /// writes reached while the disk was not full. `u64::MAX` until first opened.
     allocated: Arc<AtomicU64>,
+    /// Tests only: see [`Self::fail_sync_after_next_commit`]. Armed, then the header written.
+    #[cfg(test)]
+    fail_sync: Arc<(AtomicBool, AtomicBool)>,
 }
 
 impl SimulatedDisk {
     pub fn new(switch: PathBuf) -> SimulatedDisk {
-        SimulatedDisk { switch, allocated: Arc::new(AtomicU64::new(u64::MAX)) }
+        SimulatedDisk {
+            switch,
+            allocated: Arc::new(AtomicU64::new(u64::MAX)),
+            #[cfg(test)]
+            fail_sync: Arc::new((AtomicBool::new(false), AtomicBool::new(false))),
+        }
+    }
+
+    /// Tests only: the fsync that follows the next write of the database's header (a durable
+    /// commit's last step) makes everything durable and then reports an I/O error, as a file
+    /// system that reports a failure late does. redb then answers that the commit failed,
+    /// though a reopen finds it.
+    #[cfg(test)]
+    pub fn fail_sync_after_next_commit(&self) {
+        self.fail_sync.1.store(false, Ordering::SeqCst);
+        self.fail_sync.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Called after each write of the database that succeeded.
+    pub fn after_write(&self, offset: u64) {
+        #[cfg(test)]
+        if offset == 0 && self.fail_sync.0.load(Ordering::SeqCst) {
+            self.fail_sync.1.store(true, Ordering::SeqCst);
+        }
+        #[cfg(not(test))]
+        let _ = offset;
+    }
+
+    /// Called after each fsync of the database that succeeded: the failure a test asked for.
+    pub fn after_sync(&self) -> Result<(), io::Error> {
+        #[cfg(test)]
+        if self.fail_sync.1.swap(false, Ordering::SeqCst) {
+            self.fail_sync.0.store(false, Ordering::SeqCst);
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
     }
 
     /// Is the disk "full" now? (The write-ahead log asks too: it must fail as the database does.)

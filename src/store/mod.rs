@@ -68,10 +68,10 @@ const REOPEN_WAIT: Duration = Duration::from_secs(2);
 /// with 32 and 64 MB: the system's page cache holds the file too.
 const CACHE_SIZE_BYTES: usize = 16 << 20;
 
-/// A batch is made durable by the write-ahead log ([`wal`]) until this many have been logged, or
-/// this many bytes, since the last durable commit; the next one is then committed durably in
-/// the database itself (a checkpoint), and the log starts over. The writer also checkpoints
-/// when it is idle ([`Store::checkpoint`]).
+/// A batch is made durable by the write-ahead log ([`wal`]). Once this many have been logged, or
+/// this many bytes, since the last durable commit, the next batch is preceded by a durable commit
+/// of the database itself (a checkpoint, holding no event of its own), and the log starts over.
+/// The writer also checkpoints when it is idle ([`Store::checkpoint`]).
 const CHECKPOINT_RECORDS: u32 = 256;
 const CHECKPOINT_BYTES: u64 = 4 << 20;
 
@@ -100,6 +100,10 @@ pub enum StoreError {
     Reopening(Option<String>),
     #[error("the database is corrupt: {0}")]
     Corrupt(String),
+    /// redb's refusal of every write after a commit that failed other than by I/O (it has
+    /// discarded its record of free pages) until the database is reopened.
+    #[error("the database must be reopened: {0}")]
+    MustReopen(String),
     #[error("storage error: {0}")]
     Storage(String),
 }
@@ -117,6 +121,9 @@ impl From<DecodeError> for StoreError {
 /// It does not say what failed: [`Store::explained`] puts the cause in its place ([`failure`]).
 const EARLIER_WRITE_FAILED: &str = "an earlier write failed (Previous I/O error occurred)";
 
+/// How redb says it has discarded its allocator state ("... reopen the database to repair it").
+const REDB_ASKS_FOR_REOPEN: &str = "reopen the database";
+
 fn is_disk_full(error: &std::io::Error) -> bool {
     error.kind() == std::io::ErrorKind::StorageFull || error.raw_os_error() == Some(libc::ENOSPC)
 }
@@ -131,6 +138,9 @@ macro_rules! storage_error_from {
                     redb::Error::Io(io) => StoreError::Io(io.to_string()),
                     redb::Error::PreviousIo => StoreError::Io(EARLIER_WRITE_FAILED.into()),
                     redb::Error::DatabaseClosed => StoreError::Reopening(None),
+                    redb::Error::Corrupted(reason) if reason.contains(REDB_ASKS_FOR_REOPEN) => {
+                        StoreError::MustReopen(reason)
+                    }
                     redb::Error::Corrupted(reason) => StoreError::Corrupt(reason),
                     other => StoreError::Storage(other.to_string()),
                 }
@@ -145,6 +155,12 @@ impl StoreError {
     /// write, redb refuses the database until it is reopened ([`Store::reopen`]).
     pub fn is_io_failure(&self) -> bool {
         matches!(self, StoreError::DiskFull(_) | StoreError::Io(_))
+    }
+
+    /// Does redb refuse the database after this failure until it is reopened? After a failed
+    /// write to the storage, and after a commit that failed otherwise.
+    pub fn refuses_until_reopened(&self) -> bool {
+        self.is_io_failure() || matches!(self, StoreError::MustReopen(_))
     }
 }
 
@@ -391,7 +407,21 @@ impl Store {
                 return Ok(());
             }
             txn.commit()?;
-            wal.reset()
+            // Everything is durable in the database now. A log whose first record cannot be
+            // cleared still starts over in memory, and its records are skipped by the next open
+            // (they are not past the database's head): the database need not be reopened.
+            if let Err(error) = wal.reset() {
+                tracing::warn!("the write-ahead log cannot start over: {error}");
+            }
+            Ok(())
+        })
+    }
+
+    /// Has the write-ahead log grown enough for a checkpoint before the next batch?
+    fn checkpoint_due(&self) -> bool {
+        self.wal.as_ref().is_some_and(|wal| {
+            let (records, bytes) = wal.lock().unwrap_or_else(PoisonError::into_inner).pending();
+            records >= CHECKPOINT_RECORDS || bytes >= CHECKPOINT_BYTES
         })
     }
 
@@ -504,6 +534,13 @@ impl Store {
         time_ms: u64,
         work: impl FnOnce(&mut Appender<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        // A due checkpoint is a commit of its own, before the batch: a durable commit that
+        // fails may have reached the disk all the same (redb says so), which is harmless for one
+        // that holds no event, but a batch in it would be stored after its callers heard it was
+        // not, and stored twice when they try again. So every batch goes through the log.
+        if self.checkpoint_due() {
+            self.checkpoint()?;
+        }
         let txn = self.db()?.begin_write()?;
         let (result, logged) = {
             let log = txn.open_table(LOG)?;
@@ -535,16 +572,6 @@ impl Store {
             return Ok(());
         };
         let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
-        let (records, bytes) = wal.pending();
-        if records >= CHECKPOINT_RECORDS || bytes + logged.len() as u64 >= CHECKPOINT_BYTES {
-            txn.commit()?;
-            // Everything is durable in the database now; a log that cannot start over keeps
-            // records the next open skips (they are not past the database's head).
-            if let Err(error) = wal.reset() {
-                tracing::warn!("the write-ahead log cannot start over: {error}");
-            }
-            return Ok(());
-        }
         txn.set_durability(Durability::None).map_err(|error| StoreError::Storage(error.to_string()))?;
         if logged.is_empty() {
             // No event: nothing to make durable.

@@ -477,6 +477,52 @@ impl redb::StorageBackend for FullDisk {
     }
 }
 
+/// A backend whose fsync panics while `panic` is set: a commit that fails other than by I/O.
+#[derive(Debug)]
+struct PanickingSync {
+    inner: InMemoryBackend,
+    panic: Arc<AtomicBool>,
+}
+
+impl redb::StorageBackend for PanickingSync {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        assert!(!self.panic.swap(false, Ordering::SeqCst), "a commit that fails other than by I/O");
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.inner.write(offset, data)
+    }
+}
+
+#[test]
+fn after_a_commit_that_failed_other_than_by_io_every_write_asks_for_a_reopen() {
+    let panic = Arc::new(AtomicBool::new(false));
+    let store =
+        Store::open_with_backend(PanickingSync { inner: InMemoryBackend::new(), panic: panic.clone() }).unwrap();
+    store.transact(1, |appender| appender.append(None, small_batch())).unwrap();
+    panic.store(true, Ordering::SeqCst);
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        store.transact(2, |appender| appender.append(None, small_batch()))
+    }));
+    assert!(failed.is_err(), "the commit panicked");
+    // redb has discarded its allocator state: it refuses every write, with an error that must
+    // make the broker reopen the database (the writer, the indexer and the delivery worker ask
+    // `refuses_until_reopened`).
+    let refused = store.transact(3, |appender| appender.append(None, small_batch())).unwrap_err();
+    assert!(matches!(refused, StoreError::MustReopen(_)), "{refused:?}");
+    assert!(refused.refuses_until_reopened());
+    assert!(refused.to_string().contains("must be reopened"), "{refused}");
+}
+
 #[test]
 fn a_full_disk_is_reported_clearly_and_nothing_half_written_is_acknowledged() {
     let full = Arc::new(AtomicBool::new(false));
@@ -822,22 +868,25 @@ fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_s
     let (_dir, switch, store) = store_on_a_disk_that_fills();
     let (small, large) = (small_batch, large_batch);
     store.transact(1, |appender| appender.append(None, small())).unwrap();
+    // The write-ahead log grows to hold it, and keeps that room after the checkpoint.
+    store.transact(2, |appender| appender.append(None, large())).unwrap();
     // Durable in the database itself, not only in the write-ahead log.
     store.checkpoint().unwrap();
     assert!(!store.checkpoint_pending());
 
     std::fs::write(&switch, b"").unwrap();
-    let error = store.transact(2, |appender| appender.append(None, large())).unwrap_err();
+    // The log has room for it; the database needs new blocks.
+    let error = store.transact(3, |appender| appender.append(None, large())).unwrap_err();
     assert!(error.is_io_failure(), "{error:?}");
     // redb refuses the database after a failed commit, reads included, until it is reopened.
     let refused = store.head().unwrap_err();
     assert!(refused.is_io_failure(), "{refused:?}");
     store.reopen(&error.to_string()).unwrap();
-    assert_eq!(store.head().unwrap(), 1, "the committed event is there, the failed one is not");
+    assert_eq!(store.head().unwrap(), 2, "the committed events are there, the failed one is not");
 
     std::fs::remove_file(&switch).unwrap();
-    store.transact(3, |appender| appender.append(None, large())).unwrap();
-    assert_eq!(store.head().unwrap(), 2);
+    store.transact(4, |appender| appender.append(None, large())).unwrap();
+    assert_eq!(store.head().unwrap(), 3);
     assert!(store.verify().unwrap().differences.is_empty());
 }
 
@@ -845,14 +894,15 @@ fn a_store_reopened_after_a_full_disk_keeps_every_commit_and_writes_again_when_s
 fn a_write_after_a_failed_one_hears_the_cause_not_only_that_an_earlier_write_failed() {
     let (_dir, switch, store) = store_on_a_disk_that_fills();
     store.transact(1, |appender| appender.append(None, small_batch())).unwrap();
+    store.transact(2, |appender| appender.append(None, large_batch())).unwrap();
     store.checkpoint().unwrap();
 
     std::fs::write(&switch, b"").unwrap();
-    let first = store.transact(2, |appender| appender.append(None, large_batch())).unwrap_err();
+    let first = store.transact(3, |appender| appender.append(None, large_batch())).unwrap_err();
     assert!(matches!(first, StoreError::DiskFull(_)), "{first:?}");
     // The next write (the writer's batch after the history indexer's failed step, say) gets
     // only redb's "Previous I/O error occurred"; it must say what failed.
-    let next = store.transact(3, |appender| appender.append(None, small_batch())).unwrap_err();
+    let next = store.transact(4, |appender| appender.append(None, small_batch())).unwrap_err();
     assert!(matches!(next, StoreError::DiskFull(_)), "{next:?}");
     assert!(next.to_string().contains("disk is full"), "{next}");
     let checkpoint = store.checkpoint().unwrap_err();
@@ -866,8 +916,8 @@ fn a_write_after_a_failed_one_hears_the_cause_not_only_that_an_earlier_write_fai
     std::fs::remove_file(&switch).unwrap();
     store.reopen(&first.to_string()).unwrap();
     assert_eq!(noted(), None);
-    store.transact(4, |appender| appender.append(None, small_batch())).unwrap();
-    assert_eq!(store.head().unwrap(), 2);
+    store.transact(5, |appender| appender.append(None, small_batch())).unwrap();
+    assert_eq!(store.head().unwrap(), 3);
 }
 
 #[test]
@@ -1355,5 +1405,35 @@ fn a_snapshot_that_a_full_disk_refuses_leaves_the_previous_one_and_every_acknowl
     assert_eq!(store.snapshot("delivery").unwrap().map(|bytes| bytes.len()), Some(8 << 20));
     store.transact(3, |appender| appender.append(None, small_batch())).unwrap();
     assert_eq!(store.head().unwrap(), 3);
+    assert!(store.verify().unwrap().differences.is_empty());
+}
+
+#[test]
+fn a_batch_answered_not_stored_is_not_stored_when_a_checkpoint_fails_after_reaching_the_disk() {
+    let (_dir, _switch, store) = store_on_a_disk_that_fills();
+    let disk = store.source.as_ref().and_then(|source| source.simulated_disk.clone()).unwrap();
+    store.transact(1, |appender| appender.append(None, small_batch())).unwrap();
+    // The next durable commit reaches the disk, but its fsync reports a failure: redb then
+    // answers that it failed, though a reopen finds it.
+    disk.fail_sync_after_next_commit();
+    let mut stored = 1;
+    let mut failure = None;
+    // A batch past the checkpoint's size, then small ones until one meets the failed fsync.
+    for time in 2..10 {
+        let batch = if time == 2 { large_batch() } else { small_batch() };
+        match store.transact(time, |appender| appender.append(None, batch)) {
+            Ok(_) => stored += 1,
+            Err(error) => {
+                failure = Some(error);
+                break;
+            }
+        }
+    }
+    let error = failure.expect("a checkpoint was due within a few batches");
+    assert!(error.is_io_failure(), "{error:?}");
+    store.reopen(&error.to_string()).unwrap();
+    assert_eq!(store.head().unwrap(), stored, "every batch answered stored is there, and none answered not stored");
+    store.transact(10, |appender| appender.append(None, small_batch())).unwrap();
+    assert_eq!(store.head().unwrap(), stored + 1);
     assert!(store.verify().unwrap().differences.is_empty());
 }

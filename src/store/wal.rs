@@ -41,8 +41,9 @@ const SEPARATE_WRITES_FROM: usize = 64 << 10;
 const EVENT_HEADER: usize = 12;
 /// The file grows by this much at a time, written with zeros: an append inside the file's
 /// length needs no metadata update, and its fsync is then that of the data alone (90-130 µs
-/// here, against 190-330 µs for an append that grows the file). The store checkpoints before
-/// the log reaches 4 MiB, so after the first few checkpoints the file no longer grows.
+/// here, against 190-330 µs for an append that grows the file). The store checkpoints once the
+/// log holds 4 MiB (the batch that crosses it is logged whole), so after the first few
+/// checkpoints the file grows only for a batch larger than any before.
 const GROW_BYTES: u64 = 1 << 20;
 /// The size and alignment of a direct write: a page, which covers disks of 512-byte and of
 /// 4 KiB sectors alike.
