@@ -353,6 +353,7 @@ impl Store {
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(old))).is_err() {
             tracing::warn!("the failed database panicked while closing");
         }
+        forget_cached_pages(&source.path);
         let deadline = Instant::now() + REOPEN_WAIT;
         let db = loop {
             match open_database(source) {
@@ -672,6 +673,28 @@ pub struct TableSize {
 
 fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
+}
+
+/// Drops the system's cached copy of the database file's pages, so that a reopen reads what
+/// the disk holds. After a failed fsync, Linux may keep showing pages it never wrote (it marks
+/// them clean): a reopen that read them would take a commit that is not on the disk for
+/// durable, and start the write-ahead log over while the log is the only durable copy of the
+/// batches since the last checkpoint. Best effort: pages still dirty are not dropped, and are
+/// written by the next fsync.
+fn forget_cached_pages(path: &Path) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let Ok(file) = std::fs::File::open(path) else { return };
+        // SAFETY: posix_fadvise only reads its arguments; the descriptor is open for the call.
+        #[allow(unsafe_code)]
+        let result = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if result != 0 {
+            tracing::debug!("{}: the cached pages were not dropped (error {result})", path.display());
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = path;
 }
 
 /// The sequence number of the log's last event; 0 when it has none.

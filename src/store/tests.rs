@@ -1437,3 +1437,42 @@ fn a_batch_answered_not_stored_is_not_stored_when_a_checkpoint_fails_after_reach
     assert_eq!(store.head().unwrap(), stored + 1);
     assert!(store.verify().unwrap().differences.is_empty());
 }
+
+/// How many of the file's pages the system's page cache holds (`mincore` on a mapping of it).
+#[allow(unsafe_code)]
+fn cached_pages(path: &std::path::Path) -> (usize, usize) {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    let length = usize::try_from(file.metadata().unwrap().len()).unwrap();
+    let page = 4096;
+    let pages = length.div_ceil(page);
+    let mut resident = vec![0_u8; pages];
+    // SAFETY: a private read-only mapping of an open file, unmapped before returning; mincore
+    // writes one byte per page into a vector of that many bytes.
+    unsafe {
+        let map = libc::mmap(std::ptr::null_mut(), length, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0);
+        assert_ne!(map, libc::MAP_FAILED);
+        assert_eq!(libc::mincore(map, length, resident.as_mut_ptr()), 0);
+        libc::munmap(map, length);
+    }
+    (resident.iter().filter(|byte| **byte & 1 == 1).count(), pages)
+}
+
+#[test]
+fn a_reopen_first_drops_the_cached_pages_so_that_it_reads_what_the_disk_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.redb");
+    let store = Store::open(&path).unwrap();
+    for time in 1..20 {
+        store.transact(time, |appender| appender.append(None, small_batch())).unwrap();
+    }
+    store.transact(20, |appender| appender.append(None, large_batch())).unwrap();
+    store.checkpoint().unwrap();
+    // Written and fsynced through the page cache, which still holds the pages.
+    let (before, pages) = cached_pages(&path);
+    assert!(before >= (8 << 20) / 4096, "{before} of {pages} pages cached after writing");
+    // What `Store::reopen` does before it opens the file again.
+    super::forget_cached_pages(&path);
+    let (after, _) = cached_pages(&path);
+    assert!(after < before / 10, "{after} of {pages} pages still cached ({before} before)");
+}
