@@ -43,6 +43,10 @@ fn end_quietly_on_a_closed_pipe() {
         if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
             std::process::exit(CLOSED_PIPE_EXIT);
         }
+        // Caught, and reported in the wrapper's log (a screen model that failed).
+        if synapse::agent::readiness::panic_is_contained() {
+            return;
+        }
         default_hook(info);
     }));
 }

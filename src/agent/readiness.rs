@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 pub struct Readiness {
     parser: vt100::Parser,
+    /// The screen's rows and columns.
+    size: (u16, u16),
     idle: IdleStrategy,
     last_output: Option<Instant>,
     /// When we last wrote input into the CLI: it is busy until it answers after that.
@@ -21,6 +23,25 @@ pub struct Readiness {
     /// The texts written lately (newest last): a dialog pattern on a screen row that only
     /// shows one of them is the echo of a message, not a dialog.
     recent_inputs: std::collections::VecDeque<String>,
+}
+
+std::thread_local! {
+    /// Is this thread running work whose panic is caught ([`contained`])?
+    static CONTAINING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Is the panic under way on this thread one that [`contained`] catches? The process's panic
+/// hooks then neither print it nor put the terminal back in normal mode: the wrapper goes on.
+pub fn panic_is_contained() -> bool {
+    CONTAINING.with(std::cell::Cell::get)
+}
+
+/// Runs `work`, catching its panic (None).
+fn contained<T>(work: impl FnOnce() -> T) -> Option<T> {
+    let was = CONTAINING.with(|containing| containing.replace(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+    CONTAINING.with(|containing| containing.set(was));
+    result.ok()
 }
 
 /// How many written texts [`Readiness::recent_inputs`] keeps.
@@ -35,6 +56,7 @@ impl Readiness {
     pub fn new(idle: IdleStrategy, rows: u16, cols: u16) -> Readiness {
         Readiness {
             parser: vt100::Parser::new(rows.max(2), cols.max(10), 0),
+            size: (rows.max(2), cols.max(10)),
             idle,
             last_output: None,
             last_input: None,
@@ -45,7 +67,9 @@ impl Readiness {
     }
 
     pub fn feed(&mut self, bytes: &[u8], now: Instant) {
-        self.parser.process(bytes);
+        if contained(|| self.parser.process(bytes)).is_none() {
+            self.start_afresh();
+        }
         if self.parser.screen().bracketed_paste() {
             self.seen_bracketed_paste = true;
         }
@@ -148,7 +172,20 @@ impl Readiness {
     }
 
     pub fn resize(&mut self, rows: u16, cols: u16) {
-        self.parser.screen_mut().set_size(rows.max(2), cols.max(10));
+        self.size = (rows.max(2), cols.max(10));
+        let (rows, cols) = self.size;
+        if contained(|| self.parser.screen_mut().set_size(rows, cols)).is_none() {
+            self.start_afresh();
+        }
+    }
+
+    /// A screen model that panicked (vt100 0.16 does on a screen narrowed under the first half
+    /// of a wide character, doy/vt100-rust#28) is replaced by a blank one: the CLI's next
+    /// drawing fills it, and the agent goes on being read and written to.
+    fn start_afresh(&mut self) {
+        tracing::warn!("the screen model failed on the CLI's output; it starts again from a blank screen");
+        let (rows, cols) = self.size;
+        self.parser = vt100::Parser::new(rows, cols, 0);
     }
 
     /// Did the CLI turn bracketed paste on (and keep it on)?
@@ -217,6 +254,24 @@ mod tests {
 
     fn detector(profile: &str) -> Readiness {
         Readiness::new(builtin(profile).unwrap().idle, 24, 80)
+    }
+
+    /// vt100 0.16 panics when a screen narrowed under a wide character's first half then erases
+    /// it (doy/vt100-rust#28): the screen model starts afresh, and the CLI's next drawing fills it.
+    #[test]
+    fn a_resize_that_cuts_a_wide_character_in_half_does_not_end_the_screen_model() {
+        let mut ready = detector("dummy");
+        let start = Instant::now();
+        // A wide character in the last two columns, then the terminal one column narrower.
+        ready.feed("\x1b[1;79H中".as_bytes(), start);
+        ready.resize(24, 79);
+        assert!(ready.shows("中"));
+        // Erasing the line from the character on.
+        ready.feed(b"\x1b[1;79H\x1b[K", start);
+        ready.feed(b"x", start);
+        ready.feed(b"\x1b[2J\x1b[HDummy agent ready.\r\n> ", start);
+        assert_eq!(ready.status(start).0, AgentStatus::Ready);
+        assert!(ready.shows("Dummy agent ready."));
     }
 
     #[test]

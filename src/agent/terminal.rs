@@ -43,6 +43,9 @@ impl RawMode {
         }
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
+            if super::readiness::panic_is_contained() {
+                return;
+            }
             restore();
             previous(info);
         }));

@@ -10,6 +10,13 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     synapse::cli::init_logging();
+    // A panic the wrapper catches (a screen model that failed) is reported in its log only.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !synapse::agent::readiness::panic_is_contained() {
+            default_hook(info);
+        }
+    }));
     let words: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let result = synapse::cli::check_wrapper_build()
         .and_then(|()| synapse::config::Paths::from_env())
