@@ -515,6 +515,73 @@ fn a_socket_directory_or_socket_of_another_user_is_refused() {
     );
 }
 
+/// The CLI falls back to the broker's TCP port (from `broker.json`) when its socket cannot be
+/// reached. A port another user took after the broker died gets nothing: whoever listens there
+/// would get a wrapper's secret and choose what is typed into its terminal (needs root to act
+/// as another user).
+#[test]
+fn a_broker_port_served_by_another_user_gets_nothing() {
+    if my_uid() != 0 {
+        eprintln!("SKIPPED: needs root to run a process as another user");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let home = Home::new();
+    // The listening socket is made after setuid: its owner, and its connections', is nobody.
+    let script = format!(
+        "import os, socket\n\
+         os.setgid({NOBODY}); os.setuid({NOBODY})\n\
+         s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(8)\n\
+         print('ready', os.getpid(), s.getsockname()[1], flush=True)\n\
+         total = 0\n\
+         s.settimeout(15)\n\
+         try:\n\
+         \x20   while True:\n\
+         \x20       c, _ = s.accept(); c.settimeout(2)\n\
+         \x20       try:\n\
+         \x20           total += len(c.recv(65536))\n\
+         \x20       except Exception:\n\
+         \x20           pass\n\
+         \x20       print('received', total, flush=True)\n\
+         except Exception:\n\
+         \x20   pass\n"
+    );
+    let mut fake = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(fake.stdout.take().unwrap());
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut lines, &mut ready).unwrap();
+    let words: Vec<&str> = ready.split_whitespace().collect();
+    assert_eq!(words.first(), Some(&"ready"), "{ready}");
+    let (pid, port): (u32, u16) = (words[1].parse().unwrap(), words[2].parse().unwrap());
+    // What a broker killed with SIGKILL leaves, with its pid and port taken by the other user.
+    std::fs::create_dir_all(home.home()).unwrap();
+    let info = serde_json::json!({
+        "pid": pid, "version": synapse::api::VERSION, "schema": 1, "home": home.home().display().to_string(),
+        "socket": home.socket().display().to_string(), "port": port, "head": 0,
+    });
+    std::fs::write(home.home().join("broker.json"), info.to_string()).unwrap();
+    let output = home
+        .cmd(&["send", "bob", "secret plans", "--no-response"])
+        .env("SYNAPSE_CLIENT_TIMEOUT_MS", "5000")
+        .output()
+        .unwrap();
+    // Refused, and said; the CLI then starts a broker of its own, which knows no bob.
+    assert!(stderr(&output).contains(&format!("served by uid {NOBODY}")), "{}", describe(&output));
+    assert!(stderr(&output).contains("No agent found matching 'bob'"), "{}", describe(&output));
+    let _ = fake.kill();
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut lines, &mut rest);
+    let _ = fake.wait();
+    assert!(
+        !rest.lines().any(|line| line.starts_with("received") && line != "received 0"),
+        "the other user's listener got bytes: {rest}"
+    );
+}
+
 fn my_uid() -> u32 {
     synapse::private_files::my_uid()
 }

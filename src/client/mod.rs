@@ -171,6 +171,21 @@ async fn connect_socket(socket: &std::path::Path) -> std::io::Result<Connected> 
 
 async fn connect_tcp(port: u16) -> std::io::Result<Sender> {
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    // Whoever listens on the port gets the request (an agent's secret, for a wrapper) and
+    // decides what is typed into its terminal: a port another user took after the broker
+    // died is refused, as another user's socket is. The broker's end of the connection shows
+    // its owner in `/proc/net/tcp`.
+    match crate::process::loopback_tcp_socket(stream.local_addr()?, stream.peer_addr()?) {
+        Some(socket) if socket.uid == crate::private_files::my_uid() => {}
+        found => {
+            let who = found
+                .map_or_else(|| "a process that cannot be traced".to_string(), |socket| format!("uid {}", socket.uid));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("the broker's TCP port {port} is served by {who}, not by this user: nothing was sent"),
+            ));
+        }
+    }
     stream.set_nodelay(true)?;
     handshake(TokioIo::new(stream)).await
 }
@@ -225,7 +240,15 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Connected> {
                             "cannot connect to {} ({again}); using the broker's TCP port {port}",
                             paths.broker_socket().display()
                         );
-                        connect_tcp(port).await.map(|sender| (sender, None)).map_err(|_| again)
+                        connect_tcp(port).await.map(|sender| (sender, None)).map_err(|tcp| {
+                            // Another user's port is said; otherwise why the socket failed is.
+                            if tcp.kind() == std::io::ErrorKind::PermissionDenied {
+                                tracing::warn!("{tcp}");
+                                tcp
+                            } else {
+                                again
+                            }
+                        })
                     }
                 },
                 None => Err(unix_error),

@@ -48,22 +48,45 @@ impl AuthConfig {
     }
 }
 
-/// Requests that stay open: agent cards, status, and a GET of the dashboard's page and assets
-/// (which hold no data: the page asks for the key before it reads anything). Only a GET: `POST /`
-/// is an agent's JSON-RPC endpoint.
+/// Requests that stay open: a GET of agent cards, status and the dashboard's page and assets
+/// (which hold no data: the page asks for the key before it reads anything), and the replies of
+/// external agents (the reply token they name is their proof, see `http::externals`). Routes
+/// are matched whole: `POST /agents/status` is the JSON-RPC endpoint of an agent named
+/// `status`, and `POST /agents/X/status` sets an agent's status.
 fn is_open_request(method: &axum::http::Method, path: &str) -> bool {
-    is_open(path) || (method == axum::http::Method::GET && super::dashboard::is_asset(path))
+    if path.strip_prefix(super::externals::REPLIES_PATH).is_some_and(|rest| rest.starts_with('/')) {
+        return true;
+    }
+    if method != axum::http::Method::GET && method != axum::http::Method::HEAD {
+        return false;
+    }
+    is_open(path) || super::dashboard::is_asset(path)
 }
 
-/// Paths that stay open: agent cards and status, and the replies of external agents (the
-/// reply token they name is their proof, see `http::externals`).
+/// Paths whose GET stays open: agent cards and status, the broker's and one agent's.
 fn is_open(path: &str) -> bool {
-    path.strip_prefix(super::externals::REPLIES_PATH).is_some_and(|rest| rest.starts_with('/'))
-        || path.ends_with("/.well-known/agent.json")
-        || path.ends_with("/.well-known/agent-card.json")
-        || path == "/status"
-        || (path.starts_with("/agents/") && path.ends_with("/status"))
-        || path == "/broker/health"
+    // `/agents/<one segment>/...` is that agent's; the rest is the broker's or this agent's own.
+    let own = path
+        .strip_prefix("/agents/")
+        .and_then(|rest| rest.find('/').filter(|&at| at > 0).map(|at| &rest[at..]))
+        .unwrap_or(path);
+    matches!(own, "/.well-known/agent.json" | "/.well-known/agent-card.json" | "/status") || path == "/broker/health"
+}
+
+/// Is the request from a process of another user on this machine, as far as can be told? Over
+/// loopback TCP the caller's socket is looked up when the connection is accepted
+/// ([`crate::process::loopback_tcp_socket`]); one that cannot be found (the caller reset the
+/// connection at once, its request already sent) is not known to be the user's, and counts as
+/// another user's. Over the Unix socket (no peer address) the socket's directory is the user's
+/// own; a caller from another machine is not "local" and needs a key when auth is on.
+fn from_another_user(request: &Request) -> bool {
+    match request.extensions().get::<crate::process::TcpSocket>() {
+        Some(socket) => socket.uid != crate::private_files::my_uid(),
+        None => request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback()),
+    }
 }
 
 fn presented_key(request: &Request) -> Option<String> {
@@ -86,14 +109,11 @@ pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next
     // A process of another user on this machine (over loopback TCP) is not "local": the broker
     // serves its user. With auth on it needs a key like any remote caller; with auth off it is
     // refused, unless SYNAPSE_ALLOW_OTHER_USERS=true.
-    let other_user = request
-        .extensions()
-        .get::<crate::process::TcpSocket>()
-        .is_some_and(|socket| socket.uid != crate::private_files::my_uid());
+    let other_user = from_another_user(&request);
     if other_user && !config.enabled && !allow_other_users() {
         return ApiError::new(
             StatusCode::FORBIDDEN,
-            "this broker serves its own user only: the request comes from a process of another user (turn on auth with API keys, or set SYNAPSE_ALLOW_OTHER_USERS=true, to let others in)",
+            "this broker serves its own user only: the request comes from a process of another user, or from one whose connection could not be traced to its user (turn on auth with API keys, or set SYNAPSE_ALLOW_OTHER_USERS=true, to let others in)",
         )
         .into_response();
     }
@@ -161,14 +181,49 @@ mod tests {
     fn cards_and_status_stay_open() {
         assert!(is_open("/.well-known/agent.json"));
         assert!(is_open("/agents/synapse-dummy-8190/.well-known/agent-card.json"));
+        assert!(is_open("/agents/synapse-dummy-8190/status"));
         assert!(is_open("/status"));
+        assert!(is_open("/broker/health"));
         assert!(!is_open("/tasks/send"));
         assert!(!is_open("/agents"));
+        // Routes are matched whole, not by their ends.
+        assert!(!is_open("/agents/status"), "the JSON-RPC endpoint of an agent named 'status'");
+        assert!(!is_open("/agents//status"));
+        assert!(!is_open("/agents/a/tasks/t/pushNotificationConfigs/status"));
+        assert!(!is_open("/tasks/.well-known/agent.json"));
         use axum::http::Method;
+        assert!(is_open_request(&Method::GET, "/agents/synapse-dummy-8190/status"));
+        assert!(!is_open_request(&Method::POST, "/agents/synapse-dummy-8190/status"), "sets the status");
+        assert!(!is_open_request(&Method::POST, "/agents/status"));
+        assert!(!is_open_request(&Method::DELETE, "/agents/a/tasks/t/pushNotificationConfigs/status"));
+        assert!(is_open_request(&Method::POST, "/external-replies/tasks/send"));
         assert!(is_open_request(&Method::GET, "/"));
         assert!(is_open_request(&Method::GET, "/dashboard/app.js"));
         assert!(!is_open_request(&Method::POST, "/"), "an agent's JSON-RPC endpoint");
         assert!(!is_open_request(&Method::GET, "/dashboard/state"));
         assert!(!is_open_request(&Method::POST, "/dashboard/stream-token"));
+    }
+
+    #[test]
+    fn a_loopback_caller_whose_socket_cannot_be_found_counts_as_another_user() {
+        let request = |peer: Option<&str>, socket: Option<u32>| {
+            let mut request = Request::new(axum::body::Body::empty());
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+            }
+            if let Some(uid) = socket {
+                request.extensions_mut().insert(crate::process::TcpSocket { uid, inode: 1 });
+            }
+            request
+        };
+        let me = crate::private_files::my_uid();
+        assert!(!from_another_user(&request(None, None)), "the Unix socket");
+        assert!(!from_another_user(&request(Some("127.0.0.1:5000"), Some(me))));
+        assert!(from_another_user(&request(Some("127.0.0.1:5000"), Some(me.wrapping_add(1)))));
+        // Reset by the caller before its socket was looked up: not known to be the user's.
+        assert!(from_another_user(&request(Some("127.0.0.1:5000"), None)));
+        assert!(from_another_user(&request(Some("[::1]:5000"), None)));
+        // From another machine: not "local" either way (a key is needed when auth is on).
+        assert!(!from_another_user(&request(Some("192.0.2.7:5000"), None)));
     }
 }
