@@ -210,8 +210,9 @@ pub struct Store {
     reopen_reason: Mutex<Option<String>>,
     /// Held by the history indexer for a whole step, and by a rebuild (which empties the index).
     index_lock: Mutex<()>,
-    /// The write-ahead log of a store on a file (see [`wal`]); taken after the write
-    /// transaction has begun, never before.
+    /// The write-ahead log of a store on a file (see [`wal`]). Taken after the write
+    /// transaction has begun, never before, when both are needed; nothing else is waited for
+    /// while it is held.
     wal: Option<Mutex<wal::Wal>>,
 }
 
@@ -307,7 +308,7 @@ impl Store {
         }
         let wal = match wal {
             Some((mut wal, _)) => {
-                wal.reset()?;
+                start_over(&mut wal);
                 Some(Mutex::new(wal))
             }
             None => None,
@@ -384,7 +385,7 @@ impl Store {
                 txn.abort()?;
             }
             if !logged.is_empty() {
-                wal.reset()?;
+                start_over(&mut wal);
             }
         }
         *self.database.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(db));
@@ -408,12 +409,7 @@ impl Store {
                 return Ok(());
             }
             txn.commit()?;
-            // Everything is durable in the database now. A log whose first record cannot be
-            // cleared still starts over in memory, and its records are skipped by the next open
-            // (they are not past the database's head): the database need not be reopened.
-            if let Err(error) = wal.reset() {
-                tracing::warn!("the write-ahead log cannot start over: {error}");
-            }
+            start_over(&mut wal);
             Ok(())
         })
     }
@@ -673,6 +669,15 @@ pub struct TableSize {
 
 fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
+}
+
+/// Starts the write-ahead log over, once the database holds everything in it durably. A log
+/// whose first record cannot be cleared still starts over in memory, and the next open skips its
+/// records (they are not past the database's head): the failure is only reported.
+fn start_over(wal: &mut wal::Wal) {
+    if let Err(error) = wal.reset() {
+        tracing::warn!("the write-ahead log cannot start over: {error}");
+    }
 }
 
 /// Drops the system's cached copy of the database file's pages, so that a reopen reads what

@@ -43,7 +43,7 @@ const EVENT_HEADER: usize = 12;
 /// length needs no metadata update, and its fsync is then that of the data alone (90-130 µs
 /// here, against 190-330 µs for an append that grows the file). The store checkpoints once the
 /// log holds 4 MiB (the batch that crosses it is logged whole), so after the first few
-/// checkpoints the file grows only for a batch larger than any before.
+/// checkpoints the file grows only for a batch larger than any before (it never shrinks).
 const GROW_BYTES: u64 = 1 << 20;
 /// The size and alignment of a direct write: a page, which covers disks of 512-byte and of
 /// 4 KiB sectors alike.
