@@ -666,6 +666,28 @@ fn a_swallowed_submit_key_is_sent_again_and_the_message_goes_through_once() {
     assert!(records[2]["line"].as_str().unwrap().ends_with("then this one"), "{records:#?}");
 }
 
+/// A dialog that opens as a message is submitted (its submit key taken by the CLI, the text
+/// still in the box) gets no second submit key: that key would answer the dialog for the user.
+#[test]
+fn no_submit_key_is_sent_again_into_a_dialog() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (raw, raw_log) = start_rawcli(&home);
+    let _wrappers = Wrappers(&home, vec![id(&raw)]);
+    let raw_id = id(&raw);
+    follower.wait_until("raw READY", |events| ready(events, &raw_id));
+    home.ok(&["send", "raw", "SWALLOW-ASK once", "--no-response"]);
+    // Acknowledged once the wrapper has given up watching for the submit key's fate.
+    follower.wait_until("acknowledged", |events| {
+        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == raw_id.as_str())
+    });
+    follower.wait_until("raw WAITING", |events| status_is(events, &raw_id, "WAITING"));
+    let records: Vec<Value> =
+        std::fs::read_to_string(&raw_log).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(records.len(), 1, "the first submit key only, nothing into the dialog: {records:#?}");
+    assert_eq!(records[0]["swallowed"], true, "{records:#?}");
+}
+
 /// A priority-5 message for a CLI that does not come back to its prompt after the interrupt
 /// stays queued, and `synapse list` says why.
 #[test]

@@ -77,7 +77,8 @@ impl InputRouter {
                         }
                     }
                     0x7f | 0x08 => {
-                        line.pop();
+                        // One character, not one byte: its UTF-8 continuation bytes, then its first.
+                        while line.pop().is_some_and(|last| (0x80..=0xbf).contains(&last)) {}
                         out.push(Routed::Echo(b"\x08 \x08".to_vec()));
                         if line.is_empty() {
                             self.held = None;
@@ -175,6 +176,23 @@ mod tests {
             all.extend(router.feed(chunk));
         }
         assert_eq!(sends(&all), vec![("gemini".to_string(), "hello".to_string())]);
+    }
+
+    #[test]
+    fn backspace_takes_back_a_whole_character() {
+        let mut router = InputRouter::new();
+        let routed = router.feed(
+            "@bob héllo
+"
+            .as_bytes(),
+        );
+        assert_eq!(sends(&routed), vec![("bob".to_string(), "hllo".to_string())]);
+        let routed = router.feed(
+            "@bob 中ok
+"
+            .as_bytes(),
+        );
+        assert_eq!(sends(&routed), vec![("bob".to_string(), "ok".to_string())]);
     }
 
     /// Issue 14: after Ctrl-U an `@bob` line went to the CLI (only Enter counted as a line start).

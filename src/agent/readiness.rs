@@ -101,7 +101,7 @@ impl Readiness {
     }
 
     /// Does a dialog pattern show on screen, other than inside the echo of a text we wrote?
-    fn dialog_on_screen(&self) -> bool {
+    pub fn dialog_on_screen(&self) -> bool {
         self.pattern_on_screen(&self.idle.waiting_patterns)
     }
 

@@ -8,7 +8,9 @@ log file (argv[1]) as one JSON line, so a test can see exactly what was submitte
 A submitted line containing `HANG-NOW` leaves it busy for good (no prompt again; control keys are
 then only logged); one containing `ASK-NOW` shows a `(y/n)` question instead of the prompt. The first Enter after a
 line containing `SWALLOW-ENTER` is swallowed without a trace on screen (as Gemini CLI did under
-heavy load: the message left in its input box) and logged as `{"swallowed": true}`.
+heavy load: the message left in its input box) and logged as `{"swallowed": true}`. After a line
+containing `SWALLOW-ASK` it is swallowed the same way, and a `(y/n)` question is drawn on the
+first row, the cursor left after the line (a permission dialog opening as a message is submitted).
 """
 import json
 import os
@@ -49,9 +51,12 @@ def main():
                     log.write(json.dumps({"control": key.hex()}) + "\n")
                     os.write(1, b"\r\nrawcli: ended by a control key\r\n")
                     return 1
-                if not in_paste and key in (b"\r", b"\n") and b"SWALLOW-ENTER" in line and not swallowed:
+                swallow = b"SWALLOW-ENTER" in line or b"SWALLOW-ASK" in line
+                if not in_paste and key in (b"\r", b"\n") and swallow and not swallowed:
                     swallowed = True
                     log.write(json.dumps({"swallowed": True}) + "\n")
+                    if b"SWALLOW-ASK" in line:
+                        os.write(1, b"\x1b7\x1b[1;1H\x1b[2KAllow the tool to run? (y/n)\x1b8")
                     continue
                 if not in_paste and key in (b"\r", b"\n"):
                     swallowed = False

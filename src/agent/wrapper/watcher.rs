@@ -374,11 +374,16 @@ async fn resubmit_if_unsent(shared: &Shared, written: &Written) {
     let mut last_key = Instant::now();
     loop {
         changes.borrow_and_update();
-        let (unsent, last_output) = {
+        let (unsent, dialog, last_output) = {
             let readiness = shared.screen.lock();
-            (readiness.holds_unsent(&written.shown, written.pasted), readiness.last_output())
+            (
+                readiness.holds_unsent(&written.shown, written.pasted),
+                readiness.dialog_on_screen(),
+                readiness.last_output(),
+            )
         };
-        if !unsent {
+        // A dialog that opened after the submit key is the user's to answer: a key now would.
+        if !unsent || dialog {
             return;
         }
         let quiet_until = last_output.map_or(last_key, |at| at.max(last_key)) + UNSENT_QUIET;
