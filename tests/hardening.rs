@@ -601,9 +601,9 @@ fn another_users_process_is_refused_over_loopback_tcp() {
     let script = format!(
         "import os, socket, encodings.idna\n\
          os.setgid(65534); os.setuid(65534)\n\
-         for path in ['/events', '/.well-known/agent-card.json']:\n\
+         for method, path in [('GET', '/events'), ('GET', '/.well-known/agent-card.json'), ('POST', '/external-replies/tasks/send')]:\n\
          \x20   s = socket.create_connection(('127.0.0.1', {port}))\n\
-         \x20   s.sendall(('GET ' + path + ' HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n').encode())\n\
+         \x20   s.sendall((method + ' ' + path + ' HTTP/1.1\\r\\nHost: localhost\\r\\nContent-Type: application/json\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\n{{}}').encode())\n\
          \x20   answer = b''\n\
          \x20   while True:\n\
          \x20       chunk = s.recv(65536)\n\
@@ -618,6 +618,8 @@ fn another_users_process_is_refused_over_loopback_tcp() {
     assert!(shown.contains("/events HTTP/1.1 403"), "{shown}");
     assert!(shown.contains("another user"), "{shown}");
     assert!(!shown.contains("/.well-known/agent-card.json HTTP/1.1 403"), "cards stay open: {shown}");
+    // An open route that takes a body is not for other users (refused before the body is read).
+    assert!(shown.contains("/external-replies/tasks/send HTTP/1.1 403"), "{shown}");
     // The user's own TCP calls are served as before.
     let (status, _) = http_tcp(port, "GET", "/agents", None, &[]);
     assert_eq!(status, 200);

@@ -103,13 +103,17 @@ fn presented_key(request: &Request) -> Option<String> {
 
 /// The middleware: lets a request through or answers 401.
 pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next: Next) -> Response {
-    if is_open_request(request.method(), request.uri().path()) {
-        return next.run(request).await;
-    }
+    let open = is_open_request(request.method(), request.uri().path());
     // A process of another user on this machine (over loopback TCP) is not "local": the broker
     // serves its user. With auth on it needs a key like any remote caller; with auth off it is
-    // refused, unless SYNAPSE_ALLOW_OTHER_USERS=true.
+    // refused, unless SYNAPSE_ALLOW_OTHER_USERS=true. It may still read the open pages (cards,
+    // status), but not post to the open routes: an external agent's reply, up to the body
+    // limit, would be read before its token is checked.
     let other_user = from_another_user(&request);
+    let reads_only = request.method() == axum::http::Method::GET || request.method() == axum::http::Method::HEAD;
+    if open && (reads_only || !other_user || config.enabled || allow_other_users()) {
+        return next.run(request).await;
+    }
     if other_user && !config.enabled && !allow_other_users() {
         return ApiError::new(
             StatusCode::FORBIDDEN,
