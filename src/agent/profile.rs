@@ -82,9 +82,17 @@ pub struct IdleStrategy {
     #[serde(default)]
     pub needs_bracketed_paste: bool,
     /// Text anywhere on screen that means the CLI asks the user something (WAITING): nothing is
-    /// written while one shows, so no message's keystrokes can answer a dialog.
+    /// written while one shows, so no message's keystrokes can answer a dialog. A dialog's own
+    /// furniture (`Esc to cancel`, `enter to select`): it counts wherever it shows, the echo of a
+    /// message included (a message that carried it cannot hide the real dialog later).
     #[serde(default)]
     pub waiting_patterns: Vec<String>,
+    /// Questions a dialog asks in words (`Do you want to`, `(y/n)`), which a message or a model's
+    /// answer may ask too: WAITING while one shows, unless it is the echo of a message, or the
+    /// CLI sits at its empty prompt (a dialog takes the input box's place; an answer that ends
+    /// with a question leaves the box there, and messages must not wait for good).
+    #[serde(default)]
+    pub question_patterns: Vec<String>,
     /// Text anywhere on screen that means the CLI is working (its "esc to interrupt" hint):
     /// PROCESSING whatever the quiet period says, so the quiet period can be short.
     #[serde(default)]
@@ -146,7 +154,8 @@ impl Profile {
         {
             return Err(("prompt".into(), "idle.prompt: must contain a visible character".into()));
         }
-        for pattern in self.idle.waiting_patterns.iter().chain(&self.idle.busy_patterns) {
+        let idle = &self.idle;
+        for pattern in idle.waiting_patterns.iter().chain(&idle.question_patterns).chain(&idle.busy_patterns) {
             if pattern.trim().is_empty() {
                 return Err(("waiting_patterns".into(), "idle.waiting_patterns: a pattern is empty".into()));
             }
@@ -164,12 +173,12 @@ impl Profile {
     }
 }
 /// Dialogs of the real CLIs as measured (../shared/REAL_CLIS.md): trust, permission and
-/// selection prompts. Matched anywhere on the screen.
+/// selection prompts, by what each draws around its choices. Matched anywhere on the screen.
+/// Every one of the five CLIs' permission dialogs shows one (their screens, 2026-11-27: Claude
+/// `Esc to cancel · Tab to amend`, Codex `Press enter to confirm or esc to cancel`, Copilot
+/// `enter to select · esc to cancel`, Gemini `Allow execution of [Shell]? … Allow once`,
+/// OpenCode `△ Permission required … Allow once`).
 const DIALOGS: &[&str] = &[
-    "(y/n)",
-    "[Y/n]",
-    "[y/N]",
-    "Do you want to",
     // Claude Code: folder trust, permissions.
     "Esc to cancel",
     "Enter to confirm",
@@ -178,7 +187,6 @@ const DIALOGS: &[&str] = &[
     "Allow once",
     "Permission required",
     // Codex: "Would you like to run the following command? … Press enter to confirm".
-    "Would you like to",
     "Press enter to confirm",
     // Copilot CLI: "Confirm folder trust", "Do you want to run this command?", menus.
     "Confirm folder trust",
@@ -186,12 +194,17 @@ const DIALOGS: &[&str] = &[
     "Enter to select",
 ];
 
+/// Questions in words, from the same dialogs and from plain terminal prompts (see
+/// [`IdleStrategy::question_patterns`]).
+const QUESTIONS: &[&str] = &["(y/n)", "[Y/n]", "[y/N]", "Do you want to", "Would you like to"];
+
 fn idle(prompt: Option<&str>, quiet_ms: u64, needs_bracketed_paste: bool, busy: &[&str]) -> IdleStrategy {
     IdleStrategy {
         prompt: prompt.map(str::to_string),
         quiet_ms: Some(quiet_ms),
         needs_bracketed_paste,
         waiting_patterns: DIALOGS.iter().map(|pattern| pattern.to_string()).collect(),
+        question_patterns: QUESTIONS.iter().map(|pattern| pattern.to_string()).collect(),
         busy_patterns: busy.iter().map(|pattern| pattern.to_string()).collect(),
     }
 }
@@ -268,6 +281,7 @@ pub fn builtin(name: &str) -> Option<Profile> {
                 quiet_ms: None,
                 needs_bracketed_paste: false,
                 waiting_patterns: Vec::new(),
+                question_patterns: Vec::new(),
                 busy_patterns: Vec::new(),
             },
             interrupt: InterruptStyle::Signal,
