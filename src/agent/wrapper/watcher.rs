@@ -47,20 +47,38 @@ fn last_delivered(log: &std::path::Path) -> Option<u64> {
 /// How much of the end of the terminal log [`written_before_restart`] reads.
 const LOG_TAIL_BYTES: u64 = 256 << 10;
 
+/// What the wrapper before this one left, read when this one starts (before it writes any
+/// record of its own): the last ticket it wrote, and where the terminal log then ended.
+struct BeforeRestart {
+    ticket: u64,
+    log_end: u64,
+}
+
+impl BeforeRestart {
+    fn read(log: &std::path::Path) -> Option<BeforeRestart> {
+        let ticket = last_delivered(log)?;
+        Some(BeforeRestart { ticket, log_end: std::fs::metadata(log).map_or(0, |meta| meta.len()) })
+    }
+}
+
 /// Did the wrapper before this one write ticket `number` into its CLI before it died? Its
 /// record says it wrote the submit key, and the terminal log shows the ticket's header
 /// (`prefix`), so the CLI echoed or drew it. A record without that trace means the bytes may
 /// have sat unread in the PTY when the wrapper (and with it the CLI) was killed, or that the
-/// echo never reached the log: the ticket is written again, since nothing may be lost.
-fn written_before_restart(log: &std::path::Path, number: u64, prefix: &str) -> bool {
+/// echo never reached the log: the ticket is written again, since nothing may be lost. Asked
+/// of every ticket fetched until that one comes (a more urgent one may come first).
+fn written_before_restart(log: &std::path::Path, before: &BeforeRestart, number: u64, prefix: &str) -> bool {
     use std::io::{Read, Seek};
-    if prefix.is_empty() || last_delivered(log) != Some(number) {
+    if prefix.is_empty() || before.ticket != number {
         return false;
     }
     let Ok(mut file) = std::fs::File::open(log) else { return false };
-    let start = file.metadata().map_or(0, |meta| meta.len().saturating_sub(LOG_TAIL_BYTES));
+    // The end of the log as the wrapper before this one left it.
+    let start = before.log_end.saturating_sub(LOG_TAIL_BYTES);
     let mut tail = Vec::new();
-    if file.seek(std::io::SeekFrom::Start(start)).and_then(|_| file.read_to_end(&mut tail)).is_err() {
+    if file.seek(std::io::SeekFrom::Start(start)).is_err()
+        || file.take(before.log_end - start).read_to_end(&mut tail).is_err()
+    {
         return false;
     }
     String::from_utf8_lossy(&tail).contains(prefix)
@@ -163,6 +181,8 @@ fn startup_message(shared: &Shared, files: &[PathBuf]) -> String {
 
 /// Follows the agent's inbox and writes each ticket into the PTY once the CLI is ready.
 pub(super) async fn watch_inbox(shared: Arc<Shared>) {
+    // Before anything of this wrapper's is written.
+    let before_restart = BeforeRestart::read(&shared.log);
     let files = std::env::current_dir()
         .map(|dir| {
             let mut files = instruction_files(&dir);
@@ -187,10 +207,9 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
     }
     let mut client = connect(&shared.paths, &shared.secret).await;
     let mut unacknowledged: Option<u64> = None;
-    // Only the first ticket after a start can have been written by a previous wrapper that
-    // died before acknowledging it: its records say so, and it is acknowledged without being
-    // written again.
-    let mut first_after_start = true;
+    // The ticket a previous wrapper wrote and died before acknowledging, if its records say so:
+    // acknowledged without being written again when it comes.
+    let mut before_restart = before_restart;
     // The priority-5 ticket last interrupted for: each is interrupted for once.
     let mut interrupted: Option<u64> = None;
     // The delivery lock (shared with the hooks), held from taking a ticket to write until its
@@ -246,7 +265,9 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             continue;
         };
         let number = ticket.ticket;
-        if std::mem::take(&mut first_after_start) && written_before_restart(&shared.log, number, &ticket.prefix) {
+        if let Some(before) = before_restart.take_if(|before| before.ticket == number)
+            && written_before_restart(&shared.log, &before, number, &ticket.prefix)
+        {
             tracing::info!("ticket {number} was written before a restart; acknowledging it");
             unacknowledged = Some(number);
             continue;
@@ -294,6 +315,11 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         let guard = shared.delivery.clone().lock_owned().await;
         if guard.contains(&number) {
             // A hook handed it to the model (and acknowledged it) after it was fetched.
+            continue;
+        }
+        // Looked at again: the lock may have waited behind a hook's acknowledgements, while the
+        // CLI went on to work, opened a dialog or took the user's typing.
+        if shared.screen.lock().status(Instant::now()).0 != AgentStatus::Ready {
             continue;
         }
         delivering = Some(guard);
@@ -505,17 +531,34 @@ mod tests {
         let log = dir.path().join("bob.log");
         let prefix = "[A2A:c54af1ff:alice:R]";
         std::fs::write(&log, format!("> {prefix} burst-024\r\n[DUMMY] You said: ...\r\n> ")).unwrap();
-        assert!(!written_before_restart(&log, 7, prefix), "no record");
+        assert!(BeforeRestart::read(&log).is_none(), "no record");
         std::fs::write(delivered_path(&log), "6").unwrap();
-        assert!(!written_before_restart(&log, 7, prefix), "the record is of another ticket");
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(!written_before_restart(&log, &before, 7, prefix), "the record is of another ticket");
         std::fs::write(delivered_path(&log), "7").unwrap();
-        assert!(written_before_restart(&log, 7, prefix));
-        assert!(!written_before_restart(&log, 7, "[A2A:0000aaaa:alice:R]"), "recorded, but the CLI never showed it");
-        assert!(!written_before_restart(&log, 7, ""));
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(written_before_restart(&log, &before, 7, prefix));
+        assert!(
+            !written_before_restart(&log, &before, 7, "[A2A:0000aaaa:alice:R]"),
+            "recorded, but the CLI never showed it"
+        );
+        assert!(!written_before_restart(&log, &before, 7, ""));
+        // This wrapper wrote a more urgent ticket first: its record and its log's end move on,
+        // and ticket 7, fetched next, is still known for the one written before the restart.
+        std::fs::write(delivered_path(&log), "9").unwrap();
+        let later = "[A2A:0f0f0f0f:carol]";
+        let mut file = crate::private_files::open_append(&log).unwrap();
+        std::io::Write::write_all(&mut file, format!("{later} urgent\r\n> ").as_bytes()).unwrap();
+        assert!(written_before_restart(&log, &before, 7, prefix));
+        // Only what the wrapper before this one left counts.
+        std::fs::write(delivered_path(&log), "8").unwrap();
+        let earlier = BeforeRestart { ticket: 8, log_end: before.log_end };
+        assert!(!written_before_restart(&log, &earlier, 8, later), "drawn after the restart");
         // Only the end of a long log is read: the ticket was the last thing written.
         let mut long = format!("> {prefix} early\r\n").into_bytes();
         long.resize(long.len() + 2 * LOG_TAIL_BYTES as usize, b'.');
         std::fs::write(&log, long).unwrap();
-        assert!(!written_before_restart(&log, 7, prefix));
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(!written_before_restart(&log, &BeforeRestart { ticket: 7, ..before }, 7, prefix));
     }
 }
