@@ -106,6 +106,7 @@ fn bad_input_is_refused_with_a_clear_error_and_nothing_appended() {
     let home = Home::new();
     let alice = home.register(Some("alice"));
     let head = home.head();
+    let long_intent = "x".repeat(1001);
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["lock", "/a", "synapse-ghost-1"], "is not registered"),
         (vec!["lock", "/a", &alice.id, "--duration", "0"], "positive number of seconds"),
@@ -118,6 +119,14 @@ fn bad_input_is_refused_with_a_clear_error_and_nothing_appended() {
         (vec!["history", "/a", "--limit", "0"], "limit must be between"),
         (vec!["cleanup", "--days", "0"], "positive number of days"),
         (vec!["cleanup", "--days", "-2"], "positive number of days"),
+        // Printed by `file-safety locks` on the user's terminal: no escape sequence gets there.
+        (
+            vec!["lock", "/a", &alice.id, "--intent", "edit \u{1b}]52;c;cHduZWQ=\u{7}"],
+            "intent contains a control character",
+        ),
+        (vec!["lock", "/a", &alice.id, "--intent", "two\nlines"], "intent contains a control character"),
+        (vec!["lock", "/a", &alice.id, "--intent", &long_intent], "intent is longer than 1000 characters"),
+        (vec!["record", "/a", &alice.id, "dead\u{9b}beef"], "task_id contains a control character"),
     ];
     for (args, expected) in cases {
         let output = run(&home, &args);
@@ -173,6 +182,15 @@ fn lock_wait_returns_when_the_holder_releases() {
     assert!(stderr(&timed_out).contains("already locked by"), "{}", describe(&timed_out));
     // Issue 14: the refusal after waiting says that it waited.
     assert!(stderr(&timed_out).contains("--wait-timeout 1)"), "{}", describe(&timed_out));
+    // A wait longer than the call limit: the call waits as long as the broker does, and the
+    // answer is the broker's refusal, not a time-out of the call (after which the lock could be
+    // taken all the same).
+    let outlasted = fs(&home, &["lock", "/shared/config.toml", &alice.id, "--wait", "--wait-timeout", "2"])
+        .env("SYNAPSE_CLIENT_TIMEOUT_MS", "500")
+        .output()
+        .unwrap();
+    assert_eq!(outlasted.status.code(), Some(1), "{}", describe(&outlasted));
+    assert!(stderr(&outlasted).contains("--wait-timeout 2)"), "{}", describe(&outlasted));
 }
 
 #[test]

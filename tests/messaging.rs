@@ -33,9 +33,12 @@ fn a_response_round_trip_completes_the_senders_task_and_queues_a_reverse_ticket_
     assert_eq!(inbox[0]["prefix"], format!("[A2A:{id8}:{}:R]", alice.id));
     assert_eq!(inbox[0]["text"], "analyse this");
 
-    let replied = home.run_as(&bob, &["send", "alice", "the result", "--reply-to", id8]);
+    // A reply awaits no reply of its own: --wait does not hand back the task it just completed
+    // (whose text is the reply itself) as if the other side had answered.
+    let replied = home.run_as(&bob, &["send", "alice", "the result", "--reply-to", id8, "--wait", "5"]);
     assert!(replied.status.success(), "{}", describe(&replied));
     assert!(stdout(&replied).contains(&format!("Replied to {}", alice.id)), "{}", describe(&replied));
+    assert!(!stdout(&replied).lines().any(|line| line == "the result"), "{}", describe(&replied));
 
     let check = |home: &Home| {
         let task = task_of(home, &sender_task);

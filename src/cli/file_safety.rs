@@ -127,7 +127,11 @@ fn print_modifications(modifications: &[Modification]) {
             modification.agent_id,
             modification.path,
             crate::event::short_id(&modification.task_id),
-            modification.intent.as_ref().map(|intent| format!(" ({intent})")).unwrap_or_default(),
+            modification
+                .intent
+                .as_ref()
+                .map(|intent| format!(" ({})", crate::escape::visible_line(intent)))
+                .unwrap_or_default(),
         );
     }
 }
@@ -188,7 +192,10 @@ pub async fn run(paths: &Paths, command: FileSafetyCommand, json: bool) -> anyho
                     lock.agent_id,
                     time(lock.expires_ms),
                     if entry.expired { " (expired)" } else { "" },
-                    lock.intent.as_ref().map(|intent| format!(" - {intent}")).unwrap_or_default(),
+                    lock.intent
+                        .as_ref()
+                        .map(|intent| format!(" - {}", crate::escape::visible_line(intent)))
+                        .unwrap_or_default(),
                 );
             }
         }

@@ -116,7 +116,8 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         }
     }
     let Some(seconds) = wait else { return Ok(0) };
-    let Some(sender_task) = answer.sender_task.as_ref().map(|task| task.id.clone()) else {
+    // A reply's sender task is the one it completed: there is no answer to wait for.
+    let Some(sender_task) = answer.sender_task.as_ref().filter(|_| !answer.is_reply).map(|task| task.id.clone()) else {
         if args.json {
             println!("{}", api::json_line(&answer)?);
         }

@@ -674,7 +674,11 @@ impl Client {
 
     /// `POST /file-safety/lock`.
     pub async fn lock(&mut self, request: &api::LockRequest) -> Result<api::Locked, ClientError> {
-        self.call(Method::POST, "/file-safety/lock", Some(request)).await
+        // The broker waits up to `wait_seconds` for the file to be free before it answers: the
+        // call must not give up first (the lock could then be taken after all, for a caller
+        // told it was not).
+        let wait = Duration::from_secs(request.wait_seconds.unwrap_or(0));
+        self.call_waiting(wait, Method::POST, "/file-safety/lock", Some(request)).await
     }
 
     /// `POST /file-safety/unlock`.
@@ -741,13 +745,8 @@ impl Client {
     ) -> Result<api::ExternalSent, ClientError> {
         // The broker follows the remote task for up to `wait_seconds` before it answers.
         let wait = Duration::from_secs(request.wait_seconds.unwrap_or(0));
-        let limit = call_timeout().map(|limit| limit.saturating_add(wait));
         let path = format!("/external/{}/send", percent_encode(alias));
-        let what = what_of(&Method::POST, &path);
-        let body = serde_json::to_vec(request)
-            .map_err(|error| ClientError::Request { what: what.clone(), reason: error.to_string() })?;
-        let (status, bytes) = self.exchange_within(limit, Method::POST, &path, Some(body)).await?;
-        answer(&what, status, &bytes)
+        self.call_waiting(wait, Method::POST, &path, Some(request)).await
     }
 
     /// `DELETE /external/{alias}`.
@@ -834,6 +833,24 @@ impl Client {
             .transpose()
             .map_err(|error| ClientError::Request { what: what.clone(), reason: error.to_string() })?;
         let (status, bytes) = self.exchange(method, path, body).await?;
+        answer(&what, status, &bytes)
+    }
+
+    /// [`Client::call`] for a request whose wait is in its body: the call limit plus `wait`.
+    async fn call_waiting<T: DeserializeOwned>(
+        &mut self,
+        wait: Duration,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, ClientError> {
+        let what = what_of(&method, path);
+        let body = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|error| ClientError::Request { what: what.clone(), reason: error.to_string() })?;
+        let limit = call_timeout().map(|limit| limit.saturating_add(wait));
+        let (status, bytes) = self.exchange_within(limit, method, path, body).await?;
         answer(&what, status, &bytes)
     }
 

@@ -78,6 +78,23 @@ async fn locks(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult
     answer(&api::Locks { locks })
 }
 
+/// The longest intent of a lock or a record, and task id (characters).
+const MAX_INTENT_CHARS: usize = 1000;
+const MAX_TASK_ID_CHARS: usize = 200;
+
+/// A lock's or a record's free text (`field`): shown by `synapse file-safety` and the dashboard
+/// on the user's terminal and page, so one line without control characters, and not a book.
+fn check_label(field: &str, value: Option<&str>, max_chars: usize) -> Result<(), ApiError> {
+    let Some(value) = value else { return Ok(()) };
+    if value.chars().count() > max_chars {
+        return Err(ApiError::bad(format!("{field} is longer than {max_chars} characters")));
+    }
+    if value.chars().any(crate::escape::is_control) {
+        return Err(ApiError::bad(format!("{field} contains a control character (a newline, an escape, ...)")));
+    }
+    Ok(())
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LockBody {
@@ -98,6 +115,8 @@ struct LockBody {
 /// new event in the log (a release) or when the holder's lock expires, not by polling.
 async fn lock(State(state): State<AppState>, caller: Caller, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let mut body: LockBody = parse_body(body)?;
+    check_label("intent", body.intent.as_deref(), MAX_INTENT_CHARS)?;
+    check_label("task_id", body.task_id.as_deref(), MAX_TASK_ID_CHARS)?;
     body.agent_id = super::extract::agent_id(&state, &body.agent_id)?;
     caller.require_act_as(&body.agent_id, "lock files")?;
     let path = path(&body.path)?;
@@ -207,6 +226,8 @@ struct RecordBody {
 
 async fn record(State(state): State<AppState>, caller: Caller, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: RecordBody = parse_body(body)?;
+    check_label("intent", body.intent.as_deref(), MAX_INTENT_CHARS)?;
+    check_label("task_id", Some(&body.task_id), MAX_TASK_ID_CHARS)?;
     let agent_id = super::extract::agent_id(&state, &body.agent_id)?;
     caller.require_act_as(&agent_id, "record file changes")?;
     let change_type = match body.change_type.as_deref().map(str::to_ascii_uppercase).as_deref() {

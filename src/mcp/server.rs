@@ -167,7 +167,9 @@ impl SynapseTools {
         let request = api::SendRequest { from, secret, ..plan.request };
         let answer = or_refuse!(client.send_retrying(&self.paths, &request).await);
         let summary = sent_summary(&answer);
-        let (Some(seconds), Some(sender_task)) = (plan.wait_seconds, answer.sender_task.as_ref()) else {
+        // A reply's sender task is the one it completed: there is no answer to wait for.
+        let awaited = answer.sender_task.as_ref().filter(|_| !answer.is_reply);
+        let (Some(seconds), Some(sender_task)) = (plan.wait_seconds, awaited) else {
             return success(summary);
         };
         match client.wait_for_reply(&sender_task.id, seconds).await {
