@@ -245,3 +245,35 @@ fn a_symlink_to_a_locked_file_is_locked_and_control_characters_are_refused() {
         describe(&refused)
     );
 }
+
+/// SPEC §5: a lock whose holder is gone is free. The agent's leaving releases its locks; an agent
+/// that takes its id again (same name) does not find them held in its name.
+#[test]
+fn the_locks_of_an_agent_that_leaves_are_released_not_handed_to_the_next_with_its_id() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    assert!(run(&home, &["lock", "/shared/main.rs", &alice.id, "--duration", "86400"]).status.success());
+    let (status, answer) = home.http(
+        "DELETE",
+        &format!("/agents/{}", alice.id),
+        None,
+        &[(synapse::api::SECRET_HEADER, alice.secret.as_str())],
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (pid, port) = (std::process::id().to_string(), alice.port.to_string());
+    let again: serde_json::Value = serde_json::from_str(
+        &home.ok(&["agent", "register", "--type", "dummy", "--pid", &pid, "--port", &port, "--name", "alice"]),
+    )
+    .unwrap();
+    assert_eq!(again["agent"]["agent_id"], alice.id.as_str(), "the same port and name take the id back");
+    assert!(stdout(&run(&home, &["locks"])).contains("No locks."));
+    let allowed = run(&home, &["check", "/shared/main.rs", &bob.id]);
+    assert!(allowed.status.success() && stdout(&allowed).starts_with("ALLOWED"), "{}", describe(&allowed));
+    let released = home.events().into_iter().any(|event| {
+        event["event"]["kind"] == "file_lock_released"
+            && event["event"]["data"]["path"] == "/shared/main.rs"
+            && event["event"]["data"]["agent_id"] == alice.id.as_str()
+    });
+    assert!(released, "the release is in the log");
+}

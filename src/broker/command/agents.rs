@@ -173,10 +173,8 @@ pub fn decide_register(
             ))
             .into());
         }
-        events.push(Event::AgentDeregistered {
-            agent_id: other.agent_id.clone(),
-            reason: if alive { "re-registered".into() } else { "process gone".into() },
-        });
+        let reason = if alive { "re-registered" } else { "process gone" };
+        events.extend(departure(view, &other.agent_id, reason)?);
     }
     events.push(Event::AgentRegistered {
         agent_id: agent_id.clone(),
@@ -217,9 +215,24 @@ pub fn decide_deregister(view: &Projections<'_>, agent_id: &str, reason: &str) -
     }
     Ok(Decision {
         actor: Some(agent_id.to_string()),
-        events: vec![Event::AgentDeregistered { agent_id: agent_id.to_string(), reason: reason.to_string() }],
+        events: departure(view, agent_id, reason)?,
         answer: Answer::Deregistered,
     })
+}
+
+/// An agent leaving: its file locks are released first (SPEC §5: a lock whose holder is gone is
+/// free). Left in place, they came back to life when an agent took the id again (same port or
+/// name), held by an instance that knew nothing of them. Its inbox and reply targets stay, for
+/// that agent to take back.
+fn departure(view: &Projections<'_>, agent_id: &str, reason: &str) -> Result<Vec<Event>, DecideError> {
+    let mut events: Vec<Event> = view
+        .locks()?
+        .into_iter()
+        .filter(|lock| lock.agent_id == agent_id)
+        .map(|lock| Event::FileLockReleased { path: lock.path, agent_id: lock.agent_id, forced: true })
+        .collect();
+    events.push(Event::AgentDeregistered { agent_id: agent_id.to_string(), reason: reason.to_string() });
+    Ok(events)
 }
 
 /// The wrapper wrote ticket `ticket` into the agent's terminal: it leaves the inbox, the agent
