@@ -321,3 +321,23 @@ fn an_external_reply_completes_the_users_task_only_with_its_token_and_only_once(
         .unwrap_or_else(|| panic!("the user's task: {history}"));
     assert_eq!(record["status"], "failed", "{record}");
 }
+
+/// A wait whose remote task ends without a reply fails, with --json as without.
+#[test]
+fn a_wait_for_an_external_task_that_fails_exits_non_zero_with_json_too() {
+    let remote = Home::new();
+    let started = remote.cmd(&["start", "scenario", "--json"]).output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let scenario: Value = serde_json::from_slice(&started.stdout).unwrap();
+    let home = Home::new();
+    home.ok(&["external", "add", &format!("http://127.0.0.1:{}", scenario["port"]), "--alias", "sc"]);
+    let plain = local(&home, &["send", "sc", "please fail", "--wait", "30"]);
+    assert_eq!(plain.status.code(), Some(1), "{}", describe(&plain));
+    assert!(stderr(&plain).contains("without a reply"), "{}", describe(&plain));
+    let json = local(&home, &["send", "sc", "please fail", "--wait", "30", "--json"]);
+    assert_eq!(json.status.code(), Some(1), "{}", describe(&json));
+    let answer: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(answer["task"]["state"], "failed", "{answer}");
+    let asked = local(&home, &["send", "sc", "all good?", "--wait", "30", "--json"]);
+    assert!(asked.status.success(), "{}", describe(&asked));
+}

@@ -109,6 +109,7 @@ fn bad_input_is_refused_with_a_clear_error_and_nothing_appended() {
     let long_intent = "x".repeat(1001);
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["lock", "/a", "synapse-ghost-1"], "is not registered"),
+        (vec!["check", "/a", "claud"], "Agent 'claud' is not registered"),
         (vec!["lock", "/a", &alice.id, "--duration", "0"], "positive number of seconds"),
         (vec!["lock", "/a", &alice.id, "--duration", "-5"], "positive number of seconds"),
         (vec!["lock", "/a", &alice.id, "--duration", "99999999"], "between 1 and"),

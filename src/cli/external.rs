@@ -114,7 +114,12 @@ pub(super) async fn send(
     let waited = request.wait_seconds.is_some();
     if json {
         println!("{}", api::json_line(&answer)?);
-        return Ok(if waited && answer.timed_out == Some(true) { 1 } else { 0 });
+        // As without --json: a wait that brought no reply (none in time, or the remote task
+        // ended otherwise) is a failure.
+        let task = answer.task.as_ref();
+        let answered = answer.timed_out == Some(false)
+            && task.is_some_and(|task| task.state.as_deref() == Some("completed") && task.reply_text().is_some());
+        return Ok(if waited && !answered { 1 } else { 0 });
     }
     let task = answer.task.unwrap_or_default();
     if !waited {

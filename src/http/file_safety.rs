@@ -257,6 +257,10 @@ async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesReject
     let path = path(&body.path)?;
     let now = crate::time::now_ms();
     let agent_id = super::extract::agent_id(&state, &body.agent_id)?;
+    // A name nobody answers to (a typo) would otherwise be told ALLOWED.
+    if state.store.read(|view| view.agent(&agent_id))?.is_none() {
+        return Err(ApiError::not_found(format!("Agent '{agent_id}' is not registered")));
+    }
     answer(&state.store.read(|view| file_safety::check(view, &path, &agent_id, now))?)
 }
 
