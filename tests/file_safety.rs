@@ -237,6 +237,16 @@ fn a_symlink_to_a_locked_file_is_locked_and_control_characters_are_refused() {
         let check = run(&home, &["check", alias.to_str().unwrap(), &bob.id]);
         assert!(stdout(&check).starts_with("DENIED"), "{}", describe(&check));
     }
+    // `..` after a link leaves the link's target, as the kernel reads it: one file, one lock.
+    std::fs::create_dir_all(project.join("elsewhere/sub")).unwrap();
+    std::fs::write(project.join("elsewhere/shared.rs"), "").unwrap();
+    std::os::unix::fs::symlink(project.join("elsewhere/sub"), project.join("src/deep")).unwrap();
+    let through = project.join("src/deep/../shared.rs");
+    let locked = fs(&home, &["lock", through.to_str().unwrap(), &alice.id]).output().unwrap();
+    assert!(locked.status.success(), "{}", describe(&locked));
+    let direct = run(&home, &["lock", project.join("elsewhere/shared.rs").to_str().unwrap(), &bob.id]);
+    assert_eq!(direct.status.code(), Some(1), "{}", describe(&direct));
+    assert!(stderr(&direct).contains(&format!("already locked by {}", alice.id)), "{}", describe(&direct));
     let hostile = format!("{}/evil\u{1b}]52;c;cm0=\u{7}.rs", project.display());
     let refused = run(&home, &["lock", &hostile, &alice.id]);
     assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));

@@ -54,31 +54,33 @@ impl FileCommand {
 
 pub use crate::api::normalize;
 
-/// The path a lock is about: [`normalize`]d, then with symlinks resolved in the longest part of it
+/// The path a lock is about, as the kernel reads it: symlinks resolved in the longest part of it
 /// that exists (the file itself may not exist yet), so a link to a locked file names the locked
-/// file. Done where the request arrives, not in the writer, which reads no file system.
+/// file; the rest [`normalize`]d. Resolved from the path as given: a `..` after a symlink leaves
+/// the link's target, not the directory the link is in, which text alone would say (two names
+/// for one file, two locks). Done where the request arrives, not in the writer, which reads no
+/// file system.
 pub fn canonical(path: &str) -> Result<String, String> {
+    // Refuses what is not a path (relative, control characters) before anything is looked up.
     let normalized = normalize(path)?;
-    let mut existing = std::path::Path::new(&normalized);
-    let mut missing: Vec<&std::ffi::OsStr> = Vec::new();
-    loop {
-        match std::fs::canonicalize(existing) {
-            Ok(mut real) => {
-                real.extend(missing.iter().rev());
-                return real
-                    .to_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| format!("'{normalized}' resolves to a path that is not UTF-8"));
-            }
-            Err(_) => match (existing.parent(), existing.file_name()) {
-                (Some(parent), Some(name)) => {
-                    missing.push(name);
-                    existing = parent;
+    let components: Vec<std::path::Component<'_>> = std::path::Path::new(path).components().collect();
+    for existing in (1..=components.len()).rev() {
+        let Ok(mut real) = std::fs::canonicalize(components[..existing].iter().collect::<std::path::PathBuf>()) else {
+            continue;
+        };
+        for part in &components[existing..] {
+            match part {
+                std::path::Component::ParentDir => {
+                    real.pop();
                 }
-                _ => return Ok(normalized),
-            },
+                std::path::Component::Normal(name) => real.push(name),
+                _ => {}
+            }
         }
+        let real = real.to_str().ok_or_else(|| format!("'{normalized}' resolves to a path that is not UTF-8"))?;
+        return normalize(real);
     }
+    Ok(normalized)
 }
 
 /// Why `agent` may or may not write `path` now: (allowed, reason, the lock in force).
@@ -275,5 +277,12 @@ mod tests {
         assert_eq!(canonical(&real.join("link/main.rs").display().to_string()).unwrap(), expected);
         let not_yet = real.join("link/new/file.rs").display().to_string();
         assert_eq!(canonical(&not_yet).unwrap(), real.join("src/new/file.rs").display().to_string());
+        // `..` after a link leaves its target (as open(2) does), not the link's directory.
+        std::fs::create_dir_all(real.join("other/sub")).unwrap();
+        std::os::unix::fs::symlink(real.join("other/sub"), real.join("deep")).unwrap();
+        let through = real.join("deep/../main.rs").display().to_string();
+        assert_eq!(canonical(&through).unwrap(), real.join("other/main.rs").display().to_string());
+        let gone = real.join("missing/../src/./main.rs").display().to_string();
+        assert_eq!(canonical(&gone).unwrap(), expected, "a missing part is normalised as text");
     }
 }

@@ -95,11 +95,18 @@ pub enum FileSafetyCommand {
     Debug,
 }
 
-/// An absolute, normalised path for a file named on the command line.
+/// An absolute path for a file named on the command line, as given otherwise: the broker
+/// resolves it as the kernel would (a `..` after a symlink included, see
+/// `broker::file_safety::canonical`).
 fn absolute(file: &str) -> anyhow::Result<String> {
     let path = std::path::Path::new(file);
     let joined = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
-    crate::api::normalize(&joined.to_string_lossy()).map_err(|reason| anyhow::anyhow!("{reason}"))
+    let Some(joined) = joined.to_str() else {
+        anyhow::bail!("'{}' is not a UTF-8 path (the working directory's name, or the file's)", joined.display());
+    };
+    // What is not a path at all (control characters) is refused here already.
+    crate::api::normalize(joined).map_err(|reason| anyhow::anyhow!("{reason}"))?;
+    Ok(joined.to_string())
 }
 
 fn time(time_ms: u64) -> String {
