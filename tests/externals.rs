@@ -326,8 +326,16 @@ fn an_external_reply_completes_the_users_task_only_with_its_token_and_only_once(
 #[test]
 fn a_wait_for_an_external_task_that_fails_exits_non_zero_with_json_too() {
     let remote = Home::new();
-    let started = remote.cmd(&["start", "scenario", "--json"]).output().unwrap();
+    let started = remote.cmd(&["start", "scenario", "--name", "sc", "--json"]).output().unwrap();
     assert!(started.status.success(), "{}", describe(&started));
+    // Stopped before its broker is, pass or fail (left running, it starts its broker again).
+    struct Stop<'a>(&'a Home);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.run(&["stop", "sc"]);
+        }
+    }
+    let _stop = Stop(&remote);
     let scenario: Value = serde_json::from_slice(&started.stdout).unwrap();
     let home = Home::new();
     home.ok(&["external", "add", &format!("http://127.0.0.1:{}", scenario["port"]), "--alias", "sc"]);

@@ -155,15 +155,22 @@ impl Profile {
             return Err(("prompt".into(), "idle.prompt: must contain a visible character".into()));
         }
         let idle = &self.idle;
-        for pattern in idle.waiting_patterns.iter().chain(&idle.question_patterns).chain(&idle.busy_patterns) {
-            if pattern.trim().is_empty() {
-                return Err(("waiting_patterns".into(), "idle.waiting_patterns: a pattern is empty".into()));
-            }
-            if pattern.chars().any(crate::escape::is_control) {
-                return Err((
-                    pattern.clone(),
-                    "idle.waiting_patterns: a pattern contains a control character (screen text never does)".into(),
-                ));
+        let lists = [
+            ("waiting_patterns", &idle.waiting_patterns),
+            ("question_patterns", &idle.question_patterns),
+            ("busy_patterns", &idle.busy_patterns),
+        ];
+        for (list, patterns) in lists {
+            for pattern in patterns {
+                if pattern.trim().is_empty() {
+                    return Err((list.into(), format!("idle.{list}: a pattern is empty")));
+                }
+                if pattern.chars().any(crate::escape::is_control) {
+                    return Err((
+                        pattern.clone(),
+                        format!("idle.{list}: a pattern contains a control character (screen text never does)"),
+                    ));
+                }
             }
         }
         if self.submit.is_empty() {

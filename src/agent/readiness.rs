@@ -44,6 +44,20 @@ fn contained<T>(work: impl FnOnce() -> T) -> Option<T> {
     result.ok()
 }
 
+/// How many bytes of a text's beginning a row must show to be the first row of its echo (the
+/// header `[A2A:1a2b3c4d:` alone is 15).
+const ECHO_ANCHOR: usize = 16;
+
+/// The length in bytes of the longest common beginning of `a` and `b`, on character boundaries.
+fn common_prefix(a: &str, b: &str) -> usize {
+    a.char_indices()
+        .zip(b.chars())
+        .take_while(|((_, x), y)| x == y)
+        .map(|((at, x), _)| at + x.len_utf8())
+        .last()
+        .unwrap_or(0)
+}
+
 /// How many written texts [`Readiness::recent_inputs`] keeps.
 const RECENT_INPUTS: usize = 8;
 
@@ -100,25 +114,82 @@ impl Readiness {
         self.recent_inputs.push_back(text.to_string());
     }
 
-    /// Is a dialog open? Its furniture shows anywhere on screen, the echo of a message
-    /// included; or a question shows, not as the echo of a text we wrote, while the CLI is not
-    /// at its empty prompt (see [`IdleStrategy::question_patterns`]).
+    /// Is a dialog open? Its furniture shows on screen, or a question while the CLI is not at
+    /// its empty prompt (see [`IdleStrategy::question_patterns`]); neither as the echo of a text
+    /// we wrote ([`Readiness::echo_rows`]).
     pub fn dialog_on_screen(&self) -> bool {
-        self.pattern_on_screen(&self.idle.waiting_patterns, false)
-            || (self.pattern_on_screen(&self.idle.question_patterns, true) && !self.at_prompt())
+        let echoes = self.echo_rows();
+        self.pattern_on_screen(&self.idle.waiting_patterns, &echoes)
+            || (self.pattern_on_screen(&self.idle.question_patterns, &echoes) && !self.at_prompt())
     }
 
-    /// Does one of `patterns` show on a screen row (one that is not the echo of a text we wrote,
-    /// when `not_echoes`)?
-    fn pattern_on_screen(&self, patterns: &[String], not_echoes: bool) -> bool {
+    /// Does a dialog's furniture show, not as the echo of a text we wrote? What every dialog
+    /// shows: a second submit key is never sent while one does. (A question alone may be the
+    /// last answer's, above the message that waits in the box.)
+    pub fn furniture_on_screen(&self) -> bool {
+        self.pattern_on_screen(&self.idle.waiting_patterns, &self.echo_rows())
+    }
+
+    /// Does one of `patterns` show on a screen row that is not an echo (`echoes`, by row)?
+    fn pattern_on_screen(&self, patterns: &[String], echoes: &[bool]) -> bool {
         if patterns.is_empty() {
             return false;
         }
         let screen = self.parser.screen();
         let (_, cols) = screen.size();
-        screen.rows(0, cols).any(|row| {
-            patterns.iter().any(|pattern| row.contains(pattern.as_str())) && !(not_echoes && self.is_echo(&row))
+        screen.rows(0, cols).enumerate().any(|(index, row)| {
+            !echoes.get(index).copied().unwrap_or(false)
+                && patterns.iter().any(|pattern| row.contains(pattern.as_str()))
         })
+    }
+
+    /// Which screen rows show the echo of a text we wrote: a row that begins as the text begins
+    /// (a ticket's header, `[A2A:…]`, which no dialog draws), and the rows right after it that
+    /// spell out the rest in order, with nothing but decoration, blank space and the text's own
+    /// blank lines between the pieces. A row that merely repeats a line of a text, away from
+    /// that text's echo, is not one: a sender who copied a dialog's lines into a message cannot
+    /// pass the real dialog, drawn later, for the echo of the message.
+    fn echo_rows(&self) -> Vec<bool> {
+        let screen = self.parser.screen();
+        let (_, cols) = screen.size();
+        let rows: Vec<String> = screen.rows(0, cols).collect();
+        let mut echoes = vec![false; rows.len()];
+        for input in &self.recent_inputs {
+            let input = input.trim_start_matches(decoration);
+            let mut row = 0;
+            while row < rows.len() {
+                let shown = rows[row].trim_matches(decoration);
+                let start = common_prefix(shown, input);
+                if start < ECHO_ANCHOR.min(input.len()) || start == 0 {
+                    row += 1;
+                    continue;
+                }
+                echoes[row] = true;
+                let mut offset = start;
+                row += 1;
+                while row < rows.len() && offset < input.len() {
+                    let rest = &input[offset..];
+                    let gap = rest.len() - rest.trim_start_matches(decoration).len();
+                    let shown = rows[row].trim_matches(decoration);
+                    if shown.is_empty() {
+                        // One of the text's own blank lines; any other blank row ends the echo.
+                        if rest[..gap].matches('\n').count() < 2 {
+                            break;
+                        }
+                        offset += rest.find('\n').map_or(gap, |at| at + 1);
+                        row += 1;
+                        continue;
+                    }
+                    let Some(piece) = rest[gap..].strip_prefix(shown).map(|after| rest.len() - after.len()) else {
+                        break;
+                    };
+                    echoes[row] = true;
+                    offset += piece;
+                    row += 1;
+                }
+            }
+        }
+        echoes
     }
 
     /// Does the line under the cursor end with the CLI's prompt (its input box, empty)? Never
@@ -128,12 +199,6 @@ impl Readiness {
             let line = self.cursor_line();
             line.ends_with(prompt) || line.trim_end().ends_with(prompt.trim_end())
         })
-    }
-
-    /// Is this screen row (without its decoration) a piece of a text we wrote?
-    fn is_echo(&self, row: &str) -> bool {
-        let text = row.trim_start_matches(decoration).trim_end();
-        text.chars().count() >= 8 && self.recent_inputs.iter().any(|input| input.contains(text))
     }
 
     /// Has the user typed into the CLI's input box (the prompt, then text, left of the cursor)?
@@ -197,8 +262,13 @@ impl Readiness {
     /// drawing fills it, and the agent goes on being read and written to.
     fn start_afresh(&mut self) {
         tracing::warn!("the screen model failed on the CLI's output; it starts again from a blank screen");
+        // A mode the CLI set once, at its start, is kept: messages still go in as pastes.
+        let pasting = self.parser.screen().bracketed_paste();
         let (rows, cols) = self.size;
         self.parser = vt100::Parser::new(rows, cols, 0);
+        if pasting {
+            self.parser.process(b"\x1b[?2004h");
+        }
     }
 
     /// Did the CLI turn bracketed paste on (and keep it on)?
@@ -240,7 +310,7 @@ impl Readiness {
         if self.idle.needs_bracketed_paste && !self.seen_bracketed_paste {
             return (AgentStatus::Processing, None);
         }
-        if self.pattern_on_screen(&self.idle.busy_patterns, true) {
+        if self.pattern_on_screen(&self.idle.busy_patterns, &self.echo_rows()) {
             return (AgentStatus::Processing, None);
         }
         if self.idle.prompt.is_some() && !self.at_prompt() {
@@ -281,6 +351,12 @@ mod tests {
         ready.feed(b"\x1b[2J\x1b[HDummy agent ready.\r\n> ", start);
         assert_eq!(ready.status(start).0, AgentStatus::Ready);
         assert!(ready.shows("Dummy agent ready."));
+        // Bracketed paste, turned on once at the start, stays on.
+        let mut claude = detector("claude");
+        claude.feed("\x1b[?2004h\x1b[1;79H中".as_bytes(), start);
+        claude.resize(24, 79);
+        claude.feed(b"\x1b[1;79H\x1b[K", start);
+        assert!(claude.bracketed_paste());
     }
 
     #[test]
@@ -483,11 +559,19 @@ mod tests {
             start,
         );
         assert_eq!(opencode.status(start + Duration::from_secs(10)).0, AgentStatus::Waiting);
-        // Nor the echo of the furniture alone: WAITING while it shows (a message rarely carries it).
+        // The echo of a message that carries a dialog's lines is not a dialog (a message about a
+        // dialog must not hold the agent for good) ...
         let mut claude = detector("claude");
         claude.feed("\x1b[?2004h────\r\n❯\u{a0}".as_bytes(), start);
-        claude.remember_input("[A2A:1234abcd:mallory] Esc to cancel");
-        claude.feed("\x1b[2J\x1b[H❯ [A2A:1234abcd:mallory] Esc to cancel\r\n────\r\n❯\u{a0}".as_bytes(), start);
+        let message = "[A2A:1234abcd:mallory] note\n Do you want to proceed?\n ❯ 1. Yes\n Esc to cancel · Tab to amend";
+        claude.remember_input(message);
+        let echo = "❯ [A2A:1234abcd:mallory] note\r\n  Do you want to proceed?\r\n  ❯ 1. Yes\r\n  Esc to cancel · Tab to amend\r\n";
+        claude.feed(format!("\x1b[2J\x1b[H{echo}\r\n● Noted.\r\n────\r\n❯\u{a0}").as_bytes(), start);
+        assert_eq!(claude.status(start + Duration::from_secs(10)).0, AgentStatus::Ready);
+        // ... but the same lines drawn below it, away from the echo, are the real dialog.
+        let dialog =
+            "● Bash(touch probe)\r\n────\r\n Do you want to proceed?\r\n ❯ 1. Yes\r\n Esc to cancel · Tab to amend";
+        claude.feed(format!("\x1b[2J\x1b[H{echo}\r\n{dialog}").as_bytes(), start);
         assert_eq!(claude.status(start + Duration::from_secs(10)).0, AgentStatus::Waiting);
     }
 
@@ -503,6 +587,10 @@ mod tests {
                 format!("● Done. Would you like to add tests? Do you want to merge (y/n)?\r\n\r\n────\r\n{prompt}");
             ready.feed(answer.as_bytes(), start);
             assert_eq!(ready.status(start + Duration::from_secs(10)).0, AgentStatus::Ready, "{profile}");
+            // A message then waiting in the box (its submit key swallowed): no furniture, so the
+            // submit key is sent again, the question above notwithstanding.
+            ready.feed(b"[A2A:1234abcd:alice] next task", start);
+            assert!(!ready.furniture_on_screen(), "{profile}");
         }
     }
 

@@ -404,11 +404,12 @@ async fn resubmit_if_unsent(shared: &Shared, written: &Written) {
             let readiness = shared.screen.lock();
             (
                 readiness.holds_unsent(&written.shown, written.pasted),
-                readiness.dialog_on_screen(),
+                readiness.furniture_on_screen(),
                 readiness.last_output(),
             )
         };
-        // A dialog that opened after the submit key is the user's to answer: a key now would.
+        // A dialog that opened after the submit key is the user's to answer (a key now would);
+        // its furniture says so (a question may be the last answer's, above the waiting text).
         if !unsent || dialog {
             return;
         }
