@@ -605,6 +605,16 @@ fn a_stopped_wrapper_exits_when_no_broker_can_be_started() {
     });
 }
 
+/// What tests/support/rawcli.py logged: one JSON record per submitted line or control key.
+fn rawcli_records(log: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(log).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+}
+
+/// Has a ticket been written into `agent`'s terminal (acknowledged)?
+fn injected_any(events: &[Value], agent: &str) -> bool {
+    events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == agent)
+}
+
 /// Starts tests/support/rawcli.py (a raw-mode CLI with bracketed paste) as agent `raw`; returns
 /// what `synapse start` announced and the program's own log of what it received.
 fn start_rawcli(home: &Home) -> (Value, std::path::PathBuf) {
@@ -658,8 +668,7 @@ fn a_swallowed_submit_key_is_sent_again_and_the_message_goes_through_once() {
     home.ok(&["send", "raw", "SWALLOW-ENTER once", "--no-response"]);
     home.ok(&["send", "raw", "then this one", "--no-response"]);
     follower.wait_until("both written", |events| settled_all(events, &raw_id, 2));
-    let records: Vec<Value> =
-        std::fs::read_to_string(&raw_log).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let records = rawcli_records(&raw_log);
     assert_eq!(records.len(), 3, "swallowed, then the line once, then the next: {records:#?}");
     assert_eq!(records[0]["swallowed"], true, "{records:#?}");
     assert!(records[1]["line"].as_str().unwrap().ends_with("SWALLOW-ENTER once"), "{records:#?}");
@@ -678,12 +687,9 @@ fn no_submit_key_is_sent_again_into_a_dialog() {
     follower.wait_until("raw READY", |events| ready(events, &raw_id));
     home.ok(&["send", "raw", "SWALLOW-ASK once", "--no-response"]);
     // Acknowledged once the wrapper has given up watching for the submit key's fate.
-    follower.wait_until("acknowledged", |events| {
-        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == raw_id.as_str())
-    });
+    follower.wait_until("acknowledged", |events| injected_any(events, &raw_id));
     follower.wait_until("raw WAITING", |events| status_is(events, &raw_id, "WAITING"));
-    let records: Vec<Value> =
-        std::fs::read_to_string(&raw_log).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let records = rawcli_records(&raw_log);
     assert_eq!(records.len(), 1, "the first submit key only, nothing into the dialog: {records:#?}");
     assert_eq!(records[0]["swallowed"], true, "{records:#?}");
 }
@@ -699,17 +705,14 @@ fn a_priority_five_message_held_after_a_failed_interrupt_is_explained() {
     let raw_id = id(&raw);
     follower.wait_until("raw READY", |events| ready(events, &raw_id));
     home.ok(&["send", "raw", "HANG-NOW please", "--no-response"]);
-    follower.wait_until("raw busy", |events| {
-        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == raw_id.as_str())
-    });
+    follower.wait_until("raw busy", |events| injected_any(events, &raw_id));
     home.ok(&["send", "raw", "urgent", "--no-response", "-p", "5"]);
     follower.wait_until("the interrupt note", |events| note_has(events, &raw_id, "priority-5 message waits"));
     let list: Value = serde_json::from_str(&home.ok(&["list", "--json"])).unwrap();
     let agent = &list["agents"][0];
     assert_eq!(agent["queue_depth"], 1, "{agent:#}");
     assert!(agent["status_note"].as_str().unwrap().contains("no prompt 1 s after the interrupt"), "{agent:#}");
-    let records: Vec<Value> =
-        std::fs::read_to_string(&raw_log).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let records = rawcli_records(&raw_log);
     assert_eq!(records.len(), 2, "the message, then the one Ctrl-C (ignored while busy): {records:#?}");
     assert_eq!(records[1]["ignored"], "03", "{records:#?}");
 }
@@ -742,8 +745,7 @@ fn message_text_cannot_inject_keystrokes_or_forge_a_header() {
     });
 
     // The raw-mode CLI: one submitted line per message, no control key, no escape byte.
-    let records: Vec<Value> =
-        std::fs::read_to_string(&raw_log).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let records = rawcli_records(&raw_log);
     assert_eq!(records.len(), attacks.len(), "{records:#?}");
     for record in &records {
         let line = record["line"].as_str().expect("a submitted line, never a control key");

@@ -827,13 +827,7 @@ impl Client {
         path: &str,
         body: Option<&impl Serialize>,
     ) -> Result<T, ClientError> {
-        let what = what_of(&method, path);
-        let body = body
-            .map(serde_json::to_vec)
-            .transpose()
-            .map_err(|error| ClientError::Request { what: what.clone(), reason: error.to_string() })?;
-        let (status, bytes) = self.exchange(method, path, body).await?;
-        answer(&what, status, &bytes)
+        self.call_within(limit_for(path), method, path, body).await
     }
 
     /// [`Client::call`] for a request whose wait is in its body: the call limit plus `wait`.
@@ -844,12 +838,22 @@ impl Client {
         path: &str,
         body: Option<&impl Serialize>,
     ) -> Result<T, ClientError> {
+        self.call_within(call_timeout().map(|limit| limit.saturating_add(wait)), method, path, body).await
+    }
+
+    /// [`Client::call`] within `limit` (None: none).
+    async fn call_within<T: DeserializeOwned>(
+        &mut self,
+        limit: Option<Duration>,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, ClientError> {
         let what = what_of(&method, path);
         let body = body
             .map(serde_json::to_vec)
             .transpose()
             .map_err(|error| ClientError::Request { what: what.clone(), reason: error.to_string() })?;
-        let limit = call_timeout().map(|limit| limit.saturating_add(wait));
         let (status, bytes) = self.exchange_within(limit, method, path, body).await?;
         answer(&what, status, &bytes)
     }
