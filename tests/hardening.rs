@@ -470,29 +470,10 @@ fn a_socket_directory_or_socket_of_another_user_is_refused() {
          os.chmod({path:?}, 0o777)\n\
          os.setgid({NOBODY}); os.setuid({NOBODY})\n\
          s.listen(8)\n\
-         print('ready', flush=True)\n\
-         total = 0\n\
-         s.settimeout(15)\n\
-         try:\n\
-         \x20   while True:\n\
-         \x20       c, _ = s.accept(); c.settimeout(2)\n\
-         \x20       try:\n\
-         \x20           total += len(c.recv(65536))\n\
-         \x20       except Exception:\n\
-         \x20           pass\n\
-         \x20       print('received', total, flush=True)\n\
-         except Exception:\n\
-         \x20   pass\n",
+         print('ready', flush=True)\n",
         path = home.socket().display().to_string()
     );
-    let mut fake = std::process::Command::new("python3")
-        .args(["-c", &script])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(fake.stdout.take().unwrap());
-    let mut ready = String::new();
-    std::io::BufRead::read_line(&mut lines, &mut ready).unwrap();
+    let (fake, ready) = FakeListener::start(&script);
     assert_eq!(ready.trim(), "ready");
     let output = home
         .cmd(&["send", "bob", "secret plans", "--no-response"])
@@ -505,14 +486,7 @@ fn a_socket_directory_or_socket_of_another_user_is_refused() {
         "{}",
         describe(&output)
     );
-    let _ = fake.kill();
-    let mut rest = String::new();
-    let _ = std::io::Read::read_to_string(&mut lines, &mut rest);
-    let _ = fake.wait();
-    assert!(
-        !rest.lines().any(|line| line.starts_with("received") && line != "received 0"),
-        "the fake broker got bytes: {rest}"
-    );
+    fake.assert_got_nothing("the fake broker");
 }
 
 /// The CLI falls back to the broker's TCP port (from `broker.json`) when its socket cannot be
@@ -532,28 +506,9 @@ fn a_broker_port_served_by_another_user_gets_nothing() {
         "import os, socket\n\
          os.setgid({NOBODY}); os.setuid({NOBODY})\n\
          s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(8)\n\
-         print('ready', os.getpid(), s.getsockname()[1], flush=True)\n\
-         total = 0\n\
-         s.settimeout(15)\n\
-         try:\n\
-         \x20   while True:\n\
-         \x20       c, _ = s.accept(); c.settimeout(2)\n\
-         \x20       try:\n\
-         \x20           total += len(c.recv(65536))\n\
-         \x20       except Exception:\n\
-         \x20           pass\n\
-         \x20       print('received', total, flush=True)\n\
-         except Exception:\n\
-         \x20   pass\n"
+         print('ready', os.getpid(), s.getsockname()[1], flush=True)\n"
     );
-    let mut fake = std::process::Command::new("python3")
-        .args(["-c", &script])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(fake.stdout.take().unwrap());
-    let mut ready = String::new();
-    std::io::BufRead::read_line(&mut lines, &mut ready).unwrap();
+    let (fake, ready) = FakeListener::start(&script);
     let words: Vec<&str> = ready.split_whitespace().collect();
     assert_eq!(words.first(), Some(&"ready"), "{ready}");
     let (pid, port): (u32, u16) = (words[1].parse().unwrap(), words[2].parse().unwrap());
@@ -572,14 +527,55 @@ fn a_broker_port_served_by_another_user_gets_nothing() {
     // Refused, and said; the CLI then starts a broker of its own, which knows no bob.
     assert!(stderr(&output).contains(&format!("served by uid {NOBODY}")), "{}", describe(&output));
     assert!(stderr(&output).contains("No agent found matching 'bob'"), "{}", describe(&output));
-    let _ = fake.kill();
-    let mut rest = String::new();
-    let _ = std::io::Read::read_to_string(&mut lines, &mut rest);
-    let _ = fake.wait();
-    assert!(
-        !rest.lines().any(|line| line.starts_with("received") && line != "received 0"),
-        "the other user's listener got bytes: {rest}"
-    );
+    fake.assert_got_nothing("the other user's listener");
+}
+
+/// A listener of another user (python3, `setup` binds `s` and prints its ready line): it counts
+/// the bytes each connection sends it.
+struct FakeListener {
+    child: std::process::Child,
+    lines: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl FakeListener {
+    /// Starts it; its ready line.
+    fn start(setup: &str) -> (FakeListener, String) {
+        let script = format!(
+            "{setup}total = 0\n\
+             s.settimeout(15)\n\
+             try:\n\
+             \x20   while True:\n\
+             \x20       c, _ = s.accept(); c.settimeout(2)\n\
+             \x20       try:\n\
+             \x20           total += len(c.recv(65536))\n\
+             \x20       except Exception:\n\
+             \x20           pass\n\
+             \x20       print('received', total, flush=True)\n\
+             except Exception:\n\
+             \x20   pass\n"
+        );
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut ready = String::new();
+        std::io::BufRead::read_line(&mut lines, &mut ready).unwrap();
+        (FakeListener { child, lines }, ready)
+    }
+
+    /// Stops it and checks that no connection sent it a byte.
+    fn assert_got_nothing(mut self, what: &str) {
+        let _ = self.child.kill();
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut self.lines, &mut rest);
+        let _ = self.child.wait();
+        assert!(
+            !rest.lines().any(|line| line.starts_with("received") && line != "received 0"),
+            "{what} got bytes: {rest}"
+        );
+    }
 }
 
 fn my_uid() -> u32 {
