@@ -1351,3 +1351,53 @@ fn a_push_notification_set_with_the_message_is_retried_across_a_broker_restart()
     };
     assert_eq!(completed.json()["statusUpdate"]["taskId"], id);
 }
+
+/// CPU seconds (user + system) a process has used, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    #[allow(unsafe_code)]
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks as f64 / per_second as f64
+}
+
+/// A scenario agent the broker no longer knows (deregistered by hand, or a broker that started
+/// again on a fresh home) says so once and retries with a growing pause. It retried at once and
+/// spun (half a core, in a test that left one running); SIGTERM still ends it.
+#[test]
+fn a_scenario_agent_the_broker_forgot_says_so_once_and_does_not_spin() {
+    let home = Home::new();
+    let log = home.home().join("scenario.err");
+    let mut child = home
+        .cmd(&["scenario-agent"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let announce: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("no registration: {line:?}"));
+    let id = announce["agent_id"].as_str().unwrap();
+    let secret = announce["secret"].as_str().unwrap();
+    let (status, answer) = home.http("DELETE", &format!("/agents/{id}"), None, &[("X-Synapse-Agent-Secret", secret)]);
+    assert_eq!(status, 200, "{answer}");
+    let warning = "the broker no longer knows agent";
+    let deadline = std::time::Instant::now() + READ_DEADLINE;
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains(warning) {
+        assert!(std::time::Instant::now() < deadline, "no warning: {}", std::fs::read_to_string(&log).unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Watched for a second: a busy loop of status reports used a quarter to a half of a core
+    // here, even with both cores loaded; pausing between them uses a few milliseconds.
+    let before = cpu_seconds(child.id());
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_seconds(child.id()) - before;
+    assert!(used < 0.1, "the agent used {used:.2} s of CPU in 1 s while forgotten");
+    kill(child.id(), libc::SIGTERM);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches(warning).count(), 1, "said once:\n{text}");
+}

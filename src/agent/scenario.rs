@@ -21,7 +21,7 @@
 //! it acknowledges the ticket before acting, so a restart never answers a message twice (it may
 //! leave one unanswered).
 
-use super::wrapper::connect;
+use super::wrapper::{Backoff, connect, is_gone};
 use crate::api::{self, InboxTicket, TicketKind};
 use crate::client::{Client, ClientError};
 use crate::config::Paths;
@@ -132,7 +132,8 @@ struct Agent {
     secret: String,
 }
 
-fn is_gone(error: &ClientError) -> bool {
+/// A refusal (the ticket already acknowledged, say): no use asking again.
+fn is_client_error(error: &ClientError) -> bool {
     error.status().is_some_and(|status| status.is_client_error())
 }
 
@@ -140,26 +141,41 @@ impl Agent {
     async fn follow_inbox(&self) {
         let mut client = connect(&self.paths, &self.secret).await;
         let ready = api::StatusUpdate { status: AgentStatus::Ready, note: None };
+        // Every failed call waits before the next one: a broker that forgot this agent (or
+        // one that refuses it) answers at once, and retrying at once was a busy loop.
+        let mut backoff = Backoff::default();
+        let mut warned_gone = false;
         loop {
-            if client.set_status(&self.id, &ready).await.is_err() {
+            if let Err(error) = client.set_status(&self.id, &ready).await {
+                if is_gone(&error) && !std::mem::replace(&mut warned_gone, true) {
+                    tracing::warn!(
+                        "the broker no longer knows agent {} (deregistered?): messages cannot reach it; retrying",
+                        self.id
+                    );
+                }
+                backoff.wait().await;
                 client = connect(&self.paths, &self.secret).await;
                 continue;
             }
+            warned_gone = false;
             let inbox = match client.inbox(&self.id, INBOX_WAIT_MS, Some(1)).await {
                 Ok(inbox) => inbox,
                 Err(_) => {
+                    backoff.wait().await;
                     client = connect(&self.paths, &self.secret).await;
                     continue;
                 }
             };
+            backoff.reset();
             let Some(ticket) = inbox.tickets.into_iter().next() else {
                 continue;
             };
             let number = ticket.ticket;
             match client.ack(&self.id, number).await {
                 Ok(_) => {}
-                Err(error) if is_gone(&error) => continue,
+                Err(error) if is_client_error(&error) => continue,
                 Err(_) => {
+                    backoff.wait().await;
                     client = connect(&self.paths, &self.secret).await;
                     continue;
                 }
@@ -168,6 +184,7 @@ impl Agent {
                 && let Err(error) = self.answer(&mut client, &ticket).await
             {
                 tracing::warn!("scenario agent: cannot answer ticket {number}: {error:#}");
+                backoff.wait().await;
                 client = connect(&self.paths, &self.secret).await;
             }
         }

@@ -64,7 +64,7 @@ pub(crate) const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// Pauses between failed calls to the broker that did answer (a refused status report, a
 /// failed acknowledgement): doubling from 50 ms to 5 s, so a persistent refusal does not
 /// become a busy loop. Reset by a success.
-pub(super) struct Backoff {
+pub(crate) struct Backoff {
     delay: Duration,
 }
 
@@ -95,7 +95,7 @@ impl Default for Backoff {
 }
 
 /// The broker no longer knows the agent (deregistered, or its id taken): 404 or 409.
-pub(super) fn is_gone(error: &ClientError) -> bool {
+pub(crate) fn is_gone(error: &ClientError) -> bool {
     error.status().is_some_and(|status| status.as_u16() == 404 || status.as_u16() == 409)
 }
 

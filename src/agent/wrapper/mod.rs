@@ -20,7 +20,7 @@ mod pty;
 mod reporter;
 mod watcher;
 
-pub(crate) use connection::{EXIT_GRACE, connect, connect_to_leave};
+pub(crate) use connection::{Backoff, EXIT_GRACE, connect, connect_to_leave, is_gone};
 pub use watcher::instruction_files;
 
 use super::mcp_wiring;
