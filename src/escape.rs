@@ -26,6 +26,23 @@ pub fn is_control(c: char) -> bool {
     matches!(u32::from(c), 0x00..=0x1f | 0x7f | 0x80..=0x9f)
 }
 
+/// JSON text with DEL and C1 controls written as `\uXXXX` escapes (serde_json escapes C0 only).
+/// Outside strings JSON text is ASCII, so each such character sits in a string, where the
+/// escape means the same character.
+pub fn json_controls(json: String) -> String {
+    if !json.chars().any(|c| matches!(u32::from(c), 0x7f..=0x9f)) {
+        return json;
+    }
+    let mut out = String::with_capacity(json.len() + 8);
+    for c in json.chars() {
+        match u32::from(c) {
+            code @ 0x7f..=0x9f => out.push_str(&format!("\\u{code:04x}")),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 /// Others' text for the user's terminal, on lines of its own: every control but newline and tab
 /// made visible (a `\r\n` pair stays a newline).
 pub fn visible(text: &str) -> String {
@@ -189,6 +206,17 @@ impl VisibleStream {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        /// JSON with DEL and C1 escaped reads back as the same value and holds no control.
+        #[test]
+        fn json_with_controls_escaped_means_the_same(text in "[\\x00-\\x{a0}é日]{0,24}") {
+            let value = serde_json::json!({"text": text, "list": [text]});
+            let escaped = json_controls(serde_json::to_string_pretty(&value).unwrap());
+            prop_assert!(!escaped.chars().any(|c| is_control(c) && c != '\n'), "{escaped:?}");
+            prop_assert_eq!(serde_json::from_str::<serde_json::Value>(&escaped).unwrap(), value);
+        }
+    }
 
     #[test]
     fn a_stream_cut_anywhere_reads_like_the_whole() {

@@ -371,8 +371,10 @@ fn others_escape_sequences_are_shown_visibly_in_list_events_history_and_logs() {
     let home = Home::new();
     let alice = home.register(Some("alice"));
     let bob = home.register(Some("bob"));
-    let attack = "\u{1b}]52;c;SGk=\u{7}pwn\u{1b}[2J";
-    let visible = "^[]52;c;SGk=^Gpwn^[[2J";
+    // An OSC 52 clipboard write, a C0 screen clear, a C1 one (CSI as U+009B) and a DEL.
+    let attack = "\u{1b}]52;c;SGk=\u{7}pwn\u{1b}[2J\u{9b}2J\u{7f}";
+    let visible = "^[]52;c;SGk=^Gpwn^[[2J<U+009B>2J^?";
+    let raw = ['\u{1b}', '\u{7}', '\u{9b}', '\u{7f}'];
     let sent = home.run_as(&alice, &["send", "bob", attack, "--response"]);
     assert!(sent.status.success(), "{}", describe(&sent));
     // bob takes the message (a reply is expected, so it is work in progress): it becomes his
@@ -385,7 +387,7 @@ fn others_escape_sequences_are_shown_visibly_in_list_events_history_and_logs() {
     std::fs::write(home.home().join("logs").join(format!("{}.log", bob.id)), format!("> {attack}\r\n")).unwrap();
 
     let no_controls = |what: &str, text: &str| {
-        assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "{what} prints raw controls: {text:?}");
+        assert!(!text.contains(raw), "{what} prints raw controls: {text:?}");
         assert!(text.contains(visible), "{what} does not show the sequence visibly: {text}");
     };
     no_controls("list", &home.ok(&["list"]));
@@ -393,9 +395,13 @@ fn others_escape_sequences_are_shown_visibly_in_list_events_history_and_logs() {
     no_controls("history list", &home.ok(&["history", "list"]));
     no_controls("history search", &home.ok(&["history", "search", "pwn"]));
     no_controls("logs", &home.ok(&["logs", "bob"]));
-    // Exact where asked for: JSON and --raw.
-    assert!(home.ok(&["events", "--json"]).contains(r"\u001b]52;c;SGk=\u0007pwn"));
-    assert!(home.ok(&["list", "--json"]).contains(r"\u001b]52;c;SGk=\u0007pwn"));
+    // Exact where asked for: JSON (every control escaped, DEL and C1 too: serde_json escapes
+    // only C0) and --raw.
+    for args in [&["events", "--json"][..], &["list", "--json"], &["history", "list", "--json"]] {
+        let json = home.ok(args);
+        assert!(!json.contains(raw), "{args:?} prints raw controls: {json:?}");
+        assert!(json.contains(r"\u001b]52;c;SGk=\u0007pwn\u001b[2J\u009b2J\u007f"), "{args:?}: {json}");
+    }
     assert_eq!(home.ok(&["logs", "bob", "--raw"]), format!("> {attack}\r\n"));
 }
 

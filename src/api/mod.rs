@@ -62,11 +62,13 @@ pub struct Removed {
 
 /// `value` as one line of JSON with its keys in the order `serde_json::Value` keeps them
 /// (sorted): what the CLI and the wrappers print, unchanged since they printed `Value`s.
+/// Every control is escaped, DEL and C1 included (`\u007f`, `\u009b`; serde_json escapes only
+/// C0), so that JSON printed on a terminal carries no control a sender wrote.
 pub fn json_line<T: Serialize>(value: &T) -> serde_json::Result<String> {
-    serde_json::to_string(&serde_json::to_value(value)?)
+    Ok(crate::escape::json_controls(serde_json::to_string(&serde_json::to_value(value)?)?))
 }
 
 /// Like [`json_line`], indented.
 pub fn json_pretty<T: Serialize>(value: &T) -> serde_json::Result<String> {
-    serde_json::to_string_pretty(&serde_json::to_value(value)?)
+    Ok(crate::escape::json_controls(serde_json::to_string_pretty(&serde_json::to_value(value)?)?))
 }

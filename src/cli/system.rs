@@ -153,7 +153,8 @@ pub async fn events(paths: &Paths, args: EventsArgs) -> anyhow::Result<i32> {
                     }
                     last = Some(Seen { seq: envelope.seq, event });
                 }
-                let line = if args.json { data.to_string() } else { event_line(&envelope) };
+                let line =
+                    if args.json { crate::escape::json_controls(data.to_string()) } else { event_line(&envelope) };
                 let mut out = stdout.lock();
                 // A closed pipe (`synapse events | head`) ends the command quietly.
                 let written = writeln!(out, "{line}").and_then(|_| out.flush()).is_ok();
