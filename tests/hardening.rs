@@ -603,7 +603,7 @@ fn another_users_process_is_refused_over_loopback_tcp() {
     let script = format!(
         "import os, socket, encodings.idna\n\
          os.setgid(65534); os.setuid(65534)\n\
-         for method, path in [('GET', '/events'), ('GET', '/.well-known/agent-card.json'), ('POST', '/external-replies/tasks/send')]:\n\
+         for method, path in [('GET', '/events'), ('GET', '/.well-known/agent-card.json'), ('POST', '/external-replies/tasks/send'), ('GET', '/broker/health')]:\n\
          \x20   s = socket.create_connection(('127.0.0.1', {port}))\n\
          \x20   s.sendall((method + ' ' + path + ' HTTP/1.1\\r\\nHost: localhost\\r\\nContent-Type: application/json\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\n{{}}').encode())\n\
          \x20   answer = b''\n\
@@ -622,7 +622,17 @@ fn another_users_process_is_refused_over_loopback_tcp() {
     assert!(!shown.contains("/.well-known/agent-card.json HTTP/1.1 403"), "cards stay open: {shown}");
     // An open route that takes a body is not for other users (refused before the body is read).
     assert!(shown.contains("/external-replies/tasks/send HTTP/1.1 403"), "{shown}");
+    // The broker's health says it is up, not where the user's home is nor its pid.
+    let home_path = home.home().display().to_string();
+    assert!(shown.contains("/broker/health HTTP/1.1 200"), "{shown}");
+    let health = shown.split("/broker/health HTTP/1.1 200").nth(1).unwrap().lines().nth(1).unwrap();
+    let health: Value = serde_json::from_str(health).unwrap_or_else(|_| panic!("{shown}"));
+    assert_eq!(health["healthy"], true, "{health}");
+    assert!(health["version"].is_string() && health.get("pid").is_none() && health.get("home").is_none(), "{health}");
+    assert!(!shown.contains(&home_path), "{shown}");
     // The user's own TCP calls are served as before.
     let (status, _) = http_tcp(port, "GET", "/agents", None, &[]);
     assert_eq!(status, 200);
+    let (status, health) = http_tcp(port, "GET", "/broker/health", None, &[]);
+    assert_eq!((status, health["home"].as_str()), (200, Some(home_path.as_str())), "{health}");
 }

@@ -21,6 +21,15 @@ pub struct BrokerInfo {
     pub write_failure: Option<WriteFailure>,
 }
 
+/// `GET /broker/health` for a caller that is not known to be the user: no pid, home, socket,
+/// port or failure text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BrokerHealth {
+    pub version: String,
+    pub schema: u32,
+    pub healthy: bool,
+}
+
 fn is_true() -> bool {
     true
 }

@@ -25,10 +25,17 @@ use std::time::Duration;
 
 /// The broker's identity (the clients' version handshake) and whether it can store: 503 with
 /// the same body plus the reason while its last write failed and none has succeeded since.
-pub async fn health(State(state): State<AppState>) -> Response {
+/// Over a connection not known to be the user's (another user's process, another machine), it
+/// says only whether it is healthy and its version: not where the user's home is, nor its pid.
+pub async fn health(State(state): State<AppState>, extensions: axum::http::Extensions) -> Response {
     let info = state.info();
     let status = if info.healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    match answer(&info) {
+    let answered = if super::auth::the_users_connection(&extensions) {
+        answer(&info)
+    } else {
+        answer(&api::BrokerHealth { version: info.version, schema: info.schema, healthy: info.healthy })
+    };
+    match answered {
         Ok(body) => (status, body).into_response(),
         Err(error) => error.into_response(),
     }
