@@ -639,6 +639,13 @@ fn json_rpc_errors_carry_the_a2a_and_json_rpc_codes() {
     assert_eq!(error_code(&v1(port, "ListTasks", json!({"pageSize": 101}))), -32602);
     assert_eq!(error_code(&v1(port, "ListTasks", json!({"status": "TASK_STATE_NOPE"}))), -32602);
     assert_eq!(error_code(&v1(port, "ListTasks", json!({"pageToken": "x"}))), -32602);
+    // A page past the end is empty, however far (the next token's sum overflowed).
+    let far = v1(port, "ListTasks", json!({"pageToken": u64::MAX.to_string()}));
+    assert_eq!(
+        (far["result"]["tasks"].as_array().map(Vec::len), far["result"]["nextPageToken"].as_str()),
+        (Some(0), Some("")),
+        "{far}"
+    );
     // A2A errors.
     let unknown = v1(port, "GetTask", json!({"id": "0123abcd"}));
     assert_eq!(error_code(&unknown), -32001);
@@ -912,10 +919,16 @@ fn task_subscribe_resumes_after_a_dropped_connection_from_last_event_id_without_
     assert_eq!(first.json()["state"], "working");
     let seen: u64 = first.id.unwrap().parse().unwrap();
     drop(stream); // the connection drops
+    // A resume from past the head (a client's bad cursor) sees what comes next: it waited for
+    // events past that number, never came to the task's end and outlived the agent.
+    let mut from_the_future = subscribe(agent.port, &task_id, Some(u64::MAX));
+    assert_eq!(from_the_future.status, 200);
 
     // While no one listens, the task changes and ends.
     let canceled = v1(agent.port, "CancelTask", json!({"id": task_id}));
     assert_eq!(canceled["result"]["status"]["state"], "TASK_STATE_CANCELED");
+    let ended = from_the_future.rest();
+    assert_eq!(ended.last().map(|event| event.json()["state"].clone()), Some(json!("canceled")), "{ended:#?}");
 
     let mut resumed = subscribe(agent.port, &task_id, Some(seen));
     let rest = resumed.rest();
@@ -1400,4 +1413,30 @@ fn a_scenario_agent_the_broker_forgot_says_so_once_and_does_not_spin() {
     assert!(status.success(), "{status:?}");
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text.matches(warning).count(), 1, "said once:\n{text}");
+}
+
+/// A message the user sent from the shell is the user's to cancel (and the receiver's): an
+/// anonymous A2A client that finds it in the agent's task list may not. It could (the mark
+/// that the user sent it is on the receiver's task, not on the task A2A lists); the refusal
+/// is "not cancelable", never an internal error (the HTTP+JSON binding answered 500).
+#[test]
+fn an_anonymous_a2a_client_cannot_cancel_a_message_the_user_sent() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let sent: Value =
+        serde_json::from_str(&home.ok(&["send", &agent.id, "wait for me", "--response", "--json"])).unwrap();
+    let task_id = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    let listed = v1(agent.port, "ListTasks", json!({}));
+    let ids: Vec<&str> =
+        listed["result"]["tasks"].as_array().unwrap().iter().map(|task| task["id"].as_str().unwrap()).collect();
+    assert!(ids.contains(&task_id.as_str()), "{listed}");
+    let refused = v1(agent.port, "CancelTask", json!({"id": task_id}));
+    assert_eq!(error_code(&refused), -32002, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("the user"), "{refused}");
+    let over_rest = rest(agent.port, "POST", &format!("/v1/tasks/{task_id}:cancel"), Some(json!({})));
+    assert_eq!(rest_error(&over_rest), (409, "FAILED_PRECONDITION".into(), "TASK_NOT_CANCELABLE".into()));
+    let task = v1(agent.port, "GetTask", json!({"id": task_id}));
+    assert_eq!(task["result"]["status"]["state"], "TASK_STATE_WORKING", "{task}");
+    // The user still may.
+    home.ok(&["cancel", &task_id]);
 }

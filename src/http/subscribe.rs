@@ -170,10 +170,13 @@ pub async fn subscribe(
     let reference = params.get("id").cloned().unwrap_or_default();
     let task = find_task_of_agent(&state, &agent, &reference)?
         .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found")))?;
+    // Just before the event that created the task: a tail from there sees its whole life.
+    let from_creation = task.created_seq.saturating_sub(1);
     let cursor = match last_event_id(&headers)? {
-        Some(seq) => seq,
-        // Just before the event that created the task: a tail from there sees its whole life.
-        None => task.created_seq.saturating_sub(1),
+        // Within the task's life so far: an id past the head waited for events that never come
+        // (the task's end included), one before the task read the log from its start.
+        Some(seq) => seq.clamp(from_creation, state.store.head()?.max(from_creation)),
+        None => from_creation,
     };
     let task_id = task.id.clone();
     let served_by = fixed.map(|Extension(FixedAgent(agent))| agent);

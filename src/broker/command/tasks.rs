@@ -25,12 +25,28 @@ fn task_receiver(task: &TaskRecord) -> Option<&str> {
 /// Cancel rights: the user; the task's sender or receiver; anyone when the sender was
 /// anonymous (an anonymous sender has nothing to prove itself with) — unless that sender was
 /// the user, whose sends only the user (and the receiver) cancel.
-fn may_cancel(task: &TaskRecord, actor: &Actor) -> bool {
+/// `sent_by_user`: the message was the user's (recorded on the receiver's task, so the caller
+/// looks it up for a sender's task).
+fn may_cancel(task: &TaskRecord, sent_by_user: bool, actor: &Actor) -> bool {
     match actor {
         Actor::User => true,
         Actor::Agent(agent) => task_sender(task) == Some(agent.as_str()) || task_receiver(task) == Some(agent.as_str()),
-        Actor::Anonymous => task_sender(task).is_none() && !task.sent_by_user,
+        Actor::Anonymous => task_sender(task).is_none() && !sent_by_user,
     }
+}
+
+/// Was the message of `task` sent by the user? The flag is on the receiver's task (and on the
+/// task of a message to an external agent); the sender's task of an agent's message has it
+/// on its peer.
+fn sent_by_user(view: &Projections<'_>, task: &TaskRecord) -> Result<bool, DecideError> {
+    if task.sent_by_user {
+        return Ok(true);
+    }
+    if task.direction != Direction::Outgoing || task.owner.is_some() {
+        return Ok(false);
+    }
+    let Some(peer) = &task.peer_task_id else { return Ok(false) };
+    Ok(find_task(view, peer)?.is_some_and(|receiver| receiver.sent_by_user))
 }
 
 /// An agent moves a task it received: its own task and the sender's task waiting on it change
@@ -127,7 +143,7 @@ pub fn decide_cancel_task(
     let Some(task) = find_task(view, task_id)? else {
         return Err(CommandError::not_found(format!("Task {task_id} not found")).into());
     };
-    if !may_cancel(&task, actor) {
+    if !may_cancel(&task, sent_by_user(view, &task)?, actor) {
         return Err(CommandError::forbidden(format!(
             "task {} may be canceled only by its sender ({}), its receiver ({}) or the user",
             short_id(&task.id),

@@ -263,7 +263,10 @@ pub(super) fn list_tasks(state: &AppState, agent: &str, version: Version, params
         .take(page_size)
         .map(|task| task_json(version, task, history_length, include_artifacts))
         .collect();
-    let next = if offset + page_size < total { (offset + page_size).to_string() } else { String::new() };
+    let next = match offset.checked_add(page_size) {
+        Some(end) if end < total => end.to_string(),
+        _ => String::new(),
+    };
     Ok(json!({"tasks": page, "nextPageToken": next, "pageSize": page_size, "totalSize": total}))
 }
 
@@ -291,7 +294,8 @@ pub(super) async fn cancel_task(
         Ok(Outcome::Task { task }) => *task,
         Ok(_) => return Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a cancel")),
         // Decided against a newer state than the one read above: it became final meanwhile.
-        Err(CommandError::BadRequest { message }) => {
+        // Or not this caller's to cancel (the user's own send, say).
+        Err(CommandError::BadRequest { message } | CommandError::Forbidden { message }) => {
             return Err(RpcError::new(TASK_NOT_CANCELABLE, message).with("taskId", task.id.clone()));
         }
         Err(error) => return Err(error.into()),

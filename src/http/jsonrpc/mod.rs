@@ -129,13 +129,15 @@ impl RpcError {
 impl From<CommandError> for RpcError {
     fn from(error: CommandError) -> Self {
         let code = match &error {
-            CommandError::BadRequest { .. } | CommandError::Ambiguous { .. } | CommandError::TooLarge { .. } => {
-                INVALID_PARAMS
-            }
-            CommandError::NotFound { .. }
+            // The caller's request, not the server, is at fault: never an internal error (the
+            // HTTP+JSON binding would answer 500).
+            CommandError::BadRequest { .. }
+            | CommandError::Ambiguous { .. }
+            | CommandError::TooLarge { .. }
             | CommandError::Conflict { .. }
-            | CommandError::Forbidden { .. }
-            | CommandError::Unavailable { .. } => INTERNAL_ERROR,
+            | CommandError::Forbidden { .. } => INVALID_PARAMS,
+            CommandError::NotFound { .. } => TASK_NOT_FOUND,
+            CommandError::Unavailable { .. } => INTERNAL_ERROR,
         };
         RpcError::new(code, error.to_string())
     }
