@@ -109,7 +109,15 @@ pub async fn prune_dead(state: &Arc<BrokerState>) -> Vec<u16> {
 /// Is the agent's process still the one that registered? Its pid runs and, when the start
 /// time was recorded, started at that time (a reused pid belongs to another process).
 pub fn is_agent_alive(agent: &AgentRecord) -> bool {
-    is_pid_alive(agent.pid) && agent.pid_start.is_none_or(|start| process::start_ticks(agent.pid) == Some(start))
+    is_pid_alive(agent.pid) && same_process(agent.pid_start, || process::start_ticks(agent.pid))
+}
+
+/// Does a running pid still hold the process that registered, given the start time recorded
+/// then and a way to read it now? Only a start time read and found different says no: one
+/// that cannot be read (the broker out of file descriptors, a restricted `/proc`) is no proof
+/// of death, and taking it for one deregistered every live agent, locks and all.
+fn same_process(recorded: Option<u64>, now: impl FnOnce() -> Option<u64>) -> bool {
+    recorded.is_none_or(|start| now().is_none_or(|now| now == start))
 }
 
 /// How long a departed agent's queue waits for it (`SYNAPSE_INBOX_HOLD_SECONDS`, default 24 h).
@@ -146,5 +154,27 @@ pub async fn expire_held_inboxes(state: &Arc<BrokerState>, hold: std::time::Dura
 pub async fn stop_all(state: &Arc<BrokerState>) {
     for agent_id in state.agent_servers.ids() {
         state.agent_servers.stop(&agent_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_start_time_read_and_found_different_is_another_process() {
+        assert!(same_process(None, || Some(5)), "nothing recorded: the pid decides");
+        assert!(same_process(Some(5), || Some(5)));
+        assert!(!same_process(Some(5), || Some(6)), "a reused pid");
+        assert!(same_process(Some(5), || None), "unreadable is no proof of death");
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_different_start_time_is_not_it() {
+        let pid = std::process::id();
+        let start = process::start_ticks(pid);
+        assert!(start.is_some());
+        assert!(same_process(start, || process::start_ticks(pid)));
+        assert!(!same_process(start.map(|ticks| ticks + 1), || process::start_ticks(pid)));
     }
 }
