@@ -233,6 +233,8 @@ fn bad_registrations_are_refused_and_removal_needs_a_registered_url() {
         (json!({"url": "https://example.test/"}), "only http://"),
         (json!({"url": "not a url"}), "not an http:// URL"),
         (json!({"url": "http://127.0.0.1:9/", "events": ["task.exploded"]}), "Unknown webhook event"),
+        // Its secret was written to a file before the refusal, and the file stayed for good.
+        (json!({"url": "http://127.0.0.1:9/", "events": ["task.exploded"], "secret": "s"}), "Unknown webhook event"),
     ] {
         let (code, answer) = register_hook(&home, body);
         assert_eq!(code, 400, "{answer}");
@@ -241,12 +243,13 @@ fn bad_registrations_are_refused_and_removal_needs_a_registered_url() {
     let (code, _) = home.http("POST", "/webhooks", Some(br#"{"url":"http://127.0.0.1:9/","colour":1}"#), &[]);
     assert_eq!(code, 400);
     assert_eq!(home.head(), head, "nothing appended");
+    let secrets = home.home().join("webhook-secrets");
+    let files = || std::fs::read_dir(&secrets).map(|dir| dir.flatten().count()).unwrap_or(0);
+    assert_eq!(files(), 0, "no secret file is left by a refused registration");
     let (code, _) = home.http("DELETE", "/webhooks?url=http://127.0.0.1:9/", None, &[]);
     assert_eq!(code, 404);
     let (code, _) = register_hook(&home, json!({"url": "http://127.0.0.1:9/", "secret": "s3cret-to-forget"}));
     assert_eq!(code, 200);
-    let secrets = home.home().join("webhook-secrets");
-    let files = || std::fs::read_dir(&secrets).map(|dir| dir.flatten().count()).unwrap_or(0);
     assert_eq!(files(), 1, "the signing secret is kept in a file");
     let (code, _) = home.http("DELETE", "/webhooks?url=http://127.0.0.1:9/", None, &[]);
     assert_eq!(code, 200);

@@ -37,7 +37,8 @@ const SNAPSHOT: &str = "delivery";
 /// tasks that ended are kept, not all. 4 (2026-11-27): a push config set after its task ended
 /// counts among those, and one that replaces another gives up the other's secret files; a
 /// webhook registered again for its URL takes over the old registration's pending deliveries.
-const SNAPSHOT_VERSION: u32 = 4;
+/// 5 (2026-11-27): a finished delivery keeps no body.
+const SNAPSHOT_VERSION: u32 = 5;
 /// Events applied between two snapshots, so a start replays at most about this many (about
 /// 0.1 s: the whole log replayed at 1.75 s per million events in `scale`).
 /// `SYNAPSE_DELIVERY_SNAPSHOT_EVERY` sets another number (the tests take one at

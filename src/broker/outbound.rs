@@ -176,7 +176,7 @@ async fn open(
         let _ = connection.await;
     });
     let mut request =
-        hyper::Request::builder().method(method).uri(path.as_str()).header("host", format!("{host}:{port}"));
+        hyper::Request::builder().method(method).uri(path.as_str()).header("host", host_header(&host, port));
     if body.is_some() {
         request = request.header("content-type", "application/json");
     }
@@ -186,6 +186,12 @@ async fn open(
     let request =
         request.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|error| format!("{url}: {error}"))?;
     sender.send_request(request).await.map_err(|error| format!("{url}: {error}"))
+}
+
+/// The `Host` header for a host as [`parse_url`] gives it: an IPv6 address in brackets (RFC
+/// 7230 §5.4; without them `2001:db8::5:9000` does not say where the port starts).
+fn host_header(host: &str, port: u16) -> String {
+    if host.parse::<std::net::Ipv6Addr>().is_ok() { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
 }
 
 /// Reads at most [`BODY_LIMIT_BYTES`] of a body; dropping the rest closes the connection.
@@ -242,6 +248,18 @@ pub async fn stream(policy: &Policy, url: &str, limit: Duration) -> Result<Strea
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_header_brackets_an_ipv6_address() {
+        let header = |url: &str| {
+            let (host, port, _) = parse_url(url).unwrap();
+            host_header(&host, port)
+        };
+        assert_eq!(header("http://[2001:db8::5]:9000/hook"), "[2001:db8::5]:9000");
+        assert_eq!(header("http://[::1]/"), "[::1]:80");
+        assert_eq!(header("http://127.0.0.1:8080/x"), "127.0.0.1:8080");
+        assert_eq!(header("http://example.test/x"), "example.test:80");
+    }
 
     #[test]
     fn urls_are_read_as_http_clients_read_them() {

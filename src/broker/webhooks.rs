@@ -427,6 +427,9 @@ impl Outbox {
                     } else {
                         delivery.state =
                             if status.is_some_and(|s| (200..300).contains(&s)) { "delivered" } else { "failed" }.into();
+                        // Never sent again: the body (a reply's text, up to a message's 16 MiB)
+                        // would only weigh on memory and on every snapshot.
+                        delivery.body = String::new();
                         self.finished.push_back(delivery);
                         if self.finished.len() > KEPT_FINISHED {
                             self.finished.pop_front();
@@ -664,8 +667,13 @@ impl Outbox {
         self.hooks.get(url)
     }
 
+    /// The finished deliveries kept (oldest first), then the pending ones.
+    pub fn each_delivery(&self) -> impl Iterator<Item = &Delivery> {
+        self.finished.iter().chain(self.pending.values())
+    }
+
     pub fn deliveries(&self) -> Vec<Delivery> {
-        self.finished.iter().chain(self.pending.values()).cloned().collect()
+        self.each_delivery().cloned().collect()
     }
 
     pub fn due(&self, now_ms: u64, in_flight: &HashSet<(String, u32)>) -> Vec<(Delivery, Option<SecretSource>)> {
@@ -890,10 +898,12 @@ pub(crate) mod tests {
         assert!(retry.next_attempt_ms.is_some());
         outbox.apply(&envelope(5, event_of(&WebhookCommand::RecordAttempt(retry), false).ok().unwrap()));
         assert_eq!(outbox.deliveries()[0].state, "pending");
+        assert!(!outbox.deliveries()[0].body.is_empty(), "kept while it may be sent again");
         let done = record(&outbox.deliveries()[0], Ok((200, None)), 6000);
         assert!(done.next_attempt_ms.is_none());
         outbox.apply(&envelope(6, event_of(&WebhookCommand::RecordAttempt(done), false).ok().unwrap()));
         assert_eq!(outbox.deliveries()[0].state, "delivered");
+        assert_eq!(outbox.deliveries()[0].body, "", "a finished delivery keeps no body");
         assert!(outbox.due(u64::MAX, &HashSet::new()).is_empty());
     }
 

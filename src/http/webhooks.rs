@@ -64,7 +64,17 @@ async fn register(
         })?),
         None => None,
     };
-    appended(&state, WebhookCommand::Register { url: url.clone(), events: body.events, secret_ref }).await?;
+    let command = WebhookCommand::Register { url: url.clone(), events: body.events, secret_ref: secret_ref.clone() };
+    if let Err(error) = appended(&state, command).await {
+        // Not stored (an unknown event name, say): no event names the file, so nothing else
+        // would ever delete it.
+        if let Some(reference) = &secret_ref
+            && error.status().is_client_error()
+        {
+            crate::broker::webhooks::delete_secret(&state.paths.home, reference);
+        }
+        return Err(error);
+    }
     let webhook = state.webhooks.lock().hook(&url).map(webhook_view);
     answer(&api::WebhookAnswer { webhook })
 }
@@ -93,7 +103,8 @@ async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, ur
 
 async fn deliveries(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
     state.delivery_current().await;
-    let deliveries = state.webhooks.lock().deliveries().iter().map(delivery_view).collect();
+    // Viewed under the lock: copying every delivery first copied every pending body too.
+    let deliveries = state.webhooks.lock().each_delivery().map(delivery_view).collect();
     answer(&api::WebhookDeliveries { deliveries })
 }
 
