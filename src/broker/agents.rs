@@ -87,11 +87,19 @@ impl AgentServers {
 }
 
 /// Deregisters an agent and stops its endpoints.
-pub async fn deregister(state: &BrokerState, agent_id: &str, reason: &str) -> Result<(), CommandError> {
-    let result =
-        state.writer.submit(Command::Deregister { agent_id: agent_id.to_string(), reason: reason.to_string() }).await;
+/// Deregisters `agent_id` (only the registration of process `registration`, when given) and
+/// stops its servers once that is stored: a refused deregistration leaves the servers of the
+/// agent that holds the id now.
+pub async fn deregister(
+    state: &BrokerState,
+    agent_id: &str,
+    reason: &str,
+    registration: Option<(u32, Option<u64>)>,
+) -> Result<(), CommandError> {
+    let command = Command::Deregister { agent_id: agent_id.to_string(), reason: reason.to_string(), registration };
+    state.writer.submit(command).await?;
     state.agent_servers.stop(agent_id);
-    result.map(|_| ())
+    Ok(())
 }
 
 /// Deregisters every agent whose process is gone; returns the ports they held.
@@ -100,7 +108,7 @@ pub async fn prune_dead(state: &Arc<BrokerState>) -> Vec<u16> {
     let mut ports = Vec::new();
     for agent in agents.into_iter().filter(|agent| !is_agent_alive(agent)) {
         tracing::info!("{} (pid {}) is gone; deregistering", agent.agent_id, agent.pid);
-        let _ = deregister(state, &agent.agent_id, "process gone").await;
+        let _ = deregister(state, &agent.agent_id, "process gone", Some((agent.pid, agent.pid_start))).await;
         ports.push(agent.port);
     }
     ports

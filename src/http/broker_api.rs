@@ -205,7 +205,7 @@ pub async fn register(
 
 pub async fn deregister(State(state): State<AppState>, Scope(agent): Scope, headers: HeaderMap) -> ApiResult {
     authorize_agent(&state, &agent, &headers)?;
-    agents::deregister(&state, &agent, "deregistered").await?;
+    agents::deregister(&state, &agent, "deregistered", None).await?;
     answer(&api::Deregistered { deregistered: agent })
 }
 

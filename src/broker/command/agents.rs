@@ -209,9 +209,20 @@ pub fn decide_set_status(
     Ok(Decision { actor: Some(agent_id.to_string()), events, answer: Answer::StatusSet { changed } })
 }
 
-pub fn decide_deregister(view: &Projections<'_>, agent_id: &str, reason: &str) -> Result<Decision, DecideError> {
-    if !view.agent_exists(agent_id)? {
-        return Err(CommandError::not_found(format!("Agent '{agent_id}' is not registered")).into());
+pub fn decide_deregister(
+    view: &Projections<'_>,
+    agent_id: &str,
+    reason: &str,
+    registration: Option<(u32, Option<u64>)>,
+) -> Result<Decision, DecideError> {
+    let not_registered = || CommandError::not_found(format!("Agent '{agent_id}' is not registered"));
+    let Some(agent) = view.agent(agent_id)? else {
+        return Err(not_registered().into());
+    };
+    // Decided on an older read: the id was taken since by another process (an agent started
+    // again on the same port or name while the sweeper worked through the dead ones).
+    if registration.is_some_and(|meant| meant != (agent.pid, agent.pid_start)) {
+        return Err(not_registered().into());
     }
     Ok(Decision {
         actor: Some(agent_id.to_string()),

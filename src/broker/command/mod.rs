@@ -45,6 +45,9 @@ pub enum Command {
     Deregister {
         agent_id: String,
         reason: String,
+        /// The registration meant, as (pid, start time) when it was read: a registration made
+        /// since (same id, another process) is not removed. None: whoever holds the id.
+        registration: Option<(u32, Option<u64>)>,
     },
     Send(SendRequest),
     /// A reply to one of the senders waiting for `from`'s answer: decided as the send of
@@ -153,7 +156,9 @@ pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) 
     match command {
         Command::RegisterAgent(request) => agents::decide_register(view, request, context),
         Command::SetStatus { agent_id, status, note } => agents::decide_set_status(view, agent_id, *status, note),
-        Command::Deregister { agent_id, reason } => agents::decide_deregister(view, agent_id, reason),
+        Command::Deregister { agent_id, reason, registration } => {
+            agents::decide_deregister(view, agent_id, reason, *registration)
+        }
         Command::Send(request) => send::decide_send(view, request, context),
         Command::Reply(request) => send::decide_send(view, &send::reply_as_send(view, request)?, context),
         Command::Continue(request) => send::decide_continue(view, request, context),
@@ -426,5 +431,24 @@ mod tests {
 
         let report = store.verify().expect("verify runs");
         assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
+    }
+
+    /// A deregistration decided for one registration (the sweeper's, of a process found gone)
+    /// leaves alone a registration made since under the same id by another process.
+    #[test]
+    fn a_deregistration_meant_for_a_gone_registration_leaves_a_newer_one_alone() {
+        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
+        store.transact(START_MS, |appender| appender.append(None, vec![registered(SENDER, 8100)])).expect("registered");
+        let other_process = Some((std::process::id() + 1, None));
+        let stale =
+            Command::Deregister { agent_id: SENDER.into(), reason: "process gone".into(), registration: other_process };
+        let Err(refused) = try_run(&store, START_MS + 1, stale) else { panic!("removed another registration") };
+        assert!(matches!(refused, CommandError::NotFound { .. }), "{refused}");
+        assert!(store.read(|view| view.agent(SENDER)).expect("the view reads").is_some());
+        let meant = Some((std::process::id(), None));
+        let current =
+            Command::Deregister { agent_id: SENDER.into(), reason: "process gone".into(), registration: meant };
+        assert!(matches!(run(&store, START_MS + 2, current), Answer::Deregistered));
+        assert!(store.read(|view| view.agent(SENDER)).expect("the view reads").is_none());
     }
 }
