@@ -489,6 +489,27 @@ fn a_message_sent_again_with_the_same_message_id_is_the_same_task() {
         json!({"message": text_message("wait here"), "configuration": {"returnImmediately": true}}),
     );
     assert_ne!(other["result"]["task"]["id"], first["result"]["task"]["id"], "another messageId is another message");
+    // A client that reuses a messageId for another message: a new message, not the first one
+    // again (its message never reached the agent).
+    let reused = json!({"messageId": "retry-7", "role": "ROLE_USER", "parts": [{"text": "wait, something else"}]});
+    let second =
+        v1(agent.port, "SendMessage", json!({"message": reused, "configuration": {"returnImmediately": true}}));
+    assert_ne!(second["result"]["task"]["id"], first["result"]["task"]["id"], "{second}");
+    let sent = home.events().iter().filter(|event| event["event"]["kind"] == "message_sent").count();
+    assert_eq!(sent, 3, "the reused id's message is in the log");
+    // A follow-up under the first message's id names its own task: it is that task's, not the
+    // first message's task returned again.
+    let asking = send_v1(agent.port, "I need input", false);
+    let follow_up =
+        json!({"messageId": "retry-7", "role": "ROLE_USER", "taskId": asking["id"], "parts": [{"text": "wait here"}]});
+    let continued =
+        v1(agent.port, "SendMessage", json!({"message": follow_up, "configuration": {"returnImmediately": true}}));
+    assert_eq!(continued["result"]["task"]["id"], asking["id"], "{continued}");
+    // A messageId is bounded and one line.
+    let long = json!({"messageId": "m".repeat(201), "role": "ROLE_USER", "parts": [{"text": "hi"}]});
+    assert_eq!(error_code(&v1(agent.port, "SendMessage", json!({"message": long}))), -32602);
+    let control = json!({"messageId": "a\nb", "role": "ROLE_USER", "parts": [{"text": "hi"}]});
+    assert_eq!(error_code(&v1(agent.port, "SendMessage", json!({"message": control}))), -32602);
 }
 
 #[test]

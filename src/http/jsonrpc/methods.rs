@@ -92,8 +92,16 @@ pub(super) fn parse_send(
         Version::V10 => !bool_param(&configuration, "returnImmediately")?.unwrap_or(false),
         Version::V03 => bool_param(&configuration, "blocking")?.unwrap_or(true),
     };
+    let message_id = string_param(message, "messageId")?.filter(|id| !id.is_empty());
+    if let Some(id) = message_id
+        && (id.chars().count() > MAX_MESSAGE_ID_CHARS || id.chars().any(char::is_control))
+    {
+        return Err(RpcError::params(format!(
+            "'messageId' must be at most {MAX_MESSAGE_ID_CHARS} characters without control characters"
+        )));
+    }
     Ok(SendParams {
-        message_id: string_param(message, "messageId")?.filter(|id| !id.is_empty()).map(str::to_string),
+        message_id: message_id.map(str::to_string),
         text: texts.join("\n"),
         context_id: context_id.map(str::to_string),
         task_id,
@@ -101,6 +109,25 @@ pub(super) fn parse_send(
         history_length: count_param(&configuration, "historyLength")?,
         push,
     })
+}
+
+/// Longest `messageId` accepted (it is kept with the message and echoed back).
+const MAX_MESSAGE_ID_CHARS: usize = 200;
+
+/// The idempotency key of an A2A message: a resend of the same message (same `messageId`,
+/// task, context and text) is the first one again, nothing new. Anonymous senders share one
+/// key space, so the key holds what the message says too: a client that uses one `messageId`
+/// for every message (or a follow-up that reuses the id of another task's message) got the
+/// first message's task back, and its message never reached the agent.
+fn idempotency_key(agent: &str, message_id: &str, request: &SendParams) -> String {
+    use sha2::Digest;
+    let mut digest = sha2::Sha256::new();
+    for field in [message_id, request.task_id.as_deref().unwrap_or(""), request.context_id.as_deref().unwrap_or("")] {
+        digest.update(field.as_bytes());
+        digest.update([0]);
+    }
+    digest.update(request.text.as_bytes());
+    format!("a2a:{agent}:{}", crate::secret::to_hex(&digest.finalize()[..16]))
 }
 
 /// Sends the message as an anonymous `synapse send` expecting a reply, or as the follow-up of
@@ -116,8 +143,7 @@ pub(super) async fn submit_send(
     if let Some(push) = &request.push {
         super::push::check_url(state, push.url()).await?;
     }
-    // Anonymous senders share one key space: the key names the agent and the A2A binding.
-    let idempotency_key = request.message_id.as_ref().map(|id| format!("a2a:{agent}:{id}"));
+    let idempotency_key = request.message_id.as_ref().map(|id| idempotency_key(agent, id, request));
     let command = match &request.task_id {
         Some(task_id) => Command::Continue(ContinueRequest {
             to: agent.to_string(),
