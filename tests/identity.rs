@@ -707,3 +707,73 @@ fn the_brokers_origin_makes_the_users_browser_the_user_but_not_a_process_inside_
     let (status, _) = http_tcp(broker_port(&home), "GET", "/external", None, &[]);
     assert_eq!(status, 403);
 }
+
+/// Registers an agent of type dummy on `port` (pid: this test process), as `Home::register`.
+fn register_on(home: &Home, port: u16, name: Option<&str>) -> Agent {
+    let pid = std::process::id().to_string();
+    let port = port.to_string();
+    let mut args = vec!["agent", "register", "--type", "dummy", "--pid", &pid, "--port", &port];
+    if let Some(name) = name {
+        args.extend(["--name", name]);
+    }
+    let value: Value = serde_json::from_str(&home.ok(&args)).unwrap();
+    Agent {
+        id: value["agent"]["agent_id"].as_str().unwrap().to_string(),
+        secret: value["secret"].as_str().unwrap().to_string(),
+        port: u16::try_from(value["agent"]["port"].as_u64().unwrap()).unwrap(),
+        socket: std::path::PathBuf::from(value["socket"].as_str().unwrap()),
+    }
+}
+
+fn leave(home: &Home, agent: &Agent) {
+    let (status, answer) =
+        home.http("DELETE", &format!("/agents/{}", agent.id), None, &[("X-Synapse-Agent-Secret", &agent.secret)]);
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// An agent that asked and left without anything queued frees its id; a new agent started on
+/// its port gets that id. The reply to the old agent's question is not typed into the new one
+/// (it was: the new session got an answer to a question it never asked); it is kept with the
+/// task and the replier is told. The same agent started again with its name and type gets it.
+#[test]
+fn a_reply_to_an_agent_that_left_reaches_it_again_under_its_name_and_never_a_new_agent_on_its_port() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let anonymous = register_on(&home, free_port(), None);
+    let carol = register_on(&home, free_port(), Some("carol"));
+    for (asker, question) in [(&anonymous, "question one"), (&carol, "question two")] {
+        let sent = home.run_as(asker, &["send", "bob", question, "--response"]);
+        assert!(sent.status.success(), "{}", describe(&sent));
+    }
+    let tickets: Vec<Value> = home.inbox(&bob);
+    for ticket in &tickets {
+        let ack = home.run_as(&bob, &["agent", "ack", &bob.id, &ticket["ticket"].to_string()]);
+        assert!(ack.status.success(), "{}", describe(&ack));
+    }
+    leave(&home, &anonymous);
+    leave(&home, &carol);
+    let newcomer = register_on(&home, anonymous.port, None);
+    assert_eq!(newcomer.id, anonymous.id, "nothing held the id");
+    let carol_again = register_on(&home, carol.port, Some("carol"));
+    assert_eq!(carol_again.id, carol.id);
+
+    let to_newcomer = home.run_as(&bob, &["reply", "answer one", "--to", &anonymous.id]);
+    assert!(to_newcomer.status.success(), "{}", describe(&to_newcomer));
+    assert!(stderr(&to_newcomer).contains("now names another agent"), "{}", describe(&to_newcomer));
+    let to_carol = home.run_as(&bob, &["reply", "answer two", "--to", "carol"]);
+    assert!(to_carol.status.success(), "{}", describe(&to_carol));
+    assert!(home.inbox(&newcomer).is_empty(), "{:?}", home.inbox(&newcomer));
+    let carols: Vec<String> =
+        home.inbox(&carol_again).iter().map(|t| t["text"].as_str().unwrap().to_string()).collect();
+    assert_eq!(carols, ["answer two"]);
+    // The answer is kept with the first asker's task, and no ticket was issued for it.
+    let events = home.events();
+    let kind = |event: &Value| event["event"]["kind"].as_str().unwrap_or_default().to_string();
+    assert!(events.iter().any(|e| kind(e) == "reply_posted" && e["event"]["data"]["text"] == "answer one"));
+    assert!(
+        !events
+            .iter()
+            .any(|e| kind(e) == "reverse_ticket_issued" && e["event"]["data"]["agent_id"] == anonymous.id.as_str()),
+        "a reverse ticket for the new agent"
+    );
+}

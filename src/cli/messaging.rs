@@ -229,6 +229,9 @@ pub async fn reply(paths: &Paths, args: ReplyArgs) -> anyhow::Result<i32> {
     };
     let secret = client.secret().map(str::to_string);
     let answer = client.reply(&api::ReplyRequest { from, secret, to: args.to, text }).await?;
+    if let Some(warning) = &answer.warning {
+        eprintln!("{warning}");
+    }
     if args.json {
         println!("{}", api::json_line(&answer)?);
     } else {

@@ -111,7 +111,7 @@ pub async fn register(
                 })?;
                 return Ok(Registration {
                     endpoint: format!("http://127.0.0.1:{}", agent.port),
-                    agent,
+                    agent: *agent,
                     secret,
                     socket,
                 });

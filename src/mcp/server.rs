@@ -192,12 +192,16 @@ impl SynapseTools {
         let secret = client.secret().map(str::to_string);
         let answer = or_refuse!(client.reply(&api::ReplyRequest { from, secret, to: plan.to, text: plan.text }).await);
         let sender_task = answer.sender_task.as_ref();
-        success(format!(
+        let replied = format!(
             "Replied to {}: their task {} is {}.",
             crate::escape::visible_line(answer.task.metadata.peer.as_deref().unwrap_or("an anonymous sender")),
             short_id(sender_task.map_or("", |task| task.id.as_str())),
             sender_task.map(|task| task.status.to_string()).unwrap_or_default()
-        ))
+        );
+        match &answer.warning {
+            Some(warning) => success(format!("{}\n{replied}", crate::escape::visible_line(warning))),
+            None => success(replied),
+        }
     }
 
     #[tool(description = LIST_AGENTS_DESCRIPTION, annotations(read_only_hint = true))]

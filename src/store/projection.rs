@@ -553,6 +553,21 @@ impl<'txn> Projections<'txn> {
                 pid_start,
                 wrapper,
             } => {
+                // The same agent again (registered again, or started again with its name and
+                // type after it left) goes on from when it began; another agent begins now.
+                let since_seq = match self.agent(agent_id)? {
+                    Some(current) => current.since_seq,
+                    None => match self.departed.get(agent_id.as_str())? {
+                        Some(row) => {
+                            let departed: DepartedAgent = records::decode(row.value())?;
+                            (departed.name.is_some() && departed.name == *name && departed.agent_type == *agent_type)
+                                .then_some(departed.since_seq)
+                                .flatten()
+                        }
+                        None => None,
+                    },
+                }
+                .or(Some(envelope.seq));
                 let record = AgentRecord {
                     agent_id: agent_id.clone(),
                     agent_type: agent_type.clone(),
@@ -566,6 +581,7 @@ impl<'txn> Projections<'txn> {
                     pid_start: *pid_start,
                     wrapper: *wrapper,
                     registered_ms: time_ms,
+                    since_seq,
                     status_ms: time_ms,
                     status_note: None,
                 };
@@ -605,6 +621,7 @@ impl<'txn> Projections<'txn> {
                         name: agent.name.clone(),
                         port: agent.port,
                         departed_ms: time_ms,
+                        since_seq: agent.since_seq,
                     };
                     self.departed.insert(agent_id.as_str(), records::encode(&departed).as_slice())?;
                 }

@@ -23,6 +23,12 @@ pub struct AgentRecord {
     #[serde(default)]
     pub wrapper: bool,
     pub registered_ms: u64,
+    /// Where in the log the agent this id names began: its registration, or that of the agent
+    /// whose id it took back (same name and type). A message its id asked before then was
+    /// asked by an agent that held the id before: the reply is not typed into this one. None
+    /// in records written before it was kept.
+    #[serde(default)]
+    pub since_seq: Option<u64>,
     pub status_ms: u64,
     /// Why the agent takes no message now, when its wrapper said (see `agent_status_changed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -39,6 +45,9 @@ pub struct DepartedAgent {
     pub name: Option<String>,
     pub port: u16,
     pub departed_ms: u64,
+    /// The departed agent's `since_seq` (see [`AgentRecord`]).
+    #[serde(default)]
+    pub since_seq: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

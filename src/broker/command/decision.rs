@@ -17,7 +17,7 @@ use std::collections::HashMap;
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     Registered {
-        agent: AgentRecord,
+        agent: Box<AgentRecord>,
     },
     StatusSet {
         changed: bool,

@@ -189,7 +189,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) 
 pub fn complete(view: &Projections<'_>, answer: Answer, last_seq: u64) -> Result<Outcome, StoreError> {
     Ok(match answer {
         Answer::Registered { agent_id } => match view.agent(&agent_id)? {
-            Some(agent) => Outcome::Registered { agent },
+            Some(agent) => Outcome::Registered { agent: Box::new(agent) },
             None => return Err(StoreError::Corrupt(format!("agent {agent_id} missing after registration"))),
         },
         Answer::StatusSet { changed } => Outcome::StatusSet { changed },

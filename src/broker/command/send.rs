@@ -464,13 +464,26 @@ fn decide_reply(
             as_message: false,
         },
     ];
+    let mut warning = None;
     if let Some(owner) = &sender_task.owner {
-        events.push(Event::ReverseTicketIssued {
-            agent_id: owner.clone(),
-            task_id: sender_task.id.clone(),
-            from: replier.to_string(),
-            priority: request.priority,
-        });
+        // The asker's id may name another agent now (the asker left, nothing was waiting for
+        // it, and a new agent took its port): the reply is not that agent's to read. While the
+        // id is free the reply waits in its inbox for the asker to come back.
+        let taken_over = view
+            .agent(owner)?
+            .is_some_and(|agent| agent.since_seq.is_some_and(|since| sender_task.created_seq < since));
+        if taken_over {
+            warning = Some(format!(
+                "Warning: {owner} left after asking; its id now names another agent, so the reply is kept with the task (history) and not delivered"
+            ));
+        } else {
+            events.push(Event::ReverseTicketIssued {
+                agent_id: owner.clone(),
+                task_id: sender_task.id.clone(),
+                from: replier.to_string(),
+                priority: request.priority,
+            });
+        }
     }
     Ok(Some(Decision {
         actor: Some(replier.to_string()),
@@ -479,7 +492,7 @@ fn decide_reply(
             task_id: receiver_task.id,
             sender_task_id: Some(sender_task.id),
             is_reply: true,
-            warning: None,
+            warning,
         },
     }))
 }
