@@ -81,12 +81,21 @@ impl AgentServers {
         }
     }
 
+    /// Is `agent_id` served now by other endpoints than those `ours` (a receiver of their stop
+    /// switch) belongs to: the agent registered again under the same id?
+    pub fn serves_another(&self, agent_id: &str, ours: &watch::Receiver<bool>) -> bool {
+        self.servers
+            .lock()
+            .ok()
+            .and_then(|servers| servers.get(agent_id).map(|current| !current.subscribe().same_channel(ours)))
+            .unwrap_or(false)
+    }
+
     fn ids(&self) -> Vec<String> {
         self.servers.lock().map(|servers| servers.keys().cloned().collect()).unwrap_or_default()
     }
 }
 
-/// Deregisters an agent and stops its endpoints.
 /// Deregisters `agent_id` (only the registration of process `registration`, when given) and
 /// stops its servers once that is stored: a refused deregistration leaves the servers of the
 /// agent that holds the id now.
@@ -168,6 +177,25 @@ pub async fn stop_all(state: &Arc<BrokerState>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The old endpoints of an agent registered again under its id see that they are not the
+    /// current ones (and leave the socket file at their path, now the new endpoints').
+    #[test]
+    fn endpoints_replaced_under_the_same_id_know_they_are_not_the_current_ones() {
+        let servers = AgentServers::default();
+        let (first, _) = watch::channel(false);
+        let first_switch = first.subscribe();
+        servers.insert("a", first);
+        assert!(!servers.serves_another("a", &first_switch));
+        let (second, _) = watch::channel(false);
+        let second_switch = second.subscribe();
+        servers.insert("a", second);
+        assert!(*first_switch.borrow(), "the first endpoints were told to stop");
+        assert!(servers.serves_another("a", &first_switch));
+        assert!(!servers.serves_another("a", &second_switch));
+        assert!(servers.stop("a"));
+        assert!(!servers.serves_another("a", &first_switch), "deregistered: no one serves the id");
+    }
 
     #[test]
     fn only_a_start_time_read_and_found_different_is_another_process() {

@@ -155,13 +155,18 @@ fn serve(state: &AppState, agent: &AgentRecord, listener: tokio::net::TcpListene
     let router_tcp = router.clone();
     let (tcp_signal, unix_signal) = (stop_signal(state, &stop), stop_signal(state, &stop));
     let cleanup_path = socket_path.clone();
+    let (cleanup_state, cleanup_id, ours) = (state.clone(), agent.agent_id.clone(), stop.subscribe());
     let limits = state.connection_limits.clone();
     state.runtime.spawn(async move {
         tokio::join!(
             super::server::serve(unix, router, limits.clone(), unix_signal),
             super::server::serve(listener, router_tcp, limits, tcp_signal),
         );
-        let _ = std::fs::remove_file(&cleanup_path);
+        // Unless the agent registered again under its id meanwhile: the file at the path is
+        // then the new endpoints' socket (removing it sent the agent's callers to TCP).
+        if !cleanup_state.agent_servers.serves_another(&cleanup_id, &ours) {
+            let _ = std::fs::remove_file(&cleanup_path);
+        }
     });
     state.agent_servers.insert(&agent.agent_id, stop);
     Ok(socket_path.display().to_string())
