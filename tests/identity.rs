@@ -777,3 +777,29 @@ fn a_reply_to_an_agent_that_left_reaches_it_again_under_its_name_and_never_a_new
         "a reverse ticket for the new agent"
     );
 }
+
+/// A registration's name, role and working directory are bounded, and a name is one visible
+/// word: each bad one gets a 400 that says what is wrong, and nothing is registered.
+#[test]
+fn bad_registration_fields_are_refused_with_a_reason() {
+    let home = Home::new();
+    home.events(); // starts the broker
+    let pid = std::process::id();
+    let long_dir = format!("/{}", "d".repeat(5000));
+    let cases = [
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "a\u{1b}[2Jb"}), "Invalid name 'a^[[2Jb'"),
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "two words"}), "no spaces"),
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "x".repeat(65)}), "1 to 64"),
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "role": "r".repeat(1001)}), "at most 1000"),
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "working_dir": long_dir}), "at most 4096"),
+    ];
+    for (body, expected) in cases {
+        let (status, answer) = home.http("POST", "/agents", Some(body.to_string().as_bytes()), &[]);
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer["message"].as_str().unwrap_or_default().contains(expected), "{body}: {answer}");
+    }
+    assert!(agents(&home).is_empty(), "nothing registered");
+    let fine = json!({"agent_type": "dummy", "pid": pid, "port": 0, "role": "r".repeat(1000)});
+    let (status, answer) = home.http("POST", "/agents", Some(fine.to_string().as_bytes()), &[]);
+    assert_eq!(status, 200, "{answer}");
+}

@@ -97,6 +97,11 @@ pub fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) 
     Ok(Decision { actor: None, events, answer: Answer::Appended })
 }
 
+/// Longest role an agent may register with.
+const MAX_ROLE_CHARS: usize = 1000;
+/// Longest working directory an agent may register with (Linux's `PATH_MAX`).
+const MAX_WORKING_DIR_BYTES: usize = 4096;
+
 pub fn decide_register(
     view: &Projections<'_>,
     request: &RegisterRequest,
@@ -113,9 +118,24 @@ pub fn decide_register(
         return Err(CommandError::bad("Invalid port 0").into());
     }
     if let Some(name) = &request.name
-        && (name.trim().is_empty() || name.len() > 64 || name.chars().any(char::is_whitespace))
+        && (name.trim().is_empty()
+            || name.len() > 64
+            || name.chars().any(|c| c.is_whitespace() || crate::escape::is_control(c)))
     {
-        return Err(CommandError::bad(format!("Invalid name '{name}': 1 to 64 characters, no spaces")).into());
+        return Err(CommandError::bad(format!(
+            "Invalid name '{}': 1 to 64 characters, no spaces or control characters",
+            crate::escape::visible_line(name)
+        ))
+        .into());
+    }
+    // Kept in every registration event and shown in lists: bounded (a 16 MiB body fitted).
+    if request.role.as_ref().is_some_and(|role| role.chars().count() > MAX_ROLE_CHARS) {
+        return Err(CommandError::bad(format!("Invalid role: at most {MAX_ROLE_CHARS} characters")).into());
+    }
+    if request.working_dir.len() > MAX_WORKING_DIR_BYTES {
+        return Err(
+            CommandError::bad(format!("Invalid working directory: at most {MAX_WORKING_DIR_BYTES} bytes")).into()
+        );
     }
     if let Some(name) = &request.name
         && name.starts_with("synapse-")
