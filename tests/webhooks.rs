@@ -262,3 +262,103 @@ fn bad_registrations_are_refused_and_removal_needs_a_registered_url() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Answers one held HTTP request with 200 (after reading what it sent) and closes it.
+fn answer_ok(mut stream: std::net::TcpStream) {
+    use std::io::{Read, Write};
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut request = Vec::new();
+    let mut chunk = [0_u8; 65536];
+    while let Ok(read) = stream.read(&mut chunk) {
+        if read == 0 {
+            break;
+        }
+        request.extend_from_slice(&chunk[..read]);
+        let text = String::from_utf8_lossy(&request);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|line| {
+                    line.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
+                })
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            if body.len() >= length {
+                break;
+            }
+        }
+    }
+    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+}
+
+/// Deliveries share a bounded number of attempts at once: receivers that hold every request
+/// get at most that many connections; the rest are sent once those end. (Each delivery had its
+/// own connection at once: forty hooks and one burst of events took forty sockets, and enough
+/// of them ran the broker out of file descriptors for its own clients.)
+#[test]
+fn deliveries_under_way_at_once_are_bounded_and_the_rest_follow() {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    const HOOKS: usize = 40;
+    const AT_ONCE: usize = synapse::broker::delivery::MAX_ATTEMPTS_AT_ONCE;
+    let home = Home::new();
+    start_broker(&home);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let held: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+    let answering = Arc::new(AtomicBool::new(false));
+    {
+        let (connections, held, answering) = (connections.clone(), held.clone(), answering.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                connections.fetch_add(1, Ordering::SeqCst);
+                if answering.load(Ordering::SeqCst) {
+                    std::thread::spawn(move || answer_ok(stream));
+                } else {
+                    held.lock().unwrap().push(stream);
+                }
+            }
+        });
+    }
+    for hook in 0..HOOKS {
+        let (code, answer) = register_hook(
+            &home,
+            json!({"url": format!("http://127.0.0.1:{port}/h{hook}"), "events": ["task.replied"]}),
+        );
+        assert_eq!(code, 200, "{answer}");
+    }
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    assert!(home.run_as(&alice, &["send", "bob", "question"]).status.success());
+    assert!(home.run_as(&bob, &["reply", "answer"]).status.success());
+    let wait_for = |count: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while connections.load(Ordering::SeqCst) < count {
+            assert!(std::time::Instant::now() < deadline, "{} connections", connections.load(Ordering::SeqCst));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait_for(AT_ONCE);
+    // Watched for a second: no attempt beyond the bound starts while those are held.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(connections.load(Ordering::SeqCst), AT_ONCE, "attempts under way at once");
+    answering.store(true, Ordering::SeqCst);
+    for stream in held.lock().unwrap().drain(..) {
+        std::thread::spawn(move || answer_ok(stream));
+    }
+    wait_for(HOOKS);
+    // Every delivery is recorded as delivered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, deliveries) = home.http("GET", "/webhooks/deliveries", None, &[]);
+        let delivered =
+            deliveries["deliveries"].as_array().unwrap().iter().filter(|d| d["state"] == "delivered").count();
+        if delivered == HOOKS {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{delivered} delivered: {deliveries}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

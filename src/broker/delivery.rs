@@ -26,6 +26,11 @@ use std::time::Duration;
 /// How long one delivery attempt may take once connected.
 const ATTEMPT_TIMEOUT: Duration = outbound::READ_TIMEOUT;
 
+/// Attempts under way at once, at most: each holds a socket for up to [`ATTEMPT_TIMEOUT`], and
+/// a burst of events for many hooks (or receivers that hang) opened one per delivery, until
+/// the broker ran out of file descriptors for its own clients. The others wait for a slot.
+pub const MAX_ATTEMPTS_AT_ONCE: usize = 32;
+
 /// The name of the worker's snapshot in the store.
 const SNAPSHOT: &str = "delivery";
 /// The snapshot's shape and meaning. A build that keeps other fields, or applies an event
@@ -142,6 +147,8 @@ pub fn spawn(state: Arc<BrokerState>) {
         let every = snapshot_every();
         let mut saved = cursor;
         let mut in_flight: HashSet<(String, u32)> = HashSet::new();
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_AT_ONCE));
+        let freed = Arc::new(tokio::sync::Notify::new());
         let mut shutdown = state.shutdown.subscribe();
         loop {
             loop {
@@ -186,18 +193,28 @@ pub fn spawn(state: Arc<BrokerState>) {
                     outbox.retire_again(reference);
                 }
             }
+            let mut saturated = false;
             for (delivery, secret) in due {
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    // The rest stay due: tried once an attempt under way ends.
+                    saturated = true;
+                    break;
+                };
                 in_flight.insert((delivery.delivery_id.clone(), delivery.attempts));
                 let state = state.clone();
+                let freed = freed.clone();
                 tokio::spawn(async move {
                     let result = post(&state, &delivery, secret.as_ref()).await;
                     let attempt = webhooks::record(&delivery, result, crate::time::now_ms());
                     record_attempt(&state, attempt).await;
+                    drop(slot);
+                    freed.notify_one();
                 });
             }
             // The next attempt due that is not under way (one under way is awaited by its
-            // record, which moves the head).
-            let next = state.webhooks.lock().next_due(&in_flight);
+            // record, which moves the head). With every slot taken, the due ones wait for a
+            // slot instead (their time has come: waiting for it would be a busy loop).
+            let next = if saturated { None } else { state.webhooks.lock().next_due(&in_flight) };
             if cursor >= saved.saturating_add(every) {
                 save_snapshot(&state, cursor).await;
                 // After a failure too: the next try comes after as many events again.
@@ -207,6 +224,7 @@ pub fn spawn(state: Arc<BrokerState>) {
             tokio::select! {
                 moved = tail::wait_past(&state, cursor) => if !moved { return },
                 _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))), if wait.is_some() => {}
+                _ = freed.notified(), if saturated => {}
                 _ = shutdown.wait_for(|stopping| *stopping) => return,
             }
         }
