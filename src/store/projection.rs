@@ -1217,6 +1217,19 @@ macro_rules! impl_queries {
                 Ok(ids)
             }
 
+            /// Like [`Self::tasks_of`], the rows only: a long text stays in the log (read the
+            /// tasks a caller keeps with `task`). For lists that filter and page before they
+            /// show anything.
+            pub fn task_rows_of(&self, agent: &str, kind: TaskIndexKind) -> Result<Vec<TaskRecord>, StoreError> {
+                let mut tasks = Vec::new();
+                for id in self.indexed_task_ids(agent, kind)? {
+                    if let Some(task) = self.task_row(&id)? {
+                        tasks.push(task);
+                    }
+                }
+                Ok(tasks)
+            }
+
             /// The tasks of `agent` of one kind, oldest first (see [`TaskIndexKind`]); read
             /// through the index, so the cost is the agent's tasks, not every task.
             pub fn tasks_of(&self, agent: &str, kind: TaskIndexKind) -> Result<Vec<TaskRecord>, StoreError> {

@@ -269,26 +269,31 @@ pub(super) fn list_tasks(state: &AppState, agent: &str, version: Version, params
     };
     let history_length = count_param(params, "historyLength")?;
     let include_artifacts = bool_param(params, "includeArtifacts")?.unwrap_or(false);
-    // The tasks A2A clients (anonymous senders) gave this agent, newest first.
-    let mut tasks: Vec<TaskRecord> = state
-        .store
-        .read(|view| view.tasks_of(agent, TaskIndexKind::Served))?
-        .into_iter()
-        .filter(|task| context_id.is_none_or(|context| task.context_id == context))
-        .filter(|task| wanted.is_none_or(|wanted| task.state == wanted))
-        .filter(|task| after_ms.is_none_or(|after| task.updated_ms >= after))
-        .collect();
-    // The index gives them in the order they were created: reversed, then a stable sort, so a
-    // millisecond's tasks stay newest first too.
-    tasks.reverse();
-    tasks.sort_by_key(|task| std::cmp::Reverse(task.created_ms));
-    let total = tasks.len();
-    let page: Vec<Value> = tasks
-        .iter()
-        .skip(offset)
-        .take(page_size)
-        .map(|task| task_json(version, task, history_length, include_artifacts))
-        .collect();
+    // The tasks A2A clients (anonymous senders) gave this agent, newest first: filtered and
+    // paged on their rows, and only the page's texts read (every task's long texts were read
+    // for every page).
+    let (total, tasks) = state.store.read(|view| {
+        let mut rows: Vec<TaskRecord> = view
+            .task_rows_of(agent, TaskIndexKind::Served)?
+            .into_iter()
+            .filter(|task| context_id.is_none_or(|context| task.context_id == context))
+            .filter(|task| wanted.is_none_or(|wanted| task.state == wanted))
+            .filter(|task| after_ms.is_none_or(|after| task.updated_ms >= after))
+            .collect();
+        // The index gives them in the order they were created: reversed, then a stable sort,
+        // so a millisecond's tasks stay newest first too.
+        rows.reverse();
+        rows.sort_by_key(|task| std::cmp::Reverse(task.created_ms));
+        let mut page = Vec::new();
+        for row in rows.iter().skip(offset).take(page_size) {
+            if let Some(task) = view.task(&row.id)? {
+                page.push(task);
+            }
+        }
+        Ok((rows.len(), page))
+    })?;
+    let page: Vec<Value> =
+        tasks.iter().map(|task| task_json(version, task, history_length, include_artifacts)).collect();
     let next = match offset.checked_add(page_size) {
         Some(end) if end < total => end.to_string(),
         _ => String::new(),
