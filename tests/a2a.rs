@@ -1461,3 +1461,32 @@ fn an_anonymous_a2a_client_cannot_cancel_a_message_the_user_sent() {
     // The user still may.
     home.ok(&["cancel", &task_id]);
 }
+
+/// A task takes at most ten push notification configs (each is one more POST at every change
+/// of the task; any client could add thousands): an eleventh is refused, replacing one of the
+/// ten is not, and deleting one makes room.
+#[test]
+fn a_task_takes_at_most_ten_push_notification_configs() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let (receiver_port, _received) = receiver(std::sync::Arc::new(std::sync::atomic::AtomicU16::new(200)));
+    let url = format!("http://127.0.0.1:{receiver_port}/notify");
+    let task = send_v1(agent.port, "wait here", true);
+    let id = task["id"].as_str().unwrap().to_string();
+    let create = |config: Value| v1(agent.port, "CreateTaskPushNotificationConfig", config);
+    for n in 0..10 {
+        let created = create(json!({"taskId": id, "url": url, "id": format!("c{n}"), "token": "t"}));
+        assert!(created.get("error").is_none(), "{created}");
+    }
+    let eleventh = create(json!({"taskId": id, "url": url, "token": "t"}));
+    assert_eq!(error_code(&eleventh), -32602, "{eleventh}");
+    assert!(eleventh["error"]["message"].as_str().unwrap().contains("10 push notification configs"), "{eleventh}");
+    let replaced = create(json!({"taskId": id, "url": url, "id": "c3", "token": "t2"}));
+    assert!(replaced.get("error").is_none(), "{replaced}");
+    let deleted = v1(agent.port, "DeleteTaskPushNotificationConfig", json!({"taskId": id, "id": "c0"}));
+    assert!(deleted.get("error").is_none(), "{deleted}");
+    let room = create(json!({"taskId": id, "url": url, "token": "t"}));
+    assert!(room.get("error").is_none(), "{room}");
+    let listed = v1(agent.port, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
+    assert_eq!(listed["result"]["configs"].as_array().map(Vec::len), Some(10), "{listed}");
+}

@@ -139,6 +139,18 @@ pub(super) async fn set_config(
     request: ConfigRequest,
 ) -> Result<Value, RpcError> {
     check_url(state, &request.url).await?;
+    // Each config is one more POST at every change of the task: a few per task, not thousands.
+    {
+        state.delivery_current().await;
+        let configs = state.webhooks.lock().push_configs(&task.id);
+        let replaces = request.config_id.as_ref().is_some_and(|id| configs.iter().any(|c| &c.config_id == id));
+        if !replaces && configs.len() >= MAX_CONFIGS_PER_TASK {
+            return Err(RpcError::params(format!(
+                "task {} has {MAX_CONFIGS_PER_TASK} push notification configs already: delete one first",
+                task.id
+            )));
+        }
+    }
     let config = PushConfig {
         task_id: task.id.clone(),
         config_id: request.config_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
@@ -151,9 +163,22 @@ pub(super) async fn set_config(
         },
     };
     let shown = config_json(version, &config);
-    appended(state, WebhookCommand::SetPushConfig(config)).await?;
+    let secrets: Vec<String> =
+        [&config.auth.token_ref, &config.auth.credentials_ref].into_iter().flatten().cloned().collect();
+    if let Err(error) = appended(state, WebhookCommand::SetPushConfig(config)).await {
+        // Refused by the writer: no event names the secret files, nothing else deletes them.
+        if error.code != INTERNAL_ERROR {
+            for reference in &secrets {
+                crate::broker::webhooks::delete_secret(&state.paths.home, reference);
+            }
+        }
+        return Err(error);
+    }
     Ok(shown)
 }
+
+/// Push notification configs one task may have.
+pub const MAX_CONFIGS_PER_TASK: usize = 10;
 
 /// A config as the client sees it: never its token or credentials.
 fn config_json(version: Version, config: &PushConfig) -> Value {
