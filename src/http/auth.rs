@@ -79,16 +79,6 @@ fn is_open(path: &str) -> bool {
 /// connection at once, its request already sent) is not known to be the user's, and counts as
 /// another user's. Over the Unix socket (no peer address) the socket's directory is the user's
 /// own; a caller from another machine is not "local" and needs a key when auth is on.
-/// Is the connection known to be the user's own: the Unix socket (in the user's private
-/// directory), or loopback TCP from a socket of the user's? Another user, a caller whose socket
-/// was not found, and one from another machine are not.
-pub fn the_users_connection(extensions: &axum::http::Extensions) -> bool {
-    match extensions.get::<crate::process::TcpSocket>() {
-        Some(socket) => socket.uid == crate::private_files::my_uid(),
-        None => extensions.get::<ConnectInfo<SocketAddr>>().is_none(),
-    }
-}
-
 fn from_another_user(request: &Request) -> bool {
     match request.extensions().get::<crate::process::TcpSocket>() {
         Some(socket) => socket.uid != crate::private_files::my_uid(),

@@ -30,7 +30,7 @@ use std::time::Duration;
 pub async fn health(State(state): State<AppState>, extensions: axum::http::Extensions) -> Response {
     let info = state.info();
     let status = if info.healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    let answered = if super::auth::the_users_connection(&extensions) {
+    let answered = if caller::the_users_connection(&extensions) {
         answer(&info)
     } else {
         answer(&api::BrokerHealth { version: info.version, schema: info.schema, healthy: info.healthy })

@@ -217,6 +217,16 @@ pub fn caller_of(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
     Ok(Caller::Anonymous)
 }
 
+/// Is the connection known to be the user's own: the Unix socket (in the user's private
+/// directory), or loopback TCP from a socket of the user's? Another user, a caller whose socket
+/// was not found, and one from another machine are not.
+pub fn the_users_connection(extensions: &axum::http::Extensions) -> bool {
+    match extensions.get::<crate::process::TcpSocket>() {
+        Some(socket) => socket.uid == crate::private_files::my_uid(),
+        None => extensions.get::<ConnectInfo<std::net::SocketAddr>>().is_none(),
+    }
+}
+
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
