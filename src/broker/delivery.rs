@@ -182,7 +182,7 @@ pub fn spawn(state: Arc<BrokerState>) {
             let (due, unused) = {
                 let mut outbox = state.webhooks.lock();
                 in_flight.retain(|(id, attempts)| Webhooks::is_awaited(&outbox, id, *attempts));
-                (outbox.due(now, &in_flight), outbox.take_unused_secrets())
+                (outbox.due(now, &in_flight, slots.available_permits()), outbox.take_unused_secrets())
             };
             let undeleted: Vec<String> =
                 unused.into_iter().filter(|reference| !webhooks::delete_secret(&state.paths.home, reference)).collect();
@@ -211,6 +211,9 @@ pub fn spawn(state: Arc<BrokerState>) {
                     freed.notify_one();
                 });
             }
+            // Every slot taken: the deliveries still due (only as many were copied as could
+            // start) wait for one.
+            saturated |= slots.available_permits() == 0;
             // The next attempt due that is not under way (one under way is awaited by its
             // record, which moves the head). With every slot taken, the due ones wait for a
             // slot instead (their time has come: waiting for it would be a busy loop).

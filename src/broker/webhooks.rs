@@ -676,11 +676,23 @@ impl Outbox {
         self.each_delivery().cloned().collect()
     }
 
-    pub fn due(&self, now_ms: u64, in_flight: &HashSet<(String, u32)>) -> Vec<(Delivery, Option<SecretSource>)> {
-        self.pending
+    /// The deliveries due at `now_ms` and not under way, the longest waiting first, at most
+    /// `limit` of them (copied with their bodies: only as many as can start now).
+    pub fn due(
+        &self,
+        now_ms: u64,
+        in_flight: &HashSet<(String, u32)>,
+        limit: usize,
+    ) -> Vec<(Delivery, Option<SecretSource>)> {
+        let mut due: Vec<&Delivery> = self
+            .pending
             .values()
             .filter(|delivery| delivery.next_attempt_ms.is_some_and(|at| at <= now_ms))
             .filter(|delivery| !in_flight.contains(&(delivery.delivery_id.clone(), delivery.attempts)))
+            .collect();
+        due.sort_by_key(|delivery| delivery.next_attempt_ms);
+        due.into_iter()
+            .take(limit)
             .map(|delivery| {
                 let secret = self
                     .hooks
@@ -891,7 +903,8 @@ pub(crate) mod tests {
         let deliveries = outbox.deliveries();
         assert_eq!(deliveries.len(), 1, "only subscribed events");
         assert_eq!(deliveries[0].delivery_id, "abcdef12-3");
-        let due = outbox.due(5000, &HashSet::new());
+        assert!(outbox.due(5000, &HashSet::new(), 0).is_empty(), "no free slot: nothing is copied");
+        let due = outbox.due(5000, &HashSet::new(), usize::MAX);
         assert_eq!(due.len(), 1);
         let retry = record(&due[0].0, Ok((503, None)), 5000);
         assert_eq!(retry.attempt, 1);
@@ -904,7 +917,7 @@ pub(crate) mod tests {
         outbox.apply(&envelope(6, event_of(&WebhookCommand::RecordAttempt(done), false).ok().unwrap()));
         assert_eq!(outbox.deliveries()[0].state, "delivered");
         assert_eq!(outbox.deliveries()[0].body, "", "a finished delivery keeps no body");
-        assert!(outbox.due(u64::MAX, &HashSet::new()).is_empty());
+        assert!(outbox.due(u64::MAX, &HashSet::new(), usize::MAX).is_empty());
     }
 
     #[tokio::test]
@@ -1073,7 +1086,7 @@ pub(crate) mod tests {
 
         outbox.apply(&envelope(3, register("22222222-0000", "secret-2")));
         assert_eq!(outbox.take_unused_secrets(), ["secret-1"]);
-        let due = outbox.due(u64::MAX, &HashSet::new());
+        let due = outbox.due(u64::MAX, &HashSet::new(), usize::MAX);
         assert_eq!(due.len(), 1);
         assert_eq!(due[0].0.webhook_id, "22222222-0000");
         assert!(matches!(&due[0].1, Some(SecretSource::File(reference)) if reference == "secret-2"));
