@@ -72,12 +72,14 @@ impl Drop for Bystander {
 }
 
 /// A process that registered itself as an agent (a shell that became `sleep`), as a crashed
-/// wrapper would look once killed. Returns it and its registration.
+/// wrapper would look once killed. Returns it and its registration. An empty `name`
+/// registers it without one.
 fn self_registered(home: &Home, name: &str, port: u16) -> (Bystander, Value) {
     let registration = home.dir.path().join(format!("{name}-{port}.json"));
     let _ = std::fs::remove_file(&registration);
+    let name_flag = if name.is_empty() { String::new() } else { format!("--name {name}") };
     let script = format!(
-        "'{BIN}' agent register --type dummy --pid $$ --name {name} --port {port} > '{path}.part' && mv '{path}.part' '{path}' && exec sleep 120",
+        "'{BIN}' agent register --type dummy --pid $$ {name_flag} --port {port} > '{path}.part' && mv '{path}.part' '{path}' && exec sleep 120",
         path = registration.display()
     );
     let mut process = Bystander(
@@ -210,6 +212,17 @@ fn a_queue_nobody_takes_back_expires_with_a_visible_reason_and_frees_the_id() {
     assert!(sent.status.success(), "{}", describe(&sent));
     let sent: Value = serde_json::from_slice(&sent.stdout).unwrap();
     let alice_task = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    // Dave has asked alice something too, and she took it.
+    let dave_agent = Agent {
+        id: dave_id.clone(),
+        secret: registered["secret"].as_str().unwrap().to_string(),
+        port,
+        socket: std::path::PathBuf::from(registered["socket"].as_str().unwrap()),
+    };
+    let asked = home.run_as(&dave_agent, &["send", "alice", "dave asks", "--response"]);
+    assert!(asked.status.success(), "{}", describe(&asked));
+    let ticket = home.inbox(&alice)[0]["ticket"].to_string();
+    assert!(home.run_as(&alice, &["agent", "ack", &alice.id, &ticket]).status.success());
     crash(&home, dave, &dave_id);
 
     let waited = Instant::now();
@@ -224,8 +237,14 @@ fn a_queue_nobody_takes_back_expires_with_a_visible_reason_and_frees_the_id() {
     assert!(inbox_texts(&home, &dave_id).is_empty());
     let test_pid = std::process::id().to_string();
     let port_text = port.to_string();
+    // Alice answers dave's question now: no one holds his id to read it (the answer was
+    // queued under the free id, and the next agent on the port was given it).
+    let late = home.run_as(&alice, &["reply", "too late", "--to", &dave_id]);
+    assert!(late.status.success(), "{}", describe(&late));
+    assert!(stderr(&late).contains("its queue has expired"), "{}", describe(&late));
     let reused = home.run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--port", &port_text]);
     assert!(reused.status.success(), "the id is free again: {}", describe(&reused));
+    assert!(inbox_texts(&home, &dave_id).is_empty(), "{:?}", inbox_texts(&home, &dave_id));
 }
 
 #[test]
@@ -752,7 +771,14 @@ fn a_reply_to_an_agent_that_left_reaches_it_again_under_its_name_and_never_a_new
     }
     leave(&home, &anonymous);
     leave(&home, &carol);
-    let newcomer = register_on(&home, anonymous.port, None);
+    // Another process, unnamed, on the first asker's port.
+    let (_newcomer_process, registered) = self_registered(&home, "", anonymous.port);
+    let newcomer = Agent {
+        id: registered["agent"]["agent_id"].as_str().unwrap().to_string(),
+        secret: registered["secret"].as_str().unwrap().to_string(),
+        port: anonymous.port,
+        socket: std::path::PathBuf::from(registered["socket"].as_str().unwrap()),
+    };
     assert_eq!(newcomer.id, anonymous.id, "nothing held the id");
     let carol_again = register_on(&home, carol.port, Some("carol"));
     assert_eq!(carol_again.id, carol.id);
@@ -802,4 +828,24 @@ fn bad_registration_fields_are_refused_with_a_reason() {
     let fine = json!({"agent_type": "dummy", "pid": pid, "port": 0, "role": "r".repeat(1000)});
     let (status, answer) = home.http("POST", "/agents", Some(fine.to_string().as_bytes()), &[]);
     assert_eq!(status, 200, "{answer}");
+}
+
+/// The same process registering again without a name (its wrapper restored after a failed
+/// start, say) is the same agent: the reply to its question reaches it. (A reply to an agent
+/// whose queue expired reaches no one: see the expiry test above.)
+#[test]
+fn a_reply_reaches_the_same_process_registered_again_without_a_name() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let asker = register_on(&home, free_port(), None);
+    assert!(home.run_as(&asker, &["send", "bob", "question", "--response"]).status.success());
+    let ticket = home.inbox(&bob)[0]["ticket"].to_string();
+    assert!(home.run_as(&bob, &["agent", "ack", &bob.id, &ticket]).status.success());
+    leave(&home, &asker);
+    let again = register_on(&home, asker.port, None);
+    assert_eq!(again.id, asker.id);
+    let replied = home.run_as(&bob, &["reply", "answer", "--to", &asker.id]);
+    assert!(replied.status.success() && !stderr(&replied).contains("Warning"), "{}", describe(&replied));
+    let texts: Vec<String> = home.inbox(&again).iter().map(|t| t["text"].as_str().unwrap().to_string()).collect();
+    assert_eq!(texts, ["answer"]);
 }

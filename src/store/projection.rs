@@ -553,14 +553,16 @@ impl<'txn> Projections<'txn> {
                 pid_start,
                 wrapper,
             } => {
-                // The same agent again (registered again, or started again with its name and
-                // type after it left) goes on from when it began; another agent begins now.
+                // The same agent again (registered again, by the same process or with its name
+                // and type, after it left) goes on from when it began; another agent begins now.
                 let since_seq = match self.agent(agent_id)? {
                     Some(current) => current.since_seq,
                     None => match self.departed.get(agent_id.as_str())? {
                         Some(row) => {
                             let departed: DepartedAgent = records::decode(row.value())?;
-                            (departed.name.is_some() && departed.name == *name && departed.agent_type == *agent_type)
+                            let same_name = departed.name.is_some() && departed.name == *name;
+                            let same_process = pid_start.is_some_and(|start| departed.process == Some((*pid, start)));
+                            (departed.agent_type == *agent_type && (same_name || same_process))
                                 .then_some(departed.since_seq)
                                 .flatten()
                         }
@@ -622,6 +624,7 @@ impl<'txn> Projections<'txn> {
                         port: agent.port,
                         departed_ms: time_ms,
                         since_seq: agent.since_seq,
+                        process: agent.pid_start.map(|start| (agent.pid, start)),
                     };
                     self.departed.insert(agent_id.as_str(), records::encode(&departed).as_slice())?;
                 }

@@ -48,6 +48,10 @@ pub struct DepartedAgent {
     /// The departed agent's `since_seq` (see [`AgentRecord`]).
     #[serde(default)]
     pub since_seq: Option<u64>,
+    /// Its process, as (pid, start time) when the start time was known: the same process
+    /// registering again is the same agent, named or not.
+    #[serde(default)]
+    pub process: Option<(u32, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -469,13 +469,20 @@ fn decide_reply(
         // The asker's id may name another agent now (the asker left, nothing was waiting for
         // it, and a new agent took its port): the reply is not that agent's to read. While the
         // id is free the reply waits in its inbox for the asker to come back.
-        let taken_over = view
-            .agent(owner)?
-            .is_some_and(|agent| agent.since_seq.is_some_and(|since| sender_task.created_seq < since));
-        if taken_over {
-            warning = Some(format!(
-                "Warning: {owner} left after asking; its id now names another agent, so the reply is kept with the task (history) and not delivered"
-            ));
+        // The agent the id names now (registered, or departed with its queue held for it).
+        let holder_since = match view.agent(owner)? {
+            Some(agent) => Some(agent.since_seq),
+            None => view.departed(owner)?.map(|departed| departed.since_seq),
+        };
+        let undelivered = match holder_since {
+            Some(since) => since
+                .is_some_and(|since| sender_task.created_seq < since)
+                .then(|| format!("{owner} left after asking; its id now names another agent")),
+            // Nobody holds the id: the asker left and its queue expired.
+            None => Some(format!("{owner} left after asking and its queue has expired")),
+        };
+        if let Some(why) = undelivered {
+            warning = Some(format!("Warning: {why}, so the reply is kept with the task (history) and not delivered"));
         } else {
             events.push(Event::ReverseTicketIssued {
                 agent_id: owner.clone(),
