@@ -1489,4 +1489,19 @@ fn a_task_takes_at_most_ten_push_notification_configs() {
     assert!(room.get("error").is_none(), "{room}");
     let listed = v1(agent.port, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
     assert_eq!(listed["result"]["configs"].as_array().map(Vec::len), Some(10), "{listed}");
+    // A follow-up bringing an eleventh config is refused before it is sent (it reached the
+    // agent, and the client was told it failed).
+    let asking = send_v1(agent.port, "I need input", false);
+    let asking_id = asking["id"].as_str().unwrap().to_string();
+    for n in 0..10 {
+        let created = create(json!({"taskId": asking_id, "url": url, "id": format!("c{n}"), "token": "t"}));
+        assert!(created.get("error").is_none(), "{created}");
+    }
+    let follow_up = json!({
+        "message": {"messageId": "f-1", "role": "ROLE_USER", "taskId": asking_id, "parts": [{"text": "use the blue one"}]},
+        "configuration": {"taskPushNotificationConfig": {"url": url, "token": "t"}, "returnImmediately": true}
+    });
+    assert_eq!(error_code(&v1(agent.port, "SendMessage", follow_up)), -32602);
+    let still = v1(agent.port, "GetTask", json!({"id": asking_id}));
+    assert_eq!(still["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{still}");
 }

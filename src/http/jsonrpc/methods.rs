@@ -139,9 +139,13 @@ pub(super) async fn submit_send(
     version: Version,
     request: &SendParams,
 ) -> Result<(TaskRecord, u64), RpcError> {
-    // A push config the URL rules refuse refuses the message before anything is sent.
+    // A push config the URL rules refuse, or one more than a follow-up's task may have,
+    // refuses the message before anything is sent.
     if let Some(push) = &request.push {
         super::push::check_url(state, push.url()).await?;
+        if let Some(task_id) = &request.task_id {
+            super::push::check_room(state, task_id, push.config_id()).await?;
+        }
     }
     let idempotency_key = request.message_id.as_ref().map(|id| idempotency_key(agent, id, request));
     let command = match &request.task_id {

@@ -34,6 +34,9 @@ impl ConfigRequest {
     pub(super) fn url(&self) -> &str {
         &self.url
     }
+    pub(super) fn config_id(&self) -> Option<&str> {
+        self.config_id.as_deref()
+    }
 }
 
 /// A header value may hold visible ASCII and spaces only (no line break can add a header).
@@ -131,6 +134,21 @@ pub(super) async fn check_url(state: &AppState, url: &str) -> Result<(), RpcErro
         .map_err(|reason| RpcError::params(format!("push notification URL {url} refused: {reason}")))
 }
 
+/// Refuses a new config for task `task_id` that has [`MAX_CONFIGS_PER_TASK`] already (each is
+/// one more POST at every change of the task: a few per task, not thousands). A config that
+/// replaces one of them (same `config_id`) is not new.
+pub(super) async fn check_room(state: &AppState, task_id: &str, config_id: Option<&str>) -> Result<(), RpcError> {
+    state.delivery_current().await;
+    let configs = state.webhooks.lock().push_configs(task_id);
+    let replaces = config_id.is_some_and(|id| configs.iter().any(|config| config.config_id == id));
+    if !replaces && configs.len() >= MAX_CONFIGS_PER_TASK {
+        return Err(RpcError::params(format!(
+            "task {task_id} has {MAX_CONFIGS_PER_TASK} push notification configs already: delete one first"
+        )));
+    }
+    Ok(())
+}
+
 /// Sets a config on `task` (a task of this agent); returns it as the client sees it.
 pub(super) async fn set_config(
     state: &AppState,
@@ -139,18 +157,7 @@ pub(super) async fn set_config(
     request: ConfigRequest,
 ) -> Result<Value, RpcError> {
     check_url(state, &request.url).await?;
-    // Each config is one more POST at every change of the task: a few per task, not thousands.
-    {
-        state.delivery_current().await;
-        let configs = state.webhooks.lock().push_configs(&task.id);
-        let replaces = request.config_id.as_ref().is_some_and(|id| configs.iter().any(|c| &c.config_id == id));
-        if !replaces && configs.len() >= MAX_CONFIGS_PER_TASK {
-            return Err(RpcError::params(format!(
-                "task {} has {MAX_CONFIGS_PER_TASK} push notification configs already: delete one first",
-                task.id
-            )));
-        }
-    }
+    check_room(state, &task.id, request.config_id.as_deref()).await?;
     let config = PushConfig {
         task_id: task.id.clone(),
         config_id: request.config_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
