@@ -143,6 +143,12 @@ pub async fn register(
 /// multi-threaded runtime whichever server's request registered it; returns the socket path.
 fn serve(state: &AppState, agent: &AgentRecord, listener: tokio::net::TcpListener) -> anyhow::Result<String> {
     let socket_path = state.paths.agent_socket(&agent.agent_id);
+    let (stop, _) = watch::channel(false);
+    let (tcp_signal, unix_signal) = (stop_signal(state, &stop), stop_signal(state, &stop));
+    let ours = stop.subscribe();
+    // Known as the id's endpoints before the socket is bound: endpoints of an earlier
+    // registration that end after the bind see that the file at the path is not theirs.
+    state.agent_servers.insert(&agent.agent_id, stop);
     // Both sockets are watched by that runtime's reactor: the listener may have been bound by a
     // request on the broker's Unix socket, served by a runtime of its own.
     let (unix, listener) = {
@@ -150,12 +156,10 @@ fn serve(state: &AppState, agent: &AgentRecord, listener: tokio::net::TcpListene
         let _runtime = state.runtime.enter();
         (super::server::bind_unix(&socket_path)?, tokio::net::TcpListener::from_std(listener)?)
     };
-    let (stop, _) = watch::channel(false);
     let router = super::agent_router(state.clone(), agent.agent_id.clone());
     let router_tcp = router.clone();
-    let (tcp_signal, unix_signal) = (stop_signal(state, &stop), stop_signal(state, &stop));
     let cleanup_path = socket_path.clone();
-    let (cleanup_state, cleanup_id, ours) = (state.clone(), agent.agent_id.clone(), stop.subscribe());
+    let (cleanup_state, cleanup_id) = (state.clone(), agent.agent_id.clone());
     let limits = state.connection_limits.clone();
     state.runtime.spawn(async move {
         tokio::join!(
@@ -168,7 +172,6 @@ fn serve(state: &AppState, agent: &AgentRecord, listener: tokio::net::TcpListene
             let _ = std::fs::remove_file(&cleanup_path);
         }
     });
-    state.agent_servers.insert(&agent.agent_id, stop);
     Ok(socket_path.display().to_string())
 }
 

@@ -25,12 +25,13 @@ use std::time::Duration;
 
 /// The broker's identity (the clients' version handshake) and whether it can store: 503 with
 /// the same body plus the reason while its last write failed and none has succeeded since.
-/// Over a connection not known to be the user's (another user's process, another machine), it
-/// says only whether it is healthy and its version: not where the user's home is, nor its pid.
-pub async fn health(State(state): State<AppState>, extensions: axum::http::Extensions) -> Response {
+/// Over a connection not known to be the user's (another user's process, another machine)
+/// and without the admin key, it says only whether it is healthy and its version: not where
+/// the user's home is, nor its pid.
+pub async fn health(State(state): State<AppState>, extensions: axum::http::Extensions, headers: HeaderMap) -> Response {
     let info = state.info();
     let status = if info.healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    let answered = if caller::the_users_connection(&extensions) {
+    let answered = if caller::the_users_connection(&extensions) || caller::has_admin_key(&state, &headers) {
         answer(&info)
     } else {
         answer(&api::BrokerHealth { version: info.version, schema: info.schema, healthy: info.healthy })
