@@ -675,15 +675,15 @@ fn a_reply_to_an_unverified_external_sender_goes_back_to_its_endpoint() {
 }
 
 /// A helper in python3: with `wrapped`, it registers itself as an agent's wrapper over the
-/// broker's socket and a child of it asks; with `plain`, it asks itself. The question is a
-/// user-only route over loopback TCP, claiming the broker's own Origin (as the dashboard page
-/// does); it prints the answer's status.
+/// broker's socket and a child of it asks; with `plain`, it asks itself. The question is a GET
+/// of the path given, over loopback TCP, claiming the broker's own Origin (as the dashboard
+/// page does); it prints the answer's status.
 const ORIGIN_HELPER: &str = r#"
 import http.client, json, os, socket, sys
-mode, sock_path, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mode, sock_path, port, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 def ask():
     conn = http.client.HTTPConnection("127.0.0.1", port)
-    conn.request("GET", "/external", headers={"Origin": f"http://127.0.0.1:{port}"})
+    conn.request("GET", path, headers={"Origin": f"http://127.0.0.1:{port}"})
     return conn.getresponse().status
 if mode == "wrapped":
     me = Unix()
@@ -708,23 +708,30 @@ else:
 #[test]
 fn the_brokers_origin_makes_the_users_browser_the_user_but_not_a_process_inside_an_agent() {
     let home = Home::new();
-    home.register(Some("someone"));
+    let someone = home.register(Some("someone"));
     let port = broker_port(&home).to_string();
     let socket = home.socket();
-    let ask = |mode: &str| {
+    // Another agent's inbox: the user's to read, not an anonymous caller's.
+    let inbox = format!("/agents/{}/inbox", someone.id);
+    let ask_for = |mode: &str, path: &str| {
         let output = std::process::Command::new("python3")
-            .args(["-c", &with_unix_class(ORIGIN_HELPER), mode, socket.to_str().unwrap(), &port])
+            .args(["-c", &with_unix_class(ORIGIN_HELPER), mode, socket.to_str().unwrap(), &port, path])
             .stdin(Stdio::null())
             .output()
             .unwrap();
         assert!(output.status.success(), "{}", describe(&output));
         stdout(&output).trim().to_string()
     };
+    let ask = |mode: &str| ask_for(mode, &inbox);
     assert_eq!(ask("plain"), "200", "a process of the user outside any agent, with the broker's Origin");
     assert_eq!(ask("wrapped"), "403", "a process below an agent's wrapper claimed the user's rights");
     // Without the Origin (or with another one) the same plain process is anonymous over TCP.
-    let (status, _) = http_tcp(broker_port(&home), "GET", "/external", None, &[]);
+    let (status, _) = http_tcp(broker_port(&home), "GET", &inbox, None, &[]);
     assert_eq!(status, 403);
+    // The page is the user for sending, reading and canceling only: the broker's control
+    // routes (external agents, webhooks, stop, admin) are not for a web page.
+    assert_eq!(ask_for("plain", "/external"), "403", "a page at the broker's origin controlled the broker");
+    assert_eq!(ask_for("plain", "/webhooks"), "403");
 }
 
 /// Registers an agent of type dummy on `port` (pid: this test process), as `Home::register`.

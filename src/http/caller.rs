@@ -243,6 +243,19 @@ pub struct TheUser;
 impl FromRequestParts<AppState> for TheUser {
     type Rejection = ApiError;
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        // A browser (the dashboard page, or any script that runs at the broker's origin) sends,
+        // reads and cancels as the user, and no more: stopping the broker, the log's admin,
+        // webhooks and external agents stay with the CLI and the admin key.
+        if parts.headers.contains_key(axum::http::header::ORIGIN) && !has_admin_key(state, &parts.headers) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{} {} is not for a web page: run the synapse CLI from a plain shell, or send the admin key (X-API-Key)",
+                    parts.method,
+                    parts.uri.path()
+                ),
+            ));
+        }
         let caller = caller_of(state, parts)?;
         if caller.is_user() {
             return Ok(TheUser);
