@@ -739,3 +739,14 @@ fn a_webhook_registration_from_an_old_log_with_its_secret_inline_still_decodes()
     let shown = decoded.to_json().to_string();
     assert!(!shown.contains("s3cr3t") && shown.contains("[redacted]"), "{shown}");
 }
+
+/// The dashboard follows `/events` by kind (an SSE listener per kind): a kind missing from its
+/// list never showed live, only after a reload.
+#[test]
+fn the_dashboard_follows_every_event_kind() {
+    let page = include_str!("../http/dashboard/app.js");
+    let list = page.split("const EVENT_KINDS = [").nth(1).and_then(|rest| rest.split("];").next()).expect("the list");
+    for event in samples() {
+        assert!(list.contains(&format!("'{}'", event.kind())), "app.js's EVENT_KINDS lacks {}", event.kind());
+    }
+}

@@ -16,7 +16,8 @@
     'task_canceled', 'file_lock_acquired', 'file_lock_released', 'file_modified', 'history_pruned',
     'webhook_registered', 'webhook_removed', 'webhook_delivery_attempted', 'external_agent_added',
     'external_agent_removed', 'file_modifications_pruned', 'inbox_expired', 'idempotency_keys_expired',
-    'task_continued', 'push_config_set', 'push_config_deleted',
+    'task_continued', 'push_config_set', 'push_config_deleted', 'external_message_sent',
+    'external_reply_received',
   ];
   const FINAL = new Set(['replied', 'completed', 'failed', 'canceled']);
 
@@ -357,10 +358,13 @@
     $('thread').replaceChildren(element('li', 'muted', 'loading…'));
     try {
       const answer = await api('GET', `/threads/${encodeURIComponent(taskId)}`);
+      // Another thread opened (or the panel closed) while this one loaded: not shown.
+      if (!state.openThread || state.openThread.taskId !== taskId) return;
       // Each exchange has two sides; the thread shows the receiver's.
       const records = answer.records.filter((record) => record.side === 'received' || answer.records.length === 1);
       $('thread').replaceChildren(...(records.length ? records : answer.records).map(recordItem));
     } catch (error) {
+      if (!state.openThread || state.openThread.taskId !== taskId) return;
       $('thread').replaceChildren(element('li', 'muted', error.message));
     }
   }
