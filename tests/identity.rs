@@ -213,12 +213,7 @@ fn a_queue_nobody_takes_back_expires_with_a_visible_reason_and_frees_the_id() {
     let sent: Value = serde_json::from_slice(&sent.stdout).unwrap();
     let alice_task = sent["sender_task"]["id"].as_str().unwrap().to_string();
     // Dave has asked alice something too, and she took it.
-    let dave_agent = Agent {
-        id: dave_id.clone(),
-        secret: registered["secret"].as_str().unwrap().to_string(),
-        port,
-        socket: std::path::PathBuf::from(registered["socket"].as_str().unwrap()),
-    };
+    let dave_agent = agent_of(&registered);
     let asked = home.run_as(&dave_agent, &["send", "alice", "dave asks", "--response"]);
     assert!(asked.status.success(), "{}", describe(&asked));
     let ticket = home.inbox(&alice)[0]["ticket"].to_string();
@@ -734,23 +729,6 @@ fn the_brokers_origin_makes_the_users_browser_the_user_but_not_a_process_inside_
     assert_eq!(ask_for("plain", "/webhooks"), "403");
 }
 
-/// Registers an agent of type dummy on `port` (pid: this test process), as `Home::register`.
-fn register_on(home: &Home, port: u16, name: Option<&str>) -> Agent {
-    let pid = std::process::id().to_string();
-    let port = port.to_string();
-    let mut args = vec!["agent", "register", "--type", "dummy", "--pid", &pid, "--port", &port];
-    if let Some(name) = name {
-        args.extend(["--name", name]);
-    }
-    let value: Value = serde_json::from_str(&home.ok(&args)).unwrap();
-    Agent {
-        id: value["agent"]["agent_id"].as_str().unwrap().to_string(),
-        secret: value["secret"].as_str().unwrap().to_string(),
-        port: u16::try_from(value["agent"]["port"].as_u64().unwrap()).unwrap(),
-        socket: std::path::PathBuf::from(value["socket"].as_str().unwrap()),
-    }
-}
-
 fn leave(home: &Home, agent: &Agent) {
     let (status, answer) =
         home.http("DELETE", &format!("/agents/{}", agent.id), None, &[("X-Synapse-Agent-Secret", &agent.secret)]);
@@ -765,8 +743,8 @@ fn leave(home: &Home, agent: &Agent) {
 fn a_reply_to_an_agent_that_left_reaches_it_again_under_its_name_and_never_a_new_agent_on_its_port() {
     let home = Home::new();
     let bob = home.register(Some("bob"));
-    let anonymous = register_on(&home, free_port(), None);
-    let carol = register_on(&home, free_port(), Some("carol"));
+    let anonymous = home.register_on(free_port(), None);
+    let carol = home.register_on(free_port(), Some("carol"));
     for (asker, question) in [(&anonymous, "question one"), (&carol, "question two")] {
         let sent = home.run_as(asker, &["send", "bob", question, "--response"]);
         assert!(sent.status.success(), "{}", describe(&sent));
@@ -780,14 +758,9 @@ fn a_reply_to_an_agent_that_left_reaches_it_again_under_its_name_and_never_a_new
     leave(&home, &carol);
     // Another process, unnamed, on the first asker's port.
     let (_newcomer_process, registered) = self_registered(&home, "", anonymous.port);
-    let newcomer = Agent {
-        id: registered["agent"]["agent_id"].as_str().unwrap().to_string(),
-        secret: registered["secret"].as_str().unwrap().to_string(),
-        port: anonymous.port,
-        socket: std::path::PathBuf::from(registered["socket"].as_str().unwrap()),
-    };
+    let newcomer = agent_of(&registered);
     assert_eq!(newcomer.id, anonymous.id, "nothing held the id");
-    let carol_again = register_on(&home, carol.port, Some("carol"));
+    let carol_again = home.register_on(carol.port, Some("carol"));
     assert_eq!(carol_again.id, carol.id);
 
     let to_newcomer = home.run_as(&bob, &["reply", "answer one", "--to", &anonymous.id]);
@@ -844,12 +817,12 @@ fn bad_registration_fields_are_refused_with_a_reason() {
 fn a_reply_reaches_the_same_process_registered_again_without_a_name() {
     let home = Home::new();
     let bob = home.register(Some("bob"));
-    let asker = register_on(&home, free_port(), None);
+    let asker = home.register_on(free_port(), None);
     assert!(home.run_as(&asker, &["send", "bob", "question", "--response"]).status.success());
     let ticket = home.inbox(&bob)[0]["ticket"].to_string();
     assert!(home.run_as(&bob, &["agent", "ack", &bob.id, &ticket]).status.success());
     leave(&home, &asker);
-    let again = register_on(&home, asker.port, None);
+    let again = home.register_on(asker.port, None);
     assert_eq!(again.id, asker.id);
     let replied = home.run_as(&bob, &["reply", "answer", "--to", &asker.id]);
     assert!(replied.status.success() && !stderr(&replied).contains("Warning"), "{}", describe(&replied));

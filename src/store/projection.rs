@@ -1236,13 +1236,7 @@ macro_rules! impl_queries {
             /// The tasks of `agent` of one kind, oldest first (see [`TaskIndexKind`]); read
             /// through the index, so the cost is the agent's tasks, not every task.
             pub fn tasks_of(&self, agent: &str, kind: TaskIndexKind) -> Result<Vec<TaskRecord>, StoreError> {
-                let mut tasks = Vec::new();
-                for id in self.indexed_task_ids(agent, kind)? {
-                    if let Some(task) = self.task(&id)? {
-                        tasks.push(task);
-                    }
-                }
-                Ok(tasks)
+                self.task_rows_of(agent, kind)?.into_iter().map(|task| self.hydrated(task)).collect()
             }
 
             /// The task `agent` works on now: its incoming task in state working updated last

@@ -97,18 +97,18 @@ impl Home {
     /// Registers an agent through the contract (pid: this test process, any free port). The
     /// test process is the registering CLI's parent, an ancestor: the broker accepts it.
     pub fn register(&self, name: Option<&str>) -> Agent {
+        self.register_on(0, name)
+    }
+
+    /// Like [`Home::register`], on `port` (0: any free one).
+    pub fn register_on(&self, port: u16, name: Option<&str>) -> Agent {
         let pid = std::process::id().to_string();
-        let mut args = vec!["agent", "register", "--type", "dummy", "--pid", &pid, "--port", "0"];
+        let port = port.to_string();
+        let mut args = vec!["agent", "register", "--type", "dummy", "--pid", &pid, "--port", &port];
         if let Some(name) = name {
             args.extend(["--name", name]);
         }
-        let value: Value = serde_json::from_str(&self.ok(&args)).unwrap();
-        Agent {
-            id: value["agent"]["agent_id"].as_str().unwrap().to_string(),
-            secret: value["secret"].as_str().unwrap().to_string(),
-            port: u16::try_from(value["agent"]["port"].as_u64().unwrap()).unwrap(),
-            socket: PathBuf::from(value["socket"].as_str().unwrap()),
-        }
+        agent_of(&serde_json::from_str(&self.ok(&args)).unwrap())
     }
 
     pub fn broker_pid(&self) -> Option<u32> {
@@ -150,6 +150,16 @@ impl Drop for Home {
                 kill(pid, libc::SIGKILL);
             }
         }
+    }
+}
+
+/// The agent a registration's answer names (`agent register`, `POST /agents`).
+pub fn agent_of(registration: &Value) -> Agent {
+    Agent {
+        id: registration["agent"]["agent_id"].as_str().unwrap().to_string(),
+        secret: registration["secret"].as_str().unwrap().to_string(),
+        port: u16::try_from(registration["agent"]["port"].as_u64().unwrap()).unwrap(),
+        socket: PathBuf::from(registration["socket"].as_str().unwrap()),
     }
 }
 

@@ -466,10 +466,11 @@ fn decide_reply(
     ];
     let mut warning = None;
     if let Some(owner) = &sender_task.owner {
-        // The asker's id may name another agent now (the asker left, nothing was waiting for
-        // it, and a new agent took its port): the reply is not that agent's to read. While the
-        // id is free the reply waits in its inbox for the asker to come back.
-        // The agent the id names now (registered, or departed with its queue held for it).
+        // The reply is typed only into the agent that asked. The agent the id names now is
+        // the registered one, or the departed one whose queue the id holds (the reply waits
+        // there for it to come back); it is the asker if it began before the question. Another
+        // agent that took the id since (the asker left with nothing queued), or nobody (the
+        // asker's queue expired), is not given it.
         let holder_since = match view.agent(owner)? {
             Some(agent) => Some(agent.since_seq),
             None => view.departed(owner)?.map(|departed| departed.since_seq),
