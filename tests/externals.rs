@@ -172,6 +172,15 @@ fn unreachable_slow_and_malformed_endpoints_fail_clearly_and_quickly() {
 /// (or refused with a 500, when `refuses`); every message it gets is passed on through the
 /// channel. It has no event stream (a Python Synapse agent has none either).
 fn fake_external(refuses: bool) -> (u16, std::sync::mpsc::Receiver<Value>) {
+    fake_external_saying(refuses, r#"{"name":"Fake Reviewer"}"#, r#"{"message":"out of order"}"#)
+}
+
+/// [`fake_external`] with the card and the refusal given (JSON texts).
+fn fake_external_saying(
+    refuses: bool,
+    card: &'static str,
+    refusal: &'static str,
+) -> (u16, std::sync::mpsc::Receiver<Value>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let (sender, received) = std::sync::mpsc::channel();
@@ -206,12 +215,12 @@ fn fake_external(refuses: bool) -> (u16, std::sync::mpsc::Receiver<Value>) {
                 request.extend_from_slice(&buffer[..read]);
             }
             let (status, body) = if head.starts_with("GET /.well-known/agent-card.json") {
-                ("200 OK", r#"{"name":"Fake Reviewer"}"#.to_string())
+                ("200 OK", card.to_string())
             } else if head.starts_with("POST /tasks/send") {
                 let message: Value = serde_json::from_slice(&request[head_end..]).unwrap_or(Value::Null);
                 let _ = sender.send(message);
                 if refuses {
-                    ("500 Internal Server Error", r#"{"message":"out of order"}"#.to_string())
+                    ("500 Internal Server Error", refusal.to_string())
                 } else {
                     ("200 OK", r#"{"task":{"id":"remote-1","status":"working"}}"#.to_string())
                 }
@@ -348,4 +357,29 @@ fn a_wait_for_an_external_task_that_fails_exits_non_zero_with_json_too() {
     assert_eq!(answer["task"]["state"], "failed", "{answer}");
     let asked = local(&home, &["send", "sc", "all good?", "--wait", "30", "--json"]);
     assert!(asked.status.success(), "{}", describe(&asked));
+}
+
+/// A remote agent's words reach the user's terminal with their controls made visible, as a
+/// local agent's do: its card's name (`external add`, `external list`) and the message of a
+/// refusal (the error). They were printed raw: a card's name could write the clipboard
+/// (OSC 52) on every `external list`.
+#[test]
+fn a_remote_agents_card_and_errors_are_shown_with_their_controls_visible() {
+    let home = Home::new();
+    let (port, _received) = fake_external_saying(
+        true,
+        r#"{"name":"\u001b]52;c;eA==\u0007Fake"}"#,
+        r#"{"message":"\u001b[2Jout of order"}"#,
+    );
+    let added = local(&home, &["external", "add", &format!("http://127.0.0.1:{port}"), "--alias", "fake"]);
+    assert!(added.status.success(), "{}", describe(&added));
+    let listed = home.ok(&["external", "list"]);
+    for shown in [stdout(&added), listed] {
+        assert!(!shown.contains('\u{1b}') && !shown.contains('\u{7}'), "raw controls: {shown:?}");
+        assert!(shown.contains("^[]52;c;eA==^GFake"), "{shown}");
+    }
+    let refused = local(&home, &["external", "send", "fake", "hello"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(!stderr(&refused).contains('\u{1b}'), "raw controls: {:?}", stderr(&refused));
+    assert!(stderr(&refused).contains("^[[2Jout of order"), "{}", describe(&refused));
 }

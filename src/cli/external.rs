@@ -3,6 +3,7 @@
 use crate::api::{self, External};
 use crate::client::Client;
 use crate::config::Paths;
+use crate::escape::visible_line;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum ExternalCommand {
@@ -47,12 +48,14 @@ pub enum ExternalCommand {
     },
 }
 
+/// One external agent on a line; its card's name (the remote's words) with controls visible.
 fn line(external: Option<&External>) -> String {
+    let shown = |text: Option<&str>| visible_line(text.unwrap_or_default());
     format!(
         "{:<16} {:<32} {}",
-        external.map_or("", |external| external.alias.as_str()),
-        external.map_or("", |external| external.url.as_str()),
-        external.map_or("", |external| external.name.as_str())
+        shown(external.map(|external| external.alias.as_str())),
+        shown(external.map(|external| external.url.as_str())),
+        shown(external.map(|external| external.name.as_str()))
     )
 }
 
@@ -124,9 +127,10 @@ pub(super) async fn send(
     let task = answer.task.unwrap_or_default();
     if !waited {
         println!(
-            "Sent to {alias}: task {} {}",
-            task.id.as_deref().unwrap_or_default(),
-            task.status_text().unwrap_or_default()
+            "Sent to {}: task {} {}",
+            visible_line(alias),
+            visible_line(task.id.as_deref().unwrap_or_default()),
+            visible_line(task.status_text().unwrap_or_default())
         );
         if let Some(reply_task) = &answer.reply_task_id {
             println!(
@@ -138,9 +142,16 @@ pub(super) async fn send(
         return Ok(0);
     }
     match (answer.timed_out, task.state.as_deref(), task.reply_text()) {
+        // Exact for a script; on a terminal, the remote's controls are made visible (as a
+        // local agent's reply is).
+        (Some(false), Some("completed"), Some(reply)) if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
+            println!("{}", crate::escape::visible(reply))
+        }
         (Some(false), Some("completed"), Some(reply)) => println!("{reply}"),
         (Some(true), _, _) => anyhow::bail!("no reply from {alias} in time; the remote task stays open"),
-        (_, state, _) => anyhow::bail!("the remote task ended {} without a reply", state.unwrap_or("unknown")),
+        (_, state, _) => {
+            anyhow::bail!("the remote task ended {} without a reply", visible_line(state.unwrap_or("unknown")))
+        }
     }
     Ok(0)
 }

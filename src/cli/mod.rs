@@ -617,12 +617,11 @@ fn colour_allowed() -> bool {
 /// The line shown for a failed command. A message that already carries its label (the broker's
 /// messages did, until they lost their `Error: ` prefix; a broker of that time may still answer)
 /// is shown as it is, so the label never appears twice.
+/// An error as the user reads it on stderr: labelled once, and with its controls made visible
+/// (an error may quote others' text: a remote agent's answer, a name).
 pub fn user_message(message: &str) -> String {
-    if message.starts_with("Error") || message.starts_with("Warning") {
-        message.to_string()
-    } else {
-        format!("Error: {message}")
-    }
+    let message = crate::escape::visible(message);
+    if message.starts_with("Error") || message.starts_with("Warning") { message } else { format!("Error: {message}") }
 }
 
 #[cfg(test)]
@@ -634,6 +633,7 @@ mod tests {
     fn an_error_is_labelled_once() {
         assert_eq!(user_message("no message given"), "Error: no message given");
         assert_eq!(user_message("Error: No reply target."), "Error: No reply target.");
+        assert_eq!(user_message("remote said \u{1b}]52;c;eA==\u{7}\nbye"), "Error: remote said ^[]52;c;eA==^G\nbye");
     }
 
     /// Issue 14: many arguments had no help (`--agent`, `--limit`, `<FILE>`, `<AGENT>`).

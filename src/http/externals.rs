@@ -396,14 +396,16 @@ async fn follow(
     limit: Duration,
 ) -> Result<api::ExternalSent, ApiError> {
     use http_body_util::BodyExt;
-    let url = format!("{base}/tasks/{task_id}/subscribe");
+    // The remote's id, as one path segment (it could name another path of the remote host).
+    let url = format!("{base}/tasks/{}/subscribe", crate::client::percent_encode(task_id));
     let deadline = tokio::time::Instant::now() + limit;
     let response = outbound::stream(policy, &url, limit).await.map_err(unreachable)?;
     if response.status() != StatusCode::OK {
         return Err(ApiError::new(StatusCode::BAD_GATEWAY, format!("{url} answered {}", response.status())));
     }
     let mut body = response.into_body();
-    let mut buffer = String::new();
+    // Bytes, decoded an event at a time: a character split between two reads stays whole.
+    let mut buffer: Vec<u8> = Vec::new();
     let mut last: Value = Value::Null;
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
@@ -411,13 +413,18 @@ async fn follow(
                 return Ok(api::ExternalSent { task: remote_task(last), timed_out: Some(true), reply_task_id: None });
             }
             Ok(None) => {
+                // A last event without the blank line after it still counts.
+                read_event_data(&buffer, &mut last);
                 return Ok(api::ExternalSent { task: remote_task(last), timed_out: Some(false), reply_task_id: None });
             }
             Ok(Some(Err(error))) => return Err(ApiError::new(StatusCode::BAD_GATEWAY, format!("{url}: {error}"))),
             Ok(Some(Ok(frame))) => frame,
         };
         let Some(data) = frame.data_ref() else { continue };
-        buffer.push_str(&String::from_utf8_lossy(data));
+        buffer.extend_from_slice(data);
+        while let Some(event) = take_event(&mut buffer) {
+            read_event_data(&event, &mut last);
+        }
         // One event may not grow without end (a stream that never sends a blank line).
         if buffer.len() > outbound::BODY_LIMIT_BYTES {
             return Err(ApiError::new(
@@ -425,14 +432,56 @@ async fn follow(
                 format!("{url}: an event longer than {} bytes", outbound::BODY_LIMIT_BYTES),
             ));
         }
-        while let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            for line in event.lines() {
-                if let Some(data) = line.strip_prefix("data:")
-                    && let Ok(value) = serde_json::from_str::<Value>(data.trim())
-                {
-                    last = value;
+    }
+}
+
+/// The first whole event of an SSE stream's bytes, taken out of `buffer`: up to a blank line,
+/// whichever line ending the server uses (LF, CRLF or CR).
+fn take_event(buffer: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let end = [&b"\r\n\r\n"[..], b"\n\n", b"\r\r"]
+        .iter()
+        .filter_map(|blank| buffer.windows(blank.len()).position(|window| window == *blank).map(|at| at + blank.len()))
+        .min()?;
+    Some(buffer.drain(..end).collect())
+}
+
+/// Keeps in `last` the JSON of the last `data:` line of `event` that holds one.
+fn read_event_data(event: &[u8], last: &mut Value) {
+    for line in String::from_utf8_lossy(event).lines() {
+        if let Some(data) = line.strip_prefix("data:")
+            && let Ok(value) = serde_json::from_str::<Value>(data.trim())
+        {
+            *last = value;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A remote's event stream read in pieces cut anywhere (inside a character too) gives the
+    /// same last data as read whole, whatever its line endings; a last event without its blank
+    /// line counts at the end. (Pieces were decoded one by one: a Japanese reply cut inside a
+    /// character came out with U+FFFD, and CRLF streams were never split.)
+    #[test]
+    fn events_read_in_pieces_keep_their_characters_and_any_line_ending() {
+        for ending in ["\n", "\r\n"] {
+            let stream = format!(
+                "event: status{ending}data: {{\"state\":\"working\"}}{ending}{ending}data: {{\"text\":\"日本語の返事\"}}{ending}"
+            );
+            let bytes = stream.as_bytes();
+            for cut in 0..bytes.len() {
+                let mut buffer = Vec::new();
+                let mut last = Value::Null;
+                for piece in [&bytes[..cut], &bytes[cut..]] {
+                    buffer.extend_from_slice(piece);
+                    while let Some(event) = take_event(&mut buffer) {
+                        read_event_data(&event, &mut last);
+                    }
                 }
+                read_event_data(&buffer, &mut last);
+                assert_eq!(last, serde_json::json!({"text": "日本語の返事"}), "cut at {cut}, ending {ending:?}");
             }
         }
     }
