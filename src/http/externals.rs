@@ -388,6 +388,11 @@ fn remote_task(value: Value) -> Option<api::RemoteTask> {
     serde_json::from_value(value).ok()
 }
 
+/// What stays as it is of a remote task id in a URL path: letters, digits, `-`, `_` and `~`
+/// (a `.` too would let `..` be read as a step up).
+const ID_SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
+
 /// Follows the remote task's event stream until its final state, or the time runs out.
 async fn follow(
     policy: &outbound::Policy,
@@ -397,7 +402,7 @@ async fn follow(
 ) -> Result<api::ExternalSent, ApiError> {
     use http_body_util::BodyExt;
     // The remote's id, as one path segment (it could name another path of the remote host).
-    let url = format!("{base}/tasks/{}/subscribe", crate::client::percent_encode(task_id));
+    let url = format!("{base}/tasks/{}/subscribe", percent_encoding::utf8_percent_encode(task_id, ID_SEGMENT));
     let deadline = tokio::time::Instant::now() + limit;
     let response = outbound::stream(policy, &url, limit).await.map_err(unreachable)?;
     if response.status() != StatusCode::OK {
