@@ -672,6 +672,8 @@ impl Outbox {
         self.finished.iter().chain(self.pending.values())
     }
 
+    /// Every delivery, copied (tests; the API views them under the lock with `each_delivery`).
+    #[cfg(test)]
     pub fn deliveries(&self) -> Vec<Delivery> {
         self.each_delivery().cloned().collect()
     }

@@ -185,7 +185,7 @@ pub(super) async fn set_config(
 }
 
 /// Push notification configs one task may have.
-pub const MAX_CONFIGS_PER_TASK: usize = 10;
+const MAX_CONFIGS_PER_TASK: usize = 10;
 
 /// A config as the client sees it: never its token or credentials.
 fn config_json(version: Version, config: &PushConfig) -> Value {
