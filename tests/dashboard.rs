@@ -118,11 +118,13 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     let alice = home.start_dummy("alice", &[]);
     let _wrappers = Wrappers(&home, vec![id(&alice), id(&bob)]);
     let url = home.ok(&["dashboard"]).trim().to_string();
-    assert_eq!(url, format!("http://127.0.0.1:{}/", home.port));
+    let key = page_key_in(&url, home.port);
 
     browser.set_size(1280, 1000);
-    eprintln!("step: open {url}");
+    eprintln!("step: open the printed address");
     browser.goto(&url);
+    browser.wait_for("the key out of the address bar", "return location.hash === ''", vec![]);
+    assert_eq!(browser.execute("return sessionStorage.getItem('synapse-page-key')", vec![]), key.as_str());
     for agent in [&alice, &bob] {
         wait_card(&browser, &format!("{} READY on its card", id(agent)), &id(agent), "READY");
     }
@@ -288,6 +290,9 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     unique.sort_unstable();
     unique.dedup();
     assert_eq!(unique.len(), rows.len(), "no message twice: {rows:?}");
+    // The page key is the home's: after the restart the page still acts as the user.
+    assert_eq!(browser.execute("return document.getElementById('read-only').hidden", vec![]), true);
+    assert_eq!(home.ok(&["dashboard"]).trim(), url, "the same address after a restart");
     let seqs = browser.execute(
         "return Array.from(document.querySelectorAll('#events li')).map((li) => Number(li.textContent.split(' ')[0]))",
         vec![],
@@ -313,6 +318,26 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     assert!(first_of(&older) < first_of(&live), "older events: {older} after {live}");
     browser.execute("document.getElementById('events-newest').click()", vec![]);
     browser.wait_value("the newest page again", range, vec![], |v| v.as_str().is_some_and(|t| t.ends_with("(live)")));
+
+    // Opened without its key (a bookmark, a fresh tab), the page reads and says it cannot act.
+    browser.execute("sessionStorage.clear(); location.replace('/')", vec![]);
+    browser.wait_for(
+        "the read-only notice",
+        "return document.body.dataset.ready === 'true' && !document.getElementById('read-only').hidden",
+        vec![],
+    );
+    wait_message(&browser, "the messages, read without the key", "filler 19", &[]);
+    assert_eq!(browser.execute("return document.querySelector('#send-form button').disabled", vec![]), true);
+    assert_eq!(browser.execute("return document.getElementById('thread-cancel').disabled", vec![]), true);
+}
+
+/// The page key in an address `synapse dashboard` printed, which must be the broker's page.
+fn page_key_in(url: &str, port: u16) -> String {
+    let key = url
+        .strip_prefix(&format!("http://127.0.0.1:{port}/#key="))
+        .unwrap_or_else(|| panic!("not the dashboard's address with its key: {url}"));
+    assert!(key.len() == 64 && key.bytes().all(|byte| byte.is_ascii_hexdigit()), "{url}");
+    key.to_string()
 }
 
 /// A raw request over TCP with its headers; the status, headers and body as text.
@@ -377,23 +402,52 @@ fn a_post_from_a_foreign_origin_is_refused_and_the_dashboards_own_origin_acts_as
     assert!(!home.events().iter().any(|event| event["event"]["data"]["text"] == "from elsewhere"));
 
     // The user's message (sent from the CLI) may be canceled by the user only: over TCP without
-    // the dashboard's Origin the caller is anonymous; with it, the user.
+    // the dashboard's Origin the caller is anonymous; with it and the page key, the user. The
+    // Origin alone is what a page another user served on the broker's port (while the broker
+    // was stopped) still has once the broker runs there: it is not the user.
     let sent: Value = serde_json::from_str(&home.ok(&["send", "bob", "user's message", "--json"])).unwrap();
     let task = sent["task"]["id"].as_str().unwrap().to_string();
-    let cancel = |origin: Option<&str>| {
-        let origin = origin.map(|origin| format!("Origin: {origin}\r\n")).unwrap_or_default();
+    let own_origin = format!("http://127.0.0.1:{port}");
+    let key = page_key_in(home.ok(&["dashboard"]).trim(), port);
+    let cancel = |headers: &str| {
         raw_tcp(
             port,
             &format!(
-                "POST /agents/{}/tasks/{task}/cancel HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{origin}Connection: close\r\nContent-Length: 0\r\n\r\n",
+                "POST /agents/{}/tasks/{task}/cancel HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}Connection: close\r\nContent-Length: 0\r\n\r\n",
                 bob.id
             ),
         )
     };
-    let (status, answer) = cancel(None);
+    let (status, answer) = cancel("");
     assert_eq!(status, 403, "anonymous: {answer}");
-    let (status, answer) = cancel(Some(&format!("http://127.0.0.1:{port}")));
-    assert_eq!(status, 200, "the dashboard: {answer}");
+    let (status, answer) = cancel(&format!("Origin: {own_origin}\r\n"));
+    assert_eq!(status, 403, "the origin without the page key: {answer}");
+    let (status, answer) = cancel(&format!("Origin: {own_origin}\r\nX-Synapse-Page-Key: {}\r\n", "0".repeat(64)));
+    assert_eq!(status, 403, "a guessed page key: {answer}");
+    let (status, answer) = cancel(&format!("X-Synapse-Page-Key: {key}\r\n"));
+    assert_eq!(status, 403, "the key without the page's origin: {answer}");
+    let (status, answer) = cancel(&format!("Origin: {own_origin}\r\nX-Synapse-Page-Key: {key}\r\n"));
+    assert_eq!(status, 200, "the dashboard opened with its key: {answer}");
+
+    // A script at the broker's origin cannot fetch the key: the route refuses any web page, and
+    // any caller over TCP that is not the user.
+    let fetch_key = |headers: &str| {
+        raw_tcp(
+            port,
+            &format!(
+                "GET /dashboard/page-key HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}Connection: close\r\n\r\n"
+            ),
+        )
+    };
+    for headers in [
+        String::new(),
+        format!("Origin: {own_origin}\r\n"),
+        format!("Origin: {own_origin}\r\nX-Synapse-Page-Key: {key}\r\n"),
+    ] {
+        let (status, answer) = fetch_key(&headers);
+        assert_eq!(status, 403, "{headers}: {answer}");
+        assert!(!answer.contains(&key), "{answer}");
+    }
 }
 
 #[test]
@@ -519,9 +573,10 @@ fn synapse_dashboard_prints_the_brokers_address_and_the_event_log_pages_backward
         home.ok(&["send", "bob", &format!("message {number}"), "--no-response"]);
     }
     let port = broker_port(&home);
-    assert_eq!(home.ok(&["dashboard"]).trim(), format!("http://127.0.0.1:{port}/"));
+    let url = home.ok(&["dashboard"]).trim().to_string();
+    page_key_in(&url, port);
     let printed: Value = serde_json::from_str(&home.ok(&["dashboard", "--json"])).unwrap();
-    assert_eq!(printed["url"], format!("http://127.0.0.1:{port}/"));
+    assert_eq!(printed["url"], url.as_str());
 
     let head = home.head();
     let (status, newest) = home.http("GET", "/dashboard/events?limit=4", None, &[]);
@@ -548,6 +603,15 @@ fn synapse_dashboard_prints_the_brokers_address_and_the_event_log_pages_backward
     let (status, snapshot) = home.http("GET", "/dashboard/state", None, &[]);
     assert_eq!(status, 200, "{snapshot}");
     assert_eq!(snapshot["auth_enabled"], false);
+    assert_eq!(snapshot["as_user"], true, "the user's CLI, over the Unix socket");
+    let (status, answer) = raw_tcp(
+        port,
+        &format!(
+            "GET /dashboard/state HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"as_user\":false"), "a page without its key reads only: {answer}");
     assert!(snapshot["head"].as_u64().unwrap() >= head);
     let agent = &snapshot["agents"][0];
     assert_eq!(agent["agent_id"], bob.id.as_str());

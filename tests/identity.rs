@@ -675,10 +675,13 @@ fn a_reply_to_an_unverified_external_sender_goes_back_to_its_endpoint() {
 /// page does); it prints the answer's status.
 const ORIGIN_HELPER: &str = r#"
 import http.client, json, os, socket, sys
-mode, sock_path, port, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+mode, sock_path, port, path, key = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 def ask():
     conn = http.client.HTTPConnection("127.0.0.1", port)
-    conn.request("GET", path, headers={"Origin": f"http://127.0.0.1:{port}"})
+    headers = {"Origin": f"http://127.0.0.1:{port}"}
+    if key:
+        headers["X-Synapse-Page-Key"] = key
+    conn.request("GET", path, headers=headers)
     return conn.getresponse().status
 if mode == "wrapped":
     me = Unix()
@@ -697,9 +700,9 @@ else:
 "#;
 
 /// Issue 17: the dashboard in the user's browser acts as the user (loopback TCP, the broker's
-/// uid, the broker's own Origin), but a process inside an agent that writes the same Origin is
-/// not the user: the process holding its socket is found and its ancestry checked, as on the
-/// Unix socket.
+/// uid, the broker's own Origin, the page key), but a process inside an agent that writes the
+/// same Origin and key is not the user: the process holding its socket is found and its
+/// ancestry checked, as on the Unix socket. Without the key, the Origin makes no one the user.
 #[test]
 fn the_brokers_origin_makes_the_users_browser_the_user_but_not_a_process_inside_an_agent() {
     let home = Home::new();
@@ -708,17 +711,22 @@ fn the_brokers_origin_makes_the_users_browser_the_user_but_not_a_process_inside_
     let socket = home.socket();
     // Another agent's inbox: the user's to read, not an anonymous caller's.
     let inbox = format!("/agents/{}/inbox", someone.id);
-    let ask_for = |mode: &str, path: &str| {
+    let (status, key) = home.http("GET", "/dashboard/page-key", None, &[]);
+    assert_eq!(status, 200, "{key}");
+    let key = key["key"].as_str().unwrap().to_string();
+    let ask_with = |mode: &str, path: &str, key: &str| {
         let output = std::process::Command::new("python3")
-            .args(["-c", &with_unix_class(ORIGIN_HELPER), mode, socket.to_str().unwrap(), &port, path])
+            .args(["-c", &with_unix_class(ORIGIN_HELPER), mode, socket.to_str().unwrap(), &port, path, key])
             .stdin(Stdio::null())
             .output()
             .unwrap();
         assert!(output.status.success(), "{}", describe(&output));
         stdout(&output).trim().to_string()
     };
+    let ask_for = |mode: &str, path: &str| ask_with(mode, path, &key);
     let ask = |mode: &str| ask_for(mode, &inbox);
-    assert_eq!(ask("plain"), "200", "a process of the user outside any agent, with the broker's Origin");
+    assert_eq!(ask("plain"), "200", "a process of the user outside any agent, with the broker's Origin and key");
+    assert_eq!(ask_with("plain", &inbox, ""), "403", "the Origin without the page key");
     assert_eq!(ask("wrapped"), "403", "a process below an agent's wrapper claimed the user's rights");
     // Without the Origin (or with another one) the same plain process is anonymous over TCP.
     let (status, _) = http_tcp(broker_port(&home), "GET", &inbox, None, &[]);

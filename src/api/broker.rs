@@ -42,6 +42,13 @@ pub struct WriteFailure {
     pub since_ms: u64,
 }
 
+/// `GET /dashboard/page-key` (the user only): the key `synapse dashboard` puts in the page's
+/// address, which makes the page the user's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PageKey {
+    pub key: String,
+}
+
 /// `POST /broker/shutdown`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stopping {

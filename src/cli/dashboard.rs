@@ -1,5 +1,8 @@
 //! `synapse dashboard`: prints the address of the broker's web dashboard (starting the broker
 //! when none runs) and, with `--open`, opens it in a browser when the machine has one.
+//!
+//! The address carries the page key in its fragment (`#key=`): a page opened with it acts as
+//! the user (sends and cancels), one opened without it reads only (see `http::dashboard`).
 
 use crate::client::Client;
 use crate::config::Paths;
@@ -10,7 +13,8 @@ const OPENERS: [&str; 3] = ["xdg-open", "open", "sensible-browser"];
 pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
     let mut client = Client::connect(paths, true).await?;
     let info = client.health().await?;
-    let url = format!("http://127.0.0.1:{}/", info.port);
+    let key = client.page_key().await?;
+    let url = format!("http://127.0.0.1:{}/#key={}", info.port, key.key);
     if json {
         println!("{}", serde_json::json!({ "url": url }));
     } else {

@@ -103,9 +103,11 @@ pub enum Command {
     },
     /// Print the event log (and follow it)
     Events(EventsArgs),
-    /// Print the address of the live web dashboard (the broker serves it on its port)
+    /// Print the address of the live web dashboard, with the key that lets the page act as you
+    /// (the broker serves it on its port)
     Dashboard {
-        /// Open it in a browser too (when the machine has one)
+        /// Open it in a browser too (when the machine has one; the opener gets the address, key
+        /// included, on its command line)
         #[arg(long)]
         open: bool,
         /// Print {"url": ...} as one JSON document

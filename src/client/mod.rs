@@ -461,6 +461,11 @@ impl Client {
         answer(what, status, &bytes)
     }
 
+    /// `GET /dashboard/page-key` (the user only): the dashboard page's key.
+    pub async fn page_key(&mut self) -> Result<api::PageKey, ClientError> {
+        self.call(Method::GET, "/dashboard/page-key", None::<&()>).await
+    }
+
     /// `POST /broker/shutdown` (the user only).
     pub async fn shutdown(&mut self) -> Result<api::Stopping, ClientError> {
         self.call(Method::POST, "/broker/shutdown", None::<&()>).await

@@ -6,7 +6,7 @@
 //! - otherwise the admin key (an API key, when auth is on), or the broker's Unix socket with the
 //!   peer's uid (from the kernel, `SO_PEERCRED`) equal to the broker's, is **the user**: the CLI
 //!   typed in a plain shell; so is the dashboard page in the user's browser (loopback TCP from
-//!   the broker's uid, with the broker's own `Origin`);
+//!   the broker's uid, with the broker's own `Origin` and the page key);
 //! - anything else (a TCP caller without a key, a stale secret, a process below an agent's
 //!   wrapper that left the agent's secret out, a peer that has exited or cannot be read) is
 //!   **anonymous**: it may send messages and read what is public, never act for an agent.
@@ -159,10 +159,16 @@ pub fn peer_of(parts: &Parts) -> Option<PeerCredentials> {
 
 /// Is this the dashboard in the user's browser: over loopback TCP from a socket of the broker's
 /// uid, from the page the broker serves (its own `Origin`, which a browser sets and no page of
-/// another origin can)? A process of the user could send that Origin by hand; it could just as
-/// well use the Unix socket as the user.
+/// another origin can), showing the page key (`synapse dashboard` put it in the page's address)?
+/// The origin alone is not enough: a page another user served on the broker's port while the
+/// broker was stopped is at that origin too, and its script goes on running in the user's
+/// browser once the broker has the port. A process of the user could send all of this by hand;
+/// it could just as well use the Unix socket as the user.
 fn is_the_users_browser(state: &AppState, parts: &Parts) -> bool {
     let Some(socket) = parts.extensions.get::<process::TcpSocket>() else { return false };
+    if !state.page_key.is_shown_in(&parts.headers) {
+        return false;
+    }
     let broker_port = state.port.load(std::sync::atomic::Ordering::Relaxed);
     let own_origin = parts
         .headers

@@ -11,6 +11,10 @@
 //!   same routes and rules as the CLI's (Host/Origin guard, API key, who is the user).
 //! - A stream token opens `/events` only, once, within [`STREAM_TOKEN_LIFETIME`] of being
 //!   issued; it lives in the broker's memory (a restart forgets it, the page asks again).
+//! - The page is the user only with the page key ([`PageKey`]), which it gets from the address
+//!   `synapse dashboard` prints (its fragment, which no browser sends anywhere): being at the
+//!   broker's origin is not enough, since whatever served that origin before the broker started
+//!   (another user's server on the port) left its script there.
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, answer};
@@ -41,6 +45,55 @@ const MAX_STREAM_TOKENS: usize = 1024;
 
 /// Most events one page of `/dashboard/events` answers.
 const MAX_EVENTS_PAGE: usize = 5_000;
+
+/// The header by which the page shows its key.
+pub const PAGE_KEY_HEADER: &str = "x-synapse-page-key";
+
+/// The file in the home that keeps the page key across restarts (a page left open goes on
+/// acting as the user after the broker restarts).
+const PAGE_KEY_FILE: &str = "dashboard.key";
+
+/// The page's key: what makes a request from the broker's own origin the user's browser rather
+/// than any script that came to run at that origin. `synapse dashboard` asks for it over the
+/// Unix socket (`GET /dashboard/page-key`, the user's only, refused to any request carrying an
+/// `Origin`) and puts it in the address's fragment; the page keeps it for its tab
+/// (`sessionStorage`) and sends it as [`PAGE_KEY_HEADER`].
+#[derive(Debug)]
+pub struct PageKey(String);
+
+impl PageKey {
+    /// The home's key, made (0600, random) the first time. A home that cannot keep it gets a key
+    /// for this run only: pages opened before a restart then read without acting as the user.
+    pub fn of_home(home: &std::path::Path) -> PageKey {
+        let path = home.join(PAGE_KEY_FILE);
+        if let Ok(kept) = std::fs::read_to_string(&path) {
+            let kept = kept.trim();
+            if kept.len() == 64 && kept.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+                return PageKey(kept.to_ascii_lowercase());
+            }
+        }
+        let key = crate::secret::random_token();
+        if let Err(error) = crate::private_files::write(&path, format!("{key}\n")) {
+            tracing::warn!(
+                "cannot keep the dashboard's page key in {}: {error} (a key for this run only)",
+                path.display()
+            );
+        }
+        PageKey(key)
+    }
+
+    pub fn value(&self) -> &str {
+        &self.0
+    }
+
+    /// Do `headers` carry this key? Constant time in the key's content.
+    pub fn is_shown_in(&self, headers: &axum::http::HeaderMap) -> bool {
+        headers
+            .get(PAGE_KEY_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|shown| crate::secret::constant_time_eq(shown.trim().as_bytes(), self.0.as_bytes()))
+    }
+}
 
 /// Tokens handed out for `/events?token=`: each opens one stream, within its lifetime. Guarded
 /// by a mutex: issued and spent a few times per page load, never on a hot path.
@@ -86,6 +139,7 @@ pub fn routes() -> axum::Router<AppState> {
         .route("/dashboard/state", get(snapshot))
         .route("/dashboard/events", get(events_page))
         .route("/dashboard/stream-token", post(stream_token))
+        .route("/dashboard/page-key", get(page_key))
 }
 
 /// Paths the page itself needs before it has a key: the page and its assets.
@@ -135,18 +189,28 @@ struct Snapshot {
     agents: Vec<DashboardAgent>,
     /// Whether the page must authenticate its stream with a token.
     auth_enabled: bool,
+    /// Whether the page may act as the user (sends and cancels): it showed its key (or the API
+    /// key). A page opened without its key reads only.
+    as_user: bool,
 }
 
 /// `GET /dashboard/state`: what the page starts from, and the head to follow `/events` from.
 /// The head is taken before the read: the stream that follows misses nothing, and an event it
 /// repeats from the snapshot changes nothing on the page (each sets a value, none adds one).
-async fn snapshot(State(state): State<AppState>) -> ApiResult {
+async fn snapshot(
+    State(state): State<AppState>,
+    caller: super::caller::Caller,
+    headers: axum::http::HeaderMap,
+) -> ApiResult {
     let head = *state.head.borrow();
     let agents = super::broker_api::agent_views(&state)?
         .into_iter()
         .map(|(record, agent)| DashboardAgent { agent, status_since_ms: record.status_ms })
         .collect();
-    answer(&Snapshot { head, agents, auth_enabled: state.auth.enabled })
+    // The page's own GET carries no Origin (a browser adds it to its posts), so the key shown is
+    // what tells: its sends and cancels are judged again, with the Origin, when they come.
+    let as_user = caller.is_user() || state.page_key.is_shown_in(&headers);
+    answer(&Snapshot { head, agents, auth_enabled: state.auth.enabled, as_user })
 }
 
 #[derive(Deserialize)]
@@ -202,6 +266,12 @@ async fn stream_token(State(state): State<AppState>) -> ApiResult {
     answer(&StreamToken { token, expires_in_ms: STREAM_TOKEN_LIFETIME.as_millis() as u64 })
 }
 
+/// `GET /dashboard/page-key`: the page key, for `synapse dashboard` to put in the address it
+/// prints. The user's only, and never to a web page (see [`super::caller::TheUser`]).
+async fn page_key(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
+    answer(&crate::api::PageKey { key: state.page_key.value().to_string() })
+}
+
 /// A refusal for a stream token that is missing its purpose.
 pub fn bad_stream_token() -> ApiError {
     ApiError::new(
@@ -244,6 +314,33 @@ mod tests {
         assert!(tokens.issue().is_none());
         assert!(tokens.redeem(&issued[0]));
         assert!(tokens.issue().is_some());
+    }
+
+    #[test]
+    fn the_page_key_is_kept_in_the_home_and_only_the_same_key_passes() {
+        let home = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
+        let key = PageKey::of_home(home.path());
+        assert_eq!(PageKey::of_home(home.path()).value(), key.value(), "the same key after a restart");
+        let file = home.path().join(PAGE_KEY_FILE);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).map(|meta| meta.permissions().mode() & 0o777).unwrap_or(0);
+        assert_eq!(mode, 0o600);
+        let headers = |value: &str| {
+            let mut headers = axum::http::HeaderMap::new();
+            if let Ok(value) = axum::http::HeaderValue::from_str(value) {
+                headers.insert(PAGE_KEY_HEADER, value);
+            }
+            headers
+        };
+        assert!(key.is_shown_in(&headers(key.value())));
+        assert!(!key.is_shown_in(&headers(&"0".repeat(64))));
+        assert!(!key.is_shown_in(&headers("")));
+        assert!(!key.is_shown_in(&axum::http::HeaderMap::new()));
+        // A damaged file is replaced by a new key.
+        std::fs::write(&file, "short").unwrap_or_else(|error| panic!("{error}"));
+        let replaced = PageKey::of_home(home.path());
+        assert_ne!(replaced.value(), key.value());
+        assert_eq!(replaced.value().len(), 64);
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub struct HttpState {
     pub runtime: tokio::runtime::Handle,
     /// Turns of [`long_read`]: at most two run at once.
     long_reads: Arc<tokio::sync::Semaphore>,
+    /// What makes the dashboard page the user's (see [`dashboard::PageKey`]).
+    pub page_key: dashboard::PageKey,
 }
 
 impl HttpState {
@@ -83,6 +85,7 @@ impl HttpState {
             auth: Arc::new(auth::AuthConfig::from_trust(&broker.trust)),
             request_rules: guard::RequestRules::from_env(),
             connection_limits: Arc::new(server::ConnectionLimits::from_env()),
+            page_key: dashboard::PageKey::of_home(&broker.paths.home),
             broker,
         })
     }

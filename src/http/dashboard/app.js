@@ -5,6 +5,7 @@
 
 (() => {
   const KEY_STORAGE = 'synapse-api-key';
+  const PAGE_KEY_STORAGE = 'synapse-page-key';
   const RECENT_EVENTS = 2000; // events read at start to fill the message list
   const EVENTS_PAGE = 100; // rows of one page of the event log
   const ROW_HEIGHT = 52; // px, the message list's fixed row height (virtualised)
@@ -23,6 +24,14 @@
 
   const $ = (id) => document.getElementById(id);
   let apiKey = sessionStorage.getItem(KEY_STORAGE) || '';
+  // The page key comes in the address's fragment (`synapse dashboard` prints it), which no
+  // browser sends anywhere; it is kept for this tab and taken out of the address bar.
+  const keyInAddress = /^#key=([0-9a-fA-F]{64})$/.exec(location.hash);
+  if (keyInAddress) {
+    sessionStorage.setItem(PAGE_KEY_STORAGE, keyInAddress[1]);
+    history.replaceState(null, '', location.pathname + location.search);
+  }
+  const pageKey = sessionStorage.getItem(PAGE_KEY_STORAGE) || '';
 
   const state = {
     authEnabled: false,
@@ -73,6 +82,7 @@
   async function api(method, path, body) {
     const headers = {};
     if (apiKey) headers['X-API-Key'] = apiKey;
+    if (pageKey) headers['X-Synapse-Page-Key'] = pageKey;
     if (body !== undefined) headers['Content-Type'] = 'application/json';
     let response;
     try {
@@ -231,6 +241,10 @@
   async function loadAgents() {
     const snapshot = await api('GET', '/dashboard/state');
     state.authEnabled = snapshot.auth_enabled;
+    // Without its key (or the API key) the page is not the user: it reads, and says so.
+    $('read-only').hidden = snapshot.as_user;
+    $('send-form').querySelector('button').disabled = !snapshot.as_user;
+    $('thread-cancel').disabled = !snapshot.as_user;
     state.agents = new Map(snapshot.agents.map((agent) => [agent.agent_id, agent]));
     renderAgents();
     return snapshot;
