@@ -168,23 +168,38 @@ fn unreachable_slow_and_malformed_endpoints_fail_clearly_and_quickly() {
     assert!(home.ok(&["external", "list"]).contains("No external agents"));
 }
 
-/// A fake external A2A agent: its card, and `POST /tasks/send` answered with a working task
-/// (or refused with a 500, when `refuses`); every message it gets is passed on through the
-/// channel. It has no event stream (a Python Synapse agent has none either).
-fn fake_external(refuses: bool) -> (u16, std::sync::mpsc::Receiver<Value>) {
-    fake_external_saying(refuses, r#"{"name":"Fake Reviewer"}"#, r#"{"message":"out of order"}"#)
+/// How a fake external A2A agent behaves.
+#[derive(Clone, Copy)]
+struct Fake {
+    /// Its agent card (a JSON text).
+    card: &'static str,
+    /// `POST /tasks/send` is refused with a 500 and this body; None answers a working task
+    /// `remote-1`.
+    refusal: Option<&'static str>,
+    /// The event stream of `remote-1` (the bytes of the whole stream); None: it has none (a
+    /// Python Synapse agent has none either).
+    events: Option<&'static str>,
+    /// `POST /tasks/send` takes the message and never answers.
+    holds: bool,
 }
 
-/// [`fake_external`] with the card and the refusal given (JSON texts).
-fn fake_external_saying(
-    refuses: bool,
-    card: &'static str,
-    refusal: &'static str,
-) -> (u16, std::sync::mpsc::Receiver<Value>) {
+const FAKE: Fake = Fake { card: r#"{"name":"Fake Reviewer"}"#, refusal: None, events: None, holds: false };
+
+/// A fake external A2A agent: its card, and `POST /tasks/send` answered with a working task
+/// (or refused with a 500, when `refuses`); every message it gets is passed on through the
+/// channel.
+fn fake_external(refuses: bool) -> (u16, std::sync::mpsc::Receiver<Value>) {
+    fake_external_as(if refuses { Fake { refusal: Some(r#"{"message":"out of order"}"#), ..FAKE } } else { FAKE })
+}
+
+/// A fake external A2A agent that behaves as `fake` says; every message it gets is passed on
+/// through the channel.
+fn fake_external_as(fake: Fake) -> (u16, std::sync::mpsc::Receiver<Value>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let (sender, received) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut held = Vec::new();
         for mut stream in listener.incoming().flatten() {
             let mut request = Vec::new();
             let mut buffer = [0u8; 4096];
@@ -214,12 +229,27 @@ fn fake_external_saying(
                 }
                 request.extend_from_slice(&buffer[..read]);
             }
+            if let Some(stream_body) = fake.events
+                && head.starts_with("GET /tasks/remote-1/subscribe")
+            {
+                let _ = stream.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n{stream_body}"
+                    )
+                    .as_bytes(),
+                );
+                continue;
+            }
             let (status, body) = if head.starts_with("GET /.well-known/agent-card.json") {
-                ("200 OK", card.to_string())
+                ("200 OK", fake.card.to_string())
             } else if head.starts_with("POST /tasks/send") {
                 let message: Value = serde_json::from_slice(&request[head_end..]).unwrap_or(Value::Null);
                 let _ = sender.send(message);
-                if refuses {
+                if fake.holds {
+                    held.push(stream);
+                    continue;
+                }
+                if let Some(refusal) = fake.refusal {
                     ("500 Internal Server Error", refusal.to_string())
                 } else {
                     ("200 OK", r#"{"task":{"id":"remote-1","status":"working"}}"#.to_string())
@@ -359,6 +389,63 @@ fn a_wait_for_an_external_task_that_fails_exits_non_zero_with_json_too() {
     assert!(asked.status.success(), "{}", describe(&asked));
 }
 
+/// A message whose delivery times out may have arrived: the user's task is not failed but goes
+/// on waiting for the reply, which its token still completes, and the user is told that
+/// sending again may deliver it twice. It was marked failed, and the real reply then refused.
+#[test]
+fn a_message_whose_delivery_times_out_waits_for_its_reply() {
+    let (port, received) = fake_external_as(Fake { holds: true, ..FAKE });
+    let home = Home::new();
+    local(&home, &["external", "add", &format!("http://127.0.0.1:{port}"), "--alias", "slow"]);
+    let sent = local(&home, &["send", "slow", "are you there?", "--response"]);
+    assert_eq!(sent.status.code(), Some(1), "{}", describe(&sent));
+    let said = stderr(&sent);
+    assert!(said.contains("did not answer within") && said.contains("may have arrived"), "{said}");
+    assert!(said.contains("may deliver it twice"), "{said}");
+    let message = received.recv_timeout(Duration::from_secs(30)).unwrap();
+    let token = message["metadata"]["sender_task_id"].as_str().unwrap().to_string();
+    let task_id = said
+        .split("task ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the waiting task is named: {said}"))
+        .to_string();
+    let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
+    assert_eq!(task["task"]["status"], "working", "{task}");
+    let body = serde_json::json!({
+        "message": {"parts": [{"type": "text", "text": "yes, here"}]},
+        "metadata": {"in_reply_to": token},
+    })
+    .to_string();
+    let (status, answer) =
+        http_tcp(broker_port(&home), "POST", "/external-replies/tasks/send", Some(body.as_bytes()), &[]);
+    assert_eq!(status, 200, "{answer}");
+    let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
+    assert_eq!(task["task"]["status"], "completed", "{task}");
+    assert_eq!(task["task"]["artifacts"][0]["parts"][0]["text"], "yes, here", "{task}");
+}
+
+/// A remote task whose stream ends completed with a reply the broker refuses (blank) fails the
+/// user's task at once with the reason: the wait lasted to its deadline, for a reply that had
+/// already come.
+#[test]
+fn a_refused_reply_on_the_remote_stream_ends_the_wait_at_once() {
+    let home = Home::new();
+    let (port, _received) = fake_external_as(Fake {
+        events: Some(
+            "data: {\"id\":\"remote-1\",\"state\":\"completed\",\"artifacts\":[{\"parts\":[{\"text\":\"   \"}]}]}\n\n",
+        ),
+        ..FAKE
+    });
+    local(&home, &["external", "add", &format!("http://127.0.0.1:{port}"), "--alias", "fake"]);
+    let asked = local(&home, &["external", "send", "fake", "a question", "--wait", "30", "--json"]);
+    assert_eq!(asked.status.code(), Some(1), "{}", describe(&asked));
+    let answer: Value = serde_json::from_slice(&asked.stdout).unwrap();
+    assert_eq!(answer["task"]["state"], "failed", "{answer}");
+    // The task failed with the reason, not left working at the deadline.
+    assert!(answer.to_string().contains("reply was refused"), "{answer}");
+}
+
 /// A remote agent's words reach the user's terminal with their controls made visible, as a
 /// local agent's do: its card's name (`external add`, `external list`) and the message of a
 /// refusal (the error). They were printed raw: a card's name could write the clipboard
@@ -366,11 +453,11 @@ fn a_wait_for_an_external_task_that_fails_exits_non_zero_with_json_too() {
 #[test]
 fn a_remote_agents_card_and_errors_are_shown_with_their_controls_visible() {
     let home = Home::new();
-    let (port, _received) = fake_external_saying(
-        true,
-        r#"{"name":"\u001b]52;c;eA==\u0007Fake"}"#,
-        r#"{"message":"\u001b[2Jout of order"}"#,
-    );
+    let (port, _received) = fake_external_as(Fake {
+        card: r#"{"name":"\u001b]52;c;eA==\u0007Fake"}"#,
+        refusal: Some(r#"{"message":"\u001b[2Jout of order"}"#),
+        ..FAKE
+    });
     let added = local(&home, &["external", "add", &format!("http://127.0.0.1:{port}"), "--alias", "fake"]);
     assert!(added.status.success(), "{}", describe(&added));
     let listed = home.ok(&["external", "list"]);

@@ -153,12 +153,22 @@ pub struct Answer {
 /// An open response whose body is read piece by piece (server-sent events).
 pub type Streaming = hyper::Response<hyper::body::Incoming>;
 
+/// Why a request has no usable answer, and whether the server may have taken it: once the
+/// request is on its way, a timeout or a lost connection leaves that unknown.
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    pub may_have_arrived: bool,
+}
+
+/// Opens the request; `sent` is set once it is handed to the connection.
 async fn open(
     policy: &Policy,
     method: hyper::Method,
     url: &str,
     headers: &[(&str, String)],
     body: Option<Vec<u8>>,
+    sent: &std::sync::atomic::AtomicBool,
 ) -> Result<Streaming, String> {
     let (host, port, path) = parse_url(url)?;
     // The address checked is the address connected to.
@@ -185,6 +195,7 @@ async fn open(
     }
     let request =
         request.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|error| format!("{url}: {error}"))?;
+    sent.store(true, std::sync::atomic::Ordering::Relaxed);
     sender.send_request(request).await.map_err(|error| format!("{url}: {error}"))
 }
 
@@ -220,23 +231,45 @@ pub async fn request(
     body: Option<Vec<u8>>,
     limit: Duration,
 ) -> Result<Answer, String> {
+    exchange(policy, method, url, headers, body, limit).await.map_err(|failure| failure.message)
+}
+
+/// [`request`], saying of a failure whether the server may have taken the request (a message
+/// that may have arrived is not one to report undelivered, or to send again).
+pub async fn exchange(
+    policy: &Policy,
+    method: hyper::Method,
+    url: &str,
+    headers: &[(&str, String)],
+    body: Option<Vec<u8>>,
+    limit: Duration,
+) -> Result<Answer, Failure> {
+    let sent = std::sync::atomic::AtomicBool::new(false);
     let exchange = async {
-        let response = open(policy, method, url, headers, body).await?;
+        let response = open(policy, method, url, headers, body, &sent).await?;
         let status = response.status().as_u16();
         let (body, truncated) = read_capped(url, response.into_body()).await?;
         Ok(Answer { status, body, truncated })
     };
-    match tokio::time::timeout(limit, exchange).await {
+    let result = match tokio::time::timeout(limit, exchange).await {
         Ok(result) => result,
         Err(_) => Err(format!("{url} did not answer within {:.1} s", limit.as_secs_f64())),
-    }
+    };
+    result.map_err(|message| Failure { message, may_have_arrived: sent.load(std::sync::atomic::Ordering::Relaxed) })
 }
 
 /// Opens a streaming request (the headers must arrive within `limit`).
 pub async fn stream(policy: &Policy, url: &str, limit: Duration) -> Result<Streaming, String> {
     match tokio::time::timeout(
         limit,
-        open(policy, hyper::Method::GET, url, &[("accept", "text/event-stream".into())], None),
+        open(
+            policy,
+            hyper::Method::GET,
+            url,
+            &[("accept", "text/event-stream".into())],
+            None,
+            &std::sync::atomic::AtomicBool::new(false),
+        ),
     )
     .await
     {

@@ -202,7 +202,24 @@ async fn send(
     let sent = deliver(&state, &alias, &external, &body, message).await;
     let task = match sent {
         Ok(task) => task,
-        Err(error) => {
+        Err(Undelivered { error, may_have_arrived: true }) => {
+            // The remote may have it: the task goes on waiting for a reply (which its token
+            // still completes), and the user is told not to count on either outcome.
+            let waits = match &waiting {
+                Some((task_id, _)) => {
+                    format!("; task {task_id} waits for its reply (synapse cancel {task_id} stops waiting)")
+                }
+                None => String::new(),
+            };
+            return Err(ApiError::new(
+                error.status(),
+                format!(
+                    "{}: the message may have arrived{waits}; sending it again may deliver it twice",
+                    error.message()
+                ),
+            ));
+        }
+        Err(Undelivered { error, may_have_arrived: false }) => {
             if let Some((task_id, _)) = &waiting {
                 let failed =
                     Command::ExternalSendFailed { task_id: task_id.clone(), error: error.message().to_string() };
@@ -232,6 +249,20 @@ async fn send(
 /// The name a message from the user gives as its sender (`metadata.sender.sender_id`).
 const USER_SENDER_ID: &str = "synapse-user";
 
+/// A message the remote agent is not known to have taken.
+struct Undelivered {
+    error: ApiError,
+    /// The request was on its way when it failed (a timeout, a lost connection): the remote
+    /// may have taken it. Otherwise it surely did not (unreachable, or it refused).
+    may_have_arrived: bool,
+}
+
+impl From<ApiError> for Undelivered {
+    fn from(error: ApiError) -> Undelivered {
+        Undelivered { error, may_have_arrived: false }
+    }
+}
+
 /// Posts `message` to the external agent; answers the remote task it created, if it said.
 async fn deliver(
     state: &AppState,
@@ -239,7 +270,7 @@ async fn deliver(
     external: &crate::broker::externals::External,
     body: &SendBody,
     message: Value,
-) -> Result<Option<api::RemoteTask>, ApiError> {
+) -> Result<Option<api::RemoteTask>, Undelivered> {
     // An A2A message's metadata has no priority (SPEC §3): a Synapse agent takes it in the query
     // of its own endpoint, which only a priority other than the default needs, so a peer
     // without that endpoint still takes every other message.
@@ -251,25 +282,37 @@ async fn deliver(
     };
     let policy = state.outbound_policy();
     let remote =
-        outbound::request(&policy, hyper::Method::POST, &url, &[], Some(message.to_string().into_bytes()), limit())
+        outbound::exchange(&policy, hyper::Method::POST, &url, &[], Some(message.to_string().into_bytes()), limit())
             .await
-            .map_err(unreachable)?;
+            .map_err(|failure| Undelivered {
+                error: unreachable(failure.message),
+                may_have_arrived: failure.may_have_arrived,
+            })?;
     if remote.status == 404 && url.contains("/tasks/send-priority") {
         return Err(ApiError::new(
             StatusCode::BAD_GATEWAY,
             format!("{alias} takes no priority ({url} answered 404): send without -p"),
-        ));
+        )
+        .into());
     }
-    let sent: Value = serde_json::from_slice(&remote.body)
-        .map_err(|error| ApiError::new(StatusCode::BAD_GATEWAY, format!("malformed answer from {url}: {error}")))?;
+    let sent = serde_json::from_slice::<Value>(&remote.body);
     if !(200..300).contains(&remote.status) {
-        let reason = sent.get("message").and_then(Value::as_str).unwrap_or("refused");
+        let said = sent.as_ref().ok().and_then(|sent| sent.get("message")).and_then(Value::as_str);
         return Err(ApiError::new(
             StatusCode::BAD_GATEWAY,
-            format!("{alias} refused the message ({}): {reason}", remote.status),
-        ));
+            format!("{alias} refused the message ({}): {}", remote.status, said.unwrap_or("refused")),
+        )
+        .into());
     }
-    Ok(remote_task(sent.get("task").cloned().unwrap_or(Value::Null)))
+    // Taken (2xx). An answer cut at the size limit, or not JSON, only hides the remote's task:
+    // the message is there, and a reply still comes with its token.
+    match sent {
+        Ok(sent) => Ok(remote_task(sent.get("task").cloned().unwrap_or(Value::Null))),
+        Err(error) => {
+            tracing::warn!("{url} took the message but its answer is unreadable: {error}");
+            Ok(None)
+        }
+    }
 }
 
 /// Waits for the reply to the user's task `task_id`: the reply posted with its token, or the
@@ -317,8 +360,19 @@ async fn wait_for_reply(
                     },
                     _ => continue,
                 };
-                // A reply posted meanwhile was first: the task says what happened.
-                let _ = state.writer.submit(command).await;
+                // A reply posted meanwhile was first: the task says what happened. A reply the
+                // writer refuses (empty, too large) fails the task with the reason, or the wait
+                // would last to its deadline for a reply that has already come.
+                let is_reply = matches!(command, Command::ExternalReply(_));
+                if let Err(error) = state.writer.submit(command).await
+                    && is_reply
+                {
+                    let failed = Command::ExternalSendFailed {
+                        task_id: task_id.to_string(),
+                        error: format!("the remote task's reply was refused: {error}"),
+                    };
+                    let _ = state.writer.submit(failed).await;
+                }
             }
         }
     }
