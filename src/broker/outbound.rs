@@ -32,11 +32,14 @@ pub struct Policy {
     pub own_ports: Vec<u16>,
 }
 
-/// Addresses of this machine or its private networks.
+/// Addresses of this machine or its private networks, and the ranges no public service uses
+/// (reserved, benchmarking, documentation, protocol assignments). An IPv6 address that carries
+/// an IPv4 one (mapped, compatible, NAT64's well-known prefix, 6to4) is judged by that address;
+/// Teredo, local-use NAT64 and site-local prefixes are private as a whole.
 pub fn is_private(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
+            let [a, b, c, _] = v4.octets();
             v4.is_loopback()
                 || v4.is_private()
                 || v4.is_link_local()
@@ -45,18 +48,52 @@ pub fn is_private(ip: IpAddr) -> bool {
                 || v4.is_multicast()
                 || a == 0
                 || (a == 100 && (64..128).contains(&b))
+                || (a == 192 && b == 0 && (c == 0 || c == 2))
+                || (a == 198 && (b == 18 || b == 19))
+                || (a == 198 && b == 51 && c == 100)
+                || (a == 203 && b == 0 && c == 113)
+                || a >= 240
         }
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        IpAddr::V6(v6) => match embedded_ipv4(v6) {
             Some(v4) => is_private(IpAddr::V4(v4)),
             None => {
-                let first = v6.segments()[0];
+                let segments = v6.segments();
+                let first = segments[0];
                 v6.is_loopback()
                     || v6.is_unspecified()
                     || v6.is_multicast()
                     || (first & 0xfe00) == 0xfc00
                     || (first & 0xffc0) == 0xfe80
+                    || (first & 0xffc0) == 0xfec0
+                    // Teredo (its client's IPv4 address is hidden in it), documentation.
+                    || (first == 0x2001 && (segments[1] == 0 || segments[1] == 0x0db8))
+                    // Local-use NAT64 (RFC 8215), the discard prefix (RFC 6666).
+                    || (first == 0x64 && segments[1] == 0xff9b && segments[2] == 1)
+                    || (first == 0x100 && segments[1..4] == [0, 0, 0])
             }
         },
+    }
+}
+
+/// The IPv4 address an IPv6 one carries: mapped (`::ffff:a.b.c.d`), compatible (`::a.b.c.d`,
+/// deprecated), NAT64's well-known prefix (`64:ff9b::a.b.c.d`, which a NAT64 gateway turns into
+/// that address) or 6to4 (`2002:aabb:ccdd::`).
+fn embedded_ipv4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    let segments = v6.segments();
+    let from = |high: u16, low: u16| {
+        let [a, b] = high.to_be_bytes();
+        let [c, d] = low.to_be_bytes();
+        std::net::Ipv4Addr::new(a, b, c, d)
+    };
+    match segments {
+        // `::` and `::1` are IPv6's own, not IPv4-compatible addresses.
+        [0, 0, 0, 0, 0, 0, high, low] if high != 0 || low > 1 => Some(from(high, low)),
+        [0x64, 0xff9b, 0, 0, 0, 0, high, low] => Some(from(high, low)),
+        [0x2002, high, low, ..] => Some(from(high, low)),
+        _ => None,
     }
 }
 
@@ -331,10 +368,36 @@ mod tests {
             "fe80::1",
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
+            // Reserved, benchmarking, documentation and protocol-assignment ranges.
+            "240.0.0.1",
+            "198.18.0.1",
+            "192.0.0.170",
+            "192.0.2.1",
+            // IPv6 forms that reach an IPv4 address: NAT64, 6to4, compatible.
+            "64:ff9b::127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::",
+            "2002:c0a8:101::1",
+            "::10.0.0.1",
+            "::127.0.0.1",
+            // Teredo, local-use NAT64, site-local, documentation, discard.
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "64:ff9b:1::a00:1",
+            "fec0::1",
+            "2001:db8::5",
+            "100::1",
         ] {
             assert!(is_private(private.parse().unwrap()), "{private}");
         }
-        for public in ["93.184.216.34", "8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8"] {
+        for public in [
+            "93.184.216.34",
+            "8.8.8.8",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+            "2001:4860:4860::8888",
+        ] {
             assert!(!is_private(public.parse().unwrap()), "{public}");
         }
     }
