@@ -251,7 +251,13 @@ fn bad_registrations_are_refused_and_removal_needs_a_registered_url() {
     let (code, _) = register_hook(&home, json!({"url": "http://127.0.0.1:9/", "secret": "s3cret-to-forget"}));
     assert_eq!(code, 200);
     assert_eq!(files(), 1, "the signing secret is kept in a file");
-    let (code, _) = home.http("DELETE", "/webhooks?url=http://127.0.0.1:9/", None, &[]);
+    // Another spelling of the same target is the same hook, not a second one.
+    let (code, answer) = register_hook(&home, json!({"url": "HTTP://127.0.0.1:9#again"}));
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["webhook"]["url"], "http://127.0.0.1:9/", "{answer}");
+    let (_, listed) = home.http("GET", "/webhooks", None, &[]);
+    assert_eq!(listed["webhooks"].as_array().unwrap().len(), 1, "{listed}");
+    let (code, _) = home.http("DELETE", "/webhooks?url=http://127.0.0.1:9", None, &[]);
     assert_eq!(code, 200);
     let (_, listed) = home.http("GET", "/webhooks", None, &[]);
     assert!(listed["webhooks"].as_array().unwrap().is_empty());

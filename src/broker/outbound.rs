@@ -179,6 +179,15 @@ pub fn parse_url(url: &str) -> Result<(String, u16, String), String> {
     Ok((host, port, if path.is_empty() { "/".to_string() } else { path.to_string() }))
 }
 
+/// `url` in the one spelling every spelling of it has (host in lowercase, the default port
+/// left out, an empty path as `/`, no fragment), so one target is one registration.
+pub fn normalise_url(url: &str) -> Result<String, String> {
+    parse_url(url)?;
+    let mut parsed = url::Url::parse(url).map_err(|error| format!("'{url}': {error}"))?;
+    parsed.set_fragment(None);
+    Ok(parsed.to_string())
+}
+
 /// An answer: status and body (at most [`BODY_LIMIT_BYTES`] of it).
 pub struct Answer {
     pub status: u16,
@@ -350,6 +359,17 @@ mod tests {
         assert!(parse_url("/relative").is_err());
         assert!(parse_url("http://b\u{fc}cher.example/").is_err(), "non-ASCII hosts are refused (see Cargo.toml)");
         assert!(parse_url("http://xn--bcher-kva.example/").is_ok());
+    }
+
+    #[test]
+    fn one_target_has_one_spelling() {
+        for spelling in ["http://h.test/x", "HTTP://H.TEST:80/x", "http://h.test/x#part", " http://h.test:80/x"] {
+            assert_eq!(normalise_url(spelling.trim()).as_deref(), Ok("http://h.test/x"), "{spelling}");
+        }
+        assert_eq!(normalise_url("http://h.test").as_deref(), Ok("http://h.test/"));
+        assert_eq!(normalise_url("http://127.1:8080/a?b=1").as_deref(), Ok("http://127.0.0.1:8080/a?b=1"));
+        assert_ne!(normalise_url("http://h.test/X"), normalise_url("http://h.test/x"), "paths keep their case");
+        assert!(normalise_url("https://h.test/").is_err());
     }
 
     #[test]

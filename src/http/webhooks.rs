@@ -44,8 +44,8 @@ async fn register(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let body: RegisterBody = parse_body(body)?;
-    let url = body.url.trim().to_string();
-    crate::broker::webhooks::parse_url(&url)
+    // One spelling per target: `http://H:80/x` and `http://h/x` are one hook.
+    let url = crate::broker::outbound::normalise_url(body.url.trim())
         .map_err(|message| ApiError::bad(format!("Invalid webhook URL {message}")))?;
     // Refused now rather than at every delivery (each attempt checks again, on the address
     // it connects to).
@@ -92,11 +92,18 @@ struct RemoveQuery {
 
 async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, uri: axum::http::Uri) -> ApiResult {
     let query: RemoveQuery = parse_query(uri.query())?;
-    let url = query.url.ok_or_else(|| ApiError::bad("DELETE /webhooks needs ?url=<registered url>"))?;
+    let given = query.url.ok_or_else(|| ApiError::bad("DELETE /webhooks needs ?url=<registered url>"))?;
     state.delivery_current().await;
-    if state.webhooks.lock().hook(&url).is_none() {
-        return Err(ApiError::not_found(format!("No webhook registered for {url}")));
-    }
+    // As registered (hooks of older versions kept their spelling), or in any spelling of it.
+    let url = {
+        let webhooks = state.webhooks.lock();
+        std::iter::once(given.clone())
+            .chain(crate::broker::outbound::normalise_url(given.trim()).ok())
+            .find(|url| webhooks.hook(url).is_some())
+    };
+    let Some(url) = url else {
+        return Err(ApiError::not_found(format!("No webhook registered for {given}")));
+    };
     appended(&state, WebhookCommand::Remove { url: url.clone() }).await?;
     answer(&api::Removed { removed: url })
 }
