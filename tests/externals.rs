@@ -423,6 +423,30 @@ fn a_message_whose_delivery_times_out_waits_for_its_reply() {
     let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
     assert_eq!(task["task"]["status"], "completed", "{task}");
     assert_eq!(task["task"]["artifacts"][0]["parts"][0]["text"], "yes, here", "{task}");
+
+    // A send that waits for the reply goes on waiting after the timeout, for the reply its
+    // token still brings.
+    let waiting = home
+        .cmd(&["send", "slow", "and now?", "--wait", "60"])
+        .env("SYNAPSE_EXTERNAL_TIMEOUT_MS", "700")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let message = received.recv_timeout(Duration::from_secs(30)).unwrap();
+    let token = message["metadata"]["sender_task_id"].as_str().unwrap().to_string();
+    let body = serde_json::json!({
+        "message": {"parts": [{"type": "text", "text": "now, yes"}]},
+        "metadata": {"in_reply_to": token},
+    })
+    .to_string();
+    // Posted once the wait has begun, or before: either way the task holds the reply.
+    let (status, answer) =
+        http_tcp(broker_port(&home), "POST", "/external-replies/tasks/send", Some(body.as_bytes()), &[]);
+    assert_eq!(status, 200, "{answer}");
+    let waited = waiting.wait_with_output().unwrap();
+    assert!(waited.status.success(), "{}", describe(&waited));
+    assert!(stdout(&waited).contains("now, yes"), "{}", describe(&waited));
 }
 
 /// A remote task whose stream ends completed with a reply the broker refuses (blank) fails the

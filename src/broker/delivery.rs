@@ -317,7 +317,10 @@ async fn post(state: &BrokerState, delivery: &Delivery, secret: Option<&SecretSo
     )
     .await?;
     let note = answer.truncated.then(|| {
-        format!("the answer's body is longer than {} bytes; reading stopped there", outbound::BODY_LIMIT_BYTES)
+        format!(
+            "only the start of the answer's body was read (it is longer than {} bytes, or its end was lost)",
+            outbound::BODY_LIMIT_BYTES
+        )
     });
     Ok((answer.status, note))
 }

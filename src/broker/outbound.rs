@@ -241,8 +241,16 @@ async fn open(
     }
     let request =
         request.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|error| format!("{url}: {error}"))?;
+    sender.ready().await.map_err(|error| format!("{url}: {error}"))?;
+    // From here the request may be written at any moment: a timeout leaves it unknown. A
+    // failure that gives the request back says it was never written.
     sent.store(true, std::sync::atomic::Ordering::Relaxed);
-    sender.send_request(request).await.map_err(|error| format!("{url}: {error}"))
+    sender.try_send_request(request).await.map_err(|error| {
+        if error.message().is_some() {
+            sent.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        format!("{url}: {}", error.error())
+    })
 }
 
 /// The `Host` header for a host as [`parse_url`] gives it: an IPv6 address in brackets (RFC
@@ -290,10 +298,14 @@ pub async fn exchange(
     body: Option<Vec<u8>>,
     limit: Duration,
 ) -> Result<Answer, Failure> {
+    use std::sync::atomic::Ordering::Relaxed;
     let sent = std::sync::atomic::AtomicBool::new(false);
+    // The answer's status once it came (0 before).
+    let answered = std::sync::atomic::AtomicU16::new(0);
     let exchange = async {
         let response = open(policy, method, url, headers, body, &sent).await?;
         let status = response.status().as_u16();
+        answered.store(status, Relaxed);
         let (body, truncated) = read_capped(url, response.into_body()).await?;
         Ok(Answer { status, body, truncated })
     };
@@ -301,7 +313,15 @@ pub async fn exchange(
         Ok(result) => result,
         Err(_) => Err(format!("{url} did not answer within {:.1} s", limit.as_secs_f64())),
     };
-    result.map_err(|message| Failure { message, may_have_arrived: sent.load(std::sync::atomic::Ordering::Relaxed) })
+    result.or_else(|message| {
+        let status = answered.load(Relaxed);
+        if (200..300).contains(&status) {
+            // Taken (2xx): only the body's end was lost, as when it is cut at the limit.
+            tracing::debug!("{url} answered {status}, then: {message}");
+            return Ok(Answer { status, body: Bytes::new(), truncated: true });
+        }
+        Err(Failure { message, may_have_arrived: sent.load(Relaxed) })
+    })
 }
 
 /// Opens a streaming request (the headers must arrive within `limit`).

@@ -211,6 +211,17 @@ async fn send(
                 }
                 None => String::new(),
             };
+            // A send that waits for the reply waits for it still: if the message arrived, the
+            // reply comes with its token.
+            if let (Some(seconds), Some((task_id, token))) = (body.wait_seconds, &waiting) {
+                let limit = Duration::from_secs(seconds.clamp(1, FOLLOW_SECONDS_MAX));
+                let policy = state.outbound_policy();
+                let mut followed = wait_for_reply(&state, &policy, &external.url, "", task_id, token, limit).await?;
+                if followed.timed_out != Some(true) {
+                    followed.reply_task_id = reply_task_id;
+                    return answer(&followed);
+                }
+            }
             return Err(ApiError::new(
                 error.status(),
                 format!(
@@ -296,6 +307,13 @@ async fn deliver(
         .into());
     }
     let sent = serde_json::from_slice::<Value>(&remote.body);
+    // A gateway's 502 or 504 says nothing of whether the agent behind it took the message.
+    if remote.status == 502 || remote.status == 504 {
+        return Err(Undelivered {
+            error: ApiError::new(StatusCode::BAD_GATEWAY, format!("{url} answered {} (a gateway)", remote.status)),
+            may_have_arrived: true,
+        });
+    }
     if !(200..300).contains(&remote.status) {
         let said = sent.as_ref().ok().and_then(|sent| sent.get("message")).and_then(Value::as_str);
         return Err(ApiError::new(
