@@ -75,6 +75,9 @@ pub struct HttpState {
     long_reads: Arc<tokio::sync::Semaphore>,
     /// What makes the dashboard page the user's (see [`dashboard::PageKey`]).
     pub page_key: dashboard::PageKey,
+    /// One push config set at a time: its count is checked against the cap on the delivery
+    /// worker's projection, which the next setter must see with the config before counting.
+    pub push_config_turn: tokio::sync::Mutex<()>,
 }
 
 impl HttpState {
@@ -86,6 +89,7 @@ impl HttpState {
             request_rules: guard::RequestRules::from_env(),
             connection_limits: Arc::new(server::ConnectionLimits::from_env()),
             page_key: dashboard::PageKey::of_home(&broker.paths.home),
+            push_config_turn: tokio::sync::Mutex::new(()),
             broker,
         })
     }

@@ -157,6 +157,9 @@ pub(super) async fn set_config(
     request: ConfigRequest,
 ) -> Result<Value, RpcError> {
     check_url(state, &request.url).await?;
+    // Counted and appended in one turn (check_room waits for the worker to apply the log up to
+    // the head): two configs set at once cannot both take the last place.
+    let _turn = state.push_config_turn.lock().await;
     check_room(state, &task.id, request.config_id.as_deref()).await?;
     let config = PushConfig {
         task_id: task.id.clone(),
