@@ -118,13 +118,11 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     let alice = home.start_dummy("alice", &[]);
     let _wrappers = Wrappers(&home, vec![id(&alice), id(&bob)]);
     let url = home.ok(&["dashboard"]).trim().to_string();
-    let key = page_key_in(&url, home.port);
+    page_key_in(&url, home.port);
 
     browser.set_size(1280, 1000);
     eprintln!("step: open the printed address");
     browser.goto(&url);
-    browser.wait_for("the key out of the address bar", "return location.hash === ''", vec![]);
-    assert_eq!(browser.execute("return sessionStorage.getItem('synapse-page-key')", vec![]), key.as_str());
     for agent in [&alice, &bob] {
         wait_card(&browser, &format!("{} READY on its card", id(agent)), &id(agent), "READY");
     }
@@ -290,9 +288,15 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     unique.sort_unstable();
     unique.dedup();
     assert_eq!(unique.len(), rows.len(), "no message twice: {rows:?}");
-    // The page key is the home's: after the restart the page still acts as the user.
-    assert_eq!(browser.execute("return document.getElementById('read-only').hidden", vec![]), true);
-    assert_eq!(home.ok(&["dashboard"]).trim(), url, "the same address after a restart");
+    // The page key is the start's: after the restart the page reads on, and says it cannot act.
+    browser.wait_for(
+        "the read-only notice after the restart",
+        "return !document.getElementById('read-only').hidden && document.getElementById('read-only').textContent.includes('restarted')",
+        vec![],
+    );
+    assert_eq!(browser.execute("return document.querySelector('#send-form button').disabled", vec![]), true);
+    let new_url = home.ok(&["dashboard"]).trim().to_string();
+    assert_ne!(page_key_in(&new_url, home.port), page_key_in(&url, home.port), "a new key at every start");
     let seqs = browser.execute(
         "return Array.from(document.querySelectorAll('#events li')).map((li) => Number(li.textContent.split(' ')[0]))",
         vec![],
@@ -319,14 +323,30 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     browser.execute("document.getElementById('events-newest').click()", vec![]);
     browser.wait_value("the newest page again", range, vec![], |v| v.as_str().is_some_and(|t| t.ends_with("(live)")));
 
-    // Opened without its key (a bookmark, a fresh tab), the page reads and says it cannot act.
-    browser.execute("sessionStorage.clear(); location.replace('/')", vec![]);
+    // Opened at the new address, the page acts as the user again.
+    browser.goto(&new_url);
     browser.wait_for(
-        "the read-only notice",
-        "return document.body.dataset.ready === 'true' && !document.getElementById('read-only').hidden",
+        "the page at the new address",
+        "return document.body.dataset.ready === 'true' && document.getElementById('read-only').hidden",
         vec![],
     );
-    wait_message(&browser, "the messages, read without the key", "filler 19", &[]);
+    browser.execute(
+        "document.getElementById('send-to').value = arguments[0];
+         document.getElementById('send-text').value = arguments[1];
+         document.querySelector('#send-form button').click();",
+        vec![json!(id(&alice)), json!("from the page after the restart")],
+    );
+    wait_for_terminal(&alice, "from the page after the restart");
+
+    // Opened without its key (a bookmark), the page reads and says it cannot act.
+    browser.goto(&format!("http://127.0.0.1:{}/", home.port));
+    browser.wait_for(
+        "the read-only notice",
+        "return document.body.dataset.ready === 'true' && document.getElementById('read-only').textContent.includes('without its key')",
+        vec![],
+    );
+    wait_message(&browser, "the messages, read without the key", "from the page after the restart", &[]);
+    assert_eq!(browser.execute("return document.getElementById('read-only').hidden", vec![]), false);
     assert_eq!(browser.execute("return document.querySelector('#send-form button').disabled", vec![]), true);
     assert_eq!(browser.execute("return document.getElementById('thread-cancel').disabled", vec![]), true);
 }
@@ -334,7 +354,7 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
 /// The page key in an address `synapse dashboard` printed, which must be the broker's page.
 fn page_key_in(url: &str, port: u16) -> String {
     let key = url
-        .strip_prefix(&format!("http://127.0.0.1:{port}/#key="))
+        .strip_prefix(&format!("http://127.0.0.1:{port}/?key="))
         .unwrap_or_else(|| panic!("not the dashboard's address with its key: {url}"));
     assert!(key.len() == 64 && key.bytes().all(|byte| byte.is_ascii_hexdigit()), "{url}");
     key.to_string()
@@ -368,7 +388,15 @@ fn the_page_and_its_assets_carry_a_strict_content_security_policy_and_no_inline_
         assert!(!lower.contains("unsafe-inline"), "{path}");
     }
     let (_, page) = raw_tcp(port, &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"));
-    assert!(!page.contains("<script>") && page.contains("<script src=\"/dashboard/app.js\""), "{page}");
+    assert!(!page.contains("<script>") && page.contains("<script src=\"/dashboard/app.js?v="), "{page}");
+    // Its assets under this start's names (a cached copy of the plain name never runs here).
+    let version = page.split("/dashboard/app.js?v=").nth(1).and_then(|rest| rest.split('"').next()).unwrap_or("");
+    assert_eq!(version.len(), 16, "{page}");
+    let (status, _) = raw_tcp(
+        port,
+        &format!("GET /dashboard/app.js?v={version} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(status, 200);
     // A page of another site cannot read it either: a foreign Host is a rebinding attempt.
     let (status, _) = raw_tcp(port, "GET / HTTP/1.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n");
     assert_eq!(status, 421);

@@ -1,11 +1,13 @@
 //! `synapse dashboard`: prints the address of the broker's web dashboard (starting the broker
 //! when none runs) and, with `--open`, opens it in a browser when the machine has one.
 //!
-//! The address carries the page key in its fragment (`#key=`): a page opened with it acts as
-//! the user (sends and cancels), one opened without it reads only (see `http::dashboard`).
+//! The address carries the page key of this broker start (`?key=`): a page opened with it acts
+//! as the user (sends and cancels), one opened without it (or after a restart) reads only (see
+//! `http::dashboard`).
 
 use crate::client::Client;
 use crate::config::Paths;
+use hyper::StatusCode;
 
 /// Programs that open a URL in the user's browser, tried in order.
 const OPENERS: [&str; 3] = ["xdg-open", "open", "sensible-browser"];
@@ -13,8 +15,18 @@ const OPENERS: [&str; 3] = ["xdg-open", "open", "sensible-browser"];
 pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
     let mut client = Client::connect(paths, true).await?;
     let info = client.health().await?;
-    let key = client.page_key().await?;
-    let url = format!("http://127.0.0.1:{}/#key={}", info.port, key.key);
+    let url = match client.page_key().await {
+        Ok(key) => format!("http://127.0.0.1:{}/?key={}", info.port, key.key),
+        // Inside an agent (not the user), or a broker older than the key: the page reads only.
+        Err(error) if matches!(error.status(), Some(StatusCode::FORBIDDEN | StatusCode::NOT_FOUND)) => {
+            eprintln!(
+                "The page will be read-only (no page key: {}); run synapse dashboard from a plain shell to send and cancel from it",
+                crate::escape::visible(&error.to_string())
+            );
+            format!("http://127.0.0.1:{}/", info.port)
+        }
+        Err(error) => return Err(error.into()),
+    };
     if json {
         println!("{}", serde_json::json!({ "url": url }));
     } else {

@@ -11,10 +11,10 @@
 //!   same routes and rules as the CLI's (Host/Origin guard, API key, who is the user).
 //! - A stream token opens `/events` only, once, within [`STREAM_TOKEN_LIFETIME`] of being
 //!   issued; it lives in the broker's memory (a restart forgets it, the page asks again).
-//! - The page is the user only with the page key ([`PageKey`]), which it gets from the address
-//!   `synapse dashboard` prints (its fragment, which no browser sends anywhere): being at the
-//!   broker's origin is not enough, since whatever served that origin before the broker started
-//!   (another user's server on the port) left its script there.
+//! - The page is the user only with this start's page key ([`Page`]), which it gets from the
+//!   address `synapse dashboard` prints: being at the broker's origin is not enough, since
+//!   whatever served that origin before the broker started (another user's server on the port)
+//!   may have left its script there.
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, answer};
@@ -49,49 +49,46 @@ const MAX_EVENTS_PAGE: usize = 5_000;
 /// The header by which the page shows its key.
 pub const PAGE_KEY_HEADER: &str = "x-synapse-page-key";
 
-/// The file in the home that keeps the page key across restarts (a page left open goes on
-/// acting as the user after the broker restarts).
-const PAGE_KEY_FILE: &str = "dashboard.key";
-
-/// The page's key: what makes a request from the broker's own origin the user's browser rather
-/// than any script that came to run at that origin. `synapse dashboard` asks for it over the
-/// Unix socket (`GET /dashboard/page-key`, the user's only, refused to any request carrying an
-/// `Origin`) and puts it in the address's fragment; the page keeps it for its tab
-/// (`sessionStorage`) and sends it as [`PAGE_KEY_HEADER`].
+/// The page's key and the page that loads its assets, made anew at every broker start.
+///
+/// The key is what makes a request from the broker's own origin the user's browser rather than
+/// any script that came to run at that origin. `synapse dashboard` asks for it over the Unix
+/// socket (`GET /dashboard/page-key`, the user's only, refused to any request carrying an
+/// `Origin`) and puts it in the address it prints (`/?key=`); the page sends it as
+/// [`PAGE_KEY_HEADER`]. A new key at every start: whatever served the port while the broker was
+/// stopped, and so may have seen a key (a page sends its key to whoever answers at its origin),
+/// saw one that no longer works.
+///
+/// The page's script and style sheet are loaded under a name of this start
+/// (`/dashboard/app.js?v=`): what another server at the port left in the browser's cache under
+/// the plain names never runs in the broker's page.
 #[derive(Debug)]
-pub struct PageKey(String);
+pub struct Page {
+    key: String,
+    index_html: String,
+}
 
-impl PageKey {
-    /// The home's key, made (0600, random) the first time. A home that cannot keep it gets a key
-    /// for this run only: pages opened before a restart then read without acting as the user.
-    pub fn of_home(home: &std::path::Path) -> PageKey {
-        let path = home.join(PAGE_KEY_FILE);
-        if let Ok(kept) = std::fs::read_to_string(&path) {
-            let kept = kept.trim();
-            if kept.len() == 64 && kept.bytes().all(|byte| byte.is_ascii_hexdigit()) {
-                return PageKey(kept.to_ascii_lowercase());
-            }
-        }
-        let key = crate::secret::random_token();
-        if let Err(error) = crate::private_files::write(&path, format!("{key}\n")) {
-            tracing::warn!(
-                "cannot keep the dashboard's page key in {}: {error} (a key for this run only)",
-                path.display()
-            );
-        }
-        PageKey(key)
+impl Default for Page {
+    fn default() -> Page {
+        let version = &crate::secret::random_token()[..16];
+        let index_html = INDEX_HTML
+            .replace("\"/dashboard/app.js\"", &format!("\"/dashboard/app.js?v={version}\""))
+            .replace("\"/dashboard/app.css\"", &format!("\"/dashboard/app.css?v={version}\""));
+        Page { key: crate::secret::random_token(), index_html }
+    }
+}
+
+impl Page {
+    pub fn key(&self) -> &str {
+        &self.key
     }
 
-    pub fn value(&self) -> &str {
-        &self.0
-    }
-
-    /// Do `headers` carry this key? Constant time in the key's content.
-    pub fn is_shown_in(&self, headers: &axum::http::HeaderMap) -> bool {
+    /// Do `headers` carry this start's key? Constant time in the key's content.
+    pub fn key_is_shown_in(&self, headers: &axum::http::HeaderMap) -> bool {
         headers
             .get(PAGE_KEY_HEADER)
             .and_then(|value| value.to_str().ok())
-            .is_some_and(|shown| crate::secret::constant_time_eq(shown.trim().as_bytes(), self.0.as_bytes()))
+            .is_some_and(|shown| crate::secret::constant_time_eq(shown.trim().as_bytes(), self.key.as_bytes()))
     }
 }
 
@@ -148,6 +145,10 @@ pub fn is_asset(path: &str) -> bool {
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
+    asset_owned(content_type, body.to_string())
+}
+
+fn asset_owned(content_type: &'static str, body: String) -> Response {
     (
         [
             (header::CONTENT_TYPE, content_type),
@@ -161,8 +162,8 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-async fn index() -> Response {
-    asset("text/html; charset=utf-8", INDEX_HTML)
+async fn index(State(state): State<AppState>) -> Response {
+    asset_owned("text/html; charset=utf-8", state.page.index_html.clone())
 }
 
 async fn script() -> Response {
@@ -209,7 +210,7 @@ async fn snapshot(
         .collect();
     // The page's own GET carries no Origin (a browser adds it to its posts), so the key shown is
     // what tells: its sends and cancels are judged again, with the Origin, when they come.
-    let as_user = caller.is_user() || state.page_key.is_shown_in(&headers);
+    let as_user = caller.is_user() || state.page.key_is_shown_in(&headers);
     answer(&Snapshot { head, agents, auth_enabled: state.auth.enabled, as_user })
 }
 
@@ -269,7 +270,7 @@ async fn stream_token(State(state): State<AppState>) -> ApiResult {
 /// `GET /dashboard/page-key`: the page key, for `synapse dashboard` to put in the address it
 /// prints. The user's only, and never to a web page (see [`super::caller::TheUser`]).
 async fn page_key(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
-    answer(&crate::api::PageKey { key: state.page_key.value().to_string() })
+    answer(&crate::api::PageKey { key: state.page.key().to_string() })
 }
 
 /// A refusal for a stream token that is missing its purpose.
@@ -317,14 +318,14 @@ mod tests {
     }
 
     #[test]
-    fn the_page_key_is_kept_in_the_home_and_only_the_same_key_passes() {
-        let home = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
-        let key = PageKey::of_home(home.path());
-        assert_eq!(PageKey::of_home(home.path()).value(), key.value(), "the same key after a restart");
-        let file = home.path().join(PAGE_KEY_FILE);
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&file).map(|meta| meta.permissions().mode() & 0o777).unwrap_or(0);
-        assert_eq!(mode, 0o600);
+    fn each_start_has_its_own_page_key_and_asset_names_and_only_its_key_passes() {
+        let page = Page::default();
+        let other = Page::default();
+        assert_ne!(page.key(), other.key());
+        assert_eq!(page.key().len(), 64);
+        assert_ne!(page.index_html, other.index_html, "the asset names differ from start to start");
+        assert!(page.index_html.contains("src=\"/dashboard/app.js?v="), "{}", page.index_html);
+        assert!(page.index_html.contains("href=\"/dashboard/app.css?v="), "{}", page.index_html);
         let headers = |value: &str| {
             let mut headers = axum::http::HeaderMap::new();
             if let Ok(value) = axum::http::HeaderValue::from_str(value) {
@@ -332,15 +333,11 @@ mod tests {
             }
             headers
         };
-        assert!(key.is_shown_in(&headers(key.value())));
-        assert!(!key.is_shown_in(&headers(&"0".repeat(64))));
-        assert!(!key.is_shown_in(&headers("")));
-        assert!(!key.is_shown_in(&axum::http::HeaderMap::new()));
-        // A damaged file is replaced by a new key.
-        std::fs::write(&file, "short").unwrap_or_else(|error| panic!("{error}"));
-        let replaced = PageKey::of_home(home.path());
-        assert_ne!(replaced.value(), key.value());
-        assert_eq!(replaced.value().len(), 64);
+        assert!(page.key_is_shown_in(&headers(page.key())));
+        assert!(!page.key_is_shown_in(&headers(other.key())));
+        assert!(!page.key_is_shown_in(&headers(&"0".repeat(64))));
+        assert!(!page.key_is_shown_in(&headers("")));
+        assert!(!page.key_is_shown_in(&axum::http::HeaderMap::new()));
     }
 
     #[test]

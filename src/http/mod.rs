@@ -73,8 +73,8 @@ pub struct HttpState {
     pub runtime: tokio::runtime::Handle,
     /// Turns of [`long_read`]: at most two run at once.
     long_reads: Arc<tokio::sync::Semaphore>,
-    /// What makes the dashboard page the user's (see [`dashboard::PageKey`]).
-    pub page_key: dashboard::PageKey,
+    /// The dashboard page of this start, and what makes it the user's (see [`dashboard::Page`]).
+    pub page: dashboard::Page,
     /// One push config set at a time: its count is checked against the cap on the delivery
     /// worker's projection, which the next setter must see with the config before counting.
     pub push_config_turn: tokio::sync::Mutex<()>,
@@ -88,7 +88,7 @@ impl HttpState {
             auth: Arc::new(auth::AuthConfig::from_trust(&broker.trust)),
             request_rules: guard::RequestRules::from_env(),
             connection_limits: Arc::new(server::ConnectionLimits::from_env()),
-            page_key: dashboard::PageKey::of_home(&broker.paths.home),
+            page: dashboard::Page::default(),
             push_config_turn: tokio::sync::Mutex::new(()),
             broker,
         })

@@ -5,7 +5,6 @@
 
 (() => {
   const KEY_STORAGE = 'synapse-api-key';
-  const PAGE_KEY_STORAGE = 'synapse-page-key';
   const RECENT_EVENTS = 2000; // events read at start to fill the message list
   const EVENTS_PAGE = 100; // rows of one page of the event log
   const ROW_HEIGHT = 52; // px, the message list's fixed row height (virtualised)
@@ -24,14 +23,10 @@
 
   const $ = (id) => document.getElementById(id);
   let apiKey = sessionStorage.getItem(KEY_STORAGE) || '';
-  // The page key comes in the address's fragment (`synapse dashboard` prints it), which no
-  // browser sends anywhere; it is kept for this tab and taken out of the address bar.
-  const keyInAddress = /^#key=([0-9a-fA-F]{64})$/.exec(location.hash);
-  if (keyInAddress) {
-    sessionStorage.setItem(PAGE_KEY_STORAGE, keyInAddress[1]);
-    history.replaceState(null, '', location.pathname + location.search);
-  }
-  const pageKey = sessionStorage.getItem(PAGE_KEY_STORAGE) || '';
+  // The page key of this broker start, in the address `synapse dashboard` prints (`?key=`).
+  // Kept nowhere else: a page loaded later in this tab (from a bookmark, say) does not get it.
+  const keyInAddress = /^[0-9a-fA-F]{64}$/.exec(new URLSearchParams(location.search).get('key') || '');
+  const pageKey = keyInAddress ? keyInAddress[0] : '';
 
   const state = {
     authEnabled: false,
@@ -242,6 +237,9 @@
     const snapshot = await api('GET', '/dashboard/state');
     state.authEnabled = snapshot.auth_enabled;
     // Without its key (or the API key) the page is not the user: it reads, and says so.
+    $('read-only').textContent = pageKey
+      ? 'Read-only: the broker has restarted since this page was opened. Open the address `synapse dashboard` prints now to send and cancel.'
+      : 'Read-only: this page was opened without its key. Open the address `synapse dashboard` prints to send and cancel.';
     $('read-only').hidden = snapshot.as_user;
     $('send-form').querySelector('button').disabled = !snapshot.as_user;
     $('thread-cancel').disabled = !snapshot.as_user;
