@@ -790,6 +790,31 @@ fn a_message_file_that_cannot_be_written_fails_its_task_and_later_deliveries_go_
     assert!(screen.contains("short and sweet") && !screen.contains("long long"), "{screen}");
 }
 
+/// A long reply whose file cannot be written cannot fail its task (the task is over): it is
+/// typed whole instead. It was acknowledged without being shown: the asker never saw its answer.
+#[test]
+fn a_long_reply_whose_file_cannot_be_written_is_typed_whole() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let alice = start(&home, "alice", &[], None);
+    let bob = start(&home, "bob", &[], None);
+    let _wrappers = Wrappers(&home, vec![id(&alice), id(&bob)]);
+    follower.wait_until("both agents READY", |events| ready(events, &id(&alice)) && ready(events, &id(&bob)));
+    let asked = home.run_as(&as_agent(&alice), &["send", "bob", "tell me everything", "--response"]);
+    assert!(asked.status.success(), "{}", describe(&asked));
+    follower.wait_until("the question in bob's terminal", |events| settled(events, &id(&bob)));
+    // A file stands where alice's message directory should be.
+    std::fs::create_dir_all(home.home().join("messages")).unwrap();
+    std::fs::write(home.home().join("messages").join(id(&alice)), "in the way").unwrap();
+    let answer = format!("everything: {}the end", "word ".repeat(60));
+    let replied = home.run_as(&as_agent(&bob), &["reply", &answer]);
+    assert!(replied.status.success(), "{}", describe(&replied));
+    follower.wait_until("the reply in alice's terminal", |events| settled(events, &id(&alice)));
+    let screen = terminal(&alice);
+    assert!(screen.contains(":REPLY] everything: word") && screen.contains("word the end"), "{screen}");
+    assert!(!screen.contains("LONG MESSAGE"), "{screen}");
+}
+
 /// What the user types while a message is being typed into their CLI (between its paste and its
 /// submit key) is held back and passed on after it: it never joins the message (issue 11).
 #[test]

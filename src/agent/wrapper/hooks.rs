@@ -21,6 +21,12 @@ const MAX_REQUEST_BYTES: u64 = 4096;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most tickets handed to one hook.
 const MAX_TICKETS: usize = 20;
+/// How long a hook waits for the delivery lock before answering that nothing waits.
+const LOCK_WAIT: Duration = Duration::from_secs(1);
+/// The pause after a failed accept.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+/// How many handed-over ticket numbers the watcher is told of (see [`answer`]).
+const REMEMBERED_HANDOVERS: usize = 256;
 
 /// Listens for the CLI's hooks until the wrapper ends; the socket is removed on the way out
 /// (best effort: a stale one is replaced by the next wrapper of this agent id).
@@ -40,7 +46,15 @@ pub(super) async fn serve(shared: Arc<Shared>) {
     }
     let _remove = RemoveOnDrop(path);
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of file descriptors, say: asked again at once, it fails again at once.
+                tracing::debug!("hook socket: {error}");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
             if let Err(error) = answer(&shared, stream).await {
@@ -70,7 +84,11 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
         tracing::warn!("hook: a request without this agent's secret was refused");
         return send(&mut writer, &HookAnswer::default()).await;
     }
-    let mut delivered = shared.delivery.clone().lock_owned().await;
+    // The watcher holds the lock from a write to its acknowledgement, which waits for a broker
+    // that is down: a hook does not wait with it (its CLI would stall), the tickets stay queued.
+    let Ok(mut delivered) = tokio::time::timeout(LOCK_WAIT, shared.delivery.clone().lock_owned()).await else {
+        return send(&mut writer, &HookAnswer::default()).await;
+    };
     let Some((mut client, tickets, text)) = waiting(shared).await else {
         return send(&mut writer, &HookAnswer::default()).await;
     };
@@ -90,13 +108,20 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
     // acknowledgements' PROCESSING.
     shared.report_order.count_write(|| {});
     shared.report_order.no_ready_from_before_the_last_write().await;
+    // Remembered as handed over before any acknowledgement: one that fails (the broker
+    // restarting) leaves its ticket queued, and the watcher then acknowledges it without
+    // typing it again. The newest numbers are enough (the watcher holds one fetched ticket).
+    delivered.extend(tickets.iter().copied());
+    while delivered.len() > REMEMBERED_HANDOVERS {
+        delivered.pop_first();
+    }
     for number in tickets {
         if let Err(error) = client.ack(&shared.agent_id, number).await {
-            // Printed but not recorded: it would be typed again; say so rather than hide it.
-            tracing::warn!("ticket {number} handed over by a hook but not acknowledged: {error:#}");
+            tracing::warn!(
+                "ticket {number} handed over by a hook, its acknowledgement failed ({error:#}): the watcher acknowledges it"
+            );
             break;
         }
-        delivered.insert(number);
         tracing::info!("ticket {number} handed to the model by the {} hook", request.event);
     }
     shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);

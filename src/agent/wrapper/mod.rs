@@ -178,7 +178,7 @@ struct Shared {
     /// The delivery lock: held by the watcher from taking a ticket to write until its
     /// acknowledgement, and by a hook while it hands tickets over; holds the numbers of the
     /// tickets hooks handed over, which the watcher must not write.
-    delivery: Arc<tokio::sync::Mutex<std::collections::HashSet<u64>>>,
+    delivery: Arc<tokio::sync::Mutex<std::collections::BTreeSet<u64>>>,
 }
 
 impl Shared {

@@ -214,7 +214,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
     let mut interrupted: Option<u64> = None;
     // The delivery lock (shared with the hooks), held from taking a ticket to write until its
     // acknowledgement, so a hook cannot hand the same ticket to the model meanwhile.
-    let mut delivering: Option<tokio::sync::OwnedMutexGuard<std::collections::HashSet<u64>>> = None;
+    let mut delivering: Option<tokio::sync::OwnedMutexGuard<std::collections::BTreeSet<u64>>> = None;
     let mut backoff = Backoff::default();
     // The inbox as the last acknowledgement's answer showed it: the next ticket comes from it
     // without another request (a message stored with that acknowledgement is written at once).
@@ -234,8 +234,12 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                     shared.screen.notify();
                 }
                 Err(error) if is_gone(&error) => {
+                    // Acknowledged already (an answer lost to a broker restart, or a hook's):
+                    // the status is reported again, as after any acknowledgement.
                     unacknowledged = None;
                     drop(delivering.take());
+                    shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
+                    shared.screen.notify();
                 }
                 Err(_) => {
                     backoff.wait().await;
@@ -312,9 +316,12 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             // Ask again: the most urgent ticket comes first.
             continue;
         }
-        let guard = shared.delivery.clone().lock_owned().await;
-        if guard.contains(&number) {
-            // A hook handed it to the model (and acknowledged it) after it was fetched.
+        let mut guard = shared.delivery.clone().lock_owned().await;
+        if guard.remove(&number) {
+            // A hook handed it to the model after it was fetched: acknowledged, not written (if
+            // the hook's own acknowledgement landed, this one is answered 404, and that is all).
+            delivering = Some(guard);
+            unacknowledged = Some(number);
             continue;
         }
         // Looked at again: the lock may have waited behind a hook's acknowledgements, while the
@@ -327,13 +334,18 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         let text = match ticket_text(&shared, &ticket, bracketed) {
             Ok(text) => text,
             Err(error) => {
-                // The message cannot reach this CLI (its file could not be written): its task
-                // fails, visibly to the sender, and the next tickets go on.
+                // The message cannot reach this CLI as a file: its task fails, visibly to the
+                // sender, and the next tickets go on.
                 let reason = format!("{error:#}");
                 tracing::warn!("ticket {number}: {reason}");
-                fail_ticket(&mut client, &shared, &ticket, &reason).await;
-                unacknowledged = Some(number);
-                continue;
+                if fail_ticket(&mut client, &shared, &ticket, &reason).await {
+                    unacknowledged = Some(number);
+                    continue;
+                }
+                // Its task cannot be failed (a reply's task is over already; the broker may be
+                // refusing writes too): typed whole instead, rather than acknowledged unseen.
+                tracing::warn!("ticket {number}: its task could not be marked failed; typed whole instead");
+                ticket.text.clone()
             }
         };
         shared.set_note(None);
@@ -468,9 +480,9 @@ pub(super) fn ticket_text(shared: &Shared, ticket: &InboxTicket, bracketed: bool
     Ok(format!("[LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()))
 }
 
-/// Marks the task of a ticket that cannot be written as failed, with the reason (best effort:
-/// a reply's ticket belongs to a task that is already over).
-async fn fail_ticket(client: &mut Client, shared: &Shared, ticket: &InboxTicket, reason: &str) {
+/// Marks the task of a ticket that cannot be written as failed, with the reason; false when it
+/// could not be (a reply's ticket belongs to a task that is already over, or the broker refused).
+async fn fail_ticket(client: &mut Client, shared: &Shared, ticket: &InboxTicket, reason: &str) -> bool {
     let task_id = &ticket.task_id;
     let update = api::TaskUpdate {
         state: crate::event::TaskState::Failed,
@@ -478,8 +490,12 @@ async fn fail_ticket(client: &mut Client, shared: &Shared, ticket: &InboxTicket,
         error: Some(format!("not delivered to {}: {reason}", shared.agent_id)),
         as_message: false,
     };
-    if let Err(error) = client.update_task(&shared.agent_id, task_id, &update).await {
-        tracing::debug!("cannot mark task {task_id} failed: {error:#}");
+    match client.update_task(&shared.agent_id, task_id, &update).await {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::warn!("cannot mark task {task_id} failed: {error:#}");
+            false
+        }
     }
 }
 
