@@ -20,6 +20,9 @@ use std::sync::{Arc, Mutex};
 #[derive(Default)]
 pub(super) struct HeldKeys {
     held: Mutex<Option<Vec<u8>>>,
+    /// When the user's last keystroke was passed to the CLI: the screen shows it only once the
+    /// CLI has redrawn, so a message is not typed right after one (it would join the input).
+    last_passed: Mutex<Option<std::time::Instant>>,
 }
 
 impl HeldKeys {
@@ -37,8 +40,18 @@ impl HeldKeys {
     pub fn user_keys(&self, bytes: Vec<u8>, input: &PtyInput) {
         match self.held.lock() {
             Ok(mut held) if held.is_some() => held.get_or_insert_with(Vec::new).extend_from_slice(&bytes),
-            _ => input.send(bytes),
+            _ => {
+                if let Ok(mut last) = self.last_passed.lock() {
+                    *last = Some(std::time::Instant::now());
+                }
+                input.send(bytes);
+            }
         }
+    }
+
+    /// Did the user's keystrokes reach the CLI within `window`?
+    pub fn typed_within(&self, window: std::time::Duration) -> bool {
+        self.last_passed.lock().ok().and_then(|last| *last).is_some_and(|last| last.elapsed() < window)
     }
 }
 
@@ -129,5 +142,21 @@ mod tests {
         let mut received = String::new();
         cli_side.read_to_string(&mut received).unwrap();
         assert_eq!(received, "a[message]bcd");
+    }
+
+    #[tokio::test]
+    async fn a_keystroke_passed_on_counts_as_typing_for_a_while_and_a_held_one_does_not() {
+        let (_cli_side, wrapper_side) = std::io::pipe().unwrap();
+        let input = super::super::pty::spawn_writer(Box::new(wrapper_side)).unwrap();
+        let keys = HeldKeys::default();
+        let window = std::time::Duration::from_secs(60);
+        assert!(!keys.typed_within(window));
+        keys.hold(true, &input);
+        keys.user_keys(b"held".to_vec(), &input);
+        assert!(!keys.typed_within(window), "a held key reached nothing yet");
+        keys.hold(false, &input);
+        keys.user_keys(b"x".to_vec(), &input);
+        assert!(keys.typed_within(window));
+        assert!(!keys.typed_within(std::time::Duration::ZERO));
     }
 }

@@ -329,6 +329,13 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         if shared.screen.lock().status(Instant::now()).0 != AgentStatus::Ready {
             continue;
         }
+        // A key the user just typed may not be on the screen yet (the CLI redraws a moment
+        // later): written now, the message would join it.
+        if shared.held_keys.typed_within(USER_KEYS_SETTLE) {
+            drop(guard);
+            tokio::time::sleep(USER_KEYS_SETTLE).await;
+            continue;
+        }
         delivering = Some(guard);
         let bracketed = shared.screen.lock().bracketed_paste();
         let text = match ticket_text(&shared, &ticket, bracketed) {
@@ -350,8 +357,14 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         };
         shared.set_note(None);
         let header = ticket.prefix.as_str();
-        let record = Some((delivered_path(&shared.log), number.to_string()));
-        let written = match write_input(&shared, header, &text, record).await {
+        // The record that this ticket was written (a successor acknowledges it without writing
+        // it again). A line-mode program takes a message with its return, which cannot be
+        // swallowed: recorded with the submit key. A CLI that may swallow the key (it shows the
+        // paste before the key is sent) is recorded once it took the message: killed before,
+        // the successor writes it again (twice rather than never).
+        let record = (delivered_path(&shared.log), number.to_string());
+        let record_with_the_key = shared.profile.settle_ms == 0;
+        let written = match write_input(&shared, header, &text, record_with_the_key.then(|| record.clone())).await {
             Ok(written) => written,
             Err(error) => {
                 tracing::warn!("cannot write ticket {number}: {error:#}");
@@ -363,9 +376,16 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         // unread with the PTY).
         wait_for_reaction(&shared).await;
         resubmit_if_unsent(&shared, &written).await;
+        if !record_with_the_key && let Err(error) = crate::private_files::write(&record.0, &record.1) {
+            tracing::warn!("cannot record ticket {number} as written: {error}");
+        }
         unacknowledged = Some(number);
     }
 }
+
+/// How long after the user's last keystroke reached the CLI a message waits: long enough for
+/// the CLI to draw it (then the screen shows the typed input, and messages wait for it).
+const USER_KEYS_SETTLE: Duration = Duration::from_millis(300);
 
 /// Longest wait for a CLI to draw anything after a ticket was written, before acknowledging it
 /// anyway (a CLI that draws nothing must not stop deliveries).
