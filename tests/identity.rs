@@ -667,6 +667,13 @@ fn a_reply_to_an_unverified_external_sender_goes_back_to_its_endpoint() {
     assert_eq!(delivered["metadata"]["in_reply_to"], "py-task-1", "{delivered}");
     assert_eq!(delivered["metadata"]["sender"]["sender_id"], bob.id.as_str(), "{delivered}");
     assert!(request.body.len() < 4096 && !request.body.contains(&bob.secret), "no secret travels with it");
+    // The sender's task id is what another Synapse broker's reply endpoint takes as its token:
+    // the log keeps it, the event stream shows it redacted (anyone may read /events).
+    let events = home.ok(&["events", "--json"]);
+    assert!(!events.contains("py-task-1") && events.contains("\"external_task_id\":\"[redacted]\""), "{events}");
+    let (status, streamed) = http_tcp(broker_port(&home), "GET", "/events?after=0", None, &[]);
+    assert_eq!(status, 200);
+    assert!(!streamed.to_string().contains("py-task-1"), "{streamed}");
 }
 
 /// A helper in python3: with `wrapped`, it registers itself as an agent's wrapper over the

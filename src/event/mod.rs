@@ -96,16 +96,24 @@ impl Envelope {
         }
     }
 
-    /// The envelope as one JSON object (what `synapse events --json` prints).
     /// The envelope as served by `GET /events` and printed by `synapse events --json`. A
-    /// webhook secret from an old log (written before `secret_ref`) is shown as redacted: the
-    /// log keeps it for signing, nobody reads it back.
+    /// webhook secret from an old log (written before `secret_ref`) and an external sender's
+    /// task id (another broker's reply token) are shown as redacted: the log keeps them for
+    /// signing and for the reply, nobody reads them back.
     pub fn to_json(&self) -> serde_json::Value {
         let mut value = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
         if let Event::WebhookRegistered { secret: Some(_), .. } = &self.event
             && let Some(secret) = value.pointer_mut("/event/data/secret")
         {
             *secret = serde_json::Value::String("[redacted]".into());
+        }
+        // What an external sender named its own task: another Synapse broker names the reply
+        // token its reply endpoint takes there. Whoever reads this log must not be able to
+        // answer in its place.
+        if let Event::MessageSent { external_task_id: Some(_), .. } = &self.event
+            && let Some(token) = value.pointer_mut("/event/data/external_task_id")
+        {
+            *token = serde_json::Value::String("[redacted]".into());
         }
         value
     }
