@@ -307,8 +307,9 @@ async fn deliver(
         .into());
     }
     let sent = serde_json::from_slice::<Value>(&remote.body);
-    // A gateway's 502 or 504 says nothing of whether the agent behind it took the message.
-    if remote.status == 502 || remote.status == 504 {
+    // A gateway's 504 says nothing of whether the agent behind it took the message (a 502 says
+    // the gateway could not reach it).
+    if remote.status == 504 {
         return Err(Undelivered {
             error: ApiError::new(StatusCode::BAD_GATEWAY, format!("{url} answered {} (a gateway)", remote.status)),
             may_have_arrived: true,

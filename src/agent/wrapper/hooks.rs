@@ -89,7 +89,7 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
     let Ok(mut delivered) = tokio::time::timeout(LOCK_WAIT, shared.delivery.clone().lock_owned()).await else {
         return send(&mut writer, &HookAnswer::default()).await;
     };
-    let Some((mut client, tickets, text)) = waiting(shared).await else {
+    let Some((mut client, tickets, text)) = waiting(shared, &delivered).await else {
         return send(&mut writer, &HookAnswer::default()).await;
     };
     send(&mut writer, &HookAnswer { text }).await?;
@@ -136,14 +136,22 @@ async fn send(writer: &mut tokio::net::unix::OwnedWriteHalf, answer: &HookAnswer
     writer.write_all(&out).await
 }
 
-/// The waiting tickets (priority 5 excepted, those interrupt) as typed text, one per line, with
+/// The waiting tickets (priority 5 excepted, those interrupt; and those handed over already) as
+/// typed text, one per line, with
 /// their numbers and the connection to acknowledge them on; None when the broker cannot be asked.
-async fn waiting(shared: &Arc<Shared>) -> Option<(crate::client::Client, Vec<u64>, String)> {
+async fn waiting(
+    shared: &Arc<Shared>,
+    handed_over: &std::collections::BTreeSet<u64>,
+) -> Option<(crate::client::Client, Vec<u64>, String)> {
     let mut client = tokio::time::timeout(Duration::from_secs(2), connect(&shared.paths, &shared.secret)).await.ok()?;
     let inbox = client.inbox(&shared.agent_id, 0, Some(MAX_TICKETS)).await.ok()?;
     let mut numbers = Vec::new();
     let mut lines = Vec::new();
-    for ticket in inbox.tickets.into_iter().filter(|ticket| ticket.priority < 5) {
+    // A ticket handed over before whose acknowledgement failed is the watcher's to acknowledge:
+    // never handed over again.
+    for ticket in
+        inbox.tickets.into_iter().filter(|ticket| ticket.priority < 5 && !handed_over.contains(&ticket.ticket))
+    {
         let Ok(text) = super::watcher::ticket_text(shared, &ticket, true) else { continue };
         let keys = crate::escape::keystrokes(&ticket.prefix, &text, true, "");
         let paste = &keys.paste[crate::escape::PASTE_START.len()..keys.paste.len() - crate::escape::PASTE_END.len()];

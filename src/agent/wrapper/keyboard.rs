@@ -32,6 +32,9 @@ impl HeldKeys {
         if hold {
             held.get_or_insert_with(Vec::new);
         } else if let Some(bytes) = held.take().filter(|bytes| !bytes.is_empty()) {
+            if let Ok(mut last) = self.last_passed.lock() {
+                *last = Some(std::time::Instant::now());
+            }
             input.send(bytes);
         }
     }
@@ -155,8 +158,13 @@ mod tests {
         keys.user_keys(b"held".to_vec(), &input);
         assert!(!keys.typed_within(window), "a held key reached nothing yet");
         keys.hold(false, &input);
+        assert!(keys.typed_within(window), "held keys passed on when the hold ends");
+        assert!(!keys.typed_within(std::time::Duration::ZERO));
+        let keys = HeldKeys::default();
+        keys.hold(true, &input);
+        keys.hold(false, &input);
+        assert!(!keys.typed_within(window), "nothing was held");
         keys.user_keys(b"x".to_vec(), &input);
         assert!(keys.typed_within(window));
-        assert!(!keys.typed_within(std::time::Duration::ZERO));
     }
 }

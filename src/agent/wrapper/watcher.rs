@@ -198,7 +198,9 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             return;
         }
         match write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), None).await {
-            Ok(written) => resubmit_if_unsent(&shared, &written).await,
+            Ok(written) => {
+                resubmit_if_unsent(&shared, &written).await;
+            }
             Err(error) => {
                 tracing::warn!("cannot write the start-up message: {error:#}");
                 return;
@@ -284,6 +286,8 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             // Priority 5 interrupts a CLI that is working, once per ticket. A CLI that is
             // starting or shows a dialog is never interrupted or written to (the keys could
             // answer the dialog), nor one whose user is typing (they would clear the input).
+            // A key just typed may not be drawn yet: it counts as typing.
+            let typing = typing || shared.held_keys.typed_within(USER_KEYS_SETTLE);
             if ticket.priority == 5 && status == AgentStatus::Processing && !typing && interrupted != Some(number) {
                 interrupted = Some(number);
                 interrupt(&shared).await;
@@ -350,7 +354,14 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                     continue;
                 }
                 // Its task cannot be failed (a reply's task is over already; the broker may be
-                // refusing writes too): typed whole instead, rather than acknowledged unseen.
+                // refusing writes too): typed whole instead, rather than acknowledged unseen,
+                // if the CLI is still ready for it after that request.
+                if shared.screen.lock().status(Instant::now()).0 != AgentStatus::Ready
+                    || shared.held_keys.typed_within(USER_KEYS_SETTLE)
+                {
+                    drop(delivering.take());
+                    continue;
+                }
                 tracing::warn!("ticket {number}: its task could not be marked failed; typed whole instead");
                 ticket.text.clone()
             }
@@ -375,8 +386,13 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         // leaves the ticket unacknowledged and its successor writes it again (the bytes died
         // unread with the PTY).
         wait_for_reaction(&shared).await;
-        resubmit_if_unsent(&shared, &written).await;
-        if !record_with_the_key && let Err(error) = crate::private_files::write(&record.0, &record.1) {
+        let taken = resubmit_if_unsent(&shared, &written).await;
+        // Still in the input box (the resubmits gave up): not recorded, so a successor writes
+        // it again rather than count it sent.
+        if !record_with_the_key
+            && taken
+            && let Err(error) = crate::private_files::write(&record.0, &record.1)
+        {
             tracing::warn!("cannot record ticket {number} as written: {error}");
         }
         unacknowledged = Some(number);
@@ -414,16 +430,17 @@ const RESUBMITS: usize = 2;
 
 /// Sends the submit key again when the message still sits in the CLI's input box after a quiet
 /// spell (seen with Gemini under heavy load: the paste shown, its Enter swallowed, the message
-/// never sent). Returns at once when the box empties, as it does for a message taken.
+/// never sent). Returns at once when the box empties, as it does for a message taken: true then
+/// (or when a dialog opened after it), false when the message still sits there.
 ///
 /// Only for a CLI that needs a settle delay between the paste and its submit key (every real
 /// CLI): that delay exists because such a CLI may take a return close behind a paste as part of
 /// it. A line-mode program (the dummy: no settle delay) gets its line from the terminal, where a
 /// return cannot be swallowed; watching its screen would only hold back the acknowledgement,
 /// and with it the next message (0.6 → 0.9 ms `delivery_p50_ms`).
-async fn resubmit_if_unsent(shared: &Shared, written: &Written) {
+async fn resubmit_if_unsent(shared: &Shared, written: &Written) -> bool {
     if shared.profile.settle_ms == 0 {
-        return;
+        return true;
     }
     let mut changes = shared.screen.subscribe();
     let mut resubmits = 0;
@@ -443,7 +460,7 @@ async fn resubmit_if_unsent(shared: &Shared, written: &Written) {
         // A dialog that opened after the submit key is the user's to answer (a key now would);
         // its furniture says so (a question may be the last answer's, above the waiting text).
         if !unsent || dialog {
-            return;
+            return true;
         }
         let quiet_until = last_output.map_or(last_key, |at| at.max(last_key)) + UNSENT_QUIET;
         if Instant::now() < quiet_until {
@@ -452,13 +469,13 @@ async fn resubmit_if_unsent(shared: &Shared, written: &Written) {
         }
         if resubmits == RESUBMITS {
             tracing::warn!("the message still sits in the input box after {RESUBMITS} more submit keys");
-            return;
+            return false;
         }
         resubmits += 1;
         tracing::info!("the message still sits in the input box; sending the submit key again");
         last_key = shared.input_written();
         if shared.input.write(written.submit.clone()).await.is_err() {
-            return;
+            return false;
         }
     }
 }
