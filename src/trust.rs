@@ -3,7 +3,8 @@
 //! Whoever autostarts the broker must not decide its security: a wrapper reconnecting after a
 //! broker crash used to start a new broker with its own environment, without auth. So the
 //! settings that protect the broker (auth on/off, the API keys as SHA-256 digests, the localhost
-//! rule, file safety, private outgoing targets) live in this file:
+//! rule, other users, allowed hosts and origins, file safety, private outgoing targets) live in
+//! this file:
 //! - written by `synapse broker` / `synapse broker start` / `synapse init`, where the variables
 //!   explicitly set in that command's environment update the file (unset ones keep their value);
 //! - read by every broker at start, and only from the file: a broker autostarted by a client
@@ -26,9 +27,11 @@ pub const FILE_NAME: &str = "broker-settings.json";
 /// The deliberate-stop marker inside `SYNAPSE_HOME`.
 pub const STOPPED_MARKER: &str = "broker.stopped";
 
-/// The security settings of every broker of one home.
+/// The security settings of every broker of one home. A field the file names that is not one
+/// of these (a typo such as `auth_enable`) stops the broker: a setting must never be silently
+/// ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TrustSettings {
     pub version: u32,
     /// `SYNAPSE_AUTH_ENABLED`.
@@ -42,6 +45,13 @@ pub struct TrustSettings {
     /// `SYNAPSE_OUTBOUND_ALLOW_PRIVATE`: webhooks and external agents may target loopback and
     /// private addresses.
     pub outbound_allow_private: bool,
+    /// `SYNAPSE_ALLOW_OTHER_USERS`: other users' processes may call a broker without auth.
+    pub allow_other_users: bool,
+    /// `SYNAPSE_ALLOWED_HOSTS` (comma-separated): `Host` names allowed besides loopback ones.
+    pub allowed_hosts: Vec<String>,
+    /// `SYNAPSE_ALLOWED_ORIGINS` (comma-separated): browser origins allowed besides the
+    /// broker's own.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for TrustSettings {
@@ -53,8 +63,20 @@ impl Default for TrustSettings {
             allow_localhost: true,
             file_safety_enabled: None,
             outbound_allow_private: false,
+            allow_other_users: false,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
+}
+
+/// A comma-separated list, each item trimmed, without a trailing `/`, in lowercase.
+fn parse_list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(|item| item.trim().trim_end_matches('/').to_ascii_lowercase())
+        .filter(|item| !item.is_empty())
+        .collect()
 }
 
 /// SHA-256 of a key (trimmed), as the auth check compares it.
@@ -133,6 +155,16 @@ impl TrustSettings {
         }
         if let Some(on) = parse_flag("SYNAPSE_OUTBOUND_ALLOW_PRIVATE", lookup("SYNAPSE_OUTBOUND_ALLOW_PRIVATE"))? {
             self.outbound_allow_private = on;
+        }
+        if let Some(on) = parse_flag("SYNAPSE_ALLOW_OTHER_USERS", lookup("SYNAPSE_ALLOW_OTHER_USERS"))? {
+            self.allow_other_users = on;
+        }
+        // Lists: set (even empty, which clears them) replaces.
+        if let Some(hosts) = lookup("SYNAPSE_ALLOWED_HOSTS") {
+            self.allowed_hosts = parse_list(&hosts);
+        }
+        if let Some(origins) = lookup("SYNAPSE_ALLOWED_ORIGINS") {
+            self.allowed_origins = parse_list(&origins);
         }
         Ok(())
     }
@@ -230,5 +262,30 @@ mod tests {
         assert!(TrustSettings::load(home.path()).is_err());
         let mut settings = TrustSettings::default();
         assert!(settings.apply_env(|_| Some("maybe".into())).is_err());
+        // A misspelt setting is refused, not ignored (auth would stay off).
+        std::fs::write(TrustSettings::path(home.path()), r#"{"auth_enable": true}"#).unwrap();
+        let refused = TrustSettings::load(home.path()).err().map(|error| format!("{error:#}")).unwrap_or_default();
+        assert!(refused.contains("auth_enable"), "{refused}");
+        // A file of an older version (without the newer fields) still loads.
+        std::fs::write(TrustSettings::path(home.path()), r#"{"version": 1, "auth_enabled": true}"#).unwrap();
+        assert!(TrustSettings::load(home.path()).is_ok_and(|loaded| loaded.auth_enabled && !loaded.allow_other_users));
+    }
+
+    #[test]
+    fn other_users_hosts_and_origins_come_from_the_variables_and_an_empty_list_clears() {
+        let mut settings = TrustSettings::default();
+        settings
+            .apply_env(|name| match name {
+                "SYNAPSE_ALLOW_OTHER_USERS" => Some("true".into()),
+                "SYNAPSE_ALLOWED_HOSTS" => Some(" DevBox , other:8100 ".into()),
+                "SYNAPSE_ALLOWED_ORIGINS" => Some("https://OK.example/".into()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(settings.allow_other_users);
+        assert_eq!(settings.allowed_hosts, vec!["devbox".to_string(), "other:8100".to_string()]);
+        assert_eq!(settings.allowed_origins, vec!["https://ok.example".to_string()]);
+        settings.apply_env(|name| (name == "SYNAPSE_ALLOWED_ORIGINS").then(String::new)).unwrap();
+        assert!(settings.allowed_origins.is_empty() && settings.allowed_hosts.len() == 2);
     }
 }

@@ -73,7 +73,15 @@ fn a_foreign_host_is_refused_on_the_broker_and_agent_ports() {
 #[test]
 fn a_foreign_origin_is_refused_and_the_broker_origin_and_configured_ones_are_allowed() {
     let home = Home::new();
-    let started = home.cmd(&["list"]).env("SYNAPSE_ALLOWED_ORIGINS", "https://ok.example").output().unwrap();
+    // Allowed origins are the home's security settings: an autostart by a client whose
+    // environment names one (an agent's CLI, say) allows nothing.
+    let autostarted = home.cmd(&["list"]).env("SYNAPSE_ALLOWED_ORIGINS", "https://evil.example").output().unwrap();
+    assert!(autostarted.status.success(), "{}", describe(&autostarted));
+    let (status, answer) =
+        raw(&mut tcp(broker_port(&home)), "GET", "/agents", &["Host: localhost", "Origin: https://evil.example"], "");
+    assert_eq!(status, 403, "an autostarting client's environment allowed an origin: {answer}");
+    home.ok(&["broker", "stop"]);
+    let started = home.cmd(&["broker", "start"]).env("SYNAPSE_ALLOWED_ORIGINS", "https://ok.example").output().unwrap();
     assert!(started.status.success(), "{}", describe(&started));
     let bob = home.register(Some("bob"));
     let port = broker_port(&home);

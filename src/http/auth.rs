@@ -19,6 +19,8 @@ pub struct AuthConfig {
     pub enabled: bool,
     key_digests: Vec<[u8; 32]>,
     pub allow_localhost: bool,
+    /// Other users' processes may call the broker without auth.
+    pub allow_other_users: bool,
     /// The dashboard's tokens for `/events?token=` (a browser's `EventSource` cannot send a key).
     pub stream_tokens: Arc<super::dashboard::StreamTokens>,
 }
@@ -32,6 +34,7 @@ impl AuthConfig {
             enabled: settings.auth_enabled,
             key_digests: settings.key_digests(),
             allow_localhost: settings.allow_localhost,
+            allow_other_users: settings.allow_other_users,
             stream_tokens: Arc::default(),
         }
     }
@@ -111,10 +114,10 @@ pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next
     // limit, would be read before its token is checked.
     let other_user = from_another_user(&request);
     let reads_only = request.method() == axum::http::Method::GET || request.method() == axum::http::Method::HEAD;
-    if open && (reads_only || !other_user || config.enabled || allow_other_users()) {
+    if open && (reads_only || !other_user || config.enabled || config.allow_other_users) {
         return next.run(request).await;
     }
-    if other_user && !config.enabled && !allow_other_users() {
+    if other_user && !config.enabled && !config.allow_other_users {
         return ApiError::new(
             StatusCode::FORBIDDEN,
             "this broker serves its own user only: the request comes from a process of another user, or from one whose connection could not be traced to its user (turn on auth with API keys, or set SYNAPSE_ALLOW_OTHER_USERS=true, to let others in)",
@@ -158,11 +161,6 @@ fn stream_token(query: Option<&str>) -> Option<String> {
         .map(|(_, value)| value.into_owned())
 }
 
-/// `SYNAPSE_ALLOW_OTHER_USERS=true`: other users' processes may call an open broker over TCP.
-fn allow_other_users() -> bool {
-    std::env::var("SYNAPSE_ALLOW_OTHER_USERS").is_ok_and(|value| value == "1" || value.eq_ignore_ascii_case("true"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,6 +171,7 @@ mod tests {
             enabled: true,
             key_digests: vec![digest("alpha"), digest("beta")],
             allow_localhost: false,
+            allow_other_users: false,
             stream_tokens: Arc::default(),
         };
         assert!(config.accepts("alpha"));

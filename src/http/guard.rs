@@ -35,23 +35,18 @@ pub struct RequestRules {
 /// The media types a request body may have.
 const JSON_TYPES: [&str; 2] = ["application/json", "application/a2a+json"];
 
-fn list(variable: &str) -> Vec<String> {
-    std::env::var(variable)
-        .unwrap_or_default()
-        .split(',')
-        .map(|item| item.trim().trim_end_matches('/').to_ascii_lowercase())
-        .filter(|item| !item.is_empty())
-        .collect()
-}
-
 fn is_port(text: Option<&str>) -> bool {
     text.is_none_or(|port| !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()))
 }
 
 impl RequestRules {
-    /// Reads `SYNAPSE_ALLOWED_HOSTS` and `SYNAPSE_ALLOWED_ORIGINS` (comma-separated), once at start.
-    pub fn from_env() -> RequestRules {
-        RequestRules { allowed_hosts: list("SYNAPSE_ALLOWED_HOSTS"), allowed_origins: list("SYNAPSE_ALLOWED_ORIGINS") }
+    /// The home's allowed hosts and origins (`SYNAPSE_ALLOWED_HOSTS`, `SYNAPSE_ALLOWED_ORIGINS`
+    /// when the broker was started by hand: see [`crate::trust`]), once at start.
+    pub fn from_trust(settings: &crate::trust::TrustSettings) -> RequestRules {
+        RequestRules {
+            allowed_hosts: settings.allowed_hosts.clone(),
+            allowed_origins: settings.allowed_origins.clone(),
+        }
     }
 
     fn is_allowed_host(&self, value: &str) -> bool {

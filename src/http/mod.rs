@@ -86,7 +86,7 @@ impl HttpState {
             runtime,
             long_reads: Arc::new(tokio::sync::Semaphore::new(2)),
             auth: Arc::new(auth::AuthConfig::from_trust(&broker.trust)),
-            request_rules: guard::RequestRules::from_env(),
+            request_rules: guard::RequestRules::from_trust(&broker.trust),
             connection_limits: Arc::new(server::ConnectionLimits::from_env()),
             page: dashboard::Page::default(),
             push_config_turn: tokio::sync::Mutex::new(()),
