@@ -63,7 +63,10 @@ pub struct Paths {
 impl Paths {
     pub fn from_env() -> anyhow::Result<Paths> {
         let home = match std::env::var_os("SYNAPSE_HOME") {
-            Some(home) if !home.is_empty() => PathBuf::from(home),
+            // A relative home is taken from here, once: a broker and its clients started in
+            // other folders must name the same one.
+            Some(home) if !home.is_empty() => std::path::absolute(PathBuf::from(home))
+                .map_err(|error| anyhow::anyhow!("SYNAPSE_HOME cannot be made absolute: {error}"))?,
             _ => match std::env::var_os("HOME") {
                 Some(user_home) if !user_home.is_empty() => PathBuf::from(user_home).join(".synapse"),
                 _ => anyhow::bail!("neither SYNAPSE_HOME nor HOME is set: cannot tell where to keep the log"),

@@ -47,6 +47,29 @@ fn a_second_broker_on_the_same_home_exits_at_once_with_a_clear_message() {
     assert!(stderr(&output).contains("already listening"), "{}", describe(&output));
 }
 
+/// Two homes with one socket folder (the default `/tmp/synapse-a2a`, say): a command of the
+/// second home reaches the first home's broker, and must not use it (its log, its settings) nor
+/// stop it. It used it, as if it were its own.
+#[test]
+fn a_command_of_another_home_refuses_the_broker_at_its_socket_and_never_stops_it() {
+    let home = Home::new();
+    home.ok(&["list"]);
+    let pid = home.broker_pid().unwrap();
+    let other_home = home.dir.path().join("home2");
+    for args in [vec!["list"], vec!["send", "nobody", "hello"], vec!["broker", "status"], vec!["broker", "stop"]] {
+        let output = home.cmd(&args).env("SYNAPSE_HOME", &other_home).output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", describe(&output));
+        let said = stderr(&output);
+        assert!(said.contains("serves SYNAPSE_HOME=") && said.contains("SYNAPSE_UDS_DIR"), "{args:?}: {said}");
+    }
+    assert!(is_alive(pid), "the first home's broker was stopped by the second home's command");
+    assert_eq!(home.broker_pid(), Some(pid));
+    // The same home, named relatively from its parent folder, is the same home.
+    let parent = home.home().parent().unwrap().to_path_buf();
+    let output = home.cmd(&["list"]).env("SYNAPSE_HOME", "home").current_dir(&parent).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+}
+
 #[test]
 fn a_stale_socket_file_left_by_a_dead_broker_is_replaced() {
     let home = Home::new();

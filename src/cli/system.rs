@@ -37,6 +37,7 @@ pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>, json:
         Some(BrokerCommand::Status) => match Client::try_connect(paths).await {
             Some(mut client) => {
                 let info = client.health().await?;
+                client::ensure_home(paths, &info)?;
                 if json {
                     println!("{}", api::json_pretty(&info)?);
                 } else {

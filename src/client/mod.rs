@@ -287,6 +287,41 @@ pub struct VersionMismatch {
     pid: u32,
 }
 
+/// The broker at this home's socket serves another home (two homes share the default socket
+/// folder): its log is not this home's, nor its settings.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the broker at {socket} serves SYNAPSE_HOME={theirs}, not {ours}: give each home its own socket folder (SYNAPSE_UDS_DIR)"
+)]
+pub struct HomeMismatch {
+    socket: String,
+    theirs: String,
+    ours: String,
+}
+
+/// Refuses a broker that serves another home than `paths`'s.
+pub fn ensure_home(paths: &Paths, info: &BrokerInfo) -> anyhow::Result<()> {
+    if same_home(&info.home, &paths.home) {
+        return Ok(());
+    }
+    Err(HomeMismatch {
+        socket: paths.broker_socket().display().to_string(),
+        theirs: info.home.clone(),
+        ours: paths.home.display().to_string(),
+    }
+    .into())
+}
+
+/// Do `theirs` (as a broker reports its home) and `ours` name one directory? Compared resolved
+/// (symbolic links, `..`), else as written.
+fn same_home(theirs: &str, ours: &std::path::Path) -> bool {
+    let theirs = std::path::Path::new(theirs);
+    match (std::fs::canonicalize(theirs), std::fs::canonicalize(ours)) {
+        (Ok(theirs), Ok(ours)) => theirs == ours,
+        _ => theirs == ours,
+    }
+}
+
 /// The broker was stopped on purpose (`synapse broker stop`) and none has been started since;
 /// an agent wrapper waits for one instead of starting it.
 #[derive(Debug, thiserror::Error)]
@@ -325,13 +360,14 @@ impl Client {
             if peer.is_some_and(|pid| info_file_names(paths, pid)) {
                 return Ok(client);
             }
-            match client.check_version().await {
+            match client.check_version(paths).await {
                 Ok(()) => return Ok(client),
                 // A broker that holds the connection without answering is stuck, not absent:
                 // starting another one would only fail on its socket.
                 Err(error)
                     if !autostart
                         || error.downcast_ref::<VersionMismatch>().is_some()
+                        || error.downcast_ref::<HomeMismatch>().is_some()
                         || error.downcast_ref::<Timeout>().is_some() =>
                 {
                     return Err(error);
@@ -358,7 +394,7 @@ impl Client {
                     format!("the broker started but {} does not answer", paths.broker_socket().display())
                 })?;
                 let mut client = Client { sender, secret: secret.clone() };
-                client.check_version().await?;
+                client.check_version(paths).await?;
                 anyhow::Ok(client)
             }
             .await;
@@ -367,6 +403,7 @@ impl Client {
                 Err(error)
                     if attempt >= CONNECT_ATTEMPTS
                         || error.downcast_ref::<VersionMismatch>().is_some()
+                        || error.downcast_ref::<HomeMismatch>().is_some()
                         || error.downcast_ref::<Timeout>().is_some() =>
                 {
                     return Err(error);
@@ -418,7 +455,8 @@ impl Client {
         Some(Client { sender, secret })
     }
 
-    async fn check_version(&mut self) -> anyhow::Result<()> {
+    /// Is the broker at the other end one this synapse may use: this version, serving this home?
+    async fn check_version(&mut self, paths: &Paths) -> anyhow::Result<()> {
         let info = match self.health().await {
             Ok(info) => info,
             // Kept apart: the caller does not start another broker beside a stuck one.
@@ -428,7 +466,7 @@ impl Client {
         if info.version != api::VERSION {
             return Err(VersionMismatch { running: info.version, pid: info.pid }.into());
         }
-        Ok(())
+        ensure_home(paths, &info)
     }
 
     /// Sends `secret` with every request (the wrapper acting as its agent).
@@ -1047,6 +1085,11 @@ async fn answers_health(paths: &Paths) -> bool {
 /// Asks the broker to stop and waits until it has (its socket stops answering).
 pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
     let Some(mut client) = Client::try_connect(paths).await else { return Ok(None) };
+    // Another home's broker at this home's socket is not this home's to stop. (A broker of
+    // another version is: stopping it is how one moves to this version.)
+    if let Ok(info) = client.health().await {
+        ensure_home(paths, &info)?;
+    }
     let pid = Some(client.shutdown().await?.pid);
     drop(client);
     let started = Instant::now();
