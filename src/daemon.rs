@@ -31,16 +31,17 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     create_private_dir(&paths.home)?;
     crate::private_files::own_dir(&paths.uds_dir)
         .with_context(|| format!("cannot use {} for the broker's sockets", paths.uds_dir.display()))?;
-    // Fault-injection tests make the disk look full while this file exists (see store::fault).
-    let disk_full_switch = std::env::var_os(DISK_FULL_SWITCH_VARIABLE).map(std::path::PathBuf::from);
-    let store = Store::open_with_disk_full_switch(&paths.database(), disk_full_switch.as_deref())?;
     // A home made by an older version (or by hand) may be readable by others: the log and the
-    // terminal logs hold every message.
+    // terminal logs hold every message. Before the log is opened (a replay may take seconds, in
+    // which another user could open a file still readable to them and keep it).
     match crate::private_files::tighten_home(&paths.home) {
         Ok(0) => {}
         Ok(changed) => tracing::warn!("{}: removed group/other access from {changed} entries", paths.home.display()),
         Err(error) => tracing::warn!("cannot restrict the permissions of {}: {error}", paths.home.display()),
     }
+    // Fault-injection tests make the disk look full while this file exists (see store::fault).
+    let disk_full_switch = std::env::var_os(DISK_FULL_SWITCH_VARIABLE).map(std::path::PathBuf::from);
+    let store = Store::open_with_disk_full_switch(&paths.database(), disk_full_switch.as_deref())?;
     // This broker owns the home now: a deliberate stop of the previous one is over, and
     // wrappers waiting for a broker may connect.
     crate::trust::clear_stopped(&paths.home)

@@ -38,7 +38,8 @@ fn a_second_broker_on_the_same_home_exits_at_once_with_a_clear_message() {
     // Same home, other socket directory: the database lock refuses it.
     let other_uds = home.dir.path().join("uds2");
     let output = home.cmd(&["broker"]).env("SYNAPSE_UDS_DIR", &other_uds).output().unwrap();
-    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    // Its own exit status: a client that started it waits for the broker that has the database.
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
     assert!(stderr(&output).contains("another synapse broker already has the database"), "{}", describe(&output));
     // Same socket directory, other home: the live socket refuses it.
     let other_home = home.dir.path().join("home2");
@@ -92,6 +93,29 @@ fn a_corrupt_database_is_refused_with_a_clear_message() {
     let output = home.run(&["list"]);
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr(&output).contains("the broker exited at start"), "{}", describe(&output));
+}
+
+/// A command that starts a broker while another process still holds the database (a broker
+/// stopping, or one replaying a long log at its start) waits for it instead of failing with
+/// "the broker exited at start".
+#[test]
+fn a_command_waits_while_another_process_still_holds_the_database() {
+    let home = Home::new();
+    home.ok(&["list"]);
+    home.ok(&["broker", "stop"]);
+    let held = redb::Database::create(home.home().join("synapse.redb")).unwrap();
+    let command = home.cmd(&["list"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // The broker it started found the database held, and said so, at least once.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_to_string(home.home().join("broker.log"))
+        .is_ok_and(|log| log.contains("already has the database"))
+    {
+        assert!(std::time::Instant::now() < deadline, "no broker was refused for the held database");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(held);
+    let output = output_within(command, std::time::Duration::from_secs(60), "synapse list");
+    assert!(output.status.success(), "{}", describe(&output));
 }
 
 #[test]

@@ -85,6 +85,12 @@ fn a_broker_stopped_on_purpose_stays_stopped_while_an_agent_runs_and_the_wrapper
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A command inside an agent (its CLI's `synapse send`, its MCP server) does not start it
+    // again either; the user's own commands do.
+    let inside = home.cmd(&["list"]).env("SYNAPSE_AGENT_ID", bob["agent_id"].as_str().unwrap()).output().unwrap();
+    assert_eq!(inside.status.code(), Some(1), "{}", describe(&inside));
+    assert!(stderr(&inside).contains("stopped on purpose"), "{}", describe(&inside));
+    assert!(std::os::unix::net::UnixStream::connect(home.socket()).is_err(), "an agent's command started a broker");
 
     home.ok(&["broker", "start"]);
     // The round trip needs bob's wrapper connected to the new broker (its watcher injects).

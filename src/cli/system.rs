@@ -14,8 +14,16 @@ pub fn run_broker(paths: Paths, autostarted: bool) -> anyhow::Result<i32> {
         crate::trust::TrustSettings::update_from_env(&paths.home)?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(crate::daemon::run(paths))?;
-    Ok(0)
+    match runtime.block_on(crate::daemon::run(paths)) {
+        Ok(()) => Ok(0),
+        // Said apart (its own exit status): a client that started this broker waits for the
+        // one that has the database (starting, or stopping) instead of reporting a failure.
+        Err(error) if matches!(error.downcast_ref(), Some(crate::store::StoreError::AlreadyOpen { .. })) => {
+            eprintln!("{}", super::user_message(&format!("{error:#}")));
+            Ok(client::ALREADY_RUNNING_EXIT)
+        }
+        Err(error) => Err(error),
+    }
 }
 
 pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>, json: bool) -> anyhow::Result<i32> {

@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 /// How long a command waits for a broker it started to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// The exit status of a broker that found the database held by another broker of the home.
+pub const ALREADY_RUNNING_EXIT: i32 = 3;
+
 /// How long connecting, or one request, may take by default.
 const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -326,7 +329,7 @@ fn same_home(theirs: &str, ours: &std::path::Path) -> bool {
 /// an agent wrapper waits for one instead of starting it.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "the broker for SYNAPSE_HOME={home} was stopped on purpose; waiting until one is started ('synapse broker start')"
+    "the broker for SYNAPSE_HOME={home} was stopped on purpose ('synapse broker stop'): an agent does not start it again; start it with 'synapse broker start'"
 )]
 pub struct StoppedOnPurpose {
     home: String,
@@ -341,8 +344,12 @@ fn refuse_if_stopped(paths: &Paths) -> anyhow::Result<()> {
 
 impl Client {
     /// Connects to the running broker, starting one when `autostart` is set and none runs.
+    /// Inside an agent (`SYNAPSE_AGENT_ID`: its CLI's commands and MCP server) a broker stopped
+    /// on purpose is not started again: the user stopped it (to upgrade it, say), and an agent
+    /// at work would restart the old one behind their back.
     pub async fn connect(paths: &Paths, autostart: bool) -> anyhow::Result<Client> {
-        Client::connect_with(paths, autostart, false).await
+        let inside_an_agent = std::env::var_os("SYNAPSE_AGENT_ID").is_some_and(|id| !id.is_empty());
+        Client::connect_with(paths, autostart, inside_an_agent).await
     }
 
     /// For agent wrappers: like `connect(paths, true)`, but never starts a broker that was
@@ -1038,15 +1045,33 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
     let log =
         crate::private_files::open_append(&log_path).with_context(|| format!("cannot open {}", log_path.display()))?;
     let log_err = log.try_clone()?;
-    let mut command = std::process::Command::new(exe);
-    // `--autostarted`: this client's environment does not decide the broker's security.
-    command.arg("broker").arg("--autostarted").stdin(std::process::Stdio::null()).stdout(log).stderr(log_err);
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    let mut child = command.spawn().context("cannot start the broker")?;
+    let spawn = || -> anyhow::Result<std::process::Child> {
+        let mut command = std::process::Command::new(&exe);
+        // `--autostarted`: this client's environment does not decide the broker's security.
+        command
+            .arg("broker")
+            .arg("--autostarted")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log_err.try_clone()?);
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        command.spawn().context("cannot start the broker")
+    };
+    let mut child = spawn()?;
     let started = Instant::now();
     let mut delay = Duration::from_millis(1);
     loop {
         if let Some(status) = child.try_wait()? {
+            // Another broker has the database: one still stopping (its socket closed first), or
+            // one still replaying the log at its start. Wait for it to answer, or to let go.
+            if status.code() == Some(ALREADY_RUNNING_EXIT) && started.elapsed() < START_TIMEOUT {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if answers_health(paths).await {
+                    break;
+                }
+                child = spawn()?;
+                continue;
+            }
             let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
             let last: Vec<&str> = log_text.lines().rev().take(3).collect();
             let last: Vec<&str> = last.into_iter().rev().collect();

@@ -65,9 +65,19 @@ pub struct ConnectionLimits {
     refusals: Arc<Semaphore>,
 }
 
+/// A positive number from the environment, at most `MAX_SETTING` (a larger one would overflow
+/// what it sizes: a semaphore of 2^62 permits panics).
 fn env_number(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|value| value.trim().parse().ok()).filter(|value| *value > 0)
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.trim().parse().ok())
+        .filter(|value| *value > 0)
+        .map(|value: u64| value.min(MAX_SETTING))
 }
+
+/// The largest value of a connection setting: a day in milliseconds, and far more connections
+/// than a process has file descriptors.
+const MAX_SETTING: u64 = 86_400_000;
 
 impl ConnectionLimits {
     pub fn new(idle_timeout: Duration, max_connections: usize) -> ConnectionLimits {

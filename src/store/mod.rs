@@ -183,13 +183,17 @@ fn open_database(source: &FileSource) -> Result<Database, StoreError> {
         }
         other => StoreError::Unreadable { path: shown.clone(), reason: other.to_string() },
     };
-    // Opened as redb's `Builder::create` opens it, with the backend wrapped.
-    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(
-        |error| match error {
-            error if is_disk_full(&error) => StoreError::DiskFull(error.to_string()),
-            error => StoreError::Unreadable { path: shown.clone(), reason: error.to_string() },
-        },
-    )?;
+    // Opened as redb's `Builder::create` opens it, with the backend wrapped; created readable
+    // by the user only (the log holds every message).
+    let file = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false),
+        crate::private_files::FILE_MODE,
+    )
+    .open(path)
+    .map_err(|error| match error {
+        error if is_disk_full(&error) => StoreError::DiskFull(error.to_string()),
+        error => StoreError::Unreadable { path: shown.clone(), reason: error.to_string() },
+    })?;
     let file = redb::backends::FileBackend::new(file).map_err(refused)?;
     let backend = failure::Recording::new(file, source.simulated_disk.clone(), source.failure.clone())
         .map_err(|error| StoreError::Unreadable { path: shown.clone(), reason: error.to_string() })?;
