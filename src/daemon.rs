@@ -26,6 +26,12 @@ fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))
 }
 
+/// Another broker of this home has its database open (the one that runs, starting or
+/// stopping): said apart, so a client that started this one waits for that one.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct AlreadyRunning(pub String);
+
 /// Runs the broker in the foreground until it is stopped (signal or `synapse broker stop`).
 pub async fn run(paths: Paths) -> anyhow::Result<()> {
     create_private_dir(&paths.home)?;
@@ -41,7 +47,13 @@ pub async fn run(paths: Paths) -> anyhow::Result<()> {
     }
     // Fault-injection tests make the disk look full while this file exists (see store::fault).
     let disk_full_switch = std::env::var_os(DISK_FULL_SWITCH_VARIABLE).map(std::path::PathBuf::from);
-    let store = Store::open_with_disk_full_switch(&paths.database(), disk_full_switch.as_deref())?;
+    let store =
+        Store::open_with_disk_full_switch(&paths.database(), disk_full_switch.as_deref()).map_err(
+            |error| match error {
+                crate::store::StoreError::AlreadyOpen { .. } => anyhow::Error::new(AlreadyRunning(error.to_string())),
+                other => other.into(),
+            },
+        )?;
     // This broker owns the home now: a deliberate stop of the previous one is over, and
     // wrappers waiting for a broker may connect.
     crate::trust::clear_stopped(&paths.home)

@@ -413,16 +413,24 @@ fn events_follow_goes_on_across_a_broker_restart_without_duplicates_or_gaps() {
 /// answers as a broker of `version`, `GET /agents` with no agents, anything else 404. Each
 /// request line is recorded.
 fn stand_in_broker(home: &Home, version: &str) -> Arc<Mutex<Vec<String>>> {
+    stand_in_broker_of_build(home, version, None)
+}
+
+/// [`stand_in_broker`], saying it runs `build` when given.
+fn stand_in_broker_of_build(home: &Home, version: &str, build: Option<&str>) -> Arc<Mutex<Vec<String>>> {
     use std::io::{Read, Write};
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().mode(0o700).recursive(true).create(home.uds()).unwrap();
     let listener = std::os::unix::net::UnixListener::bind(home.socket()).unwrap();
     let requests = Arc::new(Mutex::new(Vec::new()));
-    let health = json!({
+    let mut health = json!({
         "pid": std::process::id(), "version": version, "schema": 1, "home": home.home().to_str().unwrap(),
         "socket": home.socket().to_str().unwrap(), "port": 0, "head": 0, "healthy": true,
-    })
-    .to_string();
+    });
+    if let Some(build) = build {
+        health["build"] = json!(build);
+    }
+    let health = health.to_string();
     let seen = requests.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
@@ -520,6 +528,26 @@ fn a_command_skips_the_version_handshake_only_when_broker_json_names_the_process
     let output = home.run(&["list"]);
     assert!(output.status.success(), "{}", describe(&output));
     assert!(!asked_health(&requests), "the health check was asked although broker.json vouched for the broker");
+}
+
+/// A broker of this version but another build (synapse reinstalled while it ran) serves on,
+/// and a command says so once on stderr: it was used without a word (the version alone was
+/// compared, and it is the same across builds).
+#[test]
+fn a_broker_of_another_build_serves_on_and_a_command_says_so() {
+    let home = Home::new();
+    let requests = stand_in_broker_of_build(&home, env!("CARGO_PKG_VERSION"), Some("another-build"));
+    let output = home.run(&["list"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let said = stderr(&output);
+    assert_eq!(said.matches("another build of synapse").count(), 1, "{said}");
+    assert!(said.contains("synapse broker stop"), "{said}");
+    assert!(requests.lock().unwrap().iter().any(|line| line.starts_with("GET /agents ")));
+    // A broker that names no build (older than the field) is taken as it is.
+    let quiet = Home::new();
+    let _requests = stand_in_broker_of_build(&quiet, env!("CARGO_PKG_VERSION"), None);
+    let output = quiet.run(&["list"]);
+    assert!(output.status.success() && !stderr(&output).contains("another build"), "{}", describe(&output));
 }
 
 /// The file is removed when the stop begins (the end of the stop leaves it alone: a broker

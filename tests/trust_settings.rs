@@ -92,7 +92,10 @@ fn a_broker_stopped_on_purpose_stays_stopped_while_an_agent_runs_and_the_wrapper
     assert!(stderr(&inside).contains("stopped on purpose"), "{}", describe(&inside));
     assert!(std::os::unix::net::UnixStream::connect(home.socket()).is_err(), "an agent's command started a broker");
 
-    home.ok(&["broker", "start"]);
+    // `synapse broker start` is typed on purpose: it starts the broker, inside an agent too.
+    let started =
+        home.cmd(&["broker", "start"]).env("SYNAPSE_AGENT_ID", bob["agent_id"].as_str().unwrap()).output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
     // The round trip needs bob's wrapper connected to the new broker (its watcher injects).
     let answer = home.ok(&["send", "bob", "are you back?", "--wait", "30"]);
     assert!(answer.contains("Auto-reply"), "{answer}");

@@ -13,6 +13,9 @@ pub struct BrokerInfo {
     pub socket: String,
     pub port: u16,
     pub head: u64,
+    /// The build the broker runs (`config::BUILD_ID`); empty from a broker older than it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub build: String,
     /// False while the broker cannot store (its last write failed and none has succeeded since).
     #[serde(default = "is_true")]
     pub healthy: bool,

@@ -102,6 +102,7 @@ impl BrokerState {
             socket: self.paths.broker_socket().display().to_string(),
             port: self.port.load(std::sync::atomic::Ordering::Relaxed),
             head: *self.head.borrow(),
+            build: crate::config::BUILD_ID.to_string(),
         }
     }
 

@@ -477,7 +477,10 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             return agents::start(&paths, &profile, &args, json);
         }
         Command::Demo { keep } => return demo::run(keep),
-        other => other,
+        other => {
+            crate::client::warn_of_other_builds();
+            other
+        }
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {

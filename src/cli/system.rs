@@ -18,7 +18,7 @@ pub fn run_broker(paths: Paths, autostarted: bool) -> anyhow::Result<i32> {
         Ok(()) => Ok(0),
         // Said apart (its own exit status): a client that started this broker waits for the
         // one that has the database (starting, or stopping) instead of reporting a failure.
-        Err(error) if matches!(error.downcast_ref(), Some(crate::store::StoreError::AlreadyOpen { .. })) => {
+        Err(error) if error.downcast_ref::<crate::daemon::AlreadyRunning>().is_some() => {
             eprintln!("{}", super::user_message(&format!("{error:#}")));
             Ok(client::ALREADY_RUNNING_EXIT)
         }
@@ -86,7 +86,8 @@ pub async fn broker_control(paths: &Paths, command: Option<BrokerCommand>, json:
                     crate::trust::TrustSettings::path(&paths.home).display()
                 );
             }
-            let mut client = Client::connect(paths, true).await?;
+            // Typed on purpose: starts a broker stopped on purpose, also inside an agent.
+            let mut client = Client::connect_starting(paths).await?;
             let info = client.health().await?;
             if json {
                 println!("{}", api::json_pretty(&info)?);

@@ -267,8 +267,36 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Connected> {
 /// accepts connections (then resets them) until its last thread has gone, after its main
 /// thread shows as a zombie: the health check finds that out, as it did before.
 fn info_file_names(paths: &Paths, pid: u32) -> bool {
-    broker_info_file(paths).is_some_and(|info| info.pid == pid && info.version == api::VERSION)
-        && crate::process::is_pid_alive(pid)
+    broker_info_file(paths).is_some_and(|info| {
+        info.pid == pid
+            && info.version == api::VERSION
+            && (info.build.is_empty() || info.build == crate::config::BUILD_ID)
+    }) && crate::process::is_pid_alive(pid)
+}
+
+/// Whether this process says so when the broker runs another build of this version (the
+/// `synapse` commands do; an agent's wrapper, which draws the terminal, does not).
+static WARN_OF_OTHER_BUILDS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// This process's commands say on stderr, once, when the broker runs another build.
+pub fn warn_of_other_builds() {
+    WARN_OF_OTHER_BUILDS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A broker of this version but another build (one reinstalled while it ran) serves on: the
+/// API of one version is the same. Said once, so the user knows which code answers.
+fn note_other_build(info: &BrokerInfo) {
+    if info.build.is_empty() || info.build == crate::config::BUILD_ID {
+        return;
+    }
+    tracing::info!("the broker (pid {}) runs build {}, this process {}", info.pid, info.build, crate::config::BUILD_ID);
+    if WARN_OF_OTHER_BUILDS.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "Warning: the running broker (pid {}) is another build of synapse {} than this command; run 'synapse broker stop' to have this build's broker start (agents reconnect to it)",
+            info.pid,
+            api::VERSION
+        );
+    }
 }
 
 /// The broker's info file (`broker.json`), when it is there and readable.
@@ -350,6 +378,12 @@ impl Client {
     pub async fn connect(paths: &Paths, autostart: bool) -> anyhow::Result<Client> {
         let inside_an_agent = std::env::var_os("SYNAPSE_AGENT_ID").is_some_and(|id| !id.is_empty());
         Client::connect_with(paths, autostart, inside_an_agent).await
+    }
+
+    /// `synapse broker start`: connects, starting a broker even when the last one was stopped
+    /// on purpose (that is what the command is for), inside an agent too.
+    pub async fn connect_starting(paths: &Paths) -> anyhow::Result<Client> {
+        Client::connect_with(paths, true, false).await
     }
 
     /// For agent wrappers: like `connect(paths, true)`, but never starts a broker that was
@@ -470,10 +504,13 @@ impl Client {
             Err(ClientError::Timeout(timeout)) => return Err(timeout.into()),
             Err(error) => return Err(error.into()),
         };
+        // Another home's broker first: stopping it would not help this home.
+        ensure_home(paths, &info)?;
         if info.version != api::VERSION {
             return Err(VersionMismatch { running: info.version, pid: info.pid }.into());
         }
-        ensure_home(paths, &info)
+        note_other_build(&info);
+        Ok(())
     }
 
     /// Sends `secret` with every request (the wrapper acting as its agent).
@@ -1060,13 +1097,24 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
     let mut child = spawn()?;
     let started = Instant::now();
     let mut delay = Duration::from_millis(1);
+    // The pause before starting again after a refusal: 50 ms, doubling up to 1 s.
+    let mut respawn_pause = Duration::from_millis(50);
     loop {
         if let Some(status) = child.try_wait()? {
             // Another broker has the database: one still stopping (its socket closed first), or
             // one still replaying the log at its start. Wait for it to answer, or to let go.
             if status.code() == Some(ALREADY_RUNNING_EXIT) && started.elapsed() < START_TIMEOUT {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                if answers_health(paths).await {
+                let until = Instant::now() + respawn_pause;
+                respawn_pause = (respawn_pause * 2).min(Duration::from_secs(1));
+                let mut answered = false;
+                while Instant::now() < until {
+                    if answers_health(paths).await {
+                        answered = true;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                if answered {
                     break;
                 }
                 child = spawn()?;

@@ -120,7 +120,7 @@ pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next
     if other_user && !config.enabled && !config.allow_other_users {
         return ApiError::new(
             StatusCode::FORBIDDEN,
-            "this broker serves its own user only: the request comes from a process of another user, or from one whose connection could not be traced to its user (turn on auth with API keys, or set SYNAPSE_ALLOW_OTHER_USERS=true, to let others in)",
+            "this broker serves its own user only: the request comes from a process of another user, or from one whose connection could not be traced to its user (turn on auth with API keys, or start the broker with 'SYNAPSE_ALLOW_OTHER_USERS=true synapse broker start', to let others in)",
         )
         .into_response();
     }

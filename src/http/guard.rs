@@ -87,7 +87,7 @@ impl RequestRules {
                     return Err(ApiError::new(
                         StatusCode::MISDIRECTED_REQUEST,
                         format!(
-                            "Host '{host}' is not allowed: Synapse answers only to localhost, 127.0.0.1 and [::1] (add a name to SYNAPSE_ALLOWED_HOSTS to allow it)"
+                            "Host '{host}' is not allowed: Synapse answers only to localhost, 127.0.0.1 and [::1] (to allow it, start the broker with SYNAPSE_ALLOWED_HOSTS naming it: 'synapse broker stop', then 'SYNAPSE_ALLOWED_HOSTS=... synapse broker start')"
                         ),
                     ));
                 }
@@ -102,7 +102,7 @@ impl RequestRules {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,
                     format!(
-                        "requests from the web origin '{origin}' are not allowed (only the broker's own page; add an origin to SYNAPSE_ALLOWED_ORIGINS to allow it)"
+                        "requests from the web origin '{origin}' are not allowed (only the broker's own page; to allow it, start the broker with SYNAPSE_ALLOWED_ORIGINS naming it: 'synapse broker stop', then 'SYNAPSE_ALLOWED_ORIGINS=... synapse broker start')"
                     ),
                 ));
             }
