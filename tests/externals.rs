@@ -412,14 +412,18 @@ fn a_message_whose_delivery_times_out_waits_for_its_reply() {
         .to_string();
     let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
     assert_eq!(task["task"]["status"], "working", "{task}");
-    let body = serde_json::json!({
-        "message": {"parts": [{"type": "text", "text": "yes, here"}]},
-        "metadata": {"in_reply_to": token},
-    })
-    .to_string();
-    let (status, answer) =
-        http_tcp(broker_port(&home), "POST", "/external-replies/tasks/send", Some(body.as_bytes()), &[]);
-    assert_eq!(status, 200, "{answer}");
+    // The remote agent's reply, posted with the token its message carried.
+    let reply = |token: &str, text: &str| {
+        let body = serde_json::json!({
+            "message": {"parts": [{"type": "text", "text": text}]},
+            "metadata": {"in_reply_to": token},
+        })
+        .to_string();
+        let (status, answer) =
+            http_tcp(broker_port(&home), "POST", "/external-replies/tasks/send", Some(body.as_bytes()), &[]);
+        assert_eq!(status, 200, "{answer}");
+    };
+    reply(&token, "yes, here");
     let (_, task) = home.http("GET", &format!("/tasks/{task_id}"), None, &[]);
     assert_eq!(task["task"]["status"], "completed", "{task}");
     assert_eq!(task["task"]["artifacts"][0]["parts"][0]["text"], "yes, here", "{task}");
@@ -435,15 +439,8 @@ fn a_message_whose_delivery_times_out_waits_for_its_reply() {
         .unwrap();
     let message = received.recv_timeout(Duration::from_secs(30)).unwrap();
     let token = message["metadata"]["sender_task_id"].as_str().unwrap().to_string();
-    let body = serde_json::json!({
-        "message": {"parts": [{"type": "text", "text": "now, yes"}]},
-        "metadata": {"in_reply_to": token},
-    })
-    .to_string();
     // Posted once the wait has begun, or before: either way the task holds the reply.
-    let (status, answer) =
-        http_tcp(broker_port(&home), "POST", "/external-replies/tasks/send", Some(body.as_bytes()), &[]);
-    assert_eq!(status, 200, "{answer}");
+    reply(&token, "now, yes");
     let waited = waiting.wait_with_output().unwrap();
     assert!(waited.status.success(), "{}", describe(&waited));
     assert!(stdout(&waited).contains("now, yes"), "{}", describe(&waited));
