@@ -179,7 +179,8 @@ struct Fake {
     /// The event stream of `remote-1` (the bytes of the whole stream); None: it has none (a
     /// Python Synapse agent has none either).
     events: Option<&'static str>,
-    /// `POST /tasks/send` takes the message and never answers.
+    /// `POST /tasks/send` takes the message and never answers; once the broker closes the
+    /// connection, `{"closed": true}` follows the message on the channel.
     holds: bool,
 }
 
@@ -199,7 +200,6 @@ fn fake_external_as(fake: Fake) -> (u16, std::sync::mpsc::Receiver<Value>) {
     let port = listener.local_addr().unwrap().port();
     let (sender, received) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut held = Vec::new();
         for mut stream in listener.incoming().flatten() {
             let mut request = Vec::new();
             let mut buffer = [0u8; 4096];
@@ -246,7 +246,12 @@ fn fake_external_as(fake: Fake) -> (u16, std::sync::mpsc::Receiver<Value>) {
                 let message: Value = serde_json::from_slice(&request[head_end..]).unwrap_or(Value::Null);
                 let _ = sender.send(message);
                 if fake.holds {
-                    held.push(stream);
+                    let closed = sender.clone();
+                    std::thread::spawn(move || {
+                        let mut rest = [0u8; 256];
+                        while matches!(stream.read(&mut rest), Ok(read) if read > 0) {}
+                        let _ = closed.send(serde_json::json!({"closed": true}));
+                    });
                     continue;
                 }
                 if let Some(refusal) = fake.refusal {
@@ -404,6 +409,7 @@ fn a_message_whose_delivery_times_out_waits_for_its_reply() {
     assert!(said.contains("may deliver it twice"), "{said}");
     let message = received.recv_timeout(Duration::from_secs(30)).unwrap();
     let token = message["metadata"]["sender_task_id"].as_str().unwrap().to_string();
+    assert_eq!(received.recv_timeout(Duration::from_secs(30)).unwrap()["closed"], true, "the broker gave up");
     let task_id = said
         .split("task ")
         .nth(1)
@@ -432,14 +438,14 @@ fn a_message_whose_delivery_times_out_waits_for_its_reply() {
     // token still brings.
     let waiting = home
         .cmd(&["send", "slow", "and now?", "--wait", "60"])
-        .env("SYNAPSE_EXTERNAL_TIMEOUT_MS", "700")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let message = received.recv_timeout(Duration::from_secs(30)).unwrap();
     let token = message["metadata"]["sender_task_id"].as_str().unwrap().to_string();
-    // Posted once the wait has begun, or before: either way the task holds the reply.
+    // Posted once the broker has given up on the delivery (its 700 ms), while the send waits.
+    assert_eq!(received.recv_timeout(Duration::from_secs(30)).unwrap()["closed"], true, "the broker gave up");
     reply(&token, "now, yes");
     let waited = waiting.wait_with_output().unwrap();
     assert!(waited.status.success(), "{}", describe(&waited));

@@ -192,7 +192,8 @@ pub fn normalise_url(url: &str) -> Result<String, String> {
 pub struct Answer {
     pub status: u16,
     pub body: Bytes,
-    /// The body was longer than the limit: only its start was read, the rest was dropped.
+    /// Only the body's start was read: it was longer than the limit (the rest was dropped), or
+    /// its end was lost after the status came (then the body is empty).
     pub truncated: bool,
 }
 
@@ -315,8 +316,9 @@ pub async fn exchange(
     };
     result.or_else(|message| {
         let status = answered.load(Relaxed);
-        if (200..300).contains(&status) {
-            // Taken (2xx): only the body's end was lost, as when it is cut at the limit.
+        if status != 0 {
+            // The status came: the server said what it did with the request (a 2xx took it);
+            // only the body's end was lost, as when it is cut at the limit.
             tracing::debug!("{url} answered {status}, then: {message}");
             return Ok(Answer { status, body: Bytes::new(), truncated: true });
         }

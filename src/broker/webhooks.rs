@@ -667,6 +667,16 @@ impl Outbox {
         self.hooks.get(url)
     }
 
+    /// The URL a hook for `url` is registered under: `url` itself, or another spelling of the
+    /// same target (hooks registered before URLs were normalised keep theirs).
+    pub fn registered_spelling(&self, url: &str) -> Option<String> {
+        if self.hooks.contains_key(url) {
+            return Some(url.to_string());
+        }
+        let wanted = super::outbound::normalise_url(url.trim()).ok()?;
+        self.hooks.keys().find(|stored| super::outbound::normalise_url(stored).is_ok_and(|one| one == wanted)).cloned()
+    }
+
     /// The finished deliveries kept (oldest first), then the pending ones.
     pub fn each_delivery(&self) -> impl Iterator<Item = &Delivery> {
         self.finished.iter().chain(self.pending.values())

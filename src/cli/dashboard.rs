@@ -17,10 +17,23 @@ pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
     let info = client.health().await?;
     let url = match client.page_key().await {
         Ok(key) => format!("http://127.0.0.1:{}/?key={}", info.port, key.key),
-        // Inside an agent (not the user), or a broker older than the key: the page reads only.
-        Err(error) if matches!(error.status(), Some(StatusCode::FORBIDDEN | StatusCode::NOT_FOUND)) => {
+        // Not the user (inside an agent; with auth on and no key), or a broker older than the
+        // key: the page reads only (with auth on it asks for the API key, which acts as well).
+        Err(error)
+            if matches!(
+                error.status(),
+                Some(StatusCode::FORBIDDEN | StatusCode::NOT_FOUND | StatusCode::UNAUTHORIZED)
+            ) =>
+        {
+            let hint = match error.status() {
+                Some(StatusCode::NOT_FOUND) => "the running broker is older than the page key",
+                Some(StatusCode::UNAUTHORIZED) => {
+                    "the broker wants an API key (SYNAPSE_API_KEY); the page will ask for it"
+                }
+                _ => "run synapse dashboard from a plain shell, outside any agent, to send and cancel from it",
+            };
             eprintln!(
-                "The page will be read-only (no page key: {}); run synapse dashboard from a plain shell to send and cancel from it",
+                "The page will be read-only without its key ({}): {hint}",
                 crate::escape::visible(&error.to_string())
             );
             format!("http://127.0.0.1:{}/", info.port)

@@ -292,7 +292,7 @@ fn note_other_build(info: &BrokerInfo) {
     tracing::info!("the broker (pid {}) runs build {}, this process {}", info.pid, info.build, crate::config::BUILD_ID);
     if WARN_OF_OTHER_BUILDS.swap(false, std::sync::atomic::Ordering::Relaxed) {
         eprintln!(
-            "Warning: the running broker (pid {}) is another build of synapse {} than this command; run 'synapse broker stop' to have this build's broker start (agents reconnect to it)",
+            "Warning: the running broker (pid {}) is another build of synapse {} than this command; to run this build's broker: 'synapse broker stop', then 'synapse broker start' (agents reconnect to it)",
             info.pid,
             api::VERSION
         );
@@ -1116,6 +1116,10 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
                 }
                 if answered {
                     break;
+                }
+                // Stopped on purpose meanwhile (the holder was stopping): not started again.
+                if respect_stop {
+                    refuse_if_stopped(paths)?;
                 }
                 child = spawn()?;
                 continue;

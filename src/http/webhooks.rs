@@ -44,9 +44,12 @@ async fn register(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let body: RegisterBody = parse_body(body)?;
-    // One spelling per target: `http://H:80/x` and `http://h/x` are one hook.
-    let url = crate::broker::outbound::normalise_url(body.url.trim())
+    // One spelling per target: `http://H:80/x` and `http://h/x` are one hook (registered again
+    // under the spelling it has, when an older version stored another).
+    let normalised = crate::broker::outbound::normalise_url(body.url.trim())
         .map_err(|message| ApiError::bad(format!("Invalid webhook URL {message}")))?;
+    state.delivery_current().await;
+    let url = state.webhooks.lock().registered_spelling(&normalised).unwrap_or(normalised);
     // Refused now rather than at every delivery (each attempt checks again, on the address
     // it connects to).
     state
@@ -95,12 +98,7 @@ async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, ur
     let given = query.url.ok_or_else(|| ApiError::bad("DELETE /webhooks needs ?url=<registered url>"))?;
     state.delivery_current().await;
     // As registered (hooks of older versions kept their spelling), or in any spelling of it.
-    let url = {
-        let webhooks = state.webhooks.lock();
-        std::iter::once(given.clone())
-            .chain(crate::broker::outbound::normalise_url(given.trim()).ok())
-            .find(|url| webhooks.hook(url).is_some())
-    };
+    let url = state.webhooks.lock().registered_spelling(&given);
     let Some(url) = url else {
         return Err(ApiError::not_found(format!("No webhook registered for {given}")));
     };

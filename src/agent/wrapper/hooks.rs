@@ -2,11 +2,15 @@
 //! ask for the messages that arrived while the CLI was busy.
 //!
 //! Exactly once: a hook is served under [`Shared::delivery`], the lock the watcher holds from
-//! taking a ticket to write until its acknowledgement. Under it the hook gets every waiting
-//! ticket but priority-5 ones (those interrupt, typed by the watcher); once the hook confirms it
-//! printed them, each is acknowledged and its number remembered. A hook that dies first (its
-//! CLI's time limit) leaves them queued, typed at the prompt later. The watcher skips a ticket it
-//! fetched before a hook took it (the remembered numbers).
+//! taking a ticket to write until its acknowledgement (a hook waits for it 1 s at most, then
+//! hands nothing over). Under it the hook gets every waiting ticket but priority-5 ones (those
+//! interrupt, typed by the watcher) and those handed over before; once the hook confirms it
+//! printed them, their numbers are remembered, then each is acknowledged. A hook that dies first
+//! (its CLI's time limit) leaves them queued, typed at the prompt later. The watcher
+//! acknowledges without writing a ticket whose number is remembered (fetched before a hook took
+//! it, or whose acknowledgement by the hook failed). The numbers live in this wrapper's memory: a
+//! wrapper killed between a hook's hand-over and its acknowledgement leaves the ticket to its
+//! successor, which types it again.
 
 use super::Shared;
 use super::connection::connect;
@@ -137,8 +141,8 @@ async fn send(writer: &mut tokio::net::unix::OwnedWriteHalf, answer: &HookAnswer
 }
 
 /// The waiting tickets (priority 5 excepted, those interrupt; and those handed over already) as
-/// typed text, one per line, with
-/// their numbers and the connection to acknowledge them on; None when the broker cannot be asked.
+/// typed text, one per line, with their numbers and the connection to acknowledge them on; None
+/// when the broker cannot be asked.
 async fn waiting(
     shared: &Arc<Shared>,
     handed_over: &std::collections::BTreeSet<u64>,

@@ -31,11 +31,12 @@ const QUEUE_RECHECK: Duration = Duration::from_secs(1);
 const INBOX_WAIT_MS: u64 = 25_000;
 
 /// The wrapper's record of the last ticket it wrote completely (`<agent>.delivered` beside the
-/// log), written by the PTY writer thread right after the submit key, before the
-/// acknowledgement. A wrapper killed in between leaves it behind and its successor acknowledges
-/// that ticket without writing it again, provided the terminal log shows that the CLI saw it
-/// (see [`written_before_restart`]). A ticket whose text was written but not its submit key is
-/// written again: the CLI that saw the text died with its wrapper.
+/// log), before the acknowledgement: for a line-mode program (no settle delay) by the PTY writer
+/// thread right after the submit key; for a real CLI once it took the message (its input box
+/// emptied, see `resubmit_if_unsent`). A wrapper killed in between leaves it behind and its
+/// successor acknowledges that ticket without writing it again, provided the terminal log shows
+/// that the CLI saw it (see [`written_before_restart`]). A ticket not recorded is written again:
+/// twice rather than never.
 fn delivered_path(log: &std::path::Path) -> PathBuf {
     log.with_extension("delivered")
 }
