@@ -491,6 +491,16 @@ fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_k
         .unwrap();
     assert!(started.status.success(), "{}", describe(&started));
     let port = broker_port(&home);
+    // Without the API key, `synapse dashboard` gets no page key: it prints the bare address
+    // (the page asks for the key) and says why.
+    let bare = home.run(&["dashboard"]);
+    assert!(bare.status.success(), "{}", describe(&bare));
+    assert_eq!(stdout(&bare).trim(), format!("http://127.0.0.1:{port}/"));
+    assert!(
+        stderr(&bare).contains("read-only without its key") && stderr(&bare).contains("API key"),
+        "{}",
+        describe(&bare)
+    );
     let get = |path: &str| {
         raw_tcp(port, &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"))
     };

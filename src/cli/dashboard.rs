@@ -19,18 +19,16 @@ pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
         Ok(key) => format!("http://127.0.0.1:{}/?key={}", info.port, key.key),
         // Not the user (inside an agent; with auth on and no key), or a broker older than the
         // key: the page reads only (with auth on it asks for the API key, which acts as well).
-        Err(error)
-            if matches!(
-                error.status(),
-                Some(StatusCode::FORBIDDEN | StatusCode::NOT_FOUND | StatusCode::UNAUTHORIZED)
-            ) =>
-        {
+        Err(error) => {
             let hint = match error.status() {
                 Some(StatusCode::NOT_FOUND) => "the running broker is older than the page key",
                 Some(StatusCode::UNAUTHORIZED) => {
                     "the broker wants an API key (SYNAPSE_API_KEY); the page will ask for it"
                 }
-                _ => "run synapse dashboard from a plain shell, outside any agent, to send and cancel from it",
+                Some(StatusCode::FORBIDDEN) => {
+                    "run synapse dashboard from a plain shell, outside any agent, to send and cancel from it"
+                }
+                _ => return Err(error.into()),
             };
             eprintln!(
                 "The page will be read-only without its key ({}): {hint}",
@@ -38,7 +36,6 @@ pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
             );
             format!("http://127.0.0.1:{}/", info.port)
         }
-        Err(error) => return Err(error.into()),
     };
     if json {
         println!("{}", serde_json::json!({ "url": url }));

@@ -267,11 +267,13 @@ async fn connect_any_now(paths: &Paths) -> std::io::Result<Connected> {
 /// accepts connections (then resets them) until its last thread has gone, after its main
 /// thread shows as a zombie: the health check finds that out, as it did before.
 fn info_file_names(paths: &Paths, pid: u32) -> bool {
-    broker_info_file(paths).is_some_and(|info| {
-        info.pid == pid
-            && info.version == api::VERSION
-            && (info.build.is_empty() || info.build == crate::config::BUILD_ID)
-    }) && crate::process::is_pid_alive(pid)
+    broker_info_file(paths).is_some_and(|info| info.pid == pid && info.version == api::VERSION && of_this_build(&info))
+        && crate::process::is_pid_alive(pid)
+}
+
+/// Is the broker of this process's build (or older than builds being reported)?
+fn of_this_build(info: &BrokerInfo) -> bool {
+    info.build.is_empty() || info.build == crate::config::BUILD_ID
 }
 
 /// Whether this process says so when the broker runs another build of this version (the
@@ -286,7 +288,7 @@ pub fn warn_of_other_builds() {
 /// A broker of this version but another build (one reinstalled while it ran) serves on: the
 /// API of one version is the same. Said once, so the user knows which code answers.
 fn note_other_build(info: &BrokerInfo) {
-    if info.build.is_empty() || info.build == crate::config::BUILD_ID {
+    if of_this_build(info) {
         return;
     }
     tracing::info!("the broker (pid {}) runs build {}, this process {}", info.pid, info.build, crate::config::BUILD_ID);
@@ -328,6 +330,14 @@ pub struct HomeMismatch {
     socket: String,
     theirs: String,
     ours: String,
+}
+
+/// A handshake's failure that trying again (or starting a broker) does not mend: a broker of
+/// another version or home, or one that holds the connection without answering (stuck).
+fn is_final(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<VersionMismatch>().is_some()
+        || error.downcast_ref::<HomeMismatch>().is_some()
+        || error.downcast_ref::<Timeout>().is_some()
 }
 
 /// Refuses a broker that serves another home than `paths`'s.
@@ -405,12 +415,7 @@ impl Client {
                 Ok(()) => return Ok(client),
                 // A broker that holds the connection without answering is stuck, not absent:
                 // starting another one would only fail on its socket.
-                Err(error)
-                    if !autostart
-                        || error.downcast_ref::<VersionMismatch>().is_some()
-                        || error.downcast_ref::<HomeMismatch>().is_some()
-                        || error.downcast_ref::<Timeout>().is_some() =>
-                {
+                Err(error) if !autostart || is_final(&error) => {
                     return Err(error);
                 }
                 // A broker that accepted the connection and then dropped it (stopping, or a
@@ -441,12 +446,7 @@ impl Client {
             .await;
             match result {
                 Ok(client) => return Ok(client),
-                Err(error)
-                    if attempt >= CONNECT_ATTEMPTS
-                        || error.downcast_ref::<VersionMismatch>().is_some()
-                        || error.downcast_ref::<HomeMismatch>().is_some()
-                        || error.downcast_ref::<Timeout>().is_some() =>
-                {
+                Err(error) if attempt >= CONNECT_ATTEMPTS || is_final(&error) => {
                     return Err(error);
                 }
                 Err(error) => {
@@ -1104,16 +1104,8 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
             // Another broker has the database: one still stopping (its socket closed first), or
             // one still replaying the log at its start. Wait for it to answer, or to let go.
             if status.code() == Some(ALREADY_RUNNING_EXIT) && started.elapsed() < START_TIMEOUT {
-                let until = Instant::now() + respawn_pause;
+                let answered = answers_within(paths, respawn_pause).await;
                 respawn_pause = (respawn_pause * 2).min(Duration::from_secs(1));
-                let mut answered = false;
-                while Instant::now() < until {
-                    if answers_health(paths).await {
-                        answered = true;
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
                 if answered {
                     break;
                 }
@@ -1150,6 +1142,18 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
         tracing::debug!("cannot start a thread to reap the broker: {error}");
     }
     Ok(())
+}
+
+/// Does the broker on the Unix socket answer `GET /broker/health` within `pause`?
+async fn answers_within(paths: &Paths, pause: Duration) -> bool {
+    let until = Instant::now() + pause;
+    while Instant::now() < until {
+        if answers_health(paths).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
 }
 
 /// Does the broker on the Unix socket answer `GET /broker/health`?

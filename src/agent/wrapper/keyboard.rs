@@ -32,10 +32,7 @@ impl HeldKeys {
         if hold {
             held.get_or_insert_with(Vec::new);
         } else if let Some(bytes) = held.take().filter(|bytes| !bytes.is_empty()) {
-            if let Ok(mut last) = self.last_passed.lock() {
-                *last = Some(std::time::Instant::now());
-            }
-            input.send(bytes);
+            self.pass(bytes, input);
         }
     }
 
@@ -43,13 +40,16 @@ impl HeldKeys {
     pub fn user_keys(&self, bytes: Vec<u8>, input: &PtyInput) {
         match self.held.lock() {
             Ok(mut held) if held.is_some() => held.get_or_insert_with(Vec::new).extend_from_slice(&bytes),
-            _ => {
-                if let Ok(mut last) = self.last_passed.lock() {
-                    *last = Some(std::time::Instant::now());
-                }
-                input.send(bytes);
-            }
+            _ => self.pass(bytes, input),
         }
+    }
+
+    /// The user's keystrokes to the CLI, and when.
+    fn pass(&self, bytes: Vec<u8>, input: &PtyInput) {
+        if let Ok(mut last) = self.last_passed.lock() {
+            *last = Some(std::time::Instant::now());
+        }
+        input.send(bytes);
     }
 
     /// Did the user's keystrokes reach the CLI within `window`?
