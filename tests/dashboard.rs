@@ -522,6 +522,34 @@ fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_k
     };
     let (status, answer) = token_request("wrong-key");
     assert_eq!(status, 401, "{answer}");
+
+    // The page key passes authentication as a key does: the page opened from the address
+    // `synapse dashboard` prints (with the API key in the shell) never needs the API key. A
+    // guessed page key, or the real one over the Unix socket, passes nothing.
+    let keyed = home.cmd(&["dashboard"]).env("SYNAPSE_API_KEY", "key-one").output().unwrap();
+    assert!(keyed.status.success(), "{}", describe(&keyed));
+    let page_key = page_key_in(stdout(&keyed).trim(), port);
+    let with_page_key = |method: &str, path: &str, key: &str| {
+        raw_tcp(
+            port,
+            &format!(
+                "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Synapse-Page-Key: {key}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    let (status, answer) = with_page_key("GET", "/dashboard/state", &page_key);
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"as_user\":true"), "{answer}");
+    let (status, answer) = with_page_key("POST", "/dashboard/stream-token", &page_key);
+    assert_eq!(status, 200, "{answer}");
+    let one_off = format!("{}{}", &page_key[..63], if page_key.ends_with('0') { '1' } else { '0' });
+    for guess in ["0".repeat(64), one_off, String::new()] {
+        let (status, answer) = with_page_key("GET", "/dashboard/state", &guess);
+        assert_eq!(status, 401, "a guessed page key {guess:?}: {answer}");
+    }
+    let (status, answer) = home.http("GET", "/dashboard/state", None, &[("x-synapse-page-key", &page_key)]);
+    assert_eq!(status, 401, "the page key is for the browser's loopback connection: {answer}");
+
     let (status, answer) = token_request("key-one");
     assert_eq!(status, 200, "{answer}");
     let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
@@ -561,8 +589,12 @@ fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a
     .unwrap();
     let bob = registered["agent"]["agent_id"].as_str().unwrap().to_string();
     let url = with_key(&["dashboard"]).trim().to_string();
+    let port = broker_port(&home);
+    page_key_in(&url, port);
+    let bare = format!("http://127.0.0.1:{port}/");
 
-    browser.goto(&url);
+    // Opened without its page key, the page asks for the API key.
+    browser.goto(&bare);
     browser.wait_value("the key form", "return !document.getElementById('key-form').hidden", vec![], |v| v == true);
     let enter_key = |key: &str| {
         browser.execute(
@@ -579,7 +611,9 @@ fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a
     enter_key("key-one");
     // bob is registered without a wrapper: it stays STARTING.
     wait_card(&browser, "bob's card once the key is given", &bob, "STARTING");
-    assert_eq!(browser.execute("return sessionStorage.getItem('synapse-api-key')", vec![]), "key-one");
+    // The key stays in the page's memory: nothing in the browser's storage for whatever answers
+    // at this origin next.
+    assert_eq!(browser.execute("return sessionStorage.length + localStorage.length", vec![]), 0);
     browser.wait_value("the stream", "return document.getElementById('connection').dataset.state", vec![], |v| {
         v == "live"
     });
@@ -601,6 +635,30 @@ fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a
     browser.wait_value("the refusal", "return document.getElementById('error').textContent", vec![], |v| {
         v.as_str().is_some_and(|text| text.starts_with("Send refused: 404") && text.contains("nobody"))
     });
+    // A reload asks again.
+    browser.goto(&bare);
+    browser.wait_value(
+        "the key form after a reload",
+        "return !document.getElementById('key-form').hidden",
+        vec![],
+        |v| v == true,
+    );
+
+    // Opened from the address `synapse dashboard` printed, the page key is enough: no key form,
+    // and the page reads, streams and sends as the user.
+    browser.goto(&url);
+    wait_card(&browser, "bob's card with the page key", &bob, "STARTING");
+    browser.wait_value("the stream", "return document.getElementById('connection').dataset.state", vec![], |v| {
+        v == "live"
+    });
+    assert_eq!(browser.execute("return document.getElementById('key-form').hidden", vec![]), true);
+    browser.execute(
+        "document.getElementById('send-to').value = arguments[0];
+         document.getElementById('send-text').value = 'sent with the page key';
+         document.querySelector('#send-form button').click();",
+        vec![json!(bob)],
+    );
+    wait_message(&browser, "the page's send", "sent with the page key", &[]);
 }
 
 #[test]

@@ -83,9 +83,10 @@ def page(desc,media):
 add("/","get","The live web dashboard (HTML; strict Content-Security-Policy, no inline script); no auth",tags=["dashboard"],responses=page("The page","text/html"))
 add("/dashboard/app.js","get","The dashboard's script; no auth",tags=["dashboard"],responses=page("The script","text/javascript"))
 add("/dashboard/app.css","get","The dashboard's style sheet; no auth",tags=["dashboard"],responses=page("The style sheet","text/css"))
-add("/dashboard/state","get","What the dashboard starts from: the head to follow /events from, the agents (as GET /agents, plus status_since_ms), whether auth is on",tags=["dashboard"],responses=resp())
+add("/dashboard/state","get","What the dashboard starts from: the head to follow /events from, the agents (as GET /agents, plus status_since_ms), whether auth is on, and as_user: whether the page showed its key (or the API key) and may send and cancel",tags=["dashboard"],responses=resp())
+add("/dashboard/page-key","get","The dashboard page's key, which synapse dashboard puts in the page's address (/?key=; a new key at every broker start) and the page sends as X-Synapse-Page-Key to act as the user; the user only, never a web page",tags=["broker"],responses=resp(schema={"type":"object","properties":{"key":{"type":"string"}}},extra={403:"not the user, or a request from a web page"}))
 add("/dashboard/events","get","The event log paged backwards: the limit events before `before` (default: the newest), oldest first, as envelopes in JSON",tags=["dashboard"],params=[q("before","integer","events with a smaller sequence number"),q("limit","integer","1..5000, default 200")],responses=resp(extra={400:"Bad query"}))
-add("/dashboard/stream-token","post","A token that opens one /events stream (?token=) within 60 s, for a browser's EventSource, which cannot send a key",tags=["dashboard"],responses=resp(extra={401:"API key required or invalid",429:"Too many unspent tokens"}))
+add("/dashboard/stream-token","post","A token that opens one /events stream (?token=) within 60 s, for a browser's EventSource, which cannot send a key; authenticated by the API key or, over the user's loopback connection, by the page key (X-Synapse-Page-Key), which passes authentication on every route",tags=["dashboard"],responses=resp(extra={401:"API key required or invalid",429:"Too many unspent tokens"}))
 # per agent
 add("/","post","A2A JSON-RPC 2.0 (v1.0: SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask; 0.3 names without A2A-Version). "+A2A,tags=["a2a"],body="JsonRpcRequest",responses=resp(schema={"$ref":"#/components/schemas/JsonRpcResponse"}))
 add("/status","get","READY / PROCESSING / WAITING and queue depth (open). "+A2A,tags=["a2a"])
@@ -104,7 +105,7 @@ S=lambda props,req=None:{"type":"object","properties":props,**({"required":req} 
 st={"type":"string"}; it={"type":"integer"}; bo={"type":"boolean"}
 comps={
  "Error":S({"error":st,"message":st,"candidates":{"type":"array","items":st}},["error","message"]),
- "BrokerInfo":S({"pid":it,"version":st,"schema":it,"home":st,"socket":st,"port":it,"head":it}),
+ "BrokerInfo":S({"pid":it,"version":st,"schema":it,"home":st,"socket":st,"port":it,"head":it,"build":{"type":"string","description":"the build the broker runs; a client of another build of the same version says so"}}),
  "RebuildReport":S({"events":it,"elapsed_ms":{"type":"number"}}),
  "IndexProgress":S({"indexed_through":it,"head":it,"segments":it}),
  "VerifyReport":S({"events":it,"differences":{"type":"array","items":st}}),

@@ -4,7 +4,8 @@
 //! from the environment of whoever started the broker. Keys (`SYNAPSE_API_KEYS`,
 //! comma-separated) are kept only as SHA-256 digests, compared in constant time. A key is sent as `X-API-Key` or `Authorization: Bearer`.
 //! Requests over the Unix socket or from loopback pass unless `SYNAPSE_ALLOW_LOCALHOST=false`.
-//! Agent cards and `/status` stay open.
+//! Agent cards and `/status` stay open. The dashboard's page key of this start, shown over the
+//! user's loopback connection, passes as a key (see [`check`]).
 
 use super::ApiError;
 use axum::extract::{ConnectInfo, Request, State};
@@ -23,6 +24,9 @@ pub struct AuthConfig {
     pub allow_other_users: bool,
     /// The dashboard's tokens for `/events?token=` (a browser's `EventSource` cannot send a key).
     pub stream_tokens: Arc<super::dashboard::StreamTokens>,
+    /// The dashboard page of this start. Its key, shown over a loopback connection of the
+    /// user's, passes authentication as a key does: the page never needs the API key.
+    pub page: Arc<super::dashboard::Page>,
 }
 
 use crate::trust::key_digest as digest;
@@ -36,6 +40,7 @@ impl AuthConfig {
             allow_localhost: settings.allow_localhost,
             allow_other_users: settings.allow_other_users,
             stream_tokens: Arc::default(),
+            page: Arc::default(),
         }
     }
 
@@ -90,6 +95,14 @@ fn from_another_user(request: &Request) -> bool {
             .get::<ConnectInfo<SocketAddr>>()
             .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback()),
     }
+}
+
+/// Is the request over loopback TCP from a socket of the broker's user?
+fn from_the_users_loopback_socket(request: &Request) -> bool {
+    request
+        .extensions()
+        .get::<crate::process::TcpSocket>()
+        .is_some_and(|socket| socket.uid == crate::private_files::my_uid())
 }
 
 fn presented_key(request: &Request) -> Option<String> {
@@ -147,6 +160,15 @@ pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next
             super::dashboard::bad_stream_token().into_response()
         };
     }
+    // The dashboard page opened from the address `synapse dashboard` printed: its key of this
+    // start is a key of its own, given only to a caller that passed authentication over the
+    // Unix socket. So the page never asks for the API key, and never holds one that a server
+    // squatting the port while the broker is stopped could take from it. Over the user's own
+    // loopback connection only (what `synapse dashboard` prints); what the page may then do is
+    // decided per route, as for any caller (`caller::is_the_users_browser`).
+    if config.page.key_is_shown_in(request.headers()) && from_the_users_loopback_socket(&request) {
+        return next.run(request).await;
+    }
     match presented_key(&request) {
         None => ApiError::new(StatusCode::UNAUTHORIZED, "API key required").into_response(),
         Some(key) if config.accepts(&key) => next.run(request).await,
@@ -173,6 +195,7 @@ mod tests {
             allow_localhost: false,
             allow_other_users: false,
             stream_tokens: Arc::default(),
+            page: Arc::default(),
         };
         assert!(config.accepts("alpha"));
         assert!(config.accepts("beta"));

@@ -166,7 +166,7 @@ pub fn peer_of(parts: &Parts) -> Option<PeerCredentials> {
 /// it could just as well use the Unix socket as the user.
 fn is_the_users_browser(state: &AppState, parts: &Parts) -> bool {
     let Some(socket) = parts.extensions.get::<process::TcpSocket>() else { return false };
-    if !state.page.key_is_shown_in(&parts.headers) {
+    if !state.auth.page.key_is_shown_in(&parts.headers) {
         return false;
     }
     let broker_port = state.port.load(std::sync::atomic::Ordering::Relaxed);

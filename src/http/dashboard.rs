@@ -8,7 +8,9 @@
 //!   here under a strict Content-Security-Policy, and the script builds the DOM with
 //!   `textContent` only (message text is hostile).
 //! - The page has no rights of its own: its reads and its actions (send, cancel) go through the
-//!   same routes and rules as the CLI's (Host/Origin guard, API key, who is the user).
+//!   same routes and rules as the CLI's (Host/Origin guard, API key, who is the user). With auth
+//!   on, its page key passes authentication as a key would (`auth::check`), so the page opened
+//!   from `synapse dashboard`'s address never holds the API key.
 //! - A stream token opens `/events` only, once, within [`STREAM_TOKEN_LIFETIME`] of being
 //!   issued; it lives in the broker's memory (a restart forgets it, the page asks again).
 //! - The page is the user only with this start's page key ([`Page`]), which it gets from the
@@ -163,7 +165,7 @@ fn asset_owned(content_type: &'static str, body: String) -> Response {
 }
 
 async fn index(State(state): State<AppState>) -> Response {
-    asset_owned("text/html; charset=utf-8", state.page.index_html.clone())
+    asset_owned("text/html; charset=utf-8", state.auth.page.index_html.clone())
 }
 
 async fn script() -> Response {
@@ -210,7 +212,7 @@ async fn snapshot(
         .collect();
     // The page's own GET carries no Origin (a browser adds it to its posts), so the key shown is
     // what tells: its sends and cancels are judged again, with the Origin, when they come.
-    let as_user = caller.is_user() || state.page.key_is_shown_in(&headers);
+    let as_user = caller.is_user() || state.auth.page.key_is_shown_in(&headers);
     answer(&Snapshot { head, agents, auth_enabled: state.auth.enabled, as_user })
 }
 
@@ -254,7 +256,8 @@ struct StreamToken {
 }
 
 /// `POST /dashboard/stream-token`: a token for one `/events?token=...` stream. Authenticated
-/// like every route (the API key when auth is on), so the token proves the key was shown.
+/// like every route (the API key or the page key when auth is on), so the token proves a key
+/// was shown.
 async fn stream_token(State(state): State<AppState>) -> ApiResult {
     let token = state.auth.stream_tokens.issue().ok_or_else(|| {
         ApiError::new(
@@ -270,7 +273,7 @@ async fn stream_token(State(state): State<AppState>) -> ApiResult {
 /// `GET /dashboard/page-key`: the page key, for `synapse dashboard` to put in the address it
 /// prints. The user's only, and never to a web page (see [`super::caller::TheUser`]).
 async fn page_key(State(state): State<AppState>, _user: super::caller::TheUser) -> ApiResult {
-    answer(&crate::api::PageKey { key: state.page.key().to_string() })
+    answer(&crate::api::PageKey { key: state.auth.page.key().to_string() })
 }
 
 /// A refusal for a stream token that is missing its purpose.

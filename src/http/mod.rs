@@ -73,8 +73,6 @@ pub struct HttpState {
     pub runtime: tokio::runtime::Handle,
     /// Turns of [`long_read`]: at most two run at once.
     long_reads: Arc<tokio::sync::Semaphore>,
-    /// The dashboard page of this start, and what makes it the user's (see [`dashboard::Page`]).
-    pub page: dashboard::Page,
     /// One push config set at a time: its count is checked against the cap on the delivery
     /// worker's projection, which the next setter must see with the config before counting.
     pub push_config_turn: tokio::sync::Mutex<()>,
@@ -88,7 +86,6 @@ impl HttpState {
             auth: Arc::new(auth::AuthConfig::from_trust(&broker.trust)),
             request_rules: guard::RequestRules::from_trust(&broker.trust),
             connection_limits: Arc::new(server::ConnectionLimits::from_env()),
-            page: dashboard::Page::default(),
             push_config_turn: tokio::sync::Mutex::new(()),
             broker,
         })

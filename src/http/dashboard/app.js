@@ -4,7 +4,6 @@
 'use strict';
 
 (() => {
-  const KEY_STORAGE = 'synapse-api-key';
   const RECENT_EVENTS = 2000; // events read at start to fill the message list
   const EVENTS_PAGE = 100; // rows of one page of the event log
   const ROW_HEIGHT = 52; // px, the message list's fixed row height (virtualised)
@@ -22,7 +21,11 @@
   const FINAL = new Set(['replied', 'completed', 'failed', 'canceled']);
 
   const $ = (id) => document.getElementById(id);
-  let apiKey = sessionStorage.getItem(KEY_STORAGE) || '';
+  // The API key, when auth is on and the page was opened without its page key (which passes
+  // authentication by itself). Kept in this page's memory only, never in the browser's storage:
+  // a page that later answers at this origin in this tab (another user's server on the port while
+  // the broker is stopped) must find nothing there. A reload asks again.
+  let apiKey = '';
   // The page key of this broker start, in the address `synapse dashboard` prints (`?key=`).
   // Kept nowhere else: a page loaded later in this tab (from a bookmark, say) does not get it.
   const keyInAddress = /^[0-9a-fA-F]{64}$/.exec(new URLSearchParams(location.search).get('key') || '');
@@ -110,7 +113,6 @@
   let keyWaiters = [];
   function askForKey(message) {
     if (apiKey) {
-      sessionStorage.removeItem(KEY_STORAGE);
       apiKey = '';
       showError(`Key refused: ${message}`);
     } else {
@@ -126,7 +128,6 @@
     event.preventDefault();
     apiKey = $('key-input').value.trim();
     if (!apiKey) return;
-    sessionStorage.setItem(KEY_STORAGE, apiKey);
     $('key-input').value = '';
     $('key-form').hidden = true;
     showError('');
