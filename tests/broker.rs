@@ -473,6 +473,57 @@ fn stand_in_broker_of_build(home: &Home, version: &str, build: Option<&str>) -> 
     requests
 }
 
+/// A `broker.json` left by a killed broker, whose pid another process now has, names a TCP
+/// port that another server of the user's may hold by now: `broker stop` does not ask it to
+/// shut down (it did, after a health check it ignored the failure of).
+#[test]
+fn broker_stop_asks_no_server_but_a_broker_to_shut_down() {
+    use std::io::{Read, Write};
+    let home = Home::new();
+    struct RemoveInfo(std::path::PathBuf);
+    impl Drop for RemoveInfo {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove_info = RemoveInfo(home.home().join("broker.json"));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let seen = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|count| count == 1) {
+                head.push(byte[0]);
+            }
+            let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+            seen.lock().unwrap().push(line);
+            let body = "<html>another server</html>";
+            let _ = stream.write_all(
+                format!("HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+                    .as_bytes(),
+            );
+        }
+    });
+    // The pid is this test's (alive, not a broker); no Unix socket answers.
+    let info = json!({
+        "pid": std::process::id(), "version": env!("CARGO_PKG_VERSION"), "schema": 1,
+        "home": home.home().to_str().unwrap(), "socket": home.socket().to_str().unwrap(),
+        "port": port, "head": 0, "healthy": true,
+    });
+    std::fs::write(home.home().join("broker.json"), info.to_string()).unwrap();
+    let output = home.run(&["broker", "stop"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(stdout(&output).contains("no broker is running"), "{}", describe(&output));
+    assert!(stderr(&output).contains("does not answer as a broker"), "{}", describe(&output));
+    let seen = requests.lock().unwrap().clone();
+    assert!(seen.iter().any(|line| line.starts_with("GET /broker/health ")), "the port was tried: {seen:?}");
+    assert!(!seen.iter().any(|line| line.contains("/broker/shutdown")), "asked to shut down: {seen:?}");
+}
+
 #[test]
 fn a_command_skips_the_version_handshake_only_when_broker_json_names_the_process_at_the_socket() {
     let home = Home::new();

@@ -489,11 +489,17 @@ impl Client {
 
     /// Only connects: None when no broker runs.
     pub async fn try_connect(paths: &Paths) -> Option<Client> {
-        let (sender, _) = connect_any(paths).await.ok()?;
+        Client::try_connect_saying_how(paths).await.map(|(client, _)| client)
+    }
+
+    /// [`Client::try_connect`], and whether the connection is the Unix socket (true) or the
+    /// TCP port that `broker.json` names (false).
+    async fn try_connect_saying_how(paths: &Paths) -> Option<(Client, bool)> {
+        let (sender, unix_peer) = connect_any(paths).await.ok()?;
         // Inside an agent the agent's secret goes along, as with `connect`: the broker then
         // knows the caller is that agent, not the user (who alone may stop the broker).
         let secret = std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty());
-        Some(Client { sender, secret })
+        Some((Client { sender, secret }, unix_peer.is_some()))
     }
 
     /// Is the broker at the other end one this synapse may use: this version, serving this home?
@@ -1165,11 +1171,21 @@ async fn answers_health(paths: &Paths) -> bool {
 
 /// Asks the broker to stop and waits until it has (its socket stops answering).
 pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
-    let Some(mut client) = Client::try_connect(paths).await else { return Ok(None) };
+    let Some((mut client, over_the_socket)) = Client::try_connect_saying_how(paths).await else { return Ok(None) };
     // Another home's broker at this home's socket is not this home's to stop. (A broker of
     // another version is: stopping it is how one moves to this version.)
-    if let Ok(info) = client.health().await {
-        ensure_home(paths, &info)?;
+    match client.health().await {
+        Ok(info) => ensure_home(paths, &info)?,
+        // The TCP port of a `broker.json` left by a killed broker whose pid another process now
+        // has: whatever listens there (another server of the user's) is not asked to shut down.
+        Err(error) if !over_the_socket => {
+            tracing::warn!(
+                "{} names a broker that does not answer on the Unix socket, and the TCP port it names does not answer as a broker ({error}): nothing stopped",
+                paths.broker_info().display()
+            );
+            return Ok(None);
+        }
+        Err(_) => {}
     }
     let pid = Some(client.shutdown().await?.pid);
     drop(client);
