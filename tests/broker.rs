@@ -473,6 +473,26 @@ fn stand_in_broker_of_build(home: &Home, version: &str, build: Option<&str>) -> 
     requests
 }
 
+/// A broker that does not answer (here stopped with SIGSTOP) is stopped by `broker stop` all
+/// the same: it said "timed out ... restart it with 'synapse broker stop'", which then timed out
+/// too. The stop is recorded as deliberate, and nothing acknowledged is lost.
+#[test]
+fn broker_stop_stops_a_broker_that_does_not_answer() {
+    let home = Home::new();
+    home.register(Some("bob"));
+    home.ok(&["send", "bob", "before the broker froze", "--no-response"]);
+    let pid = home.broker_pid().expect("broker.json");
+    kill(pid, libc::SIGSTOP);
+    let output = home.cmd(&["broker", "stop"]).env("SYNAPSE_CLIENT_TIMEOUT_MS", "300").output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(stdout(&output).contains(&format!("broker stopped (pid {pid})")), "{}", describe(&output));
+    assert!(stderr(&output).contains("with SIGTERM"), "{}", describe(&output));
+    assert!(!is_alive(pid), "the broker is gone");
+    assert!(home.home().join("broker.stopped").exists(), "recorded as a deliberate stop");
+    let history = home.ok(&["history", "list"]);
+    assert!(history.contains("before the broker froze"), "{history}");
+}
+
 /// A `broker.json` left by a killed broker, whose pid another process now has, names a TCP
 /// port that another server of the user's may hold by now: `broker stop` does not ask it to
 /// shut down (it did, after a health check it ignored the failure of).

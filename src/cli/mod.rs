@@ -302,7 +302,8 @@ pub struct BrokerArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BrokerCommand {
-    /// Stop the running broker cleanly
+    /// Stop the running broker cleanly (one that does not answer within the client timeout is
+    /// sent SIGTERM, then SIGKILL)
     Stop,
     /// Show whether a broker runs, its pid, version and head
     Status,

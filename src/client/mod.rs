@@ -492,14 +492,13 @@ impl Client {
         Client::try_connect_saying_how(paths).await.map(|(client, _)| client)
     }
 
-    /// [`Client::try_connect`], and whether the connection is the Unix socket (true) or the
-    /// TCP port that `broker.json` names (false).
-    async fn try_connect_saying_how(paths: &Paths) -> Option<(Client, bool)> {
+    /// [`Client::try_connect`], and the process at the other end of the Unix socket, as the
+    /// kernel names it (None over the TCP port that `broker.json` names).
+    async fn try_connect_saying_how(paths: &Paths) -> Option<(Client, Option<u32>)> {
         let (sender, unix_peer) = connect_any(paths).await.ok()?;
         // Inside an agent the agent's secret goes along, as with `connect`: the broker then
         // knows the caller is that agent, not the user (who alone may stop the broker).
-        let secret = std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty());
-        Some((Client { sender, secret }, unix_peer.is_some()))
+        Some((Client { sender, secret: client_secret() }, unix_peer))
     }
 
     /// Is the broker at the other end one this synapse may use: this version, serving this home?
@@ -1169,16 +1168,18 @@ async fn answers_health(paths: &Paths) -> bool {
     client.health().await.is_ok()
 }
 
-/// Asks the broker to stop and waits until it has (its socket stops answering).
+/// Asks the broker to stop and waits until it has (its socket stops answering). A broker that
+/// does not answer (stuck, or stopped with SIGSTOP) is stopped by signal: see [`terminate`].
 pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
-    let Some((mut client, over_the_socket)) = Client::try_connect_saying_how(paths).await else { return Ok(None) };
+    let Some((mut client, socket_peer)) = Client::try_connect_saying_how(paths).await else { return Ok(None) };
     // Another home's broker at this home's socket is not this home's to stop. (A broker of
     // another version is: stopping it is how one moves to this version.)
-    match client.health().await {
-        Ok(info) => ensure_home(paths, &info)?,
+    let health = client.health().await;
+    match &health {
+        Ok(info) => ensure_home(paths, info)?,
         // The TCP port of a `broker.json` left by a killed broker whose pid another process now
         // has: whatever listens there (another server of the user's) is not asked to shut down.
-        Err(error) if !over_the_socket => {
+        Err(error) if socket_peer.is_none() => {
             tracing::warn!(
                 "{} names a broker that does not answer on the Unix socket, and the TCP port it names does not answer as a broker ({error}): nothing stopped",
                 paths.broker_info().display()
@@ -1187,20 +1188,80 @@ pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
         }
         Err(_) => {}
     }
-    let pid = Some(client.shutdown().await?.pid);
+    let answered = match health {
+        Err(ClientError::Timeout(timeout)) => Err(timeout),
+        _ => match client.shutdown().await {
+            Ok(stopping) => Ok(stopping.pid),
+            Err(ClientError::Timeout(timeout)) => Err(timeout),
+            Err(error) => return Err(error.into()),
+        },
+    };
     drop(client);
+    let pid = match answered {
+        Ok(pid) => pid,
+        Err(timeout) => {
+            let Some(pid) = socket_peer else { return Err(timeout.into()) };
+            // Only the user stops the broker; inside an agent the broker would have refused.
+            if client_secret().is_some() {
+                return Err(anyhow!(
+                    "{timeout}; inside an agent the broker is not stopped by signal: run 'synapse broker stop' from a plain shell"
+                ));
+            }
+            terminate(paths, pid, &timeout).await?;
+            return Ok(Some(pid));
+        }
+    };
+    if wait_until_gone(pid, Duration::from_secs(20)).await {
+        return Ok(Some(pid));
+    }
+    Err(anyhow!("the broker (pid {pid}) did not stop within 20 s"))
+}
+
+/// The secret of the agent this process runs inside, if any.
+fn client_secret() -> Option<String> {
+    std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty())
+}
+
+/// Stops the broker that holds the Unix socket (`pid`, as the kernel names the socket's other
+/// end, of this user) and did not answer: recorded as a deliberate stop (as `POST
+/// /broker/shutdown` does), then SIGTERM with SIGCONT (a stopped process handles it), and
+/// SIGKILL if it is still there after [`TERMINATE_GRACE`]. Every acknowledged event is already
+/// durable, so even the SIGKILL loses nothing.
+async fn terminate(paths: &Paths, pid: u32, timeout: &Timeout) -> anyhow::Result<()> {
+    let Ok(target) = i32::try_from(pid) else { bail!("the broker's pid {pid} is out of range") };
+    if let Err(error) = crate::trust::mark_stopped(&paths.home) {
+        tracing::warn!("cannot record the deliberate stop in {}: {error}", paths.home.display());
+    }
+    tracing::warn!("{timeout}; stopping the broker (pid {pid}) with SIGTERM");
+    crate::process::signal(target, libc::SIGTERM);
+    crate::process::signal(target, libc::SIGCONT);
+    if wait_until_gone(pid, TERMINATE_GRACE).await {
+        return Ok(());
+    }
+    tracing::warn!(
+        "the broker (pid {pid}) did not stop within {} s of SIGTERM; sending SIGKILL",
+        TERMINATE_GRACE.as_secs()
+    );
+    crate::process::signal(target, libc::SIGKILL);
+    if wait_until_gone(pid, Duration::from_secs(5)).await {
+        return Ok(());
+    }
+    bail!("the broker (pid {pid}) is still there after SIGKILL")
+}
+
+/// How long a broker that did not answer has to stop after SIGTERM before SIGKILL.
+const TERMINATE_GRACE: Duration = Duration::from_secs(10);
+
+/// Waits until `pid` has exited (a zombie counts as gone), at most `limit`.
+async fn wait_until_gone(pid: u32, limit: Duration) -> bool {
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(20) {
-        let gone = match pid {
-            Some(pid) => !crate::process::is_pid_alive(pid),
-            None => connect_unix(paths).await.is_err(),
-        };
-        if gone {
-            return Ok(pid);
+    while started.elapsed() < limit {
+        if !crate::process::is_pid_alive(pid) {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    Err(anyhow!("the broker (pid {pid:?}) did not stop within 20 s"))
+    !crate::process::is_pid_alive(pid)
 }
 
 #[cfg(test)]
