@@ -118,6 +118,39 @@ fn a_command_waits_while_another_process_still_holds_the_database() {
     assert!(output.status.success(), "{}", describe(&output));
 }
 
+/// `synapse broker start` after a deliberate stop ends it at once: while the new broker waits
+/// for the database (or replays a long log), an agent's command waits for it too instead of
+/// saying the broker was stopped on purpose (the marker went only once the log was open).
+#[test]
+fn an_agents_command_waits_for_a_broker_the_user_is_starting() {
+    let home = Home::new();
+    home.ok(&["list"]);
+    home.ok(&["broker", "stop"]);
+    assert!(home.home().join("broker.stopped").exists());
+    let held = redb::Database::create(home.home().join("synapse.redb")).unwrap();
+    let start = home.cmd(&["broker", "start"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_to_string(home.home().join("broker.log"))
+        .is_ok_and(|log| log.contains("already has the database"))
+    {
+        assert!(std::time::Instant::now() < deadline, "no broker was refused for the held database");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(!home.home().join("broker.stopped").exists(), "the deliberate stop is over once the user starts a broker");
+    let inside = home
+        .cmd(&["list"])
+        .env("SYNAPSE_AGENT_ID", "synapse-dummy-1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(held);
+    let started = output_within(start, std::time::Duration::from_secs(60), "synapse broker start");
+    assert!(started.status.success(), "{}", describe(&started));
+    let inside = output_within(inside, std::time::Duration::from_secs(60), "synapse list inside an agent");
+    assert!(inside.status.success(), "{}", describe(&inside));
+}
+
 #[test]
 fn a_log_written_by_a_newer_schema_is_refused() {
     let home = Home::new();

@@ -428,6 +428,14 @@ impl Client {
         }
         if respect_stop {
             refuse_if_stopped(paths)?;
+        } else {
+            // The user starts a broker (`broker start`, or a command typed outside any agent):
+            // the deliberate stop is over now, not only once the new broker has opened the log.
+            // Until then (a long replay) agents' commands would be told it was stopped on
+            // purpose; now they wait for it like any command.
+            crate::trust::clear_stopped(&paths.home).with_context(|| {
+                format!("cannot remove {}", paths.home.join(crate::trust::STOPPED_MARKER).display())
+            })?;
         }
         start_broker_unless(paths, respect_stop).await?;
         // The broker has answered its health check; a connection it resets now (seen under
