@@ -151,6 +151,30 @@ fn an_agents_command_waits_for_a_broker_the_user_is_starting() {
     assert!(inside.status.success(), "{}", describe(&inside));
 }
 
+/// A command that finds another command starting the broker (it holds the start-up lock) waits
+/// for that start within the call limit, not for ever: a holder stopped with Ctrl-Z kept every
+/// later command waiting.
+#[test]
+fn a_command_waits_for_the_start_up_lock_within_the_call_limit() {
+    let home = Home::new();
+    std::fs::create_dir_all(home.home()).unwrap();
+    let held = std::fs::File::create(home.home().join("broker.start.lock")).unwrap();
+    held.lock().unwrap();
+    let waiting = home
+        .cmd(&["list"])
+        .env("SYNAPSE_CLIENT_TIMEOUT_MS", "300")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = output_within(waiting, std::time::Duration::from_secs(30), "synapse list");
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(stderr(&output).contains("still holds"), "{}", describe(&output));
+    assert!(std::os::unix::net::UnixStream::connect(home.socket()).is_err(), "no broker was started meanwhile");
+    drop(held);
+    home.ok(&["list"]);
+}
+
 #[test]
 fn a_log_written_by_a_newer_schema_is_refused() {
     let home = Home::new();

@@ -1080,9 +1080,32 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
     let lock_path = paths.start_lock();
     let lock =
         crate::private_files::open_write(&lock_path).with_context(|| format!("cannot open {}", lock_path.display()))?;
-    let lock = tokio::task::spawn_blocking(move || lock.lock().map(|_| lock))
-        .await?
-        .with_context(|| format!("cannot take the start-up lock {}", lock_path.display()))?;
+    // Another command holding the lock is starting a broker: its start is waited for, within
+    // the call limit (a holder that hangs, stopped with Ctrl-Z say, is not waited for forever).
+    let waiting_since = Instant::now();
+    loop {
+        match lock.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) => {
+                if answers_health(paths).await {
+                    return Ok(());
+                }
+                if let Some(limit) = call_timeout()
+                    && waiting_since.elapsed() >= limit
+                {
+                    bail!(
+                        "another synapse command has been starting the broker for {} ms and still holds {}; no broker answers. Set SYNAPSE_CLIENT_TIMEOUT_MS to wait longer (0 = no limit)",
+                        limit.as_millis(),
+                        lock_path.display()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(std::fs::TryLockError::Error(error)) => {
+                return Err(error).with_context(|| format!("cannot take the start-up lock {}", lock_path.display()));
+            }
+        }
+    }
     // Another command may have started it while we waited for the lock.
     if connect_any(paths).await.is_ok() {
         return Ok(());
