@@ -540,6 +540,23 @@ fn broker_stop_stops_a_broker_that_does_not_answer() {
     home.ok(&["send", "bob", "before the broker froze", "--no-response"]);
     let pid = home.broker_pid().expect("broker.json");
     kill(pid, libc::SIGSTOP);
+    // Another home sharing the socket folder finds this stuck broker at its socket: not its own
+    // (its broker.json does not name it), so it is not signalled.
+    let other = Home::new();
+    let output = other
+        .cmd(&["broker", "stop"])
+        .env("SYNAPSE_UDS_DIR", home.uds())
+        .env("SYNAPSE_CLIENT_TIMEOUT_MS", "300")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(
+        stderr(&output).contains("SYNAPSE_UDS_DIR") && stderr(&output).contains("nothing stopped"),
+        "{}",
+        describe(&output)
+    );
+    assert!(is_alive(pid), "another home's broker was stopped");
+    assert!(!other.home().join("broker.stopped").exists());
     let output = home.cmd(&["broker", "stop"]).env("SYNAPSE_CLIENT_TIMEOUT_MS", "300").output().unwrap();
     assert!(output.status.success(), "{}", describe(&output));
     assert!(stdout(&output).contains(&format!("broker stopped (pid {pid})")), "{}", describe(&output));

@@ -547,6 +547,17 @@ fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_k
         let (status, answer) = with_page_key("GET", "/dashboard/state", &guess);
         assert_eq!(status, 401, "a guessed page key {guess:?}: {answer}");
     }
+    // It passes authentication, not the user's own routes: stopping the broker needs the CLI
+    // or the admin key, from the page's own origin too.
+    let (status, answer) = with_page_key("POST", "/broker/shutdown", &page_key);
+    assert_eq!(status, 403, "{answer}");
+    let (status, answer) = raw_tcp(
+        port,
+        &format!(
+            "POST /broker/shutdown HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\r\nX-Synapse-Page-Key: {page_key}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    assert_eq!(status, 403, "{answer}");
     let (status, answer) = home.http("GET", "/dashboard/state", None, &[("x-synapse-page-key", &page_key)]);
     assert_eq!(status, 401, "the page key is for the browser's loopback connection: {answer}");
 
@@ -568,7 +579,8 @@ fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_k
 #[test]
 fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a_token() {
     let Some(browser) = Browser::start("dashboard with auth in Chromium") else { return };
-    let home = Home::new();
+    // A fixed port: the page reconnects after the broker restarts.
+    let home = FixedPortHome::new();
     let with_key = |args: &[&str]| {
         let output = home
             .cmd(args)
@@ -589,7 +601,7 @@ fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a
     .unwrap();
     let bob = registered["agent"]["agent_id"].as_str().unwrap().to_string();
     let url = with_key(&["dashboard"]).trim().to_string();
-    let port = broker_port(&home);
+    let port = home.port;
     page_key_in(&url, port);
     let bare = format!("http://127.0.0.1:{port}/");
 
@@ -635,6 +647,23 @@ fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a
     browser.wait_value("the refusal", "return document.getElementById('error').textContent", vec![], |v| {
         v.as_str().is_some_and(|text| text.starts_with("Send refused: 404") && text.contains("nobody"))
     });
+    // The broker stops: the page forgets the key (another user's server may answer at this
+    // origin next), and asks for it again once the broker is back.
+    with_key(&["broker", "stop"]);
+    browser.wait_value("the stream lost", "return document.getElementById('connection').dataset.state", vec![], |v| {
+        v != "live"
+    });
+    with_key(&["broker", "start"]);
+    browser.wait_value(
+        "the key form after a restart",
+        "return !document.getElementById('key-form').hidden",
+        vec![],
+        |v| v == true,
+    );
+    enter_key("key-one");
+    browser.wait_value("the stream again", "return document.getElementById('connection').dataset.state", vec![], |v| {
+        v == "live"
+    });
     // A reload asks again.
     browser.goto(&bare);
     browser.wait_value(
@@ -644,8 +673,9 @@ fn with_auth_on_the_page_asks_for_the_key_shows_a_refused_one_and_streams_with_a
         |v| v == true,
     );
 
-    // Opened from the address `synapse dashboard` printed, the page key is enough: no key form,
-    // and the page reads, streams and sends as the user.
+    // Opened from the address `synapse dashboard` printed (this start's), the page key is
+    // enough: no key form, and the page reads, streams and sends as the user.
+    let url = with_key(&["dashboard"]).trim().to_string();
     browser.goto(&url);
     wait_card(&browser, "bob's card with the page key", &bob, "STARTING");
     browser.wait_value("the stream", "return document.getElementById('connection').dataset.state", vec![], |v| {

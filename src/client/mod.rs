@@ -1203,11 +1203,22 @@ async fn answers_health(paths: &Paths) -> bool {
 /// does not answer (stuck, or stopped with SIGSTOP) is stopped by signal: see [`terminate`].
 pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
     let Some((mut client, socket_peer)) = Client::try_connect_saying_how(paths).await else { return Ok(None) };
+    // The process at the socket's other end, as it is now: a later process given its pid is
+    // never signalled.
+    let peer = socket_peer.and_then(crate::process::ProcessStamp::of);
     // Another home's broker at this home's socket is not this home's to stop. (A broker of
     // another version is: stopping it is how one moves to this version.)
-    let health = client.health().await;
+    let health = bounded(client.health(), "GET /broker/health").await;
     match &health {
         Ok(info) => ensure_home(paths, info)?,
+        // Over TCP (the socket does not answer): the port `broker.json` names.
+        Err(ClientError::Timeout(timeout)) if socket_peer.is_none() => {
+            bail!(
+                "{timeout}: the broker named by {} does not answer on its TCP port, and its Unix socket {} cannot be reached; nothing stopped",
+                paths.broker_info().display(),
+                paths.broker_socket().display()
+            );
+        }
         // The TCP port of a `broker.json` left by a killed broker whose pid another process now
         // has: whatever listens there (another server of the user's) is not asked to shut down.
         Err(error) if socket_peer.is_none() => {
@@ -1221,7 +1232,7 @@ pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
     }
     let answered = match health {
         Err(ClientError::Timeout(timeout)) => Err(timeout),
-        _ => match client.shutdown().await {
+        _ => match bounded(client.shutdown(), "POST /broker/shutdown").await {
             Ok(stopping) => Ok(stopping.pid),
             Err(ClientError::Timeout(timeout)) => Err(timeout),
             Err(error) => return Err(error.into()),
@@ -1231,15 +1242,9 @@ pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
     let pid = match answered {
         Ok(pid) => pid,
         Err(timeout) => {
-            let Some(pid) = socket_peer else { return Err(timeout.into()) };
-            // Only the user stops the broker; inside an agent the broker would have refused.
-            if client_secret().is_some() {
-                return Err(anyhow!(
-                    "{timeout}; inside an agent the broker is not stopped by signal: run 'synapse broker stop' from a plain shell"
-                ));
-            }
-            terminate(paths, pid, &timeout).await?;
-            return Ok(Some(pid));
+            let Some(peer) = peer else { return Err(timeout.into()) };
+            terminate(paths, peer, &timeout).await?;
+            return Ok(Some(peer.pid));
         }
     };
     if wait_until_gone(pid, Duration::from_secs(20)).await {
@@ -1248,36 +1253,94 @@ pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
     Err(anyhow!("the broker (pid {pid}) did not stop within 20 s"))
 }
 
+/// A call of `broker stop`, within the call limit, or [`DEFAULT_CALL_TIMEOUT`] when it is off
+/// (`SYNAPSE_CLIENT_TIMEOUT_MS=0`): a stuck broker is stopped by signal, not waited for.
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, ClientError>>,
+    what: &str,
+) -> Result<T, ClientError> {
+    let limit = call_timeout().unwrap_or(DEFAULT_CALL_TIMEOUT);
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or_else(|_| Err(ClientError::Timeout(Timeout { limit, what: what.to_string() })))
+}
+
 /// The secret of the agent this process runs inside, if any.
 fn client_secret() -> Option<String> {
     std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty())
 }
 
-/// Stops the broker that holds the Unix socket (`pid`, as the kernel names the socket's other
-/// end, of this user) and did not answer: recorded as a deliberate stop (as `POST
-/// /broker/shutdown` does), then SIGTERM with SIGCONT (a stopped process handles it), and
-/// SIGKILL if it is still there after [`TERMINATE_GRACE`]. Every acknowledged event is already
-/// durable, so even the SIGKILL loses nothing.
-async fn terminate(paths: &Paths, pid: u32, timeout: &Timeout) -> anyhow::Result<()> {
-    let Ok(target) = i32::try_from(pid) else { bail!("the broker's pid {pid} is out of range") };
+/// Stops the broker that holds the Unix socket and did not answer (`peer`: the process the
+/// kernel names at the socket's other end, of this user, as it was when we connected): recorded
+/// as a deliberate stop (as `POST /broker/shutdown` does), then SIGTERM with SIGCONT (a stopped
+/// process handles it), and SIGKILL if it is still there after [`TERMINATE_GRACE`]. Every
+/// acknowledged event is already durable, so even the SIGKILL loses nothing.
+///
+/// Only this home's broker: `broker.json` must name that process (another home's broker may hold
+/// a socket of a shared socket folder), and only from a plain shell (inside an agent the broker
+/// would refuse to stop). Each signal goes to that very process, never to a later one given its
+/// pid.
+async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &Timeout) -> anyhow::Result<()> {
+    let pid = peer.pid;
+    let refuse = |why: String| {
+        anyhow!("{timeout}; the process at {} (pid {pid}) {why}: nothing stopped", paths.broker_socket().display())
+    };
+    if client_secret().is_some() {
+        return Err(refuse(
+            "is not stopped by signal from inside an agent: run 'synapse broker stop' from a plain shell".into(),
+        ));
+    }
+    let target = i32::try_from(pid).ok().filter(|&target| target > 1 && pid != std::process::id());
+    let Some(target) = target else { return Err(refuse("cannot be told apart (its pid is not visible here)".into())) };
+    if broker_info_file(paths).is_none_or(|info| info.pid != pid) {
+        return Err(refuse(format!(
+            "is not named by {}: it may be another home's broker (give each home its own SYNAPSE_UDS_DIR), or one already stopping",
+            paths.broker_info().display()
+        )));
+    }
     if let Err(error) = crate::trust::mark_stopped(&paths.home) {
         tracing::warn!("cannot record the deliberate stop in {}: {error}", paths.home.display());
     }
+    let send = |signal: i32| -> anyhow::Result<bool> {
+        if !peer.is_running() {
+            return Ok(false);
+        }
+        if !crate::process::signal(target, signal) {
+            let error = std::io::Error::last_os_error();
+            if peer.is_running() {
+                bail!("cannot signal the broker (pid {pid}): {error}");
+            }
+        }
+        Ok(true)
+    };
     tracing::warn!("{timeout}; stopping the broker (pid {pid}) with SIGTERM");
-    crate::process::signal(target, libc::SIGTERM);
-    crate::process::signal(target, libc::SIGCONT);
-    if wait_until_gone(pid, TERMINATE_GRACE).await {
+    if send(libc::SIGTERM)? {
+        send(libc::SIGCONT)?;
+    }
+    if wait_until_stopped(peer, TERMINATE_GRACE).await {
         return Ok(());
     }
     tracing::warn!(
         "the broker (pid {pid}) did not stop within {} s of SIGTERM; sending SIGKILL",
         TERMINATE_GRACE.as_secs()
     );
-    crate::process::signal(target, libc::SIGKILL);
-    if wait_until_gone(pid, Duration::from_secs(5)).await {
+    send(libc::SIGKILL)?;
+    if wait_until_stopped(peer, Duration::from_secs(5)).await {
         return Ok(());
     }
     bail!("the broker (pid {pid}) is still there after SIGKILL")
+}
+
+/// Waits until the process `peer` has exited (a zombie counts as gone), at most `limit`.
+async fn wait_until_stopped(peer: crate::process::ProcessStamp, limit: Duration) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if !peer.is_running() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    !peer.is_running()
 }
 
 /// How long a broker that did not answer has to stop after SIGTERM before SIGKILL.

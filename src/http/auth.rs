@@ -161,8 +161,8 @@ pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next
         };
     }
     // The dashboard page opened from the address `synapse dashboard` printed: its key of this
-    // start is a key of its own, given only to a caller that passed authentication over the
-    // Unix socket. So the page never asks for the API key, and never holds one that a server
+    // start is a key of its own, given only to the user (`GET /dashboard/page-key`: over the
+    // Unix socket, or with the admin key), after this check. So the page never asks for the API key, and never holds one that a server
     // squatting the port while the broker is stopped could take from it. Over the user's own
     // loopback connection only (what `synapse dashboard` prints); what the page may then do is
     // decided per route, as for any caller (`caller::is_the_users_browser`).

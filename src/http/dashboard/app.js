@@ -79,7 +79,8 @@
 
   async function api(method, path, body) {
     const headers = {};
-    if (apiKey) headers['X-API-Key'] = apiKey;
+    const sentKey = apiKey;
+    if (sentKey) headers['X-API-Key'] = sentKey;
     if (pageKey) headers['X-Synapse-Page-Key'] = pageKey;
     if (body !== undefined) headers['Content-Type'] = 'application/json';
     let response;
@@ -92,6 +93,7 @@
         credentials: 'omit',
       });
     } catch (_) {
+      forgetKey();
       throw new ApiFailure(0, `${GONE} (stopped?). Retrying…`);
     }
     let data = null;
@@ -102,7 +104,7 @@
     }
     if (!response.ok) {
       const message = (data && (data.message || data.error)) || response.statusText || 'request failed';
-      if (response.status === 401) askForKey(message);
+      if (response.status === 401) askForKey(message, sentKey);
       throw new ApiFailure(response.status, `${response.status}: ${message}`);
     }
     return data;
@@ -111,8 +113,11 @@
   // ---- the API key (auth on) ---------------------------------------------------------------
 
   let keyWaiters = [];
-  function askForKey(message) {
-    if (apiKey) {
+  // A 401 to a request that carried `sentKey`. One sent before a key was given (in flight while
+  // the user typed it) refuses nothing: its caller waits for the key (given) and tries again.
+  function askForKey(message, sentKey) {
+    if (apiKey && apiKey !== sentKey) return;
+    if (sentKey) {
       apiKey = '';
       showError(`Key refused: ${message}`);
     } else {
@@ -121,7 +126,15 @@
     $('key-form').hidden = false;
     $('key-input').focus();
   }
+  // The broker went away: the key is not sent again to whatever answers at this origin next
+  // (another user's server may take the port while the broker is stopped); the broker asks for
+  // it again when it is back.
+  function forgetKey() {
+    apiKey = '';
+  }
+  // Resolves once a key is there to try (at once if one was given since the refused request).
   function keyGiven() {
+    if (apiKey) return Promise.resolve();
     return new Promise((resolve) => keyWaiters.push(resolve));
   }
   $('key-form').addEventListener('submit', (event) => {
@@ -662,6 +675,10 @@
     });
     stream.addEventListener('error', () => {
       if (stream !== source) return;
+      // The connection was lost (the browser tries again): the broker went away. Not when it
+      // answered with an error (a token the restarted broker does not know): it is back, and
+      // a key given meanwhile is for it.
+      if (stream.readyState !== EventSource.CLOSED) forgetKey();
       showError(`${LOST}: reconnecting… (the page resumes where it stopped)`);
       if (stream.readyState === EventSource.CLOSED) {
         // The browser gave up (the broker answered with an error: a spent token, a restart
