@@ -157,6 +157,17 @@ fn doctor_reports_each_check_and_fails_only_on_a_problem() {
     assert_eq!(find("claude CLI")["level"], "warn", "not on this PATH: {report:#}");
     assert!(find("codex ports")["detail"].as_str().unwrap().starts_with("8120-8129"), "{report:#}");
 
+    // Another home's broker at this home's socket (a shared socket folder) is a problem, named.
+    home.ok(&["list"]);
+    let other = Home::new();
+    let shared = other.cmd(&["doctor"]).env("SYNAPSE_UDS_DIR", home.uds()).env("PATH", &empty_path).output().unwrap();
+    assert_eq!(shared.status.code(), Some(1), "{}", describe(&shared));
+    assert!(
+        stdout(&shared).lines().any(|line| line.starts_with("FAIL") && line.contains("SYNAPSE_UDS_DIR")),
+        "{}",
+        describe(&shared)
+    );
+
     let not_a_dir = home.dir.path().join("plain-file");
     std::fs::write(&not_a_dir, "x").unwrap();
     let broken = home.cmd(&["doctor"]).env("SYNAPSE_HOME", &not_a_dir).env("PATH", &empty_path).output().unwrap();

@@ -86,6 +86,21 @@ async fn broker(paths: &Paths) -> Check {
     match Client::try_connect(paths).await {
         None => check(Level::Ok, "broker", "not running (it starts on demand with the first command)"),
         Some(mut client) => match client.health().await {
+            // Another home's broker at this home's socket (two homes share a socket folder):
+            // this home's commands refuse it.
+            Ok(info) if let Err(mismatch) = crate::client::ensure_home(paths, &info) => {
+                check(Level::Fail, "broker", format!("{mismatch:#}"))
+            }
+            Ok(info) if info.version != crate::api::VERSION => check(
+                Level::Fail,
+                "broker",
+                format!(
+                    "pid {} runs version {}, this synapse is {}: synapse broker stop, then retry",
+                    info.pid,
+                    info.version,
+                    crate::api::VERSION
+                ),
+            ),
             Ok(info) if info.healthy => check(
                 Level::Ok,
                 "broker",
