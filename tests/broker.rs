@@ -567,6 +567,21 @@ fn broker_stop_stops_a_broker_that_does_not_answer() {
     assert!(history.contains("before the broker froze"), "{history}");
 }
 
+/// A home whose path is not UTF-8 is reported by its broker with replacement characters: the
+/// commands of that home took their own broker for another home's and refused it.
+#[test]
+fn a_home_whose_path_is_not_utf8_uses_its_own_broker() {
+    use std::os::unix::ffi::OsStrExt;
+    let home = Home::new();
+    let odd = home.dir.path().join(std::ffi::OsStr::from_bytes(b"home-\xff"));
+    let run = |args: &[&str]| home.cmd(args).env("SYNAPSE_HOME", &odd).output().unwrap();
+    for args in [&["list"][..], &["broker", "status"], &["broker", "stop"]] {
+        let output = run(args);
+        assert!(output.status.success(), "synapse {args:?}: {}", describe(&output));
+    }
+    assert!(stdout(&run(&["broker", "stop"])).contains("no broker is running"));
+}
+
 /// A `broker.json` left by a killed broker, whose pid another process now has, names a TCP
 /// port that another server of the user's may hold by now: `broker stop` does not ask it to
 /// shut down (it did, after a health check it ignored the failure of).

@@ -354,12 +354,18 @@ pub fn ensure_home(paths: &Paths, info: &BrokerInfo) -> anyhow::Result<()> {
 }
 
 /// Do `theirs` (as a broker reports its home) and `ours` name one directory? Compared resolved
-/// (symbolic links, `..`), else as written.
+/// (symbolic links, `..`), else as written. A home whose path is not UTF-8 is reported with
+/// replacement characters (the answer is JSON), so it is compared in that form.
 fn same_home(theirs: &str, ours: &std::path::Path) -> bool {
+    let resolved = std::fs::canonicalize(ours);
+    let ours = resolved.as_deref().unwrap_or(ours);
+    if ours.to_str().is_none() {
+        return ours.to_string_lossy() == theirs;
+    }
     let theirs = std::path::Path::new(theirs);
-    match (std::fs::canonicalize(theirs), std::fs::canonicalize(ours)) {
-        (Ok(theirs), Ok(ours)) => theirs == ours,
-        _ => theirs == ours,
+    match std::fs::canonicalize(theirs) {
+        Ok(theirs) => theirs == ours,
+        Err(_) => theirs == ours,
     }
 }
 
@@ -1360,6 +1366,22 @@ async fn wait_until_gone(pid: u32, limit: Duration) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_home_whose_path_is_not_utf8_is_its_brokers_home() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join(std::ffi::OsStr::from_bytes(b"home-\xff"));
+        std::fs::create_dir(&home).unwrap();
+        let reported = std::fs::canonicalize(&home).unwrap().to_string_lossy().into_owned();
+        assert!(reported.contains('\u{fffd}'), "{reported}");
+        assert!(super::same_home(&reported, &home));
+        let other = dir.path().join("home-other");
+        std::fs::create_dir(&other).unwrap();
+        assert!(!super::same_home(&reported, &other));
+        assert!(!super::same_home(&other.to_string_lossy(), &home));
+        assert!(super::same_home(&other.to_string_lossy(), &other.join("..").join("home-other")));
+    }
+
     #[test]
     fn a_path_segment_keeps_unreserved_characters_and_encodes_the_rest() {
         assert_eq!(super::percent_encode("a b/é,-_.~?#%"), "a%20b%2F%C3%A9,-_.~%3F%23%25");
