@@ -478,6 +478,30 @@ fn a_post_from_a_foreign_origin_is_refused_and_the_dashboards_own_origin_acts_as
     }
 }
 
+/// Another home's broker comes up on the port the page follows, with a shorter log: the page
+/// starts again from that log. It took every event of it for a repeat and froze.
+#[test]
+fn the_page_starts_again_when_another_log_answers_at_its_port() {
+    let Some(browser) = Browser::start("dashboard after another log in Chromium") else { return };
+    let first = FixedPortHome::new();
+    first.ok(&["broker", "start"]);
+    first.home.register(Some("bob"));
+    for number in 0..10 {
+        first.ok(&["send", "bob", &format!("first log {number}"), "--no-response"]);
+    }
+    browser.goto(&format!("http://127.0.0.1:{}/", first.port));
+    wait_message(&browser, "the first log's last message", "first log 9", &[]);
+    first.ok(&["broker", "stop"]);
+
+    let second = FixedPortHome { home: Home::new(), port: first.port };
+    second.ok(&["broker", "start"]);
+    second.home.register(Some("carol"));
+    second.ok(&["send", "carol", "second log", "--no-response"]);
+    assert!(second.home.head() < 10, "the second log is the shorter one");
+    wait_message(&browser, "the second log's message", "second log", &[]);
+    assert!(browser.execute("return document.body.textContent.includes('first log 9')", vec![]) == false);
+}
+
 #[test]
 fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_key() {
     let home = Home::new();

@@ -249,6 +249,13 @@
 
   async function loadAgents() {
     const snapshot = await api('GET', '/dashboard/state');
+    // The log answering now ends before the last event this page applied: it is another log (a
+    // fresh home's broker came up on this port). Its events would all be taken for repeats and
+    // skipped, freezing the page: start again from this log.
+    if (snapshot.head < state.lastSeq) {
+      location.reload();
+      return new Promise(() => {});
+    }
     state.authEnabled = snapshot.auth_enabled;
     // Without its key (or the API key) the page is not the user: it reads, and says so.
     $('read-only').textContent = pageKey
