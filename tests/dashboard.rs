@@ -213,6 +213,22 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
     browser.wait_value("the lock gone", "return document.getElementById('locks').textContent", vec![], |v| {
         v == "no file is locked"
     });
+    // A lock that expires leaves the list at its expiry (no event says so).
+    let brief = home
+        .cmd(&["file-safety", "lock", file, &id(&alice), "--duration", "5"])
+        .env("SYNAPSE_FILE_SAFETY_ENABLED", "true")
+        .output()
+        .unwrap();
+    assert!(brief.status.success(), "{}", describe(&brief));
+    browser.wait_value(
+        "the brief lock on the page",
+        "return document.getElementById('locks').textContent",
+        vec![],
+        |v| v.as_str().is_some_and(|text| text.contains(file)),
+    );
+    browser.wait_value("the brief lock expired", "return document.getElementById('locks').textContent", vec![], |v| {
+        v == "no file is locked"
+    });
 
     // The filter by agent keeps the messages from or to that agent.
     let message_texts =

@@ -199,6 +199,16 @@
 
   function updateDurations() {
     const now = Date.now();
+    // A lock ends at its expiry without an event (the broker releases it when it next looks):
+    // it leaves the list then.
+    let expired = false;
+    for (const [path, lock] of state.locks) {
+      if (lock.expires_ms <= now) {
+        state.locks.delete(path);
+        expired = true;
+      }
+    }
+    if (expired) renderLocks();
     for (const since of document.querySelectorAll('.card .since')) {
       const from = Number(since.dataset.since);
       since.textContent = from ? `for ${duration(now - from)}` : '';
