@@ -494,6 +494,37 @@ fn a_post_from_a_foreign_origin_is_refused_and_the_dashboards_own_origin_acts_as
     }
 }
 
+/// `synapse dashboard --open` hands the address to an opener, and says when that fails (xdg-open
+/// with no display exits non-zero): the failure was taken for an opened page.
+#[test]
+fn dashboard_open_says_when_the_opener_fails() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = Home::new();
+    let bin = home.dir.path().join("opener-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let opener = bin.join("xdg-open");
+    let opened = home.dir.path().join("opened.txt");
+    let write_opener = |script: &str| {
+        std::fs::write(&opener, script).unwrap();
+        std::fs::set_permissions(&opener, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write_opener("#!/bin/sh\necho 'no display' >&2\nexit 3\n");
+    let failed = home.cmd(&["dashboard", "--open"]).env("PATH", &bin).output().unwrap();
+    assert!(failed.status.success(), "{}", describe(&failed));
+    let url = stdout(&failed).trim().to_string();
+    assert!(
+        stderr(&failed).contains("xdg-open failed") && stderr(&failed).contains(&format!("open {url} yourself")),
+        "{}",
+        describe(&failed)
+    );
+
+    write_opener(&format!("#!/bin/sh\nprintf '%s' \"$1\" > '{}'\n", opened.display()));
+    let worked = home.cmd(&["dashboard", "--open"]).env("PATH", &bin).output().unwrap();
+    assert!(worked.status.success(), "{}", describe(&worked));
+    assert_eq!(std::fs::read_to_string(&opened).unwrap(), stdout(&worked).trim());
+    assert!(!stderr(&worked).contains("yourself"), "{}", describe(&worked));
+}
+
 /// Another home's broker comes up on the port the page follows, with a shorter log: the page
 /// starts again from that log. It took every event of it for a repeat and froze.
 #[test]

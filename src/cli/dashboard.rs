@@ -45,6 +45,7 @@ pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
     if !open {
         return Ok(0);
     }
+    let mut failures = Vec::new();
     for opener in OPENERS {
         let launched = std::process::Command::new(opener)
             .arg(&url)
@@ -52,12 +53,35 @@ pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn();
-        if launched.is_ok() {
-            return Ok(0);
+        let Ok(mut child) = launched else { continue };
+        // An opener hands the address to the browser and exits; one that fails (xdg-open with
+        // no display) says so by its status. One still running after a while is taken to be
+        // the browser itself, and left to run.
+        let started = std::time::Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if started.elapsed() < OPENER_PATIENCE => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                _ => break None,
+            }
+        };
+        match status {
+            Some(status) if !status.success() => failures.push(format!("{opener} failed ({status})")),
+            _ => return Ok(0),
         }
     }
     // No browser here (a server, a container): the address is printed, which is what a user
     // needs to open it from elsewhere (an SSH tunnel, say).
-    eprintln!("No browser found ({}): open {url} yourself", OPENERS.join(", "));
+    if failures.is_empty() {
+        eprintln!("No browser found ({}): open {url} yourself", OPENERS.join(", "));
+    } else {
+        eprintln!("Could not open a browser ({}): open {url} yourself", failures.join("; "));
+    }
     Ok(0)
 }
+
+/// How long an opener may take to hand the address over before it is taken to be running the
+/// browser itself.
+const OPENER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
