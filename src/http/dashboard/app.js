@@ -294,6 +294,7 @@
     if (state.messageById.has(data.task_id)) return;
     const message = {
       id: data.task_id,
+      senderTaskId: data.sender_task_id || null,
       from: data.from || (data.unverified_sender ? `${data.unverified_sender} (unverified)` : (data.by_user ? 'user' : 'anonymous')),
       to: data.to,
       priority: data.priority,
@@ -307,6 +308,7 @@
       // The oldest leave the page (history search and the event log still reach them).
       for (const old of state.messages.splice(0, state.messages.length - MAX_MESSAGES + MAX_MESSAGES / 10)) {
         state.messageById.delete(old.id);
+        if (old.senderTaskId) state.messageById.delete(old.senderTaskId);
       }
     }
     state.messageById.set(data.task_id, message);
@@ -597,6 +599,9 @@
         break;
       case 'ticket_issued':
         state.ticketTask.set(envelope.seq, data.task_id);
+        // Tickets that are never written (handed over by a hook, expired, their task canceled)
+        // leave no event here: the oldest go once there are more than messages kept.
+        while (state.ticketTask.size > MAX_MESSAGES) state.ticketTask.delete(state.ticketTask.keys().next().value);
         if (live) scheduleAgentRefresh();
         break;
       case 'ticket_injected': {
