@@ -582,6 +582,16 @@ fn a_home_whose_path_is_not_utf8_uses_its_own_broker() {
     assert!(stdout(&run(&["broker", "stop"])).contains("no broker is running"));
 }
 
+/// Removes a `broker.json` the test wrote when the test ends: it names this test process at
+/// times, and dropping the `Home` stops (and kills) the pid it names.
+struct RemoveInfo(std::path::PathBuf);
+
+impl Drop for RemoveInfo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A `broker.json` left by a killed broker, whose pid another process now has, names a TCP
 /// port that another server of the user's may hold by now: `broker stop` does not ask it to
 /// shut down (it did, after a health check it ignored the failure of).
@@ -589,12 +599,6 @@ fn a_home_whose_path_is_not_utf8_uses_its_own_broker() {
 fn broker_stop_asks_no_server_but_a_broker_to_shut_down() {
     use std::io::{Read, Write};
     let home = Home::new();
-    struct RemoveInfo(std::path::PathBuf);
-    impl Drop for RemoveInfo {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
     let _remove_info = RemoveInfo(home.home().join("broker.json"));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -638,12 +642,6 @@ fn a_command_skips_the_version_handshake_only_when_broker_json_names_the_process
     let home = Home::new();
     // broker.json names this test process at times: it must be gone before `home` is dropped,
     // which stops (and kills) the pid it names.
-    struct RemoveInfo(std::path::PathBuf);
-    impl Drop for RemoveInfo {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
     let _remove_info = RemoveInfo(home.home().join("broker.json"));
     // The stand-in claims another version in its health answer: a command that asks is refused.
     let requests = stand_in_broker(&home, "0.0.0-other");
