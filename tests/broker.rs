@@ -192,6 +192,11 @@ fn a_log_written_by_a_newer_schema_is_refused() {
     let output = home.run(&["broker"]);
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     assert!(stderr(&output).contains("newer Synapse (schema 99"), "{}", describe(&output));
+    // A command of the user's that fails to start it leaves the deliberate stop in place:
+    // agents do not start a broker in its stead.
+    let output = home.run(&["list"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(home.home().join("broker.stopped").exists(), "the deliberate stop was ended by a failed start");
 }
 
 #[test]

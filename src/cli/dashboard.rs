@@ -60,16 +60,18 @@ pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
         let started = std::time::Instant::now();
         let status = loop {
             match child.try_wait() {
-                Ok(Some(status)) => break Some(status),
+                Ok(Some(status)) => break Ok(Some(status)),
                 Ok(None) if started.elapsed() < OPENER_PATIENCE => {
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 }
-                _ => break None,
+                Ok(None) => break Ok(None),
+                Err(error) => break Err(error),
             }
         };
         match status {
-            Some(status) if !status.success() => failures.push(format!("{opener} failed ({status})")),
-            _ => return Ok(0),
+            Ok(Some(status)) if !status.success() => failures.push(format!("{opener} failed ({status})")),
+            Err(error) => failures.push(format!("{opener}: {error}")),
+            Ok(_) => return Ok(0),
         }
     }
     // No browser here (a server, a container): the address is printed, which is what a user

@@ -83,48 +83,52 @@ fn private_dir(what: &str, dir: &Path, must_exist: bool) -> Check {
 }
 
 async fn broker(paths: &Paths) -> Check {
-    match Client::try_connect(paths).await {
-        None => check(Level::Ok, "broker", "not running (it starts on demand with the first command)"),
-        Some(mut client) => match client.health().await {
-            // Another home's broker at this home's socket (two homes share a socket folder):
-            // this home's commands refuse it.
-            Ok(info) if let Err(mismatch) = crate::client::ensure_home(paths, &info) => {
-                check(Level::Fail, "broker", format!("{mismatch:#}"))
-            }
-            Ok(info) if info.version != crate::api::VERSION => check(
-                Level::Fail,
-                "broker",
-                format!(
-                    "pid {} runs version {}, this synapse is {}: synapse broker stop, then retry",
-                    info.pid,
-                    info.version,
-                    crate::api::VERSION
-                ),
-            ),
-            Ok(info) if info.healthy => check(
-                Level::Ok,
-                "broker",
-                format!(
-                    "running: pid {}, version {}, port {}, {} events",
-                    info.pid, info.version, info.port, info.head
-                ),
-            ),
-            Ok(info) => check(
-                Level::Fail,
-                "broker",
-                format!(
-                    "pid {} cannot store: {} (free disk space; it recovers by itself)",
-                    info.pid,
-                    info.write_failure.as_ref().map_or("unknown reason", |failure| failure.reason.as_str())
-                ),
-            ),
-            Err(error) => check(
+    let Some(mut client) = Client::try_connect(paths).await else {
+        return check(Level::Ok, "broker", "not running (it starts on demand with the first command)");
+    };
+    let info = match client.health().await {
+        Ok(info) => info,
+        Err(error) => {
+            return check(
                 Level::Fail,
                 "broker",
                 format!("answers but not as expected: {error} (synapse broker stop, then retry)"),
-            ),
-        },
+            );
+        }
+    };
+    // Another home's broker at this home's socket (two homes share a socket folder): this
+    // home's commands refuse it.
+    if let Err(mismatch) = crate::client::ensure_home(paths, &info) {
+        return check(Level::Fail, "broker", format!("{mismatch:#}"));
     }
+    if info.version != crate::api::VERSION {
+        return check(
+            Level::Fail,
+            "broker",
+            format!(
+                "pid {} runs version {}, this synapse is {}: synapse broker stop, then retry",
+                info.pid,
+                info.version,
+                crate::api::VERSION
+            ),
+        );
+    }
+    if info.healthy {
+        return check(
+            Level::Ok,
+            "broker",
+            format!("running: pid {}, version {}, port {}, {} events", info.pid, info.version, info.port, info.head),
+        );
+    }
+    check(
+        Level::Fail,
+        "broker",
+        format!(
+            "pid {} cannot store: {} (free disk space; it recovers by itself)",
+            info.pid,
+            info.write_failure.as_ref().map_or("unknown reason", |failure| failure.reason.as_str())
+        ),
+    )
 }
 
 fn settings(paths: &Paths) -> Vec<Check> {

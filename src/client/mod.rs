@@ -358,10 +358,13 @@ pub fn ensure_home(paths: &Paths, info: &BrokerInfo) -> anyhow::Result<()> {
 /// replacement characters (the answer is JSON), so it is compared in that form.
 fn same_home(theirs: &str, ours: &std::path::Path) -> bool {
     let resolved = std::fs::canonicalize(ours);
-    let ours = resolved.as_deref().unwrap_or(ours);
-    if ours.to_str().is_none() {
-        return ours.to_string_lossy() == theirs;
+    if ours.to_str().is_none() || resolved.as_ref().is_ok_and(|resolved| resolved.to_str().is_none()) {
+        // The broker reports the home as its command line gave it (made absolute, not
+        // resolved): either spelling of ours is its own. Two homes whose names differ only in
+        // bytes that are not UTF-8 are not told apart here.
+        return ours.to_string_lossy() == theirs || resolved.is_ok_and(|resolved| resolved.to_string_lossy() == theirs);
     }
+    let ours = resolved.as_deref().unwrap_or(ours);
     let theirs = std::path::Path::new(theirs);
     match std::fs::canonicalize(theirs) {
         Ok(theirs) => theirs == ours,
@@ -432,18 +435,25 @@ impl Client {
         if !autostart {
             bail!("no broker is running for SYNAPSE_HOME={}", paths.home.display());
         }
+        // The user starts a broker (`broker start`, or a command typed outside any agent): the
+        // deliberate stop is over now, not only once the new broker has opened the log. Until
+        // then (a long replay) agents' commands would be told it was stopped on purpose; now
+        // they wait for it like any command. A start that fails puts the stop back: agents
+        // (their wrappers perhaps still of an older build) must not start a broker instead.
+        let ended_stop = !respect_stop && crate::trust::is_stopped_on_purpose(&paths.home);
         if respect_stop {
             refuse_if_stopped(paths)?;
-        } else {
-            // The user starts a broker (`broker start`, or a command typed outside any agent):
-            // the deliberate stop is over now, not only once the new broker has opened the log.
-            // Until then (a long replay) agents' commands would be told it was stopped on
-            // purpose; now they wait for it like any command.
+        } else if ended_stop {
             crate::trust::clear_stopped(&paths.home).with_context(|| {
                 format!("cannot remove {}", paths.home.join(crate::trust::STOPPED_MARKER).display())
             })?;
         }
-        start_broker_unless(paths, respect_stop).await?;
+        if let Err(error) = start_broker_unless(paths, respect_stop).await {
+            if ended_stop && let Err(marking) = crate::trust::mark_stopped(&paths.home) {
+                tracing::warn!("cannot record the deliberate stop again in {}: {marking}", paths.home.display());
+            }
+            return Err(error);
+        }
         // The broker has answered its health check; a connection it resets now (seen under
         // heavy load, about once in forty restarts) is tried again rather than reported.
         let mut attempt = 0;
@@ -1086,8 +1096,10 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
     let lock_path = paths.start_lock();
     let lock =
         crate::private_files::open_write(&lock_path).with_context(|| format!("cannot open {}", lock_path.display()))?;
-    // Another command holding the lock is starting a broker: its start is waited for, within
-    // the call limit (a holder that hangs, stopped with Ctrl-Z say, is not waited for forever).
+    // Another command holding the lock is starting a broker: its start is waited for, as long
+    // as a start may take and at least the call limit (a holder that hangs, stopped with Ctrl-Z
+    // say, is not waited for forever).
+    let patience = call_timeout().map(|limit| limit.max(START_TIMEOUT + Duration::from_secs(5)));
     let waiting_since = Instant::now();
     loop {
         match lock.try_lock() {
@@ -1096,7 +1108,7 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
                 if answers_health(paths).await {
                     return Ok(());
                 }
-                if let Some(limit) = call_timeout()
+                if let Some(limit) = patience
                     && waiting_since.elapsed() >= limit
                 {
                     bail!(
@@ -1291,7 +1303,8 @@ async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &
     let refuse = |why: String| {
         anyhow!("{timeout}; the process at {} (pid {pid}) {why}: nothing stopped", paths.broker_socket().display())
     };
-    if client_secret().is_some() {
+    let inside_an_agent = std::env::var_os("SYNAPSE_AGENT_ID").is_some_and(|id| !id.is_empty());
+    if inside_an_agent || client_secret().is_some() {
         return Err(refuse(
             "is not stopped by signal from inside an agent: run 'synapse broker stop' from a plain shell".into(),
         ));
@@ -1380,6 +1393,10 @@ mod tests {
         assert!(!super::same_home(&reported, &other));
         assert!(!super::same_home(&other.to_string_lossy(), &home));
         assert!(super::same_home(&other.to_string_lossy(), &other.join("..").join("home-other")));
+        // Reached through a link (the broker reports the home as given, not resolved).
+        let link = dir.path().join(std::ffi::OsStr::from_bytes(b"link-\xfe"));
+        std::os::unix::fs::symlink(&home, &link).unwrap();
+        assert!(super::same_home(&link.to_string_lossy(), &link));
     }
 
     #[test]

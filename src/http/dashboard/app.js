@@ -258,11 +258,14 @@
   }
 
   async function loadAgents() {
+    // The last event applied before asking: the stream may apply newer ones while the answer
+    // (whose head was read when the request arrived) is on its way.
+    const applied = state.lastSeq;
     const snapshot = await api('GET', '/dashboard/state');
     // The log answering now ends before the last event this page applied: it is another log (a
     // fresh home's broker came up on this port). Its events would all be taken for repeats and
-    // skipped, freezing the page: start again from this log.
-    if (snapshot.head < state.lastSeq) {
+    // skipped, freezing the page: start again from this log. (A longer one is not told apart.)
+    if (snapshot.head < applied) {
       location.reload();
       return new Promise(() => {});
     }
@@ -307,8 +310,11 @@
     if (state.messages.length > MAX_MESSAGES) {
       // The oldest leave the page (history search and the event log still reach them).
       for (const old of state.messages.splice(0, state.messages.length - MAX_MESSAGES + MAX_MESSAGES / 10)) {
-        state.messageById.delete(old.id);
-        if (old.senderTaskId) state.messageById.delete(old.senderTaskId);
+        // Only entries that still point to this message: a sender's task id is the client's
+        // to give, and a newer message may have the same.
+        for (const id of [old.id, old.senderTaskId]) {
+          if (id && state.messageById.get(id) === old) state.messageById.delete(id);
+        }
       }
     }
     state.messageById.set(data.task_id, message);
