@@ -530,28 +530,44 @@ fn dashboard_open_says_when_the_opener_fails() {
     assert!(!stderr(&worked).contains("yourself"), "{}", describe(&worked));
 }
 
-/// Another home's broker comes up on the port the page follows, with a shorter log: the page
-/// starts again from that log. It took every event of it for a repeat and froze.
+/// Another home's broker comes up on the port the page follows: the page starts again from
+/// that log. With a shorter log it took every event for a repeat and froze; with a longer one
+/// it mixed the two logs' events.
 #[test]
 fn the_page_starts_again_when_another_log_answers_at_its_port() {
     let Some(browser) = Browser::start("dashboard after another log in Chromium") else { return };
-    let first = FixedPortHome::new();
-    first.ok(&["broker", "start"]);
-    first.home.register(Some("bob"));
-    for number in 0..10 {
-        first.ok(&["send", "bob", &format!("first log {number}"), "--no-response"]);
-    }
-    browser.goto(&format!("http://127.0.0.1:{}/", first.port));
+    let port = free_port();
+    let fill = |sends: usize, text: &str| {
+        let home = FixedPortHome { home: Home::new(), port };
+        home.ok(&["broker", "start"]);
+        home.home.register(Some("bob"));
+        for number in 0..sends {
+            home.ok(&["send", "bob", &format!("{text} {number}"), "--no-response"]);
+        }
+        home
+    };
+    let first = fill(10, "first log");
+    browser.goto(&format!("http://127.0.0.1:{port}/"));
     wait_message(&browser, "the first log's last message", "first log 9", &[]);
+    let first_head = first.home.head();
     first.ok(&["broker", "stop"]);
 
-    let second = FixedPortHome { home: Home::new(), port: first.port };
-    second.ok(&["broker", "start"]);
-    second.home.register(Some("carol"));
-    second.ok(&["send", "carol", "second log", "--no-response"]);
-    assert!(second.home.head() < 10, "the second log is the shorter one");
-    wait_message(&browser, "the second log's message", "second log", &[]);
+    let second = fill(1, "second log");
+    assert!(second.home.head() < first_head, "the second log is the shorter one");
+    wait_message(&browser, "the shorter log's message", "second log 0", &[]);
     assert!(browser.execute("return document.body.textContent.includes('first log 9')", vec![]) == false);
+    let second_head = second.home.head();
+    second.ok(&["broker", "stop"]);
+
+    let third = fill(5, "third log");
+    assert!(third.home.head() > second_head, "the third log is longer than the second");
+    wait_message(&browser, "the longer log's last message", "third log 4", &[]);
+    browser.wait_value(
+        "the second log's message gone",
+        "return document.body.textContent.includes('second log 0')",
+        vec![],
+        |v| v == false,
+    );
 }
 
 #[test]

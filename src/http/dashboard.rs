@@ -190,6 +190,9 @@ struct Snapshot {
     /// The log's head when the snapshot was read: the page follows `/events` from here.
     head: u64,
     agents: Vec<DashboardAgent>,
+    /// When the log's first event was written (0: the log is empty): what tells this log from
+    /// another one answering at the same port later (a fresh home's broker).
+    log_started_ms: u64,
     /// Whether the page must authenticate its stream with a token.
     auth_enabled: bool,
     /// Whether the page may act as the user (sends and cancels): it showed its key (or the API
@@ -213,7 +216,8 @@ async fn snapshot(
     // The page's own GET carries no Origin (a browser adds it to its posts), so the key shown is
     // what tells: its sends and cancels are judged again, with the Origin, when they come.
     let as_user = caller.is_user() || state.auth.page.key_is_shown_in(&headers);
-    answer(&Snapshot { head, agents, auth_enabled: state.auth.enabled, as_user })
+    let log_started_ms = state.store.read_after(0, 1)?.first().map_or(0, |first| first.time_ms);
+    answer(&Snapshot { head, agents, log_started_ms, auth_enabled: state.auth.enabled, as_user })
 }
 
 #[derive(Deserialize)]

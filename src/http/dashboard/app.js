@@ -33,6 +33,7 @@
 
   const state = {
     authEnabled: false,
+    logStarted: null, // when the log followed began (its first event's time; 0: empty)
     lastSeq: 0, // the newest event applied: a repeated one (after a reconnect) is skipped
     agents: new Map(), // agent_id -> agent view
     messages: [], // oldest first
@@ -262,13 +263,16 @@
     // (whose head was read when the request arrived) is on its way.
     const applied = state.lastSeq;
     const snapshot = await api('GET', '/dashboard/state');
-    // The log answering now ends before the last event this page applied: it is another log (a
-    // fresh home's broker came up on this port). Its events would all be taken for repeats and
-    // skipped, freezing the page: start again from this log. (A longer one is not told apart.)
-    if (snapshot.head < applied) {
+    // Another log answers now (a fresh home's broker came up on this port): it started at
+    // another time, or ends before the last event this page applied. Its events would be taken
+    // for repeats and skipped (freezing the page), or mixed with the other log's: start again
+    // from this log.
+    const otherLog = state.logStarted !== null && state.logStarted !== 0 && snapshot.log_started_ms !== state.logStarted;
+    if (otherLog || snapshot.head < applied) {
       location.reload();
       return new Promise(() => {});
     }
+    state.logStarted = snapshot.log_started_ms;
     state.authEnabled = snapshot.auth_enabled;
     // Without its key (or the API key) the page is not the user: it reads, and says so.
     $('read-only').textContent = pageKey
