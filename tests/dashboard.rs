@@ -229,6 +229,8 @@ fn the_dashboard_follows_agents_and_messages_live_shows_hostile_text_as_text_act
         vec![],
         |v| v.as_u64().is_some_and(|seq| seq >= head),
     );
+    // The list is drawn at the next frame: only what is drawn after the event counts.
+    browser.execute("return new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))", vec![]);
     browser.wait_value("the brief lock expired", "return document.getElementById('locks').textContent", vec![], |v| {
         v == "no file is locked"
     });

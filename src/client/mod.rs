@@ -358,18 +358,17 @@ pub fn ensure_home(paths: &Paths, info: &BrokerInfo) -> anyhow::Result<()> {
 /// replacement characters (the answer is JSON), so it is compared in that form.
 fn same_home(theirs: &str, ours: &std::path::Path) -> bool {
     let resolved = std::fs::canonicalize(ours);
-    if ours.to_str().is_none() || resolved.as_ref().is_ok_and(|resolved| resolved.to_str().is_none()) {
-        // The broker reports the home as its command line gave it (made absolute, not
-        // resolved): either spelling of ours is its own. Two homes whose names differ only in
-        // bytes that are not UTF-8 are not told apart here.
-        return ours.to_string_lossy() == theirs || resolved.is_ok_and(|resolved| resolved.to_string_lossy() == theirs);
-    }
-    let ours = resolved.as_deref().unwrap_or(ours);
-    let theirs = std::path::Path::new(theirs);
-    match std::fs::canonicalize(theirs) {
-        Ok(theirs) => theirs == ours,
-        Err(_) => theirs == ours,
-    }
+    let ours_resolved = resolved.as_deref().unwrap_or(ours);
+    let theirs_path = std::path::Path::new(theirs);
+    let same = match std::fs::canonicalize(theirs_path) {
+        Ok(theirs) => theirs == ours_resolved,
+        Err(_) => theirs_path == ours_resolved,
+    };
+    // The broker reports the home as its command line gave it (made absolute, not resolved), in
+    // JSON: a name that is not UTF-8 comes with replacement characters, and either spelling of
+    // ours may be its. Two homes whose names differ only in such bytes are not told apart.
+    same || ((ours.to_str().is_none() || ours_resolved.to_str().is_none())
+        && (ours.to_string_lossy() == theirs || ours_resolved.to_string_lossy() == theirs))
 }
 
 /// The broker was stopped on purpose (`synapse broker stop`) and none has been started since;
@@ -435,25 +434,10 @@ impl Client {
         if !autostart {
             bail!("no broker is running for SYNAPSE_HOME={}", paths.home.display());
         }
-        // The user starts a broker (`broker start`, or a command typed outside any agent): the
-        // deliberate stop is over now, not only once the new broker has opened the log. Until
-        // then (a long replay) agents' commands would be told it was stopped on purpose; now
-        // they wait for it like any command. A start that fails puts the stop back: agents
-        // (their wrappers perhaps still of an older build) must not start a broker instead.
-        let ended_stop = !respect_stop && crate::trust::is_stopped_on_purpose(&paths.home);
         if respect_stop {
             refuse_if_stopped(paths)?;
-        } else if ended_stop {
-            crate::trust::clear_stopped(&paths.home).with_context(|| {
-                format!("cannot remove {}", paths.home.join(crate::trust::STOPPED_MARKER).display())
-            })?;
         }
-        if let Err(error) = start_broker_unless(paths, respect_stop).await {
-            if ended_stop && let Err(marking) = crate::trust::mark_stopped(&paths.home) {
-                tracing::warn!("cannot record the deliberate stop again in {}: {marking}", paths.home.display());
-            }
-            return Err(error);
-        }
+        start_broker_unless(paths, respect_stop).await?;
         // The broker has answered its health check; a connection it resets now (seen under
         // heavy load, about once in forty restarts) is tried again rather than reported.
         let mut attempt = 0;
@@ -1131,6 +1115,59 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
     if respect_stop {
         refuse_if_stopped(paths)?;
     }
+    // The user starts a broker (`broker start`, or a command typed outside any agent): the
+    // deliberate stop is over now, not only once the new broker has opened the log. Until then
+    // (a long replay) agents' commands would be told it was stopped on purpose; now they wait
+    // for it like any command. Done under the start-up lock, and undone under it when no broker
+    // came of it (none could be started, or it exited): agents, their wrappers perhaps of an
+    // older build, must not start one in its stead. Not undone when the broker was started but
+    // did not answer in time: it may yet, and then the stop is over.
+    let ended_stop = !respect_stop && crate::trust::is_stopped_on_purpose(&paths.home);
+    if ended_stop {
+        crate::trust::clear_stopped(&paths.home)
+            .with_context(|| format!("cannot remove {}", paths.home.join(crate::trust::STOPPED_MARKER).display()))?;
+    }
+    let child = match launch(paths, respect_stop).await {
+        Ok(child) => child,
+        Err(Launch { error, broker_may_run }) => {
+            if ended_stop
+                && !broker_may_run
+                && let Err(marking) = crate::trust::mark_stopped(&paths.home)
+            {
+                tracing::warn!("cannot record the deliberate stop again in {}: {marking}", paths.home.display());
+            }
+            return Err(error);
+        }
+    };
+    drop(lock);
+    // The broker runs in its own process group and outlives this process, but until this
+    // process exits it is our child: a wrapper that started it would otherwise keep it as a
+    // `<defunct>` zombie once it stops. A thread waits for it (init reaps it after we exit).
+    let reaper = std::thread::Builder::new().name("broker-reaper".into()).spawn(move || {
+        let mut child = child;
+        let _ = child.wait();
+    });
+    if let Err(error) = reaper {
+        tracing::debug!("cannot start a thread to reap the broker: {error}");
+    }
+    Ok(())
+}
+
+/// Why [`launch`] failed, and whether a broker it started may still come up (it did not answer
+/// within [`START_TIMEOUT`], but runs).
+struct Launch {
+    error: anyhow::Error,
+    broker_may_run: bool,
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Launch {
+    fn from(error: E) -> Launch {
+        Launch { error: error.into(), broker_may_run: false }
+    }
+}
+
+/// Starts the broker (under the start-up lock) and waits until it answers its health check.
+async fn launch(paths: &Paths, respect_stop: bool) -> Result<std::process::Child, Launch> {
     let exe = crate::config::synapse_exe().context("cannot find the synapse executable")?;
     let log_path = paths.broker_log();
     let log =
@@ -1173,29 +1210,26 @@ async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Resul
             let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
             let last: Vec<&str> = log_text.lines().rev().take(3).collect();
             let last: Vec<&str> = last.into_iter().rev().collect();
-            bail!("the broker exited at start ({status}): {}", last.join(" | "));
+            return Err(anyhow!("the broker exited at start ({status}): {}", last.join(" | ")).into());
         }
         // Ready means answering its health check, not only accepting connections.
         if answers_health(paths).await {
             break;
         }
         if started.elapsed() > START_TIMEOUT {
-            bail!("the broker did not answer within {} s; see {}", START_TIMEOUT.as_secs(), log_path.display());
+            return Err(Launch {
+                error: anyhow!(
+                    "the broker did not answer within {} s; see {}",
+                    START_TIMEOUT.as_secs(),
+                    log_path.display()
+                ),
+                broker_may_run: true,
+            });
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(50));
     }
-    drop(lock);
-    // The broker runs in its own process group and outlives this process, but until this
-    // process exits it is our child: a wrapper that started it would otherwise keep it as a
-    // `<defunct>` zombie once it stops. A thread waits for it (init reaps it after we exit).
-    let reaper = std::thread::Builder::new().name("broker-reaper".into()).spawn(move || {
-        let _ = child.wait();
-    });
-    if let Err(error) = reaper {
-        tracing::debug!("cannot start a thread to reap the broker: {error}");
-    }
-    Ok(())
+    Ok(child)
 }
 
 /// Does the broker on the Unix socket answer `GET /broker/health` within `pause`?
@@ -1397,6 +1431,14 @@ mod tests {
         let link = dir.path().join(std::ffi::OsStr::from_bytes(b"link-\xfe"));
         std::os::unix::fs::symlink(&home, &link).unwrap();
         assert!(super::same_home(&link.to_string_lossy(), &link));
+        // A link whose name is not UTF-8 to a home whose name is, started through another link.
+        let plain = dir.path().join("plain-home");
+        std::fs::create_dir(&plain).unwrap();
+        let odd_link = dir.path().join(std::ffi::OsStr::from_bytes(b"odd-\xfd"));
+        std::os::unix::fs::symlink(&plain, &odd_link).unwrap();
+        let plain_link = dir.path().join("plain-link");
+        std::os::unix::fs::symlink(&plain, &plain_link).unwrap();
+        assert!(super::same_home(&plain_link.to_string_lossy(), &odd_link));
     }
 
     #[test]
