@@ -551,6 +551,9 @@ fn the_page_starts_again_when_another_log_answers_at_its_port() {
     let first = fill(10, "first log");
     browser.goto(&format!("http://127.0.0.1:{port}/"));
     wait_message(&browser, "the first log's last message", "first log 9", &[]);
+    // The page starts again in place, never by navigating: what answers at the port may be
+    // another user's server, whose page would then run in this tab. A reload would drop this.
+    browser.execute("window.stillTheSamePage = true;", vec![]);
     let first_head = first.home.head();
     first.ok(&["broker", "stop"]);
 
@@ -570,6 +573,7 @@ fn the_page_starts_again_when_another_log_answers_at_its_port() {
         vec![],
         |v| v == false,
     );
+    assert_eq!(browser.execute("return window.stillTheSamePage === true", vec![]), true, "the page navigated");
 }
 
 #[test]
@@ -652,6 +656,33 @@ fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_k
         ),
     );
     assert_eq!(status, 403, "{answer}");
+    // Nor on an agent's own port: the page is on the broker's.
+    let registered = home
+        .cmd(&[
+            "agent",
+            "register",
+            "--type",
+            "dummy",
+            "--pid",
+            &std::process::id().to_string(),
+            "--port",
+            "0",
+            "--name",
+            "bob",
+        ])
+        .env("SYNAPSE_API_KEY", "key-one")
+        .output()
+        .unwrap();
+    assert!(registered.status.success(), "{}", describe(&registered));
+    let registered: Value = serde_json::from_slice(&registered.stdout).unwrap();
+    let agent_port = u16::try_from(registered["agent"]["port"].as_u64().unwrap()).unwrap();
+    let (status, answer) = raw_tcp(
+        agent_port,
+        &format!(
+            "GET /tasks HTTP/1.1\r\nHost: 127.0.0.1:{agent_port}\r\nX-Synapse-Page-Key: {page_key}\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    assert_eq!(status, 401, "the page key on an agent's port: {answer}");
     let (status, answer) = home.http("GET", "/dashboard/state", None, &[("x-synapse-page-key", &page_key)]);
     assert_eq!(status, 401, "the page key is for the browser's loopback connection: {answer}");
 

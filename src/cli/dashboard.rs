@@ -68,11 +68,14 @@ pub async fn run(paths: &Paths, open: bool, json: bool) -> anyhow::Result<i32> {
                 Err(error) => break Err(error),
             }
         };
+        // The first opener there is the one for this system: after its failure no other is
+        // tried (on Debian, `open` is the console's openvt).
         match status {
             Ok(Some(status)) if !status.success() => failures.push(format!("{opener} failed ({status})")),
             Err(error) => failures.push(format!("{opener}: {error}")),
             Ok(_) => return Ok(0),
         }
+        break;
     }
     // No browser here (a server, a container): the address is printed, which is what a user
     // needs to open it from elsewhere (an SSH tunnel, say).

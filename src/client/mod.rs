@@ -1351,9 +1351,6 @@ async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &
             paths.broker_info().display()
         )));
     }
-    if let Err(error) = crate::trust::mark_stopped(&paths.home) {
-        tracing::warn!("cannot record the deliberate stop in {}: {error}", paths.home.display());
-    }
     let send = |signal: i32| -> anyhow::Result<bool> {
         if !peer.is_running() {
             return Ok(false);
@@ -1367,7 +1364,12 @@ async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &
         Ok(true)
     };
     tracing::warn!("{timeout}; stopping the broker (pid {pid}) with SIGTERM");
-    if send(libc::SIGTERM)? {
+    let delivered = send(libc::SIGTERM)?;
+    // Recorded once the signal is on its way (a signal refused leaves the stop unrecorded).
+    if let Err(error) = crate::trust::mark_stopped(&paths.home) {
+        tracing::warn!("cannot record the deliberate stop in {}: {error}", paths.home.display());
+    }
+    if delivered {
         send(libc::SIGCONT)?;
     }
     if wait_until_stopped(peer, TERMINATE_GRACE).await {

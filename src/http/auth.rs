@@ -27,6 +27,9 @@ pub struct AuthConfig {
     /// The dashboard page of this start. Its key, shown over a loopback connection of the
     /// user's, passes authentication as a key does: the page never needs the API key.
     pub page: Arc<super::dashboard::Page>,
+    /// Whether the page key passes here: on the broker's own servers, where the page is; not on
+    /// an agent's port or socket.
+    pub accepts_page_key: bool,
 }
 
 use crate::trust::key_digest as digest;
@@ -41,7 +44,13 @@ impl AuthConfig {
             allow_other_users: settings.allow_other_users,
             stream_tokens: Arc::default(),
             page: Arc::default(),
+            accepts_page_key: true,
         }
+    }
+
+    /// The same configuration for an agent's own servers, where the page key passes nothing.
+    pub fn for_an_agent(&self) -> AuthConfig {
+        AuthConfig { accepts_page_key: false, ..self.clone() }
     }
 
     /// Is `key` one of the configured keys? Constant time in the key's content.
@@ -166,7 +175,10 @@ pub async fn check(State(config): State<Arc<AuthConfig>>, request: Request, next
     // squatting the port while the broker is stopped could take from it. Over the user's own
     // loopback connection only (what `synapse dashboard` prints); what the page may then do is
     // decided per route, as for any caller (`caller::is_the_users_browser`).
-    if config.page.key_is_shown_in(request.headers()) && from_the_users_loopback_socket(&request) {
+    if config.accepts_page_key
+        && config.page.key_is_shown_in(request.headers())
+        && from_the_users_loopback_socket(&request)
+    {
         return next.run(request).await;
     }
     match presented_key(&request) {
@@ -196,6 +208,7 @@ mod tests {
             allow_other_users: false,
             stream_tokens: Arc::default(),
             page: Arc::default(),
+            accepts_page_key: true,
         };
         assert!(config.accepts("alpha"));
         assert!(config.accepts("beta"));

@@ -171,7 +171,7 @@ pub fn agent_router(state: AppState, agent_id: String) -> Router {
         .fallback(not_found)
         .layer(axum::Extension(FixedAgent(agent_id)))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn_with_state(state.auth.clone(), auth::check))
+        .layer(axum::middleware::from_fn_with_state(Arc::new(state.auth.for_an_agent()), auth::check))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard::check))
         .with_state(state)
 }

@@ -269,8 +269,8 @@
     // from this log.
     const otherLog = state.logStarted !== null && state.logStarted !== 0 && snapshot.log_started_ms !== state.logStarted;
     if (otherLog || snapshot.head < applied) {
-      location.reload();
-      return new Promise(() => {});
+      startAgain();
+      return null;
     }
     state.logStarted = snapshot.log_started_ms;
     state.authEnabled = snapshot.auth_enabled;
@@ -680,6 +680,7 @@
   }
 
   async function openStream() {
+    if (starting) return;
     if (source) source.close();
     source = null;
     let url = `/events?follow=true&after=${state.lastSeq}`;
@@ -705,12 +706,12 @@
       if (isConnectionError($('error').textContent)) showError('');
       scheduleAgentRefresh();
     });
-    stream.addEventListener('error', () => {
+    stream.addEventListener('error', (event) => {
       if (stream !== source) return;
       // The connection was lost (the browser tries again): the broker went away. Not when it
       // answered with an error (a token the restarted broker does not know): it is back, and
       // a key given meanwhile is for it.
-      if (stream.readyState !== EventSource.CLOSED) forgetKey();
+      if (!(event instanceof MessageEvent) && stream.readyState === EventSource.CONNECTING) forgetKey();
       showError(`${LOST}: reconnecting… (the page resumes where it stopped)`);
       if (stream.readyState === EventSource.CLOSED) {
         // The browser gave up (the broker answered with an error: a spent token, a restart
@@ -730,11 +731,43 @@
     setTimeout(openStream, delay);
   }
 
+  // Another log answers at this port: the page starts again from it, in place. Never by
+  // navigating (a reload): what answers may be another user's server squatting the port while
+  // the broker is stopped, whose own page would then run in this tab.
+  function startAgain() {
+    if (source) source.close();
+    source = null;
+    Object.assign(state, {
+      logStarted: null,
+      lastSeq: 0,
+      agents: new Map(),
+      messages: [],
+      messageById: new Map(),
+      ticketTask: new Map(),
+      locks: new Map(),
+      filtered: null,
+      eventsPage: null,
+      recentEvents: [],
+      openThread: null,
+    });
+    $('thread-section').hidden = true;
+    renderAgents();
+    renderMessages();
+    renderLocks();
+    start();
+  }
+
+  // While (re)starting, the stream waits: opened meanwhile (a retry), it would read the log
+  // from the event before the snapshot's.
+  let starting = false;
+
   async function start() {
+    starting = true;
     let snapshot;
     for (;;) {
       try {
         snapshot = await loadAgents();
+        if (!snapshot) continue;
         break;
       } catch (error) {
         if (error.status === 401) {
@@ -764,9 +797,10 @@
     // tools/bench's dashboard scenario reads (dashboard_first_render_ms).
     if (document.body.offsetHeight >= 0) performance.mark('synapse-first-render');
     document.body.dataset.ready = 'true';
+    starting = false;
     openStream();
-    setInterval(updateDurations, 1000);
   }
 
+  setInterval(updateDurations, 1000);
   start();
 })();
