@@ -1364,11 +1364,18 @@ async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &
         Ok(true)
     };
     tracing::warn!("{timeout}; stopping the broker (pid {pid}) with SIGTERM");
-    let delivered = send(libc::SIGTERM)?;
-    // Recorded once the signal is on its way (a signal refused leaves the stop unrecorded).
+    // Recorded before the signal, as the broker does before its socket closes (wrappers must
+    // not start another meanwhile), and taken back if the signal cannot be sent.
     if let Err(error) = crate::trust::mark_stopped(&paths.home) {
         tracing::warn!("cannot record the deliberate stop in {}: {error}", paths.home.display());
     }
+    let delivered = match send(libc::SIGTERM) {
+        Ok(delivered) => delivered,
+        Err(error) => {
+            let _ = crate::trust::clear_stopped(&paths.home);
+            return Err(error);
+        }
+    };
     if delivered {
         send(libc::SIGCONT)?;
     }

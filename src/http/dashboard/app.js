@@ -683,18 +683,22 @@
     if (starting) return;
     if (source) source.close();
     source = null;
-    let url = `/events?follow=true&after=${state.lastSeq}`;
+    const opening = epoch;
+    let token = null;
     try {
-      if (state.authEnabled) {
-        const token = await api('POST', '/dashboard/stream-token');
-        url += `&token=${encodeURIComponent(token.token)}`;
-      }
+      if (state.authEnabled) token = (await api('POST', '/dashboard/stream-token')).token;
     } catch (error) {
+      if (opening !== epoch) return;
       setConnection('broker gone', 'gone');
       showError(error.message);
       if (error.status === 401) await keyGiven();
       return retryLater();
     }
+    // The page started again (another log) while the token was on its way: that start opens
+    // its own stream.
+    if (starting || opening !== epoch) return;
+    let url = `/events?follow=true&after=${state.lastSeq}`;
+    if (token !== null) url += `&token=${encodeURIComponent(token)}`;
     const stream = new EventSource(url);
     source = stream;
     for (const kind of EVENT_KINDS) stream.addEventListener(kind, onStreamEvent);
@@ -708,10 +712,19 @@
     });
     stream.addEventListener('error', (event) => {
       if (stream !== source) return;
+      if (event instanceof MessageEvent) {
+        // The broker's own `error` frame (it could not read its log), then the end of the
+        // stream: a new stream from the last event applied, the key kept (the broker is there).
+        stream.close();
+        showError(`${LOST}: ${event.data}`);
+        setConnection('reconnecting', 'reconnecting');
+        retryLater();
+        return;
+      }
       // The connection was lost (the browser tries again): the broker went away. Not when it
       // answered with an error (a token the restarted broker does not know): it is back, and
       // a key given meanwhile is for it.
-      if (!(event instanceof MessageEvent) && stream.readyState === EventSource.CONNECTING) forgetKey();
+      if (stream.readyState === EventSource.CONNECTING) forgetKey();
       showError(`${LOST}: reconnecting… (the page resumes where it stopped)`);
       if (stream.readyState === EventSource.CLOSED) {
         // The browser gave up (the broker answered with an error: a spent token, a restart
@@ -735,9 +748,11 @@
   // navigating (a reload): what answers may be another user's server squatting the port while
   // the broker is stopped, whose own page would then run in this tab.
   function startAgain() {
+    epoch += 1;
     if (source) source.close();
     source = null;
     Object.assign(state, {
+      filter: '',
       logStarted: null,
       lastSeq: 0,
       agents: new Map(),
@@ -751,24 +766,44 @@
       openThread: null,
     });
     $('thread-section').hidden = true;
+    $('head').textContent = '';
     renderAgents();
     renderMessages();
     renderLocks();
+    renderEventRows([], true);
     start();
   }
 
   // While (re)starting, the stream waits: opened meanwhile (a retry), it would read the log
-  // from the event before the snapshot's.
+  // from the event before the snapshot's. Each start has its epoch: a stream or a start of an
+  // earlier one gives way.
   let starting = false;
+  let epoch = 0;
 
   async function start() {
     starting = true;
-    let snapshot;
-    for (;;) {
+    const mine = epoch;
+    try {
+      await load(mine);
+    } catch (error) {
+      // An answer that is not what the broker sends (another server at the port): tried again.
+      if (mine !== epoch) return;
+      showError(`The page could not start: ${error.message}. Retrying…`);
+      await new Promise((resolve) => setTimeout(resolve, 2000));
+      if (mine === epoch) start();
+      return;
+    }
+    if (mine !== epoch) return;
+    starting = false;
+    openStream();
+  }
+
+  async function load(mine) {
+    const superseded = () => mine !== epoch;
+    let snapshot = null;
+    while (!snapshot) {
       try {
         snapshot = await loadAgents();
-        if (!snapshot) continue;
-        break;
       } catch (error) {
         if (error.status === 401) {
           await keyGiven();
@@ -778,6 +813,8 @@
           await new Promise((resolve) => setTimeout(resolve, 2000));
         }
       }
+      // Another log, found meanwhile: startAgain has begun a new start.
+      if (superseded()) return;
     }
     const head = snapshot.head;
     const [recent] = await Promise.all([
@@ -787,6 +824,8 @@
       }),
       loadLocks(),
     ]);
+    if (superseded()) return;
+    if (!recent || !Array.isArray(recent.events)) throw new Error('the broker answered what it never sends');
     for (const envelope of recent.events) apply(envelope, false);
     state.lastSeq = head;
     $('head').textContent = `event ${head}`;
@@ -797,8 +836,6 @@
     // tools/bench's dashboard scenario reads (dashboard_first_render_ms).
     if (document.body.offsetHeight >= 0) performance.mark('synapse-first-render');
     document.body.dataset.ready = 'true';
-    starting = false;
-    openStream();
   }
 
   setInterval(updateDurations, 1000);
