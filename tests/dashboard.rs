@@ -674,8 +674,7 @@ fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_k
         .output()
         .unwrap();
     assert!(registered.status.success(), "{}", describe(&registered));
-    let registered: Value = serde_json::from_slice(&registered.stdout).unwrap();
-    let agent_port = u16::try_from(registered["agent"]["port"].as_u64().unwrap()).unwrap();
+    let agent_port = agent_of(&serde_json::from_slice(&registered.stdout).unwrap()).port;
     let (status, answer) = raw_tcp(
         agent_port,
         &format!(

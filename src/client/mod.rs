@@ -394,8 +394,7 @@ impl Client {
     /// on purpose is not started again: the user stopped it (to upgrade it, say), and an agent
     /// at work would restart the old one behind their back.
     pub async fn connect(paths: &Paths, autostart: bool) -> anyhow::Result<Client> {
-        let inside_an_agent = std::env::var_os("SYNAPSE_AGENT_ID").is_some_and(|id| !id.is_empty());
-        Client::connect_with(paths, autostart, inside_an_agent).await
+        Client::connect_with(paths, autostart, inside_an_agent()).await
     }
 
     /// `synapse broker start`: connects, starting a broker even when the last one was stopped
@@ -1299,7 +1298,7 @@ pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
             return Ok(Some(peer.pid));
         }
     };
-    if wait_until_gone(pid, Duration::from_secs(20)).await {
+    if wait_until(Duration::from_secs(20), || !crate::process::is_pid_alive(pid)).await {
         return Ok(Some(pid));
     }
     Err(anyhow!("the broker (pid {pid}) did not stop within 20 s"))
@@ -1315,6 +1314,12 @@ async fn bounded<T>(
     tokio::time::timeout(limit, call)
         .await
         .unwrap_or_else(|_| Err(ClientError::Timeout(Timeout { limit, what: what.to_string() })))
+}
+
+/// Does this process run inside an agent (`SYNAPSE_AGENT_ID`: its CLI's commands, its MCP
+/// server)?
+fn inside_an_agent() -> bool {
+    std::env::var_os("SYNAPSE_AGENT_ID").is_some_and(|id| !id.is_empty())
 }
 
 /// The secret of the agent this process runs inside, if any.
@@ -1337,8 +1342,7 @@ async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &
     let refuse = |why: String| {
         anyhow!("{timeout}; the process at {} (pid {pid}) {why}: nothing stopped", paths.broker_socket().display())
     };
-    let inside_an_agent = std::env::var_os("SYNAPSE_AGENT_ID").is_some_and(|id| !id.is_empty());
-    if inside_an_agent || client_secret().is_some() {
+    if inside_an_agent() || client_secret().is_some() {
         return Err(refuse(
             "is not stopped by signal from inside an agent: run 'synapse broker stop' from a plain shell".into(),
         ));
@@ -1379,7 +1383,7 @@ async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &
     if delivered {
         send(libc::SIGCONT)?;
     }
-    if wait_until_stopped(peer, TERMINATE_GRACE).await {
+    if wait_until(TERMINATE_GRACE, || !peer.is_running()).await {
         return Ok(());
     }
     tracing::warn!(
@@ -1387,37 +1391,25 @@ async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &
         TERMINATE_GRACE.as_secs()
     );
     send(libc::SIGKILL)?;
-    if wait_until_stopped(peer, Duration::from_secs(5)).await {
+    if wait_until(Duration::from_secs(5), || !peer.is_running()).await {
         return Ok(());
     }
     bail!("the broker (pid {pid}) is still there after SIGKILL")
 }
 
-/// Waits until the process `peer` has exited (a zombie counts as gone), at most `limit`.
-async fn wait_until_stopped(peer: crate::process::ProcessStamp, limit: Duration) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if !peer.is_running() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    !peer.is_running()
-}
-
 /// How long a broker that did not answer has to stop after SIGTERM before SIGKILL.
 const TERMINATE_GRACE: Duration = Duration::from_secs(10);
 
-/// Waits until `pid` has exited (a zombie counts as gone), at most `limit`.
-async fn wait_until_gone(pid: u32, limit: Duration) -> bool {
+/// Waits until `gone` says so (checked every 10 ms), at most `limit`.
+async fn wait_until(limit: Duration, gone: impl Fn() -> bool) -> bool {
     let started = Instant::now();
     while started.elapsed() < limit {
-        if !crate::process::is_pid_alive(pid) {
+        if gone() {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    !crate::process::is_pid_alive(pid)
+    gone()
 }
 
 #[cfg(test)]
