@@ -497,3 +497,31 @@ fn a_remote_agents_card_and_errors_are_shown_with_their_controls_visible() {
     assert!(!stderr(&refused).contains('\u{1b}'), "raw controls: {:?}", stderr(&refused));
     assert!(stderr(&refused).contains("^[[2Jout of order"), "{}", describe(&refused));
 }
+
+/// Adds of one alias at the same moment: one wins, the others are told the alias is taken.
+/// Each request checked the alias before any of them had added it, so every add succeeded and
+/// the last agent replaced the earlier ones without a word to their callers.
+#[test]
+fn adds_of_one_alias_at_once_give_it_to_one_agent() {
+    let (port, _received) = fake_external(false);
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let url = format!("http://127.0.0.1:{port}");
+    let adds: Vec<_> = (0..8)
+        .map(|_| {
+            home.cmd(&["external", "add", &url, "--alias", "shared"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<_> = adds.into_iter().map(|add| add.wait_with_output().unwrap()).collect();
+    let added = outputs.iter().filter(|output| output.status.success()).count();
+    assert_eq!(added, 1, "{}", outputs.iter().map(describe).collect::<Vec<_>>().join("\n"));
+    for refused in outputs.iter().filter(|output| !output.status.success()) {
+        assert!(stderr(refused).contains("alias 'shared' is taken"), "{}", describe(refused));
+    }
+    let events = home.ok(&["events", "--json"]);
+    assert_eq!(events.matches("\"external_agent_added\"").count(), 1, "{events}");
+}

@@ -105,6 +105,9 @@ async fn add(
     policy.resolve(&host, port).await.map_err(|reason| ApiError::bad(format!("URL {url} refused: {reason}")))?;
     let (name, description) = discover(&policy, &url).await?;
     let alias = body.alias.unwrap_or_else(|| alias_from_name(&name));
+    // Checked and added in one turn: two adds of one alias at once both found it free, and
+    // the last one's agent replaced the first's without a word.
+    let _turn = state.externals_turn.lock().await;
     state.delivery_current().await;
     if state.externals.get(&alias).is_some() {
         return Err(ApiError::new(
@@ -131,6 +134,7 @@ async fn info(State(state): State<AppState>, _user: super::caller::TheUser, Path
 }
 
 async fn remove(State(state): State<AppState>, _user: super::caller::TheUser, Path(alias): Path<String>) -> ApiResult {
+    let _turn = state.externals_turn.lock().await;
     known(&state, &alias).await?;
     appended(&state, ExternalCommand::Remove { alias: alias.clone() }).await?;
     answer(&api::Removed { removed: alias })

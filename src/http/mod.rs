@@ -76,6 +76,9 @@ pub struct HttpState {
     /// One push config set at a time: its count is checked against the cap on the delivery
     /// worker's projection, which the next setter must see with the config before counting.
     pub push_config_turn: tokio::sync::Mutex<()>,
+    /// One external agent added or removed at a time: whether an alias is taken is read from
+    /// the delivery worker's projection, which the next caller must see with the change.
+    pub externals_turn: tokio::sync::Mutex<()>,
 }
 
 impl HttpState {
@@ -87,6 +90,7 @@ impl HttpState {
             request_rules: guard::RequestRules::from_trust(&broker.trust),
             connection_limits: Arc::new(server::ConnectionLimits::from_env()),
             push_config_turn: tokio::sync::Mutex::new(()),
+            externals_turn: tokio::sync::Mutex::new(()),
             broker,
         })
     }
