@@ -24,15 +24,31 @@ pub struct InputRouter {
     /// An `@` starts an `@agent` line only when the line is known to be empty: decided by what
     /// the line holds, never by how fast the keys came.
     typed: Option<usize>,
+    /// Inside a bracketed paste (between `ESC [200~` and `ESC [201~`): its bytes are text, not
+    /// keys, so its line breaks start no line and its `@` no `@agent` line.
+    pasting: bool,
+    /// The last bytes passed to the CLI, to find the paste markers across reads.
+    tail: [u8; 6],
 }
 
 impl InputRouter {
     pub fn new() -> InputRouter {
-        InputRouter { held: None, typed: Some(0) }
+        InputRouter { held: None, typed: Some(0), pasting: false, tail: [0; 6] }
     }
 
     /// Follows what a key passed to the CLI does to the line it is typed into.
     fn track(&mut self, byte: u8) {
+        self.tail.rotate_left(1);
+        self.tail[5] = byte;
+        if self.pasting {
+            // What a paste leaves in the line is not known.
+            self.pasting = self.tail != *crate::escape::PASTE_END;
+            self.typed = None;
+            return;
+        }
+        if self.tail == *crate::escape::PASTE_START {
+            self.pasting = true;
+        }
         self.typed = match byte {
             b'\r' | b'\n' | 0x15 | 0x03 => Some(0),
             0x7f | 0x08 => self.typed.map(|count| count.saturating_sub(1)),
@@ -214,6 +230,29 @@ mod tests {
             assert!(sends(&routed).is_empty(), "{typed:?}");
             assert_eq!(passed(&routed), typed.to_vec(), "{typed:?}");
         }
+    }
+
+    /// A pasted block's lines are text: one that starts with `@` (a Python decorator, a chat
+    /// log) went to that agent and was cut out of the paste.
+    #[test]
+    fn lines_of_a_paste_are_never_at_lines() {
+        let paste = b"\x1b[200~x\r@pytest.mark.slow\r@bob deploy prod\r\x1b[201~";
+        let mut router = InputRouter::new();
+        let routed = router.feed(paste);
+        assert!(sends(&routed).is_empty(), "{routed:?}");
+        assert_eq!(passed(&routed), paste.to_vec());
+        // Split across reads, markers included; a paste that starts on an empty line.
+        let mut router = InputRouter::new();
+        let mut routed = Vec::new();
+        for chunk in [&b"\x1b[20"[..], b"0~@bob hi\r@bob", b" again\r\x1b[2", b"01~"] {
+            routed.extend(router.feed(chunk));
+        }
+        assert!(sends(&routed).is_empty(), "{routed:?}");
+        // After the paste the line holds its text: Enter sends it, then an `@` line works again.
+        routed = router.feed(b"@bob x\r");
+        assert!(sends(&routed).is_empty(), "{routed:?}");
+        routed = router.feed(b"@bob after\r");
+        assert_eq!(sends(&routed), vec![("bob".to_string(), "after".to_string())]);
     }
 
     #[test]
