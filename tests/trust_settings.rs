@@ -91,6 +91,12 @@ fn a_broker_stopped_on_purpose_stays_stopped_while_an_agent_runs_and_the_wrapper
     assert_eq!(inside.status.code(), Some(1), "{}", describe(&inside));
     assert!(stderr(&inside).contains("stopped on purpose"), "{}", describe(&inside));
     assert!(std::os::unix::net::UnixStream::connect(home.socket()).is_err(), "an agent's command started a broker");
+    // Nor a model's tool call through `synapse mcp` outside any agent (an ordinary CLI session
+    // with the server registered): the model did not decide to start the broker, the user did
+    // decide to stop it.
+    let answer = mcp_call(&home, "list_agents");
+    assert!(answer.contains("stopped on purpose"), "{answer}");
+    assert!(std::os::unix::net::UnixStream::connect(home.socket()).is_err(), "a tool call started a broker");
 
     // `synapse broker start` is typed on purpose: it starts the broker, inside an agent too.
     let started =
@@ -362,4 +368,42 @@ fn a_send_retried_with_its_idempotency_key_returns_the_first_task_and_sends_once
     let sent: Vec<Value> = home.events().into_iter().filter(|event| event["event"]["kind"] == "message_sent").collect();
     assert_eq!(sent.len(), 4, "one message per key: {sent:#?}");
     assert_eq!(home.inbox(&bob).len(), 4);
+}
+
+/// One tool call through `synapse mcp` (anonymous: no agent's variables), over raw JSON-RPC
+/// lines; the text of its answer.
+fn mcp_call(home: &Home, tool: &str) -> String {
+    use std::io::{BufRead, Write};
+    let mut server = home
+        .cmd(&["mcp"])
+        .env_remove("SYNAPSE_AGENT_ID")
+        .env_remove("SYNAPSE_AGENT_SECRET")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = server.stdin.take().unwrap();
+    let requests = [
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": {}}}),
+    ];
+    for request in requests {
+        writeln!(input, "{request}").unwrap();
+    }
+    let lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
+    let mut answer = String::new();
+    for line in lines {
+        let line = line.unwrap();
+        let value: Value = serde_json::from_str(&line).unwrap();
+        if value["id"] == 2 {
+            answer = value.to_string();
+            break;
+        }
+    }
+    drop(input);
+    let _ = server.kill();
+    let _ = server.wait();
+    answer
 }

@@ -149,8 +149,10 @@ impl SynapseTools {
         SynapseTools { paths, identity, file_safety, working_dir, tool_router }
     }
 
+    /// Starts a broker when none runs, but never one the user stopped on purpose: a model's
+    /// tool call is not the user deciding to start it again (outside an agent too).
     async fn client(&self) -> anyhow::Result<Client> {
-        Client::connect(&self.paths, true).await
+        Client::connect_unless_stopped(&self.paths).await
     }
 
     fn agent(&self, tool: &str) -> Result<&str, String> {
