@@ -25,6 +25,35 @@ pub const TOOL_TIMEOUT_SECS: u64 = 620;
 pub const IDENTITY_VARIABLES: [&str; 4] =
     ["SYNAPSE_AGENT_ID", "SYNAPSE_AGENT_SECRET", "SYNAPSE_HOME", "SYNAPSE_UDS_DIR"];
 
+/// The settings read from the environment by `synapse mcp` and by a broker it starts: Codex
+/// gives a server only the variables it names, so these are named too (the other CLIs pass
+/// their whole environment on). Without them Codex's server could run with file safety off
+/// while its agent had it on, or start a broker without the user's auth settings.
+pub const SETTINGS_VARIABLES: [&str; 22] = [
+    "SYNAPSE_FILE_SAFETY_ENABLED",
+    "SYNAPSE_HISTORY_ENABLED",
+    "SYNAPSE_DELEGATION_ENABLED",
+    "SYNAPSE_CLIENT_TIMEOUT_MS",
+    "SYNAPSE_API_KEY",
+    "SYNAPSE_LONG_MESSAGE_THRESHOLD",
+    "SYNAPSE_AGENT_TYPE",
+    "SYNAPSE_PORT",
+    "SYNAPSE_BROKER_PORT",
+    "SYNAPSE_AUTH_ENABLED",
+    "SYNAPSE_API_KEYS",
+    "SYNAPSE_ALLOW_LOCALHOST",
+    "SYNAPSE_ALLOW_OTHER_USERS",
+    "SYNAPSE_ALLOWED_ORIGINS",
+    "SYNAPSE_ALLOWED_HOSTS",
+    "SYNAPSE_OUTBOUND_ALLOW_PRIVATE",
+    "SYNAPSE_EXTERNAL_TIMEOUT_MS",
+    "SYNAPSE_INBOX_HOLD_SECONDS",
+    "SYNAPSE_HTTP_MAX_CONNECTIONS",
+    "SYNAPSE_HTTP_IDLE_TIMEOUT_MS",
+    "SYNAPSE_HTTP_HEADER_TIMEOUT_MS",
+    "SYNAPSE_HTTP_BODY_TIMEOUT_MS",
+];
+
 /// What `synapse doctor` says about hooks: where they hand busy messages over, and why not
 /// elsewhere.
 pub const HOOKS_ON: &str =
@@ -124,7 +153,8 @@ pub fn wire(
         }
         McpStyle::Codex => {
             let toml_string = |text: &str| serde_json::to_string(text).unwrap_or_default();
-            let names: Vec<String> = IDENTITY_VARIABLES.iter().map(|name| toml_string(name)).collect();
+            let names: Vec<String> =
+                IDENTITY_VARIABLES.iter().chain(&SETTINGS_VARIABLES).map(|name| toml_string(name)).collect();
             let prefix = format!("mcp_servers.{SERVER_NAME}");
             let overrides = [
                 format!("{prefix}.command={}", toml_string(&command)),
@@ -314,6 +344,10 @@ mod tests {
             wiring.args
         );
         assert!(wiring.args.iter().any(|arg| arg.contains("env_vars=[\"SYNAPSE_AGENT_ID\",\"SYNAPSE_AGENT_SECRET\"")));
+        // The settings the server and a broker it starts read: the server's tools are the agent's.
+        for name in ["SYNAPSE_FILE_SAFETY_ENABLED", "SYNAPSE_HISTORY_ENABLED", "SYNAPSE_AUTH_ENABLED"] {
+            assert!(wiring.args.iter().any(|arg| arg.contains(&format!("\"{name}\""))), "{name}: {:?}", wiring.args);
+        }
         assert_eq!(wiring.args.iter().filter(|arg| *arg == "-c").count(), 5);
     }
 
