@@ -195,20 +195,28 @@ impl Readiness {
     /// Does the line under the cursor end with the CLI's prompt (its input box, empty)? Never
     /// for a profile without a prompt.
     fn at_prompt(&self) -> bool {
-        self.idle.prompt.as_deref().is_some_and(|prompt| {
-            let line = self.cursor_line();
-            line.ends_with(prompt) || line.trim_end().ends_with(prompt.trim_end())
-        })
+        self.after_prompt_on(&self.cursor_line()).is_some_and(|rest| rest.trim().is_empty())
+    }
+
+    /// What follows the first prompt on `line` (None when the profile has no prompt or the
+    /// line shows none). The first: text typed after the prompt may hold the prompt's character
+    /// too (`> fn f() ->` at Gemini's `>`), and a line that ends with it is not an empty box.
+    fn after_prompt_on<'a>(&self, line: &'a str) -> Option<&'a str> {
+        let prompt = self.idle.prompt.as_deref().map(str::trim).filter(|prompt| !prompt.is_empty())?;
+        line.find(prompt).map(|at| &line[at + prompt.len()..])
     }
 
     /// Has the user typed into the CLI's input box (the prompt, then text, left of the cursor)?
     /// A CLI busy with that is not interrupted, and no message is merged with it.
     pub fn input_pending(&self) -> bool {
-        let Some(prompt) = self.idle.prompt.as_deref().map(str::trim).filter(|prompt| !prompt.is_empty()) else {
-            return false;
-        };
-        let line = self.cursor_line();
-        line.rfind(prompt).is_some_and(|at| !line[at + prompt.len()..].trim().is_empty())
+        self.after_prompt_on(&self.cursor_line()).is_some_and(|rest| !rest.trim().is_empty())
+    }
+
+    /// Is the cursor on a line that shows the profile's prompt? When it is not (a draft that
+    /// runs onto a second row of the input box, or the CLI's output), the screen alone cannot
+    /// tell whether the box holds typed text.
+    pub fn cursor_at_prompt_line(&self) -> bool {
+        self.after_prompt_on(&self.cursor_line()).is_some()
     }
 
     /// Does the input box still hold the end of `written`, with the cursor right after it? Then
@@ -238,10 +246,7 @@ impl Readiness {
 
     /// The part of a screen line after the profile's prompt (all of it when there is none).
     fn after_prompt<'a>(&self, line: &'a str) -> &'a str {
-        match self.idle.prompt.as_deref().map(str::trim).filter(|prompt| !prompt.is_empty()) {
-            Some(prompt) => line.rfind(prompt).map_or(line, |at| &line[at + prompt.len()..]),
-            None => line,
-        }
+        self.after_prompt_on(line).unwrap_or(line)
     }
 
     /// When the CLI last drew anything.
@@ -416,6 +421,41 @@ mod tests {
         let now = Instant::now();
         ready.feed(b"\x1b[2J\x1b[H\x1b[1;32mwelcome\x1b[0m\r\n\x1b[33m> \x1b[0m", now);
         assert_eq!(ready.status(now).0, AgentStatus::Ready);
+    }
+
+    /// A half-typed line that ends with the prompt's character is not an empty prompt: at
+    /// Gemini's `>`, `fn f() ->` read as one, so a message was pasted onto it and sent with it.
+    #[test]
+    fn typed_text_that_ends_with_the_prompt_is_typed_text() {
+        let start = Instant::now();
+        let mut gemini = detector("gemini");
+        gemini.feed(b"\x1b[?2004h\x1b[20;1H >   Type your message\x1b[20;4H", start);
+        assert_eq!(gemini.status(start + Duration::from_millis(500)).0, AgentStatus::Ready);
+        let typed = start + Duration::from_secs(1);
+        gemini.feed(b"\x1b[20;1H > fn f() ->\x1b[K", typed);
+        assert!(gemini.input_pending());
+        assert_ne!(gemini.status(typed + Duration::from_secs(2)).0, AgentStatus::Ready);
+        let mut dummy = detector("dummy");
+        dummy.feed(b"> a > ", start);
+        assert!(dummy.input_pending());
+        assert_ne!(dummy.status(start).0, AgentStatus::Ready);
+        // The box emptied again.
+        gemini.feed(b"\x1b[20;1H > \x1b[K", typed);
+        assert!(!gemini.input_pending());
+        assert_eq!(gemini.status(typed + Duration::from_secs(2)).0, AgentStatus::Ready);
+    }
+
+    /// The second row of a draft shows no prompt: the screen alone cannot say the box is empty.
+    #[test]
+    fn a_draft_on_a_second_row_leaves_the_cursor_off_the_prompt_line() {
+        let start = Instant::now();
+        let mut claude = detector("claude");
+        claude.feed("\x1b[?2004h\r\n────\r\n❯\u{a0}".as_bytes(), start);
+        assert!(claude.cursor_at_prompt_line());
+        let long = "x".repeat(100);
+        claude.feed(long.as_bytes(), start);
+        assert!(!claude.cursor_at_prompt_line());
+        assert!(!claude.input_pending(), "the screen alone does not see it");
     }
 
     #[test]
