@@ -61,6 +61,12 @@ impl InputRouter {
         };
     }
 
+    /// May the line typed into the CLI hold the user's text, as far as their keys tell (it is
+    /// not known to be empty)?
+    pub fn line_may_hold_text(&self) -> bool {
+        self.typed != Some(0)
+    }
+
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<Routed> {
         let mut out = Vec::new();
         let mut pass = Vec::new();
@@ -253,6 +259,24 @@ mod tests {
         assert!(sends(&routed).is_empty(), "{routed:?}");
         routed = router.feed(b"@bob after\r");
         assert_eq!(sends(&routed), vec![("bob".to_string(), "after".to_string())]);
+    }
+
+    #[test]
+    fn the_router_knows_when_the_typed_line_may_hold_text() {
+        let mut router = InputRouter::new();
+        assert!(!router.line_may_hold_text());
+        router.feed(b"draft");
+        assert!(router.line_may_hold_text());
+        router.feed(b"\x7f\x7f\x7f\x7f\x7f");
+        assert!(!router.line_may_hold_text());
+        router.feed(b"more\r");
+        assert!(!router.line_may_hold_text());
+        router.feed(b"\x1b[A");
+        assert!(router.line_may_hold_text(), "a recalled line is not known to be empty");
+        router.feed(b"\x15");
+        assert!(!router.line_may_hold_text());
+        router.feed(b"@bob held");
+        assert!(!router.line_may_hold_text(), "a held @ line is not in the CLI");
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub(super) struct HeldKeys {
     /// When the user's last keystroke was passed to the CLI: the screen shows it only once the
     /// CLI has redrawn, so a message is not typed right after one (it would join the input).
     last_passed: Mutex<Option<std::time::Instant>>,
+    /// May the line the user typed into the CLI hold text (their keys since they last emptied
+    /// it, [`InputRouter::line_may_hold_text`])?
+    draft: std::sync::atomic::AtomicBool,
 }
 
 impl HeldKeys {
@@ -52,6 +55,11 @@ impl HeldKeys {
         input.send(bytes);
     }
 
+    /// May the user's own line in the CLI hold text, as their keys tell?
+    pub fn draft(&self) -> bool {
+        self.draft.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Did the user's keystrokes reach the CLI within `window`?
     pub fn typed_within(&self, window: std::time::Duration) -> bool {
         self.last_passed.lock().ok().and_then(|last| *last).is_some_and(|last| last.elapsed() < window)
@@ -71,7 +79,9 @@ pub(super) fn spawn_keyboard(shared: Arc<Shared>) {
                 Ok(0) | Err(_) => break,
                 Ok(count) => count,
             };
-            for routed in router.feed(&buffer[..count]) {
+            let routed = router.feed(&buffer[..count]);
+            keyboard_shared.held_keys.draft.store(router.line_may_hold_text(), std::sync::atomic::Ordering::SeqCst);
+            for routed in routed {
                 match routed {
                     Routed::Pass(bytes) => keyboard_shared.held_keys.user_keys(bytes, &keyboard_shared.input),
                     Routed::Echo(bytes) => {

@@ -279,17 +279,24 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             unacknowledged = Some(number);
             continue;
         }
-        let (status, typing) = {
+        let (status, typing, off_prompt) = {
             let mut readiness = shared.screen.lock();
-            (readiness.status(Instant::now()).0, readiness.input_pending())
+            (readiness.status(Instant::now()).0, readiness.input_pending(), !readiness.cursor_at_prompt_line())
         };
         if status != AgentStatus::Ready {
             // Priority 5 interrupts a CLI that is working, once per ticket. A CLI that is
             // starting or shows a dialog is never interrupted or written to (the keys could
             // answer the dialog), nor one whose user is typing (they would clear the input).
-            // A key just typed may not be drawn yet: it counts as typing.
+            // A key just typed may not be drawn yet: it counts as typing. With the cursor off
+            // the prompt's line (a draft's second row), the user's keys tell whether their line
+            // may hold text.
             let typing = typing || shared.held_keys.typed_within(USER_KEYS_SETTLE);
-            if ticket.priority == 5 && status == AgentStatus::Processing && !typing && interrupted != Some(number) {
+            let may_hold_a_draft = typing || (off_prompt && shared.held_keys.draft());
+            if ticket.priority == 5
+                && status == AgentStatus::Processing
+                && !may_hold_a_draft
+                && interrupted != Some(number)
+            {
                 interrupted = Some(number);
                 interrupt(&shared).await;
                 let timeout = Duration::from_millis(shared.profile.interrupt_timeout_ms);
