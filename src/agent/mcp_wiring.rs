@@ -182,7 +182,10 @@ pub fn wire(
                 });
             }
             let variable = "GEMINI_CLI_SYSTEM_DEFAULTS_PATH";
-            let mut settings = inherited_object(inherited(variable));
+            let mut settings = match inherited_object(variable, inherited(variable)) {
+                Ok(settings) => settings,
+                Err(reason) => return Ok(kept(reason)),
+            };
             merge_object(
                 &mut settings,
                 "mcpServers",
@@ -197,7 +200,10 @@ pub fn wire(
         }
         McpStyle::Opencode => {
             let variable = "OPENCODE_CONFIG";
-            let mut config = inherited_object(inherited(variable));
+            let mut config = match inherited_object(variable, inherited(variable)) {
+                Ok(config) => config,
+                Err(reason) => return Ok(kept(reason)),
+            };
             merge_object(
                 &mut config,
                 "mcp",
@@ -254,13 +260,88 @@ pub fn gemini_refuses(dir: &Path) -> Option<String> {
     None
 }
 
-/// The JSON object in the file a variable names, or an empty one (no variable, no file, not an
-/// object: Synapse's file then replaces it for this session only).
-fn inherited_object(path: Option<String>) -> Value {
-    path.and_then(|path| std::fs::read_to_string(path).ok())
-        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
-        .filter(Value::is_object)
-        .unwrap_or_else(|| json!({}))
+/// The JSON object in the file `variable` names (JSONC too: comments and trailing commas, as
+/// OpenCode and Gemini CLI allow), to be merged into Synapse's file; an empty one when no file
+/// is named or there is none. A file that is there but cannot be read as an object is an error:
+/// Synapse's file would replace it for the session, and the user's settings (providers, their
+/// own MCP servers, permission rules) would be gone without a word.
+fn inherited_object(variable: &str, path: Option<String>) -> Result<Value, String> {
+    let Some(path) = path.filter(|path| !path.is_empty()) else { return Ok(json!({})) };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(json!({})),
+        Err(error) => return Err(format!("{path} (named by {variable}) cannot be read: {error}")),
+    };
+    match serde_json::from_str::<Value>(&text).or_else(|_| serde_json::from_str::<Value>(&without_jsonc(&text))) {
+        Ok(value) if value.is_object() => Ok(value),
+        Ok(_) => Err(format!("{path} (named by {variable}) holds no JSON object")),
+        Err(error) => Err(format!("{path} (named by {variable}) is not JSON: {error}")),
+    }
+}
+
+/// JSONC made JSON: comments (`//` to the end of the line, `/* ... */`) and commas right before
+/// a closing bracket taken out, outside strings.
+fn without_jsonc(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    let mut in_string = false;
+    while let Some(c) = chars.next() {
+        if in_string {
+            plain.push(c);
+            match c {
+                '\\' => plain.extend(chars.next()),
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match (c, chars.peek()) {
+            ('"', _) => {
+                in_string = true;
+                plain.push(c);
+            }
+            ('/', Some('/')) => while chars.next_if(|next| *next != '\n').is_some() {},
+            ('/', Some('*')) => {
+                chars.next();
+                let mut last = ' ';
+                for next in chars.by_ref() {
+                    if last == '*' && next == '/' {
+                        break;
+                    }
+                    last = next;
+                }
+                plain.push(' ');
+            }
+            _ => plain.push(c),
+        }
+    }
+    // Trailing commas: a comma whose next non-blank character closes an object or an array.
+    let mut out = String::with_capacity(plain.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for (at, c) in plain.char_indices() {
+        if in_string {
+            in_string = escaped || c != '"';
+            escaped = !escaped && c == '\\';
+        } else if c == '"' {
+            in_string = true;
+        } else if c == ',' && matches!(plain[at + 1..].trim_start().chars().next(), Some('}' | ']')) {
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// No MCP server, for a user's file that Synapse cannot merge into its own: the user's file
+/// stays in effect.
+fn kept(reason: String) -> Wiring {
+    Wiring {
+        refused: Some(format!(
+            "{reason}: your file stays in effect, and this agent answers with `synapse reply` through its shell instead of the synapse MCP tools"
+        )),
+        ..Wiring::default()
+    }
 }
 
 /// Adds the hook entries of `ours` (`{event: [entries]}`) to `document.hooks`, after the entries
@@ -349,6 +430,47 @@ mod tests {
             assert!(wiring.args.iter().any(|arg| arg.contains(&format!("\"{name}\""))), "{name}: {:?}", wiring.args);
         }
         assert_eq!(wiring.args.iter().filter(|arg| *arg == "-c").count(), 5);
+    }
+
+    /// OpenCode and Gemini read JSONC: a comment made the user's file unreadable here, so
+    /// Synapse's file replaced it (providers, MCP servers, permission rules gone). The user's
+    /// order is kept (OpenCode's last matching permission rule wins), and a file that cannot be
+    /// read at all is left in effect, without the MCP server.
+    #[test]
+    fn a_users_jsonc_file_is_merged_in_its_order_and_an_unreadable_one_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = dir.path().join("own.jsonc");
+        std::fs::write(
+            &own,
+            "// mine\n{\"theme\": \"dark // not a comment\", /* x */ \"permission\": {\"git push *\": \"ask\", \"git *\": \"allow\",},\n \"url\": \"http://a/*b*/\\\"\",}\n",
+        )
+        .unwrap();
+        let own_path = own.display().to_string();
+        let wiring = wire(McpStyle::Opencode, false, Path::new("/s"), &dir.path().join("b"), &identity(), |name| {
+            (name == "OPENCODE_CONFIG").then(|| own_path.clone())
+        })
+        .unwrap();
+        assert!(wiring.refused.is_none(), "{:?}", wiring.refused);
+        let written = std::fs::read_to_string(&wiring.env[0].1).unwrap();
+        let config: Value = serde_json::from_str(&written).unwrap();
+        assert_eq!(config["theme"], "dark // not a comment");
+        assert_eq!(config["url"], "http://a/*b*/\"");
+        assert_eq!(config["permission"]["synapse_*"], "allow");
+        let (push, any) = (written.find("git push *").unwrap(), written.find("\"git *\"").unwrap());
+        assert!(push < any, "the user's rule order: {written}");
+
+        std::fs::write(&own, "{ this is not json").unwrap();
+        for style in [McpStyle::Opencode, McpStyle::Gemini] {
+            let variable =
+                if style == McpStyle::Opencode { "OPENCODE_CONFIG" } else { "GEMINI_CLI_SYSTEM_DEFAULTS_PATH" };
+            let wiring = wire(style, false, Path::new("/s"), &dir.path().join("c"), &identity(), |name| {
+                (name == variable).then(|| own_path.clone())
+            })
+            .unwrap();
+            assert!(wiring.env.is_empty() && wiring.args.is_empty(), "{style:?}: {:?}", wiring.env);
+            let refused = wiring.refused.unwrap_or_default();
+            assert!(refused.contains(&own_path) || refused.contains("Gemini CLI reads"), "{refused}");
+        }
     }
 
     #[test]

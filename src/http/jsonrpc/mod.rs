@@ -214,38 +214,41 @@ struct Call {
     params: Value,
 }
 
-fn parse_call(body: Result<Bytes, BytesRejection>) -> Result<Call, (Value, RpcError)> {
+fn parse_call(body: Result<Bytes, BytesRejection>) -> Result<Call, Box<(Value, RpcError)>> {
     let bytes = body.map_err(|rejection| {
         let message = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             format!("request body too large (limit {} bytes)", super::MAX_BODY_BYTES)
         } else {
             format!("cannot read the request body: {}", rejection.body_text())
         };
-        (Value::Null, RpcError::new(INVALID_REQUEST, message))
+        Box::new((Value::Null, RpcError::new(INVALID_REQUEST, message)))
     })?;
     let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|error| (Value::Null, RpcError::new(PARSE_ERROR, format!("invalid JSON: {error}"))))?;
+        .map_err(|error| Box::new((Value::Null, RpcError::new(PARSE_ERROR, format!("invalid JSON: {error}")))))?;
     let Value::Object(object) = value else {
         let message = if value.is_array() {
             "batch requests are not supported: send one JSON-RPC request object"
         } else {
             "a JSON-RPC request must be an object"
         };
-        return Err((Value::Null, RpcError::new(INVALID_REQUEST, message)));
+        return Err(Box::new((Value::Null, RpcError::new(INVALID_REQUEST, message))));
     };
     let id = object.get("id").cloned().unwrap_or(Value::Null);
     if !matches!(id, Value::Null | Value::String(_) | Value::Number(_)) {
-        return Err((Value::Null, RpcError::new(INVALID_REQUEST, "the id must be a string, a number or null")));
+        return Err(Box::new((
+            Value::Null,
+            RpcError::new(INVALID_REQUEST, "the id must be a string, a number or null"),
+        )));
     }
     if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err((id, RpcError::new(INVALID_REQUEST, "'jsonrpc' must be \"2.0\"")));
+        return Err(Box::new((id, RpcError::new(INVALID_REQUEST, "'jsonrpc' must be \"2.0\""))));
     }
     let Some(method) = object.get("method").and_then(Value::as_str).map(str::to_string) else {
-        return Err((id, RpcError::new(INVALID_REQUEST, "'method' must be a string")));
+        return Err(Box::new((id, RpcError::new(INVALID_REQUEST, "'method' must be a string"))));
     };
     let params = object.get("params").cloned().unwrap_or_else(|| json!({}));
     if !params.is_object() {
-        return Err((id, RpcError::params("'params' must be an object")));
+        return Err(Box::new((id, RpcError::params("'params' must be an object"))));
     }
     Ok(Call { id, method, params })
 }
@@ -323,7 +326,10 @@ pub async fn handle(
     let served_by = fixed.map(|Extension(FixedAgent(agent))| agent);
     let call = match parse_call(body) {
         Ok(call) => call,
-        Err((id, error)) => return Json(error_response(&id, &error)).into_response(),
+        Err(refused) => {
+            let (id, error) = *refused;
+            return Json(error_response(&id, &error)).into_response();
+        }
     };
     let version = match version_of(&headers) {
         Ok(version) => version,
@@ -442,10 +448,10 @@ mod tests {
         assert_eq!(parse("{").err().unwrap().1.code, PARSE_ERROR);
         assert_eq!(parse("[]").err().unwrap().1.code, INVALID_REQUEST);
         assert_eq!(parse("3").err().unwrap().1.code, INVALID_REQUEST);
-        let (id, error) = parse(r#"{"jsonrpc":"1.0","id":"x","method":"GetTask"}"#).err().unwrap();
+        let (id, error) = *parse(r#"{"jsonrpc":"1.0","id":"x","method":"GetTask"}"#).err().unwrap();
         assert_eq!((id, error.code), (json!("x"), INVALID_REQUEST));
         assert_eq!(parse(r#"{"jsonrpc":"2.0","id":{},"method":"GetTask"}"#).err().unwrap().1.code, INVALID_REQUEST);
-        let (id, error) = parse(r#"{"jsonrpc":"2.0","id":4,"method":"GetTask","params":"x"}"#).err().unwrap();
+        let (id, error) = *parse(r#"{"jsonrpc":"2.0","id":4,"method":"GetTask","params":"x"}"#).err().unwrap();
         assert_eq!((id, error.code), (json!(4), INVALID_PARAMS));
         let call = parse(r#"{"jsonrpc":"2.0","id":5,"method":"GetTask"}"#).ok().unwrap();
         assert_eq!((call.id, call.method, call.params), (json!(5), "GetTask".to_string(), json!({})));
