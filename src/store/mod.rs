@@ -358,9 +358,12 @@ impl Store {
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(old))).is_err() {
             tracing::warn!("the failed database panicked while closing");
         }
-        forget_cached_pages(&source.path);
         let deadline = Instant::now() + REOPEN_WAIT;
         let db = loop {
+            // Before every attempt: the old database may close only now (a write transaction
+            // of another thread deferred it), and its closing commit's pages, should their
+            // fsync have failed, are clean in the page cache but not on the disk.
+            forget_cached_pages(&source.path);
             match open_database(source) {
                 Ok(db) => break db,
                 // A reader still holds the old database (its file lock); it lets go within
