@@ -44,10 +44,21 @@ pub enum Identity {
 }
 
 impl Identity {
-    /// `SYNAPSE_AGENT_ID` (set by the wrapper in the agent's environment), else anonymous.
+    /// `SYNAPSE_AGENT_ID` with its `SYNAPSE_AGENT_SECRET` (both set by the wrapper in the
+    /// agent's environment), else anonymous.
     pub fn from_env() -> Identity {
-        match std::env::var("SYNAPSE_AGENT_ID") {
-            Ok(id) if !id.trim().is_empty() => Identity::Agent(id.trim().to_string()),
+        Identity::from_values(std::env::var("SYNAPSE_AGENT_ID").ok(), std::env::var("SYNAPSE_AGENT_SECRET").ok())
+    }
+
+    /// An id without its secret is no identity: every send and reply as that agent would be
+    /// refused (the broker checks the secret), and the model cannot leave the sender out. A CLI
+    /// that passes its MCP servers a filtered environment (one without `*SECRET*` variables,
+    /// say) gets a server that sends anonymously instead.
+    fn from_values(id: Option<String>, secret: Option<String>) -> Identity {
+        match (id, secret) {
+            (Some(id), Some(secret)) if !id.trim().is_empty() && !secret.trim().is_empty() => {
+                Identity::Agent(id.trim().to_string())
+            }
             _ => Identity::Anonymous,
         }
     }
@@ -63,8 +74,8 @@ impl Identity {
 /// What a tool answers when it needs an agent identity and the server has none.
 fn needs_identity(tool: &str) -> String {
     format!(
-        "{tool} acts as a Synapse agent, and this MCP server runs outside any agent (no SYNAPSE_AGENT_ID in its \
-         environment): it can only send anonymously. Start the CLI under Synapse (synapse <profile>) to {tool}."
+        "{tool} acts as a Synapse agent, and this MCP server runs outside any agent (no SYNAPSE_AGENT_ID with its \
+         SYNAPSE_AGENT_SECRET in its environment): it can only send anonymously. Start the CLI under Synapse (synapse <profile>) to {tool}."
     )
 }
 
@@ -390,6 +401,16 @@ impl ServerHandler for SynapseTools {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn an_agent_id_without_its_secret_is_no_identity() {
+        let id = || Some("synapse-codex-8120".to_string());
+        assert_eq!(Identity::from_values(id(), Some("s".into())), Identity::Agent("synapse-codex-8120".into()));
+        assert_eq!(Identity::from_values(id(), None), Identity::Anonymous);
+        assert_eq!(Identity::from_values(id(), Some(" ".into())), Identity::Anonymous);
+        assert_eq!(Identity::from_values(None, Some("s".into())), Identity::Anonymous);
+        assert_eq!(Identity::from_values(Some(" ".into()), Some("s".into())), Identity::Anonymous);
+    }
 
     fn tools(identity: Identity, file_safety: bool) -> SynapseTools {
         let paths = Paths { home: "/nonexistent/home".into(), uds_dir: "/nonexistent/uds".into(), broker_port: 0 };
