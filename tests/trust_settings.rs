@@ -129,15 +129,6 @@ fn zombie_children(parent: u32) -> Vec<u32> {
         .collect()
 }
 
-/// Waits until `done` holds, or fails naming `what`.
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// One request a test server got, and whether its whole answer could be written.
 struct Served {
     headers: Vec<(String, String)>,

@@ -282,11 +282,25 @@ impl SynapseTools {
         json(&or_refuse!(client.task(&id).await).task)
     }
 
+    /// A waiting lock the client cancels (the user's Esc) is not given up half-way: the broker
+    /// may grant it at any moment of its wait, so the call runs to its end, and a lock it got
+    /// for a caller who has gone is released again (unless the agent held it before the call:
+    /// that lock was only being renewed).
     #[tool(description = LOCK_FILE_DESCRIPTION)]
-    async fn lock_file(&self, arguments: Parameters<LockArguments>) -> Result<CallToolResult, ErrorData> {
+    async fn lock_file(
+        &self,
+        arguments: Parameters<LockArguments>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
         let agent_id = or_refuse!(self.agent("lock_file")).to_string();
         let plan = or_refuse!(arguments.0.validate(&self.working_dir));
         let mut client = or_refuse!(self.client().await);
+        let held_before = if plan.wait_seconds.is_some_and(|seconds| seconds > 0) {
+            let check = api::ValidateRequest { path: plan.path.clone(), agent_id: agent_id.clone() };
+            or_refuse!(client.validate_write(&check).await).lock.is_some_and(|lock| lock.agent_id == agent_id)
+        } else {
+            false
+        };
         let request = api::LockRequest {
             path: plan.path,
             agent_id,
@@ -295,7 +309,14 @@ impl SynapseTools {
             task_id: plan.task_id,
             wait_seconds: plan.wait_seconds,
         };
-        json(&or_refuse!(client.lock(&request).await))
+        let answer = or_refuse!(client.lock(&request).await);
+        if context.ct.is_cancelled() && answer.locked && !held_before {
+            let release =
+                api::UnlockRequest { path: request.path.clone(), agent_id: Some(request.agent_id), force: false };
+            or_refuse!(client.unlock(&release).await);
+            return refusal(format!("the call was cancelled; the lock it got on {} is released", request.path));
+        }
+        json(&answer)
     }
 
     #[tool(description = UNLOCK_FILE_DESCRIPTION)]

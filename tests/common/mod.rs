@@ -197,6 +197,15 @@ pub fn is_alive(pid: u32) -> bool {
 }
 
 /// Waits for a process to end; the broker is not our child, so this watches /proc.
+/// Waits until `done` holds, or fails naming `what`.
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn wait_until_dead(pid: u32) {
     let started = Instant::now();
     while is_alive(pid) {
