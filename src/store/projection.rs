@@ -462,6 +462,19 @@ impl<'txn> Projections<'txn> {
         Ok(())
     }
 
+    /// `receiver` owes no answer for its task `task_id` any more (the task ended: canceled,
+    /// failed, completed without a reply): a target left for it made `synapse reply` ambiguous
+    /// or refused it as already answered. A newer request from the same sender, which replaced
+    /// the target, stays.
+    fn forget_reply_target_of_task(&mut self, receiver: &str, task_id: &str) -> Result<(), StoreError> {
+        for sender in self.reply_targets_of(receiver)? {
+            if self.reply_target(receiver, &sender)?.is_some_and(|target| target.receiver_task_id == task_id) {
+                self.remove_reply_target(receiver, &sender)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The senders `receiver` owes an answer (replay-aware).
     fn reply_targets_of(&self, receiver: &str) -> Result<Vec<String>, StoreError> {
         if let Some(cache) = &self.replay {
@@ -799,7 +812,11 @@ impl<'txn> Projections<'txn> {
                     }
                     _ => None,
                 };
+                let mut owner = None;
                 self.update_task(task_id, |task| {
+                    if state.is_final() {
+                        owner.clone_from(&task.owner);
+                    }
                     task.state = *state;
                     task.as_message = *as_message;
                     task.artifacts.extend(artifacts.iter().cloned());
@@ -818,6 +835,9 @@ impl<'txn> Projections<'txn> {
                     task.updated_ms = time_ms;
                     true
                 })?;
+                if let Some(owner) = owner {
+                    self.forget_reply_target_of_task(&owner, task_id)?;
+                }
             }
             Event::TaskContinued { task_id, sender_task_id, from, to, text, message_id, idempotency_key } => {
                 if let Some(key) = idempotency_key {
@@ -860,9 +880,11 @@ impl<'txn> Projections<'txn> {
                     owner.clone_from(&task.owner);
                     true
                 })?;
-                // Its tickets go too (the inbox is apart from the task rows: order is free).
+                // Its tickets go too (the inbox is apart from the task rows: order is free), and
+                // so does the reply its owner owed for it.
                 if let Some(owner) = owner {
                     self.remove_tickets_of_task(&owner, task_id)?;
+                    self.forget_reply_target_of_task(&owner, task_id)?;
                 }
             }
             // Projections of these kinds (file safety, history, webhooks, externals) are not

@@ -359,6 +359,80 @@ mod tests {
         assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
     }
 
+    /// A request that ended without a reply (canceled, failed) is no reply target any more: it
+    /// made `synapse reply` ambiguous, or refused it as already answered, until its sender
+    /// asked again. The live projections and a replay agree.
+    #[test]
+    fn a_request_that_ends_unanswered_leaves_the_reply_targets() {
+        use crate::event::TaskState;
+        const THIRD: &str = "synapse-gemini-8110";
+        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
+        store
+            .transact(START_MS, |appender| {
+                appender
+                    .append(None, vec![registered(SENDER, 8100), registered(RECEIVER, 8120), registered(THIRD, 8110)])
+            })
+            .expect("agents registered");
+        let ask = |from: &str, key: &str| {
+            let request = SendRequest {
+                to: RECEIVER.into(),
+                from: Some(from.into()),
+                secret: Some(from.into()),
+                text: format!("question from {from}"),
+                priority: 3,
+                response_expected: true,
+                idempotency_key: Some(key.into()),
+                ..SendRequest::default()
+            };
+            sent(run(&store, START_MS + 1_000, Command::Send(request)))
+        };
+        let reply = |to: Option<&str>| {
+            let request = ReplyRequest {
+                from: RECEIVER.into(),
+                secret: Some(RECEIVER.into()),
+                to: to.map(str::to_string),
+                text: "the answer".into(),
+            };
+            try_run(&store, START_MS + 3_000, Command::Reply(request))
+        };
+        let (_, canceled_sender_task, _) = ask(SENDER, "a");
+        let (_, third_sender_task, _) = ask(THIRD, "b");
+        run(
+            &store,
+            START_MS + 2_000,
+            Command::CancelTask {
+                task_id: canceled_sender_task.expect("a sender task"),
+                reason: None,
+                actor: Actor::User,
+            },
+        );
+        sent(reply(None).unwrap_or_else(|error| panic!("the only request still open is answered: {error}")));
+        let third = third_sender_task.expect("a sender task");
+        assert_eq!(task_of(&store, &third).state, TaskState::Completed);
+
+        // A failed request (its message could not be written) goes as well.
+        let (failed, _, _) = ask(THIRD, "c");
+        run(
+            &store,
+            START_MS + 4_000,
+            Command::UpdateTask(UpdateTaskRequest {
+                agent_id: RECEIVER.into(),
+                secret: Some(RECEIVER.into()),
+                task_id: failed,
+                state: TaskState::Failed,
+                artifacts: Vec::new(),
+                error: Some("not written".into()),
+                as_message: false,
+            }),
+        );
+        match reply(None) {
+            Err(CommandError::NotFound { message }) => assert!(message.contains("No reply target"), "{message}"),
+            other => panic!("nothing is owed: {:?}", other.map(|_| ())),
+        }
+        let report = store.verify().expect("verify runs");
+        assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
+    }
+
     fn send(from: &str, text: &str, reply_to: Option<&str>, key: &str) -> Command {
         Command::Send(SendRequest {
             to: if from == SENDER { RECEIVER.into() } else { SENDER.into() },
