@@ -397,6 +397,18 @@ mod tests {
         };
         let (_, canceled_sender_task, _) = ask(SENDER, "a");
         let (_, third_sender_task, _) = ask(THIRD, "b");
+        // Who waits on RECEIVER is told to RECEIVER only, not to a caller without its secret.
+        let mut unproved =
+            ReplyRequest { from: RECEIVER.into(), secret: Some("a guess".into()), to: None, text: "x".into() };
+        for secret in [Some("a guess".to_string()), None] {
+            unproved.secret = secret;
+            match try_run(&store, START_MS + 1_500, Command::Reply(unproved.clone())) {
+                Err(CommandError::Forbidden { message }) => {
+                    assert!(!message.contains(SENDER) && !message.contains(THIRD), "{message}")
+                }
+                other => panic!("refused before the targets are read: {:?}", other.map(|_| ())),
+            }
+        }
         run(
             &store,
             START_MS + 2_000,

@@ -41,6 +41,8 @@ pub fn validate_priority(priority: u8) -> Result<(), CommandError> {
 pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<SendRequest, DecideError> {
     // `--from` and `--to` take a name as well as an id (or a type-port, or a type).
     let from = agent_id_of(view, &request.from)?;
+    // Proved first: the answers below name the agents waiting on `from`, which are its business.
+    super::checks::check_sender(view, Some(&from), request.secret.as_deref())?;
     let targets = view.reply_targets(&from)?;
     let senders = || targets.iter().map(|target| target.sender_id.clone()).collect::<Vec<_>>();
     let target = match &request.to {
