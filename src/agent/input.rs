@@ -29,23 +29,40 @@ pub struct InputRouter {
     pasting: bool,
     /// The last bytes passed to the CLI, to find the paste markers across reads.
     tail: [u8; 6],
+    /// How many characters the CLI's input box holds, as far as the keys tell, across the
+    /// lines of a draft: Enter sends it (empties the box), but a newline typed into it (Ctrl-J,
+    /// Alt- or Shift-Enter, which arrive as `ESC` `CR`, or Claude's backslash-Enter) does not.
+    /// None: not known (an arrow, Tab, a paste).
+    draft: Option<usize>,
 }
 
 impl InputRouter {
     pub fn new() -> InputRouter {
-        InputRouter { held: None, typed: Some(0), pasting: false, tail: [0; 6] }
+        InputRouter { held: None, typed: Some(0), pasting: false, tail: [0; 6], draft: Some(0) }
     }
 
     /// Follows what a key passed to the CLI does to the line it is typed into.
     fn track(&mut self, byte: u8) {
+        let before = self.tail[5];
         self.tail.rotate_left(1);
         self.tail[5] = byte;
         if self.pasting {
             // What a paste leaves in the line is not known.
             self.pasting = self.tail != *crate::escape::PASTE_END;
             self.typed = None;
+            self.draft = None;
             return;
         }
+        self.draft = match byte {
+            b'\r' if before == 0x1b || before == b'\\' => self.draft.map(|count| count + 1),
+            b'\r' | 0x15 | 0x03 => Some(0),
+            b'\n' => self.draft.map(|count| count + 1),
+            0x7f | 0x08 => self.draft.map(|count| count.saturating_sub(1)),
+            0x17 => self.draft.filter(|count| *count == 0),
+            0x80..=0xbf => self.draft,
+            byte if byte < 0x20 => None,
+            _ => self.draft.map(|count| count + 1),
+        };
         if self.tail == *crate::escape::PASTE_START {
             self.pasting = true;
         }
@@ -61,10 +78,10 @@ impl InputRouter {
         };
     }
 
-    /// May the line typed into the CLI hold the user's text, as far as their keys tell (it is
-    /// not known to be empty)?
+    /// May the CLI's input box hold the user's text, as far as their keys tell (it is not known
+    /// to be empty)? A draft of several lines counts whole.
     pub fn line_may_hold_text(&self) -> bool {
-        self.typed != Some(0)
+        self.draft != Some(0)
     }
 
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<Routed> {
@@ -277,6 +294,21 @@ mod tests {
         assert!(!router.line_may_hold_text());
         router.feed(b"@bob held");
         assert!(!router.line_may_hold_text(), "a held @ line is not in the CLI");
+        // A newline typed into a draft does not send it: Ctrl-J, Alt- or Shift-Enter (ESC CR),
+        // Claude's backslash-Enter. Enter does.
+        for newline in [&b"\n"[..], b"\x1b\r", b"\\\r"] {
+            let mut router = InputRouter::new();
+            router.feed(b"first line");
+            router.feed(newline);
+            assert!(router.line_may_hold_text(), "after {newline:?}");
+            router.feed(b"second\r");
+            assert!(!router.line_may_hold_text(), "sent, after {newline:?}");
+        }
+        let mut router = InputRouter::new();
+        router.feed(b"ab\nc\x7f");
+        assert!(router.line_may_hold_text(), "the first line is still there");
+        router.feed(b"\x7f\x7f\x7f");
+        assert!(!router.line_may_hold_text());
     }
 
     #[test]
