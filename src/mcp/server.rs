@@ -310,7 +310,10 @@ impl SynapseTools {
             wait_seconds: plan.wait_seconds,
         };
         let answer = or_refuse!(client.lock(&request).await);
-        if context.ct.is_cancelled() && answer.locked && !held_before {
+        // Only a waiting call: one that does not wait answers at once, and a renewal's
+        // cancellation must not release the lock the agent held.
+        let waited = request.wait_seconds.is_some_and(|seconds| seconds > 0);
+        if waited && context.ct.is_cancelled() && answer.locked && !held_before {
             let release =
                 api::UnlockRequest { path: request.path.clone(), agent_id: Some(request.agent_id), force: false };
             or_refuse!(client.unlock(&release).await);
