@@ -71,6 +71,26 @@ impl Identity {
     }
 }
 
+/// What became of a `lock_file` call, to decide whether the lock it got is released again.
+struct CancelledLock {
+    /// It waited for the file (one that does not wait answers at once).
+    waited: bool,
+    /// The client cancelled it.
+    cancelled: bool,
+    /// It got the lock.
+    locked: bool,
+    /// The agent held the lock before it (a renewal).
+    held_before: bool,
+    /// No later `lock_file` call for the path came (whose caller was told it holds the lock).
+    latest: bool,
+}
+
+impl CancelledLock {
+    fn to_release(&self) -> bool {
+        self.waited && self.cancelled && self.locked && !self.held_before && self.latest
+    }
+}
+
 /// What a tool answers when it needs an agent identity and the server has none.
 fn needs_identity(tool: &str) -> String {
     format!(
@@ -119,6 +139,9 @@ pub struct SynapseTools {
     /// Relative file paths are taken from here (the CLI starts its MCP servers in its own).
     working_dir: PathBuf,
     tool_router: ToolRouter<SynapseTools>,
+    /// How many `lock_file` calls each path has had: a cancelled call releases the lock it got
+    /// only when no later call for that path came after it (which may hold the lock now).
+    lock_calls: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
 }
 
 fn success(text: impl Into<String>) -> Result<CallToolResult, ErrorData> {
@@ -157,7 +180,7 @@ impl SynapseTools {
                 tool_router.disable_route(name);
             }
         }
-        SynapseTools { paths, identity, file_safety, working_dir, tool_router }
+        SynapseTools { paths, identity, file_safety, working_dir, tool_router, lock_calls: Default::default() }
     }
 
     /// Starts a broker when none runs, but never one the user stopped on purpose: a model's
@@ -284,8 +307,10 @@ impl SynapseTools {
 
     /// A waiting lock the client cancels (the user's Esc) is not given up half-way: the broker
     /// may grant it at any moment of its wait, so the call runs to its end, and a lock it got
-    /// for a caller who has gone is released again (unless the agent held it before the call:
-    /// that lock was only being renewed).
+    /// for a caller who has gone is released again: unless the agent held it before the call
+    /// (that lock was only being renewed), or another `lock_file` call for the path came after
+    /// this one (the model asked again: that call's lock is the same lock, and it was told it
+    /// holds it).
     #[tool(description = LOCK_FILE_DESCRIPTION)]
     async fn lock_file(
         &self,
@@ -295,6 +320,7 @@ impl SynapseTools {
         let agent_id = or_refuse!(self.agent("lock_file")).to_string();
         let plan = or_refuse!(arguments.0.validate(&self.working_dir));
         let mut client = or_refuse!(self.client().await);
+        let call = self.lock_call(&plan.path, true);
         let held_before = if plan.wait_seconds.is_some_and(|seconds| seconds > 0) {
             let check = api::ValidateRequest { path: plan.path.clone(), agent_id: agent_id.clone() };
             or_refuse!(client.validate_write(&check).await).lock.is_some_and(|lock| lock.agent_id == agent_id)
@@ -310,16 +336,30 @@ impl SynapseTools {
             wait_seconds: plan.wait_seconds,
         };
         let answer = or_refuse!(client.lock(&request).await);
-        // Only a waiting call: one that does not wait answers at once, and a renewal's
-        // cancellation must not release the lock the agent held.
-        let waited = request.wait_seconds.is_some_and(|seconds| seconds > 0);
-        if waited && context.ct.is_cancelled() && answer.locked && !held_before {
+        let cancelled = CancelledLock {
+            waited: request.wait_seconds.is_some_and(|seconds| seconds > 0),
+            cancelled: context.ct.is_cancelled(),
+            locked: answer.locked,
+            held_before,
+            latest: self.lock_call(&request.path, false) == call,
+        };
+        if cancelled.to_release() {
             let release =
                 api::UnlockRequest { path: request.path.clone(), agent_id: Some(request.agent_id), force: false };
             or_refuse!(client.unlock(&release).await);
             return refusal(format!("the call was cancelled; the lock it got on {} is released", request.path));
         }
         json(&answer)
+    }
+
+    /// The number of the latest `lock_file` call for `path`, after counting one more if `new`.
+    fn lock_call(&self, path: &str, new: bool) -> u64 {
+        let mut calls = self.lock_calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = calls.entry(path.to_string()).or_insert(0);
+        if new {
+            *count += 1;
+        }
+        *count
     }
 
     #[tool(description = UNLOCK_FILE_DESCRIPTION)]
@@ -425,6 +465,31 @@ impl ServerHandler for SynapseTools {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A cancelled waiting lock is released, but not a renewal's, not a call's that did not
+    /// wait, and not once the model asked again for the same path (its call holds that lock).
+    #[test]
+    fn a_cancelled_lock_is_released_only_when_nobody_was_told_of_it() {
+        let lock = |waited, cancelled, held_before, latest| {
+            CancelledLock { waited, cancelled, locked: true, held_before, latest }.to_release()
+        };
+        assert!(lock(true, true, false, true));
+        assert!(!lock(true, false, false, true), "not cancelled");
+        assert!(!lock(false, true, false, true), "no wait");
+        assert!(!lock(true, true, true, true), "a renewal");
+        assert!(!lock(true, true, false, false), "asked again");
+        assert!(
+            !CancelledLock { waited: true, cancelled: true, locked: false, held_before: false, latest: true }
+                .to_release()
+        );
+        let tools = tools(Identity::Agent("synapse-codex-8120".into()), true);
+        let first = tools.lock_call("/a", true);
+        assert_eq!(tools.lock_call("/a", false), first, "the latest call");
+        tools.lock_call("/b", true);
+        assert_eq!(tools.lock_call("/a", false), first, "another path's call is another count");
+        tools.lock_call("/a", true);
+        assert_ne!(tools.lock_call("/a", false), first, "a later call for the path");
+    }
 
     #[test]
     fn an_agent_id_without_its_secret_is_no_identity() {
