@@ -31,14 +31,16 @@ pub struct InputRouter {
     tail: [u8; 6],
     /// How many characters the CLI's input box holds, as far as the keys tell, across the
     /// lines of a draft: Enter sends it (empties the box), but a newline typed into it (Ctrl-J,
-    /// Alt- or Shift-Enter, which arrive as `ESC` `CR`, or Claude's backslash-Enter) does not.
-    /// None: not known (an arrow, Tab, a paste).
+    /// Claude's backslash-Enter) does not. None: not known (an arrow, Tab, a paste, and Alt- or
+    /// Shift-Enter, which arrive as `ESC` `CR`).
     draft: Option<usize>,
+    /// Does the draft hold a newline typed into it? Ctrl-U then empties only its last line.
+    draft_lines: bool,
 }
 
 impl InputRouter {
     pub fn new() -> InputRouter {
-        InputRouter { held: None, typed: Some(0), pasting: false, tail: [0; 6], draft: Some(0) }
+        InputRouter { held: None, typed: Some(0), pasting: false, tail: [0; 6], draft: Some(0), draft_lines: false }
     }
 
     /// Follows what a key passed to the CLI does to the line it is typed into.
@@ -53,15 +55,23 @@ impl InputRouter {
             self.draft = None;
             return;
         }
+        let newline = (byte == b'\r' && (before == b'\\' || before == 0x1b)) || byte == b'\n';
         self.draft = match byte {
-            b'\r' if before == 0x1b || before == b'\\' => self.draft.map(|count| count + 1),
-            b'\r' | 0x15 | 0x03 => Some(0),
+            // Claude's backslash-Enter: the backslash, counted, becomes the newline. Alt- or
+            // Shift-Enter: the ESC made the count unknown, and the CR sends nothing.
+            b'\r' if before == b'\\' || before == 0x1b => self.draft,
             b'\n' => self.draft.map(|count| count + 1),
+            0x15 if self.draft_lines => None,
+            b'\r' | 0x15 | 0x03 => Some(0),
             0x7f | 0x08 => self.draft.map(|count| count.saturating_sub(1)),
             0x17 => self.draft.filter(|count| *count == 0),
             0x80..=0xbf => self.draft,
             byte if byte < 0x20 => None,
             _ => self.draft.map(|count| count + 1),
+        };
+        self.draft_lines = match self.draft {
+            Some(0) => false,
+            _ => self.draft_lines || newline,
         };
         if self.tail == *crate::escape::PASTE_START {
             self.pasting = true;
@@ -308,6 +318,18 @@ mod tests {
         router.feed(b"ab\nc\x7f");
         assert!(router.line_may_hold_text(), "the first line is still there");
         router.feed(b"\x7f\x7f\x7f");
+        assert!(!router.line_may_hold_text());
+        // Ctrl-U empties the line it is typed on: in a draft of several, the others stay.
+        let mut router = InputRouter::new();
+        router.feed(b"first line\noops\x15");
+        assert!(router.line_may_hold_text(), "the first line is still there");
+        router.feed(b"\r");
+        router.feed(b"one line\x15");
+        assert!(!router.line_may_hold_text());
+        // Backslash-Enter: the backslash turned newline, then both lines rubbed out.
+        let mut router = InputRouter::new();
+        router.feed(b"ab\\\rc");
+        router.feed(&[0x7f; 4]);
         assert!(!router.line_may_hold_text());
     }
 
