@@ -657,22 +657,7 @@ fn with_auth_on_the_event_stream_opens_only_with_a_fresh_token_bought_with_the_k
     );
     assert_eq!(status, 403, "{answer}");
     // Nor on an agent's own port: the page is on the broker's.
-    let registered = home
-        .cmd(&[
-            "agent",
-            "register",
-            "--type",
-            "dummy",
-            "--pid",
-            &std::process::id().to_string(),
-            "--port",
-            "0",
-            "--name",
-            "bob",
-        ])
-        .env("SYNAPSE_API_KEY", "key-one")
-        .output()
-        .unwrap();
+    let registered = home.register_command(0, Some("bob")).env("SYNAPSE_API_KEY", "key-one").output().unwrap();
     assert!(registered.status.success(), "{}", describe(&registered));
     let agent_port = agent_of(&serde_json::from_slice(&registered.stdout).unwrap()).port;
     let (status, answer) = raw_tcp(

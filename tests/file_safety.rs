@@ -294,7 +294,6 @@ fn the_locks_of_an_agent_that_leaves_are_released_not_handed_to_the_next_with_it
 /// it blocked every other agent for its whole duration.
 #[test]
 fn a_cancelled_waiting_lock_through_mcp_is_released_when_granted() {
-    use std::io::{BufRead, Write};
     let home = Home::new();
     let alice = home.register(Some("alice"));
     let bob = home.register(Some("bob"));
@@ -302,36 +301,19 @@ fn a_cancelled_waiting_lock_through_mcp_is_released_when_granted() {
     let file_text = file.to_str().unwrap();
     assert!(run(&home, &["lock", file_text, &alice.id]).status.success());
 
-    let mut server = home
-        .cmd(&["mcp"])
-        .env("SYNAPSE_FILE_SAFETY_ENABLED", "true")
-        .env("SYNAPSE_AGENT_ID", &bob.id)
-        .env("SYNAPSE_AGENT_SECRET", &bob.secret)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = server.stdin.take().unwrap();
-    let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
-    let mut send = |message: serde_json::Value| writeln!(input, "{message}").unwrap();
-    let mut answer_to = |id: u64| loop {
-        let line = lines.next().expect("the server answers").unwrap();
-        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
-        if value["id"] == id {
-            break value;
-        }
-    };
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}));
-    answer_to(1);
-    send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+    let mut session = McpSession::start(
+        home.cmd(&["mcp"])
+            .env("SYNAPSE_FILE_SAFETY_ENABLED", "true")
+            .env("SYNAPSE_AGENT_ID", &bob.id)
+            .env("SYNAPSE_AGENT_SECRET", &bob.secret),
+    );
+    session.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
         "name": "lock_file", "arguments": {"path": file_text, "wait_seconds": 60}}}));
-    send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+    session.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": 2, "reason": "the user pressed Esc"}}));
     // Messages are handled in order: once the ping is answered, the cancellation is in.
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}));
-    answer_to(3);
+    session.send(serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}));
+    session.answer_to(3);
     assert!(run(&home, &["unlock", file_text, &alice.id]).status.success());
     // The server answers nothing to a cancelled request: the log tells. Bob's lock was granted
     // once alice's went, and released again.
@@ -344,6 +326,5 @@ fn a_cancelled_waiting_lock_through_mcp_is_released_when_granted() {
     });
     let locks = stdout(&run(&home, &["locks"]));
     assert!(locks.contains("No locks."), "{locks}");
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(session);
 }

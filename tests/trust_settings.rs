@@ -361,40 +361,11 @@ fn a_send_retried_with_its_idempotency_key_returns_the_first_task_and_sends_once
     assert_eq!(home.inbox(&bob).len(), 4);
 }
 
-/// One tool call through `synapse mcp` (anonymous: no agent's variables), over raw JSON-RPC
-/// lines; the text of its answer.
+/// One tool call through `synapse mcp` (anonymous: no agent's variables); its answer.
 fn mcp_call(home: &Home, tool: &str) -> String {
-    use std::io::{BufRead, Write};
-    let mut server = home
-        .cmd(&["mcp"])
-        .env_remove("SYNAPSE_AGENT_ID")
-        .env_remove("SYNAPSE_AGENT_SECRET")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = server.stdin.take().unwrap();
-    let requests = [
-        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}),
-        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": {}}}),
-    ];
-    for request in requests {
-        writeln!(input, "{request}").unwrap();
-    }
-    let lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
-    let mut answer = String::new();
-    for line in lines {
-        let line = line.unwrap();
-        let value: Value = serde_json::from_str(&line).unwrap();
-        if value["id"] == 2 {
-            answer = value.to_string();
-            break;
-        }
-    }
-    drop(input);
-    let _ = server.kill();
-    let _ = server.wait();
-    answer
+    let mut session =
+        McpSession::start(home.cmd(&["mcp"]).env_remove("SYNAPSE_AGENT_ID").env_remove("SYNAPSE_AGENT_SECRET"));
+    session.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": tool, "arguments": {}}}));
+    session.answer_to(2).to_string()
 }

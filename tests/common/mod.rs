@@ -102,13 +102,21 @@ impl Home {
 
     /// Like [`Home::register`], on `port` (0: any free one).
     pub fn register_on(&self, port: u16, name: Option<&str>) -> Agent {
+        let output = self.register_command(port, name).output().unwrap();
+        assert!(output.status.success(), "{}", describe(&output));
+        agent_of(&serde_json::from_slice(&output.stdout).unwrap())
+    }
+
+    /// The `synapse agent register` command of [`Home::register_on`], for a test to add to
+    /// (an API key, say) and run itself.
+    pub fn register_command(&self, port: u16, name: Option<&str>) -> Command {
         let pid = std::process::id().to_string();
         let port = port.to_string();
         let mut args = vec!["agent", "register", "--type", "dummy", "--pid", &pid, "--port", &port];
         if let Some(name) = name {
             args.extend(["--name", name]);
         }
-        agent_of(&serde_json::from_str(&self.ok(&args)).unwrap())
+        self.cmd(&args)
     }
 
     pub fn broker_pid(&self) -> Option<u32> {
@@ -384,4 +392,48 @@ pub fn broker_port(home: &Home) -> u16 {
     let info: serde_json::Value =
         serde_json::from_slice(&std::fs::read(home.home().join("broker.json")).unwrap()).unwrap();
     u16::try_from(info["port"].as_u64().unwrap()).unwrap()
+}
+
+/// `synapse mcp` driven over raw JSON-RPC lines, past its handshake; killed when dropped.
+pub struct McpSession {
+    server: std::process::Child,
+    input: std::process::ChildStdin,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl McpSession {
+    /// Starts `command` (a `synapse mcp`, with the environment the test wants) and initializes.
+    pub fn start(command: &mut Command) -> McpSession {
+        let mut server = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let input = server.stdin.take().unwrap();
+        let lines = BufReader::new(server.stdout.take().unwrap()).lines();
+        let mut session = McpSession { server, input, lines };
+        session.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}));
+        session.answer_to(1);
+        session.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        session
+    }
+
+    pub fn send(&mut self, message: Value) {
+        writeln!(self.input, "{message}").unwrap();
+    }
+
+    /// The answer to request `id` (what comes before it is skipped).
+    pub fn answer_to(&mut self, id: u64) -> Value {
+        loop {
+            let line = self.lines.next().expect("the server answers").unwrap();
+            let value: Value = serde_json::from_str(&line).unwrap();
+            if value["id"] == id {
+                return value;
+            }
+        }
+    }
+}
+
+impl Drop for McpSession {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
 }
