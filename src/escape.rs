@@ -87,6 +87,18 @@ pub struct Keystrokes {
     pub submit: Vec<u8>,
 }
 
+impl Keystrokes {
+    /// Makes the message begin a line of its own when it is written after text already in the
+    /// input box: a newline first inside a bracketed paste, where it does not submit; a space
+    /// without one, where it would.
+    pub fn join_onto_text(&mut self, bracketed: bool) {
+        let (at, separator) = if bracketed { (PASTE_START.len(), b'\n') } else { (0, b' ') };
+        if self.paste.len() >= at {
+            self.paste.insert(at, separator);
+        }
+    }
+}
+
 /// Characters a terminal draws as nothing, or as blank (Unicode's default-ignorable code
 /// points, the Hangul fillers, the blank Braille pattern): in front of a header they hide
 /// nothing from the reader.
@@ -324,6 +336,17 @@ mod tests {
         assert_eq!(String::from_utf8(c1.paste).unwrap(), "[A2A:1:a] csi <U+009B>31m");
         check(attack, true);
         check(attack, false);
+    }
+
+    #[test]
+    fn a_message_joined_onto_text_in_the_box_begins_a_line_of_its_own() {
+        let mut keys = keystrokes("[A2A:1:a]", "urgent", true, "\r");
+        keys.join_onto_text(true);
+        assert_eq!(String::from_utf8(keys.paste).unwrap(), "\u{1b}[200~\n[A2A:1:a] urgent\u{1b}[201~");
+        let mut keys = keystrokes("[A2A:1:a]", "urgent", false, "\r");
+        keys.join_onto_text(false);
+        assert_eq!(String::from_utf8(keys.paste).unwrap(), " [A2A:1:a] urgent");
+        assert_eq!(keys.submit, b"\r");
     }
 
     #[test]

@@ -365,6 +365,36 @@ fn interrupt(cli: &'static str) {
     assert!(session.agent().is_some(), "the CLI survived the interrupt: {}", session.describe());
 }
 
+/// Priority 5 right behind a message the model has not begun to answer (it is silent for a
+/// minute): the interrupt cuts that request, and the priority-5 message reaches the model once,
+/// without the user's help. (Claude puts an interrupted message the model had not answered back
+/// into its input box; the priority-5 message goes in with it, so the first one is not lost.)
+fn interrupt_before_the_first_words(cli: &'static str) {
+    let Some(session) = Session::start(cli, "busy") else { return };
+    session.wait_status("READY");
+    session.send(&["hesitate-marker take your time", "--no-response"]);
+    session.wait_reached_model("hesitate-marker");
+    session.send(&["urgent-marker stop now", "--no-response", "-p", "5"]);
+    wait_for("the silent answer cut short", || session.world.model.slow_answers_cut() >= 1, || session.describe());
+    session.wait_reached_model("urgent-marker");
+    session.wait_status("READY");
+    assert_eq!(session.reached_model("urgent-marker"), 1, "{}", session.describe());
+    assert_eq!(session.queued(), 0, "{}", session.describe());
+    if cli == "claude" {
+        // The message Claude put back went to the model again, in the same turn, on a line
+        // before the priority-5 one.
+        let requests = session.world.model.requests();
+        let urgent = requests
+            .iter()
+            .filter_map(|request| request["last_user_text"].as_str())
+            .find(|text| text.contains("urgent-marker"))
+            .unwrap_or_default();
+        let first = urgent.find("hesitate-marker");
+        assert!(first.is_some_and(|at| urgent[at..].contains("\n[A2A:")), "{urgent:?}\n{}", session.describe());
+    }
+    assert!(session.agent().is_some(), "the CLI survived the interrupt: {}", session.describe());
+}
+
 /// A half-typed line of the user is never merged with a message: the message waits until the
 /// input box is empty again.
 fn half_typed(cli: &'static str) {
@@ -455,6 +485,10 @@ macro_rules! per_cli {
                 #[test]
                 fn priority_five_interrupts_and_the_cli_survives() {
                     super::interrupt(stringify!($cli));
+                }
+                #[test]
+                fn priority_five_right_behind_a_message_reaches_the_model() {
+                    super::interrupt_before_the_first_words(stringify!($cli));
                 }
                 #[test]
                 fn a_half_typed_line_is_not_merged() {

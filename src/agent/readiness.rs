@@ -61,6 +61,10 @@ fn common_prefix(a: &str, b: &str) -> usize {
 /// How many written texts [`Readiness::recent_inputs`] keeps.
 const RECENT_INPUTS: usize = 8;
 
+/// How long a screen with a message put back into its input box stays unchanged before the CLI
+/// counts as idle around it, for a profile without a quiet period.
+const PUT_BACK_QUIET: Duration = Duration::from_millis(500);
+
 /// Characters a CLI draws in front of a line of the conversation (prompts, borders, bullets).
 fn decoration(c: char) -> bool {
     c.is_whitespace() || matches!(c, '❯' | '>' | '›' | '┃' | '│' | '•' | '●' | '⎿' | '─' | '✦' | '$')
@@ -244,6 +248,25 @@ impl Readiness {
         screen.rows(0, cols).nth(usize::from(row - 1)).is_some_and(|above| ends_ours(above.trim_end()))
     }
 
+    /// After an interrupt: does the input box hold `written` again, the CLI idle around it?
+    /// Claude puts a message back into its box when it is interrupted before the model's first
+    /// words; no empty prompt shows then, so [`Readiness::status`] says PROCESSING for as long as
+    /// the text sits there. Idle: no dialog, no busy hint, and nothing drawn for the profile's
+    /// quiet period (or [`PUT_BACK_QUIET`]). The second value: when to look again, if the text is
+    /// back but the screen has not been quiet long enough.
+    pub fn holds_put_back(&self, written: &str, pasted: bool, now: Instant) -> (bool, Option<Instant>) {
+        let Some(last_output) = self.last_output else { return (false, None) };
+        if self.dialog_on_screen()
+            || self.pattern_on_screen(&self.idle.busy_patterns, &self.echo_rows())
+            || !self.holds_unsent(written, pasted)
+        {
+            return (false, None);
+        }
+        let quiet = self.idle.quiet_ms.map_or(PUT_BACK_QUIET, Duration::from_millis);
+        let idle_at = last_output + quiet;
+        if now >= idle_at { (true, None) } else { (false, Some(idle_at)) }
+    }
+
     /// The part of a screen line after the profile's prompt (all of it when there is none).
     fn after_prompt<'a>(&self, line: &'a str) -> &'a str {
         self.after_prompt_on(line).unwrap_or(line)
@@ -413,6 +436,43 @@ mod tests {
         assert!(!gemini.holds_unsent(message, false), "without a paste a new line is the CLI's answer");
         gemini.feed(format!("\x1b[2J\x1b[H > {message}\r\n").as_bytes(), now);
         assert!(!gemini.holds_unsent(message, true), "a cursor at the margin is past the box");
+    }
+
+    /// Claude interrupted before the model's first words: the message is back in its box, and
+    /// the CLI is idle around it once its screen has been quiet for its quiet period.
+    #[test]
+    fn a_message_put_back_into_the_box_is_seen_once_the_cli_is_idle_around_it() {
+        let mut claude = detector("claude");
+        let start = Instant::now();
+        let message = "[A2A:109b92d8:anonymous] hesitate-marker take your time";
+        claude.feed(b"\x1b[?2004h\x1b[2J\x1b[H\xe2\x9d\xaf ", start);
+        let start = start + Duration::from_millis(500);
+        assert_eq!(claude.status(start).0, AgentStatus::Ready);
+        claude.input_written(start);
+        let busy = start + Duration::from_millis(10);
+        claude.feed(
+            format!("\x1b[2J\x1b[H> {message}\r\n\r\n* Thinking (esc to interrupt)\r\n\u{276f} ").as_bytes(),
+            busy,
+        );
+        assert_eq!(claude.holds_put_back(message, true, busy + Duration::from_secs(5)), (false, None), "busy");
+        let back = busy + Duration::from_millis(10);
+        claude.feed(
+            format!(
+                "\x1b[2J\x1b[H> {message}\r\n  Interrupted \u{b7} What should Claude do instead?\r\n\u{276f} {message}"
+            )
+            .as_bytes(),
+            back,
+        );
+        assert_eq!(claude.status(back + Duration::from_secs(5)).0, AgentStatus::Processing, "no empty prompt");
+        let quiet = back + Duration::from_millis(500);
+        assert_eq!(claude.holds_put_back(message, true, back), (false, Some(quiet)), "not quiet yet");
+        assert_eq!(claude.holds_put_back(message, true, quiet), (true, None));
+        assert_eq!(claude.holds_put_back("[A2A:1:a] another message", true, quiet), (false, None));
+        // The user's own text in the box, or an empty box, is not a message put back.
+        claude.feed(b"\x1b[2K\r\xe2\x9d\xaf some words of the user", back);
+        assert_eq!(claude.holds_put_back(message, true, quiet), (false, None));
+        claude.feed(b"\x1b[2K\r\xe2\x9d\xaf ", back);
+        assert_eq!(claude.holds_put_back(message, true, quiet), (false, None));
     }
 
     #[test]

@@ -113,7 +113,9 @@ fn whole_message(action: &Action, model: &str, input_tokens: u64) -> Value {
             (json!([{"type": "tool_use", "id": new_id("toolu_"), "name": tool, "input": arguments}]), "tool_use")
         }
         Action::Text(text) => (json!([{"type": "text", "text": text}]), "end_turn"),
-        Action::Slow | Action::Internal => (json!([{"type": "text", "text": script::DEFAULT_TEXT}]), "end_turn"),
+        Action::Slow | Action::Late | Action::Internal => {
+            (json!([{"type": "text", "text": script::DEFAULT_TEXT}]), "end_turn")
+        }
     };
     json!({"id": new_id("msg_"), "type": "message", "role": "assistant", "model": model, "content": content,
         "stop_reason": stop_reason, "stop_sequence": null, "usage": {"input_tokens": input_tokens, "output_tokens": 5}})

@@ -78,7 +78,9 @@ pub async fn completions(State(state): State<SharedState>, uri: Uri, body: Bytes
                 "tool_calls",
             ),
             Action::Text(text) => (json!({"role": "assistant", "content": text}), "stop"),
-            Action::Slow | Action::Internal => (json!({"role": "assistant", "content": script::DEFAULT_TEXT}), "stop"),
+            Action::Slow | Action::Late | Action::Internal => {
+                (json!({"role": "assistant", "content": script::DEFAULT_TEXT}), "stop")
+            }
         };
         return Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}], "usage": usage}))

@@ -121,7 +121,7 @@ pub async fn model_action(
         let parts = match &action {
             Action::ToolCall { tool, arguments } => json!([{"functionCall": {"name": tool, "args": arguments}}]),
             Action::Text(text) => json!([{"text": text}]),
-            Action::Slow | Action::Internal => json!([{"text": script::DEFAULT_TEXT}]),
+            Action::Slow | Action::Late | Action::Internal => json!([{"text": script::DEFAULT_TEXT}]),
         };
         let whole = response(parts, true);
         return if method == "streamGenerateContent" { Json(json!([whole])) } else { Json(whole) }.into_response();

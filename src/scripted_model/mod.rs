@@ -129,17 +129,25 @@ async fn unknown(State(state): State<SharedState>, method: axum::http::Method, u
 }
 
 /// The pieces of a text answer: one piece, or for [`script::Action::Slow`] a piece every
-/// [`script::SLOW_CHUNK_INTERVAL`]. The stream ends early when dropped (the client went away);
-/// while it lives it counts in [`ModelState::slow_streams`].
+/// [`script::SLOW_CHUNK_INTERVAL`], or for [`script::Action::Late`] one piece after
+/// [`script::LATE_WAIT`]. The stream ends early when dropped (the client went away); while a slow
+/// or late one lives it counts in [`ModelState::slow_streams`].
 pub fn text_pieces(state: SharedState, action: &script::Action) -> impl Stream<Item = String> + Send + 'static {
     let single = match action {
         script::Action::Text(text) => Some(text.clone()),
-        script::Action::Slow => None,
+        script::Action::Slow | script::Action::Late => None,
         _ => Some(script::DEFAULT_TEXT.to_string()),
     };
+    let late = matches!(action, script::Action::Late);
     async_stream::stream! {
         match single {
             Some(text) => yield text,
+            None if late => {
+                let mut guard = SlowGuard::new(state);
+                tokio::time::sleep(script::LATE_WAIT).await;
+                guard.finished = true;
+                yield script::DEFAULT_TEXT.to_string();
+            }
             None => {
                 let mut guard = SlowGuard::new(state);
                 for index in 0..script::SLOW_CHUNKS {

@@ -92,7 +92,7 @@ pub async fn responses(State(state): State<SharedState>, body: Bytes) -> Respons
         let item = match &action {
             Action::ToolCall { tool, arguments } => function_call_item(tool, arguments),
             Action::Text(text) => message_item(&new_id("msg_"), text),
-            Action::Slow | Action::Internal => message_item(&new_id("msg_"), script::DEFAULT_TEXT),
+            Action::Slow | Action::Late | Action::Internal => message_item(&new_id("msg_"), script::DEFAULT_TEXT),
         };
         return Json(envelope("completed", json!([item]))).into_response();
     }

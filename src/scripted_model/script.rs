@@ -6,9 +6,11 @@
 //!    with `<A+B>` when the request offers it (`mcp__synapse__reply`, `synapse_reply`, ...), else
 //!    shell `synapse reply "<A+B>"`;
 //! 3. `please run: <cmd>` → shell `<cmd>` (the rest of that line);
-//! 4. `slow` → a slow text stream (one chunk every [`SLOW_CHUNK_INTERVAL`] for [`SLOW_CHUNKS`]);
-//! 5. `what is A+B` → the sum as text;
-//! 6. anything else → `OK.`.
+//! 4. `hesitate`, without `urgent` → `OK.` after [`LATE_WAIT`] of silence (a model slow to its
+//!    first words; a turn that also carries the priority-5 message sent to cut it is answered);
+//! 5. `slow` → a slow text stream (one chunk every [`SLOW_CHUNK_INTERVAL`] for [`SLOW_CHUNKS`]);
+//! 6. `what is A+B` → the sum as text;
+//! 7. anything else → `OK.`.
 //!
 //! A request without tools is a CLI-internal one (titles, routing, next-speaker checks): it gets
 //! [`Action::Internal`], never a tool call. The shell tool is picked from the request's own tool
@@ -25,6 +27,9 @@ pub const SLOW_CHUNK_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Chunks in a slow answer (about 60 s at [`SLOW_CHUNK_INTERVAL`]).
 pub const SLOW_CHUNKS: usize = 300;
+
+/// Silence before a late answer's only words (about as long as a slow answer).
+pub const LATE_WAIT: Duration = Duration::from_secs(60);
 
 /// The final text after a tool result.
 pub const DONE_TEXT: &str = "Done.";
@@ -64,6 +69,8 @@ pub enum Action {
     Text(String),
     /// A text answer streamed slowly, until done or the client goes away.
     Slow,
+    /// `OK.` after [`LATE_WAIT`] without a word, unless the client goes away first.
+    Late,
     /// A call of the shell tool `tool` with these arguments (a JSON object).
     ToolCall { tool: String, arguments: Value },
     /// A request without tools: a short text (or JSON fitting the requested schema).
@@ -76,6 +83,7 @@ impl Action {
         match self {
             Action::Text(_) => "text",
             Action::Slow => "slow",
+            Action::Late => "late",
             Action::ToolCall { .. } => "tool_call",
             Action::Internal => "internal",
         }
@@ -119,7 +127,11 @@ pub fn decide(turn: &Turn, tools: &[Tool]) -> Action {
             None => Action::Text(format!("I would run `{command}`, but no shell tool was offered.")),
         };
     }
-    if text.to_lowercase().contains("slow") {
+    let lower = text.to_lowercase();
+    if lower.contains("hesitate") && !lower.contains("urgent") {
+        return Action::Late;
+    }
+    if lower.contains("slow") {
         return Action::Slow;
     }
     match sum {
@@ -334,6 +346,11 @@ mod tests {
     #[test]
     fn slow_hello_and_toolless_requests() {
         assert_eq!(decide(&turn("go slow please"), &tools(&["bash"])), Action::Slow);
+        assert_eq!(decide(&turn("hesitate, then say it"), &tools(&["bash"])), Action::Late);
+        assert_eq!(
+            decide(&turn("hesitate-marker\n[A2A:1:x] urgent-marker"), &tools(&["bash"])),
+            Action::Text(DEFAULT_TEXT.into())
+        );
         assert_eq!(decide(&turn("hello"), &tools(&["bash"])), Action::Text("OK.".into()));
         assert_eq!(decide(&turn("[A2A:1:a:R] what is 2+2"), &[]), Action::Internal);
     }

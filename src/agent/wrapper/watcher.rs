@@ -198,7 +198,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         if !wait_until_ready(&shared).await {
             return;
         }
-        match write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), None).await {
+        match write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), false, None).await {
             Ok(written) => {
                 resubmit_if_unsent(&shared, &written).await;
             }
@@ -215,6 +215,9 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
     let mut before_restart = before_restart;
     // The priority-5 ticket last interrupted for: each is interrupted for once.
     let mut interrupted: Option<u64> = None;
+    // The last ticket written, and when its writing began: an interrupt may put it back into
+    // the CLI's input box (see `LastWritten::put_back`).
+    let mut last_written: Option<LastWritten> = None;
     // The delivery lock (shared with the hooks), held from taking a ticket to write until its
     // acknowledgement, so a hook cannot hand the same ticket to the model meanwhile.
     let mut delivering: Option<tokio::sync::OwnedMutexGuard<std::collections::BTreeSet<u64>>> = None;
@@ -283,7 +286,12 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             let mut readiness = shared.screen.lock();
             (readiness.status(Instant::now()).0, readiness.input_pending(), !readiness.cursor_at_prompt_line())
         };
-        if status != AgentStatus::Ready {
+        // The interrupt for this ticket made the CLI put the message before it back into its
+        // input box: this one is written onto it, and the CLI takes both (the first one, never
+        // answered, is not lost, and nothing waits for a user to clear the box).
+        let onto_put_back =
+            || interrupted == Some(number) && last_written.as_ref().is_some_and(|last| last.put_back(&shared).0);
+        if status != AgentStatus::Ready && !onto_put_back() {
             // Priority 5 interrupts a CLI that is working, once per ticket. A CLI that is
             // starting or shows a dialog is never interrupted or written to (the keys could
             // answer the dialog), nor one whose user is typing (they would clear the input).
@@ -300,7 +308,8 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                 interrupted = Some(number);
                 interrupt(&shared).await;
                 let timeout = Duration::from_millis(shared.profile.interrupt_timeout_ms);
-                if tokio::time::timeout(timeout, wait_until_ready(&shared)).await.is_err() {
+                let back = wait_until_ready_or_put_back(&shared, last_written.as_ref());
+                if tokio::time::timeout(timeout, back).await.is_err() {
                     let note = format!(
                         "a priority-5 message waits: no prompt {} s after the interrupt (clear the input box or answer the CLI)",
                         shared.profile.interrupt_timeout_ms / 1000
@@ -338,7 +347,8 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         }
         // Looked at again: the lock may have waited behind a hook's acknowledgements, while the
         // CLI went on to work, opened a dialog or took the user's typing.
-        if shared.screen.lock().status(Instant::now()).0 != AgentStatus::Ready {
+        let onto_put_back = onto_put_back();
+        if !onto_put_back && shared.screen.lock().status(Instant::now()).0 != AgentStatus::Ready {
             continue;
         }
         // A key the user just typed may not be on the screen yet (the CLI redraws a moment
@@ -383,18 +393,22 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         // the successor writes it again (twice rather than never).
         let record = (delivered_path(&shared.log), number.to_string());
         let record_with_the_key = shared.profile.settle_ms == 0;
-        let written = match write_input(&shared, header, &text, record_with_the_key.then(|| record.clone())).await {
-            Ok(written) => written,
-            Err(error) => {
-                tracing::warn!("cannot write ticket {number}: {error:#}");
-                return;
-            }
-        };
+        let began = Instant::now();
+        let written =
+            match write_input(&shared, header, &text, onto_put_back, record_with_the_key.then(|| record.clone())).await
+            {
+                Ok(written) => written,
+                Err(error) => {
+                    tracing::warn!("cannot write ticket {number}: {error:#}");
+                    return;
+                }
+            };
         // Acknowledged once the CLI has drawn something after it: a wrapper killed before that
         // leaves the ticket unacknowledged and its successor writes it again (the bytes died
         // unread with the PTY).
         wait_for_reaction(&shared).await;
         let taken = resubmit_if_unsent(&shared, &written).await;
+        last_written = Some(LastWritten { written, began });
         // Still in the input box (the resubmits gave up): not recorded, so a successor writes
         // it again rather than count it sent.
         if !record_with_the_key
@@ -551,11 +565,17 @@ async fn write_input(
     shared: &Arc<Shared>,
     header: &str,
     text: &str,
+    onto_put_back: bool,
     then_record: Option<(PathBuf, String)>,
 ) -> anyhow::Result<Written> {
     let bracketed = shared.screen.lock().bracketed_paste();
     shared.input_written();
-    let keys = crate::escape::keystrokes(header, text, bracketed, &shared.profile.submit);
+    let mut keys = crate::escape::keystrokes(header, text, bracketed, &shared.profile.submit);
+    if onto_put_back {
+        // The message begins a line of its own after the one already in the box (a space where
+        // a newline would submit).
+        keys.join_onto_text(bracketed);
+    }
     let shown = String::from_utf8_lossy(&keys.paste).replace("\x1b[200~", "").replace("\x1b[201~", "");
     shared.screen.lock().remember_input(&shown);
     shared.held_keys.hold(true, &shared.input);
@@ -581,6 +601,49 @@ struct Written {
     shown: String,
     submit: Vec<u8>,
     pasted: bool,
+}
+
+/// The last ticket written into the CLI, and when its writing began.
+struct LastWritten {
+    written: Written,
+    began: Instant,
+}
+
+impl LastWritten {
+    /// Is this message back in the CLI's input box, the CLI idle around it (Claude puts a message
+    /// back when it is interrupted before the model's first words)? Never once the user typed a
+    /// key after the message was written: the box may then hold their text. The second value:
+    /// when to look again.
+    fn put_back(&self, shared: &Shared) -> (bool, Option<Instant>) {
+        if shared.held_keys.typed_within(self.began.elapsed()) {
+            return (false, None);
+        }
+        shared.screen.lock().holds_put_back(&self.written.shown, self.written.pasted, Instant::now())
+    }
+}
+
+/// After an interrupt: until the CLI is READY, or idle with `last` put back into its input box
+/// (see [`LastWritten::put_back`]); returns when the wrapper is going away too.
+async fn wait_until_ready_or_put_back(shared: &Arc<Shared>, last: Option<&LastWritten>) {
+    let mut changes = shared.screen.subscribe();
+    loop {
+        changes.borrow_and_update();
+        let (status, ready_at) = shared.screen.lock().status(Instant::now());
+        let (put_back, put_back_at) = last.map_or((false, None), |last| last.put_back(shared));
+        if status == AgentStatus::Ready || put_back {
+            return;
+        }
+        match ready_at.into_iter().chain(put_back_at).min() {
+            Some(at) => {
+                let _ = tokio::time::timeout_at(at.into(), changes.changed()).await;
+            }
+            None => {
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
