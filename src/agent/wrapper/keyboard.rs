@@ -39,6 +39,18 @@ impl HeldKeys {
         }
     }
 
+    /// Starts holding the user's keystrokes back, unless one reached the CLI within `window`
+    /// (it may not be drawn yet: a message typed now would join it). One step, so that a key
+    /// cannot reach the CLI between the look and the hold, right in front of the message.
+    pub fn hold_unless_typed(&self, window: std::time::Duration) -> bool {
+        let Ok(mut held) = self.held.lock() else { return false };
+        if held.is_none() && self.typed_within(window) {
+            return false;
+        }
+        held.get_or_insert_with(Vec::new);
+        true
+    }
+
     /// The user's keystrokes: to the CLI now, or held while a message is being typed.
     pub fn user_keys(&self, bytes: Vec<u8>, input: &PtyInput) {
         match self.held.lock() {
@@ -155,6 +167,29 @@ mod tests {
         let mut received = String::new();
         cli_side.read_to_string(&mut received).unwrap();
         assert_eq!(received, "a[message]bcd");
+    }
+
+    #[tokio::test]
+    async fn a_hold_is_refused_right_after_a_keystroke_and_holds_the_next_ones() {
+        let (mut cli_side, wrapper_side) = std::io::pipe().unwrap();
+        let input = super::super::pty::spawn_writer(Box::new(wrapper_side)).unwrap();
+        let keys = HeldKeys::default();
+        let window = std::time::Duration::from_secs(60);
+        assert!(keys.hold_unless_typed(window), "nothing typed yet");
+        keys.user_keys(b"b".to_vec(), &input);
+        input.write(b"[message]".to_vec()).await.unwrap();
+        keys.hold(false, &input);
+        assert!(!keys.hold_unless_typed(window), "a key just reached the CLI");
+        keys.user_keys(b"c".to_vec(), &input);
+        assert!(keys.hold_unless_typed(std::time::Duration::ZERO));
+        keys.user_keys(b"d".to_vec(), &input);
+        assert!(keys.hold_unless_typed(window), "already holding: the keys since are held, not passed");
+        input.write(b"[second]".to_vec()).await.unwrap();
+        keys.hold(false, &input);
+        drop(input);
+        let mut received = String::new();
+        cli_side.read_to_string(&mut received).unwrap();
+        assert_eq!(received, "[message]bc[second]d");
     }
 
     #[tokio::test]

@@ -352,8 +352,10 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             continue;
         }
         // A key the user just typed may not be on the screen yet (the CLI redraws a moment
-        // later): written now, the message would join it.
-        if shared.held_keys.typed_within(USER_KEYS_SETTLE) {
+        // later): written now, the message would join it. Otherwise the user's keys are held
+        // from here until the message is in (`write_input` passes them on), so that none can
+        // reach the CLI in front of it.
+        if !shared.held_keys.hold_unless_typed(USER_KEYS_SETTLE) {
             drop(guard);
             tokio::time::sleep(USER_KEYS_SETTLE).await;
             continue;
@@ -368,15 +370,16 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                 let reason = format!("{error:#}");
                 tracing::warn!("ticket {number}: {reason}");
                 if fail_ticket(&mut client, &shared, &ticket, &reason).await {
+                    shared.held_keys.hold(false, &shared.input);
                     unacknowledged = Some(number);
                     continue;
                 }
                 // Its task cannot be failed (a reply's task is over already; the broker may be
                 // refusing writes too): typed whole instead, rather than acknowledged unseen,
-                // if the CLI is still ready for it after that request.
-                if shared.screen.lock().status(Instant::now()).0 != AgentStatus::Ready
-                    || shared.held_keys.typed_within(USER_KEYS_SETTLE)
-                {
+                // if the CLI is still ready for it after that request (the user's keys were
+                // held meanwhile).
+                if !onto_put_back && shared.screen.lock().status(Instant::now()).0 != AgentStatus::Ready {
+                    shared.held_keys.hold(false, &shared.input);
                     drop(delivering.take());
                     continue;
                 }
