@@ -436,13 +436,18 @@ struct Interactive {
 }
 
 fn interactive_dummy(home: &Home, name: &str) -> Interactive {
+    interactive(home, &["dummy", "--name", name])
+}
+
+/// `synapse <args>` (an agent's command) in a PTY made by the test.
+fn interactive(home: &Home, args: &[&str]) -> Interactive {
     use portable_pty::{CommandBuilder, PtySize, native_pty_system};
     use std::io::Read;
     use std::sync::{Arc, Mutex};
 
     let pty = native_pty_system().openpty(PtySize { rows: 30, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
     let mut command = CommandBuilder::new(BIN);
-    command.args(["dummy", "--name", name]);
+    command.args(args);
     command.env("SYNAPSE_HOME", home.home());
     command.env("SYNAPSE_UDS_DIR", home.uds());
     command.env("SYNAPSE_BROKER_PORT", "0");
@@ -618,6 +623,15 @@ fn injected_any(events: &[Value], agent: &str) -> bool {
 /// Starts tests/support/rawcli.py (a raw-mode CLI with bracketed paste) as agent `raw`; returns
 /// what `synapse start` announced and the program's own log of what it received.
 fn start_rawcli(home: &Home) -> (Value, std::path::PathBuf) {
+    let raw_log = rawcli_profile(home);
+    let output = home.cmd(&["start", "rawcli", "--name", "raw", "--port", "0", "--json"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    (serde_json::from_slice(&output.stdout).unwrap(), raw_log)
+}
+
+/// Writes the `rawcli` profile (tests/support/rawcli.py) into the home; returns the path of the
+/// program's log.
+fn rawcli_profile(home: &Home) -> std::path::PathBuf {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/rawcli.py");
     let raw_log = home.dir.path().join("rawcli.jsonl");
     std::fs::create_dir_all(home.home().join("profiles")).unwrap();
@@ -627,9 +641,7 @@ fn start_rawcli(home: &Home) -> (Value, std::path::PathBuf) {
         "idle": {"prompt": "rawcli> ", "needs_bracketed_paste": true, "waiting_patterns": ["(y/n)"]},
     });
     std::fs::write(home.home().join("profiles/rawcli.json"), profile.to_string()).unwrap();
-    let output = home.cmd(&["start", "rawcli", "--name", "raw", "--port", "0", "--json"]).output().unwrap();
-    assert!(output.status.success(), "{}", describe(&output));
-    (serde_json::from_slice(&output.stdout).unwrap(), raw_log)
+    raw_log
 }
 
 /// `synapse list` says why an agent takes no message: a dialog is open, or a priority-5 message
@@ -673,6 +685,37 @@ fn a_swallowed_submit_key_is_sent_again_and_the_message_goes_through_once() {
     assert_eq!(records[0]["swallowed"], true, "{records:#?}");
     assert!(records[1]["line"].as_str().unwrap().ends_with("SWALLOW-ENTER once"), "{records:#?}");
     assert!(records[2]["line"].as_str().unwrap().ends_with("then this one"), "{records:#?}");
+}
+
+/// A key the user types while a message waits in the box for its submit key again (swallowed the
+/// first time) is held until the CLI has taken the message, then reaches the CLI: it neither
+/// joins the message nor makes the wrapper count the message as taken while it still waits.
+#[test]
+fn a_key_typed_while_a_swallowed_message_waits_is_held_until_the_message_is_taken() {
+    use std::io::Write;
+
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let raw_log = rawcli_profile(&home);
+    let Interactive { mut child, screen, mut keyboard, .. } = interactive(&home, &["rawcli", "--name", "raw"]);
+    let raw_id = |events: &[Value]| {
+        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
+    };
+    follower.wait_until("raw READY", |events| raw_id(events).is_some_and(|raw| ready(events, &raw)));
+    let raw = raw_id(&follower.seen).unwrap();
+    home.ok(&["send", "raw", "SWALLOW-ENTER once", "--no-response"]);
+    wait_until("the submit key swallowed", || raw_log.exists() && !rawcli_records(&raw_log).is_empty());
+    keyboard.write_all(b"k").unwrap();
+    keyboard.flush().unwrap();
+    follower.wait_until("acknowledged", |events| injected_any(events, &raw));
+    let records = rawcli_records(&raw_log);
+    assert_eq!(records.len(), 2, "swallowed, then the line once: {records:#?}");
+    assert_eq!(records[0]["swallowed"], true, "{records:#?}");
+    assert!(records[1]["line"].as_str().unwrap().ends_with("SWALLOW-ENTER once"), "{records:#?}");
+    // The key reached the CLI afterwards, at its new prompt.
+    wait_until("the key at the prompt", || screen.lock().unwrap().contains("rawcli> k"));
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 /// A dialog that opens as a message is submitted (its submit key taken by the CLI, the text

@@ -1,9 +1,9 @@
 //! The user's terminal, when the wrapper runs in one: their keystrokes (`@agent message` lines
 //! to the broker, everything else to the CLI, decided by [`InputRouter`]) and its size.
 //!
-//! Invariant: while a message is being typed into the CLI (from its paste to its submit key) the
-//! user's keystrokes are held back and passed on afterwards, in order ([`HeldKeys`]): they can
-//! never land inside a message and be sent with it.
+//! Invariant: while a message is being typed into the CLI (from its paste until the CLI has taken
+//! it, its submit key sent again if need be) the user's keystrokes are held back and passed on
+//! afterwards, in order ([`HeldKeys`]): they can never land inside a message and be sent with it.
 
 use super::Shared;
 use super::connection::connect;
@@ -15,8 +15,8 @@ use portable_pty::PtySize;
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 
-/// The user's keystrokes held back while a message is typed (between its paste and its
-/// submit key), then passed on: they can never land inside a message and be sent with it.
+/// The user's keystrokes held back while a message is typed (from its paste until the CLI
+/// took it), then passed on: they can never land inside a message and be sent with it.
 #[derive(Default)]
 pub(super) struct HeldKeys {
     held: Mutex<Option<Vec<u8>>>,

@@ -194,13 +194,18 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             files
         })
         .unwrap_or_default();
+    // The last message written (the start-up message, then tickets), and when its writing
+    // began: an interrupt may put it back into the CLI's input box (see `LastWritten::put_back`).
+    let mut last_written: Option<LastWritten> = None;
     if !files.is_empty() {
         if !wait_until_ready(&shared).await {
             return;
         }
+        let began = Instant::now();
         match write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), false, None).await {
             Ok(written) => {
                 resubmit_if_unsent(&shared, &written).await;
+                last_written = Some(LastWritten { written, began });
             }
             Err(error) => {
                 tracing::warn!("cannot write the start-up message: {error:#}");
@@ -215,9 +220,6 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
     let mut before_restart = before_restart;
     // The priority-5 ticket last interrupted for: each is interrupted for once.
     let mut interrupted: Option<u64> = None;
-    // The last ticket written, and when its writing began: an interrupt may put it back into
-    // the CLI's input box (see `LastWritten::put_back`).
-    let mut last_written: Option<LastWritten> = None;
     // The delivery lock (shared with the hooks), held from taking a ticket to write until its
     // acknowledgement, so a hook cannot hand the same ticket to the model meanwhile.
     let mut delivering: Option<tokio::sync::OwnedMutexGuard<std::collections::BTreeSet<u64>>> = None;
@@ -347,8 +349,9 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         }
         // Looked at again: the lock may have waited behind a hook's acknowledgements, while the
         // CLI went on to work, opened a dialog or took the user's typing.
-        let onto_put_back = onto_put_back();
-        if !onto_put_back && shared.screen.lock().status(Instant::now()).0 != AgentStatus::Ready {
+        let ready_now = shared.screen.lock().status(Instant::now()).0 == AgentStatus::Ready;
+        let onto_put_back = !ready_now && onto_put_back();
+        if !ready_now && !onto_put_back {
             continue;
         }
         // A key the user just typed may not be on the screen yet (the CLI redraws a moment
@@ -463,7 +466,17 @@ const RESUBMITS: usize = 2;
 /// it. A line-mode program (the dummy: no settle delay) gets its line from the terminal, where a
 /// return cannot be swallowed; watching its screen would only hold back the acknowledgement,
 /// and with it the next message (0.6 → 0.9 ms `delivery_p50_ms`).
+///
+/// The user's keys, held since [`write_input`], are passed on when this returns: a key typed
+/// while the message waits in the box would otherwise join it (and be sent with it by the next
+/// submit key, or make the box no longer end with the message, which then counts as taken).
 async fn resubmit_if_unsent(shared: &Shared, written: &Written) -> bool {
+    let taken = submit_again_while_unsent(shared, written).await;
+    shared.held_keys.hold(false, &shared.input);
+    taken
+}
+
+async fn submit_again_while_unsent(shared: &Shared, written: &Written) -> bool {
     if shared.profile.settle_ms == 0 {
         return true;
     }
@@ -564,6 +577,7 @@ async fn fail_ticket(client: &mut Client, shared: &Shared, ticket: &InboxTicket,
 /// Types `header` and `text` into the CLI like a paste (bracketed when the CLI enabled it), then
 /// the submit key after the profile's settle delay (and, right after it, `then_record`). The
 /// bytes are decided by [`crate::escape::keystrokes`]: nothing in the text acts as a control.
+/// The user's keys are held from here; once written, [`resubmit_if_unsent`] passes them on.
 async fn write_input(
     shared: &Arc<Shared>,
     header: &str,
@@ -594,7 +608,11 @@ async fn write_input(
         shared.input.write_then_record(keys.submit.clone(), then_record).await
     }
     .await;
-    shared.held_keys.hold(false, &shared.input);
+    if written.is_err() {
+        shared.held_keys.hold(false, &shared.input);
+    }
+    // Otherwise the user's keys stay held until the CLI has taken the message
+    // ([`resubmit_if_unsent`] passes them on).
     written.map(|()| Written { shown, submit: keys.submit, pasted: bracketed })
 }
 
@@ -606,7 +624,7 @@ struct Written {
     pasted: bool,
 }
 
-/// The last ticket written into the CLI, and when its writing began.
+/// The last message written into the CLI, and when its writing began.
 struct LastWritten {
     written: Written,
     began: Instant,
