@@ -833,6 +833,54 @@ fn a_message_file_that_cannot_be_written_fails_its_task_and_later_deliveries_go_
     assert!(screen.contains("short and sweet") && !screen.contains("long long"), "{screen}");
 }
 
+/// A request whose message cannot be written into the receiver's CLI fails, and the agent that
+/// asked learns it in its terminal, as it would get a reply: it does not wait for an answer
+/// that cannot come.
+#[test]
+fn a_request_that_cannot_be_delivered_comes_back_to_the_asker_as_failed() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let alice = start(&home, "alice", &[], None);
+    let bob = start(&home, "bob", &[], None);
+    let _wrappers = Wrappers(&home, vec![id(&alice), id(&bob)]);
+    follower.wait_until("both agents READY", |events| ready(events, &id(&alice)) && ready(events, &id(&bob)));
+    std::fs::create_dir_all(home.home().join("messages")).unwrap();
+    std::fs::write(home.home().join("messages").join(id(&bob)), "in the way").unwrap();
+    let long = "long ".repeat(100);
+    let asked = home.run_as(&as_agent(&alice), &["send", "bob", &long, "--response"]);
+    assert!(asked.status.success(), "{}", describe(&asked));
+    follower.wait_until("the failure in alice's terminal", |events| settled(events, &id(&alice)));
+    let screen = terminal(&alice);
+    let line = screen.lines().find(|line| line.contains(":REPLY]")).unwrap_or_default();
+    assert!(line.contains(&format!(":{}:REPLY] Failed: not delivered to {}", id(&bob), id(&bob))), "{screen}");
+    // Nothing is owed any more: bob has no reply target, alice's task is over.
+    let reply = home.run_as(&as_agent(&bob), &["reply", "too late"]);
+    assert!(!reply.status.success(), "{}", describe(&reply));
+}
+
+/// An A2A agent that answers by updating its task (the scenario agent: a failure, a result with
+/// a file) sends that end back into the asker's terminal, as `synapse reply` does.
+#[test]
+fn an_agent_that_ends_a_request_by_updating_its_task_answers_into_the_askers_terminal() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let alice = start(&home, "alice", &[], None);
+    let output = home.cmd(&["start", "scenario", "--name", "scen", "--json"]).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let scen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _wrappers = Wrappers(&home, vec![id(&alice), id(&scen)]);
+    follower.wait_until("alice READY", |events| ready(events, &id(&alice)));
+    for text in ["please fail now", "send me the file"] {
+        let asked = home.run_as(&as_agent(&alice), &["send", "scen", text, "--response"]);
+        assert!(asked.status.success(), "{}", describe(&asked));
+    }
+    follower.wait_until("both answers in alice's terminal", |events| settled_all(events, &id(&alice), 2));
+    let screen = terminal(&alice);
+    let from = format!(":{}:REPLY] ", id(&scen));
+    assert!(screen.contains(&format!("{from}Failed: scenario agent: failing as asked")), "{screen}");
+    assert!(screen.contains(&format!("{from}scenario agent: the report is attached")), "{screen}");
+}
+
 /// A long reply whose file cannot be written cannot fail its task (the task is over): it is
 /// typed whole instead. It was acknowledged without being shown: the asker never saw its answer.
 #[test]

@@ -230,6 +230,12 @@ fn a_queue_nobody_takes_back_expires_with_a_visible_reason_and_frees_the_id() {
     assert_eq!(task["task"]["status"], "failed", "{task}");
     assert!(task.to_string().contains("was not started again"), "{task}");
     assert!(inbox_texts(&home, &dave_id).is_empty());
+    // Alice learns it as she would get dave's reply: a reverse ticket saying why it failed.
+    let told = inbox_texts(&home, &alice.id);
+    assert!(
+        told.len() == 1 && told[0].starts_with("Failed: ") && told[0].contains("was not started again"),
+        "{told:?}"
+    );
     let test_pid = std::process::id().to_string();
     let port_text = port.to_string();
     // Alice answers dave's question now: no one holds his id to read it (the answer was

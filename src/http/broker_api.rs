@@ -309,7 +309,7 @@ fn inbox_tickets(state: &AppState, agent: &str, limit: usize) -> Result<Vec<api:
                         None => task.message.joined_text(),
                     }
                 }),
-                crate::store::TicketKind::Reply => view.task(&ticket.task_id)?.and_then(|task| wire::reply_text(&task)),
+                crate::store::TicketKind::Reply => view.task(&ticket.task_id)?.map(|task| wire::answer_text(&task)),
             };
             tickets.push(wire::inbox_ticket(&ticket, text.unwrap_or_default()));
         }

@@ -7,7 +7,7 @@
 
 use crate::api;
 use crate::broker::command::SendOutcome;
-use crate::event::{Artifact, Message, Part};
+use crate::event::{Artifact, Message, Part, TaskState};
 use crate::store::{AgentRecord, ReplyTarget, TaskRecord, Ticket, TicketKind};
 use crate::time::rfc3339;
 use serde_json::Value;
@@ -91,6 +91,20 @@ pub fn reply_text(task: &TaskRecord) -> Option<String> {
             _ => None,
         })
     })
+}
+
+/// What a reverse ticket writes into the asker's terminal: the reply, or how its request ended
+/// without one (`Failed: <why>`).
+pub fn answer_text(task: &TaskRecord) -> String {
+    match (task.state, reply_text(task)) {
+        (TaskState::Failed | TaskState::Canceled, reply) => {
+            let why = task.error.clone().or(reply).unwrap_or_else(|| "no reason given".into());
+            let state = if task.state == TaskState::Failed { "Failed" } else { "Canceled" };
+            format!("{state}: {why}")
+        }
+        (_, Some(reply)) => reply,
+        (_, None) => "(completed without a text answer: its result is in the task)".into(),
+    }
 }
 
 /// The line prefix written into the agent's PTY (SPEC §2, "What the receiving agent sees").

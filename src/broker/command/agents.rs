@@ -3,6 +3,7 @@
 
 use super::decision::{Answer, CommandError, Context, DecideError, Decision};
 use super::requests::RegisterRequest;
+use super::send::back_to_the_asker;
 use crate::event::{AgentStatus, Event, TaskState};
 use crate::store::{DepartedAgent, Projections, StoreError, TicketKind};
 
@@ -85,6 +86,12 @@ pub fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) 
                 && !sender_task.state.is_final()
             {
                 events.push(failed(&sender_task.id));
+                // The asker learns it in its terminal (unless it is the agent whose queue this is).
+                if sender_task.owner.as_deref() != Some(departed.agent_id.as_str())
+                    && let Ok(Some(ticket)) = back_to_the_asker(view, &sender_task, &departed.agent_id, 0)?
+                {
+                    events.push(ticket);
+                }
             }
             events.push(failed(&task.id));
         }

@@ -467,32 +467,10 @@ fn decide_reply(
         },
     ];
     let mut warning = None;
-    if let Some(owner) = &sender_task.owner {
-        // The reply is typed only into the agent that asked. The agent the id names now is
-        // the registered one, or the departed one whose queue the id holds (the reply waits
-        // there for it to come back); it is the asker if it began before the question. Another
-        // agent that took the id since (the asker left with nothing queued), or nobody (the
-        // asker's queue expired), is not given it.
-        let holder_since = match view.agent(owner)? {
-            Some(agent) => Some(agent.since_seq),
-            None => view.departed(owner)?.map(|departed| departed.since_seq),
-        };
-        let undelivered = match holder_since {
-            Some(since) => since
-                .is_some_and(|since| sender_task.created_seq < since)
-                .then(|| format!("{owner} left after asking; its id now names another agent")),
-            // Nobody holds the id: the asker left and its queue expired.
-            None => Some(format!("{owner} left after asking and its queue has expired")),
-        };
-        if let Some(why) = undelivered {
-            warning = Some(format!("Warning: {why}, so the reply is kept with the task (history) and not delivered"));
-        } else {
-            events.push(Event::ReverseTicketIssued {
-                agent_id: owner.clone(),
-                task_id: sender_task.id.clone(),
-                from: replier.to_string(),
-                priority: request.priority,
-            });
+    match back_to_the_asker(view, &sender_task, replier, request.priority)? {
+        Ok(ticket) => events.extend(ticket),
+        Err(why) => {
+            warning = Some(format!("Warning: {why}, so the reply is kept with the task (history) and not delivered"))
         }
     }
     Ok(Some(Decision {
@@ -505,6 +483,42 @@ fn decide_reply(
             warning,
         },
     }))
+}
+
+/// The reverse ticket that takes the end of `sender_task` (its reply, or its failure) back into
+/// the terminal of the agent that asked: none when nobody asked (a user's send), `Err(why)`
+/// when the asker cannot get it any more. It is typed only into the agent that asked. The agent
+/// the id names now is the registered one, or the departed one whose queue the id holds (the
+/// ticket waits there for it to come back); it is the asker if it began before the question.
+/// Another agent that took the id since (the asker left with nothing queued), or nobody (the
+/// asker's queue expired), is not given it.
+pub(super) fn back_to_the_asker(
+    view: &Projections<'_>,
+    sender_task: &TaskRecord,
+    from: &str,
+    priority: u8,
+) -> Result<Result<Option<Event>, String>, DecideError> {
+    let Some(owner) = &sender_task.owner else { return Ok(Ok(None)) };
+    let holder_since = match view.agent(owner)? {
+        Some(agent) => Some(agent.since_seq),
+        None => view.departed(owner)?.map(|departed| departed.since_seq),
+    };
+    let undelivered = match holder_since {
+        Some(since) => since
+            .is_some_and(|since| sender_task.created_seq < since)
+            .then(|| format!("{owner} left after asking; its id now names another agent")),
+        // Nobody holds the id: the asker left and its queue expired.
+        None => Some(format!("{owner} left after asking and its queue has expired")),
+    };
+    Ok(match undelivered {
+        Some(why) => Err(why),
+        None => Ok(Some(Event::ReverseTicketIssued {
+            agent_id: owner.clone(),
+            task_id: sender_task.id.clone(),
+            from: from.to_string(),
+            priority,
+        })),
+    })
 }
 
 /// Drops the keys whose window has passed: decide already ignores them, so this only keeps

@@ -3,6 +3,7 @@
 use super::checks::{check_sender, find_task, new_id, validate_text};
 use super::decision::{Answer, CommandError, DecideError, Decision};
 use super::requests::{Actor, UpdateTaskRequest, default_priority};
+use super::send::back_to_the_asker;
 use crate::event::{Direction, Event, Message, TaskState, short_id};
 use crate::store::{Projections, TaskRecord};
 
@@ -99,6 +100,15 @@ pub fn decide_update_task(view: &Projections<'_>, request: &UpdateTaskRequest) -
         && !sender_task.state.is_final()
     {
         events.push(change(&sender_task.id));
+        // An agent that asked gets the end of its request in its terminal, as it gets a reply:
+        // the result of a receiver that answers by updating its task (an A2A agent), or why the
+        // request failed (its message could not be written, the receiver gave up). An asker
+        // that cannot get it any more finds it in the task.
+        if request.state.is_final()
+            && let Ok(Some(ticket)) = back_to_the_asker(view, &sender_task, &request.agent_id, 0)?
+        {
+            events.push(ticket);
+        }
     }
     Ok(Decision { actor: Some(request.agent_id.clone()), events, answer: Answer::Task { task_id: task.id } })
 }
