@@ -560,7 +560,7 @@ impl Event {
                 format!("{from} replied to {} (task {}): {}", anon(to), short_id(task_id), preview(text, 60))
             }
             Event::ReverseTicketIssued { agent_id, task_id, from, .. } => {
-                format!("reply from {from} queued for {agent_id} (task {})", short_id(task_id))
+                format!("answer from {from} queued for {agent_id} (task {})", short_id(task_id))
             }
             Event::TaskStateChanged { task_id, state, error, .. } => match error {
                 Some(error) => format!("task {} {state}: {}", short_id(task_id), preview(error, 60)),

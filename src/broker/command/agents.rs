@@ -43,14 +43,14 @@ fn reclaimable_id(view: &Projections<'_>, request: &RegisterRequest) -> Result<O
 /// Drops the queues nobody took back in time: the tasks still waiting on them fail with a
 /// visible reason (the sender's task too), then `inbox_expired` empties the inbox.
 pub fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) -> Result<Decision, DecideError> {
-    let mut events = Vec::new();
+    let mut expiring = Vec::new();
     for departed in view.departed_agents()? {
-        if now_ms < departed.departed_ms.saturating_add(hold_ms) {
-            continue;
+        if now_ms >= departed.departed_ms.saturating_add(hold_ms) && view.pending_for(&departed.agent_id)? > 0 {
+            expiring.push(departed);
         }
-        if view.pending_for(&departed.agent_id)? == 0 {
-            continue;
-        }
+    }
+    let mut events = Vec::new();
+    for departed in &expiring {
         let tickets = view.inbox(&departed.agent_id, usize::MAX)?;
         let reason = format!(
             "{}{} left with this message queued and was not started again (same --name) within {} s; the message was dropped",
@@ -86,8 +86,11 @@ pub fn decide_expire_inboxes(view: &Projections<'_>, hold_ms: u64, now_ms: u64) 
                 && !sender_task.state.is_final()
             {
                 events.push(failed(&sender_task.id));
-                // The asker learns it in its terminal (unless it is the agent whose queue this is).
-                if sender_task.owner.as_deref() != Some(departed.agent_id.as_str())
+                // The asker learns it in its terminal, unless its own queue expires now too (this
+                // queue's agent, or another one gone as long: its queue and its place are given
+                // up in this same decision, and the ticket would wait under an id nobody holds).
+                let asker_expires = |asker: &str| expiring.iter().any(|gone| gone.agent_id == asker);
+                if !sender_task.owner.as_deref().is_some_and(asker_expires)
                     && let Ok(Some(ticket)) = back_to_the_asker(view, &sender_task, &departed.agent_id, 0)?
                 {
                     events.push(ticket);

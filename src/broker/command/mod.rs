@@ -519,6 +519,39 @@ mod tests {
         assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
     }
 
+    /// Two agents that asked each other and left together: their queues expire in one sweep,
+    /// both requests fail, and neither failure is queued for the other agent (its queue and its
+    /// id are given up in the same decision: the ticket would wait for whoever takes the id).
+    #[test]
+    fn queues_that_expire_together_queue_no_failure_for_each_other() {
+        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
+        store
+            .transact(START_MS, |appender| {
+                appender.append(None, vec![registered(SENDER, 8100), registered(RECEIVER, 8120)])
+            })
+            .expect("registered");
+        let (to_receiver, asked_by_sender, _) = sent(run(&store, START_MS, send(SENDER, "a?", None, "k1")));
+        let (to_sender, asked_by_receiver, _) = sent(run(&store, START_MS, send(RECEIVER, "b?", None, "k2")));
+        for agent in [SENDER, RECEIVER] {
+            let gone = Command::Deregister {
+                agent_id: agent.into(),
+                reason: "process gone".into(),
+                registration: Some((std::process::id(), None)),
+            };
+            assert!(matches!(run(&store, START_MS + 1, gone), Answer::Deregistered));
+        }
+        run(&store, START_MS + 10, Command::ExpireInboxes { hold_ms: 1 });
+        for task in [to_receiver, to_sender, asked_by_sender.unwrap(), asked_by_receiver.unwrap()] {
+            assert_eq!(task_of(&store, &task).state, crate::event::TaskState::Failed);
+        }
+        for agent in [SENDER, RECEIVER] {
+            let inbox = store.read(|view| view.inbox(agent, usize::MAX)).expect("the view reads");
+            assert!(inbox.is_empty(), "{agent}: {inbox:?}");
+        }
+        let report = store.verify().expect("verify runs");
+        assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
+    }
+
     /// A deregistration decided for one registration (the sweeper's, of a process found gone)
     /// leaves alone a registration made since under the same id by another process.
     #[test]
