@@ -246,7 +246,8 @@ pub async fn tasks_cancel(
 ) -> ApiResult {
     let id = params.get("id").cloned().unwrap_or_default();
     let task = find_agent_task(&state, &agent, &id)?;
-    let cancel = Command::CancelTask { task_id: task.id, reason: Some("canceled".into()), actor: caller.actor() };
+    // No reason of its own: the decision names who canceled.
+    let cancel = Command::CancelTask { task_id: task.id, reason: None, actor: caller.actor() };
     task_outcome(state.writer.submit(cancel).await?)
 }
 

@@ -103,7 +103,7 @@ const SEND_DESCRIPTION: &str = "Send a message to another Synapse agent (another
 The target reads it in its input as `[A2A:<id8>:<your id>:R] <message>` when you expect a reply (R), or `[A2A:<id8>:<your id>] <message>` when not. \
 A busy target gets it as soon as it is ready; nothing is lost. \
 Without wait_seconds this returns at once, and the answer arrives later in your input as `[A2A:<id8>:<replier>:REPLY] <text>` \
-(`[A2A:<id8>:<target>:REPLY] Failed: <why>` when your message could not be answered). \
+(`[A2A:<id8>:<target>:REPLY] Failed: <why>` or `Canceled: <why>` when your message could not be answered). \
 With wait_seconds it waits up to that long and returns the reply's text. Priority 5 interrupts the target: only for what cannot wait.";
 
 const REPLY_DESCRIPTION: &str = "Answer a message that asked for your reply: one that reached you as `[A2A:<id8>:<sender>:R] <text>` (R = the sender waits for your answer). \
@@ -420,7 +420,7 @@ impl SynapseTools {
     fn instructions(&self) -> String {
         let prefixes = "Messages from other agents arrive in your input with a prefix: `[A2A:<id8>:<sender>:R] <text>` asks for your answer \
 (R: answer it with the reply tool), `[A2A:<id8>:<sender>] <text>` needs no answer, `[A2A:<id8>:<replier>:REPLY] <text>` is the answer to a message you sent \
-(`Failed: <why>` as its text when that message could not be answered).";
+(`Failed: <why>` or `Canceled: <why>` as its text when that message could not be answered).";
         let who = match &self.identity {
             Identity::Agent(id) => format!(
                 "Synapse lets AI coding agents work together. You are the Synapse agent {id}: these tools act as you. {prefixes} \

@@ -170,6 +170,12 @@ pub fn decide_cancel_task(
     // The other side of the exchange ends with it: the receiver's task of a canceled message (so
     // its queued ticket is never written), the sender's task of a canceled receiver's task (so a
     // `send --wait` returns at once). Only a side still open: one that ended stays as it ended.
+    // Who canceled, when no reason is given: what the other side and the asker are told.
+    let reason = reason.clone().or_else(|| match actor {
+        Actor::User => Some("canceled by the user".into()),
+        Actor::Agent(agent) => Some(format!("canceled by {agent}")),
+        Actor::Anonymous => None,
+    });
     let mut events = vec![Event::TaskCanceled { task_id: task.id.clone(), reason: reason.clone() }];
     for linked in [&task.peer_task_id, &task.sender_task_id].into_iter().flatten() {
         if let Some(other) = find_task(view, linked)?
@@ -182,6 +188,24 @@ pub fn decide_cancel_task(
                 reason: Some(format!("{why} (the other side, task {}, was canceled)", short_id(&task.id))),
             });
         }
+    }
+    // An agent whose request someone else canceled (its receiver, the user) learns it in its
+    // terminal, as it would get the reply; after the cancellations, which take a task's tickets
+    // away.
+    let asked = match task.direction {
+        Direction::Outgoing => Some(task.clone()),
+        Direction::Incoming => match &task.sender_task_id {
+            Some(id) => find_task(view, id)?.filter(|asked| !asked.state.is_final()),
+            None => None,
+        },
+    };
+    if let Some(asked) = asked
+        && let Some(asker) = asked.owner.as_deref()
+        && *actor != Actor::Agent(asker.to_string())
+        && let Some(receiver) = task_receiver(&asked)
+        && let Ok(Some(ticket)) = back_to_the_asker(view, &asked, receiver, 0)?
+    {
+        events.push(ticket);
     }
     Ok(Decision { actor: task.owner.clone(), events, answer: Answer::Task { task_id: task.id } })
 }
