@@ -718,6 +718,35 @@ fn a_key_typed_while_a_swallowed_message_waits_is_held_until_the_message_is_take
     child.wait().unwrap();
 }
 
+/// The user's keys are held while a swallowed message waits, but not for ever: a CLI that
+/// redraws all the time (a clock) never gives the quiet spell the wrapper waits for before it
+/// sends the submit key again, and the user's keys (their Ctrl-C too) must still reach it.
+#[test]
+fn keys_are_not_held_for_ever_behind_a_message_in_a_cli_that_keeps_redrawing() {
+    use std::io::Write;
+
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let raw_log = rawcli_profile(&home);
+    let Interactive { mut child, mut keyboard, .. } = interactive(&home, &["rawcli", "--name", "raw"]);
+    let raw_id = |events: &[Value]| {
+        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
+    };
+    follower.wait_until("raw READY", |events| raw_id(events).is_some_and(|raw| ready(events, &raw)));
+    let raw = raw_id(&follower.seen).unwrap();
+    home.ok(&["send", "raw", "SWALLOW-TICK once", "--no-response"]);
+    wait_until("the submit key swallowed", || raw_log.exists() && !rawcli_records(&raw_log).is_empty());
+    keyboard.write_all(b"k").unwrap();
+    keyboard.flush().unwrap();
+    // Passed on in the end: the box no longer ends with the message, which then counts as taken.
+    follower.wait_until("acknowledged", |events| injected_any(events, &raw));
+    wait_until("the key at the CLI", || rawcli_records(&raw_log).len() == 2);
+    let records = rawcli_records(&raw_log);
+    assert_eq!(records[1]["typed"], "k", "nothing submitted, the key typed: {records:#?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// A dialog that opens as a message is submitted (its submit key taken by the CLI, the text
 /// still in the box) gets no second submit key: that key would answer the dialog for the user.
 #[test]

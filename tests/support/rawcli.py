@@ -11,9 +11,14 @@ line containing `SWALLOW-ENTER` is swallowed without a trace on screen (as Gemin
 heavy load: the message left in its input box) and logged as `{"swallowed": true}`. After a line
 containing `SWALLOW-ASK` it is swallowed the same way, and a `(y/n)` question is drawn on the
 first row, the cursor left after the line (a permission dialog opening as a message is submitted).
+After a line containing `SWALLOW-TICK` it is swallowed the same way, and from then on a counter
+is redrawn on the first row every 200 ms, the cursor put back after the line (a CLI whose clock
+or spinner never lets its screen go quiet); a key typed while it ticks is logged as
+`{"typed": "<key>"}`.
 """
 import json
 import os
+import select
 import sys
 import termios
 import tty
@@ -28,7 +33,12 @@ def main():
     try:
         os.write(1, b"\x1b[?2004hrawcli ready\r\nrawcli> ")
         pending, line, in_paste, hung, swallowed = b"", b"", False, False, False
+        ticking, ticks = False, 0
         while True:
+            if ticking and not select.select([0], [], [], 0.2)[0]:
+                ticks += 1
+                os.write(1, b"\x1b7\x1b[1;1H\x1b[2Ktick %d\x1b8" % ticks)
+                continue
             data = os.read(0, 4096)
             if not data:
                 return 0
@@ -51,12 +61,13 @@ def main():
                     log.write(json.dumps({"control": key.hex()}) + "\n")
                     os.write(1, b"\r\nrawcli: ended by a control key\r\n")
                     return 1
-                swallow = b"SWALLOW-ENTER" in line or b"SWALLOW-ASK" in line
+                swallow = b"SWALLOW-ENTER" in line or b"SWALLOW-ASK" in line or b"SWALLOW-TICK" in line
                 if not in_paste and key in (b"\r", b"\n") and swallow and not swallowed:
                     swallowed = True
                     log.write(json.dumps({"swallowed": True}) + "\n")
                     if b"SWALLOW-ASK" in line:
                         os.write(1, b"\x1b7\x1b[1;1H\x1b[2KAllow the tool to run? (y/n)\x1b8")
+                    ticking = b"SWALLOW-TICK" in line
                     continue
                 if not in_paste and key in (b"\r", b"\n"):
                     swallowed = False
@@ -71,6 +82,8 @@ def main():
                         os.write(1, b"rawcli> ")
                     line = b""
                     continue
+                if ticking and not in_paste:
+                    log.write(json.dumps({"typed": key.decode("utf-8", "replace")}) + "\n")
                 line += key
                 os.write(1, key if key >= b" " else b"?")
     finally:

@@ -372,17 +372,18 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                 // sender, and the next tickets go on.
                 let reason = format!("{error:#}");
                 tracing::warn!("ticket {number}: {reason}");
+                // The user's keys are not held through a request to the broker.
+                shared.held_keys.hold(false, &shared.input);
                 if fail_ticket(&mut client, &shared, &ticket, &reason).await {
-                    shared.held_keys.hold(false, &shared.input);
                     unacknowledged = Some(number);
                     continue;
                 }
                 // Its task cannot be failed (a reply's task is over already; the broker may be
                 // refusing writes too): typed whole instead, rather than acknowledged unseen,
-                // if the CLI is still ready for it after that request (the user's keys were
-                // held meanwhile).
-                if !onto_put_back && shared.screen.lock().status(Instant::now()).0 != AgentStatus::Ready {
-                    shared.held_keys.hold(false, &shared.input);
+                // if the CLI is still ready for it after that request and no key came just now
+                // (held again from here).
+                let ready_again = onto_put_back || shared.screen.lock().status(Instant::now()).0 == AgentStatus::Ready;
+                if !ready_again || !shared.held_keys.hold_unless_typed(USER_KEYS_SETTLE) {
                     drop(delivering.take());
                     continue;
                 }
@@ -453,6 +454,9 @@ async fn wait_for_reaction(shared: &Shared) {
 /// How long the input box may hold a written message, with nothing drawn, before its submit key
 /// counts as lost.
 const UNSENT_QUIET: Duration = Duration::from_millis(1500);
+/// Longest time the user's keys are held after a message's submit key while the wrapper
+/// watches whether the CLI took it: two quiet spells, enough for the first submit key again.
+const KEYS_HELD_AT_MOST: Duration = Duration::from_millis(3000);
 /// How many times the submit key is sent again for one message.
 const RESUBMITS: usize = 2;
 
@@ -467,9 +471,12 @@ const RESUBMITS: usize = 2;
 /// return cannot be swallowed; watching its screen would only hold back the acknowledgement,
 /// and with it the next message (0.6 → 0.9 ms `delivery_p50_ms`).
 ///
-/// The user's keys, held since [`write_input`], are passed on when this returns: a key typed
-/// while the message waits in the box would otherwise join it (and be sent with it by the next
-/// submit key, or make the box no longer end with the message, which then counts as taken).
+/// The user's keys, held since [`write_input`], are passed on when this returns, or after
+/// [`KEYS_HELD_AT_MOST`] if that comes first: a key typed while the message waits in the box
+/// would otherwise join it (and be sent with it by the next submit key, or make the box no
+/// longer end with the message, which then counts as taken). The limit: a CLI that redraws
+/// all the time (a clock, a spinner) never gives a quiet spell, and the user's keys, Ctrl-C and
+/// Esc among them, must not wait for one.
 async fn resubmit_if_unsent(shared: &Shared, written: &Written) -> bool {
     let taken = submit_again_while_unsent(shared, written).await;
     shared.held_keys.hold(false, &shared.input);
@@ -485,7 +492,12 @@ async fn submit_again_while_unsent(shared: &Shared, written: &Written) -> bool {
     // The quiet spell is counted from the CLI's last drawing or our last key, whichever is later:
     // a key just sent has not been answered yet.
     let mut last_key = Instant::now();
+    let mut keys_held_until = Some(last_key + KEYS_HELD_AT_MOST);
     loop {
+        if keys_held_until.is_some_and(|until| Instant::now() >= until) {
+            keys_held_until = None;
+            shared.held_keys.hold(false, &shared.input);
+        }
         changes.borrow_and_update();
         let (unsent, dialog, last_output) = {
             let readiness = shared.screen.lock();
@@ -502,7 +514,8 @@ async fn submit_again_while_unsent(shared: &Shared, written: &Written) -> bool {
         }
         let quiet_until = last_output.map_or(last_key, |at| at.max(last_key)) + UNSENT_QUIET;
         if Instant::now() < quiet_until {
-            let _ = tokio::time::timeout_at(quiet_until.into(), changes.changed()).await;
+            let wake = keys_held_until.map_or(quiet_until, |until| until.min(quiet_until));
+            let _ = tokio::time::timeout_at(wake.into(), changes.changed()).await;
             continue;
         }
         if resubmits == RESUBMITS {

@@ -320,7 +320,8 @@ pub(super) async fn cancel_task(
         )
         .with("taskId", task.id.clone()));
     }
-    let reason = Some("canceled by the A2A client".to_string());
+    // A proved caller (the user, an agent) is named by the decision; nobody else can be.
+    let reason = (actor == Actor::Anonymous).then(|| "canceled by an A2A client".to_string());
     let canceled = match state
         .writer
         .submit(Command::CancelTask { task_id: task.id.clone(), reason: reason.clone(), actor: actor.clone() })
