@@ -687,35 +687,46 @@ fn a_swallowed_submit_key_is_sent_again_and_the_message_goes_through_once() {
     assert!(records[2]["line"].as_str().unwrap().ends_with("then this one"), "{records:#?}");
 }
 
+/// The raw CLI in a PTY of the test's, a message `<marker> once` sent to it, its submit key
+/// swallowed, then the user's key `k` typed: the CLI, its agent id and its log.
+fn key_typed_behind_a_swallowed_message(
+    home: &Home,
+    follower: &mut Follower,
+    marker: &str,
+) -> (Interactive, String, std::path::PathBuf) {
+    use std::io::Write;
+
+    let raw_log = rawcli_profile(home);
+    let mut raw = interactive(home, &["rawcli", "--name", "raw"]);
+    let raw_id = |events: &[Value]| {
+        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
+    };
+    follower.wait_until("raw READY", |events| raw_id(events).is_some_and(|raw| ready(events, &raw)));
+    let id = raw_id(&follower.seen).unwrap();
+    home.ok(&["send", "raw", &format!("{marker} once"), "--no-response"]);
+    wait_until("the submit key swallowed", || raw_log.exists() && !rawcli_records(&raw_log).is_empty());
+    raw.keyboard.write_all(b"k").unwrap();
+    raw.keyboard.flush().unwrap();
+    (raw, id, raw_log)
+}
+
 /// A key the user types while a message waits in the box for its submit key again (swallowed the
 /// first time) is held until the CLI has taken the message, then reaches the CLI: it neither
 /// joins the message nor makes the wrapper count the message as taken while it still waits.
 #[test]
 fn a_key_typed_while_a_swallowed_message_waits_is_held_until_the_message_is_taken() {
-    use std::io::Write;
-
     let home = Home::new();
     let mut follower = Follower::new(&home);
-    let raw_log = rawcli_profile(&home);
-    let Interactive { mut child, screen, mut keyboard, .. } = interactive(&home, &["rawcli", "--name", "raw"]);
-    let raw_id = |events: &[Value]| {
-        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
-    };
-    follower.wait_until("raw READY", |events| raw_id(events).is_some_and(|raw| ready(events, &raw)));
-    let raw = raw_id(&follower.seen).unwrap();
-    home.ok(&["send", "raw", "SWALLOW-ENTER once", "--no-response"]);
-    wait_until("the submit key swallowed", || raw_log.exists() && !rawcli_records(&raw_log).is_empty());
-    keyboard.write_all(b"k").unwrap();
-    keyboard.flush().unwrap();
-    follower.wait_until("acknowledged", |events| injected_any(events, &raw));
+    let (mut raw, raw_id, raw_log) = key_typed_behind_a_swallowed_message(&home, &mut follower, "SWALLOW-ENTER");
+    follower.wait_until("acknowledged", |events| injected_any(events, &raw_id));
     let records = rawcli_records(&raw_log);
     assert_eq!(records.len(), 2, "swallowed, then the line once: {records:#?}");
     assert_eq!(records[0]["swallowed"], true, "{records:#?}");
     assert!(records[1]["line"].as_str().unwrap().ends_with("SWALLOW-ENTER once"), "{records:#?}");
     // The key reached the CLI afterwards, at its new prompt.
-    wait_until("the key at the prompt", || screen.lock().unwrap().contains("rawcli> k"));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    wait_until("the key at the prompt", || raw.screen.lock().unwrap().contains("rawcli> k"));
+    raw.child.kill().unwrap();
+    raw.child.wait().unwrap();
 }
 
 /// The user's keys are held while a swallowed message waits, but not for ever: a CLI that
@@ -723,28 +734,16 @@ fn a_key_typed_while_a_swallowed_message_waits_is_held_until_the_message_is_take
 /// sends the submit key again, and the user's keys (their Ctrl-C too) must still reach it.
 #[test]
 fn keys_are_not_held_for_ever_behind_a_message_in_a_cli_that_keeps_redrawing() {
-    use std::io::Write;
-
     let home = Home::new();
     let mut follower = Follower::new(&home);
-    let raw_log = rawcli_profile(&home);
-    let Interactive { mut child, mut keyboard, .. } = interactive(&home, &["rawcli", "--name", "raw"]);
-    let raw_id = |events: &[Value]| {
-        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
-    };
-    follower.wait_until("raw READY", |events| raw_id(events).is_some_and(|raw| ready(events, &raw)));
-    let raw = raw_id(&follower.seen).unwrap();
-    home.ok(&["send", "raw", "SWALLOW-TICK once", "--no-response"]);
-    wait_until("the submit key swallowed", || raw_log.exists() && !rawcli_records(&raw_log).is_empty());
-    keyboard.write_all(b"k").unwrap();
-    keyboard.flush().unwrap();
+    let (mut raw, raw_id, raw_log) = key_typed_behind_a_swallowed_message(&home, &mut follower, "SWALLOW-TICK");
     // Passed on in the end: the box no longer ends with the message, which then counts as taken.
-    follower.wait_until("acknowledged", |events| injected_any(events, &raw));
+    follower.wait_until("acknowledged", |events| injected_any(events, &raw_id));
     wait_until("the key at the CLI", || rawcli_records(&raw_log).len() == 2);
     let records = rawcli_records(&raw_log);
     assert_eq!(records[1]["typed"], "k", "nothing submitted, the key typed: {records:#?}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    raw.child.kill().unwrap();
+    raw.child.wait().unwrap();
 }
 
 /// A dialog that opens as a message is submitted (its submit key taken by the CLI, the text

@@ -356,8 +356,8 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         }
         // A key the user just typed may not be on the screen yet (the CLI redraws a moment
         // later): written now, the message would join it. Otherwise the user's keys are held
-        // from here until the message is in (`write_input` passes them on), so that none can
-        // reach the CLI in front of it.
+        // from here until the CLI has taken the message (`resubmit_if_unsent` passes them on),
+        // so that none can reach the CLI in front of it or inside it.
         if !shared.held_keys.hold_unless_typed(USER_KEYS_SETTLE) {
             drop(guard);
             tokio::time::sleep(USER_KEYS_SETTLE).await;
