@@ -903,27 +903,31 @@ fn an_agent_that_ends_a_request_by_updating_its_task_answers_into_the_askers_ter
         assert!(asked.status.success(), "{}", describe(&asked));
     }
     follower.wait_until("both answers in alice's terminal", |events| settled_all(events, &id(&alice), 2));
-    // A request the user cancels (the scenario agent keeps it working) comes back as canceled;
-    // one alice cancels herself does not.
+    // A request the user cancels (the scenario agent keeps it working), by alice's task or by
+    // the scenario agent's, comes back as canceled; one alice cancels herself does not.
     let mut waiting = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..3 {
         let asked = home.run_as(&as_agent(&alice), &["send", "scen", "please wait", "--response", "--json"]);
         assert!(asked.status.success(), "{}", describe(&asked));
         let asked: Value = serde_json::from_slice(&asked.stdout).unwrap();
-        waiting.push(asked["sender_task"]["id"].as_str().unwrap().to_string());
+        let task = |side: &str| asked[side]["id"].as_str().unwrap().to_string();
+        waiting.push((task("sender_task"), task("task")));
     }
-    follower.wait_until("both taken by the scenario agent", |events| settled_all(events, &id(&scen), 4));
-    let own = home.run_as(&as_agent(&alice), &["cancel", &waiting[0]]);
+    follower.wait_until("all taken by the scenario agent", |events| settled_all(events, &id(&scen), 5));
+    let own = home.run_as(&as_agent(&alice), &["cancel", &waiting[0].0]);
     assert!(own.status.success(), "{}", describe(&own));
-    home.ok(&["cancel", &waiting[1]]);
-    follower.wait_until("the cancellation in alice's terminal", |events| settled_all(events, &id(&alice), 3));
+    home.ok(&["cancel", &waiting[1].0]);
+    home.ok(&["cancel", &waiting[2].1]);
+    follower.wait_until("the cancellations in alice's terminal", |events| settled_all(events, &id(&alice), 4));
     let screen = terminal(&alice);
     let from = format!(":{}:REPLY] ", id(&scen));
     assert!(screen.contains(&format!("{from}Failed: scenario agent: failing as asked")), "{screen}");
     assert!(screen.contains(&format!("{from}scenario agent: the report is attached")), "{screen}");
-    let canceled = format!("> [A2A:{}{from}Canceled: canceled by the user", &waiting[1][..8]);
-    assert!(screen.contains(&canceled), "{canceled} in {screen}");
-    assert_eq!(screen.matches(&format!("{from}Canceled: ")).count(), 2, "written once, echoed once: {screen}");
+    for (asked, _) in &waiting[1..] {
+        let canceled = format!("> [A2A:{}{from}Canceled: canceled by the user", &asked[..8]);
+        assert!(screen.contains(&canceled), "{canceled} in {screen}");
+    }
+    assert_eq!(screen.matches(&format!("{from}Canceled: ")).count(), 4, "each written once, echoed once: {screen}");
 }
 
 /// A long reply whose file cannot be written cannot fail its task (the task is over): it is

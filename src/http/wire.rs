@@ -94,17 +94,18 @@ pub fn reply_text(task: &TaskRecord) -> Option<String> {
 }
 
 /// What a reverse ticket writes into the asker's terminal: the reply, or how its request ended
-/// without one (`Failed: <why>`).
+/// without one (`Failed: <why>`, `Canceled: <why>`).
 pub fn answer_text(task: &TaskRecord) -> String {
-    match (task.state, reply_text(task)) {
-        (TaskState::Failed | TaskState::Canceled, reply) => {
-            let why = task.error.clone().or(reply).unwrap_or_else(|| "no reason given".into());
-            let state = if task.state == TaskState::Failed { "Failed" } else { "Canceled" };
-            format!("{state}: {why}")
+    let ended = match task.state {
+        TaskState::Failed => "Failed",
+        TaskState::Canceled => "Canceled",
+        _ => {
+            return reply_text(task)
+                .unwrap_or_else(|| "(completed without a text answer: its result is in the task)".into());
         }
-        (_, Some(reply)) => reply,
-        (_, None) => "(completed without a text answer: its result is in the task)".into(),
-    }
+    };
+    let why = task.error.clone().or_else(|| reply_text(task)).unwrap_or_else(|| "no reason given".into());
+    format!("{ended}: {why}")
 }
 
 /// The line prefix written into the agent's PTY (SPEC §2, "What the receiving agent sees").

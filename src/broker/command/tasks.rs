@@ -167,15 +167,15 @@ pub fn decide_cancel_task(
             CommandError::bad(format!("Task {} is {} and cannot be canceled", short_id(&task.id), task.state)).into()
         );
     }
-    // The other side of the exchange ends with it: the receiver's task of a canceled message (so
-    // its queued ticket is never written), the sender's task of a canceled receiver's task (so a
-    // `send --wait` returns at once). Only a side still open: one that ended stays as it ended.
     // Who canceled, when no reason is given: what the other side and the asker are told.
     let reason = reason.clone().or_else(|| match actor {
         Actor::User => Some("canceled by the user".into()),
         Actor::Agent(agent) => Some(format!("canceled by {agent}")),
         Actor::Anonymous => None,
     });
+    // The other side of the exchange ends with it: the receiver's task of a canceled message (so
+    // its queued ticket is never written), the sender's task of a canceled receiver's task (so a
+    // `send --wait` returns at once). Only a side still open: one that ended stays as it ended.
     let mut events = vec![Event::TaskCanceled { task_id: task.id.clone(), reason: reason.clone() }];
     for linked in [&task.peer_task_id, &task.sender_task_id].into_iter().flatten() {
         if let Some(other) = find_task(view, linked)?
