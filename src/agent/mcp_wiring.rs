@@ -197,10 +197,17 @@ pub fn wire(
         }
         McpStyle::Opencode => {
             let variable = "OPENCODE_CONFIG";
-            let mut config = match inherited_object(variable, inherited(variable)) {
+            let users = inherited(variable);
+            let mut config = match inherited_object(variable, users.clone()) {
                 Ok(config) => config,
                 Err(reason) => return Ok(kept(reason)),
             };
+            // OpenCode reads `{file:notes.md}` from beside the file that says it: beside the
+            // user's file, not beside Synapse's copy.
+            let users = users.filter(|path| !path.is_empty()).and_then(|path| std::path::absolute(path).ok());
+            if let Some(beside) = users.as_deref().and_then(Path::parent) {
+                anchor_file_references(&mut config, beside);
+            }
             merge_object(
                 &mut config,
                 "mcp",
@@ -328,6 +335,47 @@ fn without_jsonc(text: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// Makes every relative `{file:<path>}` in the strings of `value` name the same file from
+/// `beside`, the directory of the user's file: OpenCode resolves such a path against the
+/// directory of the file it reads (`~/` and absolute paths as they are), and it reads Synapse's
+/// copy. A directory whose name would end the reference (`}`) or be escaped in the JSON text
+/// OpenCode matches (`"`, `\`, control characters) is left alone.
+fn anchor_file_references(value: &mut Value, beside: &Path) {
+    const OPENING: &str = "{file:";
+    let beside = beside.display().to_string();
+    if beside.chars().any(|c| matches!(c, '}' | '"' | '\\') || c.is_control()) {
+        return;
+    }
+    match value {
+        Value::String(text) if text.contains(OPENING) => {
+            let mut anchored = String::with_capacity(text.len() + beside.len());
+            let mut rest = text.as_str();
+            while let Some(at) = rest.find(OPENING) {
+                let (before, reference) = rest.split_at(at + OPENING.len());
+                anchored.push_str(before);
+                // OpenCode's reference: `{file:` and at least one character up to the next `}`.
+                rest = reference;
+                if let Some(end) = reference.find('}').filter(|end| *end > 0) {
+                    let path = &reference[..end];
+                    if !path.starts_with('/') && !path.starts_with("~/") {
+                        anchored.push_str(&beside);
+                        anchored.push('/');
+                    }
+                    anchored.push_str(&reference[..=end]);
+                    rest = &reference[end + 1..];
+                }
+            }
+            anchored.push_str(rest);
+            *text = anchored;
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| anchor_file_references(item, Path::new(&beside))),
+        Value::Object(fields) => {
+            fields.values_mut().for_each(|field| anchor_file_references(field, Path::new(&beside)))
+        }
+        _ => {}
+    }
 }
 
 /// No MCP server, for a user's file that Synapse cannot merge into its own: the user's file
@@ -497,6 +545,41 @@ mod tests {
         assert_eq!(config["mcp"]["synapse"]["environment"]["SYNAPSE_AGENT_SECRET"], SECRET);
         assert_eq!(config["permission"]["synapse_*"], "allow");
         assert_eq!(std::fs::read_to_string(&own).unwrap(), original, "the user's file is untouched");
+    }
+
+    /// OpenCode reads `{file:prompt.md}` beside the file that names it. Copied into the
+    /// agent's directory, a relative reference named a file there that does not exist, and
+    /// OpenCode refused the whole file ("bad file reference").
+    #[test]
+    fn relative_file_references_in_a_users_opencode_file_still_name_the_users_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = dir.path().join("conf/own.json");
+        std::fs::create_dir_all(own.parent().unwrap()).unwrap();
+        std::fs::write(
+            &own,
+            r#"{"agent": {"a": {"prompt": "{file:./p.md} and {file:../q.md}"}},
+                "keys": ["{file:/abs/k}", "{file:~/h}", "{file:}", "{file:x", "{file:{file:y}"],
+                "plain": "file:y"}"#,
+        )
+        .unwrap();
+        let own_path = own.display().to_string();
+        let wiring = wire(McpStyle::Opencode, false, Path::new("/s"), &dir.path().join("b"), &identity(), |name| {
+            (name == "OPENCODE_CONFIG").then(|| own_path.clone())
+        })
+        .unwrap();
+        let config = read(&wiring.env[0].1);
+        let conf = dir.path().join("conf").display().to_string();
+        assert_eq!(config["agent"]["a"]["prompt"], format!("{{file:{conf}/./p.md}} and {{file:{conf}/../q.md}}"));
+        assert_eq!(
+            config["keys"],
+            json!(["{file:/abs/k}", "{file:~/h}", "{file:}", "{file:x", format!("{{file:{conf}/{{file:y}}")])
+        );
+        assert_eq!(config["plain"], "file:y");
+
+        // A directory whose name would break the reference is left alone.
+        let mut config = json!({"p": "{file:p.md}"});
+        anchor_file_references(&mut config, Path::new("/a}b"));
+        assert_eq!(config["p"], "{file:p.md}");
     }
 
     #[test]
