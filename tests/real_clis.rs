@@ -91,11 +91,18 @@ impl Session {
     }
 
     fn start_in(world: Arc<World>, cli: &'static str, name: &str) -> Session {
-        Session::start_with(world, cli, name, &[])
+        Session::start_with(world, cli, name, &[], &[])
     }
 
-    /// [`Session::start_in`] with more flags for `synapse <cli>` (`--no-mcp`).
-    fn start_with(world: Arc<World>, cli: &'static str, name: &str, flags: &[&str]) -> Session {
+    /// [`Session::start_in`] with more flags for `synapse <cli>` (`--no-mcp`) and more
+    /// environment variables (after the set-up's).
+    fn start_with(
+        world: Arc<World>,
+        cli: &'static str,
+        name: &str,
+        flags: &[&str],
+        more_env: &[(&str, String)],
+    ) -> Session {
         let (home, model) = (&world.home, &world.model);
         let cli_home = home.dir.path().join(format!("{name}-home"));
         let work = home.dir.path().join(format!("{name}-work"));
@@ -120,6 +127,9 @@ impl Session {
         command.env_remove("SYNAPSE_AGENT_SECRET");
         command.env_remove("CI");
         for (key, value) in &setup.env {
+            command.env(key, value);
+        }
+        for (key, value) in more_env {
             command.env(key, value);
         }
         let child = pty.slave.spawn_command(command).unwrap();
@@ -529,6 +539,30 @@ fn claude_asks_codex_and_the_reply_comes_back_into_claudes_terminal() {
     assert_eq!(codex.reached_model(&format!(":{}:R] [q] what is 2+2", claude.agent_id)), 1, "{}", codex.describe());
 }
 
+/// A user who names an OpenCode config file of their own (`OPENCODE_CONFIG`) that reads a file
+/// beside it (`{file:./who.txt}`): Synapse's copy, with its MCP server added, is elsewhere, and
+/// OpenCode resolves such a path against the file it reads. Until 2026-11-28 the reference named
+/// a file beside the copy, and OpenCode refused the whole config and did not start.
+#[test]
+fn opencode_starts_with_a_users_config_that_reads_a_file_beside_it() {
+    if installed("opencode").is_none() {
+        return;
+    }
+    let world = World::new();
+    let own = world.home.dir.path().join("own-config");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::write(own.join("who.txt"), "tester\n").unwrap();
+    std::fs::write(own.join("opencode.jsonc"), "// mine\n{\"username\": \"{file:./who.txt}\"}\n").unwrap();
+    let config = own.join("opencode.jsonc").display().to_string();
+    let session = Session::start_with(world.clone(), "opencode", "own", &[], &[("OPENCODE_CONFIG", config)]);
+    session.wait_status("READY");
+    let answer = session.send(&["[q] what is 2+2", "--response", "--wait", "60"]);
+    assert_eq!(answer.lines().last().map(str::trim), Some("4"), "{answer}\n{}", session.describe());
+    let calls: Vec<String> =
+        world.model.requests().iter().filter_map(|request| request["tool"].as_str().map(str::to_string)).collect();
+    assert!(calls.iter().any(|tool| tool == "synapse_reply"), "by the MCP tool: {calls:?}\n{}", session.describe());
+}
+
 /// Two Codex agents side by side each answer as themselves, one through the Synapse MCP tool it
 /// was given, one (`--no-mcp`) through its own shell tool: a `synapse reply` run with the other's
 /// identity would find no question to answer (REAL_CLIS.md: Codex's shared app-server once ran
@@ -540,7 +574,7 @@ fn two_codex_agents_answer_each_as_itself() {
     }
     let world = World::new();
     let one = Session::start_in(world.clone(), "codex", "one");
-    let two = Session::start_with(world.clone(), "codex", "two", &["--no-mcp"]);
+    let two = Session::start_with(world.clone(), "codex", "two", &["--no-mcp"], &[]);
     one.wait_status("READY");
     two.wait_status("READY");
     for session in [&one, &two] {
