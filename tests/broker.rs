@@ -471,6 +471,25 @@ fn events_follow_goes_on_across_a_broker_restart_without_duplicates_or_gaps() {
     assert!(stderr(&ended).contains("is no longer in it"), "{}", describe(&ended));
 }
 
+/// `events --follow` waits for the next broker after a restart. The next one may be of another
+/// version (an upgrade, started by a newer `synapse`) or serve another home (two homes sharing
+/// a socket folder): no event of it is this follower's, and it waited for good, printing
+/// nothing. It ends with exit 1 and the reason.
+#[test]
+fn events_follow_ends_with_the_reason_when_the_next_broker_is_of_another_version() {
+    let home = Home::new();
+    home.ok(&["broker", "start"]);
+    let (child, lines) = follow_events(&home);
+    let mut seen = Vec::new();
+    home.register(Some("alice"));
+    receive_through(&lines, &mut seen, home.head());
+    home.ok(&["broker", "stop"]);
+    let _requests = stand_in_broker(&home, "0.0.0-other");
+    let ended = output_within(child, std::time::Duration::from_secs(30), "events --follow");
+    assert_eq!(ended.status.code(), Some(1), "{}", describe(&ended));
+    assert!(stderr(&ended).contains("the running broker is version 0.0.0-other"), "{}", describe(&ended));
+}
+
 /// A stand-in broker on `home`'s socket, served by this test process: `GET /broker/health`
 /// answers as a broker of `version`, `GET /agents` with no agents, anything else 404. Each
 /// request line is recorded.

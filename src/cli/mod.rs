@@ -380,7 +380,7 @@ pub struct EventsArgs {
     #[arg(long, default_value_t = 0)]
     pub after: u64,
     /// Keep printing new events as they are appended, across broker restarts (exit 1 if the
-    /// log was replaced meanwhile)
+    /// log was replaced meanwhile, or the next broker is of another version or home)
     #[arg(short = 'f', long)]
     pub follow: bool,
     /// One JSON object per line

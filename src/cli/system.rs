@@ -185,10 +185,11 @@ pub async fn events(paths: &Paths, args: EventsArgs) -> anyhow::Result<i32> {
         }
         let at = last.as_ref().map_or(after, |seen| seen.seq);
         eprintln!("synapse events: the broker went away after event {at}; following on when a broker is back");
+        // A broker of another version or home ends it (no event of that one is this stream's).
         // A broker shutting down may still take a connection and close it under the request:
         // that is the same going away, not an error.
         let head = loop {
-            client = Client::connect_when_available(paths).await;
+            client = Client::connect_when_available_unless_other(paths).await?;
             match client.health().await {
                 Ok(health) => break health.head,
                 Err(error) if going_away(&error) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,

@@ -466,13 +466,35 @@ impl Client {
 
     /// [`Client::connect_unless_stopped`], tried again until a broker answers: for what lives
     /// across a broker's restart (a wrapper, a followed event stream). A broker stopped on
-    /// purpose is waited for, never started; one that crashed is started again.
+    /// purpose is waited for, never started; one that crashed is started again. A broker of
+    /// another version or home is waited out too (a wrapper keeps its CLI running meanwhile).
     pub async fn connect_when_available(paths: &Paths) -> Client {
+        loop {
+            if let Ok(client) = Client::wait_for_broker(paths, false).await {
+                return client;
+            }
+        }
+    }
+
+    /// [`Client::connect_when_available`], but a broker of another version or another home is
+    /// an error (`events --follow`: waiting would print nothing, for good, without a word).
+    pub async fn connect_when_available_unless_other(paths: &Paths) -> anyhow::Result<Client> {
+        Client::wait_for_broker(paths, true).await
+    }
+
+    async fn wait_for_broker(paths: &Paths, refuse_other: bool) -> anyhow::Result<Client> {
         let mut delay = Duration::from_millis(20);
         let mut said = false;
         loop {
             match Client::connect_unless_stopped(paths).await {
-                Ok(client) => return client,
+                Ok(client) => return Ok(client),
+                Err(error)
+                    if refuse_other
+                        && (error.downcast_ref::<VersionMismatch>().is_some()
+                            || error.downcast_ref::<HomeMismatch>().is_some()) =>
+                {
+                    return Err(error);
+                }
                 // Said once: the wait may be long (until someone starts a broker).
                 Err(error) if !said => {
                     said = true;
