@@ -205,8 +205,8 @@ pub fn wire(
             // OpenCode reads `{file:notes.md}` from beside the file that says it: beside the
             // user's file, not beside Synapse's copy.
             let users = users.filter(|path| !path.is_empty()).and_then(|path| std::path::absolute(path).ok());
-            if let Some(beside) = users.as_deref().and_then(Path::parent) {
-                anchor_file_references(&mut config, beside);
+            if let Some(beside) = users.as_deref().and_then(Path::parent).and_then(Path::to_str) {
+                anchor_file_references(&mut config, &resolved(beside, ""), &inherited);
             }
             merge_object(
                 &mut config,
@@ -339,43 +339,109 @@ fn without_jsonc(text: &str) -> String {
 
 /// Makes every relative `{file:<path>}` in the strings of `value` name the same file from
 /// `beside`, the directory of the user's file: OpenCode resolves such a path against the
-/// directory of the file it reads (`~/` and absolute paths as they are), and it reads Synapse's
-/// copy. A directory whose name would end the reference (`}`) or be escaped in the JSON text
-/// OpenCode matches (`"`, `\`, control characters) is left alone.
-fn anchor_file_references(value: &mut Value, beside: &Path) {
-    const OPENING: &str = "{file:";
-    let beside = beside.display().to_string();
+/// directory of the file it reads, and it reads Synapse's copy. OpenCode's rule is followed:
+/// `{env:NAME}` parts are replaced first (their values read by `variable`; the copy keeps them
+/// unreplaced), a path that then starts with `/` or `~/` is left as it is, and another is
+/// joined to the directory with `.` and `..` taken out as text (Node's `path.resolve`, which
+/// does not follow symbolic links). A directory whose name would end the reference (`}`) or be
+/// escaped in the JSON text OpenCode matches (`"`, `\`, control characters) is left alone.
+fn anchor_file_references(value: &mut Value, beside: &str, variable: &dyn Fn(&str) -> Option<String>) {
     if beside.chars().any(|c| matches!(c, '}' | '"' | '\\') || c.is_control()) {
         return;
     }
     match value {
-        Value::String(text) if text.contains(OPENING) => {
-            let mut anchored = String::with_capacity(text.len() + beside.len());
-            let mut rest = text.as_str();
-            while let Some(at) = rest.find(OPENING) {
-                let (before, reference) = rest.split_at(at + OPENING.len());
-                anchored.push_str(before);
-                // OpenCode's reference: `{file:` and at least one character up to the next `}`.
-                rest = reference;
-                if let Some(end) = reference.find('}').filter(|end| *end > 0) {
-                    let path = &reference[..end];
-                    if !path.starts_with('/') && !path.starts_with("~/") {
-                        anchored.push_str(&beside);
-                        anchored.push('/');
-                    }
-                    anchored.push_str(&reference[..=end]);
-                    rest = &reference[end + 1..];
-                }
-            }
-            anchored.push_str(rest);
-            *text = anchored;
-        }
-        Value::Array(items) => items.iter_mut().for_each(|item| anchor_file_references(item, Path::new(&beside))),
-        Value::Object(fields) => {
-            fields.values_mut().for_each(|field| anchor_file_references(field, Path::new(&beside)))
-        }
+        Value::String(text) if text.contains(FILE_REFERENCE) => *text = anchored(text, beside, variable),
+        Value::Array(items) => items.iter_mut().for_each(|item| anchor_file_references(item, beside, variable)),
+        Value::Object(fields) => fields.values_mut().for_each(|field| anchor_file_references(field, beside, variable)),
         _ => {}
     }
+}
+
+const FILE_REFERENCE: &str = "{file:";
+const ENV_REFERENCE: &str = "{env:";
+
+/// `text` with its relative file references joined to `beside` (see [`anchor_file_references`]).
+fn anchored(text: &str, beside: &str, variable: &dyn Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(text.len() + beside.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(FILE_REFERENCE) {
+        let (before, reference) = rest.split_at(at + FILE_REFERENCE.len());
+        out.push_str(before);
+        rest = reference;
+        let Some(end) = reference_end(reference) else { continue };
+        let path = &reference[..end];
+        let expanded = with_variables(path, variable);
+        if expanded.is_empty() || expanded.starts_with('/') || expanded.starts_with("~/") {
+            out.push_str(path);
+        } else if path.contains(ENV_REFERENCE) {
+            // Its parts are known only once OpenCode replaces them: joined, not resolved.
+            out.push_str(beside);
+            out.push('/');
+            out.push_str(path);
+        } else {
+            out.push_str(&resolved(beside, path));
+        }
+        out.push('}');
+        rest = &reference[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Where the path of a file reference ends (`reference` follows `{file:`): at the first `}`
+/// that does not close an `{env:NAME}` inside it. None: the reference is never closed.
+fn reference_end(reference: &str) -> Option<usize> {
+    let mut at = 0;
+    loop {
+        let rest = &reference[at..];
+        if rest.starts_with(ENV_REFERENCE) {
+            let close = rest.find('}')?;
+            if close > ENV_REFERENCE.len() {
+                at += close + 1;
+                continue;
+            }
+        }
+        match rest.chars().next()? {
+            '}' => return Some(at),
+            c => at += c.len_utf8(),
+        }
+    }
+}
+
+/// `path` with each `{env:NAME}` replaced by the variable's value (empty when unset), as
+/// OpenCode does before it reads file references.
+fn with_variables(path: &str, variable: &dyn Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(at) = rest.find(ENV_REFERENCE) {
+        let after = &rest[at + ENV_REFERENCE.len()..];
+        match after.find('}').filter(|close| *close > 0) {
+            Some(close) => {
+                out.push_str(&rest[..at]);
+                out.push_str(&variable(&after[..close]).unwrap_or_default());
+                rest = &after[close + 1..];
+            }
+            None => break,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `relative` joined to the absolute directory `base`, with `.`, `..` and empty parts taken
+/// out as text.
+fn resolved(base: &str, relative: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in base.split('/').chain(relative.split('/')) {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 /// No MCP server, for a user's file that Synapse cannot merge into its own: the user's file
@@ -558,28 +624,39 @@ mod tests {
         std::fs::write(
             &own,
             r#"{"agent": {"a": {"prompt": "{file:./p.md} and {file:../q.md}"}},
-                "keys": ["{file:/abs/k}", "{file:~/h}", "{file:}", "{file:x", "{file:{file:y}"],
+                "keys": ["{file:/abs/k}", "{file:~/h}", "{file:}", "{file:x"],
+                "env": ["{file:{env:SYN_T_ABS}/k}", "{file:{env:SYN_T_REL}/k}", "{file:d/{env:SYN_T_ABS}.md}"],
                 "plain": "file:y"}"#,
         )
         .unwrap();
-        let own_path = own.display().to_string();
-        let wiring = wire(McpStyle::Opencode, false, Path::new("/s"), &dir.path().join("b"), &identity(), |name| {
-            (name == "OPENCODE_CONFIG").then(|| own_path.clone())
-        })
-        .unwrap();
+        // The user's file named through a `..`: Node's path.resolve takes it out as text.
+        let own_path = dir.path().join("conf/../conf/own.json").display().to_string();
+        let wiring =
+            wire(McpStyle::Opencode, false, Path::new("/s"), &dir.path().join("b"), &identity(), |name| match name {
+                "OPENCODE_CONFIG" => Some(own_path.clone()),
+                "SYN_T_ABS" => Some("/abs".into()),
+                "SYN_T_REL" => Some("rel".into()),
+                _ => None,
+            })
+            .unwrap();
         let config = read(&wiring.env[0].1);
-        let conf = dir.path().join("conf").display().to_string();
-        assert_eq!(config["agent"]["a"]["prompt"], format!("{{file:{conf}/./p.md}} and {{file:{conf}/../q.md}}"));
+        let base = dir.path().display().to_string();
+        assert_eq!(config["agent"]["a"]["prompt"], format!("{{file:{base}/conf/p.md}} and {{file:{base}/q.md}}"));
+        assert_eq!(config["keys"], json!(["{file:/abs/k}", "{file:~/h}", "{file:}", "{file:x"]));
         assert_eq!(
-            config["keys"],
-            json!(["{file:/abs/k}", "{file:~/h}", "{file:}", "{file:x", format!("{{file:{conf}/{{file:y}}")])
+            config["env"],
+            json!([
+                "{file:{env:SYN_T_ABS}/k}",
+                format!("{{file:{base}/conf/{{env:SYN_T_REL}}/k}}"),
+                format!("{{file:{base}/conf/d/{{env:SYN_T_ABS}}.md}}"),
+            ])
         );
         assert_eq!(config["plain"], "file:y");
-
         // A directory whose name would break the reference is left alone.
         let mut config = json!({"p": "{file:p.md}"});
-        anchor_file_references(&mut config, Path::new("/a}b"));
+        anchor_file_references(&mut config, "/a}b", &|_| None);
         assert_eq!(config["p"], "{file:p.md}");
+        assert_eq!(resolved("/a/b/", "../../../c/./d/"), "/c/d");
     }
 
     #[test]
