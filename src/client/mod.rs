@@ -469,6 +469,7 @@ impl Client {
     /// purpose is waited for, never started; one that crashed is started again. A broker of
     /// another version or home is waited out too (a wrapper keeps its CLI running meanwhile).
     pub async fn connect_when_available(paths: &Paths) -> Client {
+        // Never an error without `refuse_other`: the loop only satisfies the types.
         loop {
             if let Ok(client) = Client::wait_for_broker(paths, false).await {
                 return client;

@@ -793,7 +793,9 @@ const REPLAY_CHUNK: usize = if cfg!(test) { 3 } else { 1024 };
 /// and decoded on a thread of its own, a chunk of [`REPLAY_CHUNK`] envelopes at a time, while
 /// this one applies the chunk before (decoding was about a third of a rebuild); the chunks go
 /// back to that thread to be freed there, in the allocator arena they came from. When no
-/// thread can be started, it all happens here.
+/// thread can be started, it all happens here. Sound only while a replay writes no row of the
+/// log: redb lets the two threads share the transaction, but a page of the log written while
+/// the reading thread holds it would panic (`projections.log` is None in a replay).
 fn replay_log(log: &redb::Table<'_, u64, &[u8]>, projections: &mut Projections<'_>) -> Result<u64, StoreError> {
     let (chunks, decoded) = std::sync::mpsc::sync_channel::<Vec<Envelope>>(4);
     let (used, returned) = std::sync::mpsc::channel::<Vec<Envelope>>();
