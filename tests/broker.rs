@@ -429,17 +429,23 @@ fn receive_through(lines: &std::sync::mpsc::Receiver<Value>, seen: &mut Vec<Valu
     }
 }
 
+/// A broker started, `events --follow` following it, and alice registered: her events seen.
+fn following_alice(home: &Home) -> (std::process::Child, std::sync::mpsc::Receiver<Value>, Vec<Value>) {
+    home.ok(&["broker", "start"]);
+    let (child, lines) = follow_events(home);
+    let mut seen = Vec::new();
+    home.register(Some("alice"));
+    receive_through(&lines, &mut seen, home.head());
+    (child, lines, seen)
+}
+
 /// Issue 14: `events --follow` ended silently with status 0 when the broker restarted. It
 /// waits for the next broker and goes on after the last event it printed: every event of the
 /// log once, in order, none missed. A log that lost that event meanwhile ends it with exit 1.
 #[test]
 fn events_follow_goes_on_across_a_broker_restart_without_duplicates_or_gaps() {
     let home = Home::new();
-    home.ok(&["broker", "start"]);
-    let (child, lines) = follow_events(&home);
-    let mut seen = Vec::new();
-    home.register(Some("alice"));
-    receive_through(&lines, &mut seen, home.head());
+    let (child, lines, mut seen) = following_alice(&home);
 
     home.ok(&["broker", "stop"]);
     home.ok(&["broker", "start"]);
@@ -478,11 +484,7 @@ fn events_follow_goes_on_across_a_broker_restart_without_duplicates_or_gaps() {
 #[test]
 fn events_follow_ends_with_the_reason_when_the_next_broker_is_of_another_version() {
     let home = Home::new();
-    home.ok(&["broker", "start"]);
-    let (child, lines) = follow_events(&home);
-    let mut seen = Vec::new();
-    home.register(Some("alice"));
-    receive_through(&lines, &mut seen, home.head());
+    let (child, _lines, _seen) = following_alice(&home);
     home.ok(&["broker", "stop"]);
     let _requests = stand_in_broker(&home, "0.0.0-other");
     let ended = output_within(child, std::time::Duration::from_secs(30), "events --follow");

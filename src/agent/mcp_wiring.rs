@@ -421,7 +421,11 @@ fn with_variables(path: &str, variable: &dyn Fn(&str) -> Option<String>) -> Stri
                 out.push_str(&variable(&after[..close]).unwrap_or_default());
                 rest = &after[close + 1..];
             }
-            None => break,
+            // `{env:}` names no variable: kept as text, and the search goes on after it.
+            None => {
+                out.push_str(&rest[..at + ENV_REFERENCE.len()]);
+                rest = after;
+            }
         }
     }
     out.push_str(rest);
@@ -657,6 +661,8 @@ mod tests {
         anchor_file_references(&mut config, "/a}b", &|_| None);
         assert_eq!(config["p"], "{file:p.md}");
         assert_eq!(resolved("/a/b/", "../../../c/./d/"), "/c/d");
+        let abs = |name: &str| (name == "A").then(|| "/abs".to_string());
+        assert_eq!(with_variables("{env:}x/{env:A}", &abs), "{env:}x//abs");
     }
 
     #[test]
