@@ -33,9 +33,21 @@ fn installed(name: &str) -> Option<PathBuf> {
     None
 }
 
-/// Waits until `done` holds, checking every 50 ms, or fails with `what` and `describe()`.
+/// How long one test may wait in all: less than nextest's limit for this binary (240 s,
+/// .config/nextest.toml), so a test that waits too long fails with its description instead of
+/// being killed without one.
+const TEST_DEADLINE: Duration = Duration::from_secs(210);
+
+std::thread_local! {
+    /// When this test's waiting ends ([`TEST_DEADLINE`] after its [`World`] was made).
+    static WAITING_ENDS: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Waits until `done` holds, checking every 50 ms, or fails with `what` and `describe()`: after
+/// [`DEADLINE`], or sooner when the test's own deadline comes first.
 fn wait_for(what: &str, mut done: impl FnMut() -> bool, describe: impl Fn() -> String) {
-    let deadline = Instant::now() + DEADLINE;
+    let own = Instant::now() + DEADLINE;
+    let deadline = WAITING_ENDS.get().map_or(own, |ends| ends.min(own));
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", describe());
         std::thread::sleep(Duration::from_millis(50));
@@ -50,6 +62,7 @@ struct World {
 
 impl World {
     fn new() -> Arc<World> {
+        WAITING_ENDS.set(Some(Instant::now() + TEST_DEADLINE));
         let home = Home::new_in(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("real-clis"));
         let model = ScriptedModel::start(Some(&home.dir.path().join("model.jsonl")));
         Arc::new(World { home, model })
@@ -71,6 +84,8 @@ struct Session {
     child: Box<dyn portable_pty::Child + Send + Sync>,
     keyboard: Box<dyn Write + Send>,
     screen: Arc<Mutex<vt100::Parser>>,
+    /// The wrapper's standard error (its tracing log).
+    wrapper_log: PathBuf,
     _master: Box<dyn MasterPty + Send>,
 }
 
@@ -109,7 +124,12 @@ impl Session {
         let setup = clis::setup(cli, &cli_home, &work, model.port).unwrap();
         let pty =
             native_pty_system().openpty(PtySize { rows: 40, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
-        let mut command = CommandBuilder::new(BIN);
+        // The wrapper's own log (standard error) goes to a file the failure description shows,
+        // not onto the screen under test: `sh` points it there and becomes the wrapper.
+        let wrapper_log = home.dir.path().join(format!("{name}-wrapper.log"));
+        let mut command = CommandBuilder::new("/bin/sh");
+        command.args(["-c", "exec \"$0\" \"$@\" 2>>\"$SYNAPSE_TEST_WRAPPER_LOG\"", BIN]);
+        command.env("SYNAPSE_TEST_WRAPPER_LOG", &wrapper_log);
         command.args([cli, "--name", name]);
         command.args(flags);
         // The profile passes its own arguments (Codex: --no-daemon); the set-up's follow `--`.
@@ -155,6 +175,7 @@ impl Session {
             child,
             keyboard,
             screen,
+            wrapper_log,
             _master: pty.master,
         };
         session.agent_id = session.wait_registered();
@@ -178,12 +199,15 @@ impl Session {
     }
 
     fn describe(&self) -> String {
+        let cursor = self.screen.lock().unwrap().screen().cursor_position();
         format!(
-            "{} ({}) status {:?}\n--- screen ---\n{}\n--- model requests ---\n{}",
+            "{} ({}) status {:?}\n--- screen (cursor at row, column {:?}) ---\n{}\n--- wrapper log ---\n{}\n--- model requests ---\n{}",
             self.cli,
             self.agent_id,
             self.status(),
+            cursor,
             self.screen(),
+            std::fs::read_to_string(&self.wrapper_log).unwrap_or_default(),
             self.world
                 .model
                 .requests()
