@@ -687,6 +687,30 @@ fn a_swallowed_submit_key_is_sent_again_and_the_message_goes_through_once() {
     assert!(records[2]["line"].as_str().unwrap().ends_with("then this one"), "{records:#?}");
 }
 
+/// A CLI that takes the submit key as a new line inside its input box (Gemini, a return close
+/// behind a paste, seen under load) and redraws the box in two writes: halfway, the cursor sits
+/// at the margin of an empty row, as if the box had emptied. The message still waits above the
+/// new line; it gets its submit key again and goes through once. Until 2026-11-28 the wrapper
+/// read the half-drawn box as the message taken: no second submit key, and the model never got
+/// the message.
+#[test]
+fn a_submit_key_taken_as_a_new_line_is_sent_again_through_a_redraw_in_two_halves() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (raw, raw_log) = start_rawcli(&home);
+    let _wrappers = Wrappers(&home, vec![id(&raw)]);
+    let raw_id = id(&raw);
+    follower.wait_until("raw READY", |events| ready(events, &raw_id));
+    home.ok(&["send", "raw", "SWALLOW-NEWLINE once", "--no-response"]);
+    home.ok(&["send", "raw", "then this one", "--no-response"]);
+    follower.wait_until("both written", |events| settled_all(events, &raw_id, 2));
+    let records = rawcli_records(&raw_log);
+    assert_eq!(records.len(), 3, "a new line, then the line once, then the next: {records:#?}");
+    assert_eq!(records[0]["newline"], true, "{records:#?}");
+    assert!(records[1]["line"].as_str().unwrap().ends_with("SWALLOW-NEWLINE once"), "{records:#?}");
+    assert!(records[2]["line"].as_str().unwrap().ends_with("then this one"), "{records:#?}");
+}
+
 /// The raw CLI in a PTY of the test's, a message `<marker> once` sent to it, its submit key
 /// swallowed, then the user's key `k` typed: the CLI, its agent id and its log.
 fn key_typed_behind_a_swallowed_message(

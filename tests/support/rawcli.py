@@ -14,13 +14,18 @@ first row, the cursor left after the line (a permission dialog opening as a mess
 After a line containing `SWALLOW-TICK` it is swallowed the same way, and from then on a counter
 is redrawn on the first row every 200 ms, the cursor put back after the line (a CLI whose clock
 or spinner never lets its screen go quiet); a key typed while it ticks is logged as
-`{"typed": "<key>"}`.
+`{"typed": "<key>"}`. The first Enter after a line containing `SWALLOW-NEWLINE` is taken as a new
+line inside the input box, as Gemini CLI takes a return close behind a paste (logged as
+`{"newline": true}`), and the box is redrawn the way Ink redraws it, in two writes 50 ms apart:
+first its row erased (the cursor at the margin of an empty row), then the line again and a new,
+empty row under it with the cursor indented past the prompt.
 """
 import json
 import os
 import select
 import sys
 import termios
+import time
 import tty
 
 START, END = b"\x1b[200~", b"\x1b[201~"
@@ -61,6 +66,13 @@ def main():
                     log.write(json.dumps({"control": key.hex()}) + "\n")
                     os.write(1, b"\r\nrawcli: ended by a control key\r\n")
                     return 1
+                if not in_paste and key in (b"\r", b"\n") and b"SWALLOW-NEWLINE" in line and not swallowed:
+                    swallowed = True
+                    log.write(json.dumps({"newline": True}) + "\n")
+                    os.write(1, b"\r\x1b[2K")
+                    time.sleep(0.05)
+                    os.write(1, b"rawcli> " + line + b"\r\n" + b" " * len(b"rawcli> "))
+                    continue
                 swallow = b"SWALLOW-ENTER" in line or b"SWALLOW-ASK" in line or b"SWALLOW-TICK" in line
                 if not in_paste and key in (b"\r", b"\n") and swallow and not swallowed:
                     swallowed = True

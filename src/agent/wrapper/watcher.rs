@@ -459,11 +459,18 @@ const UNSENT_QUIET: Duration = Duration::from_millis(1500);
 const KEYS_HELD_AT_MOST: Duration = Duration::from_millis(3000);
 /// How many times the submit key is sent again for one message.
 const RESUBMITS: usize = 2;
+/// How long the input box must stay without the message before the message counts as taken. A
+/// CLI drawn by Ink erases every row of its frame and draws them again: halfway, the cursor sits
+/// at the margin of an emptied row, as after a submit. A frame can reach the reader in two reads
+/// (Gemini under load: its return taken as a new line in the box, the half-drawn frame read as
+/// the message taken, no second submit key, and the model never got the message).
+const TAKEN_STEADY: Duration = Duration::from_millis(300);
 
 /// Sends the submit key again when the message still sits in the CLI's input box after a quiet
 /// spell (seen with Gemini under heavy load: the paste shown, its Enter swallowed, the message
-/// never sent). Returns at once when the box empties, as it does for a message taken: true then
-/// (or when a dialog opened after it), false when the message still sits there.
+/// never sent). Returns once the box has stayed without the message for [`TAKEN_STEADY`], as it
+/// does for a message taken: true then (or at once when a dialog opened after it), false when
+/// the message still sits there.
 ///
 /// Only for a CLI that needs a settle delay between the paste and its submit key (every real
 /// CLI): that delay exists because such a CLI may take a return close behind a paste as part of
@@ -493,6 +500,8 @@ async fn submit_again_while_unsent(shared: &Shared, written: &Written) -> bool {
     // a key just sent has not been answered yet.
     let mut last_key = Instant::now();
     let mut keys_held_until = Some(last_key + KEYS_HELD_AT_MOST);
+    // Since when the box has been seen without the message, look after look.
+    let mut emptied_since: Option<Instant> = None;
     loop {
         if keys_held_until.is_some_and(|until| Instant::now() >= until) {
             keys_held_until = None;
@@ -509,9 +518,19 @@ async fn submit_again_while_unsent(shared: &Shared, written: &Written) -> bool {
         };
         // A dialog that opened after the submit key is the user's to answer (a key now would);
         // its furniture says so (a question may be the last answer's, above the waiting text).
-        if !unsent || dialog {
+        if dialog {
             return true;
         }
+        if !unsent {
+            let steady_at = *emptied_since.get_or_insert_with(Instant::now) + TAKEN_STEADY;
+            if Instant::now() >= steady_at {
+                return true;
+            }
+            let wake = keys_held_until.map_or(steady_at, |until| until.min(steady_at));
+            let _ = tokio::time::timeout_at(wake.into(), changes.changed()).await;
+            continue;
+        }
+        emptied_since = None;
         let quiet_until = last_output.map_or(last_key, |at| at.max(last_key)) + UNSENT_QUIET;
         if Instant::now() < quiet_until {
             let wake = keys_held_until.map_or(quiet_until, |until| until.min(quiet_until));
