@@ -122,29 +122,39 @@ impl Readiness {
     /// its empty prompt (see [`IdleStrategy::question_patterns`]); neither as the echo of a text
     /// we wrote ([`Readiness::echo_rows`]).
     pub fn dialog_on_screen(&self) -> bool {
-        let echoes = self.echo_rows();
-        self.pattern_on_screen(&self.idle.waiting_patterns, &echoes)
-            || (self.pattern_on_screen(&self.idle.question_patterns, &echoes) && !self.at_prompt())
+        let mut echoes = None;
+        self.pattern_on_screen(&self.idle.waiting_patterns, &mut echoes)
+            || (self.pattern_on_screen(&self.idle.question_patterns, &mut echoes) && !self.at_prompt())
     }
 
     /// Does a dialog's furniture show, not as the echo of a text we wrote? What every dialog
     /// shows: a second submit key is never sent while one does. (A question alone may be the
     /// last answer's, above the message that waits in the box.)
     pub fn furniture_on_screen(&self) -> bool {
-        self.pattern_on_screen(&self.idle.waiting_patterns, &self.echo_rows())
+        self.pattern_on_screen(&self.idle.waiting_patterns, &mut None)
     }
 
-    /// Does one of `patterns` show on a screen row that is not an echo (`echoes`, by row)?
-    fn pattern_on_screen(&self, patterns: &[String], echoes: &[bool]) -> bool {
+    /// Does one of `patterns` show on a screen row that is not an echo? The echo rows
+    /// ([`Readiness::echo_rows`], kept in `echoes` for the next call) are worked out only when a
+    /// pattern shows: they are the dear part, and most looks find no pattern at all (the watcher
+    /// and the reporter look at every change of the screen).
+    fn pattern_on_screen(&self, patterns: &[String], echoes: &mut Option<Vec<bool>>) -> bool {
         if patterns.is_empty() {
             return false;
         }
         let screen = self.parser.screen();
         let (_, cols) = screen.size();
-        screen.rows(0, cols).enumerate().any(|(index, row)| {
-            !echoes.get(index).copied().unwrap_or(false)
-                && patterns.iter().any(|pattern| row.contains(pattern.as_str()))
-        })
+        let mut showing = screen
+            .rows(0, cols)
+            .enumerate()
+            .filter(|(_, row)| patterns.iter().any(|pattern| row.contains(pattern.as_str())))
+            .map(|(index, _)| index)
+            .peekable();
+        if showing.peek().is_none() {
+            return false;
+        }
+        let echoes = echoes.get_or_insert_with(|| self.echo_rows());
+        showing.any(|index| !echoes.get(index).copied().unwrap_or(false))
     }
 
     /// Which screen rows show the echo of a text we wrote: a row that begins as the text begins
@@ -257,7 +267,7 @@ impl Readiness {
     pub fn holds_put_back(&self, written: &str, pasted: bool, now: Instant) -> (bool, Option<Instant>) {
         let Some(last_output) = self.last_output else { return (false, None) };
         if self.dialog_on_screen()
-            || self.pattern_on_screen(&self.idle.busy_patterns, &self.echo_rows())
+            || self.pattern_on_screen(&self.idle.busy_patterns, &mut None)
             || !self.holds_unsent(written, pasted)
         {
             return (false, None);
@@ -338,7 +348,7 @@ impl Readiness {
         if self.idle.needs_bracketed_paste && !self.seen_bracketed_paste {
             return (AgentStatus::Processing, None);
         }
-        if self.pattern_on_screen(&self.idle.busy_patterns, &self.echo_rows()) {
+        if self.pattern_on_screen(&self.idle.busy_patterns, &mut None) {
             return (AgentStatus::Processing, None);
         }
         if self.idle.prompt.is_some() && !self.at_prompt() {
