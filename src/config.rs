@@ -102,6 +102,12 @@ impl Paths {
         self.home.join("broker.log")
     }
 
+    /// The log of a profile's wrappers: a background wrapper's standard error, and an
+    /// interactive one's lines once its CLI has the terminal.
+    pub fn wrapper_log(&self, profile: &str) -> PathBuf {
+        self.home.join("logs").join(format!("{profile}-wrapper.log"))
+    }
+
     pub fn start_lock(&self) -> PathBuf {
         self.home.join("broker.start.lock")
     }

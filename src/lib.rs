@@ -23,6 +23,7 @@
 //! - [`event`]: event and envelope types and their encoding (no I/O).
 //! - `settings`, `trust`, `config`: files in the home, profiles, the broker's security settings
 //!   and the deliberate-stop marker, paths.
+//! - [`logging`]: the processes' log (`tracing`) on standard error, or in a file.
 //! - Base, usable by all and importing nothing above: `private_files` (files and directories
 //!   as 0600 / 0700), `escape` (terminal-safe text), [`time`] (now, RFC 3339 both ways),
 //!   [`process`] (pid liveness, start times, lineage, signals), [`secret`] (secret hashing, hex,
@@ -39,6 +40,7 @@ pub mod escape;
 pub mod event;
 pub mod http;
 pub mod ids;
+pub mod logging;
 pub mod mcp;
 pub mod private_files;
 pub mod process;

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
             return ExitCode::from(if error.use_stderr() { 2 } else { 0 });
         }
     };
-    synapse::cli::init_logging();
+    synapse::logging::init();
     match synapse::cli::run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(error) => {

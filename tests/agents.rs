@@ -753,6 +753,37 @@ fn a_key_typed_while_a_swallowed_message_waits_is_held_until_the_message_is_take
     raw.child.wait().unwrap();
 }
 
+/// The wrapper's own log lines never reach the user's terminal over the CLI's screen: once the
+/// CLI draws there, they go to `logs/<profile>-wrapper.log`. A swallowed submit key makes the
+/// wrapper log that it sends the key again (an info line, shown by default).
+#[test]
+fn an_interactive_wrappers_log_goes_to_its_file_not_over_the_clis_screen() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let raw_log = rawcli_profile(&home);
+    let mut raw = interactive(&home, &["rawcli", "--name", "raw"]);
+    let raw_id = |events: &[Value]| {
+        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
+    };
+    follower.wait_until("raw READY", |events| raw_id(events).is_some_and(|raw| ready(events, &raw)));
+    let id = raw_id(&follower.seen).unwrap();
+    home.ok(&["send", "raw", "SWALLOW-ENTER once", "--no-response"]);
+    follower.wait_until("acknowledged", |events| injected_any(events, &id));
+    let records = rawcli_records(&raw_log);
+    assert_eq!(records[0]["swallowed"], true, "the submit key was sent again: {records:#?}");
+    let wrapper_log = home.home().join("logs/rawcli-wrapper.log");
+    let logged = std::fs::read_to_string(&wrapper_log).unwrap_or_default();
+    assert!(logged.contains("sending the submit key again"), "{}: {logged:?}", wrapper_log.display());
+    assert!(!logged.contains('\u{1b}'), "no colour in a file: {logged:?}");
+    // Had the line gone to the terminal, it would come before the CLI's answer to the second
+    // submit key (sent after the line was logged) on the test's screen.
+    wait_until("the CLI's answer", || raw.screen.lock().unwrap().contains("rawcli: got"));
+    let screen = raw.screen.lock().unwrap().clone();
+    assert!(!screen.contains("submit key again") && !screen.contains("INFO"), "{screen}");
+    raw.child.kill().unwrap();
+    raw.child.wait().unwrap();
+}
+
 /// The user's keys are held while a swallowed message waits, but not for ever: a CLI that
 /// redraws all the time (a clock) never gives the quiet spell the wrapper waits for before it
 /// sends the submit key again, and the user's keys (their Ctrl-C too) must still reach it.

@@ -34,6 +34,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("settings", 22),
     ("trust", 21),
     ("config", 20),
+    // The processes' log: on standard error, or in a private file.
+    ("logging", 15),
     // Base: usable by all, importing nothing above.
     ("private_files", 12),
     ("escape", 10),

@@ -330,6 +330,10 @@ pub fn load(name: &str, home: &Path) -> anyhow::Result<Profile> {
         None => serde_json::json!({"name": name}),
     };
     merge(&mut merged, overrides);
+    // A profile is named by its file, whatever the file says (the name becomes file names).
+    if let Some(fields) = merged.as_object_mut() {
+        fields.insert("name".into(), serde_json::Value::String(name.to_string()));
+    }
     let profile: Profile =
         serde_json::from_value(merged).map_err(|error| anyhow::anyhow!("{}: {error}", file.display()))?;
     profile.validate().map_err(|(needle, error)| match line_of(&text, &needle) {
@@ -383,6 +387,20 @@ mod tests {
         assert_eq!(parse_key("ctrl-c").unwrap(), vec![0x03]);
         assert_eq!(parse_key("é").unwrap(), "é".as_bytes());
         assert!(parse_key("\u{1b}").is_err() && parse_key("").is_err() && parse_key("ctrl-").is_err());
+    }
+
+    /// A profile's name becomes part of file names (its wrappers' log): the file's own name
+    /// decides it, never a `name` inside, and a file that is no object is an error, no panic.
+    #[test]
+    fn a_profile_is_named_by_its_file() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(home.path().join("profiles")).unwrap();
+        std::fs::write(home.path().join("profiles/mine.json"), r#"{"name": "../../x", "command": "true", "port_range": [8180, 8189], "submit": "\r", "idle": {}, "interrupt": "ctrl_c"}"#).unwrap();
+        assert_eq!(load("mine", home.path()).unwrap().name, "mine");
+        std::fs::write(home.path().join("profiles/claude.json"), r#"{"name": "/tmp/y"}"#).unwrap();
+        assert_eq!(load("claude", home.path()).unwrap().name, "claude");
+        std::fs::write(home.path().join("profiles/list.json"), "[1]").unwrap();
+        assert!(load("list", home.path()).is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    synapse::cli::init_logging();
+    synapse::logging::init();
     // A panic the wrapper catches (a screen model that failed) is reported in its log only.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {

@@ -146,7 +146,7 @@ pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) 
     }
     let logs = paths.home.join("logs");
     crate::private_files::create_dir(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
-    let wrapper_log = logs.join(format!("{profile_name}-wrapper.log"));
+    let wrapper_log = paths.wrapper_log(profile_name);
     let log = crate::private_files::open_append(&wrapper_log)
         .with_context(|| format!("cannot open {}", wrapper_log.display()))?;
     let start_of_log = log.metadata().map(|meta| meta.len()).unwrap_or(0);

@@ -599,27 +599,6 @@ pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, s
     String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the message is not valid UTF-8 text"))
 }
 
-/// The log of every `synapse` process on standard error: `SYNAPSE_LOG` filters it (default
-/// `warn,synapse=info`).
-pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SYNAPSE_LOG").unwrap_or_else(|_| "warn,synapse=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        // Colour only on a terminal, never with NO_COLOR: the broker's and background wrappers'
-        // standard error is a log file, which must hold no escape codes.
-        .with_ansi(colour_allowed())
-        .init();
-}
-
-/// Colour for diagnostics: standard error is a terminal and `NO_COLOR` is unset or empty.
-fn colour_allowed() -> bool {
-    std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
-}
-
 /// The line shown for a failed command. A message that already carries its label (the broker's
 /// messages did, until they lost their `Error: ` prefix; a broker of that time may still answer)
 /// is shown as it is, so the label never appears twice.

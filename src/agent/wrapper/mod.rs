@@ -375,6 +375,10 @@ async fn run_registered(
     let output_done = pty::spawn_reader(cli.reader, sink, shared.screen.clone())?;
     let child_exit = pty::spawn_waiter(cli.child)?;
 
+    // From here the CLI draws in the user's terminal: the wrapper's own lines go to a file.
+    if interactive {
+        crate::logging::to_file(&paths.wrapper_log(&options.profile.name))?;
+    }
     let _raw = if interactive { Some(terminal::RawMode::enable()?) } else { None };
     if interactive {
         keyboard::spawn_keyboard(shared.clone());
