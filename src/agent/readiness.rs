@@ -254,8 +254,7 @@ impl Readiness {
         if !pasted || row == 0 || col == 0 || !line.trim_matches(decoration).is_empty() {
             return false;
         }
-        let (_, cols) = screen.size();
-        screen.rows(0, cols).nth(usize::from(row - 1)).is_some_and(|above| ends_ours(above.trim_end()))
+        ends_ours(row_text(screen, row - 1).trim_end())
     }
 
     /// After an interrupt: does the input box hold `written` again, the CLI idle around it?
@@ -318,9 +317,11 @@ impl Readiness {
     fn cursor_line(&self) -> String {
         let screen = self.parser.screen();
         let (row, col) = screen.cursor_position();
-        let (_, cols) = screen.size();
-        let line = screen.rows(0, cols).nth(usize::from(row)).unwrap_or_default();
-        line.chars().take(usize::from(col)).collect()
+        let mut line = row_text(screen, row);
+        if let Some((end, _)) = line.char_indices().nth(usize::from(col)) {
+            line.truncate(end);
+        }
+        line
     }
 
     /// The status now, and when it should be looked at again (a quiet period ending).
@@ -364,10 +365,52 @@ impl Readiness {
     }
 }
 
+/// The text of one screen row, as `screen.rows(0, cols)` gives it: blank cells between drawn
+/// ones as spaces, none at the end, a wide character once. Read from that row's cells alone
+/// (`rows(..).nth(row)` builds the text of every row above it too, and the cursor's line is
+/// read at every look, usually at the bottom of the screen).
+fn row_text(screen: &vt100::Screen, row: u16) -> String {
+    let (_, cols) = screen.size();
+    let mut text = String::new();
+    let (mut col, mut blanks) = (0, 0);
+    while col < cols {
+        let Some(cell) = screen.cell(row, col) else { break };
+        if cell.has_contents() {
+            text.extend(std::iter::repeat_n(' ', blanks));
+            blanks = 0;
+            text.push_str(cell.contents());
+        } else {
+            blanks += 1;
+        }
+        // The cell after a wide character's is its second half: never text of its own.
+        if cell.is_wide() {
+            blanks += usize::from(!cell.has_contents());
+            col += 1;
+        }
+        col += 1;
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::agent::profile::builtin;
+
+    /// A row's text read from its cells is the text vt100 gives for that row, whatever the row
+    /// holds: gaps, colours, wide characters (one at the right edge), combining marks.
+    #[test]
+    fn a_rows_text_from_its_cells_is_vt100s() {
+        let mut screen = vt100::Parser::new(6, 20, 0);
+        screen.process("ab\x1b[5Gc\x1b[31md\x1b[0m  e\r\n中文 x\u{1f600}y\r\n".as_bytes());
+        screen.process("e\u{301}\x1b[10Gz\r\n\x1b[19G中\r\n\x1b[4;3H\x1b[K".as_bytes());
+        screen.process(b"\x1b[6;1H> typed");
+        let screen = screen.screen();
+        for (row, expected) in screen.rows(0, 20).enumerate() {
+            assert_eq!(row_text(screen, u16::try_from(row).unwrap()), expected, "row {row}");
+        }
+        assert_eq!(row_text(screen, 99), "", "a row off the screen is empty");
+    }
 
     fn detector(profile: &str) -> Readiness {
         Readiness::new(builtin(profile).unwrap().idle, 24, 80)
