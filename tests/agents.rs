@@ -441,17 +441,33 @@ fn interactive_dummy(home: &Home, name: &str) -> Interactive {
 
 /// `synapse <args>` (an agent's command) in a PTY made by the test.
 fn interactive(home: &Home, args: &[&str]) -> Interactive {
+    interactive_with_stderr(home, args, None)
+}
+
+/// [`interactive`], with its standard error sent to the end of `stderr` if given (as a shell's
+/// `2>>file`: `sh` points it there and becomes `synapse`).
+fn interactive_with_stderr(home: &Home, args: &[&str], stderr: Option<&std::path::Path>) -> Interactive {
     use portable_pty::{CommandBuilder, PtySize, native_pty_system};
     use std::io::Read;
     use std::sync::{Arc, Mutex};
 
     let pty = native_pty_system().openpty(PtySize { rows: 30, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
-    let mut command = CommandBuilder::new(BIN);
+    let mut command = match stderr {
+        Some(file) => {
+            let mut command = CommandBuilder::new("/bin/sh");
+            command.args(["-c", "exec \"$0\" \"$@\" 2>>\"$TEST_STDERR\"", BIN]);
+            command.env("TEST_STDERR", file);
+            command
+        }
+        None => CommandBuilder::new(BIN),
+    };
     command.args(args);
     command.env("SYNAPSE_HOME", home.home());
     command.env("SYNAPSE_UDS_DIR", home.uds());
     command.env("SYNAPSE_BROKER_PORT", "0");
     command.env_remove("SYNAPSE_AGENT_ID");
+    // The default log filter (the wrapper's info lines are looked for).
+    command.env_remove("SYNAPSE_LOG");
     let child = pty.slave.spawn_command(command).unwrap();
     drop(pty.slave);
     let screen = Arc::new(Mutex::new(String::new()));
@@ -759,9 +775,32 @@ fn a_key_typed_while_a_swallowed_message_waits_is_held_until_the_message_is_take
 #[test]
 fn an_interactive_wrappers_log_goes_to_its_file_not_over_the_clis_screen() {
     let home = Home::new();
-    let mut follower = Follower::new(&home);
-    let raw_log = rawcli_profile(&home);
-    let mut raw = interactive(&home, &["rawcli", "--name", "raw"]);
+    let (logged, screen) = log_of_a_swallowed_submit_key(&home, None);
+    assert!(logged.contains("sending the submit key again"), "{logged:?}");
+    assert!(!logged.contains('\u{1b}'), "no colour in a file: {logged:?}");
+    assert!(!screen.contains("submit key again") && !screen.contains("INFO"), "{screen}");
+}
+
+/// A wrapper whose standard error the user sent elsewhere (`2>file`) keeps its log there.
+#[test]
+fn an_interactive_wrappers_log_stays_where_its_standard_error_was_sent() {
+    let home = Home::new();
+    let stderr = home.dir.path().join("stderr.log");
+    let (logged, screen) = log_of_a_swallowed_submit_key(&home, Some(&stderr));
+    assert!(logged.is_empty(), "nothing in logs/: {logged:?}");
+    let sent = std::fs::read_to_string(&stderr).unwrap();
+    assert!(sent.contains("sending the submit key again"), "{sent:?}");
+    assert!(!screen.contains("submit key again"), "{screen}");
+}
+
+/// The raw CLI in a PTY of the test's (the wrapper's standard error to `stderr` if given), a
+/// message whose submit key it swallows once: what `logs/rawcli-wrapper.log` holds then, and
+/// what the screen showed up to the CLI's answer to the second submit key (sent after the
+/// wrapper logged it, so a line that went to the terminal comes before it).
+fn log_of_a_swallowed_submit_key(home: &Home, stderr: Option<&std::path::Path>) -> (String, String) {
+    let mut follower = Follower::new(home);
+    let raw_log = rawcli_profile(home);
+    let mut raw = interactive_with_stderr(home, &["rawcli", "--name", "raw"], stderr);
     let raw_id = |events: &[Value]| {
         events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
     };
@@ -771,17 +810,12 @@ fn an_interactive_wrappers_log_goes_to_its_file_not_over_the_clis_screen() {
     follower.wait_until("acknowledged", |events| injected_any(events, &id));
     let records = rawcli_records(&raw_log);
     assert_eq!(records[0]["swallowed"], true, "the submit key was sent again: {records:#?}");
-    let wrapper_log = home.home().join("logs/rawcli-wrapper.log");
-    let logged = std::fs::read_to_string(&wrapper_log).unwrap_or_default();
-    assert!(logged.contains("sending the submit key again"), "{}: {logged:?}", wrapper_log.display());
-    assert!(!logged.contains('\u{1b}'), "no colour in a file: {logged:?}");
-    // Had the line gone to the terminal, it would come before the CLI's answer to the second
-    // submit key (sent after the line was logged) on the test's screen.
     wait_until("the CLI's answer", || raw.screen.lock().unwrap().contains("rawcli: got"));
     let screen = raw.screen.lock().unwrap().clone();
-    assert!(!screen.contains("submit key again") && !screen.contains("INFO"), "{screen}");
     raw.child.kill().unwrap();
     raw.child.wait().unwrap();
+    let logged = std::fs::read_to_string(home.home().join("logs/rawcli-wrapper.log")).unwrap_or_default();
+    (logged, screen)
 }
 
 /// The user's keys are held while a swallowed message waits, but not for ever: a CLI that

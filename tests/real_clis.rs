@@ -124,9 +124,9 @@ impl Session {
         let setup = clis::setup(cli, &cli_home, &work, model.port).unwrap();
         let pty =
             native_pty_system().openpty(PtySize { rows: 40, cols: 120, pixel_width: 0, pixel_height: 0 }).unwrap();
-        // The wrapper's standard error (what it says before the CLI has the terminal; after,
-        // its log is in `logs/<cli>-wrapper.log`) goes to a file the failure description shows,
-        // not onto the screen under test: `sh` points it there and becomes the wrapper.
+        // The wrapper's own log (standard error) goes to a file the failure description shows,
+        // not onto the screen under test: `sh` points it there and becomes the wrapper (whose
+        // log, not on a terminal, then stays there).
         let wrapper_log = home.dir.path().join(format!("{name}-wrapper.log"));
         let mut command = CommandBuilder::new("/bin/sh");
         command.args(["-c", "exec \"$0\" \"$@\" 2>>\"$SYNAPSE_TEST_WRAPPER_LOG\"", BIN]);
@@ -202,15 +202,13 @@ impl Session {
     fn describe(&self) -> String {
         let cursor = self.screen.lock().unwrap().screen().cursor_position();
         format!(
-            "{} ({}) status {:?}\n--- screen (cursor at row, column {:?}) ---\n{}\n--- wrapper's standard error ---\n{}\n--- wrapper log ---\n{}\n--- model requests ---\n{}",
+            "{} ({}) status {:?}\n--- screen (cursor at row, column {:?}) ---\n{}\n--- wrapper log ---\n{}\n--- model requests ---\n{}",
             self.cli,
             self.agent_id,
             self.status(),
             cursor,
             self.screen(),
             std::fs::read_to_string(&self.wrapper_log).unwrap_or_default(),
-            std::fs::read_to_string(self.world.home.home().join(format!("logs/{}-wrapper.log", self.cli)))
-                .unwrap_or_default(),
             self.world
                 .model
                 .requests()

@@ -385,9 +385,9 @@ fn row_text(screen: &vt100::Screen, row: u16) -> String {
         // The cell after a wide character's is its second half: never text of its own.
         if cell.is_wide() {
             blanks += usize::from(!cell.has_contents());
-            col += 1;
+            col = col.saturating_add(1);
         }
-        col += 1;
+        col = col.saturating_add(1);
     }
     text
 }
@@ -398,12 +398,13 @@ mod tests {
     use crate::agent::profile::builtin;
 
     /// A row's text read from its cells is the text vt100 gives for that row, whatever the row
-    /// holds: gaps, colours, wide characters (one at the right edge), combining marks.
+    /// holds: gaps, colours, wide characters (one at the right edge), combining marks, an erased
+    /// end of a row.
     #[test]
     fn a_rows_text_from_its_cells_is_vt100s() {
         let mut screen = vt100::Parser::new(6, 20, 0);
         screen.process("ab\x1b[5Gc\x1b[31md\x1b[0m  e\r\n中文 x\u{1f600}y\r\n".as_bytes());
-        screen.process("e\u{301}\x1b[10Gz\r\n\x1b[19G中\r\n\x1b[4;3H\x1b[K".as_bytes());
+        screen.process("e\u{301}\x1b[10Gz\r\n\x1b[19G中\r\n\x1b[1;8H\x1b[K".as_bytes());
         screen.process(b"\x1b[6;1H> typed");
         let screen = screen.screen();
         for (row, expected) in screen.rows(0, 20).enumerate() {

@@ -326,6 +326,15 @@ async fn run_registered(
     // The socket is served whenever the profile hands busy messages over by hook: the CLI's
     // hooks are registered where its wiring allows, and an unused socket costs nothing.
     let (mcp_tools, hook_delivery) = (wiring.has_tools(), options.profile.hooks);
+    // From here the CLI draws in the user's terminal: the wrapper's own lines go to a file, when
+    // they would go to that terminal (a file that cannot be opened does not end the session:
+    // they stay where they were).
+    if interactive
+        && std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && let Err(error) = crate::logging::to_file(&paths.wrapper_log(&options.profile.name))
+    {
+        tracing::warn!("{error:#}: the wrapper's log stays on standard error");
+    }
     let cli = pty::spawn(&program, command, (rows, cols))?;
     let child_pid = cli.child_pid;
 
@@ -375,10 +384,6 @@ async fn run_registered(
     let output_done = pty::spawn_reader(cli.reader, sink, shared.screen.clone())?;
     let child_exit = pty::spawn_waiter(cli.child)?;
 
-    // From here the CLI draws in the user's terminal: the wrapper's own lines go to a file.
-    if interactive {
-        crate::logging::to_file(&paths.wrapper_log(&options.profile.name))?;
-    }
     let _raw = if interactive { Some(terminal::RawMode::enable()?) } else { None };
     if interactive {
         keyboard::spawn_keyboard(shared.clone());
