@@ -474,7 +474,7 @@ fn a_multi_megabyte_message_and_its_reply_grow_the_log_by_about_their_size() {
         text.truncate(bytes);
         text
     };
-    let (request, answer) = (words("question", 4_000_000), words("answer", 4_000_000));
+    let (request, answer) = (words("question", 2_000_000), words("answer", 2_000_000));
     let files = tempfile::tempdir().unwrap();
     let (request_file, answer_file) = (files.path().join("request.txt"), files.path().join("answer.txt"));
     std::fs::write(&request_file, &request).unwrap();
