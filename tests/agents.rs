@@ -439,6 +439,15 @@ fn interactive_dummy(home: &Home, name: &str) -> Interactive {
     interactive(home, &["dummy", "--name", name])
 }
 
+/// Waits until the first agent registered in the home is READY; returns its id.
+fn first_agent_ready(follower: &mut Follower, what: &str) -> String {
+    let first = |events: &[Value]| {
+        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
+    };
+    follower.wait_until(what, |events| first(events).is_some_and(|id| ready(events, &id)));
+    first(&follower.seen).unwrap()
+}
+
 /// `synapse <args>` (an agent's command) in a PTY made by the test.
 fn interactive(home: &Home, args: &[&str]) -> Interactive {
     interactive_with_stderr(home, args, None)
@@ -738,11 +747,7 @@ fn key_typed_behind_a_swallowed_message(
 
     let raw_log = rawcli_profile(home);
     let mut raw = interactive(home, &["rawcli", "--name", "raw"]);
-    let raw_id = |events: &[Value]| {
-        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
-    };
-    follower.wait_until("raw READY", |events| raw_id(events).is_some_and(|raw| ready(events, &raw)));
-    let id = raw_id(&follower.seen).unwrap();
+    let id = first_agent_ready(follower, "raw READY");
     home.ok(&["send", "raw", &format!("{marker} once"), "--no-response"]);
     wait_until("the submit key swallowed", || raw_log.exists() && !rawcli_records(&raw_log).is_empty());
     raw.keyboard.write_all(b"k").unwrap();
@@ -793,6 +798,18 @@ fn an_interactive_wrappers_log_stays_where_its_standard_error_was_sent() {
     assert!(!screen.contains("submit key again"), "{screen}");
 }
 
+/// A wrapper log that cannot be opened (a folder in its place) does not end the session: the
+/// wrapper says so and its log stays on standard error, and the message still goes through.
+#[test]
+fn an_interactive_session_goes_on_when_its_log_file_cannot_be_opened() {
+    let home = Home::new();
+    std::fs::create_dir_all(home.home().join("logs/rawcli-wrapper.log")).unwrap();
+    let (logged, screen) = log_of_a_swallowed_submit_key(&home, None);
+    assert!(logged.is_empty(), "{logged:?}");
+    assert!(screen.contains("the wrapper's log stays on standard error"), "{screen}");
+    assert!(screen.contains("sending the submit key again"), "{screen}");
+}
+
 /// The raw CLI in a PTY of the test's (the wrapper's standard error to `stderr` if given), a
 /// message whose submit key it swallows once: what `logs/rawcli-wrapper.log` holds then, and
 /// what the screen showed up to the CLI's answer to the second submit key (sent after the
@@ -801,11 +818,7 @@ fn log_of_a_swallowed_submit_key(home: &Home, stderr: Option<&std::path::Path>) 
     let mut follower = Follower::new(home);
     let raw_log = rawcli_profile(home);
     let mut raw = interactive_with_stderr(home, &["rawcli", "--name", "raw"], stderr);
-    let raw_id = |events: &[Value]| {
-        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
-    };
-    follower.wait_until("raw READY", |events| raw_id(events).is_some_and(|raw| ready(events, &raw)));
-    let id = raw_id(&follower.seen).unwrap();
+    let id = first_agent_ready(&mut follower, "raw READY");
     home.ok(&["send", "raw", "SWALLOW-ENTER once", "--no-response"]);
     follower.wait_until("acknowledged", |events| injected_any(events, &id));
     let records = rawcli_records(&raw_log);
@@ -1056,11 +1069,7 @@ fn keys_typed_while_a_message_is_written_do_not_join_it() {
     std::fs::create_dir_all(home.home().join("profiles")).unwrap();
     std::fs::write(home.home().join("profiles/dummy.json"), r#"{"settle_ms": 2000}"#).unwrap();
     let Interactive { mut child, screen, mut keyboard, .. } = interactive_dummy(&home, "alice");
-    let alice = |events: &[Value]| {
-        events.iter().find(|e| kind(e) == "agent_registered").map(|e| data(e, "agent_id").as_str().unwrap().to_string())
-    };
-    follower.wait_until("alice READY", |events| alice(events).is_some_and(|id| ready(events, &id)));
-    let alice = alice(&follower.seen).unwrap();
+    let alice = first_agent_ready(&mut follower, "alice READY");
     home.ok(&["send", "alice", "the message", "--no-response"]);
     // The paste is on screen (the terminal echoes it): the Enter is two seconds away.
     let deadline = Instant::now() + EVENT_DEADLINE;
