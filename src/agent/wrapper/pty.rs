@@ -10,10 +10,10 @@
 //! between; every output chunk reaches the sink before the screen model, and the model before
 //! the change counter is bumped, so whoever wakes on the counter sees the chunk.
 
+use super::watcher::DeliveredRecord;
 use crate::agent::readiness::Readiness;
 use portable_pty::{CommandBuilder, MasterPty, PtySize};
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Instant;
 use tokio::sync::{oneshot, watch};
@@ -79,9 +79,9 @@ impl Screen {
 struct PtyWrite {
     bytes: Vec<u8>,
     done: Option<oneshot::Sender<()>>,
-    /// A record to write right after the bytes, on the writer thread (no task switch in
-    /// between): (file, content).
-    then_record: Option<(PathBuf, String)>,
+    /// A ticket to record as written right after the bytes, on the writer thread (no task
+    /// switch in between).
+    then_record: Option<(DeliveredRecord, u64)>,
 }
 
 /// The way to the writer thread. Its queue is lossless: unbounded, so neither a ticket nor a
@@ -102,12 +102,12 @@ impl PtyInput {
         self.write_then_record(bytes, None).await
     }
 
-    /// Writes bytes, then `then_record` (file, content) on the writer thread right after them;
+    /// Writes bytes, then records `then_record`'s ticket on the writer thread right after them;
     /// returns once both are done.
     pub async fn write_then_record(
         &self,
         bytes: Vec<u8>,
-        then_record: Option<(PathBuf, String)>,
+        then_record: Option<(DeliveredRecord, u64)>,
     ) -> anyhow::Result<()> {
         let (done, written) = oneshot::channel();
         self.queue
@@ -125,10 +125,10 @@ pub(super) fn spawn_writer(writer: Box<dyn Write + Send>) -> std::io::Result<Pty
         let mut writer = writer;
         while let Ok(write) = pty_queue.recv() {
             let ok = writer.write_all(&write.bytes).and_then(|_| writer.flush()).is_ok();
-            if let (true, Some((file, content))) = (ok, &write.then_record)
-                && let Err(error) = crate::private_files::write(file, content)
+            if let (true, Some((record, ticket))) = (ok, &write.then_record)
+                && let Err(error) = record.write(*ticket)
             {
-                tracing::warn!("cannot write {}: {error}", file.display());
+                tracing::warn!("cannot record ticket {ticket} as written: {error}");
             }
             if let Some(done) = write.done
                 && ok
@@ -218,13 +218,15 @@ mod tests {
         let (mut cli_side, wrapper_side) = std::io::pipe().unwrap();
         let input = spawn_writer(Box::new(wrapper_side)).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let record = dir.path().join("bob.delivered");
+        let log = dir.path().join("bob.log");
+        let record = DeliveredRecord::open(&log).unwrap();
+        let recorded = || std::fs::read_to_string(log.with_extension("delivered")).unwrap();
         let header = "[A2A:c54af1ff:alice:R]";
         let keys = crate::escape::keystrokes(header, "two lines\nof text", true, "\r");
         input.write(keys.paste.clone()).await.unwrap();
-        assert!(!record.exists(), "no record before the submit key");
-        input.write_then_record(keys.submit.clone(), Some((record.clone(), "7".into()))).await.unwrap();
-        assert_eq!(std::fs::read_to_string(&record).unwrap(), "7", "recorded once the submit key is written");
+        assert_eq!(recorded(), "", "no record before the submit key");
+        input.write_then_record(keys.submit.clone(), Some((record, 7))).await.unwrap();
+        assert_eq!(recorded().trim(), "7", "recorded once the submit key is written");
         // The user's keystrokes queued after the ticket come after it, never inside it.
         input.send(b"ls".to_vec());
         drop(input);
