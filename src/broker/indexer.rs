@@ -42,6 +42,8 @@ pub fn spawn(state: Arc<BrokerState>) {
                 }
                 Ok(Ok(progress)) => {
                     panic_reported = false;
+                    // The step that reached the head was committed without an fsync.
+                    state.writer.index_stepped();
                     // Caught up after indexing something: what the steps allocated goes back
                     // to the system.
                     if progress.indexed_through > trimmed_through {
@@ -71,4 +73,50 @@ pub fn spawn(state: Arc<BrokerState>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::command::{Command, RegisterRequest};
+
+    /// The indexer's step that reaches the head is committed without an fsync, and the writer,
+    /// asleep with nothing of its own left to make durable, must still checkpoint it.
+    #[tokio::test]
+    async fn the_writer_makes_the_indexers_last_step_durable_while_nothing_else_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths =
+            crate::config::Paths { home: dir.path().join("home"), uds_dir: dir.path().join("uds"), broker_port: 0 };
+        std::fs::create_dir_all(&paths.home).unwrap();
+        let store = crate::store::Store::open(&paths.database()).unwrap();
+        let (state, _writer_thread) = BrokerState::start(store, paths).unwrap();
+        let register = Command::RegisterAgent(RegisterRequest {
+            agent_type: "dummy".into(),
+            name: None,
+            role: None,
+            pid: std::process::id(),
+            working_dir: String::new(),
+            port: 40_001,
+            secret_hash: crate::secret::hash_secret("secret"),
+            pid_start: None,
+            wrapper: false,
+            by_user: true,
+        });
+        state.writer.submit(register).await.unwrap();
+        let wait = |what: &'static str, done: Box<dyn Fn() -> bool>| async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            while !done() {
+                assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        // The writer's own idle checkpoint, before there is an indexer.
+        let store = state.store.clone();
+        wait("the writer's checkpoint", Box::new(move || !store.checkpoint_pending())).await;
+        spawn(state.clone());
+        let store = state.store.clone();
+        wait("the index to reach the head", Box::new(move || store.index_progress().unwrap().caught_up())).await;
+        let store = state.store.clone();
+        wait("the index step to be made durable", Box::new(move || !store.checkpoint_pending())).await;
+    }
 }

@@ -62,6 +62,9 @@ enum Job {
     StorageFailed {
         reason: String,
     },
+    /// Another writer (the history indexer) committed without an fsync: the writer, which may
+    /// be asleep with nothing pending, looks again whether a checkpoint is due when it is idle.
+    Wake,
 }
 
 /// A cheap, cloneable handle to the writer thread.
@@ -120,6 +123,12 @@ impl WriterHandle {
     /// the writer reopens the database, as after a failed batch.
     pub fn report_storage_failure(&self, reason: String) {
         let _ = self.jobs.send(Job::StorageFailed { reason });
+    }
+
+    /// Tells the writer that the history indexer committed a step without an fsync: its idle
+    /// checkpoint makes the step durable.
+    pub fn index_stepped(&self) {
+        let _ = self.jobs.send(Job::Wake);
     }
 
     pub async fn verify(&self) -> Result<VerifyReport, CommandError> {
@@ -238,6 +247,7 @@ impl Writer {
                     self.start_recovery(reason);
                 }
             }
+            Job::Wake => {}
         }
     }
 
@@ -262,7 +272,7 @@ impl Writer {
             Job::Verify { answer } => {
                 let _ = answer.send(Err(self.refusal()));
             }
-            Job::StorageFailed { .. } => {}
+            Job::StorageFailed { .. } | Job::Wake => {}
         }
     }
 

@@ -86,6 +86,8 @@ pub async fn index_history(State(state): State<AppState>, _user: caller::TheUser
     })
     .await
     .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the indexer stopped"))??;
+    // Its last step was committed without an fsync.
+    state.writer.index_stepped();
     index_progress_answer(progress)
 }
 

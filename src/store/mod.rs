@@ -219,6 +219,9 @@ pub struct Store {
     /// transaction has begun, never before, when both are needed; nothing else is waited for
     /// while it is held.
     wal: Option<Mutex<wal::Wal>>,
+    /// A history index step was committed without an fsync since the last durable commit (see
+    /// `search_index`): the next checkpoint is due even when the write-ahead log is empty.
+    index_unsynced: std::sync::atomic::AtomicBool,
 }
 
 /// What a rebuild did.
@@ -325,6 +328,7 @@ impl Store {
             reopen_reason: Mutex::new(None),
             index_lock: Mutex::new(()),
             wal,
+            index_unsynced: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -400,23 +404,34 @@ impl Store {
         Ok(())
     }
 
-    /// Has a batch been made durable only by the write-ahead log since the last durable commit?
+    /// Has a batch been made durable only by the write-ahead log, or a history index step been
+    /// committed without an fsync, since the last durable commit?
     pub fn checkpoint_pending(&self) -> bool {
-        self.wal.as_ref().is_some_and(|wal| wal.lock().unwrap_or_else(PoisonError::into_inner).pending().0 > 0)
+        self.wal.as_ref().is_some_and(|wal| {
+            self.index_unsynced.load(std::sync::atomic::Ordering::SeqCst)
+                || wal.lock().unwrap_or_else(PoisonError::into_inner).pending().0 > 0
+        })
     }
 
-    /// Commits durably in the database everything the write-ahead log holds, and starts the
-    /// log over (the writer does this when it is idle).
+    /// Commits durably in the database everything the write-ahead log holds (and any history
+    /// index step committed without an fsync), and starts the log over (the writer does this
+    /// when it is idle).
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         let Some(wal) = &self.wal else { return Ok(()) };
         self.explaining(|| {
             let txn = self.db()?.begin_write()?;
             let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
-            if wal.pending().0 == 0 {
+            // Taken inside the write transaction: an index step committed after this one is
+            // marked again once it has committed.
+            let index_unsynced = self.index_unsynced.swap(false, std::sync::atomic::Ordering::SeqCst);
+            if wal.pending().0 == 0 && !index_unsynced {
                 let _ = txn.abort();
                 return Ok(());
             }
-            txn.commit()?;
+            if let Err(error) = txn.commit() {
+                self.index_unsynced.fetch_or(index_unsynced, std::sync::atomic::Ordering::SeqCst);
+                return Err(error.into());
+            }
             start_over(&mut wal);
             Ok(())
         })

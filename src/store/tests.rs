@@ -1248,6 +1248,58 @@ fn after_a_crash_the_batches_only_the_write_ahead_log_held_are_stored_and_applie
     assert!(error.to_string().contains("write-ahead log"), "{error}");
 }
 
+/// A history index step that reaches the head is committed without an fsync and made durable
+/// by the next checkpoint; a crash before that takes the step back whole (segments and
+/// watermark), and the indexer takes it again.
+#[test]
+fn an_index_step_that_reaches_the_head_waits_for_the_checkpoint_and_a_crash_takes_it_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.redb");
+    let store = Store::open(&path).unwrap();
+    for (n, task) in TASKS.iter().take(3).enumerate() {
+        let event = alice_asks_bob(task, &format!("parser number{n}"));
+        store.transact(1_000 + n as u64, |appender| appender.append(None, vec![event])).unwrap();
+    }
+    store.checkpoint().unwrap();
+    assert!(!store.checkpoint_pending());
+    // A step of a catch-up (the head is further on) is durable at once.
+    assert_eq!(store.index_history_step(1).unwrap().indexed_through, 1);
+    assert!(!store.checkpoint_pending(), "a catch-up step is durable");
+    // The step that reaches the head waits for the next checkpoint.
+    assert_eq!(store.index_history_step(100).unwrap().indexed_through, 3);
+    assert!(store.checkpoint_pending(), "the last step is not durable yet");
+
+    // What a SIGKILL leaves now: the database file as at its last durable commit.
+    let image = std::fs::read(&path).unwrap();
+    let logged = std::fs::read(dir.path().join("log.wal")).unwrap();
+    let search = |store: &Store| {
+        let keywords = ["parser".to_string(), "number2".to_string()];
+        let scanned = store.read(|view| view.search_history(&keywords, history::Logic::Or, false, None, 10)).unwrap();
+        let indexed = store.search_history(&keywords, history::Logic::Or, false, None, 10).unwrap();
+        assert_eq!(indexed, scanned);
+        indexed.len()
+    };
+    assert_eq!(search(&store), 3, "the three messages alice sent");
+    let crashed = tempfile::tempdir().unwrap();
+    std::fs::write(crashed.path().join("log.redb"), image).unwrap();
+    std::fs::write(crashed.path().join("log.wal"), logged).unwrap();
+    {
+        let after_crash = Store::open(&crashed.path().join("log.redb")).unwrap();
+        assert_eq!(after_crash.index_progress().unwrap().indexed_through, 1, "the last step is taken back");
+        assert_eq!(search(&after_crash), 3);
+        assert_eq!(after_crash.index_history_step(100).unwrap().indexed_through, 3, "and taken again");
+        assert_eq!(search(&after_crash), 3);
+    }
+
+    store.checkpoint().unwrap();
+    assert!(!store.checkpoint_pending());
+    let image = std::fs::read(&path).unwrap();
+    let checkpointed = tempfile::tempdir().unwrap();
+    std::fs::write(checkpointed.path().join("log.redb"), image).unwrap();
+    let after_checkpoint = Store::open(&checkpointed.path().join("log.redb")).unwrap();
+    assert_eq!(after_checkpoint.index_progress().unwrap().indexed_through, 3, "durable after the checkpoint");
+}
+
 #[test]
 fn a_read_cut_off_by_a_reopen_says_why_the_store_reopened() {
     let dir = tempfile::tempdir().unwrap();
