@@ -42,7 +42,8 @@ pub fn spawn(state: Arc<BrokerState>) {
                 }
                 Ok(Ok(progress)) => {
                     panic_reported = false;
-                    // The step that reached the head was committed without an fsync.
+                    // A step that reached the head was committed without an fsync (one that
+                    // found nothing to index committed nothing; the wake costs the writer a look).
                     state.writer.index_stepped();
                     // Caught up after indexing something: what the steps allocated goes back
                     // to the system.
