@@ -104,20 +104,20 @@ mod tests {
             by_user: true,
         });
         state.writer.submit(register).await.unwrap();
-        let wait = |what: &'static str, done: Box<dyn Fn() -> bool>| async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-            while !done() {
-                assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
+        let store = &state.store;
         // The writer's own idle checkpoint, before there is an indexer.
-        let store = state.store.clone();
-        wait("the writer's checkpoint", Box::new(move || !store.checkpoint_pending())).await;
+        wait("the writer's checkpoint", || !store.checkpoint_pending()).await;
         spawn(state.clone());
-        let store = state.store.clone();
-        wait("the index to reach the head", Box::new(move || store.index_progress().unwrap().caught_up())).await;
-        let store = state.store.clone();
-        wait("the index step to be made durable", Box::new(move || !store.checkpoint_pending())).await;
+        wait("the index to reach the head", || store.index_progress().unwrap().caught_up()).await;
+        wait("the index step to be made durable", || !store.checkpoint_pending()).await;
+    }
+
+    /// Waits until `done` says so (checked every 5 ms); fails after 20 s.
+    async fn wait(what: &str, done: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }

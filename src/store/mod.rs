@@ -149,7 +149,14 @@ macro_rules! storage_error_from {
         }
     )*};
 }
-storage_error_from!(redb::Error, redb::StorageError, redb::TableError, redb::TransactionError, redb::CommitError);
+storage_error_from!(
+    redb::Error,
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);
 
 impl StoreError {
     /// Did the storage itself fail (a full disk, an I/O error)? After such a failure in a
@@ -592,7 +599,7 @@ impl Store {
             return Ok(());
         };
         let mut wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
-        txn.set_durability(Durability::None).map_err(|error| StoreError::Storage(error.to_string()))?;
+        txn.set_durability(Durability::None)?;
         if logged.is_empty() {
             // No event: nothing to make durable.
             txn.commit()?;

@@ -341,7 +341,7 @@ impl Store {
         // one, and a catch-up merges many segments.
         let unsynced = self.wal.is_some() && through >= head;
         if unsynced {
-            txn.set_durability(redb::Durability::None).map_err(|error| StoreError::Storage(error.to_string()))?;
+            txn.set_durability(redb::Durability::None)?;
         }
         let segment_count;
         {
