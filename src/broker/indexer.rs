@@ -15,7 +15,7 @@ const STEP_EVENTS: usize = 4_096;
 /// Pause after a failed step (a full disk, say) before trying again.
 const RETRY: Duration = Duration::from_secs(5);
 
-pub fn spawn(state: Arc<BrokerState>) {
+pub fn spawn(state: Arc<BrokerState>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut head = state.head.clone();
         let mut stop = state.shutdown.subscribe();
@@ -38,6 +38,10 @@ pub fn spawn(state: Arc<BrokerState>) {
                 }
                 Ok(Ok(progress)) if !progress.caught_up() => {
                     panic_reported = false;
+                    // A stopping broker's step gives up without indexing (`stop_indexing`).
+                    if state.is_stopping() {
+                        return;
+                    }
                     continue;
                 }
                 Ok(Ok(progress)) => {
@@ -73,7 +77,7 @@ pub fn spawn(state: Arc<BrokerState>) {
                 _ = stop.wait_for(|stopping| *stopping) => return,
             }
         }
-    });
+    })
 }
 
 #[cfg(test)]
@@ -91,7 +95,37 @@ mod tests {
         std::fs::create_dir_all(&paths.home).unwrap();
         let store = crate::store::Store::open(&paths.database()).unwrap();
         let (state, _writer_thread) = BrokerState::start(store, paths).unwrap();
-        let register = Command::RegisterAgent(RegisterRequest {
+        state.writer.submit(register()).await.unwrap();
+        let store = &state.store;
+        // The writer's own idle checkpoint, before there is an indexer.
+        wait("the writer's checkpoint", || !store.checkpoint_pending()).await;
+        spawn(state.clone());
+        wait("the index to reach the head", || store.index_progress().unwrap().caught_up()).await;
+        wait("the index step to be made durable", || !store.checkpoint_pending()).await;
+    }
+
+    /// A stopping broker waits for the indexer's step (seconds on texts of megabytes): a step
+    /// under way once the broker stops gives up without indexing, and the indexer ends.
+    #[tokio::test]
+    async fn a_stopping_broker_s_indexer_ends_without_indexing() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths =
+            crate::config::Paths { home: dir.path().join("home"), uds_dir: dir.path().join("uds"), broker_port: 0 };
+        std::fs::create_dir_all(&paths.home).unwrap();
+        let store = crate::store::Store::open(&paths.database()).unwrap();
+        let (state, _writer_thread) = BrokerState::start(store, paths).unwrap();
+        state.writer.submit(register()).await.unwrap();
+        let head = state.store.index_progress().unwrap().head;
+        assert!(head > 0);
+        state.request_shutdown();
+        let indexer = spawn(state.clone());
+        tokio::time::timeout(Duration::from_secs(20), indexer).await.expect("the indexer never ended").unwrap();
+        let progress = state.store.index_progress().unwrap();
+        assert_eq!((progress.indexed_through, progress.head), (0, head));
+    }
+
+    fn register() -> Command {
+        Command::RegisterAgent(RegisterRequest {
             agent_type: "dummy".into(),
             name: None,
             role: None,
@@ -102,14 +136,7 @@ mod tests {
             pid_start: None,
             wrapper: false,
             by_user: true,
-        });
-        state.writer.submit(register).await.unwrap();
-        let store = &state.store;
-        // The writer's own idle checkpoint, before there is an indexer.
-        wait("the writer's checkpoint", || !store.checkpoint_pending()).await;
-        spawn(state.clone());
-        wait("the index to reach the head", || store.index_progress().unwrap().caught_up()).await;
-        wait("the index step to be made durable", || !store.checkpoint_pending()).await;
+        })
     }
 
     /// Waits until `done` says so (checked every 5 ms); fails after 20 s.

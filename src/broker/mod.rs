@@ -135,6 +135,7 @@ impl BrokerState {
 
     pub fn request_shutdown(&self) {
         self.shutdown.send_replace(true);
+        self.store.stop_indexing();
     }
 
     pub fn is_stopping(&self) -> bool {

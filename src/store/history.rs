@@ -33,7 +33,26 @@ pub fn text_matches(text: &str, keyword: &str, case_sensitive: bool) -> bool {
         return words(text).any(|word| word.starts_with(keyword));
     }
     let keyword = lowercase(keyword);
-    words(text).any(|word| lowercase(word).starts_with(&keyword))
+    let mut buffer = String::new();
+    words(text).any(|word| fold_word(word, &mut buffer).starts_with(&keyword))
+}
+
+/// `word` as [`lowercase`] folds it, without copying a word that is already lowercase ASCII
+/// (most words of most texts) and without a char-by-char fold of an ASCII one; `buffer` holds a
+/// folded copy.
+fn fold_word<'a>(word: &'a str, buffer: &'a mut String) -> &'a str {
+    if !word.is_ascii() {
+        buffer.clear();
+        buffer.extend(word.chars().flat_map(char::to_lowercase));
+        return buffer;
+    }
+    if !word.bytes().any(|byte| byte.is_ascii_uppercase()) {
+        return word;
+    }
+    buffer.clear();
+    buffer.push_str(word);
+    buffer.make_ascii_lowercase();
+    buffer
 }
 
 /// The searchable text of a task: its message, its follow-ups (A2A multi-turn), then its
@@ -50,18 +69,16 @@ fn searchable_text(task: &TaskRecord) -> String {
 }
 
 /// Calls `visit` with each lowercased word of a task's searchable text, repeats included
-/// (what the index holds). Parts are joined with newlines, so no word spans two of them.
+/// (the index posts a task once per word). Parts are joined with newlines, so no word spans two of them.
 pub fn visit_task_words(task: &TaskRecord, mut visit: impl FnMut(&str)) {
     let message = task.message.parts.iter();
     let follow_ups = task.follow_ups.iter().flat_map(|follow_up| follow_up.message.parts.iter());
     let output = task.artifacts.iter().flat_map(|artifact| artifact.parts.iter());
-    let mut folded = String::new();
+    let mut buffer = String::new();
     for part in message.chain(follow_ups).chain(output) {
         let Part::Text { text } = part else { continue };
         for word in words(text) {
-            folded.clear();
-            folded.extend(word.chars().flat_map(char::to_lowercase));
-            visit(&folded);
+            visit(fold_word(word, &mut buffer));
         }
     }
 }
@@ -308,6 +325,20 @@ mod tests {
     use super::*;
     use crate::event::TaskState;
     use crate::store::Store;
+
+    #[test]
+    fn a_word_folds_as_lowercase_folds_it_with_or_without_a_copy() {
+        let mut buffer = String::new();
+        for word in ["already", "Mixed", "UPPER", "x9Z", "Straße", "ΟΔΟΣ", "İstanbul", "ǅemal", "Σ", "ÀB"] {
+            assert_eq!(fold_word(word, &mut buffer), lowercase(word), "{word}");
+        }
+        // The buffer of a word folded earlier is never taken for the next one.
+        assert_eq!(fold_word("ABC", &mut buffer), "abc");
+        assert_eq!(fold_word("def", &mut buffer), "def");
+        assert!(text_matches("the Quick BROWN fox", "brown", false));
+        assert!(!text_matches("the Quick BROWN fox", "brown", true));
+        assert!(text_matches("ΟΔΟΣ ahead", "οδο", false));
+    }
 
     fn sent(task: usize, from: &str, to: &str, text: &str, response: bool) -> Vec<Event> {
         let id = format!("{task:08x}-0000-4000-8000-000000000000");

@@ -229,6 +229,9 @@ pub struct Store {
     /// A history index step was committed without an fsync since the last durable commit (see
     /// `search_index`): the next checkpoint is due even when the write-ahead log is empty.
     index_unsynced: std::sync::atomic::AtomicBool,
+    /// The broker is stopping: a history index step under way gives up between tasks without
+    /// committing (see [`Store::stop_indexing`]).
+    index_stopped: std::sync::atomic::AtomicBool,
 }
 
 /// What a rebuild did.
@@ -336,6 +339,7 @@ impl Store {
             index_lock: Mutex::new(()),
             wal,
             index_unsynced: std::sync::atomic::AtomicBool::new(false),
+            index_stopped: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -256,6 +256,17 @@ fn meta_value(meta: &impl ReadableTable<&'static str, u64>, key: &str) -> Result
 impl Store {
     /// Indexes the tasks changed by up to `max_events` events after the index's watermark, as
     /// one new segment (merged with small older ones), in a transaction of its own.
+    /// Makes every history index step from now on, and the one under way, end without
+    /// indexing anything (checked between tasks): a stopping broker waits for a step, which on
+    /// texts of megabytes takes seconds. The next broker's indexer takes it again.
+    pub fn stop_indexing(&self) {
+        self.index_stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn indexing_stopped(&self) -> bool {
+        self.index_stopped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn index_history_step(&self, max_events: usize) -> Result<IndexProgress, StoreError> {
         // Its read transaction, too, may be cut off by a reopen (see `Store::reading`); its write
         // may fail on the storage, or find an earlier write failed (see `Store::explained`).
@@ -270,8 +281,9 @@ impl Store {
         let log = txn.open_table(LOG)?;
         let head = last_seq(&log)?;
         let segments = segment_ids(&txn.open_table(SEGMENTS)?)?;
-        if from >= head {
-            return Ok(IndexProgress { indexed_through: from, head, segments: segments.len() as u64 });
+        let unchanged = IndexProgress { indexed_through: from, head, segments: segments.len() as u64 };
+        if from >= head || self.indexing_stopped() {
+            return Ok(unchanged);
         }
 
         let mut touched = BTreeSet::new();
@@ -286,12 +298,20 @@ impl Store {
         let mut segment: HashMap<String, Vec<u64>> = HashMap::new();
         let mut updates = Vec::with_capacity(touched.len());
         for task_id in &touched {
+            if self.indexing_stopped() {
+                return Ok(unchanged);
+            }
             // Every task has its creation number: projections of an older shape are replayed
             // when the store is opened (`projection_version`).
             let Some(task) = projections.task(task_id)? else { continue };
             updates.push((task.created_seq, task.updated_ms, task_id.as_str()));
+            // A task's words come one after another: a word it repeats is posted once.
             let mut add = |word: &str| match segment.get_mut(word) {
-                Some(postings) => postings.push(task.created_seq),
+                Some(postings) => {
+                    if postings.last() != Some(&task.created_seq) {
+                        postings.push(task.created_seq);
+                    }
+                }
                 None => {
                     segment.insert(word.to_string(), vec![task.created_seq]);
                 }
