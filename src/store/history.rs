@@ -68,8 +68,9 @@ fn searchable_text(task: &TaskRecord) -> String {
     text
 }
 
-/// Calls `visit` with each lowercased word of a task's searchable text, repeats included
-/// (the index posts a task once per word). Parts are joined with newlines, so no word spans two of them.
+/// Calls `visit` with each lowercased word of a task's searchable text, repeats included (the
+/// index posts a task once per word). Parts are joined with newlines, so no word spans two of
+/// them.
 pub fn visit_task_words(task: &TaskRecord, mut visit: impl FnMut(&str)) {
     let message = task.message.parts.iter();
     let follow_ups = task.follow_ups.iter().flat_map(|follow_up| follow_up.message.parts.iter());

@@ -254,8 +254,6 @@ fn meta_value(meta: &impl ReadableTable<&'static str, u64>, key: &str) -> Result
 }
 
 impl Store {
-    /// Indexes the tasks changed by up to `max_events` events after the index's watermark, as
-    /// one new segment (merged with small older ones), in a transaction of its own.
     /// Makes every history index step from now on, and the one under way, end without
     /// indexing anything (checked between tasks): a stopping broker waits for a step, which on
     /// texts of megabytes takes seconds. The next broker's indexer takes it again.
@@ -267,6 +265,8 @@ impl Store {
         self.index_stopped.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Indexes the tasks changed by up to `max_events` events after the index's watermark, as
+    /// one new segment (merged with small older ones), in a transaction of its own.
     pub fn index_history_step(&self, max_events: usize) -> Result<IndexProgress, StoreError> {
         // Its read transaction, too, may be cut off by a reopen (see `Store::reading`); its write
         // may fail on the storage, or find an earlier write failed (see `Store::explained`).
