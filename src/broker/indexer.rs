@@ -89,13 +89,7 @@ mod tests {
     /// asleep with nothing of its own left to make durable, must still checkpoint it.
     #[tokio::test]
     async fn the_writer_makes_the_indexers_last_step_durable_while_nothing_else_is_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let paths =
-            crate::config::Paths { home: dir.path().join("home"), uds_dir: dir.path().join("uds"), broker_port: 0 };
-        std::fs::create_dir_all(&paths.home).unwrap();
-        let store = crate::store::Store::open(&paths.database()).unwrap();
-        let (state, _writer_thread) = BrokerState::start(store, paths).unwrap();
-        state.writer.submit(register()).await.unwrap();
+        let (_dir, state) = broker_with_an_agent().await;
         let store = &state.store;
         // The writer's own idle checkpoint, before there is an indexer.
         wait("the writer's checkpoint", || !store.checkpoint_pending()).await;
@@ -108,13 +102,7 @@ mod tests {
     /// under way once the broker stops gives up without indexing, and the indexer ends.
     #[tokio::test]
     async fn a_stopping_broker_s_indexer_ends_without_indexing() {
-        let dir = tempfile::tempdir().unwrap();
-        let paths =
-            crate::config::Paths { home: dir.path().join("home"), uds_dir: dir.path().join("uds"), broker_port: 0 };
-        std::fs::create_dir_all(&paths.home).unwrap();
-        let store = crate::store::Store::open(&paths.database()).unwrap();
-        let (state, _writer_thread) = BrokerState::start(store, paths).unwrap();
-        state.writer.submit(register()).await.unwrap();
+        let (_dir, state) = broker_with_an_agent().await;
         let head = state.store.index_progress().unwrap().head;
         assert!(head > 0);
         state.request_shutdown();
@@ -124,8 +112,16 @@ mod tests {
         assert_eq!((progress.indexed_through, progress.head), (0, head));
     }
 
-    fn register() -> Command {
-        Command::RegisterAgent(RegisterRequest {
+    /// A broker's state on a temporary home (its writer running, no indexer yet), after one
+    /// agent registered.
+    async fn broker_with_an_agent() -> (tempfile::TempDir, Arc<BrokerState>) {
+        let dir = tempfile::tempdir().unwrap();
+        let paths =
+            crate::config::Paths { home: dir.path().join("home"), uds_dir: dir.path().join("uds"), broker_port: 0 };
+        std::fs::create_dir_all(&paths.home).unwrap();
+        let store = crate::store::Store::open(&paths.database()).unwrap();
+        let (state, _writer_thread) = BrokerState::start(store, paths).unwrap();
+        let register = Command::RegisterAgent(RegisterRequest {
             agent_type: "dummy".into(),
             name: None,
             role: None,
@@ -136,7 +132,9 @@ mod tests {
             pid_start: None,
             wrapper: false,
             by_user: true,
-        })
+        });
+        state.writer.submit(register).await.unwrap();
+        (dir, state)
     }
 
     /// Waits until `done` says so (checked every 5 ms); fails after 20 s.
