@@ -1485,7 +1485,7 @@ impl ReadProjections {
         self.agents.get(agent_id)?.map(|row| records::decode(row.value())).transpose()
     }
 
-    fn task_row(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+    pub(crate) fn task_row(&self, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         self.tasks.get(task_id)?.map(|row| records::decode(row.value())).transpose()
     }
 

@@ -28,7 +28,7 @@ use super::projection::{LIVE, ReadProjections};
 use super::{LOG, Store, StoreError, last_seq};
 use crate::event::{Envelope, Event};
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::ControlFlow;
 
 pub(super) const INDEX_META: TableDefinition<&str, u64> = TableDefinition::new("history_index_meta");
@@ -165,19 +165,24 @@ pub(super) fn context_word(context_id: &str) -> String {
     format!("\u{1}{:03x}", hash >> 20)
 }
 
-/// The tasks whose searchable text or state an event may change.
-fn touched_tasks(event: &Event) -> impl Iterator<Item = &str> {
-    let (first, second): (Option<&String>, Option<&String>) = match event {
-        Event::TaskCreated { task_id, .. }
-        | Event::ReverseTicketIssued { task_id, .. }
-        | Event::TaskStateChanged { task_id, .. }
-        | Event::TaskCanceled { task_id, .. } => (Some(task_id), None),
+/// The tasks whose searchable text or state an event may change, each with whether its words
+/// may change: an event that carries a text. One that only moves a task on (its state, a
+/// ticket, a cancel) changes where it stands in recency, not what it is found by.
+fn touched_tasks(event: &Event) -> impl Iterator<Item = (&str, bool)> {
+    let (first, second, reworded): (Option<&String>, Option<&String>, bool) = match event {
+        Event::TaskCreated { task_id, .. } => (Some(task_id), None, true),
+        Event::TaskStateChanged { task_id, artifacts, reply_of, .. } => {
+            (Some(task_id), None, !artifacts.is_empty() || reply_of.is_some())
+        }
+        Event::ReverseTicketIssued { task_id, .. } | Event::TaskCanceled { task_id, .. } => {
+            (Some(task_id), None, false)
+        }
         Event::MessageSent { task_id, sender_task_id, .. }
         | Event::ReplyPosted { task_id, sender_task_id, .. }
-        | Event::TaskContinued { task_id, sender_task_id, .. } => (Some(task_id), sender_task_id.as_ref()),
-        _ => (None, None),
+        | Event::TaskContinued { task_id, sender_task_id, .. } => (Some(task_id), sender_task_id.as_ref(), true),
+        _ => (None, None, false),
     };
-    first.into_iter().chain(second).map(String::as_str)
+    first.into_iter().chain(second).map(move |task_id| (task_id.as_str(), reworded))
 }
 
 fn encode_postings(postings: &[u64]) -> Vec<u8> {
@@ -244,7 +249,7 @@ fn unindexed_tail(txn: &redb::ReadTransaction) -> Result<Option<BTreeSet<String>
     let mut tail = BTreeSet::new();
     for row in log.range(indexed_through + 1..)? {
         let (_, bytes) = row?;
-        tail.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(str::to_string));
+        tail.extend(touched_tasks(&Envelope::decode(bytes.value())?.event).map(|(task_id, _)| task_id.to_string()));
     }
     Ok(Some(tail))
 }
@@ -286,23 +291,39 @@ impl Store {
             return Ok(unchanged);
         }
 
-        let mut touched = BTreeSet::new();
+        // Each task the events touch, and whether any of them may have changed its words.
+        let mut touched: BTreeMap<String, bool> = BTreeMap::new();
         let mut through = from;
         for row in log.range(from + 1..)?.take(max_events.max(1)) {
             let (seq, bytes) = row?;
             through = seq.value();
             let envelope = Envelope::decode(bytes.value())?;
-            touched.extend(touched_tasks(&envelope.event).map(str::to_string));
+            for (task_id, reworded) in touched_tasks(&envelope.event) {
+                match touched.get_mut(task_id) {
+                    Some(was) => *was |= reworded,
+                    None => {
+                        touched.insert(task_id.to_string(), reworded);
+                    }
+                }
+            }
         }
         let projections = ReadProjections::open(&txn, &LIVE)?;
         let mut segment: HashMap<String, Vec<u64>> = HashMap::new();
         let mut updates = Vec::with_capacity(touched.len());
-        for task_id in &touched {
+        for (task_id, &reworded) in &touched {
             if self.indexing_stopped() {
                 return Ok(unchanged);
             }
             // Every task has its creation number: projections of an older shape are replayed
             // when the store is opened (`projection_version`).
+            if !reworded {
+                // Its words are posted already (a task's words only grow, and the step of the
+                // event that added them posted them all): its row without the texts it refers
+                // to is enough, which for a long text is most of the step's work saved.
+                let Some(task) = projections.task_row(task_id)? else { continue };
+                updates.push((task.created_seq, task.updated_ms, task_id.as_str()));
+                continue;
+            }
             let Some(task) = projections.task(task_id)? else { continue };
             updates.push((task.created_seq, task.updated_ms, task_id.as_str()));
             // A task's words come one after another: a word it repeats is posted once.

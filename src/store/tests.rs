@@ -813,6 +813,58 @@ fn the_index_keeps_few_segments_and_finds_words_by_prefix() {
     assert_eq!(store.verify().unwrap().differences, Vec::<String>::new());
 }
 
+/// An event that only moves a task on (its state, a cancel) adds nothing to the index: its
+/// words are posted already. The step still moves the task up in recency. One that brings a
+/// text (an output) posts the task again.
+#[test]
+fn a_state_change_alone_posts_no_words_again() {
+    let store = memory_store();
+    let created: Vec<Event> =
+        (0..40u64).map(|n| alice_asks_bob(&format!("task-{n:02}"), &format!("parser note{n} ready"))).collect();
+    store.transact(1_000, |appender| appender.append(None, created)).unwrap();
+    let progress = store.index_history().unwrap();
+    assert_eq!(progress.segments, 1, "{progress:?}");
+    let moved_on = |n: u64| Event::TaskStateChanged {
+        task_id: format!("task-{n:02}"),
+        state: TaskState::Working,
+        artifacts: Vec::new(),
+        error: None,
+        reply_of: None,
+        as_message: false,
+    };
+    store.transact(2_000, |appender| appender.append(None, vec![moved_on(7)])).unwrap();
+    let canceled = Event::TaskCanceled { task_id: "task-03".into(), reason: Some("zebra".into()) };
+    store.transact(3_000, |appender| appender.append(None, vec![canceled])).unwrap();
+    for _ in 0..2 {
+        // One task's words are fewer postings than the first segment's: they would not merge.
+        let progress = store.index_history_step(1).unwrap();
+        assert_eq!(progress.segments, 1, "a segment for words already posted: {progress:?}");
+    }
+    assert!(store.index_progress().unwrap().caught_up());
+    let newest: Vec<String> = store.recent_history(None, 3).unwrap().into_iter().map(|record| record.task_id).collect();
+    assert_eq!(newest[..2], ["task-03".to_string(), "task-07".to_string()]);
+    let keywords = |word: &str| vec![word.to_string()];
+    let found = store.search_history(&keywords("note7"), history::Logic::Or, false, None, 10).unwrap();
+    assert_eq!(found.iter().map(|record| record.task_id.as_str()).collect::<Vec<_>>(), ["task-07"]);
+    assert_eq!(found[0].status, TaskState::Working);
+    // An error is not searched: the cancel's reason is no word of the task.
+    assert!(store.search_history(&keywords("zebra"), history::Logic::Or, false, None, 10).unwrap().is_empty());
+
+    let answered = Event::TaskStateChanged {
+        task_id: "task-07".into(),
+        state: TaskState::Completed,
+        artifacts: vec![Artifact::text("quokka")],
+        error: None,
+        reply_of: None,
+        as_message: false,
+    };
+    store.transact(4_000, |appender| appender.append(None, vec![answered])).unwrap();
+    assert_eq!(store.index_history_step(1).unwrap().segments, 2, "an output is posted");
+    let found = store.search_history(&keywords("quokka"), history::Logic::Or, false, None, 10).unwrap();
+    assert_eq!(found.iter().map(|record| record.task_id.as_str()).collect::<Vec<_>>(), ["task-07"]);
+    assert_eq!(store.verify().unwrap().differences, Vec::<String>::new());
+}
+
 /// A store whose projections were written by an older build (task records without
 /// `created_seq`) is replayed when opened, so the history index can number every task.
 #[test]
