@@ -13,6 +13,11 @@ use std::sync::{Arc, OnceLock, RwLock};
 /// Newest events kept in memory for the tails (lossy by design: older ones are read from the
 /// store).
 const RECENT_EVENTS: usize = 8192;
+/// ... and at most this many bytes of their texts (the newest event is kept whatever its size).
+/// Counted in events alone, the ring held every long message of its last 8,192 events: in
+/// `tools/bench storage` (five 16 MB messages and replies) the broker grew by about 100 MB per
+/// exchange and kept it.
+const RECENT_TEXT_BYTES: usize = 4 << 20;
 
 /// An event as tails see it: shared by every tail, its JSON made once.
 #[derive(Debug)]
@@ -51,31 +56,43 @@ impl std::ops::Deref for TailEvent {
 /// thousand tails woken by one commit share one copy instead of each reading the store.
 #[derive(Default)]
 pub struct RecentEvents {
-    ring: RwLock<VecDeque<Arc<TailEvent>>>,
+    ring: RwLock<Ring>,
+}
+
+#[derive(Default)]
+struct Ring {
+    events: VecDeque<Arc<TailEvent>>,
+    /// The sum of their [`Event::text_bytes`](crate::event::Event::text_bytes).
+    text_bytes: usize,
 }
 
 impl RecentEvents {
     pub fn push(&self, envelopes: Vec<Envelope>) {
         let Ok(mut ring) = self.ring.write() else { return };
+        let ring = &mut *ring;
         // The ring holds consecutive events only (`after` counts on it): events that do not
         // follow its last (a batch the reopened store took back from its write-ahead log was
         // never pushed) start it again, and the tails read the store before them.
-        if let (Some(last), Some(first)) = (ring.back(), envelopes.first())
+        if let (Some(last), Some(first)) = (ring.events.back(), envelopes.first())
             && first.seq != last.seq + 1
         {
-            ring.clear();
+            ring.events.clear();
+            ring.text_bytes = 0;
         }
         for envelope in envelopes {
-            ring.push_back(Arc::new(TailEvent::new(envelope)));
+            ring.text_bytes += envelope.event.text_bytes();
+            ring.events.push_back(Arc::new(TailEvent::new(envelope)));
         }
-        while ring.len() > RECENT_EVENTS {
-            ring.pop_front();
+        while ring.events.len() > RECENT_EVENTS || (ring.text_bytes > RECENT_TEXT_BYTES && ring.events.len() > 1) {
+            let Some(oldest) = ring.events.pop_front() else { break };
+            ring.text_bytes = ring.text_bytes.saturating_sub(oldest.event.text_bytes());
         }
     }
 
     /// Up to `limit` events after `cursor`, when the ring covers them (None: read the store).
     fn after(&self, cursor: u64, limit: usize) -> Option<Vec<Arc<TailEvent>>> {
         let ring = self.ring.read().ok()?;
+        let ring = &ring.events;
         let first = ring.front()?.seq;
         if first > cursor.saturating_add(1) {
             return None;
@@ -178,6 +195,49 @@ mod tests {
 
     fn seqs(events: Option<Vec<Arc<TailEvent>>>) -> Option<Vec<u64>> {
         events.map(|events| events.iter().map(|event| event.seq).collect())
+    }
+
+    fn replies(seqs: std::ops::RangeInclusive<u64>, bytes: usize) -> Vec<Envelope> {
+        seqs.map(|seq| Envelope {
+            v: 1,
+            seq,
+            time_ms: seq,
+            actor: None,
+            event: Event::ReplyPosted {
+                task_id: format!("task-{seq}"),
+                sender_task_id: None,
+                from: "b".into(),
+                to: None,
+                text: "x".repeat(bytes),
+                idempotency_key: None,
+            },
+        })
+        .collect()
+    }
+
+    /// Long texts leave the ring once it holds `RECENT_TEXT_BYTES` of them (the tails read
+    /// them from the store), but the newest event stays, however long.
+    #[test]
+    fn the_ring_holds_a_bounded_amount_of_text() {
+        let recent = RecentEvents::default();
+        let quarter = RECENT_TEXT_BYTES / 4;
+        recent.push(replies(1..=3, quarter));
+        assert_eq!(seqs(recent.after(0, 10)), Some(vec![1, 2, 3]));
+        recent.push(replies(4..=6, quarter));
+        assert_eq!(seqs(recent.after(1, 10)), None, "2 left with 1: 5 and 6 made it more than the bound");
+        assert_eq!(seqs(recent.after(2, 10)), Some(vec![3, 4, 5, 6]));
+        recent.push(replies(7..=7, RECENT_TEXT_BYTES * 2));
+        assert_eq!(seqs(recent.after(6, 10)), Some(vec![7]), "the newest stays");
+        assert_eq!(seqs(recent.after(5, 10)), None);
+        recent.push(envelopes(8..=9));
+        assert_eq!(seqs(recent.after(7, 10)), Some(vec![8, 9]), "and leaves with the next");
+        // Short events are not held back by what the long ones counted.
+        recent.push(replies(10..=12, quarter));
+        assert_eq!(seqs(recent.after(7, 10)), Some(vec![8, 9, 10, 11, 12]));
+        recent.push(replies(20..=20, 10));
+        assert_eq!(seqs(recent.after(19, 10)), Some(vec![20]), "a new start counts from nothing");
+        recent.push(replies(21..=23, quarter));
+        assert_eq!(seqs(recent.after(19, 10)), Some(vec![20, 21, 22, 23]));
     }
 
     /// Events that do not follow the ring's last start it again: a tail never skips the ones

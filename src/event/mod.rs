@@ -455,6 +455,22 @@ fn is_zero(number: &u32) -> bool {
 }
 
 impl Event {
+    /// The bytes of the texts it carries (a message, a reply, an output, an error): all but a
+    /// few hundred bytes of a long event, and what makes one long.
+    pub fn text_bytes(&self) -> usize {
+        let parts = |parts: &[Part]| parts.iter().map(Part::bytes).sum::<usize>();
+        match self {
+            Event::TaskCreated { message, .. } => parts(&message.parts),
+            Event::MessageSent { text, parts: more, .. } => text.len() + parts(more),
+            Event::ReplyPosted { text, .. } | Event::TaskContinued { text, .. } => text.len(),
+            Event::TaskStateChanged { artifacts, error, .. } => {
+                artifacts.iter().map(|artifact| parts(&artifact.parts)).sum::<usize>()
+                    + error.as_ref().map_or(0, String::len)
+            }
+            _ => 0,
+        }
+    }
+
     /// The kind's wire name (`message_sent`, ...).
     pub fn kind(&self) -> &'static str {
         match self {

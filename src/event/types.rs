@@ -157,6 +157,18 @@ pub enum Part {
     },
 }
 
+impl Part {
+    /// The bytes of the strings it holds.
+    pub fn bytes(&self) -> usize {
+        let length = |value: &Option<String>| value.as_ref().map_or(0, String::len);
+        match self {
+            Part::Text { text } => text.len(),
+            Part::File { name, uri, mime_type } => length(name) + length(uri) + length(mime_type),
+            Part::Data { json } => json.len(),
+        }
+    }
+}
+
 /// An A2A message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
