@@ -38,7 +38,15 @@ fn python() -> PathBuf {
             .is_ok_and(|status| status.success())
     };
     if !has_client(&venv) {
-        // First run on this machine: make the environment (what .ci/run does), from PyPI.
+        // First run on this machine: make the environment (what .ci/run does), from PyPI. The
+        // tests of this file run as processes of their own and at once: one makes it while the
+        // others wait for the lock, then find it made (two making it together broke it).
+        std::fs::create_dir_all(root.parent().unwrap()).unwrap();
+        let lock = std::fs::File::create(root.with_extension("lock")).unwrap();
+        lock.lock().unwrap();
+        if has_client(&venv) {
+            return venv;
+        }
         let made = std::process::Command::new("python3").arg("-m").arg("venv").arg(&root).status();
         let installed = std::process::Command::new(root.join("bin/pip"))
             .args(["install", "--quiet", "--disable-pip-version-check", "a2a-sdk==1.3.0", "synapse-a2a==0.35.0"])
