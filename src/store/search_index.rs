@@ -316,16 +316,15 @@ impl Store {
             }
             // Every task has its creation number: projections of an older shape are replayed
             // when the store is opened (`projection_version`).
+            // A task whose words did not change has them posted already (a task's words only
+            // grow, and the step of the event that added them posted them all): its row without
+            // the texts it refers to is enough, which for a long text is most of the step's work.
+            let task = if reworded { projections.task(task_id)? } else { projections.task_row(task_id)? };
+            let Some(task) = task else { continue };
+            updates.push((task.created_seq, task.updated_ms, task_id.as_str()));
             if !reworded {
-                // Its words are posted already (a task's words only grow, and the step of the
-                // event that added them posted them all): its row without the texts it refers
-                // to is enough, which for a long text is most of the step's work saved.
-                let Some(task) = projections.task_row(task_id)? else { continue };
-                updates.push((task.created_seq, task.updated_ms, task_id.as_str()));
                 continue;
             }
-            let Some(task) = projections.task(task_id)? else { continue };
-            updates.push((task.created_seq, task.updated_ms, task_id.as_str()));
             // A task's words come one after another: a word it repeats is posted once.
             let mut add = |word: &str| match segment.get_mut(word) {
                 Some(postings) => {
