@@ -88,6 +88,15 @@ pub async fn index_history(State(state): State<AppState>, _user: caller::TheUser
     .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the indexer stopped"))??;
     // Its last step was committed without an fsync.
     state.writer.index_stepped();
+    if !progress.caught_up() && state.store.indexing_stopped() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the broker is stopping: the history index stopped at event {} of {}; the next broker goes on from there (searches read the log meanwhile)",
+                progress.indexed_through, progress.head
+            ),
+        ));
+    }
     index_progress_answer(progress)
 }
 

@@ -266,7 +266,8 @@ impl Store {
         self.index_stopped.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
-    fn indexing_stopped(&self) -> bool {
+    /// Has [`Store::stop_indexing`] been called (a stopping broker)?
+    pub fn indexing_stopped(&self) -> bool {
         self.index_stopped.load(std::sync::atomic::Ordering::SeqCst)
     }
 
@@ -432,11 +433,13 @@ impl Store {
         Ok(IndexProgress { indexed_through: through, head, segments: segment_count })
     }
 
-    /// Runs indexing steps until the index has reached the head it saw.
+    /// Runs indexing steps until the index has reached the head it saw, or until indexing is
+    /// stopped (a stopping broker: its steps index nothing more, and waiting for the head would
+    /// never end); then the progress so far, short of the head.
     pub fn index_history(&self) -> Result<IndexProgress, StoreError> {
         loop {
             let progress = self.index_history_step(INDEX_STEP_EVENTS)?;
-            if progress.caught_up() {
+            if progress.caught_up() || self.indexing_stopped() {
                 return Ok(progress);
             }
         }

@@ -813,6 +813,26 @@ fn the_index_keeps_few_segments_and_finds_words_by_prefix() {
     assert_eq!(store.verify().unwrap().differences, Vec::<String>::new());
 }
 
+/// `synapse admin index` on a broker that begins to stop ends: once indexing is stopped, a
+/// step indexes nothing, so `index_history` answers the progress so far instead of stepping for
+/// ever towards a head it can no longer reach (it kept the stopping broker alive, a core busy).
+#[test]
+fn indexing_the_history_ends_once_indexing_is_stopped() {
+    let store = Arc::new(memory_store());
+    let created: Vec<Event> = (0..10u64).map(|n| alice_asks_bob(&format!("task-{n:02}"), "parser note")).collect();
+    store.transact(1_000, |appender| appender.append(None, created)).unwrap();
+    store.stop_indexing();
+    let (done, finished) = std::sync::mpsc::channel();
+    let indexing = Arc::clone(&store);
+    std::thread::spawn(move || done.send(indexing.index_history()));
+    let progress = finished
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("index_history goes on once indexing is stopped")
+        .unwrap();
+    assert!(!progress.caught_up(), "{progress:?}");
+    assert_eq!(progress.indexed_through, 0, "{progress:?}");
+}
+
 /// An event that only moves a task on (its state, a cancel) adds nothing to the index: its
 /// words are posted already. The step still moves the task up in recency. One that brings a
 /// text (an output) posts the task again.
