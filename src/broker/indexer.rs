@@ -83,13 +83,12 @@ pub fn spawn(state: Arc<BrokerState>) -> tokio::task::JoinHandle<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::command::{Command, RegisterRequest};
 
     /// The indexer's step that reaches the head is committed without an fsync, and the writer,
     /// asleep with nothing of its own left to make durable, must still checkpoint it.
     #[tokio::test]
     async fn the_writer_makes_the_indexers_last_step_durable_while_nothing_else_is_written() {
-        let (_dir, state) = broker_with_an_agent().await;
+        let (_dir, state) = crate::broker::test_support::broker_with_an_agent().await;
         let store = &state.store;
         // The writer's own idle checkpoint, before there is an indexer.
         wait("the writer's checkpoint", || !store.checkpoint_pending()).await;
@@ -102,7 +101,7 @@ mod tests {
     /// under way once the broker stops gives up without indexing, and the indexer ends.
     #[tokio::test]
     async fn a_stopping_broker_s_indexer_ends_without_indexing() {
-        let (_dir, state) = broker_with_an_agent().await;
+        let (_dir, state) = crate::broker::test_support::broker_with_an_agent().await;
         let head = state.store.index_progress().unwrap().head;
         assert!(head > 0);
         state.request_shutdown();
@@ -110,31 +109,6 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(20), indexer).await.expect("the indexer never ended").unwrap();
         let progress = state.store.index_progress().unwrap();
         assert_eq!((progress.indexed_through, progress.head), (0, head));
-    }
-
-    /// A broker's state on a temporary home (its writer running, no indexer yet), after one
-    /// agent registered.
-    async fn broker_with_an_agent() -> (tempfile::TempDir, Arc<BrokerState>) {
-        let dir = tempfile::tempdir().unwrap();
-        let paths =
-            crate::config::Paths { home: dir.path().join("home"), uds_dir: dir.path().join("uds"), broker_port: 0 };
-        std::fs::create_dir_all(&paths.home).unwrap();
-        let store = crate::store::Store::open(&paths.database()).unwrap();
-        let (state, _writer_thread) = BrokerState::start(store, paths).unwrap();
-        let register = Command::RegisterAgent(RegisterRequest {
-            agent_type: "dummy".into(),
-            name: None,
-            role: None,
-            pid: std::process::id(),
-            working_dir: String::new(),
-            port: 40_001,
-            secret_hash: crate::secret::hash_secret("secret"),
-            pid_start: None,
-            wrapper: false,
-            by_user: true,
-        });
-        state.writer.submit(register).await.unwrap();
-        (dir, state)
     }
 
     /// Waits until `done` says so (checked every 5 ms); fails after 20 s.

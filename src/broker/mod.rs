@@ -14,6 +14,8 @@ pub mod file_safety;
 pub mod indexer;
 pub mod outbound;
 pub mod tail;
+#[cfg(test)]
+pub(crate) mod test_support;
 pub mod webhooks;
 pub mod writer;
 

@@ -13,7 +13,8 @@ use std::sync::{Arc, OnceLock, RwLock};
 /// Newest events kept in memory for the tails (lossy by design: older ones are read from the
 /// store).
 const RECENT_EVENTS: usize = 8192;
-/// ... and at most this many bytes of their texts (the newest event is kept whatever its size).
+/// ... and at most this many bytes of their texts (the newest batch, what one commit stored, is
+/// kept whatever its size: the tails its commit wakes share it).
 /// Counted in events alone, the ring held every long message of its last 8,192 events: in
 /// `tools/bench storage` (five 16 MB messages and replies) the broker grew by about 100 MB per
 /// exchange and kept it.
@@ -68,6 +69,10 @@ struct Ring {
 
 impl RecentEvents {
     pub fn push(&self, envelopes: Vec<Envelope>) {
+        // A send's long text is in two events of its batch (`task_created`, `message_sent`) and
+        // the batch ends with a short one: keeping only the newest event let the long ones leave
+        // at once, and every tail then read and encoded them from the store on its own.
+        let batch = envelopes.len().max(1);
         let Ok(mut ring) = self.ring.write() else { return };
         let ring = &mut *ring;
         // The ring holds consecutive events only (`after` counts on it): events that do not
@@ -83,7 +88,7 @@ impl RecentEvents {
             ring.text_bytes += envelope.event.text_bytes();
             ring.events.push_back(Arc::new(TailEvent::new(envelope)));
         }
-        while ring.events.len() > RECENT_EVENTS || (ring.text_bytes > RECENT_TEXT_BYTES && ring.events.len() > 1) {
+        while ring.events.len() > RECENT_EVENTS || (ring.text_bytes > RECENT_TEXT_BYTES && ring.events.len() > batch) {
             let Some(oldest) = ring.events.pop_front() else { break };
             ring.text_bytes = ring.text_bytes.saturating_sub(oldest.event.text_bytes());
         }
@@ -141,8 +146,11 @@ pub async fn next_batch(state: &BrokerState, cursor: u64, follow: bool) -> Resul
             return Err(TailEnd::Shutdown);
         }
         let events = match state.recent.after(cursor, TAIL_BATCH) {
-            Some(events) => events,
-            None => state
+            // Nothing in the ring after the cursor while the head is past it: events the ring
+            // never got (the store took a batch back from its write-ahead log when it reopened),
+            // read from the store, or a follower would go round without ever waiting.
+            Some(events) if !events.is_empty() || *head.borrow() <= cursor => events,
+            _ => state
                 .store
                 .read_after(cursor, TAIL_BATCH)
                 .map_err(|error| TailEnd::Failed(error.to_string()))?
@@ -216,7 +224,7 @@ mod tests {
     }
 
     /// Long texts leave the ring once it holds `RECENT_TEXT_BYTES` of them (the tails read
-    /// them from the store), but the newest event stays, however long.
+    /// them from the store), but the newest batch stays, however long.
     #[test]
     fn the_ring_holds_a_bounded_amount_of_text() {
         let recent = RecentEvents::default();
@@ -231,13 +239,51 @@ mod tests {
         assert_eq!(seqs(recent.after(5, 10)), None);
         recent.push(envelopes(8..=9));
         assert_eq!(seqs(recent.after(7, 10)), Some(vec![8, 9]), "and leaves with the next");
+        // A send's batch: its text twice, then a short event. All of it stays.
+        let mut send = replies(10..=11, RECENT_TEXT_BYTES);
+        send.extend(envelopes(12..=12));
+        recent.push(send);
+        assert_eq!(seqs(recent.after(9, 10)), Some(vec![10, 11, 12]), "the newest batch stays whole");
+        assert_eq!(seqs(recent.after(8, 10)), None);
+        recent.push(envelopes(13..=13));
+        assert_eq!(seqs(recent.after(12, 10)), Some(vec![13]));
+        assert_eq!(seqs(recent.after(9, 10)), None, "and leaves with the next");
         // Short events are not held back by what the long ones counted.
-        recent.push(replies(10..=12, quarter));
-        assert_eq!(seqs(recent.after(7, 10)), Some(vec![8, 9, 10, 11, 12]));
+        recent.push(replies(14..=16, quarter));
+        assert_eq!(seqs(recent.after(11, 10)), Some(vec![12, 13, 14, 15, 16]));
         recent.push(replies(20..=20, 10));
         assert_eq!(seqs(recent.after(19, 10)), Some(vec![20]), "a new start counts from nothing");
         recent.push(replies(21..=23, quarter));
         assert_eq!(seqs(recent.after(19, 10)), Some(vec![20, 21, 22, 23]));
+    }
+
+    /// Events in the store that the ring never got (a batch the store took back from its
+    /// write-ahead log when it reopened) are read from the store. With the ring ending before
+    /// the head, a tail found nothing after its cursor: one following went round again at once,
+    /// the head being past its cursor (a core busy for good), and one not following took
+    /// itself for caught up.
+    #[tokio::test]
+    async fn a_tail_reads_from_the_store_what_the_ring_never_got() {
+        let (_dir, state) = crate::broker::test_support::broker_with_an_agent().await;
+        for status in [AgentStatus::Ready, AgentStatus::Processing] {
+            let command = crate::broker::command::Command::SetStatus {
+                agent_id: "synapse-dummy-40001".into(),
+                status,
+                note: None,
+            };
+            state.writer.submit(command).await.unwrap();
+        }
+        let head = *state.head.borrow();
+        assert!(head >= 3, "{head}");
+        // The ring as such a reopen leaves it: it ends before the head.
+        *state.recent.ring.write().unwrap() = Ring::default();
+        state.recent.push(state.store.read_after(0, 1).unwrap());
+        let expected: Vec<u64> = (2..=head).collect();
+        let batch = next_batch(&state, 1, false).await.unwrap();
+        assert_eq!(batch.iter().map(|event| event.seq).collect::<Vec<_>>(), expected);
+        let following = tokio::time::timeout(std::time::Duration::from_secs(20), next_batch(&state, 1, true));
+        let batch = following.await.expect("the follower never read the store").unwrap();
+        assert_eq!(batch.iter().map(|event| event.seq).collect::<Vec<_>>(), expected);
     }
 
     /// Events that do not follow the ring's last start it again: a tail never skips the ones
