@@ -197,10 +197,26 @@ fn spawn_signal_handler(state: Arc<BrokerState>) {
         };
         let mut stop = state.shutdown.subscribe();
         tokio::select! {
-            _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = interrupt.recv() => tracing::info!("SIGINT: stopping"),
-            _ = stop.wait_for(|stopping| *stopping) => return,
+            _ = terminate.recv() => {
+                tracing::info!("SIGTERM: stopping");
+                state.request_shutdown();
+            }
+            _ = interrupt.recv() => {
+                tracing::info!("SIGINT: stopping");
+                state.request_shutdown();
+            }
+            _ = stop.wait_for(|stopping| *stopping) => {}
         }
-        state.request_shutdown();
+        // Stopping, however it began: the signals stay caught for the rest of the process, so
+        // another one is the user's "do not wait" (a second Ctrl-C), not lost. Exiting now loses
+        // nothing acknowledged: the write-ahead log holds it, as after a crash. The state goes
+        // first: the writer ends only once every holder of it has.
+        drop(state);
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        tracing::warn!("a signal while stopping: exiting now (what was acknowledged is in the log)");
+        std::process::exit(1);
     });
 }

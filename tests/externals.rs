@@ -182,9 +182,13 @@ struct Fake {
     /// `POST /tasks/send` takes the message and never answers; once the broker closes the
     /// connection, `{"closed": true}` follows the message on the channel.
     holds: bool,
+    /// The event stream of `remote-1` stays open after `events` (until the broker closes it);
+    /// `{"subscribed": true}` goes on the channel when it is asked for.
+    holds_stream: bool,
 }
 
-const FAKE: Fake = Fake { card: r#"{"name":"Fake Reviewer"}"#, refusal: None, events: None, holds: false };
+const FAKE: Fake =
+    Fake { card: r#"{"name":"Fake Reviewer"}"#, refusal: None, events: None, holds: false, holds_stream: false };
 
 /// A fake external A2A agent: its card, and `POST /tasks/send` answered with a working task
 /// (or refused with a 500, when `refuses`); every message it gets is passed on through the
@@ -238,6 +242,13 @@ fn fake_external_as(fake: Fake) -> (u16, std::sync::mpsc::Receiver<Value>) {
                     )
                     .as_bytes(),
                 );
+                if fake.holds_stream {
+                    let _ = sender.send(serde_json::json!({"subscribed": true}));
+                    std::thread::spawn(move || {
+                        let mut rest = [0u8; 256];
+                        while matches!(stream.read(&mut rest), Ok(read) if read > 0) {}
+                    });
+                }
                 continue;
             }
             let (status, body) = if head.starts_with("GET /.well-known/agent-card.json") {
@@ -471,6 +482,38 @@ fn a_refused_reply_on_the_remote_stream_ends_the_wait_at_once() {
     assert_eq!(answer["task"]["state"], "failed", "{answer}");
     // The task failed with the reason, not left working at the deadline.
     assert!(answer.to_string().contains("reply was refused"), "{answer}");
+}
+
+/// Following a remote task's stream (`wait_seconds` without a reply expected, up to a day) ends
+/// when the broker stops: a remote that kept its stream open kept the broker from exiting.
+#[test]
+fn following_a_remote_stream_ends_when_the_broker_stops() {
+    let home = Home::new();
+    let (port, received) = fake_external_as(Fake {
+        events: Some("data: {\"id\":\"remote-1\",\"state\":\"working\"}\n\n"),
+        holds_stream: true,
+        ..FAKE
+    });
+    let added = local(&home, &["external", "add", &format!("http://127.0.0.1:{port}"), "--alias", "fake"]);
+    assert!(added.status.success(), "{}", describe(&added));
+    let pid = home.broker_pid().expect("a broker is running");
+    let socket = home.socket();
+    let following = std::thread::spawn(move || {
+        let body = br#"{"text":"a long job","wait_seconds":86400,"response_expected":false}"#;
+        http_unix(&socket, "POST", "/external/fake/send", Some(body), &[])
+    });
+    // The message reaches the remote first, then the broker asks for the task's stream.
+    loop {
+        let message = received.recv_timeout(Duration::from_secs(30)).expect("the broker never followed the stream");
+        if message["subscribed"] == true {
+            break;
+        }
+    }
+    let stopped = home.run(&["broker", "stop"]);
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    wait_until_dead(pid);
+    let (status, answer) = following.join().unwrap();
+    assert_eq!(status, 503, "{answer}");
 }
 
 /// A remote agent's words reach the user's terminal with their controls made visible, as a

@@ -644,3 +644,91 @@ fn another_users_process_is_refused_over_loopback_tcp() {
     let (status, health) = http_tcp(port, "GET", "/broker/health", None, &[]);
     assert_eq!((status, health["home"].as_str()), (200, Some(home_path.as_str())), "{health}");
 }
+
+/// Sends `count` pipelined `GET path` requests and reads the first answer's status line only:
+/// the server then goes on answering into buffers nobody reads, and soon can write no more.
+fn ask_and_never_read(stream: &mut (impl Read + Write), path: &str, count: usize) {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    stream.write_all(request.repeat(count).as_bytes()).unwrap();
+    let mut status = [0u8; 12];
+    stream.read_exact(&mut status).unwrap();
+    assert_eq!(&status, b"HTTP/1.1 200", "{path}");
+}
+
+/// A client that asks for answers and never reads them cannot keep the broker from stopping:
+/// once it stops, a connection gets `SYNAPSE_HTTP_CLOSING_GRACE_MS` (5 s) to finish its answer
+/// and is then dropped (here: the 34 KB dashboard script asked for 300 times, on the broker's
+/// socket; every server of the broker, its TCP port and the agents' ports too, closes its
+/// connections the same way).
+#[test]
+fn a_client_that_never_reads_its_answers_cannot_keep_the_broker_from_stopping() {
+    let home = Home::new();
+    home.register(Some("bob"));
+    let pid = home.broker_pid().expect("a broker is running");
+    let mut socket = unix(&home);
+    ask_and_never_read(&mut socket, "/dashboard/app.js", 300);
+    let stopped = home.run(&["broker", "stop"]);
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    wait_until_dead(pid);
+    drop(socket);
+}
+
+/// A second SIGTERM while the broker stops ends it at once, without the grace the first one
+/// gives connections (here ten minutes, and a client that never reads its answers); what was
+/// acknowledged before is in the log the next broker opens.
+#[test]
+fn a_second_signal_while_the_broker_stops_ends_it_at_once() {
+    let home = Home::new();
+    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_CLOSING_GRACE_MS", "600000").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let agent = home.register(Some("bob"));
+    home.ok(&["send", &agent.id, "before the stop", "--no-response"]);
+    let pid = home.broker_pid().expect("a broker is running");
+    let mut socket = unix(&home);
+    ask_and_never_read(&mut socket, "/dashboard/app.js", 300);
+    kill(pid, libc::SIGTERM);
+    // It removes broker.json as soon as it begins to stop, then waits for the connection.
+    wait_until("the broker to begin stopping", || !home.home().join("broker.json").exists());
+    assert!(is_alive(pid), "the first signal let the broker stop before its connection closed");
+    kill(pid, libc::SIGTERM);
+    wait_until_dead(pid);
+    drop(socket);
+    assert_eq!(home.inbox(&agent).len(), 1, "the message sent before the stop is still queued");
+}
+
+/// A file lock waited for while the broker stops ends with a clear error, and the broker stops:
+/// the wait tried the lock again at once, over and over (a core busy), until its deadline (here
+/// 15 minutes), and the broker could not exit meanwhile.
+#[test]
+fn a_lock_waited_for_while_the_broker_stops_ends_and_lets_it_stop() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let lock = |agent: &str, extra: &[&str]| {
+        let mut command = home.cmd(&[&["file-safety", "lock", "/shared/stop.lock", agent][..], extra].concat());
+        command.env("SYNAPSE_FILE_SAFETY_ENABLED", "true");
+        command
+    };
+    let held = lock(&alice.id, &["--duration", "600"]).output().unwrap();
+    assert!(held.status.success(), "{}", describe(&held));
+    let pid = home.broker_pid().expect("a broker is running");
+    let waiter = lock(&bob.id, &["--wait", "--wait-timeout", "900"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its request is on its way once it holds a connection (a socket among its descriptors).
+    let waiter_pid = waiter.id();
+    wait_until("the waiter to connect", || {
+        std::fs::read_dir(format!("/proc/{waiter_pid}/fd")).is_ok_and(|fds| {
+            fds.filter_map(Result::ok)
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|to| to.to_string_lossy().starts_with("socket:")))
+        })
+    });
+    let stopped = home.run(&["broker", "stop"]);
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    wait_until_dead(pid);
+    let waited = output_within(waiter, DEADLINE, "the waiting lock");
+    assert!(!waited.status.success(), "{}", describe(&waited));
+    assert!(stderr(&waited).contains("stop"), "{}", describe(&waited));
+}

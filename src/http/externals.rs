@@ -252,7 +252,17 @@ async fn send(
     let remote_id = task.as_ref().and_then(|task| task.id.clone()).unwrap_or_default();
     let policy = state.outbound_policy();
     let mut followed = match &waiting {
-        None => follow(&policy, &external.url, &remote_id, limit).await?,
+        // Following the remote's stream depends on the remote alone: a stopping broker ends it
+        // (as it ends the wait for a reply), not up to a day later.
+        None => {
+            let mut stopping = state.shutdown.subscribe();
+            tokio::select! {
+                followed = follow(&policy, &external.url, &remote_id, limit) => followed?,
+                _ = stopping.wait_for(|stopping| *stopping) => {
+                    return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the broker is shutting down"));
+                }
+            }
+        }
         Some((task_id, token)) => {
             wait_for_reply(&state, &policy, &external.url, &remote_id, task_id, token, limit).await?
         }

@@ -11,6 +11,7 @@ use crate::event::ChangeType;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use serde::Deserialize;
 use std::time::Duration;
@@ -143,7 +144,14 @@ async fn lock(State(state): State<AppState>, caller: Caller, body: Result<Bytes,
                     Some(wait) => deadline.min(tokio::time::Instant::now() + wait),
                     None => deadline,
                 };
-                let _ = tokio::time::timeout_at(wake, crate::broker::tail::wait_past(&state, cursor)).await;
+                // A stopping broker ends the wait (trying again at once would spin until the
+                // deadline, up to a day, and keep the broker from exiting).
+                if let Ok(false) = tokio::time::timeout_at(wake, crate::broker::tail::wait_past(&state, cursor)).await {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("the broker is stopping, so the wait for {path} ended without the lock ({message})"),
+                    ));
+                }
                 tracing::debug!("retrying lock of {path}: {message}");
             }
             Err(error) => return Err(error.into()),

@@ -17,7 +17,10 @@
 //!   loopback ports cannot lock the user's CLI out of its socket). A connection beyond the limit
 //!   gets a 503 JSON answer and is closed, rather than waiting unseen behind the others.
 //! - **Shutdown**: when `stop` resolves the listener closes, every connection is asked to finish
-//!   its current response and close, and `serve` returns once all have.
+//!   its current response and close, and `serve` returns once all have. A connection still open
+//!   after a grace period (`SYNAPSE_HTTP_CLOSING_GRACE_MS`, default 5 s) is dropped: a client
+//!   that asks for answers and never reads them would otherwise keep the broker from ever
+//!   exiting (streams and long polls end by themselves when the broker stops).
 
 use crate::http::ApiError;
 use anyhow::Context;
@@ -49,6 +52,9 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Refusals being written at once; beyond this a refused connection is closed without an answer.
 const MAX_REFUSALS_IN_PROGRESS: usize = 64;
+/// How long a connection may take to finish its answer once the broker has begun to stop (well
+/// within the 20 s `synapse broker stop` waits).
+const DEFAULT_CLOSING_GRACE: Duration = Duration::from_secs(5);
 /// How long a refusal may take (writing the answer, then reading what the client sent so that
 /// closing does not reset the connection before the answer is read).
 const REFUSAL_TIME: Duration = Duration::from_secs(1);
@@ -59,6 +65,7 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
+    pub closing_grace: Duration,
     pub max_connections: usize,
     tcp_slots: Arc<Semaphore>,
     unix_slots: Arc<Semaphore>,
@@ -85,6 +92,7 @@ impl ConnectionLimits {
             idle_timeout,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            closing_grace: DEFAULT_CLOSING_GRACE,
             max_connections,
             tcp_slots: Arc::new(Semaphore::new(max_connections)),
             unix_slots: Arc::new(Semaphore::new(max_connections)),
@@ -93,7 +101,8 @@ impl ConnectionLimits {
     }
 
     /// Reads `SYNAPSE_HTTP_IDLE_TIMEOUT_MS`, `SYNAPSE_HTTP_HEADER_TIMEOUT_MS`,
-    /// `SYNAPSE_HTTP_BODY_TIMEOUT_MS` and `SYNAPSE_HTTP_MAX_CONNECTIONS` (once, at start).
+    /// `SYNAPSE_HTTP_BODY_TIMEOUT_MS`, `SYNAPSE_HTTP_CLOSING_GRACE_MS` and
+    /// `SYNAPSE_HTTP_MAX_CONNECTIONS` (once, at start).
     pub fn from_env() -> ConnectionLimits {
         let mut limits = ConnectionLimits::new(
             env_number("SYNAPSE_HTTP_IDLE_TIMEOUT_MS").map_or(DEFAULT_IDLE_TIMEOUT, Duration::from_millis),
@@ -105,6 +114,8 @@ impl ConnectionLimits {
             env_number("SYNAPSE_HTTP_HEADER_TIMEOUT_MS").map_or(DEFAULT_HEADER_TIMEOUT, Duration::from_millis);
         limits.body_timeout =
             env_number("SYNAPSE_HTTP_BODY_TIMEOUT_MS").map_or(DEFAULT_BODY_TIMEOUT, Duration::from_millis);
+        limits.closing_grace =
+            env_number("SYNAPSE_HTTP_CLOSING_GRACE_MS").map_or(DEFAULT_CLOSING_GRACE, Duration::from_millis);
         limits
     }
 }
@@ -192,6 +203,7 @@ pub async fn serve<L: Accept>(
                     idle_timeout: limits.idle_timeout,
                     header_timeout: limits.header_timeout,
                     body_timeout: limits.body_timeout,
+                    closing_grace: limits.closing_grace,
                     closing: closing_receiver.clone(),
                 };
                 tokio::spawn(async move {
@@ -290,6 +302,7 @@ struct Connection {
     idle_timeout: Duration,
     header_timeout: Duration,
     body_timeout: Duration,
+    closing_grace: Duration,
     closing: watch::Receiver<bool>,
 }
 
@@ -382,6 +395,9 @@ impl Connection {
         // and it is dropped even if the client never finishes a half-sent request.
         let mut idle_close_requested = false;
         let mut shutting_down = false;
+        // Armed when the broker begins to stop (see the module documentation).
+        let closing_grace = tokio::time::sleep(self.closing_grace);
+        tokio::pin!(closing_grace);
         loop {
             tokio::select! {
                 result = connection.as_mut() => {
@@ -400,7 +416,12 @@ impl Connection {
                 }
                 _ = self.closing.wait_for(|closing| *closing), if !shutting_down => {
                     shutting_down = true;
+                    closing_grace.as_mut().reset(tokio::time::Instant::now() + self.closing_grace);
                     connection.as_mut().graceful_shutdown();
+                }
+                _ = &mut closing_grace, if shutting_down => {
+                    tracing::debug!("dropping a connection still answering {:?} after the broker began to stop", self.closing_grace);
+                    return;
                 }
             }
         }
