@@ -107,7 +107,7 @@ impl RecentEvents {
     }
 }
 
-/// Events read per store access.
+/// Events read per store access (and at most about [`RECENT_TEXT_BYTES`] of their texts).
 const TAIL_BATCH: usize = 1024;
 
 /// Which events a tail wants.
@@ -152,7 +152,7 @@ pub async fn next_batch(state: &BrokerState, cursor: u64, follow: bool) -> Resul
             Some(events) if !events.is_empty() || *head.borrow() <= cursor => events,
             _ => state
                 .store
-                .read_after(cursor, TAIL_BATCH)
+                .read_after_within(cursor, TAIL_BATCH, RECENT_TEXT_BYTES)
                 .map_err(|error| TailEnd::Failed(error.to_string()))?
                 .into_iter()
                 .map(|envelope| Arc::new(TailEvent::new(envelope)))

@@ -462,7 +462,9 @@ impl Event {
         match self {
             Event::TaskCreated { message, .. } => parts(&message.parts),
             Event::MessageSent { text, parts: more, .. } => text.len() + parts(more),
-            Event::ReplyPosted { text, .. } | Event::TaskContinued { text, .. } => text.len(),
+            Event::ReplyPosted { text, .. }
+            | Event::TaskContinued { text, .. }
+            | Event::ExternalReplyReceived { text, .. } => text.len(),
             Event::TaskStateChanged { artifacts, error, .. } => {
                 artifacts.iter().map(|artifact| parts(&artifact.parts)).sum::<usize>()
                     + error.as_ref().map_or(0, String::len)

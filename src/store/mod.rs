@@ -485,18 +485,41 @@ impl Store {
 
     /// Up to `limit` events after `after`, in order.
     pub fn read_after(&self, after: u64, limit: usize) -> Result<Vec<Envelope>, StoreError> {
+        self.read_after_within(after, limit, usize::MAX)
+    }
+
+    /// Up to `limit` events after `after`, in order, ending with the one that brings their
+    /// texts ([`Event::text_bytes`](crate::event::Event::text_bytes)) to `max_text_bytes` or
+    /// more: at least one event, however long. A tail far behind a log of long messages reads
+    /// them a few at a time instead of a thousand at once.
+    pub fn read_after_within(
+        &self,
+        after: u64,
+        limit: usize,
+        max_text_bytes: usize,
+    ) -> Result<Vec<Envelope>, StoreError> {
         self.reading(|txn| {
             let log = txn.open_table(LOG)?;
+            let mut projections = None;
             let mut events = Vec::new();
+            let mut text_bytes = 0usize;
             for row in log.range(after.saturating_add(1)..)?.take(limit) {
                 let (_, bytes) = row?;
-                events.push(Envelope::decode(bytes.value())?);
-            }
-            // An event that refers to a long text stored once gets it, as if it had been copied.
-            if events.iter().any(|envelope| envelope.event.refers_to_text()) {
-                let projections = projection::ReadProjections::open(txn, &LIVE)?;
-                for envelope in &mut events {
-                    projections.hydrate_event(&mut envelope.event)?;
+                let mut envelope = Envelope::decode(bytes.value())?;
+                // An event that refers to a long text stored once gets it, as if it had been
+                // copied.
+                if envelope.event.refers_to_text() {
+                    if projections.is_none() {
+                        projections = Some(projection::ReadProjections::open(txn, &LIVE)?);
+                    }
+                    if let Some(projections) = &projections {
+                        projections.hydrate_event(&mut envelope.event)?;
+                    }
+                }
+                text_bytes = text_bytes.saturating_add(envelope.event.text_bytes());
+                events.push(envelope);
+                if text_bytes >= max_text_bytes {
+                    break;
                 }
             }
             Ok(events)

@@ -386,6 +386,23 @@ fn sequence_numbers_start_at_one_and_have_no_gaps_across_transactions() {
     assert_eq!(store.read_after(6, 100).unwrap().len(), 0);
 }
 
+/// A read for the tails stops at the event that brings their texts to the bound (at least one
+/// event, however long): a tail far behind a log of long messages read up to a thousand of them
+/// at once, each with its text.
+#[test]
+fn a_read_stops_at_the_event_that_brings_its_texts_to_the_bound() {
+    let store = memory_store();
+    let asked: Vec<Event> = (0..6u64).map(|n| alice_asks_bob(&format!("task-{n}"), &"x".repeat(1_000))).collect();
+    store.transact(1_000, |appender| appender.append(None, asked)).unwrap();
+    let seqs = |events: Vec<Envelope>| events.iter().map(|envelope| envelope.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(store.read_after_within(0, 100, 2_500).unwrap()), [1, 2, 3]);
+    assert_eq!(seqs(store.read_after_within(3, 100, 2_000).unwrap()), [4, 5]);
+    assert_eq!(seqs(store.read_after_within(0, 100, 10).unwrap()), [1], "at least one, however long");
+    assert_eq!(seqs(store.read_after_within(5, 100, 10).unwrap()), [6]);
+    assert_eq!(seqs(store.read_after_within(0, 2, 1 << 20).unwrap()), [1, 2], "and at most the limit");
+    assert_eq!(store.read_after(0, 100).unwrap().len(), 6);
+}
+
 #[test]
 fn a_failed_transaction_leaves_neither_events_nor_projection_changes() {
     let store = memory_store();
