@@ -696,6 +696,28 @@ fn a_second_signal_while_the_broker_stops_ends_it_at_once() {
     assert_eq!(home.inbox(&agent).len(), 1, "the message sent before the stop is still queued");
 }
 
+/// `synapse broker stop` ends a broker that accepted the stop and then did not end (here a
+/// client that never reads its answers, with the closing grace set to ten minutes): after its
+/// wait it signals the broker, which ends at once. It used to say "did not stop within 20 s" and
+/// leave the broker running, its home unusable, until a `kill` by hand.
+#[test]
+fn broker_stop_signals_a_broker_that_accepted_the_stop_but_did_not_end() {
+    let home = Home::new();
+    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_CLOSING_GRACE_MS", "600000").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let agent = home.register(Some("bob"));
+    home.ok(&["send", &agent.id, "before the stop", "--no-response"]);
+    let pid = home.broker_pid().expect("a broker is running");
+    let mut socket = unix(&home);
+    ask_and_never_read(&mut socket, "/dashboard/app.js", 300);
+    let stopped = home.run(&["broker", "stop"]);
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    assert!(stderr(&stopped).contains("SIGTERM"), "{}", describe(&stopped));
+    wait_until_dead(pid);
+    drop(socket);
+    assert_eq!(home.inbox(&agent).len(), 1, "the message sent before the stop is still queued");
+}
+
 /// A file lock waited for while the broker stops ends with a clear error, and the broker stops:
 /// the wait tried the lock again at once, over and over (a core busy), until its deadline (here
 /// 15 minutes), and the broker could not exit meanwhile.

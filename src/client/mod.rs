@@ -1321,11 +1321,26 @@ pub async fn stop_broker(paths: &Paths) -> anyhow::Result<Option<u32>> {
             return Ok(Some(peer.pid));
         }
     };
-    if wait_until(Duration::from_secs(20), || !crate::process::is_pid_alive(pid)).await {
+    if wait_until(STOP_GRACE, || !crate::process::is_pid_alive(pid)).await {
         return Ok(Some(pid));
     }
-    Err(anyhow!("the broker (pid {pid}) did not stop within 20 s"))
+    // It accepted the stop and then did not end (a long admin command, a connection kept open
+    // with the closing grace set long): the process at the socket, this home's broker (it
+    // answered as such), is ended by signal. A signal while it stops ends it at once; what it
+    // acknowledged is in its write-ahead log.
+    let Some(peer) = peer.filter(|peer| peer.pid == pid) else {
+        bail!("the broker (pid {pid}) did not stop within {} s", STOP_GRACE.as_secs())
+    };
+    tracing::warn!(
+        "the broker (pid {pid}) did not stop within {} s of accepting the stop; stopping it with SIGTERM",
+        STOP_GRACE.as_secs()
+    );
+    end_by_signal(peer, || {}).await?;
+    Ok(Some(pid))
 }
+
+/// How long a broker that accepted `POST /broker/shutdown` has to stop before it is signalled.
+const STOP_GRACE: Duration = Duration::from_secs(20);
 
 /// A call of `broker stop`, within the call limit, or [`DEFAULT_CALL_TIMEOUT`] when it is off
 /// (`SYNAPSE_CLIENT_TIMEOUT_MS=0`): a stuck broker is stopped by signal, not waited for.
@@ -1370,14 +1385,42 @@ async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &
             "is not stopped by signal from inside an agent: run 'synapse broker stop' from a plain shell".into(),
         ));
     }
-    let target = i32::try_from(pid).ok().filter(|&target| target > 1 && pid != std::process::id());
-    let Some(target) = target else { return Err(refuse("cannot be told apart (its pid is not visible here)".into())) };
+    if signal_target(pid).is_none() {
+        return Err(refuse("cannot be told apart (its pid is not visible here)".into()));
+    }
     if broker_info_file(paths).is_none_or(|info| info.pid != pid) {
         return Err(refuse(format!(
             "is not named by {}: it may be another home's broker (give each home its own SYNAPSE_UDS_DIR), or one already stopping",
             paths.broker_info().display()
         )));
     }
+    tracing::warn!("{timeout}; stopping the broker (pid {pid}) with SIGTERM");
+    // Recorded before the signal, as the broker does before its socket closes (wrappers must
+    // not start another meanwhile), and taken back if the signal cannot be sent.
+    if let Err(error) = crate::trust::mark_stopped(&paths.home) {
+        tracing::warn!("cannot record the deliberate stop in {}: {error}", paths.home.display());
+    }
+    end_by_signal(peer, || {
+        let _ = crate::trust::clear_stopped(&paths.home);
+    })
+    .await
+}
+
+/// A pid that may be signalled: not 0 or 1 (a group or init), not this process.
+fn signal_target(pid: u32) -> Option<i32> {
+    i32::try_from(pid).ok().filter(|&target| target > 1 && pid != std::process::id())
+}
+
+/// Ends the broker process `peer` (this very process, never a later one given its pid): SIGTERM
+/// with SIGCONT (a stopped process handles it), and SIGKILL if it is still there after
+/// [`TERMINATE_GRACE`]. An error when it cannot be signalled (`unsent` is called first when
+/// the SIGTERM could not be sent) or outlives the SIGKILL.
+async fn end_by_signal(peer: crate::process::ProcessStamp, unsent: impl FnOnce()) -> anyhow::Result<()> {
+    let pid = peer.pid;
+    let Some(target) = signal_target(pid) else {
+        unsent();
+        bail!("the broker (pid {pid}) cannot be told apart (its pid is not visible here): nothing stopped")
+    };
     let send = |signal: i32| -> anyhow::Result<bool> {
         if !peer.is_running() {
             return Ok(false);
@@ -1390,16 +1433,10 @@ async fn terminate(paths: &Paths, peer: crate::process::ProcessStamp, timeout: &
         }
         Ok(true)
     };
-    tracing::warn!("{timeout}; stopping the broker (pid {pid}) with SIGTERM");
-    // Recorded before the signal, as the broker does before its socket closes (wrappers must
-    // not start another meanwhile), and taken back if the signal cannot be sent.
-    if let Err(error) = crate::trust::mark_stopped(&paths.home) {
-        tracing::warn!("cannot record the deliberate stop in {}: {error}", paths.home.display());
-    }
     let delivered = match send(libc::SIGTERM) {
         Ok(delivered) => delivered,
         Err(error) => {
-            let _ = crate::trust::clear_stopped(&paths.home);
+            unsent();
             return Err(error);
         }
     };
