@@ -368,3 +368,63 @@ fn deliveries_under_way_at_once_are_bounded_and_the_rest_follow() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A stop does not wait for a receiver that holds its attempt: the attempt ends where it is,
+/// unrecorded, and the restarted broker makes it again. (The attempt ran to its own limit while
+/// the broker waited to exit, and was recorded as a failed attempt.)
+#[test]
+fn an_attempt_under_way_ends_with_the_stop_and_is_made_again_after_the_restart() {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    let home = Home::new();
+    start_broker(&home);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let held: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+    let answering = Arc::new(AtomicBool::new(false));
+    {
+        let (connections, held, answering) = (connections.clone(), held.clone(), answering.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                connections.fetch_add(1, Ordering::SeqCst);
+                if answering.load(Ordering::SeqCst) {
+                    std::thread::spawn(move || answer_ok(stream));
+                } else {
+                    held.lock().unwrap().push(stream);
+                }
+            }
+        });
+    }
+    let (code, answer) =
+        register_hook(&home, json!({"url": format!("http://127.0.0.1:{port}/"), "events": ["task.replied"]}));
+    assert_eq!(code, 200, "{answer}");
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    assert!(home.run_as(&alice, &["send", "bob", "question"]).status.success());
+    assert!(home.run_as(&bob, &["reply", "answer"]).status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while connections.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no attempt reached the receiver");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stopped = home.run(&["broker", "stop"]);
+    assert!(stopped.status.success(), "{}", describe(&stopped));
+    answering.store(true, Ordering::SeqCst);
+    start_broker(&home);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deliveries = loop {
+        let (_, deliveries) = home.http("GET", "/webhooks/deliveries", None, &[]);
+        let listed = deliveries["deliveries"].as_array().unwrap().clone();
+        if !listed.is_empty() && listed.iter().all(|delivery| delivery["state"] == "delivered") {
+            break listed;
+        }
+        assert!(std::time::Instant::now() < deadline, "not delivered: {deliveries}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for delivery in &deliveries {
+        assert_eq!(delivery["attempts"], 1, "the attempt the stop ended is not counted: {delivery}");
+    }
+    drop(held);
+}

@@ -203,8 +203,15 @@ pub fn spawn(state: Arc<BrokerState>) {
                 in_flight.insert((delivery.delivery_id.clone(), delivery.attempts));
                 let state = state.clone();
                 let freed = freed.clone();
+                let mut stop = state.shutdown.subscribe();
                 tokio::spawn(async move {
-                    let result = post(&state, &delivery, secret.as_ref()).await;
+                    // A stop ends the attempt where it is (its holder of the broker's state
+                    // would keep the writer from ending until the receiver answered): not
+                    // recorded, so the delivery is made again after the restart.
+                    let result = tokio::select! {
+                        result = post(&state, &delivery, secret.as_ref()) => result,
+                        _ = stop.wait_for(|stopping| *stopping) => return,
+                    };
                     let attempt = webhooks::record(&delivery, result, crate::time::now_ms());
                     record_attempt(&state, attempt).await;
                     drop(slot);
