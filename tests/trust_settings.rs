@@ -361,6 +361,35 @@ fn a_send_retried_with_its_idempotency_key_returns_the_first_task_and_sends_once
     assert_eq!(home.inbox(&bob).len(), 4);
 }
 
+/// An idempotency key used again within its window for another message (another text, or
+/// another agent) is refused with a clear error, and the first message stays the only one: the
+/// second send answered the first one's task and exit 0 ("Sent to <the first agent>"), and its
+/// message reached nobody. Anonymous senders share one key space, so this held across clients.
+#[test]
+fn an_idempotency_key_used_again_for_another_message_is_refused() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let carol = home.register(Some("carol"));
+    home.ok(&["send", "bob", "msg one", "--no-response", "--idempotency-key", "K9"]);
+    // The same key for another agent, with the same text or another one.
+    for (to, text) in [("carol", "msg one"), (carol.id.as_str(), "msg two"), ("bob", "msg two")] {
+        let refused = home.run(&["send", to, text, "--no-response", "--idempotency-key", "K9"]);
+        assert!(!refused.status.success(), "{}", describe(&refused));
+        assert!(stderr(&refused).contains("idempotency key 'K9'"), "{}", describe(&refused));
+    }
+    // Over HTTP, from another anonymous client: 409 with the reason.
+    let body = br#"{"to":"bob","text":"another client's message","response_expected":false}"#;
+    let (status, answer) = home.http("POST", "/send", Some(body), &[("Idempotency-Key", "K9")]);
+    assert_eq!(status, 409, "{answer}");
+    assert!(answer.to_string().contains("idempotency key"), "{answer}");
+    // A retry of the first send, naming bob by id, is still the first send.
+    home.ok(&["send", &bob.id, "msg one", "--no-response", "--idempotency-key", "K9"]);
+    let sent: Vec<Value> = home.events().into_iter().filter(|event| event["event"]["kind"] == "message_sent").collect();
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    assert_eq!(home.inbox(&bob).len(), 1);
+    assert!(home.inbox(&carol).is_empty());
+}
+
 /// One tool call through `synapse mcp` (anonymous: no agent's variables); its answer.
 fn mcp_call(home: &Home, tool: &str) -> String {
     let mut session =

@@ -345,7 +345,8 @@ pub struct SendArgs {
     #[arg(long)]
     pub json: bool,
     /// A retry with the same key within 24 h returns the first send's task instead of sending
-    /// again (default: a fresh key, used when this command retries a broken connection)
+    /// again; the key used again for another message or agent is refused (default: a fresh key,
+    /// used when this command retries a broken connection)
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
 }

@@ -717,7 +717,8 @@ impl<'txn> Projections<'txn> {
                     })?;
                 }
                 if let Some(key) = idempotency_key {
-                    self.remember_send(from.as_deref(), key, task_id, sender_task_id.as_deref(), time_ms)?;
+                    let first = FirstSend { task_id, sender_task_id: sender_task_id.as_deref(), to, text };
+                    self.remember_send(from.as_deref(), key, first, time_ms)?;
                 }
                 // A sender task created beforehand (POST /tasks/create) is linked to this message.
                 if let Some(sender_task) = sender_task_id {
@@ -780,13 +781,15 @@ impl<'txn> Projections<'txn> {
             Event::TicketInjected { agent_id, ticket, priority } => {
                 self.remove_ticket(agent_id, *priority, *ticket)?;
             }
-            Event::ReplyPosted { task_id, from, to, sender_task_id, idempotency_key, .. } => {
+            Event::ReplyPosted { task_id, from, to, sender_task_id, idempotency_key, text } => {
                 if let Some(key) = idempotency_key {
                     let row = IdempotentSend {
                         task_id: task_id.clone(),
                         sender_task_id: sender_task_id.clone(),
                         time_ms,
                         is_reply: true,
+                        to: None,
+                        text_digest: Some(records::text_digest(text)),
                     };
                     self.idempotency
                         .insert(idempotency_row(Some(from), key).as_str(), records::encode(&row).as_slice())?;
@@ -841,7 +844,8 @@ impl<'txn> Projections<'txn> {
             }
             Event::TaskContinued { task_id, sender_task_id, from, to, text, message_id, idempotency_key } => {
                 if let Some(key) = idempotency_key {
-                    self.remember_send(from.as_deref(), key, task_id, sender_task_id.as_deref(), time_ms)?;
+                    let first = FirstSend { task_id, sender_task_id: sender_task_id.as_deref(), to, text };
+                    self.remember_send(from.as_deref(), key, first, time_ms)?;
                 }
                 // A long follow-up is stored once, in this event: the rows refer to it by `seq`.
                 let parts = if text.len() > INLINE_TEXT_MAX_BYTES {
@@ -974,15 +978,16 @@ impl<'txn> Projections<'txn> {
         &mut self,
         from: Option<&str>,
         key: &str,
-        task_id: &str,
-        sender_task_id: Option<&str>,
+        first: FirstSend<'_>,
         time_ms: u64,
     ) -> Result<(), StoreError> {
         let row = IdempotentSend {
-            task_id: task_id.to_string(),
-            sender_task_id: sender_task_id.map(str::to_string),
+            task_id: first.task_id.to_string(),
+            sender_task_id: first.sender_task_id.map(str::to_string),
             time_ms,
             is_reply: false,
+            to: Some(first.to.to_string()),
+            text_digest: Some(records::text_digest(first.text)),
         };
         self.idempotency.insert(idempotency_row(from, key).as_str(), records::encode(&row).as_slice())?;
         Ok(())
@@ -1581,4 +1586,12 @@ where
             }
         }
     }
+}
+
+/// A send made with an idempotency key, as [`Projections::remember_send`] keeps it.
+struct FirstSend<'a> {
+    task_id: &'a str,
+    sender_task_id: Option<&'a str>,
+    to: &'a str,
+    text: &'a str,
 }

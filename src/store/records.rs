@@ -295,6 +295,21 @@ pub struct IdempotentSend {
     /// The send was a reply (`reply_posted`): a retry answers `is_reply` as the first did.
     #[serde(default)]
     pub is_reply: bool,
+    /// The agent the first send went to (none for a reply) and a digest of its text
+    /// ([`text_digest`]): the key used again for another message or another agent is refused
+    /// rather than answered with the first send's tasks (the new message was lost). None in
+    /// rows kept before they were recorded.
+    #[serde(default)]
+    pub to: Option<String>,
+    #[serde(default)]
+    pub text_digest: Option<String>,
+}
+
+/// The digest of a send's text an idempotency key is kept with: the first 16 bytes of its
+/// SHA-256, in hex.
+pub fn text_digest(text: &str) -> String {
+    use sha2::Digest;
+    crate::secret::to_hex(&sha2::Sha256::digest(text.as_bytes())[..16])
 }
 
 /// The key a reply target is kept under: the sender's id, or for an anonymous sender (who can

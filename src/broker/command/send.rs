@@ -4,8 +4,9 @@
 use super::checks::{agent_id_of, check_sender, check_unverified, find_task, new_id, resolve_target, validate_text};
 use super::decision::{Answer, CommandError, Context, DecideError, Decision, Liveness};
 use super::requests::{ContinueRequest, IDEMPOTENCY_WINDOW_MS, ReplyRequest, SendRequest};
+use crate::escape;
 use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
-use crate::store::{AgentRecord, Projections, TaskRecord};
+use crate::store::{AgentRecord, Projections, TaskRecord, text_digest};
 
 /// The longest idempotency key accepted.
 const IDEMPOTENCY_KEY_MAX_CHARS: usize = 200;
@@ -90,17 +91,34 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
     })
 }
 
-/// The answer to a send (or follow-up) repeated with the idempotency key `key` of `sender`
-/// within [`IDEMPOTENCY_WINDOW_MS`]: the first one's tasks, and no event.
+/// The answer to a send (or follow-up) to `to` of `text` repeated with the idempotency key
+/// `key` of `sender` within [`IDEMPOTENCY_WINDOW_MS`]: the first one's tasks, and no event. The
+/// key used again for another text, or for another agent than the first send's, is refused:
+/// answering the first send's tasks told the sender that a message nobody received was sent.
 fn repeated_send(
     view: &Projections<'_>,
     sender: Option<&str>,
     key: &str,
+    (to, text): (&str, &str),
     context: &Context<'_>,
 ) -> Result<Option<Decision>, DecideError> {
     let Some(first) = view.idempotent_send(sender, key)? else { return Ok(None) };
     if context.now_ms.saturating_sub(first.time_ms) >= IDEMPOTENCY_WINDOW_MS {
         return Ok(None);
+    }
+    let other_text = first.text_digest.as_ref().is_some_and(|digest| *digest != text_digest(text));
+    let other_agent = match &first.to {
+        Some(first_to) if !first.is_reply => names_another_agent(view, to, first_to)?,
+        _ => false,
+    };
+    if other_text || other_agent {
+        return Err(CommandError::conflict(format!(
+            "the idempotency key '{}' was used within the last {} hours for {}, and a key stands for one message: use a new key for a new message",
+            escape::visible_line(key),
+            IDEMPOTENCY_WINDOW_MS / 3_600_000,
+            if other_agent { "a message to another agent" } else { "another message" },
+        ))
+        .into());
     }
     Ok(Some(Decision {
         actor: sender.map(str::to_string),
@@ -112,6 +130,20 @@ fn repeated_send(
             warning: None,
         },
     }))
+}
+
+/// Does `to` (an agent id, a name, a type-port or a type, as a send names its target) name a
+/// registered agent other than `first_to`? A target that names none (the agent has gone since)
+/// or several cannot tell: only the text is compared then.
+fn names_another_agent(view: &Projections<'_>, to: &str, first_to: &str) -> Result<bool, DecideError> {
+    let to = to.trim();
+    if to == first_to {
+        return Ok(false);
+    }
+    if let Some(agent) = view.agent(to)? {
+        return Ok(agent.agent_id != first_to);
+    }
+    Ok(resolve_target(&view.agents()?, to).is_ok_and(|agent| agent.agent_id != first_to))
 }
 
 pub fn decide_send(
@@ -138,7 +170,7 @@ pub fn decide_send(
             ))
             .into());
         }
-        if let Some(decision) = repeated_send(view, sender_id.as_deref(), key, context)? {
+        if let Some(decision) = repeated_send(view, sender_id.as_deref(), key, (&request.to, &request.text), context)? {
             return Ok(decision);
         }
     }
@@ -278,7 +310,7 @@ pub fn decide_continue(
     // A retry of a follow-up whose answer was lost: the same task, nothing new (as for a send,
     // anonymous senders share one key space).
     if let Some(key) = &request.idempotency_key
-        && let Some(decision) = repeated_send(view, None, key, context)?
+        && let Some(decision) = repeated_send(view, None, key, (&request.to, &request.text), context)?
     {
         return Ok(decision);
     }
