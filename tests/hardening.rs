@@ -411,6 +411,41 @@ fn others_escape_sequences_are_shown_visibly_in_list_events_history_and_logs() {
         assert!(json.contains(r"\u001b]52;c;SGk=\u0007pwn\u001b[2J\u009b2J\u007f"), "{args:?}: {json}");
     }
     assert_eq!(home.ok(&["logs", "bob", "--raw"]), format!("> {attack}\r\n"));
+    // The CSV export shows them visibly on a terminal (it printed them raw), and keeps them
+    // exact when its output goes to a file or a pipe, to be read back.
+    no_controls("history export --format csv", &on_a_terminal(&home, &["history", "export", "--format", "csv"]));
+    assert!(home.ok(&["history", "export", "--format", "csv"]).contains(attack));
+}
+
+/// What `synapse <args>` writes when its standard output is a terminal (a PTY made by the test).
+fn on_a_terminal(home: &Home, args: &[&str]) -> String {
+    use portable_pty::{CommandBuilder, PtySize, native_pty_system};
+    let pty = native_pty_system().openpty(PtySize { rows: 30, cols: 200, pixel_width: 0, pixel_height: 0 }).unwrap();
+    let mut command = CommandBuilder::new(BIN);
+    command.args(args);
+    command.env("SYNAPSE_HOME", home.home());
+    command.env("SYNAPSE_UDS_DIR", home.uds());
+    command.env("SYNAPSE_BROKER_PORT", "0");
+    command.env_remove("SYNAPSE_AGENT_ID");
+    let mut child = pty.slave.spawn_command(command).unwrap();
+    drop(pty.slave);
+    let mut reader = pty.master.try_clone_reader().unwrap();
+    let reading = std::thread::spawn(move || {
+        let mut output = Vec::new();
+        let mut buffer = [0_u8; 4096];
+        // Ends at the end of the output: 0, or EIO once the child's side is closed.
+        while let Ok(count) = reader.read(&mut buffer) {
+            if count == 0 {
+                break;
+            }
+            output.extend_from_slice(&buffer[..count]);
+        }
+        output
+    });
+    let status = child.wait().unwrap();
+    assert!(status.success(), "synapse {args:?} on a terminal: {status:?}");
+    drop(pty.master);
+    String::from_utf8_lossy(&reading.join().unwrap()).into_owned()
 }
 
 #[test]

@@ -263,6 +263,9 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
                         .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
                     println!("Wrote {} records to {}", records.len(), path.display());
                 }
+                // Others' text: its controls made visible on a terminal (the JSON export
+                // escapes them itself); piped or redirected, the CSV as it is, to be read back.
+                None if std::io::stdout().is_terminal() => print!("{}", crate::escape::visible(&text)),
                 None => print!("{text}"),
             }
         }
