@@ -25,6 +25,27 @@ fn a_closed_output_pipe_ends_the_command_quietly() {
 }
 
 /// `synapse lsit` said only "unknown profile 'lsit'".
+/// An empty id, alias or name says so; it was sent as an empty path segment, which the broker
+/// answered with "no such endpoint".
+#[test]
+fn an_empty_id_or_name_is_refused_as_such() {
+    let home = Home::new();
+    home.ok(&["list"]);
+    let head = home.head();
+    for args in [
+        &["history", "show", ""][..],
+        &["history", "thread", ""],
+        &["cancel", ""],
+        &["external", "info", ""],
+        &["agent", "deregister", ""],
+    ] {
+        let output = home.run(args);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", describe(&output));
+        assert!(stderr(&output).contains("an id or name given for it is empty"), "{args:?}: {}", describe(&output));
+    }
+    assert_eq!(home.head(), head, "nothing appended");
+}
+
 #[test]
 fn a_mistyped_command_suggests_the_one_meant() {
     let home = Home::new();

@@ -128,6 +128,9 @@ fn bad_input_is_refused_with_a_clear_error_and_nothing_appended() {
         (vec!["lock", "/a", &alice.id, "--intent", "two\nlines"], "intent contains a control character"),
         (vec!["lock", "/a", &alice.id, "--intent", &long_intent], "intent is longer than 1000 characters"),
         (vec!["record", "/a", &alice.id, "dead\u{9b}beef"], "task_id contains a control character"),
+        // Joined to the working directory, an empty path locked that directory.
+        (vec!["lock", "", &alice.id], "the path is empty"),
+        (vec!["check", " ", &alice.id], "the path is empty"),
     ];
     for (args, expected) in cases {
         let output = run(&home, &args);

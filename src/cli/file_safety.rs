@@ -99,6 +99,10 @@ pub enum FileSafetyCommand {
 /// resolves it as the kernel would (a `..` after a symlink included, see
 /// `broker::file_safety::canonical`).
 fn absolute(file: &str) -> anyhow::Result<String> {
+    // Joined to the working directory, an empty name would be that directory.
+    if file.trim().is_empty() {
+        anyhow::bail!("the path is empty: name the file to lock, check or release");
+    }
     let path = std::path::Path::new(file);
     let joined = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
     let Some(joined) = joined.to_str() else {

@@ -881,6 +881,14 @@ impl Client {
     // ---- the transport --------------------------------------------------------------------
 
     fn build(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<Request<Full<Bytes>>, ClientError> {
+        // An empty argument (`synapse history show ""`) leaves an empty segment, which no
+        // endpoint has: the broker would answer "no such endpoint".
+        if path.split('?').next().unwrap_or(path).split('/').skip(1).any(str::is_empty) {
+            return Err(ClientError::Request {
+                what: what_of(&method, path),
+                reason: "an id or name given for it is empty".into(),
+            });
+        }
         // A loopback name: the broker refuses other hosts (a browser page's DNS rebinding).
         let mut builder = Request::builder().method(method.clone()).uri(path).header("host", "localhost");
         if let Some(key) = api_key() {
