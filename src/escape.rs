@@ -21,6 +21,13 @@ fn push_visible(out: &mut String, c: char) {
     }
 }
 
+/// Is `c` an invisible formatting character: bidirectional embeddings, overrides and
+/// isolates, zero-width spaces and joiners, the word joiner and invisible operators, the byte
+/// order mark? Shown as they are, they reorder a line or make two names look alike.
+pub fn is_invisible_format(c: char) -> bool {
+    matches!(u32::from(c), 0x061c | 0x180e | 0x200b..=0x200f | 0x202a..=0x202e | 0x2060..=0x206f | 0xfeff)
+}
+
 /// Is `c` a control character that a terminal may act on (C0, DEL, C1)?
 pub fn is_control(c: char) -> bool {
     matches!(u32::from(c), 0x00..=0x1f | 0x7f | 0x80..=0x9f)

@@ -816,7 +816,13 @@ fn bad_registration_fields_are_refused_with_a_reason() {
     let cases = [
         (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "a\u{1b}[2Jb"}), "Invalid name 'a^[[2Jb'"),
         (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "two words"}), "no spaces"),
-        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "x".repeat(65)}), "1 to 64"),
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "x".repeat(65)}), "1 to 64 bytes"),
+        // 17 characters, 68 bytes: the bound is in bytes, and the message says so.
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "\u{1f600}".repeat(17)}), "1 to 64 bytes"),
+        // A right-to-left override reorders the rest of a `synapse list` line; a zero-width
+        // space makes a name look like another's.
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "bob\u{202e}live"}), "invisible formatting"),
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "bob\u{200b}"}), "invisible formatting"),
         (json!({"agent_type": "dummy", "pid": pid, "port": 0, "role": "r".repeat(1001)}), "at most 1000"),
         (json!({"agent_type": "dummy", "pid": pid, "port": 0, "working_dir": long_dir}), "at most 4096"),
     ];

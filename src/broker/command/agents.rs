@@ -130,10 +130,12 @@ pub fn decide_register(
     if let Some(name) = &request.name
         && (name.trim().is_empty()
             || name.len() > 64
-            || name.chars().any(|c| c.is_whitespace() || crate::escape::is_control(c)))
+            || name
+                .chars()
+                .any(|c| c.is_whitespace() || crate::escape::is_control(c) || crate::escape::is_invisible_format(c)))
     {
         return Err(CommandError::bad(format!(
-            "Invalid name '{}': 1 to 64 characters, no spaces or control characters",
+            "Invalid name '{}': 1 to 64 bytes of UTF-8, no spaces, control or invisible formatting characters",
             crate::escape::visible_line(name)
         ))
         .into());
