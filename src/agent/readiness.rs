@@ -58,7 +58,9 @@ fn common_prefix(a: &str, b: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// How many written texts [`Readiness::recent_inputs`] keeps.
+/// How many written texts [`Readiness::recent_inputs`] keeps at least; as many as the screen
+/// has rows when it has more (each echo takes a row at least, so an older text's echo may still
+/// show: forgotten, its dialog words read as an open dialog, and every message waited).
 const RECENT_INPUTS: usize = 8;
 
 /// How long a screen with a message put back into its input box stays unchanged before the CLI
@@ -112,10 +114,14 @@ impl Readiness {
 
     /// Remembers a text written into the CLI, so that its echo on screen is not read as a dialog.
     pub fn remember_input(&mut self, text: &str) {
-        if self.recent_inputs.len() == RECENT_INPUTS {
+        let (rows, cols) = self.size;
+        while self.recent_inputs.len() >= RECENT_INPUTS.max(usize::from(rows)) {
             self.recent_inputs.pop_front();
         }
-        self.recent_inputs.push_back(text.to_string());
+        // No more of it than the screen can show: the echo is matched from the text's start.
+        let shown = usize::from(rows) * usize::from(cols);
+        let end = text.char_indices().nth(shown).map_or(text.len(), |(at, _)| at);
+        self.recent_inputs.push_back(text[..end].to_string());
     }
 
     /// Is a dialog open? Its furniture shows on screen, or a question while the CLI is not at
@@ -684,6 +690,31 @@ mod tests {
         let mut fresh = detector("claude");
         fresh.feed(b"Do you trust the files in this folder?\r\n Enter to confirm \xc2\xb7 Esc to cancel\r\n", start);
         assert_eq!(fresh.status(start + Duration::from_secs(1)).0, AgentStatus::Waiting);
+    }
+
+    /// A message with a dialog's words stays an echo while the screen shows it, however many
+    /// messages were written after it: only the last eight were remembered, and the ninth
+    /// message after it made the agent WAITING for good (nothing is typed while a dialog is
+    /// open, so the screen never changed).
+    #[test]
+    fn an_echo_stays_an_echo_while_it_shows_after_many_more_messages() {
+        let start = Instant::now();
+        let mut claude = detector("claude");
+        claude.feed("\x1b[?2004h────\r\n❯\u{a0}".as_bytes(), start);
+        let mut screen = String::new();
+        for turn in 0..20 {
+            let message = if turn == 0 {
+                "[A2A:1234abcd:alice] in that dialog, Esc to cancel is the safe choice".to_string()
+            } else {
+                format!("[A2A:{turn:08x}:alice] follow-up {turn}")
+            };
+            claude.remember_input(&message);
+            screen.push_str(&format!("❯ {message}\r\n"));
+        }
+        claude.feed(format!("\x1b[2J\x1b[H{screen}────\r\n❯\u{a0}").as_bytes(), start);
+        assert!(claude.shows("Esc to cancel"), "the first message is still on the screen");
+        assert!(!claude.dialog_on_screen());
+        assert_eq!(claude.status(start + Duration::from_secs(10)).0, AgentStatus::Ready);
     }
 
     #[test]
