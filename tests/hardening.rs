@@ -708,19 +708,27 @@ fn a_client_that_never_reads_its_answers_cannot_keep_the_broker_from_stopping() 
     drop(socket);
 }
 
+/// A broker whose connections get ten minutes to close once it stops, with one message queued
+/// for `bob` and a client on its socket that asked for answers and never reads them: the agent,
+/// the broker's pid and that client's connection.
+fn held_by_a_client_that_never_reads(home: &Home) -> (Agent, u32, std::os::unix::net::UnixStream) {
+    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_CLOSING_GRACE_MS", "600000").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let agent = home.register(Some("bob"));
+    home.ok(&["send", &agent.id, "before the stop", "--no-response"]);
+    let pid = home.broker_pid().expect("a broker is running");
+    let mut socket = unix(home);
+    ask_and_never_read(&mut socket, "/dashboard/app.js", 300);
+    (agent, pid, socket)
+}
+
 /// A second SIGTERM while the broker stops ends it at once, without the grace the first one
 /// gives connections (here ten minutes, and a client that never reads its answers); what was
 /// acknowledged before is in the log the next broker opens.
 #[test]
 fn a_second_signal_while_the_broker_stops_ends_it_at_once() {
     let home = Home::new();
-    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_CLOSING_GRACE_MS", "600000").output().unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
-    let agent = home.register(Some("bob"));
-    home.ok(&["send", &agent.id, "before the stop", "--no-response"]);
-    let pid = home.broker_pid().expect("a broker is running");
-    let mut socket = unix(&home);
-    ask_and_never_read(&mut socket, "/dashboard/app.js", 300);
+    let (agent, pid, socket) = held_by_a_client_that_never_reads(&home);
     kill(pid, libc::SIGTERM);
     // It removes broker.json as soon as it begins to stop, then waits for the connection.
     wait_until("the broker to begin stopping", || !home.home().join("broker.json").exists());
@@ -738,13 +746,7 @@ fn a_second_signal_while_the_broker_stops_ends_it_at_once() {
 #[test]
 fn broker_stop_signals_a_broker_that_accepted_the_stop_but_did_not_end() {
     let home = Home::new();
-    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_CLOSING_GRACE_MS", "600000").output().unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
-    let agent = home.register(Some("bob"));
-    home.ok(&["send", &agent.id, "before the stop", "--no-response"]);
-    let pid = home.broker_pid().expect("a broker is running");
-    let mut socket = unix(&home);
-    ask_and_never_read(&mut socket, "/dashboard/app.js", 300);
+    let (agent, pid, socket) = held_by_a_client_that_never_reads(&home);
     let stopped = home.run(&["broker", "stop"]);
     assert!(stopped.status.success(), "{}", describe(&stopped));
     assert!(stderr(&stopped).contains("SIGTERM"), "{}", describe(&stopped));

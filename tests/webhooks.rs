@@ -297,37 +297,49 @@ fn answer_ok(mut stream: std::net::TcpStream) {
     let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
 }
 
+/// A receiver that holds every connection it accepts (unanswered, in `held`) until `answering`
+/// is set, and answers 200 to those that come after; `connections` counts them all.
+struct Holding {
+    port: u16,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+    held: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    answering: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn holding_receiver() -> Holding {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let holding = Holding {
+        port: listener.local_addr().unwrap().port(),
+        connections: Arc::default(),
+        held: Arc::default(),
+        answering: Arc::default(),
+    };
+    let (connections, held, answering) = (holding.connections.clone(), holding.held.clone(), holding.answering.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            connections.fetch_add(1, Ordering::SeqCst);
+            if answering.load(Ordering::SeqCst) {
+                std::thread::spawn(move || answer_ok(stream));
+            } else {
+                held.lock().unwrap().push(stream);
+            }
+        }
+    });
+    holding
+}
+
 /// Deliveries share a bounded number of attempts at once: receivers that hold every request
 /// get at most that many connections; the rest are sent once those end. (Each delivery had its
 /// own connection at once: forty hooks and one burst of events took forty sockets, and enough
 /// of them ran the broker out of file descriptors for its own clients.)
 #[test]
 fn deliveries_under_way_at_once_are_bounded_and_the_rest_follow() {
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicBool, AtomicUsize};
     const HOOKS: usize = 40;
     const AT_ONCE: usize = synapse::broker::delivery::MAX_ATTEMPTS_AT_ONCE;
     let home = Home::new();
     start_broker(&home);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let held: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
-    let answering = Arc::new(AtomicBool::new(false));
-    {
-        let (connections, held, answering) = (connections.clone(), held.clone(), answering.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                connections.fetch_add(1, Ordering::SeqCst);
-                if answering.load(Ordering::SeqCst) {
-                    std::thread::spawn(move || answer_ok(stream));
-                } else {
-                    held.lock().unwrap().push(stream);
-                }
-            }
-        });
-    }
+    let Holding { port, connections, held, answering } = holding_receiver();
     for hook in 0..HOOKS {
         let (code, answer) = register_hook(
             &home,
@@ -374,29 +386,9 @@ fn deliveries_under_way_at_once_are_bounded_and_the_rest_follow() {
 /// the broker waited to exit, and was recorded as a failed attempt.)
 #[test]
 fn an_attempt_under_way_ends_with_the_stop_and_is_made_again_after_the_restart() {
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicBool, AtomicUsize};
     let home = Home::new();
     start_broker(&home);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let held: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
-    let answering = Arc::new(AtomicBool::new(false));
-    {
-        let (connections, held, answering) = (connections.clone(), held.clone(), answering.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                connections.fetch_add(1, Ordering::SeqCst);
-                if answering.load(Ordering::SeqCst) {
-                    std::thread::spawn(move || answer_ok(stream));
-                } else {
-                    held.lock().unwrap().push(stream);
-                }
-            }
-        });
-    }
+    let Holding { port, connections, held, answering } = holding_receiver();
     let (code, answer) =
         register_hook(&home, json!({"url": format!("http://127.0.0.1:{port}/"), "events": ["task.replied"]}));
     assert_eq!(code, 200, "{answer}");
