@@ -131,6 +131,41 @@ fn a_post_that_is_not_json_is_refused_and_nothing_is_appended() {
     assert_eq!(status, 200, "{answer}");
 }
 
+#[test]
+fn every_refusal_is_json_a_segment_that_is_not_utf8_a_wrong_method_and_an_unknown_agent() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    home.ok(&["send", "bob", "for bob", "--no-response"]);
+    let refused = |(status, answer): (u16, Value), wanted: u16, words: &str, what: &str| {
+        assert_eq!(status, wanted, "{what}: {answer}");
+        let message = answer["message"].as_str().unwrap_or_else(|| panic!("{what}: not a JSON error: {answer}"));
+        assert!(message.contains(words), "{what}: {answer}");
+    };
+    // A percent-encoded segment that is not UTF-8, where each path parameter is read.
+    for path in
+        ["/tasks/%ff", "/history/%ff", "/threads/%ff", "/external/%ff", "/agents/%ff/tasks", "/agents/bob/tasks/%ff"]
+    {
+        refused(home.http("GET", path, None, &[]), 400, "UTF-8", path);
+    }
+    refused(http_unix(&bob.socket, "GET", "/tasks/%ff", None, &[]), 400, "UTF-8", "agent socket");
+    refused(http_tcp(bob.port, "GET", "/tasks/%fe%ff/subscribe", None, &[]), 400, "UTF-8", "agent port");
+    // A path that exists, asked with a method it does not take.
+    for (method, path) in
+        [("GET", "/send"), ("DELETE", "/tasks/abc"), ("PUT", "/agents"), ("GET", "/agents/bob/tasks/send")]
+    {
+        refused(home.http(method, path, None, &[]), 405, &format!("does not take {method}"), path);
+    }
+    refused(http_tcp(bob.port, "GET", "/tasks/send", None, &[]), 405, "does not take GET", "agent port");
+    // An agent nobody registered: 404, where it was an empty list.
+    for path in ["/agents/ghost/tasks", "/agents/ghost/reply-stack/list", "/agents/ghost/tasks/abcd1234"] {
+        refused(home.http("GET", path, None, &[]), 404, "Agent 'ghost' is not registered", path);
+    }
+    // A registered agent's name is read as its id, as for a send.
+    let (status, answer) = home.http("GET", "/agents/bob/tasks", None, &[]);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["tasks"].as_array().map(Vec::len), Some(1), "{answer}");
+}
+
 /// Reads from `stream` until `wanted` shows up; panics at the deadline.
 fn read_until(stream: &mut TcpStream, wanted: &str, seen: &mut String) {
     let started = Instant::now();

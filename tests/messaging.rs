@@ -322,6 +322,11 @@ fn bad_http_input_gets_a_4xx_json_error_and_appends_nothing() {
     let big = json!({"to": "bob", "text": "a".repeat(17 << 20)}).to_string();
     let (status, answer) = send(big.as_bytes());
     assert_eq!(status, 413, "{answer}");
+    // A message under its own bound whose JSON is over the body's: the refusal names both.
+    let escaped = json!({"to": "bob", "text": "\n".repeat(9 << 20)}).to_string();
+    let (status, answer) = send(escaped.as_bytes());
+    assert_eq!(status, 413, "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("16777216 bytes of text"), "{answer}");
     // The same checks on the agent's own endpoints.
     let (status, _) = http_tcp(
         bob.port,

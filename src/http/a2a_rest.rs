@@ -8,15 +8,15 @@
 
 use super::broker_api::{send_command, sent_answer};
 use super::error::{ApiError, ApiResult, answer};
-use super::extract::{Scope, idempotency_key, parse_body, parse_query, secret_of};
+use super::extract::{Path, ReadScope, Scope, idempotency_key, parse_body, parse_query, secret_of};
 use super::{AppState, caller, wire};
 use crate::api;
 use crate::broker::command::{self, Command, Outcome};
 use crate::event::{Message, Part, Role, TaskState};
 use crate::store::{TaskIndexKind, TaskRecord};
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -209,9 +209,12 @@ struct TasksQuery {
 pub async fn tasks_list(State(state): State<AppState>, Scope(agent): Scope, uri: axum::http::Uri) -> ApiResult {
     let query: TasksQuery = parse_query(uri.query())?;
     let wanted_state: Option<TaskState> = query.state.as_deref().map(str::parse).transpose().map_err(ApiError::bad)?;
-    let mut tasks: Vec<TaskRecord> = state
-        .store
-        .read(|view| view.tasks_of(&agent, TaskIndexKind::Owned))?
+    let scope = ReadScope::of(&state, &agent)?;
+    let owned = state.store.read(|view| view.tasks_of(&scope.agent_id, TaskIndexKind::Owned))?;
+    if owned.is_empty() && !scope.registered {
+        return Err(scope.unknown());
+    }
+    let mut tasks: Vec<TaskRecord> = owned
         .into_iter()
         .filter(|task| query.context_id.as_ref().is_none_or(|context| &task.context_id == context))
         .filter(|task| wanted_state.is_none_or(|wanted| task.state == wanted))
@@ -224,8 +227,13 @@ pub async fn tasks_list(State(state): State<AppState>, Scope(agent): Scope, uri:
 
 fn find_agent_task(state: &AppState, agent: &str, reference: &str) -> Result<TaskRecord, ApiError> {
     let reference = command::validate_task_ref(reference)?;
-    super::subscribe::find_task_where(state, &reference, |task| task.owner.as_deref() == Some(agent))?
-        .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found")))
+    let scope = ReadScope::of(state, agent)?;
+    let agent = scope.agent_id.as_str();
+    match super::subscribe::find_task_where(state, &reference, |task| task.owner.as_deref() == Some(agent))? {
+        Some(task) => Ok(task),
+        None if !scope.registered => Err(scope.unknown()),
+        None => Err(ApiError::not_found(format!("Task {reference} not found"))),
+    }
 }
 
 pub async fn agent_task(
@@ -252,7 +260,11 @@ pub async fn tasks_cancel(
 }
 
 pub async fn reply_stack_list(State(state): State<AppState>, Scope(agent): Scope) -> ApiResult {
-    let targets = state.store.read(|view| view.reply_targets(&agent))?;
+    let scope = ReadScope::of(&state, &agent)?;
+    let targets = state.store.read(|view| view.reply_targets(&scope.agent_id))?;
+    if targets.is_empty() && !scope.registered {
+        return Err(scope.unknown());
+    }
     answer(&api::ReplyTargets { targets: targets.iter().map(wire::reply_target).collect() })
 }
 
@@ -268,7 +280,8 @@ struct ReplyStackQuery {
 /// reply loses nothing.
 pub async fn reply_stack_get(State(state): State<AppState>, Scope(agent): Scope, uri: axum::http::Uri) -> ApiResult {
     let query: ReplyStackQuery = parse_query(uri.query())?;
-    let targets = state.store.read(|view| view.reply_targets(&agent))?;
+    let scope = ReadScope::of(&state, &agent)?;
+    let targets = state.store.read(|view| view.reply_targets(&scope.agent_id))?;
     let target = match &query.sender_id {
         Some(sender) => targets.iter().rev().find(|target| &target.sender_id == sender),
         None => targets.last(),

@@ -5,12 +5,12 @@
 use super::AppState;
 use super::a2a_rest::task_outcome;
 use super::error::ApiResult;
-use super::extract::{Scope, parse_body, secret_of};
+use super::extract::{Path, Scope, parse_body, secret_of};
 use crate::api;
 use crate::broker::command::{Command, UpdateTaskRequest};
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use std::collections::HashMap;
 

@@ -7,15 +7,15 @@
 //! head and end on broker shutdown.
 
 use super::error::{ApiError, ApiResult, answer};
-use super::extract::{Scope, authorize_agent, idempotency_key, parse_body, parse_query};
+use super::extract::{Path, Scope, authorize_agent, idempotency_key, parse_body, parse_query};
 use super::{AppState, MAX_WAIT, agent_endpoints, caller, subscribe, wire};
 use crate::api;
 use crate::broker::command::{self, Command, Outcome};
 use crate::broker::{agents, tail};
 use crate::store::TaskRecord;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;

@@ -1,15 +1,15 @@
 //! `/external`: add (discovering the agent card), list, info, send, remove (SPEC §6).
 
 use super::error::answer;
-use super::extract::parse_body;
+use super::extract::{Path, parse_body};
 use super::{ApiError, ApiResult, AppState};
 use crate::api;
 use crate::broker::command::{Command, ExternalReplyRequest, ExternalSendRequest, Outcome};
 use crate::broker::externals::{ExternalCommand, alias_from_name};
 use crate::broker::outbound;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use serde::Deserialize;

@@ -5,12 +5,12 @@
 //! Invariant: a body or query that does not parse is a 4xx [`ApiError`] naming the cause, never
 //! a 500; the secret is compared in constant time (`crate::secret`).
 
+use super::HttpState;
 use super::error::ApiError;
-use super::{HttpState, MAX_BODY_BYTES};
 use crate::api::{IDEMPOTENCY_KEY_HEADER, SECRET_HEADER};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequestParts, Path, Query};
+use axum::extract::{FromRequestParts, Query};
 use axum::http::{HeaderMap, StatusCode, request::Parts};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -21,7 +21,7 @@ pub fn parse_body<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejecti
     let bytes = body.map_err(|rejection| {
         let status = rejection.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(status, format!("request body too large (limit {MAX_BODY_BYTES} bytes)"))
+            ApiError::new(status, super::body_too_large())
         } else {
             ApiError::new(status, format!("cannot read the request body: {}", rejection.body_text()))
         }
@@ -46,6 +46,20 @@ fn serde_urlencoded_parse<T: for<'de> Deserialize<'de>>(query: &str) -> Result<T
         .map_err(|rejection| rejection.body_text())
 }
 
+/// axum's `Path` with a JSON 400 for a segment it cannot take (not UTF-8 once decoded, say),
+/// where axum's own rejection is plain text.
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| Path(value))
+            .map_err(|rejection| ApiError::bad(rejection.body_text()))
+    }
+}
+
 /// The agent a request is about: fixed (per-agent server) or from the `{agent}` path segment.
 #[derive(Clone)]
 pub struct FixedAgent(pub String);
@@ -58,9 +72,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Scope {
         if let Some(FixedAgent(agent)) = parts.extensions.get::<FixedAgent>() {
             return Ok(Scope(agent.clone()));
         }
-        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
-            .await
-            .map_err(|rejection| ApiError::bad(rejection.body_text()))?;
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state).await?;
         params.get("agent").cloned().map(Scope).ok_or_else(|| ApiError::bad("no agent in the path"))
     }
 }
@@ -109,6 +121,36 @@ pub fn agent_id(state: &super::AppState, reference: &str) -> Result<String, supe
         Ok(agent) => Ok(agent.agent_id),
         Err(crate::broker::command::CommandError::NotFound { .. }) => Ok(reference.to_string()),
         Err(error) => Err(error.into()),
+    }
+}
+
+/// The agent a read under `/agents/{agent}/...` is about, found as [`agent_id`] finds it (by id
+/// first, from its key, without reading every agent), and whether it is registered. A reference
+/// no registered agent matches is kept: a departed agent's tasks and reply targets stay, for it
+/// to take back. The caller answers 404 when such an agent has nothing to show.
+pub struct ReadScope {
+    pub agent_id: String,
+    pub registered: bool,
+}
+
+impl ReadScope {
+    pub fn of(state: &super::AppState, reference: &str) -> Result<ReadScope, ApiError> {
+        if state.store.read(|view| view.agent(reference))?.is_some() {
+            return Ok(ReadScope { agent_id: reference.to_string(), registered: true });
+        }
+        let agents = state.store.read(|view| view.agents())?;
+        match crate::broker::command::resolve_target(&agents, reference) {
+            Ok(agent) => Ok(ReadScope { agent_id: agent.agent_id, registered: true }),
+            Err(crate::broker::command::CommandError::NotFound { .. }) => {
+                Ok(ReadScope { agent_id: reference.to_string(), registered: false })
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The 404 of a reference that names no registered agent and nothing it left behind.
+    pub fn unknown(&self) -> ApiError {
+        ApiError::not_found(format!("Agent '{}' is not registered", self.agent_id))
     }
 }
 

@@ -1,15 +1,15 @@
 //! `/history...`: the history views (SPEC §4).
 
 use super::error::answer;
-use super::extract::{parse_body, parse_query};
+use super::extract::{Path, parse_body, parse_query};
 use super::{ApiError, ApiResult, AppState, long_read};
 use crate::api;
 use crate::broker::command::{Command, Outcome};
 use crate::event::{Event, TaskState};
 use crate::store::history::{HistoryRecord, Logic};
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use std::collections::BTreeMap;

@@ -50,6 +50,18 @@ use std::time::Duration;
 /// escaping can add a little).
 pub const MAX_BODY_BYTES: usize = command::MAX_MESSAGE_BYTES + (64 << 10);
 
+/// The refusal of a body over [`MAX_BODY_BYTES`]. It names the message bound too: a message
+/// under it can still make a body over the bound, since JSON writes each quote, backslash and
+/// newline as two bytes and other control characters as six.
+pub fn body_too_large() -> String {
+    format!(
+        "the request body is over {MAX_BODY_BYTES} bytes. A message may hold {} bytes of text, but \
+         as JSON each quote, backslash and newline takes two bytes and other control characters \
+         six, so a message with many of them must be shorter",
+        command::MAX_MESSAGE_BYTES
+    )
+}
+
 /// Header carrying an agent's secret for requests made on its behalf.
 pub use crate::api::SECRET_HEADER;
 
@@ -160,6 +172,7 @@ pub fn broker_router(state: AppState) -> Router {
         .merge(history::routes())
         .merge(dashboard::routes())
         .nest("/agents/{agent}", a2a_routes())
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(state.auth.clone(), auth::check))
@@ -172,6 +185,7 @@ pub fn agent_router(state: AppState, agent_id: String) -> Router {
     a2a_routes()
         .route("/", post(jsonrpc::handle))
         .route("/status", get(broker_api::agent_status))
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(axum::Extension(FixedAgent(agent_id)))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -199,6 +213,12 @@ fn a2a_routes() -> Router<AppState> {
 
 async fn not_found() -> ApiError {
     ApiError::not_found("no such endpoint")
+}
+
+/// A path that exists asked with a method it does not take (added after every route: it applies
+/// to the routes there are when it is set).
+async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, format!("this endpoint does not take {method}"))
 }
 
 #[cfg(test)]

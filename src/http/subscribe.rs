@@ -10,13 +10,14 @@
 //!   time and then confirmed by finding the event itself, so a clock that went backwards costs
 //!   a longer scan, never a missed event.
 
+use super::extract::Path;
 use super::{ApiError, AppState, FixedAgent, Scope, wire};
 use crate::broker::command::{self, CommandError};
 use crate::broker::tail::{self, TailEnd};
 use crate::event::{Artifact, Event, TaskState};
 use crate::store::TaskRecord;
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use std::collections::HashMap;

@@ -17,10 +17,11 @@ use super::{
     agent_id_of, status_body, status_of, version_of,
 };
 use crate::http::AppState;
+use crate::http::extract::Path;
 use crate::http::extract::{FixedAgent, Scope};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};

@@ -217,7 +217,7 @@ struct Call {
 fn parse_call(body: Result<Bytes, BytesRejection>) -> Result<Call, Box<(Value, RpcError)>> {
     let bytes = body.map_err(|rejection| {
         let message = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            format!("request body too large (limit {} bytes)", super::MAX_BODY_BYTES)
+            super::body_too_large()
         } else {
             format!("cannot read the request body: {}", rejection.body_text())
         };
