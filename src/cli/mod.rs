@@ -329,7 +329,7 @@ pub struct SendArgs {
     /// Fire and forget: no reply expected
     #[arg(long, visible_alias = "silent")]
     pub no_response: bool,
-    /// Block until the reply arrives (optionally at most SECONDS) and print it
+    /// Block until the reply arrives and print it: at most SECONDS if given (0 or none: no limit)
     #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "0", conflicts_with = "no_response")]
     pub wait: Option<u64>,
     /// Answer this task (full id or the 8-character prefix shown in the terminal)
