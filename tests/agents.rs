@@ -257,6 +257,47 @@ fn priority_five_interrupts_a_busy_cli_then_writes_once_it_is_back_at_its_prompt
     assert!(!screen.contains("Auto-reply"), "the question was abandoned: {screen}");
 }
 
+/// SPEC §3: cancelling the task a busy CLI works on interrupts it, then tells it why (a
+/// priority-5 notice, `:CANCELED]`); its answer is abandoned.
+#[test]
+fn cancelling_the_task_a_busy_cli_works_on_interrupts_it_and_tells_it_why() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (bob, _wrappers) = busy_bob(&home, &mut follower);
+    let task = follower
+        .seen
+        .iter()
+        .find(|e| kind(e) == "ticket_issued" && data(e, "agent_id") == id(&bob).as_str())
+        .map(|e| data(e, "task_id").as_str().unwrap().to_string())
+        .unwrap();
+    home.ok(&["cancel", &task]);
+    follower.wait_until("the notice written", |events| settled(events, &id(&bob)));
+    let screen = terminal(&bob);
+    let question = screen.find("You said: [A2A").expect(&screen);
+    let interrupted = screen.find("[DUMMY] Interrupted while answering").expect(&screen);
+    let notice =
+        format!("You said: [A2A:{}:user:CANCELED] Canceled: canceled by the user. Stop working on it", &task[..8]);
+    let told = screen.find(&notice).unwrap_or_else(|| panic!("{notice} in {screen}"));
+    assert!(question < interrupted && interrupted < told, "{screen}");
+    assert_eq!(screen.matches("You said: [A2A").count(), 2, "each written once: {screen}");
+    assert!(!screen.contains("Auto-reply"), "the question was abandoned: {screen}");
+
+    // bob cancelling the task he works on himself is not interrupted for it.
+    let asked: Value =
+        serde_json::from_str(&home.ok(&["send", "bob", "another long one", "--response", "--json"])).unwrap();
+    let again = asked["task"]["id"].as_str().unwrap().to_string();
+    let injected = |events: &[Value]| {
+        events.iter().filter(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == id(&bob).as_str()).count()
+    };
+    follower.wait_until("bob busy with the second question", |events| injected(events) == 3);
+    let own = home.run_as(&as_agent(&bob), &["cancel", &again]);
+    assert!(own.status.success(), "{}", describe(&own));
+    let events = home.events();
+    assert!(events.iter().any(|e| kind(e) == "task_canceled" && data(e, "task_id") == again.as_str()));
+    let notices = events.iter().filter(|e| kind(e) == "reverse_ticket_issued").count();
+    assert_eq!(notices, 1, "only the user's cancel tells bob");
+}
+
 /// Issue 14: with messages queued for a busy agent, a priority-5 message waited until the agent
 /// was READY again. It interrupts at once and is written before the backlog.
 #[test]

@@ -430,6 +430,26 @@ fn interrupt_before_the_first_words(cli: &'static str) {
     assert!(session.agent().is_some(), "the CLI survived the interrupt: {}", session.describe());
 }
 
+/// SPEC §3: cancelling the task the CLI works on (a slow streamed answer) interrupts it as
+/// priority 5 does; the CLI survives, and the model is told once that the task was canceled.
+fn cancel(cli: &'static str) {
+    let Some(session) = Session::start(cli, "busy") else { return };
+    session.wait_status("READY");
+    let sent = session.send(&["slow-marker please answer slow", "--response", "--json"]);
+    let sent: Value = serde_json::from_str(&sent).unwrap_or_else(|_| panic!("{sent}"));
+    let task = sent["task"]["id"].as_str().unwrap().to_string();
+    session.wait_reached_model("slow-marker");
+    session.wait_screen("tick 2");
+    session.wait_status("PROCESSING");
+    session.world.home.ok(&["cancel", &task]);
+    wait_for("the slow answer cut short", || session.world.model.slow_answers_cut() >= 1, || session.describe());
+    let notice = format!("[A2A:{}:user:CANCELED] Canceled: canceled by the user", &task[..8]);
+    session.wait_reached_model(&notice);
+    session.wait_status("READY");
+    assert_eq!(session.reached_model(&notice), 1, "{}", session.describe());
+    assert!(session.agent().is_some(), "the CLI survived the interrupt: {}", session.describe());
+}
+
 /// A half-typed line of the user is never merged with a message: the message waits until the
 /// input box is empty again.
 fn half_typed(cli: &'static str) {
@@ -524,6 +544,10 @@ macro_rules! per_cli {
                 #[test]
                 fn priority_five_right_behind_a_message_reaches_the_model() {
                     super::interrupt_before_the_first_words(stringify!($cli));
+                }
+                #[test]
+                fn cancelling_its_task_interrupts_it() {
+                    super::cancel(stringify!($cli));
                 }
                 #[test]
                 fn a_half_typed_line_is_not_merged() {

@@ -189,6 +189,8 @@ pub struct InboxTicket {
 #[serde(rename_all = "snake_case")]
 pub enum TicketKind {
     Message,
+    /// How a request of the agent's ended (a reply, `Failed:`, `Canceled:`), or, for a task the
+    /// agent itself received and was working on, that it was canceled (prefix `:CANCELED]`).
     Reply,
 }
 

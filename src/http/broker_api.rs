@@ -320,7 +320,14 @@ fn inbox_tickets(state: &AppState, agent: &str, limit: usize) -> Result<Vec<api:
                         None => task.message.joined_text(),
                     }
                 }),
-                crate::store::TicketKind::Reply => view.task(&ticket.task_id)?.map(|task| wire::answer_text(&task)),
+                crate::store::TicketKind::Reply => match view.task(&ticket.task_id)? {
+                    // A reverse ticket for the agent's own received task: it was canceled.
+                    Some(task) if task.direction == crate::event::Direction::Incoming => {
+                        tickets.push(wire::cancel_notice(&ticket, &task));
+                        continue;
+                    }
+                    task => task.map(|task| wire::answer_text(&task)),
+                },
             };
             tickets.push(wire::inbox_ticket(&ticket, text.unwrap_or_default()));
         }

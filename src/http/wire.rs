@@ -138,6 +138,15 @@ pub fn inbox_ticket(ticket: &Ticket, text: String) -> api::InboxTicket {
     }
 }
 
+/// The ticket that tells an agent a task it was working on was canceled (a priority-5 reverse
+/// ticket for its own received task, `decide_cancel_task`): the interrupt comes first, then this.
+pub fn cancel_notice(ticket: &Ticket, task: &TaskRecord) -> api::InboxTicket {
+    let mut notice = inbox_ticket(ticket, format!("{}. Stop working on it: no reply is expected.", answer_text(task)));
+    let from = ticket.from.as_deref().unwrap_or("anonymous");
+    notice.prefix = format!("[A2A:{}:{from}:CANCELED]", crate::event::short_id(&ticket.display_task_id));
+    notice
+}
+
 /// An agent as `synapse list --json` and `GET /agents` show it.
 pub fn agent(
     agent: &AgentRecord,

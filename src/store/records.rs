@@ -174,7 +174,8 @@ pub struct ReplyTarget {
 pub enum TicketKind {
     /// A message sent to the agent.
     Message,
-    /// A reply to the agent's own earlier message (reverse ticket).
+    /// A reply to the agent's own earlier message (reverse ticket); for a task the agent itself
+    /// received, the notice that it was canceled while the agent worked on it.
     Reply,
 }
 

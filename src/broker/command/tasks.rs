@@ -177,6 +177,7 @@ pub fn decide_cancel_task(
     // its queued ticket is never written), the sender's task of a canceled receiver's task (so a
     // `send --wait` returns at once). Only a side still open: one that ended stays as it ended.
     let mut events = vec![Event::TaskCanceled { task_id: task.id.clone(), reason: reason.clone() }];
+    let mut canceled = vec![task.clone()];
     for linked in [&task.peer_task_id, &task.sender_task_id].into_iter().flatten() {
         if let Some(other) = find_task(view, linked)?
             && other.id != task.id
@@ -186,6 +187,32 @@ pub fn decide_cancel_task(
             events.push(Event::TaskCanceled {
                 task_id: other.id.clone(),
                 reason: Some(format!("{why} (the other side, task {}, was canceled)", short_id(&task.id))),
+            });
+            canceled.push(other);
+        }
+    }
+    // An agent working on a task someone else canceled is interrupted (SPEC §3): a priority-5
+    // notice, which interrupts a busy CLI as any priority-5 message does and then tells the model
+    // to stop (`[A2A:<id8>:<who>:CANCELED]`). Only a task written into its terminal (working);
+    // one still queued just leaves the inbox.
+    for working in
+        canceled.iter().filter(|task| task.direction == Direction::Incoming && task.state == TaskState::Working)
+    {
+        // Not an agent that took the id after the task was written (its CLI never saw it).
+        if let Some(worker) = working.owner.as_deref()
+            && *actor != Actor::Agent(worker.to_string())
+            && view.agent(worker)?.is_some_and(|agent| agent.since_seq.is_none_or(|since| working.created_seq >= since))
+        {
+            let who = match actor {
+                Actor::User => "user",
+                Actor::Agent(agent) => agent.as_str(),
+                Actor::Anonymous => "anonymous",
+            };
+            events.push(Event::ReverseTicketIssued {
+                agent_id: worker.to_string(),
+                task_id: working.id.clone(),
+                from: who.to_string(),
+                priority: 5,
             });
         }
     }
