@@ -159,6 +159,8 @@ fn unreachable_slow_and_malformed_endpoints_fail_clearly_and_quickly() {
     for (args, expected) in [
         (vec!["external", "add", "https://secure.example/"], "only http://"),
         (vec!["external", "add", "http://127.0.0.1:9", "--alias", "bad alias"], "Invalid alias"),
+        (vec!["external", "add", "http://127.0.0.1:9/a2a?token=x"], "without a query"),
+        (vec!["external", "add", "http://127.0.0.1:9/#top"], "without a query"),
         (vec!["external", "send", "nobody", "hi"], "No external agent 'nobody'"),
     ] {
         let output = local(&home, &args);

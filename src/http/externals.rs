@@ -94,6 +94,13 @@ async fn add(
     let body: AddBody = parse_body(body)?;
     let url = body.url.trim().trim_end_matches('/').to_string();
     outbound::parse_url(&url).map_err(|message| ApiError::bad(format!("Invalid URL {message}")))?;
+    // Paths are appended to it (`/tasks/send`, `/.well-known/agent.json`): after a query or a
+    // fragment they would be part of that, and every request would miss.
+    if url.contains(['?', '#']) {
+        return Err(ApiError::bad(format!(
+            "Invalid URL '{url}': an external agent's URL is its base address, without a query ('?') or fragment ('#')"
+        )));
+    }
     if let Some(alias) = &body.alias
         && !crate::broker::externals::is_valid_alias(alias)
     {
