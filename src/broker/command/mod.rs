@@ -494,6 +494,11 @@ mod tests {
         assert!(reply.2, "the first answer is a reply");
         let reply_retry = sent(run(&store, START_MS + 3_000, send(RECEIVER, "done", Some(&first), "r1")));
         assert_eq!(reply_retry, reply, "a retried reply answers the first reply, is_reply included");
+        // The reply's key used again for another text is refused: it stands for one message.
+        match try_run(&store, START_MS + 3_500, send(RECEIVER, "done, and more", Some(&first), "r1")) {
+            Err(CommandError::Conflict { message }) => assert!(message.contains("idempotency key 'r1'"), "{message}"),
+            other => panic!("another reply under the same key: {:?}", other.map(|_| ())),
+        }
 
         // Nothing is past its window yet: the sweep appends nothing.
         run(&store, START_MS + IDEMPOTENCY_WINDOW_MS - 1, Command::ExpireIdempotencyKeys);
