@@ -258,44 +258,84 @@ fn priority_five_interrupts_a_busy_cli_then_writes_once_it_is_back_at_its_prompt
 }
 
 /// SPEC §3: cancelling the task a busy CLI works on interrupts it, then tells it why (a
-/// priority-5 notice, `:CANCELED]`); its answer is abandoned.
+/// priority-5 notice, `:CANCELED]`, naming the task as its message showed it); its answer is
+/// abandoned. A task it left for another, or one it cancels itself, interrupts nothing.
 #[test]
 fn cancelling_the_task_a_busy_cli_works_on_interrupts_it_and_tells_it_why() {
     let home = Home::new();
     let mut follower = Follower::new(&home);
     let (bob, _wrappers) = busy_bob(&home, &mut follower);
-    let task = follower
+    let issued = follower
         .seen
         .iter()
         .find(|e| kind(e) == "ticket_issued" && data(e, "agent_id") == id(&bob).as_str())
-        .map(|e| data(e, "task_id").as_str().unwrap().to_string())
+        .cloned()
         .unwrap();
+    let task = data(&issued, "task_id").as_str().unwrap().to_string();
+    let shown = data(&issued, "display_task_id").as_str().unwrap().to_string();
+    assert_ne!(shown, task, "the question shows the user's task, not bob's");
     home.ok(&["cancel", &task]);
     follower.wait_until("the notice written", |events| settled(events, &id(&bob)));
     let screen = terminal(&bob);
-    let question = screen.find("You said: [A2A").expect(&screen);
+    let question = screen.find(&format!("You said: [A2A:{}:", &shown[..8])).expect(&screen);
     let interrupted = screen.find("[DUMMY] Interrupted while answering").expect(&screen);
     let notice =
-        format!("You said: [A2A:{}:user:CANCELED] Canceled: canceled by the user. Stop working on it", &task[..8]);
+        format!("You said: [A2A:{}:user:CANCELED] Canceled: canceled by the user. Stop working on it", &shown[..8]);
     let told = screen.find(&notice).unwrap_or_else(|| panic!("{notice} in {screen}"));
     assert!(question < interrupted && interrupted < told, "{screen}");
     assert_eq!(screen.matches("You said: [A2A").count(), 2, "each written once: {screen}");
     assert!(!screen.contains("Auto-reply"), "the question was abandoned: {screen}");
 
-    // bob cancelling the task he works on himself is not interrupted for it.
-    let asked: Value =
-        serde_json::from_str(&home.ok(&["send", "bob", "another long one", "--response", "--json"])).unwrap();
-    let again = asked["task"]["id"].as_str().unwrap().to_string();
     let injected = |events: &[Value]| {
         events.iter().filter(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == id(&bob).as_str()).count()
     };
-    follower.wait_until("bob busy with the second question", |events| injected(events) == 3);
-    let own = home.run_as(&as_agent(&bob), &["cancel", &again]);
+    let ask = |text: &str| -> String {
+        let asked: Value = serde_json::from_str(&home.ok(&["send", "bob", text, "--response", "--json"])).unwrap();
+        asked["task"]["id"].as_str().unwrap().to_string()
+    };
+    let notices = || home.events().iter().filter(|e| kind(e) == "reverse_ticket_issued").count();
+    // bob leaves a question for an urgent message (it stays working, unanswered), then takes
+    // another: cancelling the one he left must not cut the other short.
+    let left = ask("a question left behind");
+    follower.wait_until("bob busy with it", |events| injected(events) == 3);
+    home.ok(&["send", "bob", "urgent news", "--no-response", "-p", "5"]);
+    follower.wait_until("the urgent message written", |events| settled(events, &id(&bob)));
+    let current = ask("the question bob works on");
+    follower.wait_until("bob busy with the newer one", |events| injected(events) == 5);
+    home.ok(&["cancel", &left]);
+    assert_eq!(notices(), 1, "bob no longer works on the task he left");
+    // bob cancelling the task he works on himself is not interrupted for it.
+    let own = home.run_as(&as_agent(&bob), &["cancel", &current]);
     assert!(own.status.success(), "{}", describe(&own));
     let events = home.events();
-    assert!(events.iter().any(|e| kind(e) == "task_canceled" && data(e, "task_id") == again.as_str()));
-    let notices = events.iter().filter(|e| kind(e) == "reverse_ticket_issued").count();
-    assert_eq!(notices, 1, "only the user's cancel tells bob");
+    for canceled in [&left, &current] {
+        assert!(events.iter().any(|e| kind(e) == "task_canceled" && data(e, "task_id") == canceled.as_str()));
+    }
+    assert_eq!(notices(), 1, "only the user's cancel of the current task tells bob");
+}
+
+/// A task written into an agent's CLI before the agent was started again is not its new CLI's
+/// work: cancelling it interrupts nothing and tells the new CLI nothing.
+#[test]
+fn cancelling_a_task_an_agent_had_before_a_restart_interrupts_nothing() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (port, _) = free_port_range(1);
+    let slow = [("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")];
+    let carol = start(&home, "carol", &slow, Some(port));
+    let _wrappers = Wrappers(&home, vec![id(&carol)]);
+    follower.wait_until("carol READY", |events| ready(events, &id(&carol)));
+    let asked: Value =
+        serde_json::from_str(&home.ok(&["send", "carol", "a long question", "--response", "--json"])).unwrap();
+    let task = asked["task"]["id"].as_str().unwrap().to_string();
+    follower.wait_until("carol busy with it", |events| status_is(events, &id(&carol), "PROCESSING"));
+    home.ok(&["stop", &id(&carol)]);
+    let restarted = start(&home, "carol", &slow, Some(port));
+    assert_eq!(id(&restarted), id(&carol), "the same port gives the same agent");
+    follower.wait_until("carol READY again", |events| ready(events, &id(&carol)));
+    home.ok(&["cancel", &task]);
+    let notices = home.events().iter().filter(|e| kind(e) == "reverse_ticket_issued").count();
+    assert_eq!(notices, 0, "the new CLI never saw the task");
 }
 
 /// Issue 14: with messages queued for a busy agent, a priority-5 message waited until the agent

@@ -327,6 +327,10 @@ fn bad_http_input_gets_a_4xx_json_error_and_appends_nothing() {
     let (status, answer) = send(escaped.as_bytes());
     assert_eq!(status, 413, "{answer}");
     assert!(answer["message"].as_str().unwrap().contains("16777216 bytes of text"), "{answer}");
+    // The same on the A2A HTTP+JSON binding, whose errors have their own shape.
+    let (status, answer) = home.http("POST", "/agents/bob/v1/message:send", Some(escaped.as_bytes()), &[]);
+    assert!((400..500).contains(&status), "{status}: {answer}");
+    assert!(answer.to_string().contains("16777216 bytes of text"), "{answer}");
     // The same checks on the agent's own endpoints.
     let (status, _) = http_tcp(
         bob.port,

@@ -438,12 +438,14 @@ fn cancel(cli: &'static str) {
     let sent = session.send(&["slow-marker please answer slow", "--response", "--json"]);
     let sent: Value = serde_json::from_str(&sent).unwrap_or_else(|_| panic!("{sent}"));
     let task = sent["task"]["id"].as_str().unwrap().to_string();
+    // The id the message was shown with (the user's own task), which the notice names.
+    let shown = sent["sender_task"]["id"].as_str().unwrap().to_string();
     session.wait_reached_model("slow-marker");
     session.wait_screen("tick 2");
     session.wait_status("PROCESSING");
     session.world.home.ok(&["cancel", &task]);
     wait_for("the slow answer cut short", || session.world.model.slow_answers_cut() >= 1, || session.describe());
-    let notice = format!("[A2A:{}:user:CANCELED] Canceled: canceled by the user", &task[..8]);
+    let notice = format!("[A2A:{}:user:CANCELED] Canceled: canceled by the user", &shown[..8]);
     session.wait_reached_model(&notice);
     session.wait_status("READY");
     assert_eq!(session.reached_model(&notice), 1, "{}", session.describe());

@@ -140,10 +140,14 @@ pub fn inbox_ticket(ticket: &Ticket, text: String) -> api::InboxTicket {
 
 /// The ticket that tells an agent a task it was working on was canceled (a priority-5 reverse
 /// ticket for its own received task, `decide_cancel_task`): the interrupt comes first, then this.
+/// It names the task by the id its message was shown with (the sender's task, when there is
+/// one, as the message's own ticket showed it), not the agent's own task id, which it never saw.
 pub fn cancel_notice(ticket: &Ticket, task: &TaskRecord) -> api::InboxTicket {
     let mut notice = inbox_ticket(ticket, format!("{}. Stop working on it: no reply is expected.", answer_text(task)));
+    let shown = task.sender_task_id.clone().unwrap_or_else(|| task.id.clone());
     let from = ticket.from.as_deref().unwrap_or("anonymous");
-    notice.prefix = format!("[A2A:{}:{from}:CANCELED]", crate::event::short_id(&ticket.display_task_id));
+    notice.prefix = format!("[A2A:{}:{from}:CANCELED]", crate::event::short_id(&shown));
+    notice.display_task_id = shown;
     notice
 }
 

@@ -193,28 +193,32 @@ pub fn decide_cancel_task(
     }
     // An agent working on a task someone else canceled is interrupted (SPEC §3): a priority-5
     // notice, which interrupts a busy CLI as any priority-5 message does and then tells the model
-    // to stop (`[A2A:<id8>:<who>:CANCELED]`). Only a task written into its terminal (working);
-    // one still queued just leaves the inbox.
+    // to stop (`[A2A:<id8>:<who>:CANCELED]`). Only for the task its CLI works on now: written
+    // into it (working), by this run of the agent (not a CLI before a restart, nor an agent that
+    // took the id since), and its current task (the newest working one: a task it left for
+    // another must not cut that other short). A task still queued just leaves the inbox.
     for working in
         canceled.iter().filter(|task| task.direction == Direction::Incoming && task.state == TaskState::Working)
     {
-        // Not an agent that took the id after the task was written (its CLI never saw it).
-        if let Some(worker) = working.owner.as_deref()
-            && *actor != Actor::Agent(worker.to_string())
-            && view.agent(worker)?.is_some_and(|agent| agent.since_seq.is_none_or(|since| working.created_seq >= since))
-        {
-            let who = match actor {
-                Actor::User => "user",
-                Actor::Agent(agent) => agent.as_str(),
-                Actor::Anonymous => "anonymous",
-            };
-            events.push(Event::ReverseTicketIssued {
-                agent_id: worker.to_string(),
-                task_id: working.id.clone(),
-                from: who.to_string(),
-                priority: 5,
-            });
+        let Some(worker) = working.owner.as_deref() else { continue };
+        if *actor == Actor::Agent(worker.to_string()) {
+            continue;
         }
+        let this_run = view.agent(worker)?.is_some_and(|agent| working.updated_ms >= agent.registered_ms);
+        if !this_run || view.current_task(worker)?.is_none_or(|current| current.id != working.id) {
+            continue;
+        }
+        let who = match actor {
+            Actor::User => "user",
+            Actor::Agent(agent) => agent.as_str(),
+            Actor::Anonymous => "anonymous",
+        };
+        events.push(Event::ReverseTicketIssued {
+            agent_id: worker.to_string(),
+            task_id: working.id.clone(),
+            from: who.to_string(),
+            priority: 5,
+        });
     }
     // An agent whose request someone else canceled (its receiver, the user) learns it in its
     // terminal, as it would get the reply; after the cancellations, which take a task's tickets

@@ -22,7 +22,7 @@ use crate::http::extract::{FixedAgent, Scope};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, Method};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -69,7 +69,14 @@ fn check_version(headers: &HeaderMap) -> Result<(), RpcError> {
 }
 
 fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, RpcError> {
-    let bytes = body.map_err(|rejection| RpcError::new(INVALID_REQUEST, rejection.body_text()))?;
+    let bytes = body.map_err(|rejection| {
+        let message = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            crate::http::body_too_large()
+        } else {
+            rejection.body_text()
+        };
+        RpcError::new(INVALID_REQUEST, message)
+    })?;
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|error| RpcError::new(PARSE_ERROR, format!("the body is not JSON: {error}")))?;
     if !value.is_object() {
