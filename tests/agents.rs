@@ -259,7 +259,8 @@ fn priority_five_interrupts_a_busy_cli_then_writes_once_it_is_back_at_its_prompt
 
 /// SPEC §3: cancelling the task a busy CLI works on interrupts it, then tells it why (a
 /// priority-5 notice, `:CANCELED]`, naming the task as its message showed it); its answer is
-/// abandoned. A task it left for another, or one it cancels itself, interrupts nothing.
+/// abandoned. A task it left for another is told of at priority 3 (no interrupt); one it
+/// cancels itself, not at all.
 #[test]
 fn cancelling_the_task_a_busy_cli_works_on_interrupts_it_and_tells_it_why() {
     let home = Home::new();
@@ -293,7 +294,13 @@ fn cancelling_the_task_a_busy_cli_works_on_interrupts_it_and_tells_it_why() {
         let asked: Value = serde_json::from_str(&home.ok(&["send", "bob", text, "--response", "--json"])).unwrap();
         asked["task"]["id"].as_str().unwrap().to_string()
     };
-    let notices = || home.events().iter().filter(|e| kind(e) == "reverse_ticket_issued").count();
+    let notices = || {
+        home.events()
+            .into_iter()
+            .filter(|e| kind(e) == "reverse_ticket_issued")
+            .map(|e| (data(&e, "task_id").as_str().unwrap().to_string(), data(&e, "priority").as_u64().unwrap()))
+            .collect::<Vec<_>>()
+    };
     // bob leaves a question for an urgent message (it stays working, unanswered), then takes
     // another: cancelling the one he left must not cut the other short.
     let left = ask("a question left behind");
@@ -303,7 +310,7 @@ fn cancelling_the_task_a_busy_cli_works_on_interrupts_it_and_tells_it_why() {
     let current = ask("the question bob works on");
     follower.wait_until("bob busy with the newer one", |events| injected(events) == 5);
     home.ok(&["cancel", &left]);
-    assert_eq!(notices(), 1, "bob no longer works on the task he left");
+    assert_eq!(notices(), [(task.clone(), 5), (left.clone(), 3)], "bob no longer works on the task he left");
     // bob cancelling the task he works on himself is not interrupted for it.
     let own = home.run_as(&as_agent(&bob), &["cancel", &current]);
     assert!(own.status.success(), "{}", describe(&own));
@@ -311,7 +318,7 @@ fn cancelling_the_task_a_busy_cli_works_on_interrupts_it_and_tells_it_why() {
     for canceled in [&left, &current] {
         assert!(events.iter().any(|e| kind(e) == "task_canceled" && data(e, "task_id") == canceled.as_str()));
     }
-    assert_eq!(notices(), 1, "only the user's cancel of the current task tells bob");
+    assert_eq!(notices(), [(task, 5), (left, 3)], "bob is not told of his own cancel");
 }
 
 /// A task written into an agent's CLI before the agent was started again is not its new CLI's
@@ -336,6 +343,38 @@ fn cancelling_a_task_an_agent_had_before_a_restart_interrupts_nothing() {
     home.ok(&["cancel", &task]);
     let notices = home.events().iter().filter(|e| kind(e) == "reverse_ticket_issued").count();
     assert_eq!(notices, 0, "the new CLI never saw the task");
+}
+
+/// A cancel notice still queued when its agent is started again (the wrapper frozen, then
+/// killed) is not written into the new CLI, which never saw the task: it is acknowledged
+/// unwritten.
+#[test]
+fn a_cancel_notice_left_queued_by_a_dead_wrapper_is_not_written_into_the_new_cli() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (port, _) = free_port_range(1);
+    let slow = [("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")];
+    let carol = start(&home, "carol", &slow, Some(port));
+    follower.wait_until("carol READY", |events| ready(events, &id(&carol)));
+    let asked: Value =
+        serde_json::from_str(&home.ok(&["send", "carol", "a long question", "--response", "--json"])).unwrap();
+    let task = asked["task"]["id"].as_str().unwrap().to_string();
+    follower.wait_until("carol busy with it", |events| status_is(events, &id(&carol), "PROCESSING"));
+    let wrapper = u32::try_from(carol["pid"].as_u64().unwrap()).unwrap();
+    kill(wrapper, libc::SIGSTOP);
+    home.ok(&["cancel", &task]);
+    let notice = home.events().into_iter().find(|e| kind(e) == "reverse_ticket_issued").expect("a notice");
+    let number = notice["seq"].as_u64().unwrap();
+    kill(wrapper, libc::SIGKILL);
+    wait_until_dead(wrapper);
+    let restarted = start(&home, "carol", &slow, Some(port));
+    assert_eq!(id(&restarted), id(&carol), "the same port gives the same agent and inbox");
+    let _wrappers = Wrappers(&home, vec![id(&restarted)]);
+    follower.wait_until("the notice acknowledged", |events| {
+        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "ticket").as_u64() == Some(number))
+    });
+    let screen = terminal(&restarted);
+    assert!(!screen.contains(":CANCELED]"), "the new CLI never saw the task: {screen}");
 }
 
 /// Issue 14: with messages queued for a busy agent, a priority-5 message waited until the agent

@@ -392,6 +392,7 @@ fn per_agent_a2a_endpoints_answer_on_the_agents_port_socket_and_broker_path() {
     let (status, canceled) = http_tcp(bob.port, "POST", &format!("/tasks/{task_id}/cancel"), None, &[]);
     assert_eq!(status, 200, "{canceled}");
     assert_eq!(canceled["task"]["status"], "canceled");
+    assert_eq!(canceled["task"]["error"], "canceled by an A2A client", "who canceled, as JSON-RPC says it");
     let (status, _) = http_tcp(bob.port, "POST", &format!("/tasks/{task_id}/cancel"), None, &[]);
     assert_eq!(status, 400);
     assert!(home.inbox(&bob).is_empty(), "the canceled message left bob's queue");

@@ -443,6 +443,9 @@ fn cancel(cli: &'static str) {
     session.wait_reached_model("slow-marker");
     session.wait_screen("tick 2");
     session.wait_status("PROCESSING");
+    // Acknowledged as written (the task is working), so the cancel finds the CLI on it.
+    let state = || session.world.home.http("GET", &format!("/tasks/{task}"), None, &[]).1["task"]["status"].clone();
+    wait_for("the task working", || state() == "working", || session.describe());
     session.world.home.ok(&["cancel", &task]);
     wait_for("the slow answer cut short", || session.world.model.slow_answers_cut() >= 1, || session.describe());
     let notice = format!("[A2A:{}:user:CANCELED] Canceled: canceled by the user", &shown[..8]);

@@ -189,9 +189,11 @@ pub struct InboxTicket {
 #[serde(rename_all = "snake_case")]
 pub enum TicketKind {
     Message,
-    /// How a request of the agent's ended (a reply, `Failed:`, `Canceled:`), or, for a task the
-    /// agent itself received and was working on, that it was canceled (prefix `:CANCELED]`).
+    /// How a request of the agent's ended: a reply, `Failed:`, `Canceled:`.
     Reply,
+    /// A task the agent received and was working on was canceled (prefix `:CANCELED]`): at
+    /// priority 5 when its CLI works on it now (the interrupt comes first), else at 3.
+    Canceled,
 }
 
 /// `GET /agents/{agent}/reply-stack/list`: the senders waiting for this agent's reply, oldest

@@ -148,6 +148,7 @@ pub fn cancel_notice(ticket: &Ticket, task: &TaskRecord) -> api::InboxTicket {
     let from = ticket.from.as_deref().unwrap_or("anonymous");
     notice.prefix = format!("[A2A:{}:{from}:CANCELED]", crate::event::short_id(&shown));
     notice.display_task_id = shown;
+    notice.kind = api::TicketKind::Canceled;
     notice
 }
 

@@ -380,6 +380,34 @@ impl<'txn> Projections<'txn> {
         Ok(ReplayRows { _rows: Some(cache) })
     }
 
+    /// Changes the agent's record, if there is one: in place during a replay, as tasks are
+    /// (`update_task`).
+    fn change_agent(&mut self, agent_id: &str, change: impl FnOnce(&mut AgentRecord)) -> Result<(), StoreError> {
+        match self.replay.as_mut() {
+            Some(cache) => {
+                if let Some(record) = cache.agents.get_mut(agent_id) {
+                    change(record);
+                }
+            }
+            None => {
+                if let Some(mut record) = self.agent(agent_id)? {
+                    change(&mut record);
+                    self.put_agent(&record)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One ticket of the agent's inbox, if it is there.
+    fn inbox_ticket(&self, agent_id: &str, priority: u8, ticket: u64) -> Result<Option<Ticket>, StoreError> {
+        let rank = inbox_rank(priority);
+        match self.replay.as_ref() {
+            Some(cache) => Ok(cache.inbox.get(&(agent_id.to_string(), rank, ticket)).cloned()),
+            None => self.inbox.get((agent_id, rank, ticket))?.map(|row| records::decode(row.value())).transpose(),
+        }
+    }
+
     fn put_agent(&mut self, agent: &AgentRecord) -> Result<(), StoreError> {
         match self.replay.as_mut() {
             Some(cache) => {
@@ -599,31 +627,18 @@ impl<'txn> Projections<'txn> {
                     since_seq,
                     status_ms: time_ms,
                     status_note: None,
+                    last_written: None,
                 };
                 self.put_agent(&record)?;
                 // The id is held again: whatever waited under it is this agent's.
                 self.departed.remove(agent_id.as_str())?;
             }
             Event::AgentStatusChanged { agent_id, status, note } => {
-                let change = |record: &mut AgentRecord| {
+                self.change_agent(agent_id, |record| {
                     record.status = *status;
                     record.status_note.clone_from(note);
                     record.status_ms = time_ms;
-                };
-                match self.replay.as_mut() {
-                    // Changed in place, as tasks are (`update_task`).
-                    Some(cache) => {
-                        if let Some(record) = cache.agents.get_mut(agent_id.as_str()) {
-                            change(record);
-                        }
-                    }
-                    None => {
-                        if let Some(mut record) = self.agent(agent_id)? {
-                            change(&mut record);
-                            self.put_agent(&record)?;
-                        }
-                    }
-                }
+                })?;
             }
             Event::AgentDeregistered { agent_id, .. } => {
                 // The inbox and reply targets stay, and the departed row says whose they are:
@@ -779,7 +794,10 @@ impl<'txn> Projections<'txn> {
                 self.put_ticket(&ticket)?;
             }
             Event::TicketInjected { agent_id, ticket, priority } => {
+                let written = self.inbox_ticket(agent_id, *priority, *ticket)?;
                 self.remove_ticket(agent_id, *priority, *ticket)?;
+                let last = written.filter(|ticket| ticket.kind == TicketKind::Message).map(|ticket| ticket.task_id);
+                self.change_agent(agent_id, |record| record.last_written = last)?;
             }
             Event::ReplyPosted { task_id, from, to, sender_task_id, idempotency_key, text } => {
                 if let Some(key) = idempotency_key {

@@ -153,8 +153,10 @@ async fn waiting(
     let mut lines = Vec::new();
     // A ticket handed over before whose acknowledgement failed is the watcher's to acknowledge:
     // never handed over again.
-    for ticket in
-        inbox.tickets.into_iter().filter(|ticket| ticket.priority < 5 && !handed_over.contains(&ticket.ticket))
+    for ticket in inbox
+        .tickets
+        .into_iter()
+        .filter(|ticket| ticket.priority < 5 && !handed_over.contains(&ticket.ticket) && !shared.stale_notice(ticket))
     {
         let Ok(text) = super::watcher::ticket_text(shared, &ticket, true) else { continue };
         let keys = crate::escape::keystrokes(&ticket.prefix, &text, true, "");

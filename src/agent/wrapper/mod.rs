@@ -179,9 +179,19 @@ struct Shared {
     /// acknowledgement, and by a hook while it hands tickets over; holds the numbers of the
     /// tickets hooks handed over, which the watcher must not write.
     delivery: Arc<tokio::sync::Mutex<std::collections::BTreeSet<u64>>>,
+    /// When the broker registered this run of the agent (its clock, as tickets are stamped).
+    registered_ms: u64,
 }
 
 impl Shared {
+    /// A cancel notice issued before this run of the agent registered: about a task the CLI
+    /// before a restart worked on (the notice waited behind a dialog, say, when it stopped).
+    /// Acknowledged without being written or handed over: this CLI never saw that task.
+    fn stale_notice(&self, ticket: &crate::api::InboxTicket) -> bool {
+        ticket.kind == crate::api::TicketKind::Canceled
+            && crate::time::parse_rfc3339_ms(&ticket.issued_at).is_some_and(|issued| issued < self.registered_ms)
+    }
+
     fn note(&self) -> Option<String> {
         self.note.lock().map(|note| note.clone()).unwrap_or_default()
     }
@@ -371,6 +381,7 @@ async fn run_registered(
         held_keys: HeldKeys::default(),
         mcp_tools,
         delivery: Arc::default(),
+        registered_ms: registration.agent.registered_ms,
     });
 
     // Reader thread: output to the user's terminal (interactive) and always to the log (what

@@ -311,6 +311,11 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             continue;
         };
         let number = ticket.ticket;
+        if shared.stale_notice(&ticket) {
+            tracing::info!("ticket {number} tells of a task canceled before this run of the agent; acknowledging it");
+            unacknowledged = Some(number);
+            continue;
+        }
         if let Some(before) = before_restart.take_if(|before| before.ticket == number)
             && written_before_restart(&shared.log, &before, number, &ticket.prefix)
         {

@@ -268,6 +268,55 @@ mod tests {
         store.read(|view| view.task(task_id)).expect("the view reads").expect("the task exists")
     }
 
+    /// A cancel interrupts the receiver (a priority-5 notice) only while its CLI works on the
+    /// task now: PROCESSING, the task's message the last written into it. After a one-way
+    /// message written since (an urgent message cut the task short), the notice comes at
+    /// priority 3.
+    #[test]
+    fn a_cancel_interrupts_only_while_the_cli_works_on_the_task() {
+        use crate::event::{AgentStatus, TaskState};
+        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
+        store
+            .transact(START_MS, |appender| appender.append(None, vec![registered(RECEIVER, 8120)]))
+            .expect("registered");
+        let ask = |at: u64, text: &str, response_expected: bool| {
+            let send = Command::Send(SendRequest {
+                to: RECEIVER.into(),
+                text: text.into(),
+                priority: 3,
+                response_expected,
+                ..SendRequest::default()
+            });
+            sent(run(&store, at, send)).0
+        };
+        let write = |at: u64, task: &str| {
+            let inbox = store.read(|view| view.inbox(RECEIVER, 100)).expect("the view reads");
+            let ticket = inbox.iter().find(|ticket| ticket.task_id == task).expect("queued").ticket;
+            run(&store, at, Command::AckInjection { agent_id: RECEIVER.into(), ticket });
+        };
+        let cancel = |at: u64, task: &str| {
+            run(&store, at, Command::CancelTask { task_id: task.into(), reason: None, actor: Actor::User });
+            store.read_after(0, usize::MAX).expect("the log reads").iter().rev().find_map(|envelope| {
+                match &envelope.event {
+                    Event::ReverseTicketIssued { task_id, priority, .. } if task_id == task => Some(*priority),
+                    _ => None,
+                }
+            })
+        };
+        let first = ask(START_MS + 1, "first", true);
+        write(START_MS + 2, &first);
+        assert_eq!(cancel(START_MS + 3, &first), Some(5), "written and worked on: interrupted");
+
+        let second = ask(START_MS + 10, "second", true);
+        write(START_MS + 12, &second);
+        let ready = Command::SetStatus { agent_id: RECEIVER.into(), status: AgentStatus::Ready, note: None };
+        run(&store, START_MS + 13, ready);
+        let urgent = ask(START_MS + 14, "urgent", false);
+        write(START_MS + 15, &urgent);
+        assert_eq!(task_of(&store, &urgent).state, TaskState::Completed);
+        assert_eq!(cancel(START_MS + 16, &second), Some(3), "the CLI moved on: told, not interrupted");
+    }
+
     /// An A2A client's exchange with RECEIVER: a message that gets a question back, a follow-up
     /// (long, so stored once), its retry, and follow-ups the task can no longer take.
     #[test]

@@ -4,7 +4,7 @@ use super::checks::{check_sender, find_task, new_id, validate_text};
 use super::decision::{Answer, CommandError, DecideError, Decision};
 use super::requests::{Actor, UpdateTaskRequest, default_priority};
 use super::send::back_to_the_asker;
-use crate::event::{Direction, Event, Message, TaskState, short_id};
+use crate::event::{AgentStatus, Direction, Event, Message, TaskState, short_id};
 use crate::store::{Projections, TaskRecord};
 
 /// The agent that sent the message a task records (None: anonymous).
@@ -171,7 +171,7 @@ pub fn decide_cancel_task(
     let reason = reason.clone().or_else(|| match actor {
         Actor::User => Some("canceled by the user".into()),
         Actor::Agent(agent) => Some(format!("canceled by {agent}")),
-        Actor::Anonymous => None,
+        Actor::Anonymous => Some("canceled by an A2A client".into()),
     });
     // The other side of the exchange ends with it: the receiver's task of a canceled message (so
     // its queued ticket is never written), the sender's task of a canceled receiver's task (so a
@@ -191,12 +191,14 @@ pub fn decide_cancel_task(
             canceled.push(other);
         }
     }
-    // An agent working on a task someone else canceled is interrupted (SPEC §3): a priority-5
-    // notice, which interrupts a busy CLI as any priority-5 message does and then tells the model
-    // to stop (`[A2A:<id8>:<who>:CANCELED]`). Only for the task its CLI works on now: written
-    // into it (working), by this run of the agent (not a CLI before a restart, nor an agent that
-    // took the id since), and its current task (the newest working one: a task it left for
-    // another must not cut that other short). A task still queued just leaves the inbox.
+    // An agent working on a task someone else canceled is told (`[A2A:<id8>:<who>:CANCELED]`),
+    // and interrupted first when its CLI works on that task now (SPEC §3): a priority-5 notice
+    // interrupts a busy CLI as any priority-5 message does. Now means: the agent is PROCESSING
+    // and the last message written into its CLI is this task's (anything written since, a
+    // one-way message, a hook's hand-over, a reply, says the CLI moved on). Otherwise the notice
+    // comes at priority 3, at the prompt (or through a hook), and cuts nothing short. Only a
+    // task written into this run of the agent: not into a CLI before a restart, nor an agent
+    // that took the id since. A task still queued just leaves the inbox.
     for working in
         canceled.iter().filter(|task| task.direction == Direction::Incoming && task.state == TaskState::Working)
     {
@@ -204,10 +206,11 @@ pub fn decide_cancel_task(
         if *actor == Actor::Agent(worker.to_string()) {
             continue;
         }
-        let this_run = view.agent(worker)?.is_some_and(|agent| working.updated_ms >= agent.registered_ms);
-        if !this_run || view.current_task(worker)?.is_none_or(|current| current.id != working.id) {
+        let Some(agent) = view.agent(worker)?.filter(|agent| working.updated_ms >= agent.registered_ms) else {
             continue;
-        }
+        };
+        let works_on_it_now =
+            agent.status == AgentStatus::Processing && agent.last_written.as_deref() == Some(working.id.as_str());
         let who = match actor {
             Actor::User => "user",
             Actor::Agent(agent) => agent.as_str(),
@@ -217,7 +220,7 @@ pub fn decide_cancel_task(
             agent_id: worker.to_string(),
             task_id: working.id.clone(),
             from: who.to_string(),
-            priority: 5,
+            priority: if works_on_it_now { 5 } else { 3 },
         });
     }
     // An agent whose request someone else canceled (its receiver, the user) learns it in its

@@ -17,8 +17,7 @@ use super::{
     agent_id_of, status_body, status_of, version_of,
 };
 use crate::http::AppState;
-use crate::http::extract::Path;
-use crate::http::extract::{FixedAgent, Scope};
+use crate::http::extract::{FixedAgent, Path, Scope};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{RawQuery, State};
