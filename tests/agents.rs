@@ -363,6 +363,9 @@ fn a_cancel_notice_left_queued_by_a_dead_wrapper_is_not_written_into_the_new_cli
     let wrapper = u32::try_from(carol["pid"].as_u64().unwrap()).unwrap();
     kill(wrapper, libc::SIGSTOP);
     home.ok(&["cancel", &task]);
+    // On the wire a notice is a reply with a flag: a wrapper of an earlier build reads it.
+    let queued = home.inbox(&as_agent(&carol));
+    assert_eq!((queued[0]["kind"].as_str(), queued[0]["cancel_notice"].as_bool()), (Some("reply"), Some(true)));
     let notice = home.events().into_iter().find(|e| kind(e) == "reverse_ticket_issued").expect("a notice");
     let number = notice["seq"].as_u64().unwrap();
     kill(wrapper, libc::SIGKILL);

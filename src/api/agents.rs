@@ -182,6 +182,12 @@ pub struct InboxTicket {
     pub prefix: String,
     pub text: String,
     pub issued_at: String,
+    /// A task the agent received and was working on was canceled (kind `reply`, prefix
+    /// `:CANCELED]`): at priority 5 when its CLI works on it now (the interrupt comes first),
+    /// else at 3. A field rather than a kind of its own, which a wrapper of an earlier build
+    /// could not read: it would stop taking tickets.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel_notice: bool,
 }
 
 /// What a ticket carries.
@@ -189,11 +195,9 @@ pub struct InboxTicket {
 #[serde(rename_all = "snake_case")]
 pub enum TicketKind {
     Message,
-    /// How a request of the agent's ended: a reply, `Failed:`, `Canceled:`.
+    /// How a request of the agent's ended: a reply, `Failed:`, `Canceled:`; or, with
+    /// [`InboxTicket::cancel_notice`], that a task the agent was working on was canceled.
     Reply,
-    /// A task the agent received and was working on was canceled (prefix `:CANCELED]`): at
-    /// priority 5 when its CLI works on it now (the interrupt comes first), else at 3.
-    Canceled,
 }
 
 /// `GET /agents/{agent}/reply-stack/list`: the senders waiting for this agent's reply, oldest

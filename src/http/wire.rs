@@ -135,6 +135,7 @@ pub fn inbox_ticket(ticket: &Ticket, text: String) -> api::InboxTicket {
         prefix: ticket_prefix(ticket),
         text,
         issued_at: rfc3339(ticket.issued_ms),
+        cancel_notice: false,
     }
 }
 
@@ -148,7 +149,7 @@ pub fn cancel_notice(ticket: &Ticket, task: &TaskRecord) -> api::InboxTicket {
     let from = ticket.from.as_deref().unwrap_or("anonymous");
     notice.prefix = format!("[A2A:{}:{from}:CANCELED]", crate::event::short_id(&shown));
     notice.display_task_id = shown;
-    notice.kind = api::TicketKind::Canceled;
+    notice.cancel_notice = true;
     notice
 }
 

@@ -796,8 +796,11 @@ impl<'txn> Projections<'txn> {
             Event::TicketInjected { agent_id, ticket, priority } => {
                 let written = self.inbox_ticket(agent_id, *priority, *ticket)?;
                 self.remove_ticket(agent_id, *priority, *ticket)?;
-                let last = written.filter(|ticket| ticket.kind == TicketKind::Message).map(|ticket| ticket.task_id);
-                self.change_agent(agent_id, |record| record.last_written = last)?;
+                // A reply or a notice, typed or handed over by a hook, is part of what the CLI
+                // works on already (the reply to its own question, say): only a message moves it.
+                if let Some(message) = written.filter(|ticket| ticket.kind == TicketKind::Message) {
+                    self.change_agent(agent_id, |record| record.last_written = Some(message.task_id))?;
+                }
             }
             Event::ReplyPosted { task_id, from, to, sender_task_id, idempotency_key, text } => {
                 if let Some(key) = idempotency_key {

@@ -33,9 +33,9 @@ pub struct AgentRecord {
     /// Why the agent takes no message now, when its wrapper said (see `agent_status_changed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_note: Option<String>,
-    /// The task of the last message written into the agent's CLI (by its watcher or a hook);
-    /// None when the last ticket written was not a message (a reply, a notice) or none was.
-    /// While the agent is PROCESSING, what its CLI works on: a cancel of it interrupts the CLI.
+    /// The task of the last message written into the agent's CLI (by its watcher or a hook;
+    /// replies and notices written since leave it: they belong to the work under way). While the
+    /// agent is PROCESSING, what its CLI works on: a cancel of that task interrupts the CLI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_written: Option<String>,
 }
@@ -181,7 +181,7 @@ pub enum TicketKind {
     Message,
     /// A reply to the agent's own earlier message (reverse ticket); for a task the agent itself
     /// received, the notice that it was canceled while the agent worked on it (the inbox
-    /// answers it as `api::TicketKind::Canceled`).
+    /// marks it `cancel_notice`).
     Reply,
 }
 

@@ -188,7 +188,7 @@ impl Shared {
     /// before a restart worked on (the notice waited behind a dialog, say, when it stopped).
     /// Acknowledged without being written or handed over: this CLI never saw that task.
     fn stale_notice(&self, ticket: &crate::api::InboxTicket) -> bool {
-        ticket.kind == crate::api::TicketKind::Canceled
+        ticket.cancel_notice
             && crate::time::parse_rfc3339_ms(&ticket.issued_at).is_some_and(|issued| issued < self.registered_ms)
     }
 

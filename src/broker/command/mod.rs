@@ -271,13 +271,15 @@ mod tests {
     /// A cancel interrupts the receiver (a priority-5 notice) only while its CLI works on the
     /// task now: PROCESSING, the task's message the last written into it. After a one-way
     /// message written since (an urgent message cut the task short), the notice comes at
-    /// priority 3.
+    /// priority 3; a reply written since (to the agent's own question) changes nothing.
     #[test]
     fn a_cancel_interrupts_only_while_the_cli_works_on_the_task() {
         use crate::event::{AgentStatus, TaskState};
         let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
         store
-            .transact(START_MS, |appender| appender.append(None, vec![registered(RECEIVER, 8120)]))
+            .transact(START_MS, |appender| {
+                appender.append(None, vec![registered(RECEIVER, 8120), registered(SENDER, 8100)])
+            })
             .expect("registered");
         let ask = |at: u64, text: &str, response_expected: bool| {
             let send = Command::Send(SendRequest {
@@ -315,6 +317,16 @@ mod tests {
         write(START_MS + 15, &urgent);
         assert_eq!(task_of(&store, &urgent).state, TaskState::Completed);
         assert_eq!(cancel(START_MS + 16, &second), Some(3), "the CLI moved on: told, not interrupted");
+
+        // Working on a third, the receiver asks the sender; the answer is written into its CLI.
+        let third = ask(START_MS + 20, "third", true);
+        write(START_MS + 21, &third);
+        let (_, asked, _) = sent(run(&store, START_MS + 22, send(RECEIVER, "which file?", None, "q1")));
+        let asked = asked.expect("the receiver's own task");
+        let (_, _, is_reply) = sent(run(&store, START_MS + 23, send(SENDER, "main.rs", Some(&asked), "a1")));
+        assert!(is_reply);
+        write(START_MS + 24, &asked);
+        assert_eq!(cancel(START_MS + 25, &third), Some(5), "the reply is part of the work on the third");
     }
 
     /// An A2A client's exchange with RECEIVER: a message that gets a question back, a follow-up
