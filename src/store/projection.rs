@@ -796,10 +796,14 @@ impl<'txn> Projections<'txn> {
             Event::TicketInjected { agent_id, ticket, priority } => {
                 let written = self.inbox_ticket(agent_id, *priority, *ticket)?;
                 self.remove_ticket(agent_id, *priority, *ticket)?;
-                // A reply or a notice, typed or handed over by a hook, is part of what the CLI
-                // works on already (the reply to its own question, say): only a message moves it.
+                // What the CLI works on: a message that begins its work (see `last_written`).
                 if let Some(message) = written.filter(|ticket| ticket.kind == TicketKind::Message) {
-                    self.change_agent(agent_id, |record| record.last_written = Some(message.task_id))?;
+                    self.change_agent(agent_id, |record| {
+                        let mid_turn = record.status == crate::event::AgentStatus::Processing;
+                        if !mid_turn || message.response_expected || message.priority == 5 {
+                            record.last_written = Some(message.task_id);
+                        }
+                    })?;
                 }
             }
             Event::ReplyPosted { task_id, from, to, sender_task_id, idempotency_key, text } => {

@@ -33,9 +33,11 @@ pub struct AgentRecord {
     /// Why the agent takes no message now, when its wrapper said (see `agent_status_changed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_note: Option<String>,
-    /// The task of the last message written into the agent's CLI (by its watcher or a hook;
-    /// replies and notices written since leave it: they belong to the work under way). While the
-    /// agent is PROCESSING, what its CLI works on: a cancel of that task interrupts the CLI.
+    /// The task of the last message written into the agent's CLI that began its work: typed at
+    /// its prompt, an interrupting (priority-5) one, or one that asks for a reply. A one-way
+    /// message a hook hands over mid-turn (the agent PROCESSING), a reply and a notice leave it:
+    /// they join the work under way. While the agent is PROCESSING (or WAITING), what its CLI
+    /// works on: a cancel of that task interrupts the CLI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_written: Option<String>,
 }

@@ -269,9 +269,10 @@ mod tests {
     }
 
     /// A cancel interrupts the receiver (a priority-5 notice) only while its CLI works on the
-    /// task now: PROCESSING, the task's message the last written into it. After a one-way
-    /// message written since (an urgent message cut the task short), the notice comes at
-    /// priority 3; a reply written since (to the agent's own question) changes nothing.
+    /// task now: PROCESSING or WAITING, the task's message the last written into it that began
+    /// work. After a one-way message typed at the prompt since, the notice comes at priority 3;
+    /// a reply written since (to the agent's own question), or a one-way message handed over
+    /// mid-turn, changes nothing.
     #[test]
     fn a_cancel_interrupts_only_while_the_cli_works_on_the_task() {
         use crate::event::{AgentStatus, TaskState};
@@ -327,6 +328,15 @@ mod tests {
         assert!(is_reply);
         write(START_MS + 24, &asked);
         assert_eq!(cancel(START_MS + 25, &third), Some(5), "the reply is part of the work on the third");
+
+        // A one-way message a hook hands over mid-turn joins the work; a dialog opens.
+        let fourth = ask(START_MS + 30, "fourth", true);
+        write(START_MS + 31, &fourth);
+        let aside = ask(START_MS + 32, "for your information", false);
+        write(START_MS + 33, &aside);
+        let dialog = Command::SetStatus { agent_id: RECEIVER.into(), status: AgentStatus::Waiting, note: None };
+        run(&store, START_MS + 34, dialog);
+        assert_eq!(cancel(START_MS + 35, &fourth), Some(5), "still the fourth's turn, behind a dialog");
     }
 
     /// An A2A client's exchange with RECEIVER: a message that gets a question back, a follow-up

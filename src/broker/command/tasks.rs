@@ -194,8 +194,9 @@ pub fn decide_cancel_task(
     // An agent working on a task someone else canceled is told (`[A2A:<id8>:<who>:CANCELED]`),
     // and interrupted first when its CLI works on that task now (SPEC §3): a priority-5 notice
     // interrupts a busy CLI as any priority-5 message does. Now means: the agent is PROCESSING
-    // and the last message written into its CLI is this task's (anything written since, a
-    // one-way message, a hook's hand-over, a reply, says the CLI moved on). Otherwise the notice
+    // (or WAITING on a dialog, which is never interrupted: the notice waits for it to close)
+    // and the last message written into its CLI that began its work is this task's (see
+    // `AgentRecord::last_written`: a message written since says the CLI moved on). Otherwise the notice
     // comes at priority 3, at the prompt (or through a hook), and cuts nothing short. Only a
     // task written into this run of the agent: not into a CLI before a restart, nor an agent
     // that took the id since. A task still queued just leaves the inbox.
@@ -209,8 +210,8 @@ pub fn decide_cancel_task(
         let Some(agent) = view.agent(worker)?.filter(|agent| working.updated_ms >= agent.registered_ms) else {
             continue;
         };
-        let works_on_it_now =
-            agent.status == AgentStatus::Processing && agent.last_written.as_deref() == Some(working.id.as_str());
+        let works_on_it_now = matches!(agent.status, AgentStatus::Processing | AgentStatus::Waiting)
+            && agent.last_written.as_deref() == Some(working.id.as_str());
         let who = match actor {
             Actor::User => "user",
             Actor::Agent(agent) => agent.as_str(),
