@@ -139,8 +139,8 @@ pub fn inbox_ticket(ticket: &Ticket, text: String) -> api::InboxTicket {
     }
 }
 
-/// The ticket that tells an agent a task it was working on was canceled (a priority-5 reverse
-/// ticket for its own received task, `decide_cancel_task`): the interrupt comes first, then this.
+/// The ticket that tells an agent a task it was working on was canceled (a reverse ticket for
+/// its own received task, `decide_cancel_task`; at priority 5 the interrupt comes first).
 /// It names the task by the id its message was shown with (the sender's task, when there is
 /// one, as the message's own ticket showed it), not the agent's own task id, which it never saw.
 pub fn cancel_notice(ticket: &Ticket, task: &TaskRecord) -> api::InboxTicket {

@@ -196,10 +196,10 @@ pub fn decide_cancel_task(
     // interrupts a busy CLI as any priority-5 message does. Now means: the agent is PROCESSING
     // (or WAITING on a dialog, which is never interrupted: the notice waits for it to close)
     // and the last message written into its CLI that began its work is this task's (see
-    // `AgentRecord::last_written`: a message written since says the CLI moved on). Otherwise the notice
-    // comes at priority 3, at the prompt (or through a hook), and cuts nothing short. Only a
-    // task written into this run of the agent: not into a CLI before a restart, nor an agent
-    // that took the id since. A task still queued just leaves the inbox.
+    // `AgentRecord::last_written`: a message written since says the CLI moved on). Otherwise
+    // the notice comes at priority 3, at the prompt (or through a hook), and cuts nothing
+    // short. Only a task written into this run of the agent: not into a CLI before a restart,
+    // nor an agent that took the id since. A task still queued just leaves the inbox.
     for working in
         canceled.iter().filter(|task| task.direction == Direction::Incoming && task.state == TaskState::Working)
     {
