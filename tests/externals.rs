@@ -121,8 +121,12 @@ fn an_agent_of_another_broker_is_added_asked_and_answers() {
 #[test]
 fn unreachable_slow_and_malformed_endpoints_fail_clearly_and_quickly() {
     let home = Home::new();
-    // Nothing listens on this port once the listener is dropped.
-    let free = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // Nothing listens on this port, and no listener can take it while `held` lives: it is the
+    // local end of a connection. (A port freed by dropping a listener was once taken by the
+    // broker this very command started, which then refused itself as a target.)
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let held = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let free = held.local_addr().unwrap().port();
     let refused = local(&home, &["external", "add", &format!("http://127.0.0.1:{free}")]);
     assert_eq!(refused.status.code(), Some(1));
     assert!(stderr(&refused).contains("cannot reach"), "{}", describe(&refused));
