@@ -113,18 +113,10 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
 /// agent matches is kept as it is: a departed agent's id still names its records, and the
 /// command that needs a live agent says so itself.
 pub fn agent_id(state: &super::AppState, reference: &str) -> Result<String, super::ApiError> {
-    let agents = state.store.read(|view| view.agents())?;
-    if agents.iter().any(|agent| agent.agent_id == reference) {
-        return Ok(reference.to_string());
-    }
-    match crate::broker::command::resolve_target(&agents, reference) {
-        Ok(agent) => Ok(agent.agent_id),
-        Err(crate::broker::command::CommandError::NotFound { .. }) => Ok(reference.to_string()),
-        Err(error) => Err(error.into()),
-    }
+    ReadScope::of(state, reference).map(|scope| scope.agent_id)
 }
 
-/// The agent a read under `/agents/{agent}/...` is about, found as [`agent_id`] finds it (by id
+/// The agent a read under `/agents/{agent}/...` is about, found as a send's target is (by id
 /// first, from its key, without reading every agent), and whether it is registered. A reference
 /// no registered agent matches is kept: a departed agent's tasks and reply targets stay, for it
 /// to take back. The caller answers 404 when such an agent has nothing to show.
