@@ -271,11 +271,29 @@ pub fn builtin(name: &str) -> Option<Profile> {
         // (the `┃` border at the cursor) is drawn: before that a message is lost.
         // The second Esc waits for "esc again to interrupt": under load OpenCode could read both
         // in one go, as one Alt-Esc, and go on answering (seen once in the suite).
+        // Busy while it says `esc interrupt` (`esc again to interrupt` after one Esc) under its
+        // box: a spinner stalled for the quiet period under load read as READY otherwise.
         "opencode" => Profile {
             interrupt_hint: Some("again to interrupt".into()),
-            ..profile("opencode", &[], (8130, 8139), idle(Some("┃"), 1000, false, &[]), esc_twice())
+            ..profile(
+                "opencode",
+                &[],
+                (8130, 8139),
+                idle(Some("┃"), 1000, false, &["esc interrupt", "esc again to interrupt"]),
+                esc_twice(),
+            )
         },
-        "copilot" => profile("copilot", &[], (8140, 8149), idle(Some("❯"), 500, true, &[]), InterruptStyle::CtrlC),
+        // Copilot draws `◎ Working esc esc edit prompt` (before the model's first words) or
+        // `◎ Working · 80 B esc esc interrupt` under its input box while it works: its spinner
+        // alone kept it from looking quiet, and a spinner stalled half a second under load read
+        // as READY, so a priority-5 message was typed in without an interrupt (and queued).
+        "copilot" => profile(
+            "copilot",
+            &[],
+            (8140, 8149),
+            idle(Some("❯"), 500, true, &["esc esc interrupt", "esc esc edit prompt"]),
+            InterruptStyle::CtrlC,
+        ),
         "dummy" => Profile {
             name: "dummy".into(),
             command: "{synapse}".into(),

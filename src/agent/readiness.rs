@@ -611,7 +611,7 @@ mod tests {
     }
 
     #[test]
-    fn gemini_and_copilot_follow_their_quiet_periods() {
+    fn gemini_copilot_and_opencode_are_ready_after_quiet_and_busy_while_they_say_so() {
         let start = Instant::now();
         let mut gemini = detector("gemini");
         // The cursor stands after `> `, the placeholder to its right (as measured).
@@ -622,14 +622,27 @@ mod tests {
         gemini.feed("\x1b[18;1H ⠋ Thinking... (esc to cancel, 0s)\x1b[20;4H".as_bytes(), thinking);
         assert_eq!(gemini.status(thinking + Duration::from_secs(5)).0, AgentStatus::Processing);
         let mut copilot = detector("copilot");
-        copilot.feed("\x1b[?2004h\r\n❯ ".as_bytes(), start);
+        let bar = |hint: &str| format!("\x1b[?2004h\x1b[2J\x1b[H\r\n❯ \r\n{hint}\x1b[2;3H");
+        copilot.feed(bar(" ← open sidebar · Interactive · / commands").as_bytes(), start);
         assert_eq!(copilot.status(start + Duration::from_millis(600)).0, AgentStatus::Ready);
+        // Working, before the first words and while they stream: busy however long its spinner
+        // stays still (under load it may for more than the quiet period).
+        for hint in [" ◎ Working esc esc edit prompt", " ● Working · 80 B esc esc interrupt"] {
+            let working = start + Duration::from_secs(1);
+            copilot.feed(bar(hint).as_bytes(), working);
+            assert_eq!(copilot.status(working + Duration::from_secs(5)).0, AgentStatus::Processing, "{hint}");
+        }
         let mut opencode = detector("opencode");
         opencode.feed(b"\x1b[2J thinking...", start);
         assert_eq!(opencode.status(start + Duration::from_secs(5)).0, AgentStatus::Starting, "no input box yet");
         opencode.feed("\x1b[2J\x1b[10;3H┃  \x1b[10;4H".as_bytes(), start);
         assert_eq!(opencode.status(start + Duration::from_millis(999)).0, AgentStatus::Starting);
         assert_eq!(opencode.status(start + Duration::from_millis(1000)).0, AgentStatus::Ready);
+        for hint in ["⬝⬝⬝⬝⬝■■■  esc interrupt", "⬝⬝⬝⬝⬝⬝⬝⬝  esc again to interrupt"] {
+            let working = start + Duration::from_secs(2);
+            opencode.feed(format!("\x1b[2J\x1b[10;3H┃  \x1b[12;4H{hint}\x1b[10;4H").as_bytes(), working);
+            assert_eq!(opencode.status(working + Duration::from_secs(5)).0, AgentStatus::Processing, "{hint}");
+        }
     }
 
     #[test]
