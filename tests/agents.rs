@@ -321,6 +321,52 @@ fn cancelling_the_task_a_busy_cli_works_on_interrupts_it_and_tells_it_why() {
     assert_eq!(notices(), [(task, 5), (left, 3)], "bob is not told of his own cancel");
 }
 
+/// A task canceled while its message is being written into the CLI (taken from the inbox and
+/// pasted, its Enter not yet sent, so not yet acknowledged) reaches the CLI all the same: the
+/// acknowledgement tells it at once, interrupting the answer it began, as a cancel a moment
+/// later would. Before, the CLI worked on the canceled task and its answer had nowhere to go.
+#[test]
+fn a_task_canceled_while_its_message_is_written_is_told_to_the_cli_that_took_it() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    // Three seconds between the paste and the Enter: the cancel lands between them.
+    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
+    std::fs::write(home.home().join("profiles/dummy.json"), r#"{"settle_ms": 3000}"#).unwrap();
+    let slow = [("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")];
+    let bob = start(&home, "bob", &slow, None);
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
+    let asked: Value =
+        serde_json::from_str(&home.ok(&["send", "bob", "a question canceled on its way", "--response", "--json"]))
+            .unwrap();
+    let task = asked["task"]["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + EVENT_DEADLINE;
+    while !terminal(&bob).contains("a question canceled on its way") {
+        assert!(Instant::now() < deadline, "no paste: {}", terminal(&bob));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    home.ok(&["cancel", &task]);
+    follower.wait_until("the notice written", |events| settled_all(events, &id(&bob), 2));
+    let events = home.events();
+    let at = |wanted: &str| events.iter().position(|e| kind(e) == wanted).unwrap_or_else(|| panic!("{wanted}"));
+    assert!(at("task_canceled") < at("ticket_injected"), "canceled before its acknowledgement");
+    let notices: Vec<u64> = events
+        .iter()
+        .filter(|e| kind(e) == "reverse_ticket_issued")
+        .map(|e| data(e, "priority").as_u64().unwrap())
+        .collect();
+    assert_eq!(notices, [5], "the CLI began on it: interrupted, then told");
+    let issued = &events[at("ticket_issued")];
+    let shown = &data(issued, "display_task_id").as_str().unwrap()[..8];
+    let screen = terminal(&bob);
+    let question = screen.find(&format!("You said: [A2A:{shown}:")).expect(&screen);
+    let interrupted = screen.find("[DUMMY] Interrupted while answering").expect(&screen);
+    let notice = format!("You said: [A2A:{shown}:user:CANCELED] Canceled: canceled by the user. Stop working on it");
+    let told = screen.find(&notice).unwrap_or_else(|| panic!("{notice} in {screen}"));
+    assert!(question < interrupted && interrupted < told, "{screen}");
+    assert_eq!(screen.matches("You said: [A2A").count(), 2, "each written once: {screen}");
+}
+
 /// A task written into an agent's CLI before the agent was started again is not its new CLI's
 /// work: cancelling it interrupts nothing and tells the new CLI nothing.
 #[test]

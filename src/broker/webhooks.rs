@@ -343,7 +343,7 @@ fn push_delivery_owner(task_id: &str, config_id: &str) -> String {
 fn push_status(event: &Event) -> Option<(&str, TaskState, Option<&str>)> {
     match event {
         Event::TaskStateChanged { task_id, state, error, .. } => Some((task_id, *state, error.as_deref())),
-        Event::TaskCanceled { task_id, reason } => Some((task_id, TaskState::Canceled, reason.as_deref())),
+        Event::TaskCanceled { task_id, reason, .. } => Some((task_id, TaskState::Canceled, reason.as_deref())),
         _ => None,
     }
 }
@@ -359,7 +359,7 @@ fn task_event(event: &Event) -> Option<(&'static str, Value)> {
             };
             Some((name, json!({"task_id": task_id, "state": state, "artifacts": artifacts, "error": error})))
         }
-        Event::TaskCanceled { task_id, reason } => {
+        Event::TaskCanceled { task_id, reason, .. } => {
             Some(("task.canceled", json!({"task_id": task_id, "state": "canceled", "reason": reason})))
         }
         Event::ReplyPosted { task_id, sender_task_id, from, to, text, .. } => Some((
@@ -911,7 +911,7 @@ pub(crate) mod tests {
                 as_message: false,
             },
         ));
-        outbox.apply(&envelope(4, Event::TaskCanceled { task_id: "u".into(), reason: None }));
+        outbox.apply(&envelope(4, Event::TaskCanceled { task_id: "u".into(), reason: None, by: None }));
         let deliveries = outbox.deliveries();
         assert_eq!(deliveries.len(), 1, "only subscribed events");
         assert_eq!(deliveries[0].delivery_id, "abcdef12-3");
@@ -988,7 +988,7 @@ pub(crate) mod tests {
         // The order of `decide_reply`: the reply, then the sender's task completes.
         outbox.apply(&envelope(10, reply("answered", "answered-s")));
         outbox.apply(&envelope(11, state_changed("answered-s", TaskState::Completed)));
-        outbox.apply(&envelope(12, Event::TaskCanceled { task_id: "canceled-s".into(), reason: None }));
+        outbox.apply(&envelope(12, Event::TaskCanceled { task_id: "canceled-s".into(), reason: None, by: None }));
         outbox.apply(&envelope(13, state_changed("failed-s", TaskState::Failed)));
         // The receiver's side ending does not end the wait: the broker still takes a reply.
         outbox.apply(&envelope(14, state_changed("open", TaskState::Completed)));

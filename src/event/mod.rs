@@ -289,6 +289,10 @@ pub enum Event {
         task_id: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// Who canceled it, as a cancel notice names them: `user`, an agent's id, `anonymous`.
+        /// None in logs written before it was recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     FileLockAcquired {
         path: String,

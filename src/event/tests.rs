@@ -230,7 +230,11 @@ fn samples() -> Vec<Event> {
             reply_of: Some(receiver_task()),
             as_message: true,
         },
-        Event::TaskCanceled { task_id: sender_task(), reason: Some("no longer needed".into()) },
+        Event::TaskCanceled {
+            task_id: sender_task(),
+            reason: Some("no longer needed".into()),
+            by: Some("user".into()),
+        },
         Event::FileLockAcquired {
             path: path(),
             agent_id: receiver(),

@@ -54,7 +54,7 @@ pub fn change_of(envelope: &crate::event::Envelope, task_id: &str) -> Option<Tas
         Event::TaskStateChanged { task_id: id, state, artifacts, error, .. } if id == task_id => {
             Some(change(*state, artifacts, error, false))
         }
-        Event::TaskCanceled { task_id: id, reason } if id == task_id => {
+        Event::TaskCanceled { task_id: id, reason, .. } if id == task_id => {
             Some(change(TaskState::Canceled, &[], reason, false))
         }
         _ => None,

@@ -518,17 +518,22 @@ impl<'txn> Projections<'txn> {
 
     /// Drops every ticket of `agent_id`.
     fn remove_inbox(&mut self, agent_id: &str) -> Result<(), StoreError> {
-        self.remove_tickets_where(agent_id, |_| true)
+        self.remove_tickets_where(agent_id, |_| true).map(drop)
     }
 
     /// Drops the queued tickets of `agent_id` that would write `task_id` (a canceled message
-    /// must never reach the terminal).
-    fn remove_tickets_of_task(&mut self, agent_id: &str, task_id: &str) -> Result<(), StoreError> {
+    /// must never reach the terminal), and returns them.
+    fn remove_tickets_of_task(&mut self, agent_id: &str, task_id: &str) -> Result<Vec<Ticket>, StoreError> {
         self.remove_tickets_where(agent_id, |ticket| ticket.task_id == task_id)
     }
 
-    /// Drops the tickets of `agent_id` that `doomed` picks.
-    fn remove_tickets_where(&mut self, agent_id: &str, doomed: impl Fn(&Ticket) -> bool) -> Result<(), StoreError> {
+    /// Drops the tickets of `agent_id` that `doomed` picks, and returns them.
+    fn remove_tickets_where(
+        &mut self,
+        agent_id: &str,
+        doomed: impl Fn(&Ticket) -> bool,
+    ) -> Result<Vec<Ticket>, StoreError> {
+        let mut removed = Vec::new();
         match self.replay.as_mut() {
             Some(cache) => {
                 let low = (agent_id.to_string(), 0u8, 0u64);
@@ -539,9 +544,7 @@ impl<'txn> Projections<'txn> {
                     .filter(|(_, ticket)| doomed(ticket))
                     .map(|(key, _)| key.clone())
                     .collect();
-                for key in keys {
-                    cache.inbox.remove(&key);
-                }
+                removed.extend(keys.iter().filter_map(|key| cache.inbox.remove(key)));
             }
             None => {
                 let mut keys = Vec::new();
@@ -551,16 +554,16 @@ impl<'txn> Projections<'txn> {
                     if doomed(&ticket) {
                         let (_, rank, number) = key.value();
                         keys.push((rank, number));
+                        removed.push(ticket);
                     }
                 }
-                let removed = keys.len() as i64;
                 for (rank, number) in keys {
                     self.inbox.remove((agent_id, rank, number))?;
                 }
-                self.add_to_depth(agent_id, -removed)?;
+                self.add_to_depth(agent_id, -(removed.len() as i64))?;
             }
         }
-        Ok(())
+        Ok(removed)
     }
 
     fn remove_ticket(&mut self, agent_id: &str, priority: u8, ticket: u64) -> Result<(), StoreError> {
@@ -628,6 +631,7 @@ impl<'txn> Projections<'txn> {
                     status_ms: time_ms,
                     status_note: None,
                     last_written: None,
+                    canceled_unwritten: Vec::new(),
                 };
                 self.put_agent(&record)?;
                 // The id is held again: whatever waited under it is this agent's.
@@ -796,13 +800,26 @@ impl<'txn> Projections<'txn> {
             Event::TicketInjected { agent_id, ticket, priority } => {
                 let written = self.inbox_ticket(agent_id, *priority, *ticket)?;
                 self.remove_ticket(agent_id, *priority, *ticket)?;
-                // What the CLI works on: a message that begins its work (see `last_written`).
-                if let Some(message) = written.filter(|ticket| ticket.kind == TicketKind::Message) {
+                let message = written.filter(|ticket| ticket.kind == TicketKind::Message);
+                let canceled_since = self.agent(agent_id)?.is_some_and(|agent| !agent.canceled_unwritten.is_empty());
+                if message.is_some() || canceled_since {
                     self.change_agent(agent_id, |record| {
-                        let mid_turn = record.status == crate::event::AgentStatus::Processing;
-                        if !mid_turn || message.response_expected || message.priority == 5 {
-                            record.last_written = Some(message.task_id);
+                        // What the CLI works on: a message that begins its work (see
+                        // `last_written`), or one canceled while it was being written.
+                        let canceled = record.canceled_unwritten.iter().find(|canceled| canceled.ticket == *ticket);
+                        let began = match (&message, canceled) {
+                            (Some(message), _) => Some((&message.task_id, message.response_expected, message.priority)),
+                            (None, Some(canceled)) => {
+                                Some((&canceled.task_id, canceled.response_expected, canceled.priority))
+                            }
+                            (None, None) => None,
+                        };
+                        if let Some((task_id, response_expected, priority)) = began
+                            && begins_work(record.status, response_expected, priority)
+                        {
+                            record.last_written = Some(task_id.clone());
                         }
+                        record.canceled_unwritten.clear();
                     })?;
                 }
             }
@@ -898,9 +915,11 @@ impl<'txn> Projections<'txn> {
                     self.owe_reply(to, sender, sender_task_id, task_id, time_ms, text, envelope.seq)?;
                 }
             }
-            Event::TaskCanceled { task_id, reason } => {
+            Event::TaskCanceled { task_id, reason, by } => {
                 let mut owner = None;
+                let mut queued = false;
                 self.update_task(task_id, |task| {
+                    queued = task.state == TaskState::Submitted;
                     task.state = TaskState::Canceled;
                     if reason.is_some() {
                         task.error = reason.clone();
@@ -912,8 +931,27 @@ impl<'txn> Projections<'txn> {
                 // Its tickets go too (the inbox is apart from the task rows: order is free), and
                 // so does the reply its owner owed for it.
                 if let Some(owner) = owner {
-                    self.remove_tickets_of_task(&owner, task_id)?;
+                    let removed = self.remove_tickets_of_task(&owner, task_id)?;
                     self.forget_reply_target_of_task(&owner, task_id)?;
+                    // A message not yet acknowledged: its wrapper may be writing it now.
+                    let canceled: Vec<CanceledTicket> = removed
+                        .into_iter()
+                        .filter(|ticket| queued && ticket.kind == TicketKind::Message)
+                        .map(|ticket| CanceledTicket {
+                            ticket: ticket.ticket,
+                            task_id: task_id.clone(),
+                            by: by.clone().unwrap_or_else(|| "anonymous".into()),
+                            priority: ticket.priority,
+                            response_expected: ticket.response_expected,
+                        })
+                        .collect();
+                    if !canceled.is_empty() {
+                        self.change_agent(&owner, |record| {
+                            record.canceled_unwritten.extend(canceled);
+                            let over = record.canceled_unwritten.len().saturating_sub(CANCELED_UNWRITTEN);
+                            record.canceled_unwritten.drain(..over);
+                        })?;
+                    }
                 }
             }
             // Projections of these kinds (file safety, history, webhooks, externals) are not

@@ -40,6 +40,36 @@ pub struct AgentRecord {
     /// works on: a cancel of that task interrupts the CLI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_written: Option<String>,
+    /// Message tickets taken out of the agent's inbox by a cancel since its last acknowledgement
+    /// (at most [`CANCELED_UNWRITTEN`], newest last). Its wrapper may have been writing one of
+    /// them when the cancel came: acknowledged then, the CLI has it, and it is told at once that
+    /// the task was canceled (`decide_ack_injection`). Emptied by every acknowledgement: one
+    /// ticket is written at a time, so once another is acknowledged none of these is on its way.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub canceled_unwritten: Vec<CanceledTicket>,
+}
+
+/// Does a message written into a CLI (acknowledged while the agent was `status`) begin its
+/// work, so that the CLI works on it now (see [`AgentRecord::last_written`])? Typed at the
+/// prompt (the agent was not PROCESSING), an interrupting one (priority 5), or one that asks for
+/// a reply. A one-way message handed over mid-turn joins the work under way.
+pub fn begins_work(status: crate::event::AgentStatus, response_expected: bool, priority: u8) -> bool {
+    status != crate::event::AgentStatus::Processing || response_expected || priority == 5
+}
+
+/// How many [`AgentRecord::canceled_unwritten`] tickets an agent's record keeps.
+pub const CANCELED_UNWRITTEN: usize = 8;
+
+/// A message ticket a cancel took out of an agent's inbox before it was acknowledged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CanceledTicket {
+    pub ticket: u64,
+    /// The agent's own (receiving) task.
+    pub task_id: String,
+    /// Who canceled it (see `Event::TaskCanceled::by`).
+    pub by: String,
+    pub priority: u8,
+    pub response_expected: bool,
 }
 
 /// The last agent that held an id, kept after it left: its inbox (and the id) wait for an

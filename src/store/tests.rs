@@ -177,7 +177,7 @@ fn event() -> impl Strategy<Value = Event> {
             reply_of,
             as_message: false,
         }),
-        task().prop_map(|task_id| Event::TaskCanceled { task_id, reason: None }),
+        task().prop_map(|task_id| Event::TaskCanceled { task_id, reason: None, by: None }),
         (agent(), prop::sample::select(vec!["/tmp/a", "/tmp/b"])).prop_map(|(agent_id, path)| {
             Event::FileLockAcquired { path: path.into(), agent_id, expires_ms: 10, intent: None, task_id: None }
         }),
@@ -471,7 +471,7 @@ fn the_inbox_depth_follows_the_inbox_and_survives_a_rebuild() {
     // Written again (a wrapper restarted): nothing more leaves.
     store.transact(3, |appender| appender.append(None, vec![written])).unwrap();
     assert_eq!(depth(&store), 2);
-    let canceled = Event::TaskCanceled { task_id: "t-canceled".into(), reason: None };
+    let canceled = Event::TaskCanceled { task_id: "t-canceled".into(), reason: None, by: None };
     store.transact(4, |appender| appender.append(None, vec![canceled])).unwrap();
     assert_eq!(depth(&store), 1);
     assert_eq!(store.read(|view| view.inbox("bob", 10)).unwrap().len(), 1);
@@ -870,7 +870,7 @@ fn a_state_change_alone_posts_no_words_again() {
         as_message: false,
     };
     store.transact(2_000, |appender| appender.append(None, vec![moved_on(7)])).unwrap();
-    let canceled = Event::TaskCanceled { task_id: "task-03".into(), reason: Some("zebra".into()) };
+    let canceled = Event::TaskCanceled { task_id: "task-03".into(), reason: Some("zebra".into()), by: None };
     store.transact(3_000, |appender| appender.append(None, vec![canceled])).unwrap();
     for _ in 0..2 {
         // One task's words are fewer postings than the first segment's: they would not merge.
@@ -1237,7 +1237,7 @@ fn reads_in_a_transaction_see_its_own_writes() {
             assert_eq!(appender.view().agent(agent_id)?.map(|agent| agent.status), Some(AgentStatus::Starting));
             appender.append(None, vec![status(AgentStatus::Processing)])?;
             assert_eq!(appender.view().agent(agent_id)?.map(|agent| agent.status), Some(AgentStatus::Processing));
-            appender.append(None, vec![Event::TaskCanceled { task_id: task_id.into(), reason: None }])?;
+            appender.append(None, vec![Event::TaskCanceled { task_id: task_id.into(), reason: None, by: None }])?;
             assert_eq!(appender.view().task(task_id)?.map(|task| task.state), Some(TaskState::Canceled));
             Ok(())
         })

@@ -289,6 +289,9 @@ pub fn decide_ack_injection(view: &Projections<'_>, agent_id: &str, ticket: u64)
         }
     }
     let Some(entry) = found else {
+        if let Some(decision) = canceled_while_written(view, agent_id, ticket)? {
+            return Ok(decision);
+        }
         return Err(CommandError::not_found(format!(
             "Ticket {ticket} is not in {agent_id}'s inbox (already delivered?)"
         ))
@@ -321,4 +324,37 @@ pub fn decide_ack_injection(view: &Projections<'_>, agent_id: &str, ticket: u64)
         });
     }
     Ok(Decision { actor: Some(agent_id.to_string()), events, answer: Answer::Injected { ticket } })
+}
+
+/// The acknowledgement of a message whose task was canceled while its wrapper wrote it (after
+/// the wrapper took it from the inbox, before this acknowledgement): the CLI has it and works on
+/// it, and nothing else will tell it to stop. It is told now, as a cancel tells a CLI working on
+/// the task (`decide_cancel_task`): interrupted first (priority 5) when the message began its
+/// work, else at priority 3. None when the ticket was not one of those.
+fn canceled_while_written(
+    view: &Projections<'_>,
+    agent_id: &str,
+    ticket: u64,
+) -> Result<Option<Decision>, DecideError> {
+    let Some(agent) = view.agent(agent_id)? else { return Ok(None) };
+    let Some(canceled) = agent.canceled_unwritten.iter().find(|canceled| canceled.ticket == ticket) else {
+        return Ok(None);
+    };
+    let mut events =
+        vec![Event::TicketInjected { agent_id: agent_id.to_string(), ticket, priority: canceled.priority }];
+    if agent.status != AgentStatus::Processing {
+        events.push(Event::AgentStatusChanged {
+            agent_id: agent_id.to_string(),
+            status: AgentStatus::Processing,
+            note: None,
+        });
+    }
+    let now = crate::store::begins_work(agent.status, canceled.response_expected, canceled.priority);
+    events.push(Event::ReverseTicketIssued {
+        agent_id: agent_id.to_string(),
+        task_id: canceled.task_id.clone(),
+        from: canceled.by.clone(),
+        priority: if now { 5 } else { 3 },
+    });
+    Ok(Some(Decision { actor: Some(agent_id.to_string()), events, answer: Answer::Injected { ticket } }))
 }

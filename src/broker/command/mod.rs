@@ -339,6 +339,83 @@ mod tests {
         assert_eq!(cancel(START_MS + 35, &fourth), Some(5), "still the fourth's turn, behind a dialog");
     }
 
+    /// A message canceled after its wrapper took it from the inbox and before it acknowledged
+    /// it (the paste typed, the submit key not yet): the acknowledgement still succeeds, and the
+    /// CLI that took it is told at once, interrupted first when the message began its work. A
+    /// canceled message that was never written stays unknown to the acknowledgement: another
+    /// acknowledgement since means it was not on its way. The live projections and a replay agree.
+    #[test]
+    fn a_message_canceled_while_it_is_written_is_told_at_its_acknowledgement() {
+        use crate::event::AgentStatus;
+        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
+        store
+            .transact(START_MS, |appender| appender.append(None, vec![registered(RECEIVER, 8120)]))
+            .expect("registered");
+        let status = |at: u64, status: AgentStatus| {
+            run(&store, at, Command::SetStatus { agent_id: RECEIVER.into(), status, note: None });
+        };
+        let ask = |at: u64, text: &str, response_expected: bool| {
+            let send = Command::Send(SendRequest {
+                to: RECEIVER.into(),
+                text: text.into(),
+                priority: 3,
+                response_expected,
+                ..SendRequest::default()
+            });
+            let task = sent(run(&store, at, send)).0;
+            let inbox = store.read(|view| view.inbox(RECEIVER, 100)).expect("the view reads");
+            (inbox.iter().find(|ticket| ticket.task_id == task).expect("queued").ticket, task)
+        };
+        let ack = |at: u64, ticket: u64| {
+            try_run(&store, at, Command::AckInjection { agent_id: RECEIVER.into(), ticket }).map(|_| ())
+        };
+        let cancel = |at: u64, task: &str| {
+            run(&store, at, Command::CancelTask { task_id: task.into(), reason: None, actor: Actor::User });
+        };
+        let notices = || {
+            let log = store.read_after(0, usize::MAX).expect("the log reads");
+            log.iter()
+                .filter_map(|envelope| match &envelope.event {
+                    Event::ReverseTicketIssued { task_id, from, priority, .. } => {
+                        Some((task_id.clone(), from.clone(), *priority))
+                    }
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        status(START_MS + 1, AgentStatus::Ready);
+        let (ticket, task) = ask(START_MS + 2, "first", true);
+        cancel(START_MS + 3, &task);
+        assert_eq!(notices(), [], "still queued: nobody to tell yet");
+        ack(START_MS + 4, ticket).expect("the CLI took it: acknowledged");
+        assert_eq!(notices(), [(task.clone(), "user".to_string(), 5)], "typed at the prompt: interrupted, told");
+        assert!(ack(START_MS + 5, ticket).is_err(), "acknowledged once");
+
+        // A one-way message a hook hands over mid-turn: told, not interrupted.
+        let (ticket, aside) = ask(START_MS + 10, "for your information", false);
+        status(START_MS + 11, AgentStatus::Processing);
+        cancel(START_MS + 12, &aside);
+        ack(START_MS + 13, ticket).expect("handed over: acknowledged");
+        assert_eq!(notices().last(), Some(&(aside, "user".to_string(), 3)));
+
+        // Canceled in the queue and never written: once another ticket is acknowledged, it is
+        // not on its way, and its number means nothing.
+        let (never, skipped) = ask(START_MS + 20, "canceled in the queue", true);
+        let (next, _) = ask(START_MS + 21, "the next one", true);
+        cancel(START_MS + 22, &skipped);
+        ack(START_MS + 23, next).expect("written");
+        assert!(ack(START_MS + 24, never).is_err(), "never written: unknown");
+        assert_eq!(notices().len(), 2);
+
+        // Left canceled in the queue: the agent's record keeps it, and a replay keeps it too.
+        let (_, left) = ask(START_MS + 30, "left canceled", true);
+        cancel(START_MS + 31, &left);
+        let record = store.read(|view| view.agent(RECEIVER)).expect("the view reads").expect("registered");
+        assert_eq!(record.canceled_unwritten.len(), 1);
+        let report = store.verify().expect("verify runs");
+        assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
+    }
+
     /// An A2A client's exchange with RECEIVER: a message that gets a question back, a follow-up
     /// (long, so stored once), its retry, and follow-ups the task can no longer take.
     #[test]

@@ -173,10 +173,17 @@ pub fn decide_cancel_task(
         Actor::Agent(agent) => Some(format!("canceled by {agent}")),
         Actor::Anonymous => Some("canceled by an A2A client".into()),
     });
+    // Who canceled, as a cancel notice names them.
+    let who = match actor {
+        Actor::User => "user",
+        Actor::Agent(agent) => agent.as_str(),
+        Actor::Anonymous => "anonymous",
+    };
+    let by = Some(who.to_string());
     // The other side of the exchange ends with it: the receiver's task of a canceled message (so
     // its queued ticket is never written), the sender's task of a canceled receiver's task (so a
     // `send --wait` returns at once). Only a side still open: one that ended stays as it ended.
-    let mut events = vec![Event::TaskCanceled { task_id: task.id.clone(), reason: reason.clone() }];
+    let mut events = vec![Event::TaskCanceled { task_id: task.id.clone(), reason: reason.clone(), by: by.clone() }];
     let mut canceled = vec![task.clone()];
     for linked in [&task.peer_task_id, &task.sender_task_id].into_iter().flatten() {
         if let Some(other) = find_task(view, linked)?
@@ -187,6 +194,7 @@ pub fn decide_cancel_task(
             events.push(Event::TaskCanceled {
                 task_id: other.id.clone(),
                 reason: Some(format!("{why} (the other side, task {}, was canceled)", short_id(&task.id))),
+                by: by.clone(),
             });
             canceled.push(other);
         }
@@ -199,7 +207,8 @@ pub fn decide_cancel_task(
     // `AgentRecord::last_written`: a message written since says the CLI moved on). Otherwise
     // the notice comes at priority 3, at the prompt (or through a hook), and cuts nothing
     // short. Only a task written into this run of the agent: not into a CLI before a restart,
-    // nor an agent that took the id since. A task still queued just leaves the inbox.
+    // nor an agent that took the id since. A task still queued leaves the inbox; if its wrapper
+    // was writing it, it is told when it acknowledges it (`decide_ack_injection`).
     for working in
         canceled.iter().filter(|task| task.direction == Direction::Incoming && task.state == TaskState::Working)
     {
@@ -212,11 +221,6 @@ pub fn decide_cancel_task(
         };
         let works_on_it_now = matches!(agent.status, AgentStatus::Processing | AgentStatus::Waiting)
             && agent.last_written.as_deref() == Some(working.id.as_str());
-        let who = match actor {
-            Actor::User => "user",
-            Actor::Agent(agent) => agent.as_str(),
-            Actor::Anonymous => "anonymous",
-        };
         events.push(Event::ReverseTicketIssued {
             agent_id: worker.to_string(),
             task_id: working.id.clone(),
