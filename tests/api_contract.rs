@@ -94,7 +94,7 @@ fn an_acknowledgement_with_next_answers_the_inbox_as_it_stands_after_it() {
     let ack = |ticket: u64, query: &str| format!("/agents/{}/inbox/{ticket}/ack{query}", bob.id);
 
     // Bad queries are refused before anything is stored; so is another agent's secret.
-    for query in ["?limit=1", "?next=maybe", "?next=true&limit=x", "?next=true&wait_ms=5"] {
+    for query in ["?limit=1", "?next=maybe", "?next=true&limit=x", "?next=true&wait_ms=5", "?how=pasted", "?how="] {
         let (status, body) = home.http("POST", &ack(first, query), None, &bob_secret);
         assert_eq!(status, 400, "{query}: {body}");
         assert!(body["error"].as_str().is_some_and(|error| !error.is_empty()), "{query}: {body}");
@@ -106,7 +106,7 @@ fn an_acknowledgement_with_next_answers_the_inbox_as_it_stands_after_it() {
     assert_eq!(still["tickets"].as_array().unwrap().len(), 2, "nothing was acknowledged: {still}");
 
     // The first acknowledged: the answer names it and shows the second, with its text.
-    let answered = ok(&home, "POST", &ack(first, "?next=true&limit=1"), None, &bob_secret);
+    let answered = ok(&home, "POST", &ack(first, "?next=true&limit=1&how=typed"), None, &bob_secret);
     round_trips::<api::AckAndInbox>("ack with next", &answered);
     assert_eq!(answered["ticket"], first);
     assert_eq!(answered["inbox"]["agent_id"], bob.id.as_str());
@@ -121,6 +121,10 @@ fn an_acknowledgement_with_next_answers_the_inbox_as_it_stands_after_it() {
     let answered = ok(&home, "POST", &ack(second, "?next=true"), None, &bob_secret);
     assert_eq!(answered["ticket"], second);
     assert_eq!(answered["inbox"]["tickets"], json!([]), "{answered}");
-    let acknowledged = home.events().iter().filter(|event| event["event"]["kind"] == "ticket_injected").count();
-    assert_eq!(acknowledged, 2);
+    let acknowledged: Vec<Value> =
+        home.events().into_iter().filter(|event| event["event"]["kind"] == "ticket_injected").collect();
+    assert_eq!(acknowledged.len(), 2);
+    // How each reached the CLI, when the acknowledgement said.
+    assert_eq!(acknowledged[0]["event"]["data"]["how"], "typed", "{:?}", acknowledged[0]);
+    assert!(acknowledged[1]["event"]["data"].get("how").is_none(), "{:?}", acknowledged[1]);
 }

@@ -171,7 +171,7 @@ impl Agent {
                 continue;
             };
             let number = ticket.ticket;
-            match client.ack(&self.id, number).await {
+            match client.ack(&self.id, number, None).await {
                 Ok(_) => {}
                 Err(error) if is_client_error(&error) => continue,
                 Err(_) => {

@@ -338,7 +338,7 @@ mod tests {
     }
 
     fn injected(seq: u64, agent: &str, ticket: u64) -> Envelope {
-        at(seq, Event::TicketInjected { agent_id: agent.into(), ticket, priority: 3 })
+        at(seq, Event::TicketInjected { agent_id: agent.into(), ticket, priority: 3, how: None })
     }
 
     /// The log as it stood in a demo that waited for ever: everything had settled by the time

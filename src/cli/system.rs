@@ -280,7 +280,7 @@ pub async fn agent(paths: &Paths, command: AgentCommand) -> anyhow::Result<i32> 
             api::json_line(&client.set_status(&agent_id, &api::StatusUpdate { status, note: None }).await?)?
         }
         AgentCommand::Inbox { agent_id, wait_ms } => api::json_line(&client.inbox(&agent_id, wait_ms, None).await?)?,
-        AgentCommand::Ack { agent_id, ticket } => api::json_line(&client.ack(&agent_id, ticket).await?)?,
+        AgentCommand::Ack { agent_id, ticket } => api::json_line(&client.ack(&agent_id, ticket, None).await?)?,
         AgentCommand::Deregister { agent_id } => api::json_line(&client.deregister(&agent_id).await?)?,
     };
     println!("{line}");

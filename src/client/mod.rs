@@ -673,8 +673,14 @@ impl Client {
     }
 
     /// `POST /agents/{agent}/inbox/{ticket}/ack`: the ticket was written (with the agent's secret).
-    pub async fn ack(&mut self, agent_id: &str, ticket: u64) -> Result<Outcome, ClientError> {
-        self.call(Method::POST, &format!("/agents/{}/inbox/{ticket}/ack", percent_encode(agent_id)), None::<&()>).await
+    pub async fn ack(
+        &mut self,
+        agent_id: &str,
+        ticket: u64,
+        how: Option<crate::event::Delivery>,
+    ) -> Result<Outcome, ClientError> {
+        let path = format!("/agents/{}/inbox/{ticket}/ack{}", percent_encode(agent_id), how_query('?', how));
+        self.call(Method::POST, &path, None::<&()>).await
     }
 
     /// `POST /agents/{agent}/inbox/{ticket}/ack?next=true`: acknowledges the ticket and answers
@@ -683,9 +689,14 @@ impl Client {
         &mut self,
         agent_id: &str,
         ticket: u64,
+        how: Option<crate::event::Delivery>,
         limit: usize,
     ) -> Result<api::AckAndInbox, ClientError> {
-        let path = format!("/agents/{}/inbox/{ticket}/ack?next=true&limit={limit}", percent_encode(agent_id));
+        let path = format!(
+            "/agents/{}/inbox/{ticket}/ack?next=true&limit={limit}{}",
+            percent_encode(agent_id),
+            how_query('&', how)
+        );
         self.call(Method::POST, &path, None::<&()>).await
     }
 
@@ -1068,6 +1079,18 @@ fn answer<T: DeserializeOwned>(what: &str, status: StatusCode, bytes: &[u8]) -> 
 /// `<separator>agent=<agent>` when an agent is given.
 fn agent_filter(separator: &str, agent: Option<&str>) -> String {
     agent.map(|agent| format!("{separator}agent={}", percent_encode(agent))).unwrap_or_default()
+}
+
+/// `<separator>how=<how>` when the acknowledgement says how the ticket reached the CLI.
+fn how_query(separator: char, how: Option<crate::event::Delivery>) -> String {
+    use crate::event::Delivery;
+    how.map(|how| match how {
+        Delivery::Typed => "typed",
+        Delivery::HandedOver => "handed_over",
+        Delivery::Unwritten => "unwritten",
+    })
+    .map(|how| format!("{separator}how={how}"))
+    .unwrap_or_default()
 }
 
 /// Percent-encodes a path segment or query value.

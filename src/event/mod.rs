@@ -244,6 +244,9 @@ pub enum Event {
         agent_id: String,
         ticket: u64,
         priority: u8,
+        /// How, as the wrapper said; None from wrappers (and in logs) before it was said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        how: Option<Delivery>,
     },
     ReplyPosted {
         /// The replier's (receiver's) task.

@@ -212,7 +212,7 @@ fn samples() -> Vec<Event> {
             response_expected: true,
             turn: 1,
         },
-        Event::TicketInjected { agent_id: receiver(), ticket: 12, priority: 3 },
+        Event::TicketInjected { agent_id: receiver(), ticket: 12, priority: 3, how: Some(Delivery::Typed) },
         Event::ReplyPosted {
             task_id: receiver_task(),
             sender_task_id: Some(sender_task()),

@@ -17,6 +17,19 @@ pub enum AgentStatus {
     Waiting,
 }
 
+/// How a ticket reached the agent's CLI, as its wrapper says when it acknowledges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Typed at the CLI's prompt (the CLI was idle, or interrupted for it).
+    Typed,
+    /// Handed to the model mid-turn by the CLI's hook.
+    HandedOver,
+    /// Not written into this CLI: written before a restart into the CLI that died with its
+    /// wrapper, a cancel notice of an earlier run, or a message whose task failed instead.
+    Unwritten,
+}
+
 impl fmt::Display for AgentStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

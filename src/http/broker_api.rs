@@ -344,11 +344,15 @@ struct AckQuery {
     /// How many of those tickets (with `next`).
     #[serde(default)]
     limit: Option<usize>,
+    /// How the ticket reached the CLI: `typed`, `handed_over` or `unwritten`.
+    #[serde(default)]
+    how: Option<crate::event::Delivery>,
 }
 
-/// `POST /agents/{agent}/inbox/{ticket}/ack[?next=true[&limit=N]]`: the ticket was written
-/// (the agent's secret). With `next`, the answer also carries the inbox read right after the
-/// acknowledgement was stored ([`api::AckAndInbox`]).
+/// `POST /agents/{agent}/inbox/{ticket}/ack[?next=true[&limit=N]][&how=H]`: the ticket was
+/// written (the agent's secret), `how` it reached the CLI (see [`crate::event::Delivery`]).
+/// With `next`, the answer also carries the inbox read right after the acknowledgement was
+/// stored ([`api::AckAndInbox`]).
 pub async fn ack(
     State(state): State<AppState>,
     Path(params): Path<HashMap<String, String>>,
@@ -365,7 +369,8 @@ pub async fn ack(
         .and_then(|ticket| ticket.parse().ok())
         .ok_or_else(|| ApiError::bad("the ticket must be a number"))?;
     authorize_agent(&state, &agent, &headers)?;
-    let outcome = state.writer.submit(Command::AckInjection { agent_id: agent.clone(), ticket }).await?;
+    let outcome =
+        state.writer.submit(Command::AckInjection { agent_id: agent.clone(), ticket, how: query.how }).await?;
     if !query.next {
         return outcome_answer(outcome);
     }

@@ -797,29 +797,28 @@ impl<'txn> Projections<'txn> {
                 };
                 self.put_ticket(&ticket)?;
             }
-            Event::TicketInjected { agent_id, ticket, priority } => {
+            Event::TicketInjected { agent_id, ticket, priority, how } => {
                 let written = self.inbox_ticket(agent_id, *priority, *ticket)?;
                 self.remove_ticket(agent_id, *priority, *ticket)?;
                 let message = written.filter(|ticket| ticket.kind == TicketKind::Message);
-                let canceled_since = self.agent(agent_id)?.is_some_and(|agent| !agent.canceled_unwritten.is_empty());
-                if message.is_some() || canceled_since {
+                let canceled = |agent: &AgentRecord| agent.canceled_unwritten.iter().position(|c| c.ticket == *ticket);
+                if message.is_some() || self.agent(agent_id)?.is_some_and(|agent| canceled(&agent).is_some()) {
                     self.change_agent(agent_id, |record| {
                         // What the CLI works on: a message that begins its work (see
-                        // `last_written`), or one canceled while it was being written.
-                        let canceled = record.canceled_unwritten.iter().find(|canceled| canceled.ticket == *ticket);
-                        let began = match (&message, canceled) {
-                            (Some(message), _) => Some((&message.task_id, message.response_expected, message.priority)),
-                            (None, Some(canceled)) => {
-                                Some((&canceled.task_id, canceled.response_expected, canceled.priority))
+                        // `last_written`), or one canceled while it was on its way.
+                        let began = match (message, canceled(record)) {
+                            (Some(message), _) => Some((message.task_id, message.response_expected, message.priority)),
+                            (None, Some(at)) => {
+                                let canceled = record.canceled_unwritten.remove(at);
+                                Some((canceled.task_id, canceled.response_expected, canceled.priority))
                             }
                             (None, None) => None,
                         };
                         if let Some((task_id, response_expected, priority)) = began
-                            && begins_work(record.status, response_expected, priority)
+                            && begins_work(*how, record.status, response_expected, priority)
                         {
-                            record.last_written = Some(task_id.clone());
+                            record.last_written = Some(task_id);
                         }
-                        record.canceled_unwritten.clear();
                     })?;
                 }
             }
@@ -943,13 +942,16 @@ impl<'txn> Projections<'txn> {
                             by: by.clone().unwrap_or_else(|| "anonymous".into()),
                             priority: ticket.priority,
                             response_expected: ticket.response_expected,
+                            canceled_ms: time_ms,
                         })
                         .collect();
                     if !canceled.is_empty() {
                         self.change_agent(&owner, |record| {
-                            record.canceled_unwritten.extend(canceled);
-                            let over = record.canceled_unwritten.len().saturating_sub(CANCELED_UNWRITTEN);
-                            record.canceled_unwritten.drain(..over);
+                            let list = &mut record.canceled_unwritten;
+                            list.retain(|old| old.canceled_ms.saturating_add(CANCELED_UNWRITTEN_MS) >= time_ms);
+                            list.extend(canceled);
+                            let over = list.len().saturating_sub(CANCELED_UNWRITTEN);
+                            list.drain(..over);
                         })?;
                     }
                 }

@@ -40,25 +40,45 @@ pub struct AgentRecord {
     /// works on: a cancel of that task interrupts the CLI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_written: Option<String>,
-    /// Message tickets taken out of the agent's inbox by a cancel since its last acknowledgement
-    /// (at most [`CANCELED_UNWRITTEN`], newest last). Its wrapper may have been writing one of
-    /// them when the cancel came: acknowledged then, the CLI has it, and it is told at once that
-    /// the task was canceled (`decide_ack_injection`). Emptied by every acknowledgement: one
-    /// ticket is written at a time, so once another is acknowledged none of these is on its way.
+    /// Message tickets a cancel took out of the agent's inbox lately (newest last; at most
+    /// [`CANCELED_UNWRITTEN`], none older than [`CANCELED_UNWRITTEN_MS`]). Its wrapper may have
+    /// taken one of them to write, or its hook to hand over, before the cancel came: when it
+    /// acknowledges that one, the CLI has it, and it is told at once that the task was canceled
+    /// (`decide_ack_injection`). A ticket leaves the list when it is acknowledged. A wrapper
+    /// acknowledges only tickets it took from the inbox, so one canceled before that stays
+    /// unknown to acknowledgements, wherever it is in the list.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub canceled_unwritten: Vec<CanceledTicket>,
 }
 
-/// Does a message written into a CLI (acknowledged while the agent was `status`) begin its
-/// work, so that the CLI works on it now (see [`AgentRecord::last_written`])? Typed at the
-/// prompt (the agent was not PROCESSING), an interrupting one (priority 5), or one that asks for
-/// a reply. A one-way message handed over mid-turn joins the work under way.
-pub fn begins_work(status: crate::event::AgentStatus, response_expected: bool, priority: u8) -> bool {
-    status != crate::event::AgentStatus::Processing || response_expected || priority == 5
+/// Does a message written into a CLI (acknowledged as `how`, while the agent was `status`)
+/// begin its work, so that the CLI works on it now (see [`AgentRecord::last_written`])? Typed
+/// at the prompt, an interrupting one (priority 5), or one that asks for a reply. A one-way
+/// message a hook handed over mid-turn joins the work under way; one not written into this CLI
+/// begins nothing. A wrapper that does not say how is read from the agent's status: typed at
+/// the prompt unless PROCESSING (which its CLI may report before the acknowledgement, though).
+pub fn begins_work(
+    how: Option<crate::event::Delivery>,
+    status: crate::event::AgentStatus,
+    response_expected: bool,
+    priority: u8,
+) -> bool {
+    use crate::event::Delivery;
+    let mid_turn = match how {
+        Some(Delivery::Typed) => false,
+        Some(Delivery::HandedOver) => true,
+        Some(Delivery::Unwritten) => return false,
+        None => status == crate::event::AgentStatus::Processing,
+    };
+    !mid_turn || response_expected || priority == 5
 }
 
 /// How many [`AgentRecord::canceled_unwritten`] tickets an agent's record keeps.
-pub const CANCELED_UNWRITTEN: usize = 8;
+pub const CANCELED_UNWRITTEN: usize = 16;
+
+/// How long [`AgentRecord::canceled_unwritten`] keeps a ticket: far longer than a write takes
+/// (the settle delay, the CLI's reaction, a few resubmits) or a hook's hand-over.
+pub const CANCELED_UNWRITTEN_MS: u64 = 10 * 60 * 1000;
 
 /// A message ticket a cancel took out of an agent's inbox before it was acknowledged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +90,8 @@ pub struct CanceledTicket {
     pub by: String,
     pub priority: u8,
     pub response_expected: bool,
+    /// When it was canceled.
+    pub canceled_ms: u64,
 }
 
 /// The last agent that held an id, kept after it left: its inbox (and the id) wait for an

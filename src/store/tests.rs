@@ -140,10 +140,11 @@ fn event() -> impl Strategy<Value = Event> {
                     idempotency_key,
                 }
             }),
-        (agent(), 1u64..40, 1u8..=5).prop_map(|(agent_id, ticket, priority)| Event::TicketInjected {
+        (agent(), 1u64..40, 1u8..=5, 0u8..4).prop_map(|(agent_id, ticket, priority, how)| Event::TicketInjected {
             agent_id,
             ticket,
-            priority
+            priority,
+            how: [None, Some(Delivery::Typed), Some(Delivery::HandedOver), Some(Delivery::Unwritten)][usize::from(how)],
         }),
         (task(), agent(), prop::option::of(agent()), prop::option::of("[a-c]{1,2}")).prop_map(
             |(task_id, from, to, idempotency_key)| Event::ReplyPosted {
@@ -177,7 +178,7 @@ fn event() -> impl Strategy<Value = Event> {
             reply_of,
             as_message: false,
         }),
-        task().prop_map(|task_id| Event::TaskCanceled { task_id, reason: None, by: None }),
+        (task(), prop::option::of(agent())).prop_map(|(task_id, by)| Event::TaskCanceled { task_id, reason: None, by }),
         (agent(), prop::sample::select(vec!["/tmp/a", "/tmp/b"])).prop_map(|(agent_id, path)| {
             Event::FileLockAcquired { path: path.into(), agent_id, expires_ms: 10, intent: None, task_id: None }
         }),
@@ -465,7 +466,7 @@ fn the_inbox_depth_follows_the_inbox_and_survives_a_rebuild() {
         })
         .unwrap();
     assert_eq!(depth(&store), 3);
-    let written = Event::TicketInjected { agent_id: "bob".into(), ticket: 3, priority: 3 };
+    let written = Event::TicketInjected { agent_id: "bob".into(), ticket: 3, priority: 3, how: None };
     store.transact(2, |appender| appender.append(None, vec![written.clone()])).unwrap();
     assert_eq!(depth(&store), 2);
     // Written again (a wrapper restarted): nothing more leaves.
@@ -478,7 +479,7 @@ fn the_inbox_depth_follows_the_inbox_and_survives_a_rebuild() {
     assert!(store.verify().unwrap().differences.is_empty());
     store.rebuild().unwrap();
     assert_eq!(depth(&store), 1);
-    let last = Event::TicketInjected { agent_id: "bob".into(), ticket: 4, priority: 3 };
+    let last = Event::TicketInjected { agent_id: "bob".into(), ticket: 4, priority: 3, how: None };
     store.transact(5, |appender| appender.append(None, vec![last])).unwrap();
     assert_eq!(depth(&store), 0);
     assert!(store.verify().unwrap().differences.is_empty(), "an empty inbox has no depth row, as after a replay");

@@ -414,7 +414,7 @@ pub fn reply_body(agent: &Agent, text: String) -> api::ReplyRequest {
 /// Acknowledges `ticket` as `agent` (its secret for this request only).
 pub async fn ack_as(http: &mut Client, agent: &Agent, ticket: u64) -> Result<()> {
     http.set_secret(agent.secret.clone());
-    let acked = http.ack(&agent.id, ticket).await;
+    let acked = http.ack(&agent.id, ticket, Some(synapse::event::Delivery::Typed)).await;
     http.clear_secret();
     acked?;
     Ok(())

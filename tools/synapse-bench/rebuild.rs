@@ -7,7 +7,7 @@
 use crate::common::{BenchDir, result};
 use anyhow::{Result, bail};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use synapse::event::{AgentStatus, Artifact, Direction, Event, Message, Role, TaskState};
+use synapse::event::{AgentStatus, Artifact, Delivery, Direction, Event, Message, Role, TaskState};
 use synapse::secret::hash_secret;
 use synapse::store::{Appender, Store, StoreError};
 
@@ -254,7 +254,7 @@ impl LogGenerator {
         appender.append(
             Some(receiver),
             vec![
-                Event::TicketInjected { agent_id: receiver.into(), ticket, priority },
+                Event::TicketInjected { agent_id: receiver.into(), ticket, priority, how: Some(Delivery::Typed) },
                 Event::TaskStateChanged {
                     task_id: task_id.clone(),
                     state: TaskState::Working,
@@ -301,7 +301,12 @@ impl LogGenerator {
         let reverse_ticket = written.last().map_or(0, |envelope| envelope.seq);
         appender.append(
             Some(sender),
-            vec![Event::TicketInjected { agent_id: sender.into(), ticket: reverse_ticket, priority }],
+            vec![Event::TicketInjected {
+                agent_id: sender.into(),
+                ticket: reverse_ticket,
+                priority,
+                how: Some(Delivery::Typed),
+            }],
         )?;
         appender.append(Some(receiver), vec![status(AgentStatus::Ready)])?;
         Ok(())

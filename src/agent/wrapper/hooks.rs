@@ -15,6 +15,7 @@
 use super::Shared;
 use super::connection::connect;
 use crate::agent::hook::{self, HookAnswer, HookRequest};
+use crate::event::Delivery;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -120,13 +121,20 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
         delivered.pop_first();
     }
     for number in tickets {
-        if let Err(error) = client.ack(&shared.agent_id, number).await {
-            tracing::warn!(
-                "ticket {number} handed over by a hook, its acknowledgement failed ({error:#}): the watcher acknowledges it"
-            );
-            break;
+        match client.ack(&shared.agent_id, number, Some(Delivery::HandedOver)).await {
+            Ok(_) => tracing::info!("ticket {number} handed to the model by the {} hook", request.event),
+            // Acknowledged already (by the watcher, after an answer lost to a broker restart):
+            // the others are acknowledged all the same.
+            Err(error) if super::connection::is_gone(&error) => {
+                tracing::warn!("ticket {number} handed over by a hook was acknowledged already ({error:#})");
+            }
+            Err(error) => {
+                tracing::warn!(
+                    "ticket {number} handed over by a hook, its acknowledgement failed ({error:#}): the watcher acknowledges it"
+                );
+                break;
+            }
         }
-        tracing::info!("ticket {number} handed to the model by the {} hook", request.event);
     }
     shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
     shared.screen.notify();

@@ -17,7 +17,7 @@ use super::connection::{Backoff, connect, is_gone};
 use crate::agent::profile::{self, InterruptStyle};
 use crate::api::{self, InboxTicket};
 use crate::client::Client;
-use crate::event::AgentStatus;
+use crate::event::{AgentStatus, Delivery};
 use anyhow::Context;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -248,7 +248,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         }
     };
     let mut client = connect(&shared.paths, &shared.secret).await;
-    let mut unacknowledged: Option<u64> = None;
+    let mut unacknowledged: Option<(u64, Delivery)> = None;
     // The ticket a previous wrapper wrote and died before acknowledging, if its records say so:
     // acknowledged without being written again when it comes.
     let mut before_restart = before_restart;
@@ -262,10 +262,10 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
     // without another request (a message stored with that acknowledgement is written at once).
     let mut after_ack: Option<crate::api::Inbox> = None;
     loop {
-        if let Some(ticket) = unacknowledged {
+        if let Some((ticket, how)) = unacknowledged {
             // A READY seen before the write, still on its way, lands before this PROCESSING.
             shared.report_order.no_ready_from_before_the_last_write().await;
-            match client.ack_then_inbox(&shared.agent_id, ticket, 1).await {
+            match client.ack_then_inbox(&shared.agent_id, ticket, Some(how), 1).await {
                 Ok(answer) => {
                     after_ack = Some(answer.inbox);
                     // The acknowledgement recorded PROCESSING; the reporter reports READY
@@ -313,14 +313,14 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         let number = ticket.ticket;
         if shared.stale_notice(&ticket) {
             tracing::info!("ticket {number} tells of a task canceled before this run of the agent; acknowledging it");
-            unacknowledged = Some(number);
+            unacknowledged = Some((number, Delivery::Unwritten));
             continue;
         }
         if let Some(before) = before_restart.take_if(|before| before.ticket == number)
             && written_before_restart(&shared.log, &before, number, &ticket.prefix)
         {
             tracing::info!("ticket {number} was written before a restart; acknowledging it");
-            unacknowledged = Some(number);
+            unacknowledged = Some((number, Delivery::Unwritten));
             continue;
         }
         let (status, typing, off_prompt) = {
@@ -383,7 +383,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             // A hook handed it to the model after it was fetched: acknowledged, not written (if
             // the hook's own acknowledgement landed, this one is answered 404, and that is all).
             delivering = Some(guard);
-            unacknowledged = Some(number);
+            unacknowledged = Some((number, Delivery::HandedOver));
             continue;
         }
         // Looked at again: the lock may have waited behind a hook's acknowledgements, while the
@@ -414,7 +414,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                 // The user's keys are not held through a request to the broker.
                 shared.held_keys.hold(false, &shared.input);
                 if fail_ticket(&mut client, &shared, &ticket, &reason).await {
-                    unacknowledged = Some(number);
+                    unacknowledged = Some((number, Delivery::Unwritten));
                     continue;
                 }
                 // Its task cannot be failed (a reply's task is over already; the broker may be
@@ -462,7 +462,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         {
             tracing::warn!("cannot record ticket {number} as written: {error}");
         }
-        unacknowledged = Some(number);
+        unacknowledged = Some((number, Delivery::Typed));
     }
 }
 

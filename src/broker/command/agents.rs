@@ -4,7 +4,7 @@
 use super::decision::{Answer, CommandError, Context, DecideError, Decision};
 use super::requests::RegisterRequest;
 use super::send::back_to_the_asker;
-use crate::event::{AgentStatus, Event, TaskState};
+use crate::event::{AgentStatus, Delivery, Event, TaskState};
 use crate::store::{DepartedAgent, Projections, StoreError, TicketKind};
 
 pub fn agent_id_for(agent_type: &str, port: u16) -> String {
@@ -280,7 +280,12 @@ fn departure(view: &Projections<'_>, agent_id: &str, reason: &str) -> Result<Vec
 
 /// The wrapper wrote ticket `ticket` into the agent's terminal: it leaves the inbox, the agent
 /// is processing, and the task it carried is being worked on.
-pub fn decide_ack_injection(view: &Projections<'_>, agent_id: &str, ticket: u64) -> Result<Decision, DecideError> {
+pub fn decide_ack_injection(
+    view: &Projections<'_>,
+    agent_id: &str,
+    ticket: u64,
+    how: Option<Delivery>,
+) -> Result<Decision, DecideError> {
     let mut found = None;
     for priority in (1..=5).rev() {
         if let Some(entry) = view.ticket(agent_id, priority, ticket)? {
@@ -289,7 +294,7 @@ pub fn decide_ack_injection(view: &Projections<'_>, agent_id: &str, ticket: u64)
         }
     }
     let Some(entry) = found else {
-        if let Some(decision) = canceled_while_written(view, agent_id, ticket)? {
+        if let Some(decision) = canceled_on_its_way(view, agent_id, ticket, how)? {
             return Ok(decision);
         }
         return Err(CommandError::not_found(format!(
@@ -297,7 +302,8 @@ pub fn decide_ack_injection(view: &Projections<'_>, agent_id: &str, ticket: u64)
         ))
         .into());
     };
-    let mut events = vec![Event::TicketInjected { agent_id: agent_id.to_string(), ticket, priority: entry.priority }];
+    let mut events =
+        vec![Event::TicketInjected { agent_id: agent_id.to_string(), ticket, priority: entry.priority, how }];
     // A ticket just written means the CLI is working on it.
     if let Some(agent) = view.agent(agent_id)?
         && agent.status != AgentStatus::Processing
@@ -326,22 +332,24 @@ pub fn decide_ack_injection(view: &Projections<'_>, agent_id: &str, ticket: u64)
     Ok(Decision { actor: Some(agent_id.to_string()), events, answer: Answer::Injected { ticket } })
 }
 
-/// The acknowledgement of a message whose task was canceled while its wrapper wrote it (after
-/// the wrapper took it from the inbox, before this acknowledgement): the CLI has it and works on
-/// it, and nothing else will tell it to stop. It is told now, as a cancel tells a CLI working on
-/// the task (`decide_cancel_task`): interrupted first (priority 5) when the message began its
-/// work, else at priority 3. None when the ticket was not one of those.
-fn canceled_while_written(
+/// The acknowledgement of a message whose task was canceled on its way (after the wrapper took
+/// it from the inbox to write, or a hook to hand over, before this acknowledgement): the CLI has
+/// it and works on it, and nothing else will tell it to stop. It is told now, as a cancel tells
+/// a CLI working on the task (`decide_cancel_task`): interrupted first (priority 5) when the
+/// message began its work, else at priority 3. Not when it was not written into this CLI, nor
+/// when the agent canceled it itself. None when the ticket was not one of those.
+fn canceled_on_its_way(
     view: &Projections<'_>,
     agent_id: &str,
     ticket: u64,
+    how: Option<Delivery>,
 ) -> Result<Option<Decision>, DecideError> {
     let Some(agent) = view.agent(agent_id)? else { return Ok(None) };
     let Some(canceled) = agent.canceled_unwritten.iter().find(|canceled| canceled.ticket == ticket) else {
         return Ok(None);
     };
     let mut events =
-        vec![Event::TicketInjected { agent_id: agent_id.to_string(), ticket, priority: canceled.priority }];
+        vec![Event::TicketInjected { agent_id: agent_id.to_string(), ticket, priority: canceled.priority, how }];
     if agent.status != AgentStatus::Processing {
         events.push(Event::AgentStatusChanged {
             agent_id: agent_id.to_string(),
@@ -349,12 +357,14 @@ fn canceled_while_written(
             note: None,
         });
     }
-    let now = crate::store::begins_work(agent.status, canceled.response_expected, canceled.priority);
-    events.push(Event::ReverseTicketIssued {
-        agent_id: agent_id.to_string(),
-        task_id: canceled.task_id.clone(),
-        from: canceled.by.clone(),
-        priority: if now { 5 } else { 3 },
-    });
+    if how != Some(Delivery::Unwritten) && canceled.by != agent_id {
+        let now = crate::store::begins_work(how, agent.status, canceled.response_expected, canceled.priority);
+        events.push(Event::ReverseTicketIssued {
+            agent_id: agent_id.to_string(),
+            task_id: canceled.task_id.clone(),
+            from: canceled.by.clone(),
+            priority: if now { 5 } else { 3 },
+        });
+    }
     Ok(Some(Decision { actor: Some(agent_id.to_string()), events, answer: Answer::Injected { ticket } }))
 }

@@ -71,6 +71,8 @@ pub enum Command {
     AckInjection {
         agent_id: String,
         ticket: u64,
+        /// How the ticket reached the CLI, when the wrapper says.
+        how: Option<crate::event::Delivery>,
     },
     /// The receiving agent itself (proved by its secret) moves a task it received to a new
     /// state, with artifacts; the sender's task waiting on it follows (scenario agent, A2A).
@@ -166,7 +168,7 @@ pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) 
             tasks::decide_create_task(view, owner, secret.as_deref(), message, peer)
         }
         Command::CancelTask { task_id, reason, actor } => tasks::decide_cancel_task(view, task_id, reason, actor),
-        Command::AckInjection { agent_id, ticket } => agents::decide_ack_injection(view, agent_id, *ticket),
+        Command::AckInjection { agent_id, ticket, how } => agents::decide_ack_injection(view, agent_id, *ticket, *how),
         Command::UpdateTask(request) => tasks::decide_update_task(view, request),
         Command::Webhook(command) => super::webhooks::decide(view, command),
         Command::External(command) => super::externals::decide(command),
@@ -295,7 +297,7 @@ mod tests {
         let write = |at: u64, task: &str| {
             let inbox = store.read(|view| view.inbox(RECEIVER, 100)).expect("the view reads");
             let ticket = inbox.iter().find(|ticket| ticket.task_id == task).expect("queued").ticket;
-            run(&store, at, Command::AckInjection { agent_id: RECEIVER.into(), ticket });
+            run(&store, at, Command::AckInjection { agent_id: RECEIVER.into(), ticket, how: None });
         };
         let cancel = |at: u64, task: &str| {
             run(&store, at, Command::CancelTask { task_id: task.into(), reason: None, actor: Actor::User });
@@ -340,13 +342,16 @@ mod tests {
     }
 
     /// A message canceled after its wrapper took it from the inbox and before it acknowledged
-    /// it (the paste typed, the submit key not yet): the acknowledgement still succeeds, and the
-    /// CLI that took it is told at once, interrupted first when the message began its work. A
-    /// canceled message that was never written stays unknown to the acknowledgement: another
-    /// acknowledgement since means it was not on its way. The live projections and a replay agree.
+    /// it (the paste typed, the submit key not yet; or a hook handing it over): the
+    /// acknowledgement still succeeds, and the CLI that took it is told at once, interrupted
+    /// first when the message began its work (typed at the prompt, whatever status the CLI
+    /// reported meanwhile), at priority 3 when a hook handed a one-way message over mid-turn.
+    /// Not told: a message not written into this CLI, one the agent canceled itself. A hook's
+    /// batch: acknowledging one ticket keeps the others known. The live projections and a
+    /// replay agree.
     #[test]
     fn a_message_canceled_while_it_is_written_is_told_at_its_acknowledgement() {
-        use crate::event::AgentStatus;
+        use crate::event::{AgentStatus, Delivery};
         let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
         store
             .transact(START_MS, |appender| appender.append(None, vec![registered(RECEIVER, 8120)]))
@@ -366,12 +371,13 @@ mod tests {
             let inbox = store.read(|view| view.inbox(RECEIVER, 100)).expect("the view reads");
             (inbox.iter().find(|ticket| ticket.task_id == task).expect("queued").ticket, task)
         };
-        let ack = |at: u64, ticket: u64| {
-            try_run(&store, at, Command::AckInjection { agent_id: RECEIVER.into(), ticket }).map(|_| ())
+        let ack = |at: u64, ticket: u64, how: Delivery| {
+            try_run(&store, at, Command::AckInjection { agent_id: RECEIVER.into(), ticket, how: Some(how) }).map(|_| ())
         };
-        let cancel = |at: u64, task: &str| {
-            run(&store, at, Command::CancelTask { task_id: task.into(), reason: None, actor: Actor::User });
+        let cancel_as = |at: u64, task: &str, actor: Actor| {
+            run(&store, at, Command::CancelTask { task_id: task.into(), reason: None, actor });
         };
+        let cancel = |at: u64, task: &str| cancel_as(at, task, Actor::User);
         let notices = || {
             let log = store.read_after(0, usize::MAX).expect("the log reads");
             log.iter()
@@ -383,35 +389,54 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
+        let user = |task: &str, priority: u8| (task.to_string(), "user".to_string(), priority);
         status(START_MS + 1, AgentStatus::Ready);
         let (ticket, task) = ask(START_MS + 2, "first", true);
         cancel(START_MS + 3, &task);
         assert_eq!(notices(), [], "still queued: nobody to tell yet");
-        ack(START_MS + 4, ticket).expect("the CLI took it: acknowledged");
-        assert_eq!(notices(), [(task.clone(), "user".to_string(), 5)], "typed at the prompt: interrupted, told");
-        assert!(ack(START_MS + 5, ticket).is_err(), "acknowledged once");
+        ack(START_MS + 4, ticket, Delivery::Typed).expect("the CLI took it: acknowledged");
+        assert_eq!(notices(), [user(&task, 5)], "typed at the prompt: interrupted, told");
+        assert!(ack(START_MS + 5, ticket, Delivery::Typed).is_err(), "acknowledged once");
 
-        // A one-way message a hook hands over mid-turn: told, not interrupted.
-        let (ticket, aside) = ask(START_MS + 10, "for your information", false);
-        status(START_MS + 11, AgentStatus::Processing);
-        cancel(START_MS + 12, &aside);
-        ack(START_MS + 13, ticket).expect("handed over: acknowledged");
-        assert_eq!(notices().last(), Some(&(aside, "user".to_string(), 3)));
+        // One-way, typed at the prompt, the CLI's PROCESSING reported before the
+        // acknowledgement: it began the CLI's work all the same.
+        status(START_MS + 6, AgentStatus::Ready);
+        let (ticket, typed) = ask(START_MS + 7, "one-way, typed", false);
+        status(START_MS + 8, AgentStatus::Processing);
+        cancel(START_MS + 9, &typed);
+        ack(START_MS + 10, ticket, Delivery::Typed).expect("typed");
+        assert_eq!(notices().last(), Some(&user(&typed, 5)));
 
-        // Canceled in the queue and never written: once another ticket is acknowledged, it is
-        // not on its way, and its number means nothing.
-        let (never, skipped) = ask(START_MS + 20, "canceled in the queue", true);
-        let (next, _) = ask(START_MS + 21, "the next one", true);
-        cancel(START_MS + 22, &skipped);
-        ack(START_MS + 23, next).expect("written");
-        assert!(ack(START_MS + 24, never).is_err(), "never written: unknown");
-        assert_eq!(notices().len(), 2);
+        // A hook hands over two one-way messages mid-turn, and the second is canceled before
+        // its acknowledgement: told, not interrupted; the first one's acknowledgement did not
+        // make it unknown.
+        let (first, _) = ask(START_MS + 20, "for your information", false);
+        let (second, aside) = ask(START_MS + 21, "and this too", false);
+        cancel(START_MS + 22, &aside);
+        ack(START_MS + 23, first, Delivery::HandedOver).expect("handed over");
+        ack(START_MS + 24, second, Delivery::HandedOver).expect("handed over");
+        assert_eq!(notices().last(), Some(&user(&aside, 3)));
 
-        // Left canceled in the queue: the agent's record keeps it, and a replay keeps it too.
-        let (_, left) = ask(START_MS + 30, "left canceled", true);
-        cancel(START_MS + 31, &left);
+        // Not written into this CLI (written before a restart), and canceled by the agent
+        // itself: acknowledged, nobody told.
+        let told = notices().len();
+        let (ticket, before) = ask(START_MS + 30, "written before a restart", true);
+        cancel(START_MS + 31, &before);
+        ack(START_MS + 32, ticket, Delivery::Unwritten).expect("acknowledged unwritten");
+        let (ticket, own) = ask(START_MS + 33, "dropped by the agent", true);
+        cancel_as(START_MS + 34, &own, Actor::Agent(RECEIVER.into()));
+        ack(START_MS + 35, ticket, Delivery::Typed).expect("typed");
+        assert_eq!(notices().len(), told);
+
+        // Kept ten minutes: a ticket canceled longer ago is unknown.
+        let (old, stale) = ask(START_MS + 40, "canceled long ago", true);
+        cancel(START_MS + 41, &stale);
+        let (_, later) = ask(START_MS + 42, "canceled later", true);
+        cancel(START_MS + 42 + crate::store::CANCELED_UNWRITTEN_MS, &later);
+        assert!(ack(START_MS + 43 + crate::store::CANCELED_UNWRITTEN_MS, old, Delivery::Typed).is_err());
         let record = store.read(|view| view.agent(RECEIVER)).expect("the view reads").expect("registered");
-        assert_eq!(record.canceled_unwritten.len(), 1);
+        assert_eq!(record.canceled_unwritten.len(), 1, "the later one is kept, and a replay keeps it too");
+
         let report = store.verify().expect("verify runs");
         assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
     }
