@@ -41,7 +41,8 @@ pub struct AgentRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_written: Option<String>,
     /// Message tickets a cancel took out of the agent's inbox lately (newest last; at most
-    /// [`CANCELED_UNWRITTEN`], none older than [`CANCELED_UNWRITTEN_MS`]). Its wrapper may have
+    /// [`CANCELED_UNWRITTEN`]; one older than [`CANCELED_UNWRITTEN_MS`] is known to no
+    /// acknowledgement, and leaves at the agent's next cancel). Its wrapper may have
     /// taken one of them to write, or its hook to hand over, before the cancel came: when it
     /// acknowledges that one, the CLI has it, and it is told at once that the task was canceled
     /// (`decide_ack_injection`). A ticket leaves the list when it is acknowledged. A wrapper
@@ -74,7 +75,8 @@ pub fn begins_work(
 }
 
 /// How many [`AgentRecord::canceled_unwritten`] tickets an agent's record keeps.
-pub const CANCELED_UNWRITTEN: usize = 16;
+/// More than a hook hands over at once.
+pub const CANCELED_UNWRITTEN: usize = 32;
 
 /// How long [`AgentRecord::canceled_unwritten`] keeps a ticket: far longer than a write takes
 /// (the settle delay, the CLI's reaction, a few resubmits) or a hook's hand-over.
@@ -91,6 +93,7 @@ pub struct CanceledTicket {
     pub priority: u8,
     pub response_expected: bool,
     /// When it was canceled.
+    #[serde(default)]
     pub canceled_ms: u64,
 }
 

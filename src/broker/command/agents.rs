@@ -5,7 +5,7 @@ use super::decision::{Answer, CommandError, Context, DecideError, Decision};
 use super::requests::RegisterRequest;
 use super::send::back_to_the_asker;
 use crate::event::{AgentStatus, Delivery, Event, TaskState};
-use crate::store::{DepartedAgent, Projections, StoreError, TicketKind};
+use crate::store::{CANCELED_UNWRITTEN_MS, DepartedAgent, Projections, StoreError, TicketKind};
 
 pub fn agent_id_for(agent_type: &str, port: u16) -> String {
     format!("synapse-{agent_type}-{port}")
@@ -285,6 +285,7 @@ pub fn decide_ack_injection(
     agent_id: &str,
     ticket: u64,
     how: Option<Delivery>,
+    now_ms: u64,
 ) -> Result<Decision, DecideError> {
     let mut found = None;
     for priority in (1..=5).rev() {
@@ -294,7 +295,7 @@ pub fn decide_ack_injection(
         }
     }
     let Some(entry) = found else {
-        if let Some(decision) = canceled_on_its_way(view, agent_id, ticket, how)? {
+        if let Some(decision) = canceled_on_its_way(view, agent_id, ticket, how, now_ms)? {
             return Ok(decision);
         }
         return Err(CommandError::not_found(format!(
@@ -337,15 +338,24 @@ pub fn decide_ack_injection(
 /// it and works on it, and nothing else will tell it to stop. It is told now, as a cancel tells
 /// a CLI working on the task (`decide_cancel_task`): interrupted first (priority 5) when the
 /// message began its work, else at priority 3. Not when it was not written into this CLI, nor
-/// when the agent canceled it itself. None when the ticket was not one of those.
+/// when the agent canceled it itself. None when the ticket was not one of those, or was canceled
+/// more than [`CANCELED_UNWRITTEN_MS`] ago.
+///
+/// That the wrapper took the ticket before the cancel is its word, not checked: an agent's
+/// own secret could acknowledge one it never took and be told (interrupted) for nothing. It
+/// reaches only that agent's own record and inbox, as acknowledging any of its queued tickets
+/// unwritten always could.
 fn canceled_on_its_way(
     view: &Projections<'_>,
     agent_id: &str,
     ticket: u64,
     how: Option<Delivery>,
+    now_ms: u64,
 ) -> Result<Option<Decision>, DecideError> {
     let Some(agent) = view.agent(agent_id)? else { return Ok(None) };
-    let Some(canceled) = agent.canceled_unwritten.iter().find(|canceled| canceled.ticket == ticket) else {
+    let Some(canceled) = agent.canceled_unwritten.iter().find(|canceled| {
+        canceled.ticket == ticket && canceled.canceled_ms.saturating_add(CANCELED_UNWRITTEN_MS) >= now_ms
+    }) else {
         return Ok(None);
     };
     let mut events =

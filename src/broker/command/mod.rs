@@ -168,7 +168,9 @@ pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) 
             tasks::decide_create_task(view, owner, secret.as_deref(), message, peer)
         }
         Command::CancelTask { task_id, reason, actor } => tasks::decide_cancel_task(view, task_id, reason, actor),
-        Command::AckInjection { agent_id, ticket, how } => agents::decide_ack_injection(view, agent_id, *ticket, *how),
+        Command::AckInjection { agent_id, ticket, how } => {
+            agents::decide_ack_injection(view, agent_id, *ticket, *how, context.now_ms)
+        }
         Command::UpdateTask(request) => tasks::decide_update_task(view, request),
         Command::Webhook(command) => super::webhooks::decide(view, command),
         Command::External(command) => super::externals::decide(command),
@@ -428,12 +430,14 @@ mod tests {
         ack(START_MS + 35, ticket, Delivery::Typed).expect("typed");
         assert_eq!(notices().len(), told);
 
-        // Kept ten minutes: a ticket canceled longer ago is unknown.
+        // Known ten minutes: a ticket canceled longer ago is unknown to an acknowledgement, and
+        // the agent's next cancel drops it.
+        let later = START_MS + 41 + crate::store::CANCELED_UNWRITTEN_MS;
         let (old, stale) = ask(START_MS + 40, "canceled long ago", true);
         cancel(START_MS + 41, &stale);
-        let (_, later) = ask(START_MS + 42, "canceled later", true);
-        cancel(START_MS + 42 + crate::store::CANCELED_UNWRITTEN_MS, &later);
-        assert!(ack(START_MS + 43 + crate::store::CANCELED_UNWRITTEN_MS, old, Delivery::Typed).is_err());
+        assert!(ack(later + 1, old, Delivery::Typed).is_err());
+        let (_, next) = ask(later + 2, "canceled later", true);
+        cancel(later + 3, &next);
         let record = store.read(|view| view.agent(RECEIVER)).expect("the view reads").expect("registered");
         assert_eq!(record.canceled_unwritten.len(), 1, "the later one is kept, and a replay keeps it too");
 
