@@ -117,6 +117,15 @@ fn ready(events: &[Value], agent: &str) -> bool {
     status_is(events, agent, "READY")
 }
 
+/// Writes `<home>/profiles/<name>.json` (for a built-in name, what it changes of the built-in).
+fn write_profile(home: &Home, name: &str, json: &str) {
+    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
+    std::fs::write(home.home().join(format!("profiles/{name}.json")), json).unwrap();
+}
+
+/// A dummy that answers a message only after a minute: busy with it until interrupted.
+const SLOW_ANSWER: [(&str, &str); 2] = [("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")];
+
 /// Starts a background dummy agent; returns what `synapse start --json` announced.
 fn start(home: &Home, name: &str, env: &[(&str, &str)], port: Option<u16>) -> Value {
     let port_text = port.map(|port| port.to_string());
@@ -230,7 +239,7 @@ fn messages_sent_while_the_target_is_processing_wait_and_arrive_by_priority_then
 /// bob, a dummy that stays busy (no prompt) for a minute on every question, started and busy
 /// with one. The wrappers are stopped when the returned guard is dropped.
 fn busy_bob<'a>(home: &'a Home, follower: &mut Follower) -> (Value, Wrappers<'a>) {
-    let bob = start(home, "bob", &[("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")], None);
+    let bob = start(home, "bob", &SLOW_ANSWER, None);
     let wrappers = Wrappers(home, vec![id(&bob)]);
     follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
     home.ok(&["send", "bob", "a long question", "--response"]);
@@ -330,10 +339,8 @@ fn a_task_canceled_while_its_message_is_written_is_told_to_the_cli_that_took_it(
     let home = Home::new();
     let mut follower = Follower::new(&home);
     // Three seconds between the paste and the Enter: the cancel lands between them.
-    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
-    std::fs::write(home.home().join("profiles/dummy.json"), r#"{"settle_ms": 3000}"#).unwrap();
-    let slow = [("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")];
-    let bob = start(&home, "bob", &slow, None);
+    write_profile(&home, "dummy", r#"{"settle_ms": 3000}"#);
+    let bob = start(&home, "bob", &SLOW_ANSWER, None);
     let _wrappers = Wrappers(&home, vec![id(&bob)]);
     follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
     let asked: Value =
@@ -374,8 +381,7 @@ fn cancelling_a_task_an_agent_had_before_a_restart_interrupts_nothing() {
     let home = Home::new();
     let mut follower = Follower::new(&home);
     let (port, _) = free_port_range(1);
-    let slow = [("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")];
-    let carol = start(&home, "carol", &slow, Some(port));
+    let carol = start(&home, "carol", &SLOW_ANSWER, Some(port));
     let _wrappers = Wrappers(&home, vec![id(&carol)]);
     follower.wait_until("carol READY", |events| ready(events, &id(&carol)));
     let asked: Value =
@@ -383,7 +389,7 @@ fn cancelling_a_task_an_agent_had_before_a_restart_interrupts_nothing() {
     let task = asked["task"]["id"].as_str().unwrap().to_string();
     follower.wait_until("carol busy with it", |events| status_is(events, &id(&carol), "PROCESSING"));
     home.ok(&["stop", &id(&carol)]);
-    let restarted = start(&home, "carol", &slow, Some(port));
+    let restarted = start(&home, "carol", &SLOW_ANSWER, Some(port));
     assert_eq!(id(&restarted), id(&carol), "the same port gives the same agent");
     follower.wait_until("carol READY again", |events| ready(events, &id(&carol)));
     home.ok(&["cancel", &task]);
@@ -399,8 +405,7 @@ fn a_cancel_notice_left_queued_by_a_dead_wrapper_is_not_written_into_the_new_cli
     let home = Home::new();
     let mut follower = Follower::new(&home);
     let (port, _) = free_port_range(1);
-    let slow = [("SYNAPSE_DUMMY_AUTO_REPLY", "1"), ("SYNAPSE_DUMMY_REPLY_DELAY_MS", "60000")];
-    let carol = start(&home, "carol", &slow, Some(port));
+    let carol = start(&home, "carol", &SLOW_ANSWER, Some(port));
     follower.wait_until("carol READY", |events| ready(events, &id(&carol)));
     let asked: Value =
         serde_json::from_str(&home.ok(&["send", "carol", "a long question", "--response", "--json"])).unwrap();
@@ -416,7 +421,7 @@ fn a_cancel_notice_left_queued_by_a_dead_wrapper_is_not_written_into_the_new_cli
     let number = notice["seq"].as_u64().unwrap();
     kill(wrapper, libc::SIGKILL);
     wait_until_dead(wrapper);
-    let restarted = start(&home, "carol", &slow, Some(port));
+    let restarted = start(&home, "carol", &SLOW_ANSWER, Some(port));
     assert_eq!(id(&restarted), id(&carol), "the same port gives the same agent and inbox");
     let _wrappers = Wrappers(&home, vec![id(&restarted)]);
     follower.wait_until("the notice acknowledged", |events| {
@@ -1235,8 +1240,7 @@ fn keys_typed_while_a_message_is_written_do_not_join_it() {
     let home = Home::new();
     let mut follower = Follower::new(&home);
     // A long settle delay: the window between the paste and the Enter is two seconds wide.
-    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
-    std::fs::write(home.home().join("profiles/dummy.json"), r#"{"settle_ms": 2000}"#).unwrap();
+    write_profile(&home, "dummy", r#"{"settle_ms": 2000}"#);
     let Interactive { mut child, screen, mut keyboard, .. } = interactive_dummy(&home, "alice");
     let alice = first_agent_ready(&mut follower, "alice READY");
     home.ok(&["send", "alice", "the message", "--no-response"]);
@@ -1318,12 +1322,11 @@ fn free_port_range(count: u16) -> (u16, u16) {
 /// Writes `<home>/profiles/<name>.json`: the dummy agent under a type the broker has no
 /// built-in port range for, with `port_range`.
 fn write_dummy_profile(home: &Home, name: &str, port_range: Value) {
-    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
     let profile = json!({
         "command": "{synapse}", "args": ["dummy-agent"], "port_range": port_range, "submit": "\n",
         "idle": {"prompt": "> "}, "interrupt": "signal",
     });
-    std::fs::write(home.home().join(format!("profiles/{name}.json")), profile.to_string()).unwrap();
+    write_profile(home, name, &profile.to_string());
 }
 
 /// A custom profile's `port_range` reaches the broker (issue 13): started without `--port`,
@@ -1403,8 +1406,7 @@ fn hook_as(home: &Home, agent: &Agent, secret: &str) -> Output {
 
 /// A busy bob whose profile hands busy messages over by hook, with one message queued.
 fn busy_bob_with_hooks<'a>(home: &'a Home, follower: &mut Follower) -> (Value, Wrappers<'a>) {
-    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
-    std::fs::write(home.home().join("profiles/dummy.json"), r#"{"hooks": true}"#).unwrap();
+    write_profile(home, "dummy", r#"{"hooks": true}"#);
     let (bob, wrappers) = busy_bob(home, follower);
     home.ok(&["send", "bob", "hooked-1 sent while busy", "--no-response"]);
     assert_eq!(home.inbox(&as_agent(&bob)).len(), 1);

@@ -268,6 +268,32 @@ mod tests {
             .expect("the transaction commits")
     }
 
+    /// A store in memory with `agents` (id, port) registered at START_MS.
+    fn store_with(agents: &[(&str, u16)]) -> Store {
+        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
+        let registrations = agents.iter().map(|(agent, port)| registered(agent, *port)).collect();
+        store.transact(START_MS, |appender| appender.append(None, registrations)).expect("agents registered");
+        store
+    }
+
+    /// Sends `text` to RECEIVER anonymously at priority 3; returns RECEIVER's task.
+    fn ask_receiver(store: &Store, at: u64, text: &str, response_expected: bool) -> String {
+        let send = Command::Send(SendRequest {
+            to: RECEIVER.into(),
+            text: text.into(),
+            priority: 3,
+            response_expected,
+            ..SendRequest::default()
+        });
+        sent(run(store, at, send)).0
+    }
+
+    /// The number of the ticket in RECEIVER's inbox that writes `task`.
+    fn queued_ticket(store: &Store, task: &str) -> u64 {
+        let inbox = store.read(|view| view.inbox(RECEIVER, 100)).expect("the view reads");
+        inbox.iter().find(|ticket| ticket.task_id == task).expect("queued").ticket
+    }
+
     fn task_of(store: &Store, task_id: &str) -> crate::store::TaskRecord {
         store.read(|view| view.task(task_id)).expect("the view reads").expect("the task exists")
     }
@@ -280,25 +306,10 @@ mod tests {
     #[test]
     fn a_cancel_interrupts_only_while_the_cli_works_on_the_task() {
         use crate::event::{AgentStatus, TaskState};
-        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
-        store
-            .transact(START_MS, |appender| {
-                appender.append(None, vec![registered(RECEIVER, 8120), registered(SENDER, 8100)])
-            })
-            .expect("registered");
-        let ask = |at: u64, text: &str, response_expected: bool| {
-            let send = Command::Send(SendRequest {
-                to: RECEIVER.into(),
-                text: text.into(),
-                priority: 3,
-                response_expected,
-                ..SendRequest::default()
-            });
-            sent(run(&store, at, send)).0
-        };
+        let store = store_with(&[(RECEIVER, 8120), (SENDER, 8100)]);
+        let ask = |at: u64, text: &str, response_expected: bool| ask_receiver(&store, at, text, response_expected);
         let write = |at: u64, task: &str| {
-            let inbox = store.read(|view| view.inbox(RECEIVER, 100)).expect("the view reads");
-            let ticket = inbox.iter().find(|ticket| ticket.task_id == task).expect("queued").ticket;
+            let ticket = queued_ticket(&store, task);
             run(&store, at, Command::AckInjection { agent_id: RECEIVER.into(), ticket, how: None });
         };
         let cancel = |at: u64, task: &str| {
@@ -354,24 +365,13 @@ mod tests {
     #[test]
     fn a_message_canceled_while_it_is_written_is_told_at_its_acknowledgement() {
         use crate::event::{AgentStatus, Delivery};
-        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
-        store
-            .transact(START_MS, |appender| appender.append(None, vec![registered(RECEIVER, 8120)]))
-            .expect("registered");
+        let store = store_with(&[(RECEIVER, 8120)]);
         let status = |at: u64, status: AgentStatus| {
             run(&store, at, Command::SetStatus { agent_id: RECEIVER.into(), status, note: None });
         };
         let ask = |at: u64, text: &str, response_expected: bool| {
-            let send = Command::Send(SendRequest {
-                to: RECEIVER.into(),
-                text: text.into(),
-                priority: 3,
-                response_expected,
-                ..SendRequest::default()
-            });
-            let task = sent(run(&store, at, send)).0;
-            let inbox = store.read(|view| view.inbox(RECEIVER, 100)).expect("the view reads");
-            (inbox.iter().find(|ticket| ticket.task_id == task).expect("queued").ticket, task)
+            let task = ask_receiver(&store, at, text, response_expected);
+            (queued_ticket(&store, &task), task)
         };
         let ack = |at: u64, ticket: u64, how: Delivery| {
             try_run(&store, at, Command::AckInjection { agent_id: RECEIVER.into(), ticket, how: Some(how) }).map(|_| ())
@@ -450,10 +450,7 @@ mod tests {
     #[test]
     fn a_follow_up_continues_a_task_that_asks_for_input_and_replays_to_the_same_projections() {
         use crate::event::TaskState;
-        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
-        store
-            .transact(START_MS, |appender| appender.append(None, vec![registered(RECEIVER, 8120)]))
-            .expect("registered");
+        let store = store_with(&[(RECEIVER, 8120)]);
         let first = Command::Send(SendRequest {
             to: RECEIVER.into(),
             text: "need your input".into(),
@@ -543,13 +540,7 @@ mod tests {
     fn a_request_that_ends_unanswered_leaves_the_reply_targets() {
         use crate::event::TaskState;
         const THIRD: &str = "synapse-gemini-8110";
-        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
-        store
-            .transact(START_MS, |appender| {
-                appender
-                    .append(None, vec![registered(SENDER, 8100), registered(RECEIVER, 8120), registered(THIRD, 8110)])
-            })
-            .expect("agents registered");
+        let store = store_with(&[(SENDER, 8100), (RECEIVER, 8120), (THIRD, 8110)]);
         let ask = |from: &str, key: &str| {
             let request = SendRequest {
                 to: RECEIVER.into(),
@@ -654,12 +645,7 @@ mod tests {
 
     #[test]
     fn keys_older_than_a_day_expire_through_the_log_and_a_later_retry_sends_again() {
-        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
-        store
-            .transact(START_MS, |appender| {
-                appender.append(None, vec![registered(SENDER, 8100), registered(RECEIVER, 8120)])
-            })
-            .expect("agents registered");
+        let store = store_with(&[(SENDER, 8100), (RECEIVER, 8120)]);
 
         let (first, first_sender_task, first_is_reply) = sent(run(&store, START_MS, send(SENDER, "hi", None, "k1")));
         assert!(!first_is_reply);
@@ -706,12 +692,7 @@ mod tests {
     /// id are given up in the same decision: the ticket would wait for whoever takes the id).
     #[test]
     fn queues_that_expire_together_queue_no_failure_for_each_other() {
-        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
-        store
-            .transact(START_MS, |appender| {
-                appender.append(None, vec![registered(SENDER, 8100), registered(RECEIVER, 8120)])
-            })
-            .expect("registered");
+        let store = store_with(&[(SENDER, 8100), (RECEIVER, 8120)]);
         let (to_receiver, asked_by_sender, _) = sent(run(&store, START_MS, send(SENDER, "a?", None, "k1")));
         let (to_sender, asked_by_receiver, _) = sent(run(&store, START_MS, send(RECEIVER, "b?", None, "k2")));
         for agent in [SENDER, RECEIVER] {
@@ -738,8 +719,7 @@ mod tests {
     /// leaves alone a registration made since under the same id by another process.
     #[test]
     fn a_deregistration_meant_for_a_gone_registration_leaves_a_newer_one_alone() {
-        let store = Store::open_with_backend(InMemoryBackend::new()).expect("memory store");
-        store.transact(START_MS, |appender| appender.append(None, vec![registered(SENDER, 8100)])).expect("registered");
+        let store = store_with(&[(SENDER, 8100)]);
         let other_process = Some((std::process::id() + 1, None));
         let stale =
             Command::Deregister { agent_id: SENDER.into(), reason: "process gone".into(), registration: other_process };
