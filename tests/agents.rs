@@ -387,7 +387,11 @@ fn cancelling_a_task_an_agent_had_before_a_restart_interrupts_nothing() {
     let asked: Value =
         serde_json::from_str(&home.ok(&["send", "carol", "a long question", "--response", "--json"])).unwrap();
     let task = asked["task"]["id"].as_str().unwrap().to_string();
-    follower.wait_until("carol busy with it", |events| status_is(events, &id(&carol), "PROCESSING"));
+    // Written and acknowledged (the task working): the CLI reports PROCESSING as soon as the
+    // paste shows, before the acknowledgement, and a cancel then finds the message on its way.
+    follower.wait_until("carol busy with it", |events| {
+        injected_count(events, &id(&carol)) == 1 && status_is(events, &id(&carol), "PROCESSING")
+    });
     home.ok(&["stop", &id(&carol)]);
     let restarted = start(&home, "carol", &SLOW_ANSWER, Some(port));
     assert_eq!(id(&restarted), id(&carol), "the same port gives the same agent");
@@ -410,7 +414,11 @@ fn a_cancel_notice_left_queued_by_a_dead_wrapper_is_not_written_into_the_new_cli
     let asked: Value =
         serde_json::from_str(&home.ok(&["send", "carol", "a long question", "--response", "--json"])).unwrap();
     let task = asked["task"]["id"].as_str().unwrap().to_string();
-    follower.wait_until("carol busy with it", |events| status_is(events, &id(&carol), "PROCESSING"));
+    // Written and acknowledged (the task working): the CLI reports PROCESSING as soon as the
+    // paste shows, before the acknowledgement, and a cancel then finds the message on its way.
+    follower.wait_until("carol busy with it", |events| {
+        injected_count(events, &id(&carol)) == 1 && status_is(events, &id(&carol), "PROCESSING")
+    });
     let wrapper = u32::try_from(carol["pid"].as_u64().unwrap()).unwrap();
     kill(wrapper, libc::SIGSTOP);
     home.ok(&["cancel", &task]);
