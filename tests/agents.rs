@@ -1484,6 +1484,59 @@ fn a_hook_that_is_not_the_agents_or_dies_early_takes_nothing() {
     assert!(home.inbox(&agent).is_empty());
 }
 
+/// A message a hook handed over whose acknowledgement failed (the broker stopped in between) is
+/// acknowledged by the watcher as soon as a broker answers, while the CLI still works: a cancel
+/// that took it out of the inbox meanwhile is told to the model, which has it (priority 3, a
+/// one-way message joining the work under way). Before, the watcher acknowledged it only when it
+/// fetched it again at the prompt, and a canceled one never came.
+#[test]
+fn a_cancel_after_a_hand_over_whose_acknowledgement_failed_is_told_to_the_model() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (bob, _wrappers) = busy_bob_with_hooks(&home, &mut follower);
+    drop(follower);
+    let agent = as_agent(&bob);
+    let queued = home.inbox(&agent);
+    let task = queued[0]["task_id"].as_str().unwrap().to_string();
+    let number = queued[0]["ticket"].as_u64().unwrap();
+    let socket = home.uds().join(format!("{}.hook", agent.id));
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let request = json!({"secret": agent.secret, "event": "PostToolUse"}).to_string() + "\n";
+    std::io::Write::write_all(&mut stream, request.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut answer = String::new();
+    reader.read_line(&mut answer).unwrap();
+    assert!(answer.contains("hooked-1"), "{answer}");
+    // Stopped on purpose: the wrapper waits for someone to start a broker again.
+    home.ok(&["broker", "stop"]);
+    std::io::Write::write_all(&mut stream, b"printed\n").unwrap();
+    let mut recorded = String::new();
+    reader.read_line(&mut recorded).unwrap();
+    assert_eq!(recorded.trim(), "recorded", "the wrapper tried its acknowledgement and is done with the hook");
+    // Frozen, the wrapper cannot acknowledge before the cancel (which starts a broker).
+    let wrapper = u32::try_from(bob["pid"].as_u64().unwrap()).unwrap();
+    kill(wrapper, libc::SIGSTOP);
+    home.ok(&["cancel", &task]);
+    let acknowledged = |events: &[Value]| {
+        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "ticket").as_u64() == Some(number))
+    };
+    assert!(!acknowledged(&home.events()), "the hook's acknowledgement failed");
+    assert!(home.inbox(&agent).is_empty(), "the cancel took it out of the inbox");
+    kill(wrapper, libc::SIGCONT);
+    let mut follower = Follower::new(&home);
+    follower.wait_until("the hand-over acknowledged", |events| acknowledged(events));
+    let events = home.events();
+    let injected = events.iter().find(|e| acknowledged(std::slice::from_ref(e))).unwrap();
+    assert_eq!(data(injected, "how"), "handed_over");
+    let notices: Vec<u64> = events
+        .iter()
+        .filter(|e| kind(e) == "reverse_ticket_issued")
+        .map(|e| data(e, "priority").as_u64().unwrap())
+        .collect();
+    assert_eq!(notices, [3], "one notice, without an interrupt: the model has the message mid-turn");
+    assert!(status_is(&events, &id(&bob), "PROCESSING"), "still at work on the question");
+}
+
 /// How many of `agent`'s tickets were acknowledged (written, or handed over by a hook).
 fn injected_count(events: &[Value], agent: &str) -> usize {
     events.iter().filter(|e| kind(e) == "ticket_injected" && data(e, "agent_id") == agent).count()

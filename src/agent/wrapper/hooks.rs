@@ -8,9 +8,11 @@
 //! printed them, their numbers are remembered, then each is acknowledged. A hook that dies first
 //! (its CLI's time limit) leaves them queued, typed at the prompt later. The watcher
 //! acknowledges without writing a ticket whose number is remembered (fetched before a hook took
-//! it, or whose acknowledgement by the hook failed). The numbers live in this wrapper's memory: a
-//! wrapper killed between a hook's hand-over and its acknowledgement leaves the ticket to its
-//! successor, which types it again.
+//! it). Those whose acknowledgement by the hook failed (the broker restarting) it acknowledges
+//! as soon as it reaches the broker, without waiting for the CLI's prompt: a cancel that takes
+//! one out of the inbox meanwhile is then told to the model, which has the message. The numbers
+//! live in this wrapper's memory: a wrapper killed between a hook's hand-over and its
+//! acknowledgement leaves the ticket to its successor, which types it again.
 
 use super::Shared;
 use super::connection::connect;
@@ -120,7 +122,8 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
     while delivered.len() > REMEMBERED_HANDOVERS {
         delivered.pop_first();
     }
-    for number in tickets {
+    let mut numbers = tickets.into_iter();
+    while let Some(number) = numbers.next() {
         match client.ack(&shared.agent_id, number, Some(Delivery::HandedOver)).await {
             Ok(_) => tracing::info!("ticket {number} handed to the model by the {} hook", request.event),
             // Acknowledged already (by the watcher, after an answer lost to a broker restart):
@@ -130,8 +133,9 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
             }
             Err(error) => {
                 tracing::warn!(
-                    "ticket {number} handed over by a hook, its acknowledgement failed ({error:#}): the watcher acknowledges it"
+                    "ticket {number} handed over by a hook, its acknowledgement failed ({error:#}): the watcher acknowledges it and the rest"
                 );
+                shared.unacknowledged_handovers().extend(std::iter::once(number).chain(numbers.by_ref()));
                 break;
             }
         }

@@ -179,6 +179,10 @@ struct Shared {
     /// acknowledgement, and by a hook while it hands tickets over; holds the numbers of the
     /// tickets hooks handed over, which the watcher must not write.
     delivery: Arc<tokio::sync::Mutex<std::collections::BTreeSet<u64>>>,
+    /// Tickets a hook handed over whose acknowledgement failed (the broker restarting): the
+    /// watcher acknowledges them as soon as it reaches the broker, while the CLI still works,
+    /// so that a cancel landing meanwhile is told to the model that has the message.
+    handovers_unacknowledged: Mutex<std::collections::BTreeSet<u64>>,
     /// When the broker registered this run of the agent (its clock, as tickets are stamped).
     registered_ms: u64,
 }
@@ -190,6 +194,11 @@ impl Shared {
     fn stale_notice(&self, ticket: &crate::api::InboxTicket) -> bool {
         ticket.cancel_notice
             && crate::time::parse_rfc3339_ms(&ticket.issued_at).is_some_and(|issued| issued < self.registered_ms)
+    }
+
+    /// The tickets a hook handed over and could not acknowledge ([`Shared::handovers_unacknowledged`]).
+    fn unacknowledged_handovers(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<u64>> {
+        self.handovers_unacknowledged.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn note(&self) -> Option<String> {
@@ -381,6 +390,7 @@ async fn run_registered(
         held_keys: HeldKeys::default(),
         mcp_tools,
         delivery: Arc::default(),
+        handovers_unacknowledged: Mutex::default(),
         registered_ms: registration.agent.registered_ms,
     });
 

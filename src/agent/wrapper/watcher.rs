@@ -204,6 +204,33 @@ fn startup_message(shared: &Shared, files: &[PathBuf]) -> String {
     )
 }
 
+/// Acknowledges the tickets a hook handed over and could not acknowledge (`handed_over`), at
+/// once, whatever the CLI is doing: a cancel that took one out of the inbox meanwhile is told to
+/// the model, which has the message, by the acknowledgement's notice. False when the broker
+/// cannot be asked (those left stay for the next try).
+async fn acknowledge_handovers(client: &mut crate::client::Client, shared: &Shared) -> bool {
+    let pending = std::mem::take(&mut *shared.unacknowledged_handovers());
+    if pending.is_empty() {
+        return true;
+    }
+    let mut numbers = pending.into_iter();
+    while let Some(number) = numbers.next() {
+        match client.ack(&shared.agent_id, number, Some(Delivery::HandedOver)).await {
+            Ok(_) => tracing::info!("ticket {number}, handed over by a hook, acknowledged"),
+            // Its acknowledgement had landed (its answer lost), or it was canceled long ago.
+            Err(error) if is_gone(&error) => tracing::info!("ticket {number}, handed over by a hook: {error:#}"),
+            Err(_) => {
+                shared.unacknowledged_handovers().extend(std::iter::once(number).chain(numbers.by_ref()));
+                return false;
+            }
+        }
+    }
+    // Each acknowledgement recorded PROCESSING: the reporter reports the status again after it.
+    shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
+    shared.screen.notify();
+    true
+}
+
 /// Follows the agent's inbox and writes each ticket into the PTY once the CLI is ready.
 pub(super) async fn watch_inbox(shared: Arc<Shared>) {
     // Before anything of this wrapper's is written.
@@ -289,6 +316,11 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                     continue;
                 }
             }
+        }
+        if !acknowledge_handovers(&mut client, &shared).await {
+            backoff.wait().await;
+            client = connect(&shared.paths, &shared.secret).await;
+            continue;
         }
         let fetched = match after_ack.take() {
             Some(inbox) if !inbox.tickets.is_empty() => Ok(inbox),
