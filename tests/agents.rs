@@ -632,12 +632,12 @@ fn first_agent_ready(follower: &mut Follower, what: &str) -> String {
 
 /// `synapse <args>` (an agent's command) in a PTY made by the test.
 fn interactive(home: &Home, args: &[&str]) -> Interactive {
-    interactive_with_stderr(home, args, None)
+    interactive_with(home, args, None, &[])
 }
 
 /// [`interactive`], with its standard error sent to the end of `stderr` if given (as a shell's
-/// `2>>file`: `sh` points it there and becomes `synapse`).
-fn interactive_with_stderr(home: &Home, args: &[&str], stderr: Option<&std::path::Path>) -> Interactive {
+/// `2>>file`: `sh` points it there and becomes `synapse`), and `env` added to its environment.
+fn interactive_with(home: &Home, args: &[&str], stderr: Option<&std::path::Path>, env: &[(&str, &str)]) -> Interactive {
     use portable_pty::{CommandBuilder, PtySize, native_pty_system};
     use std::io::Read;
     use std::sync::{Arc, Mutex};
@@ -659,6 +659,9 @@ fn interactive_with_stderr(home: &Home, args: &[&str], stderr: Option<&std::path
     command.env_remove("SYNAPSE_AGENT_ID");
     // The default log filter (the wrapper's info lines are looked for).
     command.env_remove("SYNAPSE_LOG");
+    for (name, value) in env {
+        command.env(name, value);
+    }
     let child = pty.slave.spawn_command(command).unwrap();
     drop(pty.slave);
     let screen = Arc::new(Mutex::new(String::new()));
@@ -722,6 +725,61 @@ fn at_agent_lines_typed_in_the_interactive_wrapper_are_sent_and_other_input_pass
         assert!(std::time::Instant::now() < deadline, "no confirmation: {}", screen.lock().unwrap());
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A task's cancel notice interrupts the CLI's work on that task's message, but not a prompt
+/// the user sent the CLI after it: here they stopped the task with Ctrl-C and went on with work
+/// of their own. The broker, which cannot see the user's keys, asks for an interrupt (priority
+/// 5); the wrapper holds the notice until the prompt, says why, and types it there.
+#[test]
+fn a_cancel_notice_waits_for_a_prompt_the_user_typed_since_instead_of_interrupting_it() {
+    use std::io::Write;
+
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let Interactive { mut child, screen, mut keyboard, .. } =
+        interactive_with(&home, &["dummy", "--name", "alice"], None, &SLOW_ANSWER);
+    let alice = first_agent_ready(&mut follower, "alice READY");
+    let asked: Value =
+        serde_json::from_str(&home.ok(&["send", "alice", "a long question", "--response", "--json"])).unwrap();
+    let task = asked["task"]["id"].as_str().unwrap().to_string();
+    follower.wait_until("alice busy with it", |events| {
+        injected_count(events, &alice) == 1 && status_is(events, &alice, "PROCESSING")
+    });
+    let seen = |part: &str| screen.lock().unwrap().contains(part);
+    // The user stops the task's work and sends a prompt of their own, which keeps the CLI busy.
+    keyboard.write_all(b"\x03").unwrap();
+    keyboard.flush().unwrap();
+    wait_until("the answer interrupted", || seen("[DUMMY] Interrupted while answering"));
+    follower.wait_until("alice READY again", |events| ready(events, &alice));
+    keyboard.write_all(b"/work on my own\r").unwrap();
+    keyboard.flush().unwrap();
+    wait_until("the user's prompt taken", || seen("[DUMMY] You said: /work on my own"));
+    follower.wait_until("alice busy with the user's prompt", |events| status_is(events, &alice, "PROCESSING"));
+    home.ok(&["cancel", &task]);
+    let notice = home.events().into_iter().find(|e| kind(e) == "reverse_ticket_issued").expect("a notice");
+    assert_eq!(
+        data(&notice, "priority"),
+        5,
+        "the broker asks for an interrupt: the task's message was the last written"
+    );
+    follower.wait_until("the notice held, and why", |events| {
+        note_has(events, &alice, "not interrupting the prompt typed here")
+    });
+    assert!(!seen("Interrupted while working on your prompt"), "{}", screen.lock().unwrap());
+    let inbox: Value = serde_json::from_str(&home.ok(&["agent", "inbox", &alice])).unwrap();
+    assert_eq!(inbox["tickets"].as_array().map(Vec::len), Some(1), "the notice waits: {inbox}");
+    // The user ends their prompt's work: the notice is typed at the prompt.
+    keyboard.write_all(b"\x03").unwrap();
+    keyboard.flush().unwrap();
+    wait_until("the notice typed", || seen(":user:CANCELED] Canceled"));
+    follower.wait_until("the notice acknowledged", |events| injected_count(events, &alice) == 2);
+    let shown = screen.lock().unwrap().replace('\r', "");
+    let own = shown.find("Interrupted while working on your prompt").expect(&shown);
+    assert!(own < shown.find(":user:CANCELED]").unwrap(), "{shown}");
+    assert_eq!(shown.matches("Interrupted while").count(), 2, "the user's two Ctrl-C, no other: {shown}");
     child.kill().unwrap();
     child.wait().unwrap();
 }
@@ -999,7 +1057,7 @@ fn an_interactive_session_goes_on_when_its_log_file_cannot_be_opened() {
 fn log_of_a_swallowed_submit_key(home: &Home, stderr: Option<&std::path::Path>) -> (String, String) {
     let mut follower = Follower::new(home);
     let raw_log = rawcli_profile(home);
-    let mut raw = interactive_with_stderr(home, &["rawcli", "--name", "raw"], stderr);
+    let mut raw = interactive_with(home, &["rawcli", "--name", "raw"], stderr, &[]);
     let id = first_agent_ready(&mut follower, "raw READY");
     home.ok(&["send", "raw", "SWALLOW-ENTER once", "--no-response"]);
     follower.wait_until("acknowledged", |events| injected_any(events, &id));

@@ -3,7 +3,8 @@
 //! Prompt `> `; echoes each line as `[DUMMY] You said: <line>`; the first Ctrl-C prints a
 //! notice, a second one in a row exits. With `SYNAPSE_DUMMY_AUTO_REPLY=1` it answers every line
 //! that carries the `:R` flag by running `synapse reply` itself, after
-//! `SYNAPSE_DUMMY_REPLY_DELAY_MS` (busy, no prompt, meanwhile).
+//! `SYNAPSE_DUMMY_REPLY_DELAY_MS` (busy, no prompt, meanwhile). A line typed by its user that
+//! begins with `/work` keeps it busy as long, as a prompt of the user's own keeps a CLI.
 
 use std::io::Write;
 use std::time::Duration;
@@ -80,6 +81,11 @@ pub fn run() -> anyhow::Result<i32> {
                         tokio::select! {
                             _ = tokio::time::sleep(delay) => answer(&id8, &sender, &line).await,
                             _ = interrupt.recv() => println!("\n[DUMMY] Interrupted while answering {id8}."),
+                        }
+                    } else if line.starts_with("/work") {
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => println!("[DUMMY] Done with your prompt."),
+                            _ = interrupt.recv() => println!("\n[DUMMY] Interrupted while working on your prompt."),
                         }
                     }
                     prompt();

@@ -36,11 +36,22 @@ pub struct InputRouter {
     draft: Option<usize>,
     /// Does the draft hold a newline typed into it? Ctrl-U then empties only its last line.
     draft_lines: bool,
+    /// How many times the user sent the CLI a line that may hold text (their own prompt): an
+    /// Enter on a draft not known to be empty, or a line begun with `@` that named no agent.
+    submitted: u64,
 }
 
 impl InputRouter {
     pub fn new() -> InputRouter {
-        InputRouter { held: None, typed: Some(0), pasting: false, tail: [0; 6], draft: Some(0), draft_lines: false }
+        InputRouter {
+            held: None,
+            typed: Some(0),
+            pasting: false,
+            tail: [0; 6],
+            draft: Some(0),
+            draft_lines: false,
+            submitted: 0,
+        }
     }
 
     /// Follows what a key passed to the CLI does to the line it is typed into.
@@ -56,6 +67,9 @@ impl InputRouter {
             return;
         }
         let newline = (byte == b'\r' && (before == b'\\' || before == 0x1b)) || byte == b'\n';
+        if byte == b'\r' && !newline && self.draft != Some(0) {
+            self.submitted += 1;
+        }
         self.draft = match byte {
             // Claude's backslash-Enter: the backslash, counted, becomes the newline. Alt- or
             // Shift-Enter: the ESC made the count unknown, and the CR sends nothing.
@@ -94,6 +108,11 @@ impl InputRouter {
         self.draft != Some(0)
     }
 
+    /// How many prompts of their own the user has sent the CLI (lines that may hold text).
+    pub fn submitted(&self) -> u64 {
+        self.submitted
+    }
+
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<Routed> {
         let mut out = Vec::new();
         let mut pass = Vec::new();
@@ -119,6 +138,8 @@ impl InputRouter {
                         match parse(&line) {
                             Some((target, message)) => out.push(Routed::Send { target, message }),
                             None => {
+                                // Not an `@agent` line: the user's own prompt, sent.
+                                self.submitted += 1;
                                 let mut bytes = line;
                                 bytes.push(byte);
                                 out.push(Routed::Pass(bytes));
@@ -198,6 +219,34 @@ mod tests {
 
     fn passed(routed: &[Routed]) -> Vec<u8> {
         routed.iter().flat_map(|r| if let Routed::Pass(b) = r { b.clone() } else { Vec::new() }).collect()
+    }
+
+    /// A prompt of the user's own is a line that may hold text, sent: not an empty Enter, a
+    /// newline typed into a draft, a line break inside a paste, Ctrl-C, or an `@agent` line.
+    #[test]
+    fn only_a_line_that_may_hold_text_counts_as_the_users_prompt() {
+        let cases: [(&[u8], u64); 10] = [
+            (b"\r", 0),
+            (b"fix it\r", 1),
+            (b"fix it\x03\r", 0),
+            (b"a\nb\r", 1),
+            (b"a\\\rb", 0),
+            (b"\x1b[200~one\rtwo\x1b[201~", 0),
+            (b"\x1b[200~one\rtwo\x1b[201~\r", 1),
+            (b"\x1b[A\r", 1),
+            (b"@bob hi\r", 0),
+            (b"@bob\r", 1),
+        ];
+        for (keys, prompts) in cases {
+            let mut router = InputRouter::new();
+            router.feed(keys);
+            assert_eq!(router.submitted(), prompts, "{:?}", String::from_utf8_lossy(keys));
+        }
+        let mut router = InputRouter::new();
+        router.feed(b"one\r");
+        router.feed(b"\r");
+        router.feed(b"two\r");
+        assert_eq!(router.submitted(), 2);
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub(super) struct HeldKeys {
     /// May the line the user typed into the CLI hold text (their keys since they last emptied
     /// it, [`InputRouter::line_may_hold_text`])?
     draft: std::sync::atomic::AtomicBool,
+    /// How many prompts of their own the user has sent the CLI ([`InputRouter::submitted`]).
+    submitted: std::sync::atomic::AtomicU64,
 }
 
 impl HeldKeys {
@@ -72,6 +74,11 @@ impl HeldKeys {
         self.draft.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// How many prompts of their own the user has sent the CLI so far.
+    pub fn submitted(&self) -> u64 {
+        self.submitted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Did the user's keystrokes reach the CLI within `window`?
     pub fn typed_within(&self, window: std::time::Duration) -> bool {
         self.last_passed.lock().ok().and_then(|last| *last).is_some_and(|last| last.elapsed() < window)
@@ -93,6 +100,7 @@ pub(super) fn spawn_keyboard(shared: Arc<Shared>) {
             };
             let routed = router.feed(&buffer[..count]);
             keyboard_shared.held_keys.draft.store(router.line_may_hold_text(), std::sync::atomic::Ordering::SeqCst);
+            keyboard_shared.held_keys.submitted.store(router.submitted(), std::sync::atomic::Ordering::SeqCst);
             for routed in routed {
                 match routed {
                     Routed::Pass(bytes) => keyboard_shared.held_keys.user_keys(bytes, &keyboard_shared.input),

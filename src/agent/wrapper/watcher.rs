@@ -252,11 +252,11 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         if !wait_until_ready(&shared).await {
             return;
         }
-        let began = Instant::now();
+        let (began, submitted) = (Instant::now(), shared.held_keys.submitted());
         match write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), false, None).await {
             Ok(written) => {
                 resubmit_if_unsent(&shared, &written).await;
-                last_written = Some(LastWritten { written, began });
+                last_written = Some(LastWritten { written, began, submitted });
             }
             Err(error) => {
                 tracing::warn!("cannot write the start-up message: {error:#}");
@@ -373,9 +373,17 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             // may hold text.
             let typing = typing || shared.held_keys.typed_within(USER_KEYS_SETTLE);
             let may_hold_a_draft = typing || (off_prompt && shared.held_keys.draft());
+            // A cancel notice interrupts the work on the canceled task's message. After it the
+            // user sent a prompt of their own (they stopped that work, or the model ended its
+            // turn): the CLI may be working on theirs, which the broker cannot know. The notice
+            // then waits for the prompt, as at priority 3.
+            let users_prompt = ticket.cancel_notice
+                && ticket.priority == 5
+                && last_written.as_ref().is_some_and(|last| last.followed_by_users_prompt(&shared));
             if ticket.priority == 5
                 && status == AgentStatus::Processing
                 && !may_hold_a_draft
+                && !users_prompt
                 && interrupted != Some(number)
             {
                 interrupted = Some(number);
@@ -397,6 +405,10 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
                     }
                     _ if typing => shared.set_note(Some(
                         "the CLI's input box holds typed text: messages wait until it is sent or cleared".into(),
+                    )),
+                    AgentStatus::Processing if users_prompt => shared.set_note(Some(
+                        "a task was canceled: its notice waits for the prompt, not interrupting the prompt typed here since"
+                            .into(),
                     )),
                     _ => {}
                 }
@@ -470,7 +482,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         // paste before the key is sent) is recorded once it took the message: killed before,
         // the successor writes it again (twice rather than never).
         let record_with_the_key = shared.profile.settle_ms == 0;
-        let began = Instant::now();
+        let (began, submitted) = (Instant::now(), shared.held_keys.submitted());
         let then_record = record.clone().filter(|_| record_with_the_key).map(|record| (record, number));
         let written = match write_input(&shared, header, &text, onto_put_back, then_record).await {
             Ok(written) => written,
@@ -484,7 +496,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         // unread with the PTY).
         wait_for_reaction(&shared).await;
         let taken = resubmit_if_unsent(&shared, &written).await;
-        last_written = Some(LastWritten { written, began });
+        last_written = Some(LastWritten { written, began, submitted });
         // Still in the input box (the resubmits gave up): not recorded, so a successor writes
         // it again rather than count it sent.
         if !record_with_the_key
@@ -730,9 +742,17 @@ struct Written {
 struct LastWritten {
     written: Written,
     began: Instant,
+    /// How many prompts of their own the user had sent the CLI when its writing began.
+    submitted: u64,
 }
 
 impl LastWritten {
+    /// Has the user sent the CLI a prompt of their own since this message was written (after
+    /// stopping its work with Ctrl-C, say)? The CLI may then work on theirs, not on this one.
+    fn followed_by_users_prompt(&self, shared: &Shared) -> bool {
+        shared.held_keys.submitted() != self.submitted
+    }
+
     /// Is this message back in the CLI's input box, the CLI idle around it (Claude puts a message
     /// back when it is interrupted before the model's first words)? Never once the user typed a
     /// key after the message was written: the box may then hold their text. The second value:
