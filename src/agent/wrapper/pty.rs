@@ -10,7 +10,7 @@
 //! between; every output chunk reaches the sink before the screen model, and the model before
 //! the change counter is bumped, so whoever wakes on the counter sees the chunk.
 
-use super::watcher::DeliveredRecord;
+use super::watcher::{DeliveredRecord, WrittenTicket};
 use crate::agent::readiness::Readiness;
 use portable_pty::{CommandBuilder, MasterPty, PtySize};
 use std::io::{Read, Write};
@@ -81,7 +81,7 @@ struct PtyWrite {
     done: Option<oneshot::Sender<()>>,
     /// A ticket to record as written right after the bytes, on the writer thread (no task
     /// switch in between).
-    then_record: Option<(DeliveredRecord, u64)>,
+    then_record: Option<(DeliveredRecord, WrittenTicket)>,
 }
 
 /// The way to the writer thread. Its queue is lossless: unbounded, so neither a ticket nor a
@@ -107,7 +107,7 @@ impl PtyInput {
     pub async fn write_then_record(
         &self,
         bytes: Vec<u8>,
-        then_record: Option<(DeliveredRecord, u64)>,
+        then_record: Option<(DeliveredRecord, WrittenTicket)>,
     ) -> anyhow::Result<()> {
         let (done, written) = oneshot::channel();
         self.queue
@@ -125,10 +125,10 @@ pub(super) fn spawn_writer(writer: Box<dyn Write + Send>) -> std::io::Result<Pty
         let mut writer = writer;
         while let Ok(write) = pty_queue.recv() {
             let ok = writer.write_all(&write.bytes).and_then(|_| writer.flush()).is_ok();
-            if let (true, Some((record, ticket))) = (ok, &write.then_record)
-                && let Err(error) = record.write(*ticket)
+            if let (true, Some((record, written))) = (ok, &write.then_record)
+                && let Err(error) = record.write(*written)
             {
-                tracing::warn!("cannot record ticket {ticket} as written: {error}");
+                tracing::warn!("cannot record ticket {} as written: {error}", written.ticket);
             }
             if let Some(done) = write.done
                 && ok
@@ -225,8 +225,9 @@ mod tests {
         let keys = crate::escape::keystrokes(header, "two lines\nof text", true, "\r");
         input.write(keys.paste.clone()).await.unwrap();
         assert_eq!(recorded(), "", "no record before the submit key");
-        input.write_then_record(keys.submit.clone(), Some((record, 7))).await.unwrap();
-        assert_eq!(recorded().trim(), "7", "recorded once the submit key is written");
+        let written = WrittenTicket { ticket: 7, log_from: 12 };
+        input.write_then_record(keys.submit.clone(), Some((record, written))).await.unwrap();
+        assert_eq!(recorded().trim(), "7 12", "recorded once the submit key is written");
         // The user's keystrokes queued after the ticket come after it, never inside it.
         input.send(b"ls".to_vec());
         drop(input);

@@ -57,38 +57,66 @@ impl DeliveredRecord {
         crate::private_files::open_write(&delivered_path(log)).map(|file| DeliveredRecord(Arc::new(file)))
     }
 
-    /// Records `ticket` as written.
-    pub(super) fn write(&self, ticket: u64) -> std::io::Result<()> {
+    /// Records a ticket as written.
+    pub(super) fn write(&self, written: WrittenTicket) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        // `u64::MAX` has 20 digits.
-        self.0.write_all_at(format!("{ticket:<20}\n").as_bytes(), 0)
+        // Two numbers of at most 20 digits and a space: 41 characters.
+        let record = format!("{} {}", written.ticket, written.log_from);
+        self.0.write_all_at(format!("{record:<41}\n").as_bytes(), 0)
     }
 }
 
-fn last_delivered(log: &std::path::Path) -> Option<u64> {
-    std::fs::read_to_string(delivered_path(log)).ok()?.trim().parse().ok()
+/// A ticket as its record keeps it: its number, and how long the terminal log was when its
+/// writing began (its echo can only come after that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct WrittenTicket {
+    pub ticket: u64,
+    pub log_from: u64,
+}
+
+impl WrittenTicket {
+    /// `ticket`, about to be written into the CLI whose terminal log is `log`.
+    fn now(ticket: u64, log: &std::path::Path) -> WrittenTicket {
+        WrittenTicket { ticket, log_from: std::fs::metadata(log).map_or(0, |meta| meta.len()) }
+    }
+}
+
+/// The last record: the ticket, and where its writing began in the log (None in a record of an
+/// earlier version, which kept the number alone).
+fn last_delivered(log: &std::path::Path) -> Option<(u64, Option<u64>)> {
+    let record = std::fs::read_to_string(delivered_path(log)).ok()?;
+    let mut fields = record.split_whitespace();
+    let ticket = fields.next()?.parse().ok()?;
+    match fields.next() {
+        None => Some((ticket, None)),
+        Some(from) => Some((ticket, Some(from.parse().ok()?))),
+    }
 }
 
 /// How much of the end of the terminal log [`written_before_restart`] reads.
 const LOG_TAIL_BYTES: u64 = 256 << 10;
 
 /// What the wrapper before this one left, read when this one starts (before it writes any
-/// record of its own): the last ticket it wrote, and where the terminal log then ended.
+/// record of its own): the last ticket it wrote, where the terminal log was when its writing
+/// began, and where the log then ended.
 struct BeforeRestart {
     ticket: u64,
+    log_from: Option<u64>,
     log_end: u64,
 }
 
 impl BeforeRestart {
     fn read(log: &std::path::Path) -> Option<BeforeRestart> {
-        let ticket = last_delivered(log)?;
-        Some(BeforeRestart { ticket, log_end: std::fs::metadata(log).map_or(0, |meta| meta.len()) })
+        let (ticket, log_from) = last_delivered(log)?;
+        Some(BeforeRestart { ticket, log_from, log_end: std::fs::metadata(log).map_or(0, |meta| meta.len()) })
     }
 }
 
 /// Did the wrapper before this one write ticket `number` into its CLI before it died? Its
 /// record says it wrote the submit key, and the terminal log shows the ticket's header
-/// (`prefix`), so the CLI echoed or drew it. A record without that trace means the bytes may
+/// (`prefix`) after the point where its writing began, so the CLI echoed or drew it (a
+/// follow-up shares its first message's header: that message's echo, earlier, does not count).
+/// A record without that trace means the bytes may
 /// have sat unread in the PTY when the wrapper (and with it the CLI) was killed, or that the
 /// echo never reached the log: the ticket is written again, since nothing may be lost. Asked
 /// of every ticket fetched until that one comes (a more urgent one may come first).
@@ -98,8 +126,11 @@ fn written_before_restart(log: &std::path::Path, before: &BeforeRestart, number:
         return false;
     }
     let Ok(mut file) = std::fs::File::open(log) else { return false };
-    // The end of the log as the wrapper before this one left it.
-    let start = before.log_end.saturating_sub(LOG_TAIL_BYTES);
+    // The end of the log as the wrapper before this one left it, from the ticket's writing on.
+    let start = before.log_end.saturating_sub(LOG_TAIL_BYTES).max(before.log_from.unwrap_or(0));
+    if start >= before.log_end {
+        return false;
+    }
     let mut tail = Vec::new();
     if file.seek(std::io::SeekFrom::Start(start)).is_err()
         || file.take(before.log_end - start).read_to_end(&mut tail).is_err()
@@ -483,7 +514,8 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         // the successor writes it again (twice rather than never).
         let record_with_the_key = shared.profile.settle_ms == 0;
         let (began, submitted) = (Instant::now(), shared.held_keys.submitted());
-        let then_record = record.clone().filter(|_| record_with_the_key).map(|record| (record, number));
+        let mark = WrittenTicket::now(number, &shared.log);
+        let then_record = record.clone().filter(|_| record_with_the_key).map(|record| (record, mark));
         let written = match write_input(&shared, header, &text, onto_put_back, then_record).await {
             Ok(written) => written,
             Err(error) => {
@@ -502,7 +534,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         if !record_with_the_key
             && taken
             && let Some(record) = &record
-            && let Err(error) = record.write(number)
+            && let Err(error) = record.write(mark)
         {
             tracing::warn!("cannot record ticket {number} as written: {error}");
         }
@@ -697,7 +729,7 @@ async fn write_input(
     header: &str,
     text: &str,
     onto_put_back: bool,
-    then_record: Option<(DeliveredRecord, u64)>,
+    then_record: Option<(DeliveredRecord, WrittenTicket)>,
 ) -> anyhow::Result<Written> {
     let bracketed = shared.screen.lock().bracketed_paste();
     shared.input_written();
@@ -797,23 +829,27 @@ mod tests {
     fn a_record_replaces_the_one_before_in_place_and_opening_keeps_the_predecessors() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("bob.log");
+        let mark = |ticket, log_from| WrittenTicket { ticket, log_from };
         // The widest record an earlier version could have left (it wrote the bare number).
         std::fs::write(delivered_path(&log), u64::MAX.to_string()).unwrap();
         let record = DeliveredRecord::open(&log).unwrap();
-        assert_eq!(last_delivered(&log), Some(u64::MAX), "opening alone keeps the predecessor's record");
-        record.write(7).unwrap();
-        assert_eq!(last_delivered(&log), Some(7), "nothing of the longer record is left after it");
-        record.write(123_456).unwrap();
-        record.write(8).unwrap();
-        assert_eq!(last_delivered(&log), Some(8));
-        record.write(u64::MAX).unwrap();
-        assert_eq!(last_delivered(&log), Some(u64::MAX));
+        assert_eq!(last_delivered(&log), Some((u64::MAX, None)), "opening alone keeps the predecessor's record");
+        record.write(mark(7, 0)).unwrap();
+        assert_eq!(last_delivered(&log), Some((7, Some(0))), "nothing of the longer record is left after it");
+        record.write(mark(u64::MAX, u64::MAX)).unwrap();
+        record.write(mark(8, 512)).unwrap();
+        assert_eq!(last_delivered(&log), Some((8, Some(512))));
+        record.write(mark(u64::MAX, u64::MAX)).unwrap();
+        assert_eq!(last_delivered(&log), Some((u64::MAX, Some(u64::MAX))));
         // A second handle (the next wrapper's) reads and writes the same file.
         drop(record);
         let next = DeliveredRecord::open(&log).unwrap();
-        assert_eq!(last_delivered(&log), Some(u64::MAX));
-        next.write(9).unwrap();
-        assert_eq!(last_delivered(&log), Some(9));
+        assert_eq!(last_delivered(&log), Some((u64::MAX, Some(u64::MAX))));
+        next.write(mark(9, 1)).unwrap();
+        assert_eq!(last_delivered(&log), Some((9, Some(1))));
+        // Not a record: no ticket is taken for written.
+        std::fs::write(delivered_path(&log), "9 x").unwrap();
+        assert_eq!(last_delivered(&log), None);
     }
 
     #[test]
@@ -843,7 +879,7 @@ mod tests {
         assert!(written_before_restart(&log, &before, 7, prefix));
         // Only what the wrapper before this one left counts.
         std::fs::write(delivered_path(&log), "8").unwrap();
-        let earlier = BeforeRestart { ticket: 8, log_end: before.log_end };
+        let earlier = BeforeRestart { ticket: 8, log_from: None, log_end: before.log_end };
         assert!(!written_before_restart(&log, &earlier, 8, later), "drawn after the restart");
         // Only the end of a long log is read: the ticket was the last thing written.
         let mut long = format!("> {prefix} early\r\n").into_bytes();
@@ -851,5 +887,37 @@ mod tests {
         std::fs::write(&log, long).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
         assert!(!written_before_restart(&log, &BeforeRestart { ticket: 7, ..before }, 7, prefix));
+    }
+
+    /// A follow-up (a later turn of the same task) has its first message's header: the first
+    /// message's echo, before the follow-up's writing began, is no trace of the follow-up.
+    #[test]
+    fn only_the_log_after_a_tickets_writing_began_shows_it_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("bob.log");
+        let prefix = "[A2A:c54af1ff:alice:R]";
+        let first = format!("> {prefix} the first turn\r\n[DUMMY] You said: ...\r\n> ");
+        std::fs::write(&log, &first).unwrap();
+        let follow_up = WrittenTicket::now(12, &log);
+        assert_eq!(follow_up.log_from, first.len() as u64);
+        DeliveredRecord::open(&log).unwrap().write(follow_up).unwrap();
+        // Killed with the follow-up's bytes unread: the log shows only the first turn.
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(!written_before_restart(&log, &before, 12, prefix), "only the first turn's echo");
+        // Its echo came before the kill.
+        let mut file = crate::private_files::open_append(&log).unwrap();
+        std::io::Write::write_all(&mut file, format!("{prefix} the second turn\r\n").as_bytes()).unwrap();
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(written_before_restart(&log, &before, 12, prefix));
+        // A record of an earlier version (the number alone) reads the whole tail, as it did.
+        std::fs::write(delivered_path(&log), "12").unwrap();
+        let before = BeforeRestart::read(&log).unwrap();
+        assert_eq!(before.log_from, None);
+        std::fs::write(&log, &first).unwrap();
+        let before = BeforeRestart { log_end: first.len() as u64, ..before };
+        assert!(written_before_restart(&log, &before, 12, prefix));
+        // A log shorter than the record's start (replaced since): nothing counts as shown.
+        let before = BeforeRestart { log_from: Some(first.len() as u64 + 10), ..before };
+        assert!(!written_before_restart(&log, &before, 12, prefix));
     }
 }
