@@ -729,10 +729,12 @@ fn at_agent_lines_typed_in_the_interactive_wrapper_are_sent_and_other_input_pass
     child.wait().unwrap();
 }
 
-/// A task's cancel notice interrupts the CLI's work on that task's message, but not a prompt
-/// the user sent the CLI after it: here they stopped the task with Ctrl-C and went on with work
-/// of their own. The broker, which cannot see the user's keys, asks for an interrupt (priority
-/// 5); the wrapper holds the notice until the prompt, says why, and types it there.
+/// A task's cancel notice interrupts the CLI's work on that task's message, also when the user
+/// typed a line while the CLI worked on it (queued behind the work). It does not interrupt a
+/// prompt the user sent after the CLI went back to its prompt: here they stopped the task with
+/// Ctrl-C and went on with work of their own. The broker, which cannot see the user's keys, asks
+/// for an interrupt (priority 5) both times; the second time the wrapper holds the notice until
+/// the prompt, says why, and types it there.
 #[test]
 fn a_cancel_notice_waits_for_a_prompt_the_user_typed_since_instead_of_interrupting_it() {
     use std::io::Write;
@@ -742,27 +744,54 @@ fn a_cancel_notice_waits_for_a_prompt_the_user_typed_since_instead_of_interrupti
     let Interactive { mut child, screen, mut keyboard, .. } =
         interactive_with(&home, &["dummy", "--name", "alice"], None, &SLOW_ANSWER);
     let alice = first_agent_ready(&mut follower, "alice READY");
-    let asked: Value =
-        serde_json::from_str(&home.ok(&["send", "alice", "a long question", "--response", "--json"])).unwrap();
-    let task = asked["task"]["id"].as_str().unwrap().to_string();
+    let seen = |part: &str| screen.lock().unwrap().contains(part);
+    let mut type_keys = |keys: &[u8]| {
+        keyboard.write_all(keys).unwrap();
+        keyboard.flush().unwrap();
+    };
+    let ask = |text: &str| {
+        let asked: Value = serde_json::from_str(&home.ok(&["send", "alice", text, "--response", "--json"])).unwrap();
+        asked["task"]["id"].as_str().unwrap().to_string()
+    };
+    let notice_priority = |task: &str| {
+        let task = task.to_string();
+        let issued = home
+            .events()
+            .into_iter()
+            .find(|e| kind(e) == "reverse_ticket_issued" && data(e, "task_id") == task.as_str());
+        issued.map(|notice| data(&notice, "priority").as_u64().unwrap())
+    };
+
+    // A line typed while the CLI works on the first question waits behind that work: the
+    // cancel still interrupts it.
+    let first = ask("the first question");
     follower.wait_until("alice busy with it", |events| {
         injected_count(events, &alice) == 1 && status_is(events, &alice, "PROCESSING")
     });
-    let seen = |part: &str| screen.lock().unwrap().contains(part);
-    // The user stops the task's work and sends a prompt of their own, which keeps the CLI busy.
-    keyboard.write_all(b"\x03").unwrap();
-    keyboard.flush().unwrap();
+    type_keys(b"also check the tests\r");
+    wait_until("the line echoed", || seen("also check the tests"));
+    home.ok(&["cancel", &first]);
+    assert_eq!(notice_priority(&first), Some(5));
     wait_until("the answer interrupted", || seen("[DUMMY] Interrupted while answering"));
+    follower
+        .wait_until("the first notice written", |events| injected_count(events, &alice) == 2 && ready(events, &alice));
+
+    // The user stops the second task's work and sends a prompt of their own, which keeps the
+    // CLI busy.
+    let second = ask("the second question");
+    follower.wait_until("alice busy with it", |events| {
+        injected_count(events, &alice) == 3 && status_is(events, &alice, "PROCESSING")
+    });
+    type_keys(b"\x03");
+    wait_until("the answer interrupted", || screen.lock().unwrap().matches("Interrupted while answering").count() == 2);
     follower.wait_until("alice READY again", |events| ready(events, &alice));
-    keyboard.write_all(b"/work on my own\r").unwrap();
-    keyboard.flush().unwrap();
+    type_keys(b"/work on my own\r");
     wait_until("the user's prompt taken", || seen("[DUMMY] You said: /work on my own"));
     follower.wait_until("alice busy with the user's prompt", |events| status_is(events, &alice, "PROCESSING"));
-    home.ok(&["cancel", &task]);
-    let notice = home.events().into_iter().find(|e| kind(e) == "reverse_ticket_issued").expect("a notice");
+    home.ok(&["cancel", &second]);
     assert_eq!(
-        data(&notice, "priority"),
-        5,
+        notice_priority(&second),
+        Some(5),
         "the broker asks for an interrupt: the task's message was the last written"
     );
     follower.wait_until("the notice held, and why", |events| {
@@ -772,14 +801,20 @@ fn a_cancel_notice_waits_for_a_prompt_the_user_typed_since_instead_of_interrupti
     let inbox: Value = serde_json::from_str(&home.ok(&["agent", "inbox", &alice])).unwrap();
     assert_eq!(inbox["tickets"].as_array().map(Vec::len), Some(1), "the notice waits: {inbox}");
     // The user ends their prompt's work: the notice is typed at the prompt.
-    keyboard.write_all(b"\x03").unwrap();
-    keyboard.flush().unwrap();
-    wait_until("the notice typed", || seen(":user:CANCELED] Canceled"));
-    follower.wait_until("the notice acknowledged", |events| injected_count(events, &alice) == 2);
+    type_keys(b"\x03");
+    follower.wait_until("the second notice written", |events| injected_count(events, &alice) == 4);
     let shown = screen.lock().unwrap().replace('\r', "");
+    // Each as the CLI took it (the dummy says what it was given).
+    let notices: Vec<usize> = shown
+        .match_indices("[DUMMY] You said: [A2A:")
+        .filter(|(at, _)| shown[*at..].lines().next().is_some_and(|line| line.contains(":user:CANCELED] Canceled")))
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(notices.len(), 2, "{shown}");
+    let interrupts: Vec<usize> = shown.match_indices("[DUMMY] Interrupted while").map(|(at, _)| at).collect();
+    assert_eq!(interrupts.len(), 3, "the first cancel's, the user's two Ctrl-C, no other: {shown}");
     let own = shown.find("Interrupted while working on your prompt").expect(&shown);
-    assert!(own < shown.find(":user:CANCELED]").unwrap(), "{shown}");
-    assert_eq!(shown.matches("Interrupted while").count(), 2, "the user's two Ctrl-C, no other: {shown}");
+    assert!(interrupts[0] < notices[0] && own < notices[1], "{shown}");
     child.kill().unwrap();
     child.wait().unwrap();
 }

@@ -20,6 +20,11 @@ pub struct Readiness {
     /// Has the CLI been READY once? Until then it is STARTING (never interrupted, never
     /// written to), whatever it draws.
     seen_ready: bool,
+    /// How many times the CLI has become READY (each spell at its prompt counted once, when a
+    /// status is looked at: the reporter looks at every change and at each quiet period's end).
+    ready_spells: u64,
+    /// Was the status last looked at READY?
+    ready_last: bool,
     /// The texts written lately (newest last): a dialog pattern on a screen row that only
     /// shows one of them is the echo of a message, not a dialog.
     recent_inputs: std::collections::VecDeque<String>,
@@ -82,6 +87,8 @@ impl Readiness {
             last_input: None,
             seen_bracketed_paste: false,
             seen_ready: false,
+            ready_spells: 0,
+            ready_last: false,
             recent_inputs: std::collections::VecDeque::new(),
         }
     }
@@ -330,12 +337,20 @@ impl Readiness {
         line
     }
 
+    /// How many times the CLI has become READY so far (looking at its status now first).
+    pub fn ready_spells(&mut self, now: Instant) -> u64 {
+        self.status(now);
+        self.ready_spells
+    }
+
     /// The status now, and when it should be looked at again (a quiet period ending).
     pub fn status(&mut self, now: Instant) -> (AgentStatus, Option<Instant>) {
         let (status, recheck) = self.status_of_screen(now);
         if status == AgentStatus::Ready {
             self.seen_ready = true;
+            self.ready_spells += u64::from(!self.ready_last);
         }
+        self.ready_last = status == AgentStatus::Ready;
         match status {
             AgentStatus::Processing if !self.seen_ready => (AgentStatus::Starting, recheck),
             status => (status, recheck),
@@ -643,6 +658,27 @@ mod tests {
             opencode.feed(format!("\x1b[2J\x1b[10;3H┃  \x1b[12;4H{hint}\x1b[10;4H").as_bytes(), working);
             assert_eq!(opencode.status(working + Duration::from_secs(5)).0, AgentStatus::Processing, "{hint}");
         }
+    }
+
+    /// Each time the CLI becomes READY counts once, however often its status is looked at.
+    #[test]
+    fn each_spell_at_the_prompt_counts_once() {
+        let start = Instant::now();
+        let mut claude = detector("claude");
+        let prompt = "\x1b[?2004h\x1b[2J\x1b[H────\r\n❯\u{a0}";
+        claude.feed(prompt.as_bytes(), start);
+        assert_eq!(claude.ready_spells(start), 0, "starting");
+        let ready = start + Duration::from_secs(1);
+        assert_eq!(claude.ready_spells(ready), 1);
+        assert_eq!(claude.ready_spells(ready + Duration::from_secs(1)), 1, "the same spell");
+        let working = start + Duration::from_secs(3);
+        claude.input_written(working);
+        claude.feed("\x1b[2J\x1b[H✻ Thinking… (esc to interrupt)".as_bytes(), working);
+        assert_eq!(claude.ready_spells(working + Duration::from_secs(5)), 1, "busy");
+        let back = working + Duration::from_secs(6);
+        claude.feed(prompt.as_bytes(), back);
+        assert_eq!(claude.status(back + Duration::from_secs(1)).0, AgentStatus::Ready);
+        assert_eq!(claude.ready_spells(back + Duration::from_secs(2)), 2, "back at its prompt");
     }
 
     #[test]

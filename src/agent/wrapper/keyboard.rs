@@ -26,8 +26,10 @@ pub(super) struct HeldKeys {
     /// May the line the user typed into the CLI hold text (their keys since they last emptied
     /// it, [`InputRouter::line_may_hold_text`])?
     draft: std::sync::atomic::AtomicBool,
-    /// How many prompts of their own the user has sent the CLI ([`InputRouter::submitted`]).
-    submitted: std::sync::atomic::AtomicU64,
+    /// The READY spell ([`crate::agent::readiness::Readiness::ready_spells`]) in which the user
+    /// last sent the CLI a prompt of their own, straight (not held behind a message being
+    /// written); 0 for none.
+    prompt_spell: std::sync::atomic::AtomicU64,
 }
 
 impl HeldKeys {
@@ -53,11 +55,17 @@ impl HeldKeys {
         true
     }
 
-    /// The user's keystrokes: to the CLI now, or held while a message is being typed.
-    pub fn user_keys(&self, bytes: Vec<u8>, input: &PtyInput) {
+    /// The user's keystrokes: to the CLI now (true), or held while a message is being typed.
+    pub fn user_keys(&self, bytes: Vec<u8>, input: &PtyInput) -> bool {
         match self.held.lock() {
-            Ok(mut held) if held.is_some() => held.get_or_insert_with(Vec::new).extend_from_slice(&bytes),
-            _ => self.pass(bytes, input),
+            Ok(mut held) if held.is_some() => {
+                held.get_or_insert_with(Vec::new).extend_from_slice(&bytes);
+                false
+            }
+            _ => {
+                self.pass(bytes, input);
+                true
+            }
         }
     }
 
@@ -74,9 +82,9 @@ impl HeldKeys {
         self.draft.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// How many prompts of their own the user has sent the CLI so far.
-    pub fn submitted(&self) -> u64 {
-        self.submitted.load(std::sync::atomic::Ordering::SeqCst)
+    /// The READY spell in which the user last sent the CLI a prompt of their own (0: none).
+    pub fn prompt_spell(&self) -> u64 {
+        self.prompt_spell.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Did the user's keystrokes reach the CLI within `window`?
@@ -98,12 +106,13 @@ pub(super) fn spawn_keyboard(shared: Arc<Shared>) {
                 Ok(0) | Err(_) => break,
                 Ok(count) => count,
             };
+            let prompts = router.submitted();
             let routed = router.feed(&buffer[..count]);
             keyboard_shared.held_keys.draft.store(router.line_may_hold_text(), std::sync::atomic::Ordering::SeqCst);
-            keyboard_shared.held_keys.submitted.store(router.submitted(), std::sync::atomic::Ordering::SeqCst);
+            let mut passed = true;
             for routed in routed {
                 match routed {
-                    Routed::Pass(bytes) => keyboard_shared.held_keys.user_keys(bytes, &keyboard_shared.input),
+                    Routed::Pass(bytes) => passed &= keyboard_shared.held_keys.user_keys(bytes, &keyboard_shared.input),
                     Routed::Echo(bytes) => {
                         let mut out = std::io::stdout().lock();
                         let _ = out.write_all(&bytes).and_then(|_| out.flush());
@@ -112,6 +121,13 @@ pub(super) fn spawn_keyboard(shared: Arc<Shared>) {
                         let _ = sends.send((target, message));
                     }
                 }
+            }
+            // A prompt of the user's own, sent straight to the CLI (one held behind a message
+            // being written reaches it after that message): which READY spell it came in says
+            // whether the CLI went back to its prompt between a message and it.
+            if router.submitted() != prompts && passed {
+                let spell = keyboard_shared.screen.lock().ready_spells(std::time::Instant::now());
+                keyboard_shared.held_keys.prompt_spell.store(spell, std::sync::atomic::Ordering::SeqCst);
             }
         }
     });

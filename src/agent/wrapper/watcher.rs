@@ -250,7 +250,8 @@ async fn acknowledge_handovers(client: &mut crate::client::Client, shared: &Shar
             Ok(_) => tracing::info!("ticket {number}, handed over by a hook, acknowledged"),
             // Its acknowledgement had landed (its answer lost), or it was canceled long ago.
             Err(error) if is_gone(&error) => tracing::info!("ticket {number}, handed over by a hook: {error:#}"),
-            Err(_) => {
+            Err(error) => {
+                tracing::warn!("ticket {number}, handed over by a hook: its acknowledgement failed again ({error:#})");
                 shared.unacknowledged_handovers().extend(std::iter::once(number).chain(numbers.by_ref()));
                 return false;
             }
@@ -283,11 +284,11 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         if !wait_until_ready(&shared).await {
             return;
         }
-        let (began, submitted) = (Instant::now(), shared.held_keys.submitted());
+        let (began, spell) = (Instant::now(), shared.screen.lock().ready_spells(Instant::now()));
         match write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), false, None).await {
             Ok(written) => {
                 resubmit_if_unsent(&shared, &written).await;
-                last_written = Some(LastWritten { written, began, submitted });
+                last_written = Some(LastWritten { written, began, spell });
             }
             Err(error) => {
                 tracing::warn!("cannot write the start-up message: {error:#}");
@@ -404,10 +405,10 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             // may hold text.
             let typing = typing || shared.held_keys.typed_within(USER_KEYS_SETTLE);
             let may_hold_a_draft = typing || (off_prompt && shared.held_keys.draft());
-            // A cancel notice interrupts the work on the canceled task's message. After it the
-            // user sent a prompt of their own (they stopped that work, or the model ended its
-            // turn): the CLI may be working on theirs, which the broker cannot know. The notice
-            // then waits for the prompt, as at priority 3.
+            // A cancel notice interrupts the work on the canceled task's message. When the CLI
+            // went back to its prompt since and its user then sent a prompt of their own, it may
+            // be working on theirs, which the broker cannot see: the notice then waits for the
+            // prompt, as at priority 3.
             let users_prompt = ticket.cancel_notice
                 && ticket.priority == 5
                 && last_written.as_ref().is_some_and(|last| last.followed_by_users_prompt(&shared));
@@ -513,7 +514,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         // paste before the key is sent) is recorded once it took the message: killed before,
         // the successor writes it again (twice rather than never).
         let record_with_the_key = shared.profile.settle_ms == 0;
-        let (began, submitted) = (Instant::now(), shared.held_keys.submitted());
+        let (began, spell) = (Instant::now(), shared.screen.lock().ready_spells(Instant::now()));
         let mark = WrittenTicket::now(number, &shared.log);
         let then_record = record.clone().filter(|_| record_with_the_key).map(|record| (record, mark));
         let written = match write_input(&shared, header, &text, onto_put_back, then_record).await {
@@ -528,7 +529,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         // unread with the PTY).
         wait_for_reaction(&shared).await;
         let taken = resubmit_if_unsent(&shared, &written).await;
-        last_written = Some(LastWritten { written, began, submitted });
+        last_written = Some(LastWritten { written, began, spell });
         // Still in the input box (the resubmits gave up): not recorded, so a successor writes
         // it again rather than count it sent.
         if !record_with_the_key
@@ -774,15 +775,19 @@ struct Written {
 struct LastWritten {
     written: Written,
     began: Instant,
-    /// How many prompts of their own the user had sent the CLI when its writing began.
-    submitted: u64,
+    /// The CLI's READY spell when its writing began
+    /// ([`crate::agent::readiness::Readiness::ready_spells`]).
+    spell: u64,
 }
 
 impl LastWritten {
-    /// Has the user sent the CLI a prompt of their own since this message was written (after
-    /// stopping its work with Ctrl-C, say)? The CLI may then work on theirs, not on this one.
+    /// Did the CLI go back to its prompt after this message (its user stopped the work with
+    /// Ctrl-C, or the model ended its turn), and the user then send it a prompt of their own?
+    /// The CLI may then work on theirs, not on this one. A prompt typed while the CLI still
+    /// worked on the message (queued behind it, or steering it) does not count, nor a key that
+    /// answered a dialog.
     fn followed_by_users_prompt(&self, shared: &Shared) -> bool {
-        shared.held_keys.submitted() != self.submitted
+        shared.held_keys.prompt_spell() > self.spell
     }
 
     /// Is this message back in the CLI's input box, the CLI idle around it (Claude puts a message
