@@ -136,6 +136,7 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
                     "ticket {number} handed over by a hook, its acknowledgement failed ({error:#}): the watcher acknowledges it and the rest"
                 );
                 shared.unacknowledged_handovers().extend(std::iter::once(number).chain(numbers.by_ref()));
+                shared.handovers_waiting.notify_one();
                 break;
             }
         }

@@ -183,6 +183,9 @@ struct Shared {
     /// watcher acknowledges them as soon as it reaches the broker, while the CLI still works,
     /// so that a cancel landing meanwhile is told to the model that has the message.
     handovers_unacknowledged: Mutex<std::collections::BTreeSet<u64>>,
+    /// Wakes the watcher from its wait on the inbox when a hook fills
+    /// [`Shared::handovers_unacknowledged`].
+    handovers_waiting: tokio::sync::Notify,
     /// When the broker registered this run of the agent (its clock, as tickets are stamped).
     registered_ms: u64,
 }
@@ -391,6 +394,7 @@ async fn run_registered(
         mcp_tools,
         delivery: Arc::default(),
         handovers_unacknowledged: Mutex::default(),
+        handovers_waiting: tokio::sync::Notify::new(),
         registered_ms: registration.agent.registered_ms,
     });
 

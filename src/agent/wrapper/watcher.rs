@@ -356,7 +356,15 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
         }
         let fetched = match after_ack.take() {
             Some(inbox) if !inbox.tickets.is_empty() => Ok(inbox),
-            _ => client.inbox(&shared.agent_id, INBOX_WAIT_MS, Some(1)).await,
+            // A hook's failed acknowledgements cut the wait short: they are made at once (on a
+            // new connection: the one waiting is left with its request).
+            _ => tokio::select! {
+                fetched = client.inbox(&shared.agent_id, INBOX_WAIT_MS, Some(1)) => fetched,
+                () = shared.handovers_waiting.notified() => {
+                    client = connect(&shared.paths, &shared.secret).await;
+                    continue;
+                }
+            },
         };
         let inbox = match fetched {
             Ok(answer) => {
