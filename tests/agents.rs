@@ -303,13 +303,7 @@ fn cancelling_the_task_a_busy_cli_works_on_interrupts_it_and_tells_it_why() {
         let asked: Value = serde_json::from_str(&home.ok(&["send", "bob", text, "--response", "--json"])).unwrap();
         asked["task"]["id"].as_str().unwrap().to_string()
     };
-    let notices = || {
-        home.events()
-            .into_iter()
-            .filter(|e| kind(e) == "reverse_ticket_issued")
-            .map(|e| (data(&e, "task_id").as_str().unwrap().to_string(), data(&e, "priority").as_u64().unwrap()))
-            .collect::<Vec<_>>()
-    };
+    let notices = || cancel_notices(&home.events());
     // bob leaves a question for an urgent message (it stays working, unanswered), then takes
     // another: cancelling the one he left must not cut the other short.
     let left = ask("a question left behind");
@@ -357,11 +351,7 @@ fn a_task_canceled_while_its_message_is_written_is_told_to_the_cli_that_took_it(
     let events = home.events();
     let at = |wanted: &str| events.iter().position(|e| kind(e) == wanted).unwrap_or_else(|| panic!("{wanted}"));
     assert!(at("task_canceled") < at("ticket_injected"), "canceled before its acknowledgement");
-    let notices: Vec<u64> = events
-        .iter()
-        .filter(|e| kind(e) == "reverse_ticket_issued")
-        .map(|e| data(e, "priority").as_u64().unwrap())
-        .collect();
+    let notices: Vec<u64> = cancel_notices(&events).into_iter().map(|(_, priority)| priority).collect();
     assert_eq!(notices, [5], "the CLI began on it: interrupted, then told");
     let issued = &events[at("ticket_issued")];
     let shown = &data(issued, "display_task_id").as_str().unwrap()[..8];
@@ -754,12 +744,7 @@ fn a_cancel_notice_waits_for_a_prompt_the_user_typed_since_instead_of_interrupti
         asked["task"]["id"].as_str().unwrap().to_string()
     };
     let notice_priority = |task: &str| {
-        let task = task.to_string();
-        let issued = home
-            .events()
-            .into_iter()
-            .find(|e| kind(e) == "reverse_ticket_issued" && data(e, "task_id") == task.as_str());
-        issued.map(|notice| data(&notice, "priority").as_u64().unwrap())
+        cancel_notices(&home.events()).into_iter().find(|(notified, _)| notified == task).map(|(_, priority)| priority)
     };
 
     // A line typed while the CLI works on the first question waits behind that work: the
@@ -1621,13 +1606,19 @@ fn a_cancel_after_a_hand_over_whose_acknowledgement_failed_is_told_to_the_model(
     let events = home.events();
     let injected = events.iter().find(|e| acknowledged(std::slice::from_ref(e))).unwrap();
     assert_eq!(data(injected, "how"), "handed_over");
-    let notices: Vec<u64> = events
-        .iter()
-        .filter(|e| kind(e) == "reverse_ticket_issued")
-        .map(|e| data(e, "priority").as_u64().unwrap())
-        .collect();
+    let notices: Vec<u64> = cancel_notices(&events).into_iter().map(|(_, priority)| priority).collect();
     assert_eq!(notices, [3], "one notice, without an interrupt: the model has the message mid-turn");
     assert!(status_is(&events, &id(&bob), "PROCESSING"), "still at work on the question");
+}
+
+/// The reverse tickets issued so far, (task, priority): in the tests that use it, where no
+/// answer is sent, the cancel notices (a notice names the notified agent's own task).
+fn cancel_notices(events: &[Value]) -> Vec<(String, u64)> {
+    events
+        .iter()
+        .filter(|e| kind(e) == "reverse_ticket_issued")
+        .map(|e| (data(e, "task_id").as_str().unwrap().to_string(), data(e, "priority").as_u64().unwrap()))
+        .collect()
 }
 
 /// How many of `agent`'s tickets were acknowledged (written, or handed over by a hook).
