@@ -1083,14 +1083,7 @@ fn agent_filter(separator: &str, agent: Option<&str>) -> String {
 
 /// `<separator>how=<how>` when the acknowledgement says how the ticket reached the CLI.
 fn how_query(separator: char, how: Option<crate::event::Delivery>) -> String {
-    use crate::event::Delivery;
-    how.map(|how| match how {
-        Delivery::Typed => "typed",
-        Delivery::HandedOver => "handed_over",
-        Delivery::Unwritten => "unwritten",
-    })
-    .map(|how| format!("{separator}how={how}"))
-    .unwrap_or_default()
+    how.map(|how| format!("{separator}how={how}")).unwrap_or_default()
 }
 
 /// Percent-encodes a path segment or query value.

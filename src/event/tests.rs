@@ -609,6 +609,11 @@ fn value_types_use_their_documented_spellings() {
         assert_eq!(text.parse::<AgentStatus>().unwrap(), status);
         assert!(EVENTS_DOC.contains(&format!("`{text}`")), "AgentStatus {text} is not in events.md");
     }
+    for how in [Delivery::Typed, Delivery::HandedOver, Delivery::Unwritten] {
+        let text = spelled(serde_json::to_value(how).unwrap());
+        assert_eq!(text, how.to_string());
+        assert!(EVENTS_DOC.contains(&format!("`{text}`")), "Delivery {text} is not in events.md");
+    }
     let states = TaskState::ALL;
     for state in states {
         let text = spelled(serde_json::to_value(state).unwrap());

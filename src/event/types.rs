@@ -30,6 +30,17 @@ pub enum Delivery {
     Unwritten,
 }
 
+/// As `?how=` and the log spell it.
+impl fmt::Display for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Delivery::Typed => "typed",
+            Delivery::HandedOver => "handed_over",
+            Delivery::Unwritten => "unwritten",
+        })
+    }
+}
+
 impl fmt::Display for AgentStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

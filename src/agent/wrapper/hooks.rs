@@ -141,8 +141,7 @@ async fn answer(shared: &Arc<Shared>, stream: tokio::net::UnixStream) -> std::io
             }
         }
     }
-    shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
-    shared.screen.notify();
+    shared.report_after_acknowledgement();
     // The hook ends once this is said: whoever ran it sees the messages recorded as delivered.
     writer.write_all(format!("{}\n", hook::RECORDED).as_bytes()).await
 }

@@ -204,6 +204,13 @@ impl Shared {
         self.handovers_unacknowledged.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// After an acknowledgement (which records PROCESSING in the broker): the reporter reports
+    /// the status again, after that event (READY once the CLI is back at its prompt).
+    fn report_after_acknowledgement(&self) {
+        self.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.screen.notify();
+    }
+
     fn note(&self) -> Option<String> {
         self.note.lock().map(|note| note.clone()).unwrap_or_default()
     }

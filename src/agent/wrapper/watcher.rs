@@ -257,9 +257,7 @@ async fn acknowledge_handovers(client: &mut crate::client::Client, shared: &Shar
             }
         }
     }
-    // Each acknowledgement recorded PROCESSING: the reporter reports the status again after it.
-    shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
-    shared.screen.notify();
+    shared.report_after_acknowledgement();
     true
 }
 
@@ -327,20 +325,15 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             match client.ack_then_inbox(&shared.agent_id, ticket, Some(how), 1).await {
                 Ok(answer) => {
                     after_ack = Some(answer.inbox);
-                    // The acknowledgement recorded PROCESSING; the reporter reports READY
-                    // again once the CLI is back at its prompt, after this event.
                     unacknowledged = None;
                     drop(delivering.take());
-                    shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
-                    shared.screen.notify();
+                    shared.report_after_acknowledgement();
                 }
                 Err(error) if is_gone(&error) => {
-                    // Acknowledged already (an answer lost to a broker restart, or a hook's):
-                    // the status is reported again, as after any acknowledgement.
+                    // Acknowledged already (an answer lost to a broker restart, or a hook's).
                     unacknowledged = None;
                     drop(delivering.take());
-                    shared.report_again.store(true, std::sync::atomic::Ordering::SeqCst);
-                    shared.screen.notify();
+                    shared.report_after_acknowledgement();
                 }
                 Err(_) => {
                     backoff.wait().await;
