@@ -357,9 +357,11 @@ pub fn decide_continue(
     let Some(agent) = receiver_task.owner.clone() else { return Err(not_found().into()) };
     let running = view.agent(&agent)?.is_some_and(|record| context.liveness.is_alive(record.pid));
     if !running {
-        return Err(CommandError::Unavailable {
-            message: format!("Agent '{agent}' is no longer running: task {} cannot continue", task.id),
-        }
+        // The task's state, not the broker's: a 409, never a "try again later" 503.
+        return Err(CommandError::conflict(format!(
+            "Agent '{agent}' is no longer running: task {} cannot continue",
+            task.id
+        ))
         .into());
     }
     let turn = u32::try_from(receiver_task.follow_ups.len() + 1).unwrap_or(u32::MAX);

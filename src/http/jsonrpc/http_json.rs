@@ -14,7 +14,7 @@ use super::methods::{cancel_task, get_task, list_tasks, parse_send, send, submit
 use super::stream::{stream_task, task_snapshot};
 use super::{
     INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RpcError, VERSION_NOT_SUPPORTED, Version,
-    agent_id_of, status_body, status_of, version_of,
+    agent_id_of, http_status_of, status_body, version_of,
 };
 use crate::http::AppState;
 use crate::http::extract::{FixedAgent, Path, Scope};
@@ -43,7 +43,7 @@ pub fn routes() -> Router<AppState> {
 }
 
 fn error_response(error: &RpcError) -> Response {
-    (status_of(error.code).0, Json(status_body(error))).into_response()
+    (http_status_of(error).0, Json(status_body(error))).into_response()
 }
 
 fn answer(result: Result<Value, RpcError>) -> Response {

@@ -71,6 +71,11 @@ pub struct RpcError {
     pub message: String,
     /// The ErrorInfo's `metadata`: what the error is about (`taskId`, ...), string values.
     pub metadata: Vec<(&'static str, String)>,
+    /// The HTTP status the HTTP+JSON binding answers, when the code alone says less than the
+    /// error: JSON-RPC has one code for a refusal (`INVALID_PARAMS`) and one for the server's
+    /// trouble (`INTERNAL_ERROR`), but a refusal may be 403 or 413 and a broker that is
+    /// stopping is 503, not 500. None: [`status_of`] the code.
+    pub http_status: Option<StatusCode>,
 }
 
 /// The ErrorInfo `domain` of every A2A error.
@@ -97,7 +102,11 @@ pub fn error_reason(code: i64) -> &'static str {
 
 impl RpcError {
     fn new(code: i64, message: impl Into<String>) -> RpcError {
-        RpcError { code, message: message.into(), metadata: Vec::new() }
+        RpcError { code, message: message.into(), metadata: Vec::new(), http_status: None }
+    }
+    fn answered_as(mut self, status: StatusCode) -> RpcError {
+        self.http_status = Some(status);
+        self
     }
     pub(super) fn with(mut self, key: &'static str, value: impl Into<String>) -> RpcError {
         self.metadata.push((key, value.into()));
@@ -128,9 +137,10 @@ impl RpcError {
 
 impl From<CommandError> for RpcError {
     fn from(error: CommandError) -> Self {
+        // The caller's request, not the server, is at fault: never an internal error (the
+        // HTTP+JSON binding would answer 500). The HTTP status is the REST routes' own.
+        let http_status = super::ApiError::from(error.clone()).status();
         let code = match &error {
-            // The caller's request, not the server, is at fault: never an internal error (the
-            // HTTP+JSON binding would answer 500).
             CommandError::BadRequest { .. }
             | CommandError::Ambiguous { .. }
             | CommandError::TooLarge { .. }
@@ -139,7 +149,7 @@ impl From<CommandError> for RpcError {
             CommandError::NotFound { .. } => TASK_NOT_FOUND,
             CommandError::Unavailable { .. } => INTERNAL_ERROR,
         };
-        RpcError::new(code, error.to_string())
+        RpcError::new(code, error.to_string()).answered_as(http_status)
     }
 }
 
@@ -147,17 +157,36 @@ impl From<super::ApiError> for RpcError {
     fn from(error: super::ApiError) -> Self {
         let message = error.message().to_string();
         let code = if error.status().is_client_error() { INVALID_PARAMS } else { INTERNAL_ERROR };
-        RpcError::new(code, message)
+        RpcError::new(code, message).answered_as(error.status())
     }
 }
 
 impl From<crate::store::StoreError> for RpcError {
     fn from(error: crate::store::StoreError) -> Self {
-        RpcError::new(INTERNAL_ERROR, format!("the broker cannot read its log: {error}"))
+        let error = super::ApiError::from(error);
+        RpcError::new(INTERNAL_ERROR, error.message()).answered_as(error.status())
     }
 }
 
-/// The HTTP status and `google.rpc.Code` name of an error (A2A v1.0 §5.4's mapping).
+/// The HTTP status and `google.rpc.Code` name the HTTP+JSON binding answers an error with.
+pub fn http_status_of(error: &RpcError) -> (StatusCode, &'static str) {
+    let Some(status) = error.http_status else { return status_of(error.code) };
+    let name = match status {
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "INVALID_ARGUMENT",
+        StatusCode::UNAUTHORIZED => "UNAUTHENTICATED",
+        StatusCode::FORBIDDEN => "PERMISSION_DENIED",
+        StatusCode::NOT_FOUND => "NOT_FOUND",
+        StatusCode::CONFLICT => "FAILED_PRECONDITION",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "INVALID_ARGUMENT",
+        StatusCode::TOO_MANY_REQUESTS => "RESOURCE_EXHAUSTED",
+        StatusCode::SERVICE_UNAVAILABLE => "UNAVAILABLE",
+        status if status.is_client_error() => "FAILED_PRECONDITION",
+        _ => "INTERNAL",
+    };
+    (status, name)
+}
+
+/// The HTTP status and `google.rpc.Code` name of an error code (A2A v1.0 §5.4's mapping).
 pub fn status_of(code: i64) -> (StatusCode, &'static str) {
     match code {
         TASK_NOT_FOUND => (StatusCode::NOT_FOUND, "NOT_FOUND"),
@@ -175,7 +204,7 @@ pub fn status_of(code: i64) -> (StatusCode, &'static str) {
 
 /// An error as this binding answers it: a `google.rpc.Status`.
 pub fn status_body(error: &RpcError) -> Value {
-    let (status, name) = status_of(error.code);
+    let (status, name) = http_status_of(error);
     json!({"error": {"code": status.as_u16(), "status": name, "message": error.message, "details": error.data()}})
 }
 
@@ -416,6 +445,34 @@ mod tests {
         for refused in ["1.1", "2.0", "0.2.6", "latest"] {
             assert_eq!(version_of(&headers(Some(refused))).unwrap_err().code, VERSION_NOT_SUPPORTED, "{refused}");
         }
+    }
+
+    #[test]
+    fn the_http_binding_answers_a_refusal_or_the_brokers_trouble_with_the_rest_routes_status() {
+        let answered = |error: CommandError| {
+            let error = RpcError::from(error);
+            let body = status_body(&error);
+            (http_status_of(&error).0.as_u16(), body["error"]["code"].as_u64(), body["error"]["status"].clone())
+        };
+        let stopping = CommandError::Unavailable { message: "the broker is stopping".into() };
+        assert_eq!(answered(stopping), (503, Some(503), json!("UNAVAILABLE")));
+        assert_eq!(answered(CommandError::forbidden("not yours")), (403, Some(403), json!("PERMISSION_DENIED")));
+        let too_large = CommandError::TooLarge { message: "too large".into() };
+        assert_eq!(answered(too_large), (413, Some(413), json!("INVALID_ARGUMENT")));
+        assert_eq!(answered(CommandError::conflict("gone")), (409, Some(409), json!("FAILED_PRECONDITION")));
+        assert_eq!(answered(CommandError::bad("bad")), (400, Some(400), json!("INVALID_ARGUMENT")));
+        assert_eq!(answered(CommandError::not_found("none")), (404, Some(404), json!("NOT_FOUND")));
+        // JSON-RPC keeps its codes: a refusal is INVALID_PARAMS, the broker's trouble INTERNAL_ERROR.
+        assert_eq!(RpcError::from(CommandError::forbidden("not yours")).code, INVALID_PARAMS);
+        assert_eq!(RpcError::from(CommandError::Unavailable { message: "x".into() }).code, INTERNAL_ERROR);
+        let refused = RpcError::from(super::super::ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down"));
+        assert_eq!(http_status_of(&refused), (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"));
+        // An error made here, with a code alone, keeps the code's status.
+        assert_eq!(http_status_of(&RpcError::task_not_found("t")), (StatusCode::NOT_FOUND, "NOT_FOUND"));
+        assert_eq!(
+            http_status_of(&RpcError::new(INTERNAL_ERROR, "x")),
+            (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL")
+        );
     }
 
     #[test]
