@@ -135,21 +135,9 @@ impl Caller {
     }
 }
 
-/// The API key a request presents (`X-API-Key` or `Authorization: Bearer`).
-fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(key) = headers.get("x-api-key").and_then(|value| value.to_str().ok()) {
-        return Some(key);
-    }
-    headers
-        .get("authorization")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
-        .map(str::trim)
-}
-
 /// Does the request carry the admin key? Only when auth is on (there is no key otherwise).
 pub fn has_admin_key(state: &AppState, headers: &HeaderMap) -> bool {
-    state.auth.enabled && presented_key(headers).is_some_and(|key| state.auth.accepts(key))
+    state.auth.enabled && super::auth::presented_key(headers).is_some_and(|key| state.auth.accepts(key))
 }
 
 /// The peer credentials of a Unix-socket request (None over TCP).
