@@ -270,6 +270,16 @@ fn the_agent_card_announces_json_rpc_1_0_with_streaming_on_the_agent_port_and_on
     assert_eq!(status, 200);
     assert_eq!(synapse_card["extensions"]["synapse"]["agent_id"], agent.id.as_str());
     assert_eq!(synapse_card["capabilities"]["streaming"], true, "it streams, and says so");
+    // On the broker an agent is named as a send names it (here by its type): cards and status
+    // too, not only its tasks.
+    for path in ["/.well-known/agent-card.json", "/.well-known/agent.json", "/status"] {
+        let (status, answer) = home.http("GET", &format!("/agents/scenario{path}"), None, &[]);
+        assert_eq!(status, 200, "{path}: {answer}");
+        let (_, by_id) = home.http("GET", &format!("/agents/{}{path}", agent.id), None, &[]);
+        assert_eq!(answer, by_id, "{path}");
+    }
+    let (status, answer) = home.http("GET", "/agents/nobody/status", None, &[]);
+    assert_eq!(status, 404, "{answer}");
 }
 
 /// `GET path` on `port` with extra request headers: (status, response headers lowercased, body).

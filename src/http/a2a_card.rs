@@ -95,6 +95,7 @@ pub async fn agent_card(
     fixed: Option<Extension<FixedAgent>>,
     request: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let agent = super::extract::agent_id(&state, &agent)?;
     let record = state
         .store
         .read(|view| view.agent(&agent))?
@@ -163,6 +164,7 @@ pub async fn synapse_card(
     Scope(agent): Scope,
     request: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let agent = super::extract::agent_id(&state, &agent)?;
     let record = state
         .store
         .read(|view| view.agent(&agent))?

@@ -250,6 +250,8 @@ pub async fn set_status(
 }
 
 pub async fn agent_status(State(state): State<AppState>, Scope(agent): Scope) -> ApiResult {
+    // By id, name or type, as a send names its target and the agent's other routes are read.
+    let agent = super::extract::agent_id(&state, &agent)?;
     let (record, depth) = state.store.read(|view| Ok((view.agent(&agent)?, view.inbox_depth(&agent)?)))?;
     let record = record.ok_or_else(|| ApiError::not_found(format!("Agent '{agent}' is not registered")))?;
     answer(&api::AgentStatusView {
