@@ -128,3 +128,24 @@ fn an_acknowledgement_with_next_answers_the_inbox_as_it_stands_after_it() {
     assert_eq!(acknowledged[0]["event"]["data"]["how"], "typed", "{:?}", acknowledged[0]);
     assert!(acknowledged[1]["event"]["data"].get("how").is_none(), "{:?}", acknowledged[1]);
 }
+
+/// schema/openapi.json is data written by tools/gen_openapi.py: a hand edit of the JSON that
+/// the generator lacks would be lost at its next run (it happened once).
+#[test]
+fn the_committed_openapi_document_is_what_its_generator_writes() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let written = std::env::temp_dir().join(format!("synapse-openapi-{}.json", std::process::id()));
+    let run = std::process::Command::new("python3")
+        .arg(root.join("tools/gen_openapi.py"))
+        .arg(&written)
+        .output()
+        .expect("python3 runs the generator");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let generated = std::fs::read_to_string(&written).unwrap();
+    let _ = std::fs::remove_file(&written);
+    let committed = std::fs::read_to_string(root.join("schema/openapi.json")).unwrap();
+    assert!(
+        generated == committed,
+        "schema/openapi.json differs from what tools/gen_openapi.py writes: edit the generator and run it"
+    );
+}

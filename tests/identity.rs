@@ -443,6 +443,7 @@ fn broker_control_routes_are_refused_to_tcp_callers_without_the_key_and_to_agent
         ("GET", "/webhooks/deliveries", None),
         ("GET", "/external", None),
         ("POST", "/external", Some(br#"{"url":"http://example.com"}"#)),
+        ("POST", "/file-safety/cleanup", Some(br#"{"days":1}"#)),
         ("POST", "/broker/shutdown", None),
     ];
     for (method, path, body) in &routes {

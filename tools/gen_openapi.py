@@ -1,6 +1,7 @@
 """Writes schema/openapi.json. The document is data: edit this generator, run
-`python3 tools/gen_openapi.py`, and the unit test in src/http/openapi.rs checks that every
-route in src/http is described and nothing else is."""
+`python3 tools/gen_openapi.py` (or give it another file to write), and the unit test in
+src/http/openapi.rs checks that every route in src/http is described and nothing else is;
+tests/api_contract.rs checks that schema/openapi.json is what this writes."""
 import json
 import os
 E={"$ref":"#/components/schemas/Error"}
@@ -38,7 +39,7 @@ add("/agents/{agent}","delete","Deregister the agent (X-Synapse-Agent-Secret)",t
 add("/agents/{agent}","post","A2A JSON-RPC 2.0 binding of this agent (same as POST / on its port)",tags=["a2a"],params=pp("agent"),body="JsonRpcRequest",responses=resp(schema={"$ref":"#/components/schemas/JsonRpcResponse"}))
 add("/agents/{agent}/","post","A2A JSON-RPC 2.0 binding of this agent",tags=["a2a"],params=pp("agent"),body="JsonRpcRequest",responses=resp(schema={"$ref":"#/components/schemas/JsonRpcResponse"}))
 add("/agents/{agent}/inbox","get","Tickets still to be written into the agent's PTY, in delivery order (long-poll with wait_ms)",tags=["agents"],params=pp("agent")+[q("wait_ms","integer"),q("limit","integer")])
-add("/agents/{agent}/inbox/{ticket}/ack","post","Record that a ticket was written into the PTY (X-Synapse-Agent-Secret). With next=true the answer is {ticket, inbox}: the inbox (its first `limit` tickets) as it stands once the acknowledgement is stored",tags=["agents"],params=pp("agent","ticket")+[q("next","boolean","also answer with the inbox after the acknowledgement"),q("limit","integer","with next: 1..10000, default 100")],responses=resp(extra={400:"Bad ticket or query",403:"Secret",404:"Not in the inbox"}))
+add("/agents/{agent}/inbox/{ticket}/ack","post","Record that a ticket was written into the PTY (X-Synapse-Agent-Secret). With next=true the answer is {ticket, inbox}: the inbox (its first `limit` tickets) as it stands once the acknowledgement is stored",tags=["agents"],params=pp("agent","ticket")+[q("next","boolean","also answer with the inbox after the acknowledgement"),q("limit","integer","with next: 1..10000, default 100"),{"name":"how","in":"query","required":False,"schema":{"type":"string","enum":["typed","handed_over","unwritten"]},"description":"how the ticket reached the CLI: typed at its prompt, handed over mid-turn by its hook, or not written into this CLI (recorded in ticket_injected; decides whether a message canceled on its way interrupts the CLI)"}],responses=resp(extra={400:"Bad ticket or query",403:"Secret",404:"Not in the inbox (acknowledged already, or never queued). A message canceled on its way to the CLI (taken by the wrapper before the cancel, within ten minutes) is answered 200 once, its cancel notice queued"}))
 add("/agents/{agent}/tasks/{id}/update","post","The receiving agent moves its task (state, artifacts); the sender's task follows (X-Synapse-Agent-Secret)",tags=["agents"],params=pp("agent","id"),body="UpdateTaskRequest",responses=resp(extra={400:"Bad input",403:"Secret",404:"Unknown task"}))
 add("/agents/{agent}/status","get","The agent's status (open)",tags=["agents"],params=pp("agent"))
 add("/agents/{agent}/status","post","Report READY / PROCESSING / WAITING (X-Synapse-Agent-Secret)",tags=["agents"],params=pp("agent"),body="StatusBody",responses=resp(extra={400:"Bad status",403:"Secret",404:"Unknown agent"}))
@@ -67,7 +68,7 @@ add("/history/{id}","get","The records of one task (full id or prefix)",tags=["h
 add("/threads/{id}","get","The conversation a task belongs to (its context: message, sender task, reply), oldest first",tags=["history"],params=pp("id"),responses=resp(extra={400:"Malformed id",404:"Unknown or ambiguous"}))
 add("/history/search","get","Records with words starting with the keywords (q=comma-separated; logic OR|AND; case_sensitive)",tags=["history"],params=[q("q"),q("logic"),q("case_sensitive","boolean"),q("agent"),q("limit","integer")],responses=resp(extra={400:"No keyword, bad logic or limit"}))
 add("/history/stats","get","Totals by state, success rate, per agent, date range, size",tags=["history"],params=[q("agent")])
-add("/history/cleanup","post","Prune records last updated before days ago (or beyond max_size_mb); dry_run counts only",tags=["history"],body="HistoryCleanupBody",responses=resp(extra={400:"Bad days or size"}))
+add("/history/cleanup","post","Prune records last updated before days ago (or beyond max_size_mb); dry_run counts only",tags=["history"],body="HistoryCleanupBody",responses=resp(extra={400:"Bad days or size",403:"For the user only"}))
 add("/file-safety/status","get","Lock and modification counts",tags=["file-safety"])
 add("/file-safety/locks","get","Current locks (with expired flag)",tags=["file-safety"],params=[q("agent")])
 add("/file-safety/lock","post","Lock a file for an agent (renews for the holder); wait_seconds waits for the release",tags=["file-safety"],body="LockBody",responses=resp(extra={400:"Bad path or duration",404:"Unknown agent",409:"File is already locked by <holder>"}))
@@ -76,7 +77,7 @@ add("/file-safety/history","get","A file's modifications, newest first",tags=["f
 add("/file-safety/recent","get","Recent modifications of every file",tags=["file-safety"],params=[q("agent"),q("limit","integer")],responses=resp(extra={400:"Bad limit"}))
 add("/file-safety/record","post","Record a modification (CREATE, MODIFY, DELETE)",tags=["file-safety"],body="RecordBody",responses=resp(extra={400:"Bad path or type",404:"Unknown agent or task"}))
 add("/file-safety/validate","post","May this agent write this file? Reason and recent modifications",tags=["file-safety"],body="ValidateBody",responses=resp(extra={400:"Bad path"}))
-add("/file-safety/cleanup","post","Release expired and orphaned locks; drop modification records older than days (default 30)",tags=["file-safety"],body="FileCleanupBody",responses=resp(extra={400:"Bad days"}))
+add("/file-safety/cleanup","post","Release expired and orphaned locks; drop modification records older than days (default 30)",tags=["file-safety"],body="FileCleanupBody",responses=resp(extra={400:"Bad days",403:"For the user only"}))
 # the dashboard
 def page(desc,media):
     return {"200":{"description":desc,"content":{media:{"schema":{"type":"string"}}}}}
@@ -135,5 +136,7 @@ comps={
 doc={"openapi":"3.0.3","info":{"title":"Synapse broker and agent API","version":"0.1.0","description":"Every HTTP endpoint of Synapse. The broker serves its API on $SYNAPSE_UDS_DIR/broker.sock and 127.0.0.1:$SYNAPSE_BROKER_PORT; each agent's endpoints are served on its port and $SYNAPSE_UDS_DIR/<agent_id>.sock and under /agents/{agent} on the broker. Errors are JSON objects (Error) with a 4xx status for bad input. With SYNAPSE_AUTH_ENABLED=true every endpoint except agent cards and status needs X-API-Key or Authorization: Bearer."},
  "components":{"schemas":comps,"securitySchemes":{"apiKey":{"type":"apiKey","in":"header","name":"X-API-Key"},"bearer":{"type":"http","scheme":"bearer"}}},
  "paths":dict(sorted(P.items()))}
-open(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'schema', 'openapi.json'),'w').write(json.dumps(doc,indent=2)+"\n")
+import sys
+out=sys.argv[1] if len(sys.argv)>1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'schema', 'openapi.json')
+open(out,'w').write(json.dumps(doc,indent=2)+"\n")
 print(len(P),"paths")

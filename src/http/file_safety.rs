@@ -280,7 +280,13 @@ struct CleanupBody {
     days: Option<i64>,
 }
 
-async fn cleanup(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+/// Releases expired locks and prunes old modification records: the user's to decide, as the
+/// history's cleanup is (an agent or a TCP caller without the key gets 403).
+async fn cleanup(
+    State(state): State<AppState>,
+    _user: super::caller::TheUser,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
     let body: CleanupBody = match &body {
         Ok(bytes) if bytes.is_empty() || bytes.as_ref() == b"null" => CleanupBody::default(),
         _ => parse_body(body)?,
