@@ -1449,7 +1449,9 @@ fn a_scenario_agent_the_broker_forgot_says_so_once_and_does_not_spin() {
 /// A message the user sent from the shell is the user's to cancel (and the receiver's): an
 /// anonymous A2A client that finds it in the agent's task list may not. It could (the mark
 /// that the user sent it is on the receiver's task, not on the task A2A lists); the refusal
-/// is "not cancelable", never an internal error (the HTTP+JSON binding answered 500).
+/// is "not cancelable" in JSON-RPC and 403 over HTTP+JSON (not 409: the task's state allows a
+/// cancel), never an internal error (the HTTP+JSON binding answered 500), and names the user
+/// as the sender.
 #[test]
 fn an_anonymous_a2a_client_cannot_cancel_a_message_the_user_sent() {
     let home = Home::new();
@@ -1463,12 +1465,54 @@ fn an_anonymous_a2a_client_cannot_cancel_a_message_the_user_sent() {
     assert!(ids.contains(&task_id.as_str()), "{listed}");
     let refused = v1(agent.port, "CancelTask", json!({"id": task_id}));
     assert_eq!(error_code(&refused), -32002, "{refused}");
-    assert!(refused["error"]["message"].as_str().unwrap().contains("the user"), "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("its sender (the user)"), "{refused}");
     let over_rest = rest(agent.port, "POST", &format!("/v1/tasks/{task_id}:cancel"), Some(json!({})));
-    assert_eq!(rest_error(&over_rest), (409, "FAILED_PRECONDITION".into(), "TASK_NOT_CANCELABLE".into()));
+    assert_eq!(rest_error(&over_rest), (403, "PERMISSION_DENIED".into(), "TASK_NOT_CANCELABLE".into()));
     let task = v1(agent.port, "GetTask", json!({"id": task_id}));
     assert_eq!(task["result"]["status"]["state"], "TASK_STATE_WORKING", "{task}");
     // The user still may.
+    home.ok(&["cancel", &task_id]);
+}
+
+/// Where a task's changes are pushed is the business of those who may cancel it: an anonymous
+/// client that finds the user's message in the agent's task list may not add, read or delete
+/// its push notification configs (it could redirect the reply to any host, or remove the
+/// user's); the user may. A client's own task stays its own to configure (the test above).
+#[test]
+fn push_notification_configs_of_the_users_message_are_refused_to_an_anonymous_client() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let (receiver_port, _received) = receiver(std::sync::Arc::new(std::sync::atomic::AtomicU16::new(200)));
+    let url = format!("http://127.0.0.1:{receiver_port}/notify");
+    let sent: Value =
+        serde_json::from_str(&home.ok(&["send", &agent.id, "wait for me", "--response", "--json"])).unwrap();
+    let task_id = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    let config = json!({"taskId": task_id, "url": url, "id": "mine", "token": "t"});
+    let refused = v1(agent.port, "CreateTaskPushNotificationConfig", config.clone());
+    assert_eq!(error_code(&refused), -32602, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("its sender (the user)"), "{refused}");
+    let path = format!("/v1/tasks/{task_id}/pushNotificationConfigs");
+    let over_rest = rest(agent.port, "POST", &path, Some(json!({"url": url, "id": "mine"})));
+    assert_eq!(rest_error(&over_rest).0, 403, "{over_rest:?}");
+    // The user sets one, over the broker's socket.
+    let call = |method: &str, params: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+        let (status, answer) =
+            home.http("POST", &format!("/agents/{}/", agent.id), Some(body.as_bytes()), &[("A2A-Version", "1.0")]);
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+    let created = call("CreateTaskPushNotificationConfig", config);
+    assert!(created.get("error").is_none(), "{created}");
+    // The anonymous client can neither list nor delete it.
+    let listed = v1(agent.port, "ListTaskPushNotificationConfigs", json!({"taskId": task_id}));
+    assert_eq!(error_code(&listed), -32602, "{listed}");
+    assert_eq!(rest_error(&rest(agent.port, "GET", &path, None)).0, 403);
+    let deleted = v1(agent.port, "DeleteTaskPushNotificationConfig", json!({"taskId": task_id, "id": "mine"}));
+    assert_eq!(error_code(&deleted), -32602, "{deleted}");
+    assert_eq!(rest_error(&rest(agent.port, "DELETE", &format!("{path}/mine"), None)).0, 403);
+    let kept = call("ListTaskPushNotificationConfigs", json!({"taskId": task_id}));
+    assert_eq!(kept["result"]["configs"].as_array().map(Vec::len), Some(1), "{kept}");
     home.ok(&["cancel", &task_id]);
 }
 

@@ -29,6 +29,7 @@ pub use requests::{
     RegisterRequest, ReplyRequest, SendRequest, UnverifiedSender, UpdateTaskRequest, default_priority,
 };
 pub use send::validate_priority;
+pub use tasks::{check_party, sent_by_user_with};
 
 use crate::event::{Event, Message};
 use crate::store::{Projections, StoreError};

@@ -36,10 +36,33 @@ fn may_cancel(task: &TaskRecord, sent_by_user: bool, actor: &Actor) -> bool {
     }
 }
 
+/// Refuses (403) an `actor` that may not cancel `task` (see [`may_cancel`]): its cancel, and
+/// the push notification configs that follow it (A2A), are its parties' business. `by_user`:
+/// [`sent_by_user_with`]; `what` says what is refused ("may be canceled").
+pub fn check_party(task: &TaskRecord, by_user: bool, actor: &Actor, what: &str) -> Result<(), CommandError> {
+    if may_cancel(task, by_user, actor) {
+        return Ok(());
+    }
+    let sender = if by_user { "the user" } else { task_sender(task).unwrap_or("anonymous") };
+    Err(CommandError::forbidden(format!(
+        "task {} {what} only by its sender ({sender}), its receiver ({}) or the user",
+        short_id(&task.id),
+        task_receiver(task).unwrap_or("anonymous"),
+    )))
+}
+
 /// Was the message of `task` sent by the user? The flag is on the receiver's task (and on the
 /// task of a message to an external agent); the sender's task of an agent's message has it
 /// on its peer.
 fn sent_by_user(view: &Projections<'_>, task: &TaskRecord) -> Result<bool, DecideError> {
+    sent_by_user_with(task, |peer| find_task(view, peer))
+}
+
+/// [`sent_by_user`] through any reader of the tasks: `find` looks up a task by its id.
+pub fn sent_by_user_with<E>(
+    task: &TaskRecord,
+    find: impl FnOnce(&str) -> Result<Option<TaskRecord>, E>,
+) -> Result<bool, E> {
     if task.sent_by_user {
         return Ok(true);
     }
@@ -47,7 +70,7 @@ fn sent_by_user(view: &Projections<'_>, task: &TaskRecord) -> Result<bool, Decid
         return Ok(false);
     }
     let Some(peer) = &task.peer_task_id else { return Ok(false) };
-    Ok(find_task(view, peer)?.is_some_and(|receiver| receiver.sent_by_user))
+    Ok(find(peer)?.is_some_and(|receiver| receiver.sent_by_user))
 }
 
 /// An agent moves a task it received: its own task and the sender's task waiting on it change
@@ -153,15 +176,7 @@ pub fn decide_cancel_task(
     let Some(task) = find_task(view, task_id)? else {
         return Err(CommandError::not_found(format!("Task {task_id} not found")).into());
     };
-    if !may_cancel(&task, sent_by_user(view, &task)?, actor) {
-        return Err(CommandError::forbidden(format!(
-            "task {} may be canceled only by its sender ({}), its receiver ({}) or the user",
-            short_id(&task.id),
-            task_sender(&task).unwrap_or("anonymous"),
-            task_receiver(&task).unwrap_or("anonymous"),
-        ))
-        .into());
-    }
+    check_party(&task, sent_by_user(view, &task)?, actor, "may be canceled")?;
     if !matches!(task.state, TaskState::Submitted | TaskState::Working | TaskState::InputRequired) {
         return Err(
             CommandError::bad(format!("Task {} is {} and cannot be canceled", short_id(&task.id), task.state)).into()

@@ -253,6 +253,7 @@ fn push_params(
 async fn push_create(
     State(state): State<AppState>,
     Scope(agent): Scope,
+    caller: crate::http::caller::Caller,
     Path(path): Path<std::collections::HashMap<String, String>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -269,7 +270,7 @@ async fn push_create(
                 return Err(RpcError::params("the body's 'taskId' is not the task of the path"));
             }
             let (agent, params) = push_params(&state, agent, &path, &headers, body)?;
-            super::push::create(&state, &agent, Version::V10, &params).await
+            super::push::create(&state, &agent, &caller.actor(), Version::V10, &params).await
         }
         .await,
     )
@@ -280,6 +281,7 @@ async fn push_create(
 async fn push_read(
     State(state): State<AppState>,
     Scope(agent): Scope,
+    caller: crate::http::caller::Caller,
     Path(path): Path<std::collections::HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
@@ -287,8 +289,8 @@ async fn push_read(
         async {
             let (agent, params) = push_params(&state, agent, &path, &headers, Map::new())?;
             match path.contains_key("config") {
-                true => super::push::get(&state, &agent, Version::V10, &params).await,
-                false => super::push::list(&state, &agent, Version::V10, &params).await,
+                true => super::push::get(&state, &agent, &caller.actor(), Version::V10, &params).await,
+                false => super::push::list(&state, &agent, &caller.actor(), Version::V10, &params).await,
             }
         }
         .await,
@@ -299,13 +301,14 @@ async fn push_read(
 async fn push_delete(
     State(state): State<AppState>,
     Scope(agent): Scope,
+    caller: crate::http::caller::Caller,
     Path(path): Path<std::collections::HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
     answer(
         async {
             let (agent, params) = push_params(&state, agent, &path, &headers, Map::new())?;
-            super::push::delete(&state, &agent, Version::V10, &params).await?;
+            super::push::delete(&state, &agent, &caller.actor(), Version::V10, &params).await?;
             Ok(json!({}))
         }
         .await,

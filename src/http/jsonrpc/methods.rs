@@ -330,9 +330,15 @@ pub(super) async fn cancel_task(
         Ok(Outcome::Task { task }) => *task,
         Ok(_) => return Err(RpcError::new(INTERNAL_ERROR, "unexpected answer to a cancel")),
         // Decided against a newer state than the one read above: it became final meanwhile.
-        // Or not this caller's to cancel (the user's own send, say).
-        Err(CommandError::BadRequest { message } | CommandError::Forbidden { message }) => {
+        Err(CommandError::BadRequest { message }) => {
             return Err(RpcError::new(TASK_NOT_CANCELABLE, message).with("taskId", task.id.clone()));
+        }
+        // Not this caller's to cancel (the user's own send, say): the error A2A clients know,
+        // but a refusal (403) over HTTP+JSON, not a task in a state that cannot be canceled.
+        Err(CommandError::Forbidden { message }) => {
+            return Err(RpcError::new(TASK_NOT_CANCELABLE, message)
+                .with("taskId", task.id.clone())
+                .answered_as(axum::http::StatusCode::FORBIDDEN));
         }
         Err(error) => return Err(error.into()),
     };

@@ -104,7 +104,7 @@ impl RpcError {
     fn new(code: i64, message: impl Into<String>) -> RpcError {
         RpcError { code, message: message.into(), metadata: Vec::new(), http_status: None }
     }
-    fn answered_as(mut self, status: StatusCode) -> RpcError {
+    pub(super) fn answered_as(mut self, status: StatusCode) -> RpcError {
         self.http_status = Some(status);
         self
     }
@@ -375,10 +375,10 @@ pub async fn handle(
         Method::Cancel => cancel_task(&state, &agent, caller.actor(), version, &call.params).await,
         Method::Stream => return stream_send(state, agent, version, call, served_by).await,
         Method::Subscribe => return subscribe_task(state, agent, version, call, served_by),
-        Method::PushCreate => push::create(&state, &agent, version, &call.params).await,
-        Method::PushGet => push::get(&state, &agent, version, &call.params).await,
-        Method::PushList => push::list(&state, &agent, version, &call.params).await,
-        Method::PushDelete => push::delete(&state, &agent, version, &call.params).await,
+        Method::PushCreate => push::create(&state, &agent, &caller.actor(), version, &call.params).await,
+        Method::PushGet => push::get(&state, &agent, &caller.actor(), version, &call.params).await,
+        Method::PushList => push::list(&state, &agent, &caller.actor(), version, &call.params).await,
+        Method::PushDelete => push::delete(&state, &agent, &caller.actor(), version, &call.params).await,
         Method::ExtendedCard => extended_card(&state, &agent, served_by.is_some()),
     };
     match result {

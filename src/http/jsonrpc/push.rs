@@ -11,7 +11,7 @@
 
 use super::params::{find_task, string_param};
 use super::{INTERNAL_ERROR, RpcError, TASK_NOT_FOUND, Version};
-use crate::broker::command::{Command, Outcome};
+use crate::broker::command::{Actor, Command, Outcome, check_party, sent_by_user_with};
 use crate::broker::webhooks::{self, PushAuth, PushConfig, WebhookCommand};
 use crate::http::AppState;
 use crate::store::TaskRecord;
@@ -211,7 +211,13 @@ fn config_json(version: Version, config: &PushConfig) -> Value {
 }
 
 /// The task a request names: `taskId` (v1.0) or `id` (0.3, and v1.0's REST path).
-fn task_of(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<TaskRecord, RpcError> {
+fn task_of(
+    state: &AppState,
+    agent: &str,
+    actor: &Actor,
+    version: Version,
+    params: &Value,
+) -> Result<TaskRecord, RpcError> {
     let names: &[&str] = match version {
         Version::V10 => &["taskId", "id"],
         Version::V03 => &["id", "taskId"],
@@ -224,7 +230,14 @@ fn task_of(state: &AppState, agent: &str, version: Version, params: &Value) -> R
         }
     }
     let reference = reference.ok_or_else(|| RpcError::params("'taskId' (the task id) is required"))?;
-    find_task(state, agent, reference)
+    let task = find_task(state, agent, reference)?;
+    // Whoever may cancel the task may see and change where its changes are pushed; nobody
+    // else (a client of its own, or another agent, redirecting or removing the user's).
+    let by_user = state.store.read(|view| {
+        sent_by_user_with(&task, |peer| Ok(view.tasks_with_prefix(peer, 1)?.into_iter().find(|task| task.id == peer)))
+    })?;
+    check_party(&task, by_user, actor, "has push notification configs set, read or deleted")?;
+    Ok(task)
 }
 
 /// The config id a get or delete names: `id` (v1.0, beside `taskId`) or
@@ -243,8 +256,14 @@ fn config_not_found(task_id: &str, config_id: &str) -> RpcError {
 }
 
 /// `CreateTaskPushNotificationConfig` / `tasks/pushNotificationConfig/set`.
-pub(super) async fn create(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
-    let task = task_of(state, agent, version, params)?;
+pub(super) async fn create(
+    state: &AppState,
+    agent: &str,
+    actor: &Actor,
+    version: Version,
+    params: &Value,
+) -> Result<Value, RpcError> {
+    let task = task_of(state, agent, actor, version, params)?;
     let config = match version {
         Version::V10 => params,
         Version::V03 => params
@@ -257,8 +276,14 @@ pub(super) async fn create(state: &AppState, agent: &str, version: Version, para
 
 /// `GetTaskPushNotificationConfig` / `tasks/pushNotificationConfig/get` (0.3: without an id,
 /// the task's only or first config).
-pub(super) async fn get(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
-    let task = task_of(state, agent, version, params)?;
+pub(super) async fn get(
+    state: &AppState,
+    agent: &str,
+    actor: &Actor,
+    version: Version,
+    params: &Value,
+) -> Result<Value, RpcError> {
+    let task = task_of(state, agent, actor, version, params)?;
     state.delivery_current().await;
     let configs = state.webhooks.lock().push_configs(&task.id);
     let config = match config_id_of(version, params)? {
@@ -274,8 +299,14 @@ pub(super) async fn get(state: &AppState, agent: &str, version: Version, params:
 }
 
 /// `ListTaskPushNotificationConfigs` / `tasks/pushNotificationConfig/list`.
-pub(super) async fn list(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
-    let task = task_of(state, agent, version, params)?;
+pub(super) async fn list(
+    state: &AppState,
+    agent: &str,
+    actor: &Actor,
+    version: Version,
+    params: &Value,
+) -> Result<Value, RpcError> {
+    let task = task_of(state, agent, actor, version, params)?;
     state.delivery_current().await;
     let configs: Vec<Value> =
         state.webhooks.lock().push_configs(&task.id).iter().map(|config| config_json(version, config)).collect();
@@ -287,8 +318,14 @@ pub(super) async fn list(state: &AppState, agent: &str, version: Version, params
 
 /// `DeleteTaskPushNotificationConfig` / `tasks/pushNotificationConfig/delete`: idempotent (a
 /// config already gone is no error).
-pub(super) async fn delete(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
-    let task = task_of(state, agent, version, params)?;
+pub(super) async fn delete(
+    state: &AppState,
+    agent: &str,
+    actor: &Actor,
+    version: Version,
+    params: &Value,
+) -> Result<Value, RpcError> {
+    let task = task_of(state, agent, actor, version, params)?;
     let config_id = config_id_of(version, params)?.ok_or_else(|| RpcError::params("the config id is required"))?;
     state.delivery_current().await;
     let known = state.webhooks.lock().push_configs(&task.id).iter().any(|config| config.config_id == config_id);
