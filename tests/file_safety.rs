@@ -260,6 +260,60 @@ fn a_symlink_to_a_locked_file_is_locked_and_control_characters_are_refused() {
     );
 }
 
+/// A lock taken on a file in a directory not made yet is kept under that path; when the
+/// directory then appears as a link, the same path resolves elsewhere. The lock still binds
+/// (by either name), and its holder and the user still release it by the path `locks` prints;
+/// it could be released by nobody, and `check` said ALLOWED to everyone. (The bench's agents
+/// lock through the writer and take no aliases.)
+#[test]
+fn a_lock_taken_before_a_link_on_its_path_appeared_still_binds_and_is_released() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(project.join("real")).unwrap();
+    let later = project.join("later/f.rs");
+    let later_text = later.to_str().unwrap();
+    let locked = run(&home, &["lock", later_text, &alice.id, "--duration", "600"]);
+    assert!(locked.status.success(), "{}", describe(&locked));
+    std::os::unix::fs::symlink(project.join("real"), project.join("later")).unwrap();
+    let real = project.join("real/f.rs");
+    for name in [later_text, real.to_str().unwrap()] {
+        let check = run(&home, &["check", name, &bob.id]);
+        assert!(stdout(&check).starts_with("DENIED"), "{name}: {}", describe(&check));
+        let refused = run(&home, &["lock", name, &bob.id]);
+        assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+        assert!(stderr(&refused).contains(&format!("already locked by {}", alice.id)), "{}", describe(&refused));
+    }
+    let as_alice = |args: &[&str]| {
+        fs(&home, args).env("SYNAPSE_AGENT_ID", &alice.id).env("SYNAPSE_AGENT_SECRET", &alice.secret).output().unwrap()
+    };
+    let released = as_alice(&["unlock", later_text, &alice.id]);
+    assert!(released.status.success(), "{}", describe(&released));
+    let check = run(&home, &["check", later_text, &bob.id]);
+    assert!(stdout(&check).starts_with("ALLOWED"), "{}", describe(&check));
+    // The user's force reaches such a lock too.
+    std::fs::remove_file(project.join("later")).unwrap();
+    assert!(run(&home, &["lock", later_text, &alice.id]).status.success());
+    std::os::unix::fs::symlink(project.join("real"), project.join("later")).unwrap();
+    let forced = run(&home, &["unlock", later_text, "--force"]);
+    assert!(forced.status.success(), "{}", describe(&forced));
+    let locks = stdout(&run(&home, &["locks"]));
+    assert!(!locks.contains("f.rs"), "{locks}");
+    // A written path that is another file is not a name of this one: `link/../x` is read from
+    // the link's target, and the lock on the x beside the link is left alone.
+    std::fs::create_dir_all(project.join("elsewhere/sub")).unwrap();
+    std::os::unix::fs::symlink(project.join("elsewhere/sub"), project.join("real/deep")).unwrap();
+    std::fs::write(project.join("real/x.rs"), "").unwrap();
+    assert!(run(&home, &["lock", project.join("real/x.rs").to_str().unwrap(), &alice.id]).status.success());
+    let through = project.join("real/deep/../x.rs");
+    let check = run(&home, &["check", through.to_str().unwrap(), &bob.id]);
+    assert!(stdout(&check).starts_with("ALLOWED"), "{}", describe(&check));
+    let not_locked = run(&home, &["unlock", through.to_str().unwrap(), "--force"]);
+    assert_eq!(not_locked.status.code(), Some(1), "{}", describe(&not_locked));
+    assert!(stdout(&run(&home, &["locks"])).contains("x.rs"), "the other file's lock stays");
+}
+
 /// SPEC §5: a lock whose holder is gone is free. The agent's leaving releases its locks; an agent
 /// that takes its id again (same name) does not find them held in its name.
 #[test]

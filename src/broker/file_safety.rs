@@ -17,6 +17,9 @@ pub const LOCK_MAX_DURATION_SECONDS: u64 = 7 * 24 * 3600;
 pub enum FileCommand {
     Lock {
         path: String,
+        /// Other names of the same file that a lock may be kept under ([`aliases`]): such a
+        /// lock binds too.
+        aliases: Vec<String>,
         agent_id: String,
         duration_seconds: u64,
         intent: Option<String>,
@@ -83,6 +86,30 @@ pub fn canonical(path: &str) -> Result<String, String> {
     Ok(normalized)
 }
 
+/// The other names a lock on the file `raw` resolves to ([`canonical`], `resolved`) may be
+/// kept under: the path as written ([`normalize`]d), and the paths of `locks` held now, when
+/// they resolve to the same file. A lock taken before a link on its way existed (a directory
+/// not made yet) was kept under the name it resolved to then; once the link is there, that
+/// name resolves elsewhere, and the lock must still bind, and be released by the path `locks`
+/// prints. A written path that is another file (`link/../x`, which the kernel reads from the
+/// link's target) is not a name of this one. Only locks on a file of the same name are
+/// resolved (a link on the way keeps it).
+pub fn aliases(raw: &str, resolved: &str, locks: impl IntoIterator<Item = String>) -> Vec<String> {
+    let file_name = std::path::Path::new(resolved).file_name();
+    let same_file = |path: &str| {
+        path != resolved
+            && std::path::Path::new(path).file_name() == file_name
+            && canonical(path).is_ok_and(|again| again == resolved)
+    };
+    let mut aliases: Vec<String> = normalize(raw).into_iter().filter(|written| same_file(written)).collect();
+    for path in locks {
+        if !aliases.contains(&path) && same_file(&path) {
+            aliases.push(path);
+        }
+    }
+    aliases
+}
+
 /// Why `agent` may or may not write `path` now: (allowed, reason, the lock in force).
 pub fn may_write(
     view_lock: Option<FileLock>,
@@ -122,7 +149,7 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, context: &Context<'
         Ok(Decision { actor: actor.map(str::to_string), events, answer: Answer::Appended })
     };
     match command {
-        FileCommand::Lock { path, agent_id, duration_seconds, intent, task_id } => {
+        FileCommand::Lock { path, aliases, agent_id, duration_seconds, intent, task_id } => {
             let path = normalize(path).map_err(CommandError::bad)?;
             if *duration_seconds == 0 || *duration_seconds > LOCK_MAX_DURATION_SECONDS {
                 return Err(CommandError::bad(format!(
@@ -131,6 +158,13 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, context: &Context<'
                 .into());
             }
             require_agent(view, agent_id)?;
+            for alias in aliases {
+                let alias = normalize(alias).map_err(CommandError::bad)?;
+                let (allowed, reason, _) = may_write(view.lock(&alias)?, registered(view), agent_id, now_ms);
+                if !allowed {
+                    return Err(CommandError::conflict(format!("{reason} (as {alias})")).into());
+                }
+            }
             let (allowed, reason, held) = may_write(view.lock(&path)?, registered(view), agent_id, now_ms);
             if !allowed {
                 return Err(CommandError::conflict(reason).into());
@@ -222,12 +256,22 @@ pub fn decide(view: &Projections<'_>, command: &FileCommand, context: &Context<'
 pub fn check(
     view: &crate::store::projection::ReadProjections,
     path: &str,
+    aliases: &[String],
     agent: &str,
     now_ms: u64,
 ) -> Result<crate::api::Validation, StoreError> {
-    let lock = view.lock(path)?;
     let holder_registered = |holder: &str| view.agent(holder).ok().flatten().is_some();
-    let (allowed, reason, lock) = may_write(lock, holder_registered, agent, now_ms);
+    let (mut allowed, mut reason, mut lock) = may_write(view.lock(path)?, holder_registered, agent, now_ms);
+    // A lock kept under another name of the file binds too (see [`aliases`]).
+    for alias in aliases {
+        if !allowed {
+            break;
+        }
+        let (alias_allowed, alias_reason, alias_lock) = may_write(view.lock(alias)?, holder_registered, agent, now_ms);
+        if !alias_allowed {
+            (allowed, reason, lock) = (false, format!("{alias_reason} (as {alias})"), alias_lock);
+        }
+    }
     let recent_modifications = view.modifications_of(path, 10)?;
     Ok(crate::api::Validation {
         path: path.to_string(),

@@ -44,6 +44,15 @@ fn path(raw: &str) -> Result<String, ApiError> {
     file_safety::canonical(raw).map_err(ApiError::bad)
 }
 
+/// Where `raw` resolves now ([`path`]), and the other names of that file a lock may be kept
+/// under ([`file_safety::aliases`]).
+fn names(state: &AppState, raw: &str) -> Result<(String, Vec<String>), ApiError> {
+    let resolved = path(raw)?;
+    let locks = state.store.read(|view| view.locks())?;
+    let aliases = file_safety::aliases(raw, &resolved, locks.into_iter().map(|lock| lock.path));
+    Ok((resolved, aliases))
+}
+
 async fn submit(state: &AppState, command: FileCommand) -> Result<u64, CommandError> {
     match state.writer.submit(Command::FileSafety(command)).await? {
         Outcome::Appended { seq } => Ok(seq),
@@ -120,12 +129,13 @@ async fn lock(State(state): State<AppState>, caller: Caller, body: Result<Bytes,
     check_label("task_id", body.task_id.as_deref(), MAX_TASK_ID_CHARS)?;
     body.agent_id = super::extract::agent_id(&state, &body.agent_id)?;
     caller.require_act_as(&body.agent_id, "lock files")?;
-    let path = path(&body.path)?;
+    let (path, aliases) = names(&state, &body.path)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(body.wait_seconds.unwrap_or(0).min(24 * 3600));
     loop {
         let cursor = *state.head.borrow();
         let command = FileCommand::Lock {
             path: path.clone(),
+            aliases: aliases.clone(),
             agent_id: body.agent_id.clone(),
             duration_seconds: body.duration_seconds.unwrap_or(LOCK_DEFAULT_DURATION_SECONDS),
             intent: body.intent.clone(),
@@ -173,7 +183,7 @@ struct UnlockBody {
 /// or force-unlock for any agent; an anonymous caller not at all.
 async fn unlock(State(state): State<AppState>, caller: Caller, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: UnlockBody = parse_body(body)?;
-    let path = path(&body.path)?;
+    let (path, aliases) = names(&state, &body.path)?;
     let agent_id = match (&caller, body.agent_id) {
         (Caller::Agent(agent), None) => Some(agent.agent_id.clone()),
         (_, Some(agent_id)) => {
@@ -188,8 +198,22 @@ async fn unlock(State(state): State<AppState>, caller: Caller, body: Result<Byte
         }
     };
     let by_user = caller.is_user();
-    submit(&state, FileCommand::Unlock { path: path.clone(), agent_id, force: body.force, by_user }).await?;
-    answer(&api::Unlocked { unlocked: path })
+    let unlock = |path: &String| FileCommand::Unlock {
+        path: path.clone(),
+        agent_id: agent_id.clone(),
+        force: body.force,
+        by_user,
+    };
+    // Not locked where the path resolves now: perhaps under another name of the file, where a
+    // lock taken before a link on its way appeared is kept (see `file_safety::aliases`).
+    let mut outcome = submit(&state, unlock(&path)).await.map(|_| path);
+    for alias in aliases {
+        if !matches!(outcome, Err(CommandError::NotFound { .. })) {
+            break;
+        }
+        outcome = submit(&state, unlock(&alias)).await.map(|_| alias);
+    }
+    answer(&api::Unlocked { unlocked: outcome? })
 }
 
 #[derive(Deserialize)]
@@ -262,14 +286,14 @@ struct ValidateBody {
 
 async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let body: ValidateBody = parse_body(body)?;
-    let path = path(&body.path)?;
+    let (path, aliases) = names(&state, &body.path)?;
     let now = crate::time::now_ms();
     let agent_id = super::extract::agent_id(&state, &body.agent_id)?;
     // A name nobody answers to (a typo) would otherwise be told ALLOWED.
     if state.store.read(|view| view.agent(&agent_id))?.is_none() {
         return Err(ApiError::not_found(format!("Agent '{agent_id}' is not registered")));
     }
-    answer(&state.store.read(|view| file_safety::check(view, &path, &agent_id, now))?)
+    answer(&state.store.read(|view| file_safety::check(view, &path, &aliases, &agent_id, now))?)
 }
 
 #[derive(Deserialize, Default)]

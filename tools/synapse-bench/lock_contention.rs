@@ -55,6 +55,7 @@ pub async fn run(options: &Options) -> Result<()> {
                 let path = format!("/bench/file-{}.rs", splitmix(&mut random) % LOCK_FILES as u64);
                 let lock = Command::FileSafety(FileCommand::Lock {
                     path: path.clone(),
+                    aliases: Vec::new(),
                     agent_id: agent_id.clone(),
                     duration_seconds: 300,
                     intent: None,
