@@ -282,3 +282,29 @@ fn show_with_a_prefix_many_tasks_share_names_ten_of_them() {
     assert_eq!(candidates.len(), 10);
     assert!(candidates.iter().all(|id| ids.contains(id.as_str().unwrap()) && id.as_str().unwrap().starts_with(&digit)));
 }
+
+/// `history thread` and `GET /threads/{id}` leave out what a cleanup pruned, as `history show`
+/// does: the thread of a pruned task is not found, and its text is not served.
+#[test]
+fn thread_leaves_out_what_a_cleanup_pruned() {
+    let (home, alice, _bob, task) = history_home();
+    assert!(home.ok(&["history", "thread", &task[..8]]).contains("Parser looks fine"));
+    // A 700 KB message, then a budget of 1 MB: the records older than it go (see
+    // `cleanup_by_size_keeps_the_newest_records_within_the_budget`).
+    let big = home.dir.path().join("big.txt");
+    std::fs::write(&big, "x".repeat(700 * 1024)).unwrap();
+    let sent = home.run_as(&alice, &["send", "bob", "--message-file", big.to_str().unwrap(), "--no-response"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let done = home.ok(&["history", "cleanup", "--max-size", "1", "--force"]);
+    assert!(number_after(&done, "Removed ") >= 5, "{done}");
+
+    let shown = home.run(&["history", "show", &task[..8]]);
+    assert_eq!(shown.status.code(), Some(1), "{}", describe(&shown));
+    let thread = home.run(&["history", "thread", &task[..8]]);
+    assert_eq!(thread.status.code(), Some(1), "{}", describe(&thread));
+    assert!(stderr(&thread).contains("not found"), "{}", describe(&thread));
+    assert!(!stdout(&thread).contains("Parser"), "{}", describe(&thread));
+    let (status, answer) = home.http("GET", &format!("/threads/{task}"), None, &[]);
+    assert_eq!(status, 404, "{answer}");
+    assert!(!answer.to_string().contains("Parser"), "{answer}");
+}

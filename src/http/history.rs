@@ -79,9 +79,9 @@ async fn thread(State(state): State<AppState>, Path(id): Path<String>) -> ApiRes
     let reference = crate::broker::command::validate_task_ref(&id)?;
     // From the history index; by a scan of every task while the indexer is far behind.
     long_read(&state, move |store| {
-        let records = store
-            .thread_of(&reference)?
-            .ok_or_else(|| ApiError::not_found(format!("Task {reference} not found (or the prefix is ambiguous)")))?;
+        let records = store.thread_of(&reference)?.ok_or_else(|| {
+            ApiError::not_found(format!("Task {reference} not found in the history (or the prefix is ambiguous)"))
+        })?;
         answer(&api::HistoryRecords { records })
     })
     .await

@@ -217,20 +217,31 @@ impl ReadProjections {
 
     /// The whole conversation a task belongs to (SPEC §4, seed 004): every task of its context
     /// (a message, its sender's task, the reply that completed them), as history records,
-    /// oldest first. None when the task is unknown or ambiguous. The definition, by a scan of
-    /// every task; [`Store::thread_of`](super::Store::thread_of) answers the same from the index.
+    /// oldest first. Like the other views it leaves out what a cleanup pruned: None when the
+    /// task is unknown, pruned (as `history show` answers) or ambiguous among those left. The
+    /// definition, by a scan of every task; [`Store::thread_of`](super::Store::thread_of)
+    /// answers the same from the index.
     pub fn thread_of(&self, prefix: &str) -> Result<Option<Vec<HistoryRecord>>, StoreError> {
-        let candidates = self.tasks_with_prefix(prefix, 2)?;
-        let [task] = candidates.as_slice() else { return Ok(None) };
-        self.thread_scan(&task.context_id).map(Some)
+        let cutoff = self.pruned_before()?;
+        let Some(task) = self.thread_task(prefix, cutoff)? else { return Ok(None) };
+        self.thread_scan(&task.context_id, cutoff).map(Some)
     }
 
-    /// The records of a conversation's tasks, oldest first, by a scan of every task (the texts
-    /// of the conversation's only are read).
-    pub(super) fn thread_scan(&self, context: &str) -> Result<Vec<HistoryRecord>, StoreError> {
+    /// The one task `prefix` names among those after the cut-off (the ones `history show`
+    /// finds), if it names exactly one.
+    pub(super) fn thread_task(&self, prefix: &str, cutoff: u64) -> Result<Option<TaskRecord>, StoreError> {
+        let candidates =
+            self.tasks_with_prefix_where(prefix, |task| task.updated_ms >= cutoff, 2, usize::MAX)?.unwrap_or_default();
+        let Ok([task]) = <[TaskRecord; 1]>::try_from(candidates) else { return Ok(None) };
+        Ok(Some(task))
+    }
+
+    /// The records of a conversation's tasks last updated at `cutoff` or later, oldest first,
+    /// by a scan of every task (the texts of the conversation's only are read).
+    pub(super) fn thread_scan(&self, context: &str, cutoff: u64) -> Result<Vec<HistoryRecord>, StoreError> {
         let mut tasks = Vec::new();
         self.visit_tasks(
-            |task| task.context_id == context,
+            |task| task.context_id == context && task.updated_ms >= cutoff,
             |task| {
                 tasks.push(task);
                 Ok(())

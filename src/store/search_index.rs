@@ -501,16 +501,18 @@ impl Store {
         self.indexed_query(None, &query, SearchTuning::default(), scan)
     }
 
-    /// The whole conversation of the task `prefix` names (see [`ReadProjections::thread_of`]):
-    /// the tasks the index keeps under its conversation's word, and those changed by events it
-    /// has not reached; by a scan of every task when it is far behind.
+    /// The whole conversation of the task `prefix` names, without what a cleanup pruned (see
+    /// [`ReadProjections::thread_of`]): the tasks the index keeps under its conversation's
+    /// word, and those changed by events it has not reached; by a scan of every task when it is
+    /// far behind.
     pub fn thread_of(&self, prefix: &str) -> Result<Option<Vec<HistoryRecord>>, StoreError> {
         self.reading(|txn| {
             let projections = ReadProjections::open(txn, &LIVE)?;
-            let candidates = projections.tasks_with_prefix(prefix, 2)?;
-            let [task] = candidates.as_slice() else { return Ok(None) };
+            let cutoff = projections.pruned_before()?;
+            let Some(task) = projections.thread_task(prefix, cutoff)? else { return Ok(None) };
             let context = task.context_id.as_str();
-            let Some(tail) = unindexed_tail(txn)? else { return projections.thread_scan(context).map(Some) };
+            let Some(tail) = unindexed_tail(txn)? else { return projections.thread_scan(context, cutoff).map(Some) };
+            let in_thread = |task: &super::TaskRecord| task.context_id == context && task.updated_ms >= cutoff;
             let word = context_word(context);
             let mut seqs = Vec::new();
             for (id, _) in segment_ids(&txn.open_table(SEGMENTS)?)? {
@@ -528,13 +530,11 @@ impl Store {
                 // A task the tail changed is read from there; a stale number (a `task_created`
                 // for an id that already existed renumbers it) is passed over.
                 if !tail.contains(task_id) {
-                    tasks.extend(
-                        projections.task_if(task_id, |task| task.created_seq == seq && task.context_id == context)?,
-                    );
+                    tasks.extend(projections.task_if(task_id, |task| task.created_seq == seq && in_thread(task))?);
                 }
             }
             for task_id in &tail {
-                tasks.extend(projections.task_if(task_id, |task| task.context_id == context)?);
+                tasks.extend(projections.task_if(task_id, in_thread)?);
             }
             Ok(Some(thread_records(&tasks)))
         })

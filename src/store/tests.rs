@@ -1492,6 +1492,36 @@ fn an_index_another_build_wrote_to_is_indexed_again() {
     }
 }
 
+/// A cleanup's cut-off hides a conversation's older tasks from `history thread` as from the
+/// other views, indexed or not: a task it pruned is not found, as `history show` answers.
+#[test]
+fn thread_leaves_out_the_tasks_a_cleanup_pruned() {
+    let store = memory_store();
+    store.transact(1_000, |appender| appender.append(None, vec![asked_in("aa000000", "one")])).unwrap();
+    let later = vec![asked_in("bb000000", "one"), asked_in("ab000000", "one")];
+    store.transact(2_000, |appender| appender.append(None, later)).unwrap();
+    let prune = vec![Event::HistoryPruned { before_ms: 1_500, max_size_mb: None }];
+    store.transact(3_000, |appender| appender.append(None, prune)).unwrap();
+    for indexed in [false, true] {
+        if indexed {
+            assert!(store.index_history().unwrap().caught_up());
+        }
+        for (prefix, expected) in
+            [("bb", Some(vec!["ab000000", "bb000000"])), ("aa", None), ("a", Some(vec!["ab000000", "bb000000"]))]
+        {
+            let tasks = |thread: Option<Vec<history::HistoryRecord>>| {
+                thread.map(|records| records.into_iter().map(|record| record.task_id).collect::<Vec<_>>())
+            };
+            let scanned = tasks(store.read(|view| view.thread_of(prefix)).unwrap());
+            let from_index = tasks(store.thread_of(prefix).unwrap());
+            let expected = expected.map(|ids| ids.into_iter().map(String::from).collect::<Vec<_>>());
+            assert_eq!(scanned, expected, "{prefix}, indexed: {indexed}");
+            assert_eq!(from_index, expected, "{prefix}, indexed: {indexed}");
+        }
+        assert!(store.read(|view| view.history_of_task("aa")).unwrap().is_empty(), "show finds it no more either");
+    }
+}
+
 /// Conversations share the index's words for them (4,096 in all): `history thread` keeps the
 /// tasks of its own conversation only, indexed or not yet.
 #[test]
