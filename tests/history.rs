@@ -308,3 +308,51 @@ fn thread_leaves_out_what_a_cleanup_pruned() {
     assert_eq!(status, 404, "{answer}");
     assert!(!answer.to_string().contains("Parser"), "{answer}");
 }
+
+/// A keyword is looked for as typed, from the start of a word: punctuation and spaces count,
+/// and a comma stays inside its keyword (the CLI sends each keyword whole). One without a
+/// letter or digit is refused, not searched for in vain.
+#[test]
+fn search_finds_keywords_with_punctuation_and_spaces_as_typed() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    home.register(Some("bob"));
+    for text in ["Ping user@example.com about foo-bar in C++: hello parser, zzz done", "foo bar elsewhere"] {
+        assert!(home.run_as(&alice, &["send", "bob", text, "--no-response"]).status.success());
+    }
+    // Each message has two records, the sender's and the receiver's.
+    let found = |args: &[&str]| {
+        let mut all = vec!["history", "search"];
+        all.extend(args);
+        let output = home.ok(&all);
+        output.lines().filter(|line| *line != "No records.").map(str::to_string).collect::<Vec<_>>()
+    };
+    for keyword in
+        ["foo-bar", "C++", "c++", "user@example.com", "USER@EXAMPLE", "hello parser", "parser, zzz", "-bar in"]
+    {
+        // After `--`, a keyword that starts with a hyphen is no option.
+        let lines = found(&["--", keyword]);
+        assert_eq!(lines.len(), 2, "{keyword}: {lines:?}");
+        assert!(lines.iter().all(|line| line.contains("Ping")), "{keyword}: {lines:?}");
+    }
+    assert!(found(&["foo bar"]).iter().all(|line| line.contains("foo bar elsewhere")));
+    assert_eq!(found(&["foo bar"]).len(), 2);
+    assert_eq!(found(&["c++", "--case-sensitive"]).len(), 0);
+    assert_eq!(found(&["ser@example.com"]).len(), 0, "from the start of a word");
+    assert_eq!(found(&["hello,zzz", "--logic", "AND"]).len(), 0, "one keyword, its comma included");
+    assert_eq!(found(&["hello parser", "foo bar", "--logic", "AND"]).len(), 0);
+    assert_eq!(found(&["hello parser", "foo bar"]).len(), 4);
+
+    for keyword in ["--", "@@", "  ,  "] {
+        let refused = home.run(&["history", "search", "foo", "--", keyword]);
+        assert_eq!(refused.status.code(), Some(1), "{keyword}: {}", describe(&refused));
+        assert!(stderr(&refused).contains("has no letter or digit"), "{keyword}: {}", describe(&refused));
+    }
+    let (status, answer) = home.http("GET", "/history/search?keyword=%40%40", None, &[]);
+    assert_eq!(status, 400, "{answer}");
+    // The API's first form, keywords split on commas, still answers.
+    let (status, answer) = home.http("GET", "/history/search?q=hello,zzz&logic=AND", None, &[]);
+    assert_eq!((status, answer["records"].as_array().map(Vec::len)), (200, Some(2)), "{answer}");
+    let (status, answer) = home.http("GET", "/history/search?keyword=hello%2Czzz&keyword=foo-bar", None, &[]);
+    assert_eq!((status, answer["records"].as_array().map(Vec::len)), (200, Some(2)), "{answer}");
+}

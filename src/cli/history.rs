@@ -35,9 +35,11 @@ pub enum HistoryCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Records whose input or output has words starting with the keywords
+    /// Records whose input or output holds the keywords, each from the start of a word
     Search {
-        /// Words to look for (a record matches words starting with them)
+        /// Keywords to look for, as typed, from the start of a word: `pars` finds "Parser" (not
+        /// "reparse"); punctuation and spaces count (`foo-bar`, `C++`, "hello parser"). Each
+        /// needs a letter or digit
         #[arg(required = true)]
         keywords: Vec<String>,
         /// OR (any keyword) or AND (every keyword)

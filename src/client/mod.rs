@@ -771,9 +771,10 @@ impl Client {
         agent: Option<&str>,
         limit: usize,
     ) -> Result<api::HistoryRecords, ClientError> {
+        // One `keyword` each, so that a comma stays inside its keyword.
+        let keywords: String = keywords.iter().map(|keyword| format!("&keyword={}", percent_encode(keyword))).collect();
         let path = format!(
-            "/history/search?q={}&logic={}&case_sensitive={case_sensitive}&limit={limit}{}",
-            percent_encode(&keywords.join(",")),
+            "/history/search?logic={}&case_sensitive={case_sensitive}&limit={limit}{keywords}{}",
             percent_encode(logic),
             agent_filter("&", agent)
         );

@@ -87,28 +87,77 @@ async fn thread(State(state): State<AppState>, Path(id): Path<String>) -> ApiRes
     .await
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `GET /history/search`'s query. The keywords come as `keyword`, repeated, each one whole
+/// (commas and spaces included: what the CLI sends), or as `q`, split on commas (the first
+/// form, kept for the callers that use it); both may be given.
+#[derive(Default)]
 struct SearchQuery {
-    /// Keywords, comma-separated.
-    q: String,
-    #[serde(default)]
+    keywords: Vec<String>,
     logic: Option<String>,
-    #[serde(default)]
     case_sensitive: Option<bool>,
-    #[serde(default)]
     agent: Option<String>,
-    #[serde(default)]
     limit: Option<usize>,
 }
 
-async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
-    let query: SearchQuery = parse_query(uri.query())?;
+impl SearchQuery {
+    fn parse(query: Option<&str>) -> Result<SearchQuery, ApiError> {
+        // serde's query form has no repeated parameter: the pairs are read one by one.
+        let pairs: Vec<(String, String)> = parse_query(query)?;
+        let mut search = SearchQuery::default();
+        for (name, value) in pairs {
+            let invalid = |what: &str| ApiError::bad(format!("invalid query: {what}"));
+            let once = |is_set: bool| if is_set { Err(invalid(&format!("duplicate field `{name}`"))) } else { Ok(()) };
+            match name.as_str() {
+                "keyword" => search.keywords.push(value),
+                "q" => search.keywords.extend(value.split(',').map(str::to_string)),
+                "logic" => {
+                    once(search.logic.is_some())?;
+                    search.logic = Some(value);
+                }
+                "case_sensitive" => {
+                    once(search.case_sensitive.is_some())?;
+                    let flag = value.parse().map_err(|_| invalid("case_sensitive must be true or false"))?;
+                    search.case_sensitive = Some(flag);
+                }
+                "agent" => {
+                    once(search.agent.is_some())?;
+                    search.agent = Some(value);
+                }
+                "limit" => {
+                    once(search.limit.is_some())?;
+                    search.limit = Some(value.parse().map_err(|_| invalid("limit must be a whole number"))?);
+                }
+                other => {
+                    return Err(invalid(&format!(
+                        "unknown field `{other}`, expected one of `keyword`, `q`, `logic`, `case_sensitive`, \
+                         `agent`, `limit`"
+                    )));
+                }
+            }
+        }
+        Ok(search)
+    }
+}
+
+/// The keywords of a search, trimmed, checked: each must hold a letter or digit, since a
+/// search finds words (see `store::history`).
+fn search_keywords(typed: Vec<String>) -> Result<Vec<String>, ApiError> {
     let keywords: Vec<String> =
-        query.q.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string).collect();
+        typed.iter().map(|keyword| keyword.trim()).filter(|keyword| !keyword.is_empty()).map(str::to_string).collect();
     if keywords.is_empty() {
         return Err(ApiError::bad("give at least one keyword"));
     }
+    if let Some(keyword) = keywords.iter().find(|keyword| !keyword.chars().any(char::is_alphanumeric)) {
+        return Err(ApiError::bad(format!(
+            "keyword '{keyword}' has no letter or digit: a search finds words, so give each keyword at least one"
+        )));
+    }
+    Ok(keywords)
+}
+
+async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
+    let query = SearchQuery::parse(uri.query())?;
+    let keywords = search_keywords(query.keywords)?;
     let logic = match query.logic.as_deref().map(str::to_ascii_uppercase).as_deref() {
         None | Some("OR") => Logic::Or,
         Some("AND") => Logic::And,
@@ -116,7 +165,7 @@ async fn search(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResul
     };
     let limit = limit(query.limit, 50)?;
     let case_sensitive = query.case_sensitive.unwrap_or(false);
-    let agent = super::extract::agent_filter(&state, query.agent.clone())?;
+    let agent = super::extract::agent_filter(&state, query.agent)?;
     long_read(&state, move |store| {
         answer(&api::HistoryRecords {
             records: store.search_history(&keywords, logic, case_sensitive, agent.as_deref(), limit)?,

@@ -149,7 +149,8 @@ impl ReplyArguments {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HistorySearchArguments {
-    /// Words to look for in messages and replies (a word matches words starting with it).
+    /// Keywords to look for in messages and replies, as typed, from the start of a word
+    /// (`pars` finds "Parser"; punctuation and spaces count: `foo-bar`, "hello parser").
     pub keywords: Vec<String>,
     /// OR (any keyword, the default) or AND (every keyword).
     pub logic: Option<String>,

@@ -2,10 +2,17 @@
 //! received), derived from the tasks projection, so that keeping history costs nothing on the
 //! write path. `history_pruned` moves a cut-off: records last updated before it leave the view.
 //!
-//! Search matches words by prefix: a keyword matches a record when a word of its input or
-//! output starts with it (case-insensitive unless asked otherwise; case is folded char by char,
-//! so that folding a text folds each of its words). [`ReadProjections::search_history`] scans
-//! every task and is the definition; [`super::search_index`] answers the same from a word index.
+//! Search matches keywords as typed, from the start of a word: a keyword matches a record when
+//! its input or output holds the keyword where a word starts (for a keyword that starts with
+//! punctuation, where its first word does), with the keyword's letters and digits on the
+//! text's letters and digits and its other characters on others (case-insensitive unless asked
+//! otherwise; case is folded char by char, so that folding a text folds each of its words). So
+//! `pars` matches `Parser` and not `reparse`, `foo-bar` matches `foo-bar` and `foo-barn` and not
+//! `foo bar`, and each word of a keyword is, in the text, a whole word (the last one a word's
+//! start) of the same folded letters: what lets the index find the candidates by the keyword's
+//! words. A keyword without a letter or digit matches nothing (the API refuses it).
+//! [`ReadProjections::search_history`] scans every task and is the definition;
+//! [`super::search_index`] answers the same from a word index.
 
 use super::StoreError;
 use super::projection::{PRUNED_BEFORE, Projections, ReadProjections};
@@ -23,18 +30,99 @@ pub fn lowercase(text: &str) -> String {
     text.chars().flat_map(char::to_lowercase).collect()
 }
 
+/// The words of a text: its runs of letters and digits.
 fn words(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| !c.is_alphanumeric()).filter(|word| !word.is_empty())
 }
 
-/// Does `text` have a word starting with `keyword` (the search's definition of a match)?
+/// Does `text` hold `keyword` (the search's definition of a match, see the module's doc)?
 pub fn text_matches(text: &str, keyword: &str, case_sensitive: bool) -> bool {
-    if case_sensitive {
-        return words(text).any(|word| word.starts_with(keyword));
+    Keyword::new(keyword, case_sensitive).is_in(&Classified::new(text, case_sensitive))
+}
+
+/// A text folded by [`lowercase`] (unless the search is case-sensitive), and for each of its
+/// bytes whether it belongs to a word: whether the character it comes from, as written, is a
+/// letter or digit. Folding may turn a letter into a letter and a mark (`İ`), so the folded
+/// text's own characters do not say where its words are.
+struct Classified<'a> {
+    text: std::borrow::Cow<'a, str>,
+    in_word: Vec<bool>,
+}
+
+impl Classified<'_> {
+    fn new(text: &str, case_sensitive: bool) -> Classified<'_> {
+        if text.is_ascii() {
+            let in_word = text.bytes().map(|byte| byte.is_ascii_alphanumeric()).collect();
+            let text = if case_sensitive || !text.bytes().any(|byte| byte.is_ascii_uppercase()) {
+                std::borrow::Cow::Borrowed(text)
+            } else {
+                std::borrow::Cow::Owned(text.to_ascii_lowercase())
+            };
+            return Classified { text, in_word };
+        }
+        let mut folded = String::with_capacity(text.len());
+        let mut in_word = Vec::with_capacity(text.len());
+        for c in text.chars() {
+            let before = folded.len();
+            if case_sensitive {
+                folded.push(c);
+            } else {
+                folded.extend(c.to_lowercase());
+            }
+            in_word.resize(folded.len(), c.is_alphanumeric());
+            debug_assert!(folded.len() > before);
+        }
+        Classified { text: std::borrow::Cow::Owned(folded), in_word }
     }
-    let keyword = lowercase(keyword);
-    let mut buffer = String::new();
-    words(text).any(|word| fold_word(word, &mut buffer).starts_with(&keyword))
+
+    /// Where the text's words start, in bytes.
+    fn word_starts(&self) -> impl Iterator<Item = usize> + '_ {
+        let in_word = &self.in_word;
+        (0..in_word.len()).filter(move |&at| in_word[at] && (at == 0 || !in_word[at - 1]))
+    }
+}
+
+/// A search keyword, ready to be looked for (see the module's doc for what matches).
+#[derive(Debug, Clone)]
+pub struct Keyword {
+    /// The keyword as typed, as a [`Classified`] text: folded unless case-sensitive.
+    text: String,
+    in_word: Vec<bool>,
+    /// The bytes of `text` before its first word.
+    lead: usize,
+    /// Its words, lowercased: what the index is asked for (each is the start of a word of
+    /// every text the keyword matches).
+    words: Vec<String>,
+}
+
+impl Keyword {
+    pub fn new(typed: &str, case_sensitive: bool) -> Keyword {
+        let Classified { text, in_word } = Classified::new(typed, case_sensitive);
+        let lead = in_word.iter().position(|&in_word| in_word).unwrap_or(in_word.len());
+        let mut words: Vec<String> = words(typed).map(lowercase).collect();
+        words.sort_unstable();
+        words.dedup();
+        Keyword { text: text.into_owned(), in_word, lead, words }
+    }
+
+    /// The keyword's words, lowercased, without repeats; none for a keyword without a letter or
+    /// digit, which matches nothing.
+    pub fn words(&self) -> &[String] {
+        &self.words
+    }
+
+    /// Does the keyword sit in `text` with its first word at the word starting at byte `start`?
+    fn is_at(&self, text: &Classified<'_>, start: usize) -> bool {
+        let Some(from) = start.checked_sub(self.lead) else { return false };
+        let to = from + self.text.len();
+        // The same bytes, and a word's bytes on a word's: byte for byte, so the keyword's
+        // characters sit on the text's.
+        text.text.as_bytes().get(from..to) == Some(self.text.as_bytes()) && text.in_word[from..to] == self.in_word[..]
+    }
+
+    fn is_in(&self, text: &Classified<'_>) -> bool {
+        !self.words.is_empty() && text.word_starts().any(|start| self.is_at(text, start))
+    }
 }
 
 /// `word` as [`lowercase`] folds it, without copying a word that is already lowercase ASCII
@@ -250,7 +338,7 @@ impl ReadProjections {
         Ok(thread_records(&tasks))
     }
 
-    /// Records matching the keywords (word prefixes), newest first, at most `limit`: the
+    /// Records matching the keywords (see the module's doc), newest first, at most `limit`: the
     /// definition of a search, by a scan of every task.
     pub fn search_history(
         &self,
@@ -260,7 +348,8 @@ impl ReadProjections {
         agent: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        let query = Query { keywords, logic, case_sensitive, agent, limit };
+        let keywords: Vec<Keyword> = keywords.iter().map(|keyword| Keyword::new(keyword, case_sensitive)).collect();
+        let query = Query { keywords: &keywords, logic, case_sensitive, agent, limit };
         let cutoff = self.pruned_before()?;
         let mut newest = Newest::new(limit);
         self.visit_tasks(
@@ -303,7 +392,7 @@ impl Newest {
 /// What a search asks for (see [`ReadProjections::search_history`]).
 #[derive(Clone, Copy)]
 pub(super) struct Query<'a> {
-    pub keywords: &'a [String],
+    pub keywords: &'a [Keyword],
     pub logic: Logic,
     pub case_sensitive: bool,
     pub agent: Option<&'a str>,
@@ -319,11 +408,15 @@ impl Query<'_> {
         if records.is_empty() {
             return records;
         }
-        let text = searchable_text(task);
-        let hits = self.keywords.iter().filter(|keyword| text_matches(&text, keyword, self.case_sensitive)).count();
-        let matched = match self.logic {
-            Logic::Or => hits > 0,
-            Logic::And => hits == self.keywords.len(),
+        // No keyword: nothing for OR, everything for AND (`history list`), without reading
+        // the text.
+        let matched = self.keywords.is_empty() && self.logic == Logic::And || {
+            let text = searchable_text(task);
+            let text = Classified::new(&text, self.case_sensitive);
+            match self.logic {
+                Logic::Or => self.keywords.iter().any(|keyword| keyword.is_in(&text)),
+                Logic::And => self.keywords.iter().all(|keyword| keyword.is_in(&text)),
+            }
         };
         if !matched {
             records.clear();
@@ -448,5 +541,26 @@ mod tests {
         assert!(!text_matches("The Parser, carefully", "pars", true));
         assert!(text_matches("The Parser, carefully", "Pars", true));
         assert!(!text_matches("reparse", "pars", false), "prefixes of words, not substrings");
+    }
+
+    #[test]
+    fn keywords_with_punctuation_and_spaces_match_as_typed_from_a_word_start() {
+        let text = "Mail user@example.com about foo-bar, C++ and the hello parser (x.rs)";
+        for keyword in
+            ["user@example.com", "USER@EX", "foo-bar", "foo-ba", "C++", "c++ and", "hello parser", ".rs)", "@example"]
+        {
+            assert!(text_matches(text, keyword, false), "{keyword}");
+        }
+        for keyword in ["foo bar", "foo--bar", "ser@example", "hello  parser", "C+++", "example.org", "--", ""] {
+            assert!(!text_matches(text, keyword, false), "{keyword}");
+        }
+        assert!(text_matches(text, "C++", true));
+        assert!(!text_matches(text, "c++", true));
+        // Folding İ gives a letter and a mark: the mark is still part of the word.
+        assert!(text_matches("İstanbul", "İst", false));
+        assert!(!text_matches("İstanbul", "i\u{307}st", false), "a letter and a mark typed apart are two words");
+        let keyword = Keyword::new("Foo-bar, foo!", false);
+        assert_eq!(keyword.words(), ["bar", "foo"]);
+        assert!(Keyword::new("--", false).words().is_empty());
     }
 }

@@ -23,7 +23,7 @@
 //! logarithmic number of times; segments stop growing at about a million postings, so that
 //! no merge holds the writer long.
 
-use super::history::{HistoryRecord, Logic, Query, lowercase, newest_first, thread_records, visit_task_words};
+use super::history::{HistoryRecord, Keyword, Logic, Query, newest_first, thread_records, visit_task_words};
 use super::projection::{LIVE, ReadProjections};
 use super::{LOG, Store, StoreError, last_seq};
 use crate::event::{Envelope, Event};
@@ -484,12 +484,30 @@ impl Store {
     ) -> Result<Vec<HistoryRecord>, StoreError> {
         let scan =
             |projections: &ReadProjections| projections.search_history(keywords, logic, case_sensitive, agent, limit);
-        let prefixes: Vec<String> = keywords.iter().map(|keyword| lowercase(keyword)).collect();
-        if prefixes.is_empty() || prefixes.iter().any(String::is_empty) {
+        if keywords.is_empty() {
             return self.read(scan);
         }
-        let query = Query { keywords, logic, case_sensitive, agent, limit };
-        self.indexed_query(Some(&prefixes), &query, tuning, scan)
+        let prepared: Vec<Keyword> = keywords.iter().map(|keyword| Keyword::new(keyword, case_sensitive)).collect();
+        // A text a keyword matches has a word starting with each of the keyword's words: the
+        // candidates are the tasks with all the words of one keyword (OR), or of every keyword
+        // (AND). A keyword without words matches nothing.
+        let clauses: Vec<Vec<String>> = match logic {
+            Logic::Or => {
+                prepared.iter().filter(|keyword| !keyword.words().is_empty()).map(|k| k.words().to_vec()).collect()
+            }
+            Logic::And if prepared.iter().any(|keyword| keyword.words().is_empty()) => Vec::new(),
+            Logic::And => {
+                let mut words: Vec<String> = prepared.iter().flat_map(|keyword| keyword.words()).cloned().collect();
+                words.sort_unstable();
+                words.dedup();
+                vec![words]
+            }
+        };
+        if clauses.is_empty() {
+            return Ok(Vec::new());
+        }
+        let query = Query { keywords: &prepared, logic, case_sensitive, agent, limit };
+        self.indexed_query(Some(&clauses), &query, tuning, scan)
     }
 
     /// The newest history records (of one agent, or all), at most `limit`: `history list`
@@ -540,35 +558,35 @@ impl Store {
         })
     }
 
-    /// Answers a query from the index: the tasks with a word starting with each prefix (every
-    /// task when `prefixes` is None) plus those the indexer has not reached, checked against
-    /// the query; `scan` when the index cannot answer.
+    /// Answers a query from the index: the tasks with a word starting with each prefix of one
+    /// of the `clauses` (every task when None) plus those the indexer has not reached, checked
+    /// against the query; `scan` when the index cannot answer.
     ///
     /// The candidates are a superset of the answer: every task read is checked against the
-    /// query's real text ([`Query::records_of`]). So a common keyword's lists can be left
-    /// unread: with AND, the other keywords' lists narrow the candidates; with only common
-    /// keywords (or OR with one), the newest tasks are walked unfiltered first, within
+    /// query's real text ([`Query::records_of`]). So a common prefix's lists can be left
+    /// unread: the other prefixes of its clause narrow the candidates; when a clause has only
+    /// common prefixes, the newest tasks are walked unfiltered first, within
     /// `tuning.walk_budget`, and the lists are read only if that walk does not finish.
     fn indexed_query(
         &self,
-        prefixes: Option<&[String]>,
+        clauses: Option<&[Vec<String>]>,
         query: &Query<'_>,
         tuning: SearchTuning,
         scan: impl FnOnce(&ReadProjections) -> Result<Vec<HistoryRecord>, StoreError>,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        self.reading(|txn| self.indexed_query_in(txn, prefixes, query, tuning, scan))
+        self.reading(|txn| self.indexed_query_in(txn, clauses, query, tuning, scan))
     }
 
     /// [`Self::indexed_query`] in its read transaction.
     fn indexed_query_in(
         &self,
         txn: &redb::ReadTransaction,
-        prefixes: Option<&[String]>,
+        clauses: Option<&[Vec<String>]>,
         query: &Query<'_>,
         tuning: SearchTuning,
         scan: impl FnOnce(&ReadProjections) -> Result<Vec<HistoryRecord>, StoreError>,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        let Query { logic, limit, .. } = *query;
+        let Query { limit, .. } = *query;
         let projections = ReadProjections::open(txn, &LIVE)?;
         let Some(tail) = unindexed_tail(txn)? else { return scan(&projections) };
 
@@ -613,25 +631,23 @@ impl Store {
             postings.dedup();
             Ok(postings)
         };
-        // The tasks holding a word for the prefixes, combined by the query's logic.
-        let candidates = |prefixes: &[&str]| -> Result<Vec<u64>, StoreError> {
-            let mut matching: Option<Vec<u64>> = None;
-            for prefix in prefixes {
-                let postings = postings_of(prefix)?;
-                matching = Some(match (matching, logic) {
-                    (None, _) => postings,
-                    (Some(mut so_far), Logic::Or) => {
-                        so_far.extend(postings);
-                        so_far.sort_unstable();
-                        so_far.dedup();
-                        so_far
-                    }
-                    (Some(so_far), Logic::And) => {
-                        so_far.into_iter().filter(|seq| postings.binary_search(seq).is_ok()).collect()
-                    }
-                });
+        // The tasks holding a word for every prefix of one of the clauses.
+        let candidates = |clauses: &[Vec<&str>]| -> Result<Vec<u64>, StoreError> {
+            let mut matching = Vec::new();
+            for clause in clauses {
+                let mut in_clause: Option<Vec<u64>> = None;
+                for prefix in clause {
+                    let postings = postings_of(prefix)?;
+                    in_clause = Some(match in_clause {
+                        None => postings,
+                        Some(so_far) => so_far.into_iter().filter(|seq| postings.binary_search(seq).is_ok()).collect(),
+                    });
+                }
+                matching.extend(in_clause.unwrap_or_default());
             }
-            Ok(matching.unwrap_or_default())
+            matching.sort_unstable();
+            matching.dedup();
+            Ok(matching)
         };
 
         let cutoff = projections.pruned_before()?;
@@ -710,27 +726,42 @@ impl Store {
             found.truncate(limit);
             found
         };
-        let all: Vec<&str> = prefixes.unwrap_or_default().iter().map(String::as_str).collect();
-        // The candidates, and whether they are only a loose superset of the answer (the rare
-        // keywords' tasks of an AND with common ones: most of them may not match).
-        let (mut matching, loose) = match prefixes {
+        let all: Vec<Vec<&str>> =
+            clauses.unwrap_or_default().iter().map(|clause| clause.iter().map(String::as_str).collect()).collect();
+        // The candidates, and whether they are only a loose superset of the answer (the tasks of
+        // the rare prefixes of a clause with common ones: most of them may not match).
+        let (mut matching, loose) = match clauses {
             // Every indexed task is a candidate.
             None => (None, false),
-            Some(prefixes) => {
-                let mut common = Vec::new();
-                let mut rare = Vec::new();
-                for prefix in prefixes {
-                    if is_common(prefix)? {
-                        common.push(prefix.as_str());
-                    } else {
-                        rare.push(prefix.as_str());
+            Some(_) => {
+                // Each clause's rare prefixes, up to a clause with none.
+                let mut rare_clauses = Vec::new();
+                let mut loose = false;
+                let mut known: HashMap<&str, bool> = HashMap::new();
+                for clause in &all {
+                    let mut rare = Vec::new();
+                    for &prefix in clause {
+                        let common = match known.get(prefix) {
+                            Some(&common) => common,
+                            None => {
+                                let common = is_common(prefix)?;
+                                known.insert(prefix, common);
+                                common
+                            }
+                        };
+                        if !common {
+                            rare.push(prefix);
+                        }
                     }
+                    if rare.is_empty() {
+                        break;
+                    }
+                    loose |= rare.len() < clause.len();
+                    rare_clauses.push(rare);
                 }
-                if common.is_empty() {
-                    (Some(candidates(&rare)?), false)
-                } else if logic == Logic::And && !rare.is_empty() {
-                    // The rare keywords' tasks; the text check sees to the common ones.
-                    (Some(candidates(&rare)?), true)
+                if rare_clauses.len() == all.len() {
+                    // The rare prefixes' tasks; the text check sees to the common ones.
+                    (Some(candidates(&rare_clauses)?), loose)
                 } else if let Some(found) = walk(None, Some(tuning.walk_budget))? {
                     return Ok(done(found));
                 } else {

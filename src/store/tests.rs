@@ -651,11 +651,14 @@ fn context() -> impl Strategy<Value = String> {
 }
 
 fn search_keywords() -> impl Strategy<Value = Vec<String>> {
-    prop::collection::vec("[abAB,Ωω]{1,3}", 1..4)
+    prop::collection::vec("[abAB ,Ωω]{1,4}", 1..4)
 }
 
 /// The search, written as plainly as possible: every record whose input, follow-up messages
-/// or output have a whitespace- or punctuation-separated word starting with the keyword.
+/// or output hold the keyword's characters, each on a character of the same case-folding and
+/// the same kind (letter or digit, or not), starting where a word starts unless the keyword
+/// starts with a character that is no letter or digit. A keyword without a letter or digit
+/// matches nothing.
 fn naive_search(
     store: &Store,
     keywords: &[String],
@@ -664,9 +667,8 @@ fn naive_search(
     agent: Option<&str>,
     limit: usize,
 ) -> Vec<history::HistoryRecord> {
-    let fold = |text: &str| -> String {
-        if case_sensitive { text.to_string() } else { text.chars().flat_map(char::to_lowercase).collect() }
-    };
+    let fold = |c: char| -> String { if case_sensitive { c.to_string() } else { c.to_lowercase().collect() } };
+    let same = |left: char, right: char| fold(left) == fold(right) && left.is_alphanumeric() == right.is_alphanumeric();
     let mut found: Vec<history::HistoryRecord> = store
         .read(|view| view.history_records(agent))
         .unwrap()
@@ -674,20 +676,21 @@ fn naive_search(
         .filter(|record| {
             // The record shows the first message only; the follow-ups are on its task.
             let task = store.read(|view| view.task(&record.task_id)).unwrap().unwrap();
-            let follow_ups: Vec<String> =
-                task.follow_ups.iter().map(|follow_up| follow_up.message.joined_text()).collect();
-            let text = format!("{} {} {}", record.input, follow_ups.join(" "), record.output);
-            let mut words = Vec::new();
-            let mut current = String::new();
-            for c in text.chars() {
-                if c.is_alphanumeric() {
-                    current.push(c);
-                } else if !current.is_empty() {
-                    words.push(std::mem::take(&mut current));
-                }
+            let mut text = record.input.clone();
+            for follow_up in &task.follow_ups {
+                text = format!("{text}\n{}", follow_up.message.joined_text());
             }
-            words.push(current);
-            let has = |keyword: &String| words.iter().any(|word| fold(word).starts_with(&fold(keyword)));
+            let text: Vec<char> = format!("{text}\n{}", record.output).chars().collect();
+            let has = |keyword: &String| {
+                let keyword: Vec<char> = keyword.chars().collect();
+                let starts_anywhere = !keyword[0].is_alphanumeric();
+                keyword.iter().any(|c| c.is_alphanumeric())
+                    && (0..text.len()).any(|at| {
+                        (starts_anywhere || at == 0 || !text[at - 1].is_alphanumeric())
+                            && text.len() - at >= keyword.len()
+                            && keyword.iter().zip(&text[at..]).all(|(&k, &t)| same(k, t))
+                    })
+            };
             match logic {
                 history::Logic::Or => keywords.iter().any(has),
                 history::Logic::And => keywords.iter().all(has),
