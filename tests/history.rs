@@ -356,3 +356,41 @@ fn search_finds_keywords_with_punctuation_and_spaces_as_typed() {
     let (status, answer) = home.http("GET", "/history/search?keyword=hello%2Czzz&keyword=foo-bar", None, &[]);
     assert_eq!((status, answer["records"].as_array().map(Vec::len)), (200, Some(2)), "{answer}");
 }
+
+/// What one search may cost is bounded: repeated keywords count once, and more than 32
+/// different keywords, or one longer than 256 bytes, are refused with a reason.
+#[test]
+fn a_search_takes_at_most_32_keywords_of_at_most_256_bytes() {
+    let (home, ..) = history_home();
+    let search = |keywords: &[String]| {
+        let mut args = vec!["history".to_string(), "search".into(), "--".into()];
+        args.extend(keywords.iter().cloned());
+        home.run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let many = |count: usize| (0..count).map(|n| format!("word{n}")).collect::<Vec<_>>();
+
+    let mut at_most = many(31);
+    at_most.push("parser".into());
+    let found = search(&at_most);
+    assert!(found.status.success(), "{}", describe(&found));
+    assert_eq!(stdout(&found).lines().count(), 2, "{}", describe(&found));
+    let repeated = vec!["parser".to_string(); 100];
+    let found = search(&repeated);
+    assert!(found.status.success(), "repeats count once: {}", describe(&found));
+    assert_eq!(stdout(&found).lines().count(), 2, "{}", describe(&found));
+
+    let refused = search(&many(33));
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("at most 32"), "{}", describe(&refused));
+    let query: String = many(33).iter().map(|keyword| format!("keyword={keyword}&")).collect();
+    let (status, answer) = home.http("GET", &format!("/history/search?{query}"), None, &[]);
+    assert_eq!(status, 400, "{answer}");
+    let (status, answer) = home.http("GET", &format!("/history/search?q={}", many(33).join(",")), None, &[]);
+    assert_eq!(status, 400, "the first form too: {answer}");
+
+    let long = "p".repeat(257);
+    let refused = search(std::slice::from_ref(&long));
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("at most 256 bytes"), "{}", describe(&refused));
+    assert!(search(&["p".repeat(256)]).status.success());
+}

@@ -39,7 +39,7 @@ pub enum HistoryCommand {
     Search {
         /// Keywords to look for, as typed, from the start of a word: `pars` finds "Parser" (not
         /// "reparse"); punctuation and spaces count (`foo-bar`, `C++`, "hello parser"). Each
-        /// needs a letter or digit
+        /// needs a letter or digit; at most 32 keywords, of at most 256 bytes each
         #[arg(required = true)]
         keywords: Vec<String>,
         /// OR (any keyword) or AND (every keyword)

@@ -139,13 +139,36 @@ impl SearchQuery {
     }
 }
 
-/// The keywords of a search, trimmed, checked: each must hold a letter or digit, since a
-/// search finds words (see `store::history`).
+/// The most keywords of one search, once repeats are left out: every candidate's text is
+/// checked against each of them.
+const MAX_SEARCH_KEYWORDS: usize = 32;
+/// The longest keyword, in bytes.
+const MAX_KEYWORD_BYTES: usize = 256;
+
+/// The keywords of a search, trimmed, without repeats, checked: a bounded number of bounded
+/// length (what a search costs grows with both), each with a letter or digit, since a search
+/// finds words (see `store::history`).
 fn search_keywords(typed: Vec<String>) -> Result<Vec<String>, ApiError> {
-    let keywords: Vec<String> =
-        typed.iter().map(|keyword| keyword.trim()).filter(|keyword| !keyword.is_empty()).map(str::to_string).collect();
+    let mut keywords: Vec<String> = Vec::new();
+    for keyword in typed.iter().map(|keyword| keyword.trim()).filter(|keyword| !keyword.is_empty()) {
+        if !keywords.iter().any(|known| known == keyword) {
+            keywords.push(keyword.to_string());
+        }
+    }
     if keywords.is_empty() {
         return Err(ApiError::bad("give at least one keyword"));
+    }
+    if keywords.len() > MAX_SEARCH_KEYWORDS {
+        return Err(ApiError::bad(format!(
+            "too many keywords: a search takes at most {MAX_SEARCH_KEYWORDS} (got {} different ones)",
+            keywords.len()
+        )));
+    }
+    if let Some(keyword) = keywords.iter().find(|keyword| keyword.len() > MAX_KEYWORD_BYTES) {
+        return Err(ApiError::bad(format!(
+            "a keyword is at most {MAX_KEYWORD_BYTES} bytes long (got one of {} bytes)",
+            keyword.len()
+        )));
     }
     if let Some(keyword) = keywords.iter().find(|keyword| !keyword.chars().any(char::is_alphanumeric)) {
         return Err(ApiError::bad(format!(

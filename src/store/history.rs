@@ -123,6 +123,17 @@ impl Keyword {
     fn is_in(&self, text: &Classified<'_>) -> bool {
         !self.words.is_empty() && text.word_starts().any(|start| self.is_at(text, start))
     }
+
+    /// The typed keywords, ready, without those that are the same once folded.
+    pub(super) fn all(typed: &[String], case_sensitive: bool) -> Vec<Keyword> {
+        let mut keywords: Vec<Keyword> = Vec::with_capacity(typed.len());
+        for keyword in typed.iter().map(|keyword| Keyword::new(keyword, case_sensitive)) {
+            if !keywords.iter().any(|known| known.text == keyword.text && known.in_word == keyword.in_word) {
+                keywords.push(keyword);
+            }
+        }
+        keywords
+    }
 }
 
 /// `word` as [`lowercase`] folds it, without copying a word that is already lowercase ASCII
@@ -348,7 +359,7 @@ impl ReadProjections {
         agent: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        let keywords: Vec<Keyword> = keywords.iter().map(|keyword| Keyword::new(keyword, case_sensitive)).collect();
+        let keywords = Keyword::all(keywords, case_sensitive);
         let query = Query { keywords: &keywords, logic, case_sensitive, agent, limit };
         let cutoff = self.pruned_before()?;
         let mut newest = Newest::new(limit);
@@ -410,18 +421,31 @@ impl Query<'_> {
         }
         // No keyword: nothing for OR, everything for AND (`history list`), without reading
         // the text.
-        let matched = self.keywords.is_empty() && self.logic == Logic::And || {
-            let text = searchable_text(task);
-            let text = Classified::new(&text, self.case_sensitive);
-            match self.logic {
-                Logic::Or => self.keywords.iter().any(|keyword| keyword.is_in(&text)),
-                Logic::And => self.keywords.iter().all(|keyword| keyword.is_in(&text)),
-            }
-        };
+        let matched =
+            if self.keywords.is_empty() { self.logic == Logic::And } else { self.text_matches(&searchable_text(task)) };
         if !matched {
             records.clear();
         }
         records
+    }
+
+    /// Does `text` match the keywords by the query's logic? Every keyword is looked for in the
+    /// same pass over the text's word starts: a long text is read once, not once per keyword.
+    fn text_matches(&self, text: &str) -> bool {
+        // A keyword without a word matches nothing.
+        let mut unfound: Vec<&Keyword> = self.keywords.iter().filter(|keyword| !keyword.words.is_empty()).collect();
+        if unfound.is_empty() || self.logic == Logic::And && unfound.len() < self.keywords.len() {
+            return false;
+        }
+        let text = Classified::new(text, self.case_sensitive);
+        for start in text.word_starts() {
+            let before = unfound.len();
+            unfound.retain(|keyword| !keyword.is_at(&text, start));
+            if unfound.len() < before && (self.logic == Logic::Or || unfound.is_empty()) {
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -562,5 +586,8 @@ mod tests {
         let keyword = Keyword::new("Foo-bar, foo!", false);
         assert_eq!(keyword.words(), ["bar", "foo"]);
         assert!(Keyword::new("--", false).words().is_empty());
+        let typed = ["Foo".to_string(), "foo".into(), "FOO".into(), "foo".into()];
+        assert_eq!(Keyword::all(&typed, false).len(), 1, "the same once folded");
+        assert_eq!(Keyword::all(&typed, true).len(), 3);
     }
 }

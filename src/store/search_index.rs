@@ -487,7 +487,7 @@ impl Store {
         if keywords.is_empty() {
             return self.read(scan);
         }
-        let prepared: Vec<Keyword> = keywords.iter().map(|keyword| Keyword::new(keyword, case_sensitive)).collect();
+        let prepared = Keyword::all(keywords, case_sensitive);
         // A text a keyword matches has a word starting with each of the keyword's words: the
         // candidates are the tasks with all the words of one keyword (OR), or of every keyword
         // (AND). A keyword without words matches nothing.
