@@ -137,7 +137,7 @@ impl Caller {
 
 /// Does the request carry the admin key? Only when auth is on (there is no key otherwise).
 pub fn has_admin_key(state: &AppState, headers: &HeaderMap) -> bool {
-    state.auth.enabled && super::auth::presented_key(headers).is_some_and(|key| state.auth.accepts(key))
+    state.auth.enabled && super::keys::presented_key(headers).is_some_and(|key| state.auth.accepts(key))
 }
 
 /// The peer credentials of a Unix-socket request (None over TCP).

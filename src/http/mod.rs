@@ -28,6 +28,7 @@ pub mod file_safety;
 pub mod guard;
 pub mod history;
 pub mod jsonrpc;
+pub mod keys;
 pub mod openapi;
 pub mod origin;
 pub mod server;
