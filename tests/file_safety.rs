@@ -107,6 +107,7 @@ fn bad_input_is_refused_with_a_clear_error_and_nothing_appended() {
     let alice = home.register(Some("alice"));
     let head = home.head();
     let long_intent = "x".repeat(1001);
+    let long_path = "/a".repeat(2049);
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["lock", "/a", "synapse-ghost-1"], "is not registered"),
         (vec!["check", "/a", "claud"], "Agent 'claud' is not registered"),
@@ -131,6 +132,7 @@ fn bad_input_is_refused_with_a_clear_error_and_nothing_appended() {
         // Joined to the working directory, an empty path locked that directory.
         (vec!["lock", "", &alice.id], "the path is empty"),
         (vec!["check", " ", &alice.id], "the path is empty"),
+        (vec!["lock", &long_path, &alice.id], "4098 bytes long; a path is at most 4096 bytes"),
     ];
     for (args, expected) in cases {
         let output = run(&home, &args);
@@ -141,6 +143,14 @@ fn bad_input_is_refused_with_a_clear_error_and_nothing_appended() {
         home.http("POST", "/file-safety/lock", Some(br#"{"path":"relative/x","agent_id":"a"}"#), &[]);
     assert_eq!(status, 400, "{answer}");
     assert!(answer["message"].as_str().unwrap().contains("not an absolute path"));
+    // A path of 50,000 missing parts: each was looked up with every part before it, which held
+    // the broker's socket for minutes.
+    let body = serde_json::json!({"path": "/a".repeat(50_000), "agent_id": alice.id}).to_string();
+    for route in ["/file-safety/lock", "/file-safety/validate"] {
+        let (status, answer) = home.http("POST", route, Some(body.as_bytes()), &[]);
+        assert_eq!(status, 400, "{route}: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains("a path is at most 4096 bytes"), "{answer}");
+    }
     assert_eq!(home.head(), head, "nothing appended");
 }
 

@@ -64,26 +64,41 @@ pub use crate::api::normalize;
 /// for one file, two locks). Done where the request arrives, not in the writer, which reads no
 /// file system.
 pub fn canonical(path: &str) -> Result<String, String> {
-    // Refuses what is not a path (relative, control characters) before anything is looked up.
+    // Refuses what is not a path (relative, control characters, too long) before anything is
+    // looked up.
     let normalized = normalize(path)?;
     let components: Vec<std::path::Component<'_>> = std::path::Path::new(path).components().collect();
-    for existing in (1..=components.len()).rev() {
-        let Ok(mut real) = std::fs::canonicalize(components[..existing].iter().collect::<std::path::PathBuf>()) else {
-            continue;
-        };
-        for part in &components[existing..] {
-            match part {
-                std::path::Component::ParentDir => {
-                    real.pop();
-                }
-                std::path::Component::Normal(name) => real.push(name),
-                _ => {}
+    let resolve = |count: usize| std::fs::canonicalize(components[..count].iter().collect::<std::path::PathBuf>());
+    // The parts that exist are a leading run (the kernel reaches a part only through every part
+    // before it), so the longest that resolves is found by halving: a few look-ups, not one per
+    // part of a path of many missing parts. The whole path first: it usually exists.
+    let (mut low, mut high) = (1, components.len());
+    let mut probe = high;
+    let mut longest = None;
+    while low <= high {
+        match resolve(probe) {
+            Ok(real) => {
+                longest = Some((probe, real));
+                low = probe + 1;
             }
+            Err(_) => high = probe - 1,
         }
-        let real = real.to_str().ok_or_else(|| format!("'{normalized}' resolves to a path that is not UTF-8"))?;
-        return normalize(real);
+        probe = low + high.saturating_sub(low).div_ceil(2);
     }
-    Ok(normalized)
+    let Some((existing, mut real)) = longest else {
+        return Ok(normalized);
+    };
+    for part in &components[existing..] {
+        match part {
+            std::path::Component::ParentDir => {
+                real.pop();
+            }
+            std::path::Component::Normal(name) => real.push(name),
+            _ => {}
+        }
+    }
+    let real = real.to_str().ok_or_else(|| format!("'{normalized}' resolves to a path that is not UTF-8"))?;
+    normalize(real)
 }
 
 /// The other names a lock on the file `raw` resolves to ([`canonical`], `resolved`) may be
@@ -312,6 +327,10 @@ mod tests {
         assert!(normalize("relative/path").is_err());
         assert!(normalize("").is_err());
         assert!(normalize("/tmp/a\u{1b}]52;c;x\u{7}").unwrap_err().contains("control character"));
+        let longest = format!("/{}", "a".repeat(crate::api::PATH_MAX_BYTES - 1));
+        assert_eq!(normalize(&longest).unwrap(), longest);
+        let too_long = normalize(&format!("{longest}b")).unwrap_err();
+        assert!(too_long.contains("4097 bytes long; a path is at most 4096 bytes"), "{too_long}");
         let dir = tempfile::tempdir().unwrap();
         let real = dir.path().canonicalize().unwrap();
         std::fs::create_dir(real.join("src")).unwrap();
@@ -328,5 +347,11 @@ mod tests {
         assert_eq!(canonical(&through).unwrap(), real.join("other/main.rs").display().to_string());
         let gone = real.join("missing/../src/./main.rs").display().to_string();
         assert_eq!(canonical(&gone).unwrap(), expected, "a missing part is normalised as text");
+        // Many missing parts after a link, each length of the missing run (the halving).
+        for missing in [1, 2, 3, 7, 300] {
+            let tail = "/m".repeat(missing);
+            let deep = format!("{}{tail}/f.rs", real.join("link").display());
+            assert_eq!(canonical(&deep).unwrap(), format!("{}{tail}/f.rs", real.join("src").display()), "{missing}");
+        }
     }
 }
