@@ -78,6 +78,31 @@ pub fn write(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
     file.write_all(contents.as_ref())
 }
 
+/// Replaces `path` with a new file (0600) holding `contents`: written beside it, synced, then
+/// renamed over it. A symlink at `path` is replaced, not followed.
+pub fn replace(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("not a file name"))?;
+    let mut temporary_name = std::ffi::OsString::from(".");
+    temporary_name.push(name);
+    temporary_name.push(format!(".{}.tmp", std::process::id()));
+    let temporary = path.with_file_name(temporary_name);
+    let written = (|| {
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(FILE_MODE)
+            .open(&temporary)?;
+        file.write_all(contents.as_ref())?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
 /// Removes group and other permissions from the home, and from every directory and file in it
 /// (sockets and symlinks are left alone; a symlink is never followed). Returns how many entries
 /// were changed. Errors on single entries are skipped: a file that vanished meanwhile is fine.

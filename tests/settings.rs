@@ -37,6 +37,44 @@ fn init_writes_a_template_once_and_reset_removes_it_only_when_confirmed() {
     assert_eq!(in_project(&home, &project, &["init", "--scope", "elsewhere"]).status.code(), Some(2));
 }
 
+/// A cloned project may hold links where its settings go: `init` never writes through them.
+#[test]
+fn init_never_writes_through_a_link_in_the_project() {
+    let home = Home::new();
+    let outside = home.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("dotfile"), "export IMPORTANT=1\n").unwrap();
+    let project = home.dir.path().join("clone");
+    std::fs::create_dir_all(project.join(".synapse")).unwrap();
+    std::os::unix::fs::symlink(outside.join("dotfile"), project.join(".synapse/settings.local.json")).unwrap();
+    std::os::unix::fs::symlink(outside.join("new"), project.join(".synapse/settings.json")).unwrap();
+
+    let dangling = in_project(&home, &project, &["init"]);
+    assert_eq!(dangling.status.code(), Some(1), "{}", describe(&dangling));
+    assert!(stderr(&dangling).contains("already exists"), "{}", describe(&dangling));
+    assert!(!outside.join("new").exists(), "nothing made at the link's target");
+    let local = in_project(&home, &project, &["init", "--scope", "local"]);
+    assert_eq!(local.status.code(), Some(1), "{}", describe(&local));
+
+    let forced = in_project(&home, &project, &["init", "--scope", "local", "--force"]);
+    assert!(forced.status.success(), "{}", describe(&forced));
+    assert_eq!(std::fs::read_to_string(outside.join("dotfile")).unwrap(), "export IMPORTANT=1\n");
+    let replaced = project.join(".synapse/settings.local.json");
+    assert!(replaced.symlink_metadata().unwrap().file_type().is_file(), "the link itself is replaced");
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&replaced).unwrap()).unwrap();
+    assert_eq!(written["a2a"]["flow"], "auto");
+    assert_eq!(std::fs::read_dir(project.join(".synapse")).unwrap().count(), 2, "no temporary file left");
+
+    // The settings directory itself a link: nothing is written in its target.
+    let linked = home.dir.path().join("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    std::os::unix::fs::symlink(&outside, linked.join(".synapse")).unwrap();
+    let refused = in_project(&home, &linked, &["init", "--force"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("is a symbolic link"), "{}", describe(&refused));
+    assert!(!outside.join("settings.json").exists());
+}
+
 #[test]
 fn a2a_flow_sets_the_default_of_send_and_flags_override_it() {
     let home = Home::new();

@@ -17,14 +17,21 @@ fn scope_path(paths: &Paths, scope: &str) -> anyhow::Result<std::path::PathBuf> 
 /// Writes the commented template; refuses to overwrite without `--force`.
 pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
     let path = scope_path(paths, scope)?;
-    if path.exists() && !force {
+    // A link counts as a file there, even one to nothing: a cloned project's link must not make
+    // `init` create or replace a file elsewhere.
+    if path.symlink_metadata().is_ok() && !force {
         bail!("{} already exists; pass --force to overwrite it", path.display());
     }
     if let Some(dir) = path.parent() {
+        if scope != "user" && dir.symlink_metadata().is_ok_and(|meta| meta.file_type().is_symlink()) {
+            bail!("{} is a symbolic link; a project's settings are written in the project itself", dir.display());
+        }
         crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let text = serde_json::to_string_pretty(&template())?;
-    crate::private_files::write(&path, format!("{text}\n"))
+    // A new file renamed over the old: the link itself is replaced, never its target, and a
+    // crash leaves the old file or the new one, never half of one.
+    crate::private_files::replace(&path, format!("{text}\n"))
         .with_context(|| format!("cannot write {}", path.display()))?;
     println!("Wrote {} ({scope} settings)", path.display());
     // The broker's security settings (auth, keys, localhost rule, file safety) live in the home,
