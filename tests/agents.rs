@@ -507,6 +507,30 @@ fn the_first_ready_brings_one_start_up_message_naming_the_instruction_files() {
     assert!(screen.find("[SYNAPSE] You are agent").unwrap() < screen.find("first real message").unwrap());
 }
 
+/// A user's OpenCode config named in Synapse's settings (`env.OPENCODE_CONFIG`), not in the
+/// shell, is merged into the agent's copy too: the variable the CLI gets names the copy, so a
+/// file left out would be dropped for the session without a word.
+#[test]
+fn a_cli_config_named_in_the_settings_env_is_merged_like_one_named_in_the_shell() {
+    let home = Home::new();
+    write_profile(&home, "dummy", r#"{"mcp": "opencode"}"#);
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(project.join(".synapse")).unwrap();
+    let own = home.dir.path().join("my-opencode.json");
+    std::fs::write(&own, r#"{"mcp": {"mine": {"type": "local", "command": ["mine"]}}, "permission": {"bash": "ask"}}"#)
+        .unwrap();
+    let settings = serde_json::json!({"env": {"OPENCODE_CONFIG": own.display().to_string()}});
+    std::fs::write(project.join(".synapse/settings.local.json"), settings.to_string()).unwrap();
+    let output = home.cmd(&["start", "dummy", "--name", "bob", "--json"]).current_dir(&project).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    let copy = home.home().join("agents").join(id(&bob)).join("opencode.json");
+    let merged: Value = serde_json::from_str(&std::fs::read_to_string(&copy).unwrap()).unwrap();
+    assert!(merged["mcp"]["mine"].is_object() && merged["mcp"]["synapse"].is_object(), "{merged}");
+    assert_eq!(merged["permission"]["bash"], "ask", "{merged}");
+}
+
 /// Issue 4: SIGKILL of the broker and of the wrapper during a burst of 200 messages; each
 /// message is written into the agent's PTY exactly once.
 #[test]

@@ -299,11 +299,20 @@ fn cli_command(
     .into_iter()
     .map(|(key, value)| (key.to_string(), value))
     .collect();
+    let settings_env = settings.env()?;
     let wiring = match options.profile.mcp {
         Some(style) if !options.no_mcp && settings.mcp()? => {
             let synapse = crate::config::synapse_exe().context("cannot find the synapse executable")?;
             let dir = mcp_wiring::agent_dir(&paths.home, agent_id);
-            mcp_wiring::wire(style, options.profile.hooks, &synapse, &dir, &identity, |name| std::env::var(name).ok())
+            // The CLI's environment as it will be: the settings' `env` over this process's.
+            let lookup = |name: &str| {
+                settings_env
+                    .iter()
+                    .find(|(key, _)| key == name)
+                    .map(|(_, value)| value.clone())
+                    .or_else(|| std::env::var(name).ok())
+            };
+            mcp_wiring::wire(style, options.profile.hooks, &synapse, &dir, &identity, lookup)
                 .with_context(|| format!("cannot write the MCP registration in {}", dir.display()))?
         }
         _ => mcp_wiring::Wiring::default(),
@@ -329,7 +338,7 @@ fn cli_command(
         command.cwd(dir);
     }
     // Settings `env` first, so that Synapse's own variables always win.
-    for (key, value) in settings.env()?.into_iter().chain(extra_env) {
+    for (key, value) in settings_env.into_iter().chain(extra_env) {
         command.env(key, value);
     }
     command.env("SYNAPSE_AGENT_TYPE", &options.profile.name);
