@@ -68,6 +68,47 @@ fn a_response_round_trip_completes_the_senders_task_and_queues_a_reverse_ticket_
     assert_eq!(home.head(), head);
 }
 
+/// Reads `child`'s standard error until a line holds `part`; all it read, and whether it came.
+fn stderr_until(child: &mut std::process::Child, part: &str) -> (String, bool) {
+    use std::io::BufRead;
+    let mut read = String::new();
+    let mut lines = std::io::BufReader::new(child.stderr.as_mut().unwrap()).lines();
+    while let Some(Ok(line)) = lines.next() {
+        read.push_str(&line);
+        read.push('\n');
+        if line.contains(part) {
+            return (read, true);
+        }
+    }
+    (read, false)
+}
+
+/// A send whose answer is late (the broker frozen with SIGSTOP) is sent again with the same
+/// idempotency key: it arrives once, and the command succeeds. It used to fail with "timed
+/// out", though the broker made the send when it woke, and sending it again made a second.
+#[test]
+fn a_send_whose_answer_is_late_is_tried_again_and_made_once() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let pid = home.broker_pid().expect("broker.json");
+    kill(pid, libc::SIGSTOP);
+    let mut sending = home
+        .cmd(&["send", "bob", "sent while the broker froze", "--no-response"])
+        .env("SYNAPSE_CLIENT_TIMEOUT_MS", "2000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (log, retried) = stderr_until(&mut sending, "trying again with idempotency key");
+    kill(pid, libc::SIGCONT);
+    assert!(retried, "{log}");
+    let output = output_within(sending, std::time::Duration::from_secs(60), "synapse send");
+    assert!(output.status.success(), "{log}{}", describe(&output));
+    let sent = home.events().into_iter().filter(|event| event["event"]["kind"] == "message_sent").count();
+    assert_eq!(sent, 1, "sent once");
+    assert_eq!(home.inbox(&bob).len(), 1);
+}
+
 #[test]
 fn synapse_reply_answers_the_most_recent_target_and_lists_several() {
     let home = Home::new();

@@ -398,3 +398,46 @@ fn mcp_call(home: &Home, tool: &str) -> String {
         "params": {"name": tool, "arguments": {}}}));
     session.answer_to(2).to_string()
 }
+
+/// A send through `synapse mcp` tried again after its answer was late (the broker frozen) and
+/// its broker then stopped on purpose: the retry does not start a broker again (a model's tool
+/// call is not the user deciding to), and the model is told the message may have gone and
+/// where to look before sending it again.
+#[test]
+fn an_mcp_send_tried_again_never_starts_a_broker_stopped_on_purpose() {
+    use std::io::BufRead;
+    let home = Home::new();
+    home.register(Some("bob"));
+    let pid = home.broker_pid().expect("broker.json");
+    let mut command = home.cmd(&["mcp"]);
+    command.env("SYNAPSE_CLIENT_TIMEOUT_MS", "2000").stderr(std::process::Stdio::piped());
+    let mut session = McpSession::start(&mut command);
+    kill(pid, libc::SIGSTOP);
+    session.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "send", "arguments": {"to": "bob", "message": "x", "expect_reply": false}}}));
+    // Its log, read on a thread of its own: a server that never tries again keeps it open.
+    let (lines, log) = std::sync::mpsc::channel();
+    let stderr = session.take_stderr();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut read = String::new();
+    while !read.contains("trying again with idempotency key") {
+        match log.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => read.push_str(&line),
+            Err(_) => panic!("the send was not tried again: {read}\n{}", session.answer_to(2)),
+        }
+    }
+    // What `synapse broker stop` leaves, then the broker gone.
+    std::fs::write(home.home().join("broker.stopped"), "stopped on request\n").unwrap();
+    kill(pid, libc::SIGKILL);
+    wait_until_dead(pid);
+    let answer = session.answer_to(2).to_string();
+    assert!(answer.contains("may have been sent") && answer.contains("history_search"), "{answer}");
+    assert!(home.home().join("broker.stopped").exists(), "the deliberate stop was ended");
+    assert!(std::os::unix::net::UnixStream::connect(home.socket()).is_err(), "a broker was started");
+}

@@ -56,8 +56,15 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         idempotency_key: args.idempotency_key,
         ..api::SendRequest::new(args.target, text)
     };
-    let answer = match client.send_retrying(paths, &request).await {
+    let answer = match client.send_retrying(paths, &request, crate::client::inside_an_agent()).await {
         Ok(answer) => answer,
+        Err(error) if error.is::<crate::client::SendUncertain>() => {
+            let key = error.downcast_ref::<crate::client::SendUncertain>().map(|uncertain| uncertain.key.clone());
+            anyhow::bail!(
+                "{error:#}: to send it at most once, run the same command again with --idempotency-key {}",
+                key.unwrap_or_default()
+            );
+        }
         Err(error) if names_no_agent(&error) && is_external(&mut client, &request.to).await? => {
             if let Some(flag) = local_only.first() {
                 anyhow::bail!(

@@ -346,7 +346,7 @@ pub struct SendArgs {
     pub json: bool,
     /// A retry with the same key within 24 h returns the first send's task instead of sending
     /// again; the key used again for another message or agent is refused (default: a fresh key,
-    /// used when this command retries a broken connection)
+    /// used when this command retries a broken connection or a late answer)
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
 }

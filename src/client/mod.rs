@@ -15,7 +15,7 @@
 
 mod sending;
 
-pub use sending::ReplyWaitError;
+pub use sending::{ReplyWaitError, SendUncertain};
 
 use crate::api::{self, BrokerInfo, ErrorBody, Outcome};
 use crate::config::Paths;
@@ -409,7 +409,9 @@ impl Client {
         Client::connect_with(paths, true, true).await
     }
 
-    async fn connect_with(paths: &Paths, autostart: bool, respect_stop: bool) -> anyhow::Result<Client> {
+    /// [`Client::connect`] with the stop rule chosen: `respect_stop` never starts a broker
+    /// stopped on purpose.
+    pub async fn connect_with(paths: &Paths, autostart: bool, respect_stop: bool) -> anyhow::Result<Client> {
         let secret = std::env::var("SYNAPSE_AGENT_SECRET").ok().filter(|s| !s.is_empty());
         if let Ok((sender, peer)) = connect_any(paths).await {
             let mut client = Client { sender, secret: secret.clone() };
@@ -1381,7 +1383,7 @@ async fn bounded<T>(
 
 /// Does this process run inside an agent (`SYNAPSE_AGENT_ID`: its CLI's commands, its MCP
 /// server)?
-fn inside_an_agent() -> bool {
+pub fn inside_an_agent() -> bool {
     std::env::var_os("SYNAPSE_AGENT_ID").is_some_and(|id| !id.is_empty())
 }
 

@@ -2,9 +2,10 @@
 //! `synapse send` and the MCP server's `send` tool go through here, so both retry and wait
 //! alike.
 //!
-//! Invariants: a send is retried only when the connection closed under it, and always with
-//! the same idempotency key, so a send the broker had already decided is answered, never made
-//! twice. Waiting never changes the task: a wait that runs out leaves it open.
+//! Invariants: a send is retried only when the connection closed under it or its answer did
+//! not come in time, and always with the same idempotency key, so a send the broker had already
+//! decided is answered, never made twice; one that still fails says it may have been sent, and
+//! under which key. Waiting never changes the task: a wait that runs out leaves it open.
 
 use super::{Client, ClientError};
 use crate::api::{SendAnswer, SendRequest};
@@ -12,8 +13,18 @@ use crate::config::Paths;
 use crate::event::{TaskState, short_id};
 use std::time::{Duration, Instant};
 
-/// How many times a send is tried when the connection breaks under the request.
+/// How many times a send is tried when the connection breaks under the request or its answer
+/// does not come in time.
 const SEND_ATTEMPTS: u32 = 3;
+
+/// A send whose request reached the broker, or may have, and whose answer never came: the
+/// broker may have made it. Sent again with the same key, it is made at most once.
+#[derive(Debug, thiserror::Error)]
+#[error("{source:#}; the message may have been sent")]
+pub struct SendUncertain {
+    pub key: String,
+    pub source: anyhow::Error,
+}
 
 /// The longest single wait request while waiting without a limit (the broker answers at the
 /// latest then, and the wait is asked again).
@@ -37,21 +48,34 @@ pub enum ReplyWaitError {
 
 impl Client {
     /// `POST /send`, tried again (up to [`SEND_ATTEMPTS`] times, on a new connection) when the
-    /// connection closed under it. A request without an idempotency key gets one first.
-    pub async fn send_retrying(&mut self, paths: &Paths, request: &SendRequest) -> anyhow::Result<SendAnswer> {
+    /// connection closed under it or its answer did not come within the call limit. A request
+    /// without an idempotency key gets one first. The new connection starts a broker as the
+    /// first one did: `respect_stop` never starts one the user stopped on purpose
+    /// ([`Client::connect_unless_stopped`]). When the last try fails too, [`SendUncertain`].
+    pub async fn send_retrying(
+        &mut self,
+        paths: &Paths,
+        request: &SendRequest,
+        respect_stop: bool,
+    ) -> anyhow::Result<SendAnswer> {
         let mut request = request.clone();
         let key = request.idempotency_key.get_or_insert_with(crate::ids::new_id).clone();
+        let uncertain = |source: anyhow::Error| SendUncertain { key: key.clone(), source };
         let mut attempt = 1;
         loop {
             match self.send(&request).await {
                 Ok(answer) => return Ok(answer),
-                // The request may have been decided before the connection broke: the same key
-                // makes the retry answer that send instead of making a second one.
-                Err(error) if attempt < SEND_ATTEMPTS && error.is_connection_closed() => {
+                // The request may have been decided before the connection broke or while its
+                // answer was late: the same key makes the retry answer that send instead of
+                // making a second one.
+                Err(error) if error.is_connection_closed() || matches!(error, ClientError::Timeout(_)) => {
+                    if attempt >= SEND_ATTEMPTS {
+                        return Err(uncertain(error.into()).into());
+                    }
                     attempt += 1;
-                    tracing::debug!("send: {error:#}; retrying with idempotency key {key}");
+                    tracing::info!("send: {error:#}; trying again with idempotency key {key}");
                     let secret = self.secret.take();
-                    *self = Client::connect(paths, true).await?;
+                    *self = Client::connect_with(paths, true, respect_stop).await.map_err(uncertain)?;
                     if let Some(secret) = secret {
                         self.set_secret(secret);
                     }

@@ -202,7 +202,15 @@ impl SynapseTools {
         let from = self.identity.agent_id().map(str::to_string);
         let secret = if from.is_some() { client.secret().map(str::to_string) } else { None };
         let request = api::SendRequest { from, secret, ..plan.request };
-        let answer = or_refuse!(client.send_retrying(&self.paths, &request).await);
+        let answer = match client.send_retrying(&self.paths, &request, true).await {
+            Ok(answer) => answer,
+            Err(error) if error.is::<crate::client::SendUncertain>() => {
+                return refusal(format!(
+                    "{error:#}. Before sending it again, look for it with the history_search tool: a second send is a second message."
+                ));
+            }
+            Err(error) => return refusal(format!("{error:#}")),
+        };
         let summary = sent_summary(&answer);
         // A reply's sender task is the one it completed: there is no answer to wait for.
         let awaited = answer.sender_task.as_ref().filter(|_| !answer.is_reply);

@@ -419,6 +419,11 @@ impl McpSession {
         writeln!(self.input, "{message}").unwrap();
     }
 
+    /// The server's standard error, when the command piped it.
+    pub fn take_stderr(&mut self) -> std::process::ChildStderr {
+        self.server.stderr.take().expect("the command pipes standard error")
+    }
+
     /// The answer to request `id` (what comes before it is skipped).
     pub fn answer_to(&mut self, id: u64) -> Value {
         loop {
