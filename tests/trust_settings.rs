@@ -441,3 +441,26 @@ fn an_mcp_send_tried_again_never_starts_a_broker_stopped_on_purpose() {
     assert!(home.home().join("broker.stopped").exists(), "the deliberate stop was ended");
     assert!(std::os::unix::net::UnixStream::connect(home.socket()).is_err(), "a broker was started");
 }
+
+/// An error of `synapse mcp` that quotes the model's own argument shows its control characters
+/// instead of passing them to the terminal that prints the result.
+#[test]
+fn an_mcp_error_quoting_a_hostile_argument_carries_no_control_character() {
+    let home = Home::new();
+    home.register(Some("bob"));
+    let mut session = McpSession::start(home.cmd(&["mcp"]).env_remove("SYNAPSE_AGENT_ID"));
+    let hostile = "x\u{1b}]0;pwned\u{7}\u{1b}[2J";
+    let calls = [
+        ("send", serde_json::json!({"to": format!("bob{hostile}"), "message": "x"})),
+        ("send", serde_json::json!({"to": "bob", "message": "x", "reply_to": hostile})),
+        ("task", serde_json::json!({"task_id": hostile})),
+        ("history_search", serde_json::json!({"keywords": ["a"], "logic": hostile})),
+    ];
+    for (id, (tool, arguments)) in (2..).zip(calls) {
+        session.send(serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments}}));
+        let answer = session.answer_to(id);
+        let text = answer["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{tool}: {text:?}");
+    }
+}

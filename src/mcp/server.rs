@@ -150,7 +150,10 @@ fn success(text: impl Into<String>) -> Result<CallToolResult, ErrorData> {
 }
 
 /// A refusal the model reads (the CLI's `Error: ...` line).
+/// What it says may quote the model's own arguments (a name, an id): control characters are
+/// shown, not passed on to the terminal that prints the result.
 fn refusal(message: impl std::fmt::Display) -> Result<CallToolResult, ErrorData> {
+    let message = crate::escape::visible(&message.to_string());
     Ok(CallToolResult::error(vec![ContentBlock::text(format!("Error: {message}"))]))
 }
 
