@@ -464,3 +464,27 @@ fn an_mcp_error_quoting_a_hostile_argument_carries_no_control_character() {
         assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{tool}: {text:?}");
     }
 }
+
+/// `history_search` through `synapse mcp` cuts each long text to its first 4000 characters and
+/// says how much it left out: many long messages made a result the model's context could not
+/// hold. The task tool still gives the whole text.
+#[test]
+fn an_mcp_history_search_shows_long_texts_cut_and_the_task_tool_whole() {
+    let home = Home::new();
+    home.register(Some("bob"));
+    let long = format!("needle {}", "é".repeat(9_000));
+    home.ok(&["send", "bob", &long, "--no-response"]);
+    let mut session = McpSession::start(home.cmd(&["mcp"]).env_remove("SYNAPSE_AGENT_ID"));
+    session.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "history_search", "arguments": {"keywords": ["needle"]}}}));
+    let answer = session.answer_to(2);
+    let records: Value = serde_json::from_str(answer["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    let input = records[0]["input"].as_str().unwrap();
+    let kept: String = long.chars().take(4000).collect();
+    assert_eq!(input, format!("{kept}\n[cut: 5007 more characters; the task tool gives the whole text]"));
+    let task_id = records[0]["task_id"].as_str().unwrap();
+    session.send(serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "task", "arguments": {"task_id": task_id}}}));
+    let whole = session.answer_to(3);
+    assert!(whole["result"]["content"][0]["text"].as_str().unwrap().contains(&long), "the task tool gives it whole");
+}

@@ -118,7 +118,20 @@ const REPLY_TARGETS_DESCRIPTION: &str = "List the senders waiting for your answe
 Use it before reply when several senders may be waiting, and pass the one you answer as reply's `to`.";
 
 const HISTORY_SEARCH_DESCRIPTION: &str = "Search the messages and replies exchanged between agents (both sides are kept) by keywords, newest first: task id, side (sent/received), agent, peer, status, the message (input) and the reply (output). \
-Use it to recall what was asked or decided earlier.";
+A text longer than 4000 characters is cut there (the task tool gives it whole). Use it to recall what was asked or decided earlier.";
+
+/// How much of each text a `history_search` record shows: a search of many long messages would
+/// otherwise fill the model's context (200 records of 9 MB made one 113 MB result).
+const SEARCH_PREVIEW_CHARS: usize = 4000;
+
+/// `text` cut to [`SEARCH_PREVIEW_CHARS`] characters, saying how much was left out.
+fn preview(text: &mut String) {
+    if let Some((end, _)) = text.char_indices().nth(SEARCH_PREVIEW_CHARS) {
+        let left_out = text[end..].chars().count();
+        text.truncate(end);
+        text.push_str(&format!("\n[cut: {left_out} more characters; the task tool gives the whole text]"));
+    }
+}
 
 const TASK_DESCRIPTION: &str = "The state and outputs of one task: submitted, working, completed (the reply is in artifacts), failed, canceled, input_required. \
 Use it to check on a message you sent (the task id is in send's result, or the <id8> of an [A2A:<id8>:...] prefix).";
@@ -306,6 +319,11 @@ impl SynapseTools {
         .records;
         if records.is_empty() {
             return success("No records match.");
+        }
+        let mut records = records;
+        for record in &mut records {
+            preview(&mut record.input);
+            preview(&mut record.output);
         }
         json(&records)
     }
