@@ -109,6 +109,28 @@ fn a_send_whose_answer_is_late_is_tried_again_and_made_once() {
     assert_eq!(home.inbox(&bob).len(), 1);
 }
 
+/// `synapse send --wait` goes on waiting when the broker restarts meanwhile (killed, then
+/// started again by the wait itself): the reply that comes after is printed. The wait ended
+/// with "the broker closed the connection", though the reply still came.
+#[test]
+fn send_wait_goes_on_waiting_across_a_broker_restart() {
+    let home = Home::new();
+    let carol = home.register(Some("carol"));
+    let waiter = home
+        .cmd(&["send", "carol", "still there?", "--wait", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the message in carol's inbox", || !home.inbox(&carol).is_empty());
+    home.kill_broker();
+    let replied = home.run_as(&carol, &["reply", "yes"]);
+    assert!(replied.status.success(), "{}", describe(&replied));
+    let output = output_within(waiter, std::time::Duration::from_secs(60), "synapse send --wait");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(stdout(&output).lines().last(), Some("yes"), "{}", describe(&output));
+}
+
 #[test]
 fn synapse_reply_answers_the_most_recent_target_and_lists_several() {
     let home = Home::new();

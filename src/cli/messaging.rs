@@ -130,7 +130,7 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         }
         return Ok(0);
     };
-    let reply = client.wait_for_reply(&sender_task, seconds).await;
+    let reply = client.wait_for_reply(paths, crate::client::inside_an_agent(), &sender_task, seconds).await;
     if args.json {
         // The answer of the send with the reply added (null when none came); the error, if
         // any, still goes to stderr with a non-zero exit.

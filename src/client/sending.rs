@@ -26,6 +26,9 @@ pub struct SendUncertain {
     pub source: anyhow::Error,
 }
 
+/// How many times a wait for a reply goes on over a new connection after its own broke.
+const WAIT_RECONNECTS: u32 = 3;
+
 /// The longest single wait request while waiting without a limit (the broker answers at the
 /// latest then, and the wait is asked again).
 const UNLIMITED_WAIT_SLICE: Duration = Duration::from_secs(600);
@@ -44,6 +47,9 @@ pub enum ReplyWaitError {
     EndedWithoutReply { task_id: String, state: TaskState },
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The wait's connection broke and no broker could be reached again.
+    #[error("the connection broke while waiting for the reply: {0:#}")]
+    Reconnect(anyhow::Error),
 }
 
 impl Client {
@@ -86,16 +92,38 @@ impl Client {
     }
 
     /// Blocks until the task is final (the broker answers when the log says so) and gives the
-    /// reply's text. `seconds` = 0: no limit.
-    pub async fn wait_for_reply(&mut self, task_id: &str, seconds: u64) -> Result<String, ReplyWaitError> {
+    /// reply's text. `seconds` = 0: no limit. A wait whose connection breaks (the broker
+    /// restarting) goes on over a new one, made under the `respect_stop` rule as in
+    /// [`Client::send_retrying`]: waiting changes nothing, and the reply may still come.
+    pub async fn wait_for_reply(
+        &mut self,
+        paths: &Paths,
+        respect_stop: bool,
+        task_id: &str,
+        seconds: u64,
+    ) -> Result<String, ReplyWaitError> {
         let started = Instant::now();
         let limit = (seconds > 0).then(|| Duration::from_secs(seconds));
+        let mut reconnects = 0;
         loop {
             let slice = match limit {
                 Some(limit) => limit.saturating_sub(started.elapsed()),
                 None => UNLIMITED_WAIT_SLICE,
             };
-            let answer = self.wait_task(task_id, slice).await?;
+            let answer = match self.wait_task(task_id, slice).await {
+                Ok(answer) => answer,
+                Err(error @ ClientError::Unreachable { .. }) if reconnects < WAIT_RECONNECTS => {
+                    reconnects += 1;
+                    tracing::info!("waiting for the reply: {error:#}; waiting again on a new connection");
+                    let secret = self.secret.take();
+                    *self = Client::connect_with(paths, true, respect_stop).await.map_err(ReplyWaitError::Reconnect)?;
+                    if let Some(secret) = secret {
+                        self.set_secret(secret);
+                    }
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
+            };
             if !answer.timed_out {
                 let state = answer.task.status;
                 return match answer.reply {

@@ -233,7 +233,7 @@ impl SynapseTools {
         let (Some(seconds), Some(sender_task)) = (plan.wait_seconds, awaited) else {
             return success(summary);
         };
-        match client.wait_for_reply(&sender_task.id, seconds).await {
+        match client.wait_for_reply(&self.paths, true, &sender_task.id, seconds).await {
             Ok(reply) => success(crate::escape::visible(&reply)),
             Err(ReplyWaitError::TimedOut { task_id, seconds }) => refusal(format!(
                 "the message was delivered, but no reply came within {seconds} s. Do not send it again: task {task_id} ({}) stays open, \
