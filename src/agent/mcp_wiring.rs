@@ -81,6 +81,8 @@ pub struct Wiring {
     pub env: Vec<(String, String)>,
     /// Why the CLI gets no MCP server after all (said once at start); None when wired.
     pub refused: Option<String>,
+    /// What the wiring left out and why, said once at start (the CLI is wired all the same).
+    pub note: Option<String>,
 }
 
 impl Wiring {
@@ -150,7 +152,8 @@ pub fn wire(
             }
         }
         McpStyle::Codex => {
-            let toml_string = |text: &str| serde_json::to_string(text).unwrap_or_default();
+            // A JSON string is a TOML basic string but for DEL, which TOML wants escaped.
+            let toml_string = |text: &str| serde_json::to_string(text).unwrap_or_default().replace('\u{7f}', "\\u007F");
             let names: Vec<String> =
                 IDENTITY_VARIABLES.iter().chain(&SETTINGS_VARIABLES).map(|name| toml_string(name)).collect();
             let prefix = format!("mcp_servers.{SERVER_NAME}");
@@ -180,7 +183,22 @@ pub fn wire(
                 });
             }
             let variable = "GEMINI_CLI_SYSTEM_DEFAULTS_PATH";
-            let mut settings = match inherited_object(variable, inherited(variable)) {
+            // The user's file is merged only where Gemini would read it itself: its servers and
+            // hooks are commands, and Synapse's copy is a file Gemini trusts.
+            let mut note = None;
+            let named = inherited(variable).filter(|path| !path.is_empty()).filter(|path| {
+                let file = std::path::absolute(path).unwrap_or_else(|_| Path::new(path).to_path_buf());
+                match file.exists().then(|| gemini_refuses(&file)).flatten() {
+                    Some(reason) => {
+                        note = Some(format!(
+                            "{path} (named by {variable}) is not merged: Gemini CLI skips a system settings file where {reason}"
+                        ));
+                        false
+                    }
+                    None => true,
+                }
+            });
+            let mut settings = match inherited_object(variable, named) {
                 Ok(settings) => settings,
                 Err(reason) => return Ok(kept(reason)),
             };
@@ -194,7 +212,7 @@ pub fn wire(
                 add_hooks(&mut settings, hooks_section(&command, "AfterTool"));
             }
             let path = write("gemini-settings.json", &settings)?;
-            Wiring { env: vec![(variable.to_string(), path)], ..Wiring::default() }
+            Wiring { env: vec![(variable.to_string(), path)], note, ..Wiring::default() }
         }
         McpStyle::Opencode => {
             let variable = "OPENCODE_CONFIG";
@@ -272,16 +290,37 @@ pub fn gemini_refuses(dir: &Path) -> Option<String> {
 /// own MCP servers, permission rules) would be gone without a word.
 fn inherited_object(variable: &str, path: Option<String>) -> Result<Value, String> {
     let Some(path) = path.filter(|path| !path.is_empty()) else { return Ok(json!({})) };
-    let text = match std::fs::read_to_string(&path) {
+    let text = match read_settings_file(Path::new(&path)) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(json!({})),
         Err(error) => return Err(format!("{path} (named by {variable}) cannot be read: {error}")),
     };
-    match serde_json::from_str::<Value>(&text).or_else(|_| serde_json::from_str::<Value>(&without_jsonc(&text))) {
+    // A byte-order mark, as some editors write: not JSON, but the CLIs read past it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    match serde_json::from_str::<Value>(text).or_else(|_| serde_json::from_str::<Value>(&without_jsonc(text))) {
         Ok(value) if value.is_object() => Ok(value),
         Ok(_) => Err(format!("{path} (named by {variable}) holds no JSON object")),
         Err(error) => Err(format!("{path} (named by {variable}) is not JSON: {error}")),
     }
+}
+
+/// The most of a user's settings file that is read: no real one comes near it.
+const SETTINGS_FILE_MAX_BYTES: u64 = 16 << 20;
+
+/// The text of a settings file: a regular file (a FIFO or a device named by mistake would hold
+/// the wrapper's start for ever, or fill its memory), of at most [`SETTINGS_FILE_MAX_BYTES`].
+fn read_settings_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(SETTINGS_FILE_MAX_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > SETTINGS_FILE_MAX_BYTES {
+        return Err(std::io::Error::other(format!("larger than {} MB", SETTINGS_FILE_MAX_BYTES >> 20)));
+    }
+    Ok(text)
 }
 
 /// JSONC made JSON: comments (`//` to the end of the line, `/* ... */`) and commas right before
@@ -535,6 +574,10 @@ mod tests {
         let wiring =
             wire(McpStyle::Codex, false, Path::new("/x/\"q\"/synapse"), dir.path(), &identity(), |_| None).unwrap();
         assert!(wiring.args.iter().all(|arg| !arg.contains(SECRET)));
+        // DEL, which a JSON string may hold as is and a TOML one may not.
+        let del =
+            wire(McpStyle::Codex, false, Path::new("/x\u{7f}/synapse"), dir.path(), &identity(), |_| None).unwrap();
+        assert!(del.args.contains(&r#"mcp_servers.synapse.command="/x\u007F/synapse""#.to_string()), "{:?}", del.args);
         assert!(
             wiring.args.contains(&r#"mcp_servers.synapse.command="/x/\"q\"/synapse""#.to_string()),
             "{:?}",
@@ -575,7 +618,6 @@ mod tests {
         let (push, any) = (written.find("git push *").unwrap(), written.find("\"git *\"").unwrap());
         assert!(push < any, "the user's rule order: {written}");
 
-        std::fs::write(&own, "{ this is not json").unwrap();
         // Gemini's file must be in a directory only root can write to (not under /tmp): the
         // repository's, when it and those above it are root's (as root only, as below).
         let gemini_base = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
@@ -587,6 +629,10 @@ mod tests {
             if style == McpStyle::Gemini && gemini_refuses(&agent).is_some() {
                 continue;
             }
+            // The user's file where Gemini would read it too (it skips one under /tmp).
+            let own = base.join("own.jsonc");
+            std::fs::write(&own, "{ this is not json").unwrap();
+            let own_path = own.display().to_string();
             let wiring = wire(style, false, Path::new("/s"), &agent, &identity(), |name| {
                 (name == variable).then(|| own_path.clone())
             })
@@ -690,6 +736,48 @@ mod tests {
             assert_eq!(wiring.env[0].0, "GEMINI_CLI_SYSTEM_DEFAULTS_PATH");
             assert_eq!(read(&wiring.env[0].1)["mcpServers"]["synapse"]["trust"], true);
         }
+    }
+
+    #[test]
+    fn a_users_gemini_file_is_merged_only_where_gemini_would_read_it() {
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+        std::fs::create_dir_all(&base).unwrap();
+        if gemini_refuses(&base).is_some() {
+            return; // Not root: Gemini is not wired at all (the test above).
+        }
+        let dir = tempfile::tempdir_in(&base).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let users = json!({"mcpServers": {"corp": {"command": "corp-mcp"}}});
+        // In /tmp (writable by everyone) Gemini skips the file: so does Synapse, and says so.
+        let open = tempfile::tempdir_in("/tmp").unwrap();
+        let skipped = open.path().join("gem.json");
+        std::fs::write(&skipped, users.to_string()).unwrap();
+        let trusted = dir.path().join("gem.json");
+        std::fs::write(&trusted, users.to_string()).unwrap();
+        for (file, merged) in [(&skipped, false), (&trusted, true)] {
+            let named = file.display().to_string();
+            let wiring = wire(McpStyle::Gemini, false, Path::new("/s"), &dir.path().join("a"), &identity(), |_| {
+                Some(named.clone())
+            })
+            .unwrap();
+            let settings = read(&wiring.env[0].1);
+            assert_eq!(settings["mcpServers"]["corp"].is_object(), merged, "{named}: {settings}");
+            assert!(settings["mcpServers"]["synapse"].is_object());
+            assert_eq!(wiring.note.is_some(), !merged, "{:?}", wiring.note);
+        }
+    }
+
+    #[test]
+    fn a_users_file_that_is_not_a_regular_file_or_starts_with_a_bom_is_read_with_care() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let refused = inherited_object("OPENCODE_CONFIG", Some(fifo.display().to_string())).unwrap_err();
+        assert!(refused.contains("not a regular file"), "{refused}");
+        let bom = dir.path().join("bom.json");
+        std::fs::write(&bom, "\u{feff}{\"a\": 1}").unwrap();
+        assert_eq!(inherited_object("OPENCODE_CONFIG", Some(bom.display().to_string())).unwrap(), json!({"a": 1}));
     }
 
     #[test]

@@ -317,8 +317,8 @@ fn cli_command(
         }
         _ => mcp_wiring::Wiring::default(),
     };
-    if let Some(refused) = &wiring.refused {
-        eprintln!("synapse: {refused}");
+    for said in wiring.refused.iter().chain(&wiring.note) {
+        eprintln!("synapse: {said}");
     }
     if options.profile.mcp == Some(mcp_wiring::McpStyle::Codex) && !options.profile.hooks {
         eprintln!(
