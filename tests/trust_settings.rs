@@ -488,3 +488,19 @@ fn an_mcp_history_search_shows_long_texts_cut_and_the_task_tool_whole() {
     let whole = session.answer_to(3);
     assert!(whole["result"]["content"][0]["text"].as_str().unwrap().contains(&long), "the task tool gives it whole");
 }
+
+/// A tool call whose text was cut in the middle of an emoji (a lone `\uD83D`, as JavaScript's
+/// and Python's encoders write it) is answered, the half character replaced: it was invalid
+/// JSON to the SDK, which answered nothing, and the model's call waited for the CLI's limit.
+#[test]
+fn an_mcp_call_with_a_lone_surrogate_in_its_text_is_answered() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let mut session = McpSession::start(home.cmd(&["mcp"]).env_remove("SYNAPSE_AGENT_ID"));
+    session.send_raw(
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"send","arguments":{"to":"bob","message":"cut \uD83D","expect_reply":false}}}"#,
+    );
+    let answer = session.answer_within(2, Duration::from_secs(60));
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    assert_eq!(home.inbox(&bob)[0]["text"], "cut \u{fffd}");
+}

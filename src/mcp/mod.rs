@@ -11,6 +11,7 @@
 //! the set of tools is fixed when the server starts (file safety read once).
 
 pub mod arguments;
+mod input;
 mod server;
 
 pub use server::{FILE_TOOLS, Identity, SynapseTools};
@@ -24,8 +25,9 @@ pub async fn serve(paths: Paths) -> anyhow::Result<i32> {
     let file_safety = crate::settings::file_safety_enabled(&paths.home);
     let working_dir = std::env::current_dir().context("cannot read the working directory")?;
     let tools = SynapseTools::new(paths, Identity::from_env(), file_safety, working_dir);
+    let (stdin, stdout) = rmcp::transport::stdio();
     let service =
-        tools.serve(rmcp::transport::stdio()).await.context("the MCP client did not complete the handshake")?;
+        tools.serve((input::mended(stdin), stdout)).await.context("the MCP client did not complete the handshake")?;
     service.waiting().await.context("the MCP session ended abnormally")?;
     Ok(0)
 }

@@ -419,6 +419,27 @@ impl McpSession {
         writeln!(self.input, "{message}").unwrap();
     }
 
+    /// [`McpSession::answer_to`], the server killed (and the test failed) if no answer comes
+    /// within `deadline`.
+    pub fn answer_within(&mut self, id: u64, deadline: std::time::Duration) -> Value {
+        let pid = self.server.id();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if wait.recv_timeout(deadline) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                kill(pid, libc::SIGKILL);
+            }
+        });
+        let answer = self.answer_to(id);
+        drop(done);
+        watchdog.join().unwrap();
+        answer
+    }
+
+    /// One line as it is (what `serde_json` would not write, say).
+    pub fn send_raw(&mut self, line: &str) {
+        writeln!(self.input, "{line}").unwrap();
+    }
+
     /// The server's standard error, when the command piped it.
     pub fn take_stderr(&mut self) -> std::process::ChildStderr {
         self.server.stderr.take().expect("the command pipes standard error")
