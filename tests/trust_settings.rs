@@ -504,3 +504,17 @@ fn an_mcp_call_with_a_lone_surrogate_in_its_text_is_answered() {
     assert_eq!(answer["result"]["isError"], false, "{answer}");
     assert_eq!(home.inbox(&bob)[0]["text"], "cut \u{fffd}");
 }
+
+/// `synapse mcp` outside an agent tells the model where a reply will be: in the task, not
+/// "your input", which nothing types into.
+#[test]
+fn an_anonymous_mcp_send_says_where_the_reply_will_be() {
+    let home = Home::new();
+    home.register(Some("bob"));
+    let mut session = McpSession::start(home.cmd(&["mcp"]).env_remove("SYNAPSE_AGENT_ID"));
+    session.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "send", "arguments": {"to": "bob", "message": "q", "expect_reply": true}}}));
+    let answer = session.answer_to(2);
+    let text = answer["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("look for it with the task tool") && !text.contains("your input"), "{text}");
+}

@@ -227,7 +227,8 @@ impl SynapseTools {
             }
             Err(error) => return refusal(format!("{error:#}")),
         };
-        let summary = sent_summary(&answer);
+        let in_agent = self.identity.agent_id().is_some();
+        let summary = sent_summary(&answer, in_agent);
         // A reply's sender task is the one it completed: there is no answer to wait for.
         let awaited = answer.sender_task.as_ref().filter(|_| !answer.is_reply);
         let (Some(seconds), Some(sender_task)) = (plan.wait_seconds, awaited) else {
@@ -235,10 +236,15 @@ impl SynapseTools {
         };
         match client.wait_for_reply(&self.paths, true, &sender_task.id, seconds).await {
             Ok(reply) => success(crate::escape::visible(&reply)),
-            Err(ReplyWaitError::TimedOut { task_id, seconds }) => refusal(format!(
+            Err(ReplyWaitError::TimedOut { task_id, seconds }) if in_agent => refusal(format!(
                 "the message was delivered, but no reply came within {seconds} s. Do not send it again: task {task_id} ({}) stays open, \
                  and the reply will reach your input as [A2A:{}:<replier>:REPLY] <text> (or look with the task tool).",
                 short_id(&task_id),
+                short_id(&task_id)
+            )),
+            Err(ReplyWaitError::TimedOut { task_id, seconds }) => refusal(format!(
+                "the message was delivered, but no reply came within {seconds} s. Do not send it again: task {task_id} ({}) stays open; \
+                 look for the reply with the task tool.",
                 short_id(&task_id)
             )),
             Err(error) => refusal(format!("{summary}\n{error}")),
@@ -411,7 +417,7 @@ impl SynapseTools {
 }
 
 /// What a send did, in the CLI's words, with what the model needs to follow it up.
-fn sent_summary(answer: &SendAnswer) -> String {
+fn sent_summary(answer: &SendAnswer, in_agent: bool) -> String {
     if answer.is_reply {
         let sender_task = answer.sender_task.as_ref();
         return format!(
@@ -434,12 +440,18 @@ fn sent_summary(answer: &SendAnswer) -> String {
     if let Some(warning) = &answer.warning {
         text = format!("{warning}\n{text}");
     }
-    if let Some(sender_task) = &answer.sender_task {
-        text.push_str(&format!(
+    match &answer.sender_task {
+        Some(sender_task) if in_agent => text.push_str(&format!(
             "\nA reply is expected: it will reach your input as [A2A:{}:<replier>:REPLY] <text>. Your task {} tracks it (task tool).",
             short_id(&sender_task.id),
             sender_task.id
-        ));
+        )),
+        // Outside an agent nothing types the reply anywhere: the task holds it.
+        Some(sender_task) => text.push_str(&format!(
+            "\nA reply is expected: look for it with the task tool. Your task {} tracks it.",
+            sender_task.id
+        )),
+        None => {}
     }
     text
 }
