@@ -156,16 +156,24 @@ pub struct FileCleanupAnswer {
 /// opens exceeds.
 pub const PATH_MAX_BYTES: usize = 4096;
 
+/// Refuses a path longer than [`PATH_MAX_BYTES`] as written: the kernel opens none, and resolving
+/// it would cost the broker time for nothing. (What it resolves to may be longer, through a
+/// link: that is still a file.)
+pub fn check_length(path: &str) -> Result<(), String> {
+    match path.len() {
+        len if len > PATH_MAX_BYTES => {
+            Err(format!("the path is {len} bytes long; a path is at most {PATH_MAX_BYTES} bytes"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// An absolute path with `.` and `..` removed (lexically: the file need not exist). Control
 /// characters are refused: no real file name of a project has them, and they would act on the
-/// terminal that shows the path. So is a path longer than [`PATH_MAX_BYTES`]: no file has one,
-/// and resolving it would cost the broker time for nothing.
+/// terminal that shows the path.
 pub fn normalize(path: &str) -> Result<String, String> {
     if path.trim().is_empty() {
         return Err("the path is empty".into());
-    }
-    if path.len() > PATH_MAX_BYTES {
-        return Err(format!("the path is {} bytes long; a path is at most {PATH_MAX_BYTES} bytes", path.len()));
     }
     if path.chars().any(crate::escape::is_control) {
         return Err(format!("'{}' contains a control character", crate::escape::visible_line(path)));

@@ -66,12 +66,14 @@ pub use crate::api::normalize;
 pub fn canonical(path: &str) -> Result<String, String> {
     // Refuses what is not a path (relative, control characters, too long) before anything is
     // looked up.
+    crate::api::check_length(path)?;
     let normalized = normalize(path)?;
     let components: Vec<std::path::Component<'_>> = std::path::Path::new(path).components().collect();
     let resolve = |count: usize| std::fs::canonicalize(components[..count].iter().collect::<std::path::PathBuf>());
     // The parts that exist are a leading run (the kernel reaches a part only through every part
     // before it), so the longest that resolves is found by halving: a few look-ups, not one per
-    // part of a path of many missing parts. The whole path first: it usually exists.
+    // part of a path of many missing parts. The whole path first (it usually exists), then all
+    // but its last part (a file not made yet).
     let (mut low, mut high) = (1, components.len());
     let mut probe = high;
     let mut longest = None;
@@ -83,7 +85,7 @@ pub fn canonical(path: &str) -> Result<String, String> {
             }
             Err(_) => high = probe - 1,
         }
-        probe = low + high.saturating_sub(low).div_ceil(2);
+        probe = if high + 1 == components.len() { high } else { low + high.saturating_sub(low).div_ceil(2) };
     }
     let Some((existing, mut real)) = longest else {
         return Ok(normalized);
@@ -328,8 +330,8 @@ mod tests {
         assert!(normalize("").is_err());
         assert!(normalize("/tmp/a\u{1b}]52;c;x\u{7}").unwrap_err().contains("control character"));
         let longest = format!("/{}", "a".repeat(crate::api::PATH_MAX_BYTES - 1));
-        assert_eq!(normalize(&longest).unwrap(), longest);
-        let too_long = normalize(&format!("{longest}b")).unwrap_err();
+        assert_eq!(canonical(&longest).unwrap(), longest);
+        let too_long = canonical(&format!("{longest}b")).unwrap_err();
         assert!(too_long.contains("4097 bytes long; a path is at most 4096 bytes"), "{too_long}");
         let dir = tempfile::tempdir().unwrap();
         let real = dir.path().canonicalize().unwrap();
@@ -347,6 +349,19 @@ mod tests {
         assert_eq!(canonical(&through).unwrap(), real.join("other/main.rs").display().to_string());
         let gone = real.join("missing/../src/./main.rs").display().to_string();
         assert_eq!(canonical(&gone).unwrap(), expected, "a missing part is normalised as text");
+        // A short path through a link may resolve to one longer than PATH_MAX: still a file.
+        // (The deep directory is made through links, each step's path short.)
+        let name = "d".repeat(240);
+        let mut step = real.clone();
+        for level in 0..16 {
+            std::fs::create_dir(step.join(&name)).unwrap();
+            let link = real.join(format!("s{level}"));
+            std::os::unix::fs::symlink(step.join(&name), &link).unwrap();
+            step = link;
+        }
+        let through_deep = format!("{}/{}/{}", step.display(), "x".repeat(250), "y".repeat(250));
+        let resolved = canonical(&through_deep).unwrap();
+        assert!(resolved.len() > 4096 && resolved.ends_with(&"y".repeat(250)), "{}", resolved.len());
         // Many missing parts after a link, each length of the missing run (the halving).
         for missing in [1, 2, 3, 7, 300] {
             let tail = "/m".repeat(missing);
