@@ -20,10 +20,11 @@ const SEND_ATTEMPTS: u32 = 3;
 /// A send whose request reached the broker, or may have, and whose answer never came: the
 /// broker may have made it. Sent again with the same key, it is made at most once.
 #[derive(Debug, thiserror::Error)]
-#[error("{source:#}; the message may have been sent")]
+#[error("{cause:#}; the message may have been sent")]
 pub struct SendUncertain {
     pub key: String,
-    pub source: anyhow::Error,
+    /// Why the last try failed (in the message already, so not a `source`: printed once).
+    pub cause: anyhow::Error,
 }
 
 /// How many times a wait for a reply goes on over a new connection after its own broke.
@@ -66,20 +67,29 @@ impl Client {
     ) -> anyhow::Result<SendAnswer> {
         let mut request = request.clone();
         let key = request.idempotency_key.get_or_insert_with(crate::ids::new_id).clone();
-        let uncertain = |source: anyhow::Error| SendUncertain { key: key.clone(), source };
+        let uncertain = |cause: anyhow::Error| SendUncertain { key: key.clone(), cause };
         let mut attempt = 1;
+        let mut timed_out = false;
         loop {
             match self.send(&request).await {
                 Ok(answer) => return Ok(answer),
                 // The request may have been decided before the connection broke or while its
                 // answer was late: the same key makes the retry answer that send instead of
-                // making a second one.
+                // making a second one. A late answer is waited for once more only: a broker
+                // that is merely slow gets a second call limit, a stuck one is not waited on
+                // three times over.
                 Err(error) if error.is_connection_closed() || matches!(error, ClientError::Timeout(_)) => {
-                    if attempt >= SEND_ATTEMPTS {
+                    let late = matches!(error, ClientError::Timeout(_));
+                    if attempt >= SEND_ATTEMPTS || (late && timed_out) {
                         return Err(uncertain(error.into()).into());
                     }
+                    timed_out |= late;
                     attempt += 1;
-                    tracing::info!("send: {error:#}; trying again with idempotency key {key}");
+                    if late {
+                        tracing::info!("no answer to the send yet: trying again with idempotency key {key}");
+                    } else {
+                        tracing::debug!("send: {error:#}; trying again with idempotency key {key}");
+                    }
                     let secret = self.secret.take();
                     *self = Client::connect_with(paths, true, respect_stop).await.map_err(uncertain)?;
                     if let Some(secret) = secret {

@@ -51,6 +51,9 @@ pub struct SendArguments {
     /// instead of starting a new exchange. The reply tool does this for you; use reply_to only
     /// to answer an older message than the newest one of its sender.
     pub reply_to: Option<String>,
+    /// Only to send again a message whose send said it may have been sent: the key it named.
+    /// The broker then answers with that message if it made it, and never makes it twice.
+    pub idempotency_key: Option<String>,
 }
 
 /// A send, ready for the broker (without the sender, which is the server's identity).
@@ -88,8 +91,13 @@ impl SendArguments {
             }
             other => other.map(|id| id.trim().to_string()),
         };
-        let request =
-            SendRequest { priority, response_expected, reply_to, ..SendRequest::new(self.to.trim(), self.message) };
+        let request = SendRequest {
+            priority,
+            response_expected,
+            reply_to,
+            idempotency_key: self.idempotency_key,
+            ..SendRequest::new(self.to.trim(), self.message)
+        };
         Ok(SendPlan { request, wait_seconds })
     }
 }

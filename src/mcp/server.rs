@@ -221,8 +221,10 @@ impl SynapseTools {
         let answer = match client.send_retrying(&self.paths, &request, true).await {
             Ok(answer) => answer,
             Err(error) if error.is::<crate::client::SendUncertain>() => {
+                let key = error.downcast_ref::<crate::client::SendUncertain>().map(|uncertain| uncertain.key.clone());
                 return refusal(format!(
-                    "{error:#}. Before sending it again, look for it with the history_search tool: a second send is a second message."
+                    "{error:#}. To send it at most once, call send again with the same arguments and idempotency_key \"{}\".",
+                    key.unwrap_or_default()
                 ));
             }
             Err(error) => return refusal(format!("{error:#}")),
