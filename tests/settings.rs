@@ -58,6 +58,7 @@ fn init_never_writes_through_a_link_in_the_project() {
 
     let forced = in_project(&home, &project, &["init", "--scope", "local", "--force"]);
     assert!(forced.status.success(), "{}", describe(&forced));
+    assert!(stdout(&forced).contains("the link is replaced by this file"), "{}", describe(&forced));
     assert_eq!(std::fs::read_to_string(outside.join("dotfile")).unwrap(), "export IMPORTANT=1\n");
     let replaced = project.join(".synapse/settings.local.json");
     assert!(replaced.symlink_metadata().unwrap().file_type().is_file(), "the link itself is replaced");

@@ -187,8 +187,10 @@ pub fn wire(
             // hooks are commands, and Synapse's copy is a file Gemini trusts.
             let mut note = None;
             let named = inherited(variable).filter(|path| !path.is_empty()).filter(|path| {
-                let file = std::path::absolute(path).unwrap_or_else(|_| Path::new(path).to_path_buf());
-                match file.exists().then(|| gemini_refuses(&file)).flatten() {
+                // Where it is, links resolved: a root-owned link into a directory the user can
+                // write would pass a check of the path as written.
+                let file = std::fs::canonicalize(path).ok();
+                match file.and_then(|file| gemini_refuses(&file)) {
                     Some(reason) => {
                         note = Some(format!(
                             "{path} (named by {variable}) is not merged: Gemini CLI skips a system settings file where {reason}"
@@ -311,12 +313,15 @@ const SETTINGS_FILE_MAX_BYTES: u64 = 16 << 20;
 /// the wrapper's start for ever, or fill its memory), of at most [`SETTINGS_FILE_MAX_BYTES`].
 fn read_settings_file(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
-    let meta = std::fs::metadata(path)?;
-    if !meta.is_file() {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Opened without waiting (a FIFO opens at once), then its kind read from what was opened: a
+    // file swapped for a FIFO between a check and the open cannot hold the start.
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !file.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
     let mut text = String::new();
-    std::fs::File::open(path)?.take(SETTINGS_FILE_MAX_BYTES + 1).read_to_string(&mut text)?;
+    file.take(SETTINGS_FILE_MAX_BYTES + 1).read_to_string(&mut text)?;
     if text.len() as u64 > SETTINGS_FILE_MAX_BYTES {
         return Err(std::io::Error::other(format!("larger than {} MB", SETTINGS_FILE_MAX_BYTES >> 20)));
     }

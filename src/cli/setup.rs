@@ -19,9 +19,11 @@ pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
     let path = scope_path(paths, scope)?;
     // A link counts as a file there, even one to nothing: a cloned project's link must not make
     // `init` create or replace a file elsewhere.
-    if path.symlink_metadata().is_ok() && !force {
+    let existing = path.symlink_metadata().ok();
+    if existing.is_some() && !force {
         bail!("{} already exists; pass --force to overwrite it", path.display());
     }
+    let was_link = existing.is_some_and(|meta| meta.file_type().is_symlink());
     if let Some(dir) = path.parent() {
         if scope != "user" && dir.symlink_metadata().is_ok_and(|meta| meta.file_type().is_symlink()) {
             bail!("{} is a symbolic link; a project's settings are written in the project itself", dir.display());
@@ -34,6 +36,9 @@ pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
     crate::private_files::replace(&path, format!("{text}\n"))
         .with_context(|| format!("cannot write {}", path.display()))?;
     println!("Wrote {} ({scope} settings)", path.display());
+    if was_link {
+        println!("It was a symbolic link: the link is replaced by this file, and what it pointed to is unchanged.");
+    }
     // The broker's security settings (auth, keys, localhost rule, file safety) live in the home,
     // so that a broker autostarted after a crash has them too.
     crate::trust::TrustSettings::update_from_env(&paths.home)?;

@@ -81,9 +81,9 @@ pub fn mended(input: impl AsyncRead + Unpin + Send + 'static) -> tokio::io::Dupl
             } else {
                 line.extend_from_slice(&chunk);
                 if ends_line {
-                    let out = mend_lone_surrogates(&line).into_owned();
+                    let result = writer.write_all(&mend_lone_surrogates(&line)).await;
                     line.clear();
-                    writer.write_all(&out).await
+                    result
                 } else if line.len() > MEND_AT_MOST {
                     passing = true;
                     let result = writer.write_all(&line).await;
@@ -97,8 +97,8 @@ pub fn mended(input: impl AsyncRead + Unpin + Send + 'static) -> tokio::io::Dupl
                 return;
             }
         }
-        // A last line without its newline goes on as it is, as it would have.
-        let _ = writer.write_all(&line).await;
+        // A last line without its newline goes on too (mended, unless it was passed on).
+        let _ = writer.write_all(&mend_lone_surrogates(&line)).await;
     });
     reader
 }
