@@ -520,3 +520,28 @@ fn an_anonymous_mcp_send_says_where_the_reply_will_be() {
     let text = answer["result"]["content"][0]["text"].as_str().unwrap();
     assert!(text.contains("look for it with the task tool") && !text.contains("your input"), "{text}");
 }
+
+/// `synapse mcp` started in a directory that was removed (a CLI left in a deleted worktree)
+/// still serves its tools; it used to exit before the handshake, and the model had none.
+#[test]
+fn synapse_mcp_in_a_removed_directory_still_serves_its_tools() {
+    let home = Home::new();
+    home.register(Some("bob"));
+    let gone = home.dir.path().join("gone");
+    std::fs::create_dir(&gone).unwrap();
+    let mut command = home.cmd(&["mcp"]);
+    command.env_remove("SYNAPSE_AGENT_ID");
+    let mut shell = std::process::Command::new("/bin/sh");
+    shell.args(["-c", "cd \"$1\" && rmdir \"$1\" && exec \"$0\" mcp"]).arg(BIN).arg(&gone);
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => shell.env(key, value),
+            None => shell.env_remove(key),
+        };
+    }
+    let mut session = McpSession::start(&mut shell);
+    session.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "list_agents", "arguments": {}}}));
+    let answer = session.answer_within(2, Duration::from_secs(60));
+    assert!(answer["result"]["content"][0]["text"].as_str().unwrap().contains("bob"), "{answer}");
+}

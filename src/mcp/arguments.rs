@@ -251,7 +251,7 @@ pub struct LockPlan {
 }
 
 impl LockArguments {
-    pub fn validate(self, working_dir: &Path) -> Result<LockPlan, Refusal> {
+    pub fn validate(self, working_dir: Option<&Path>) -> Result<LockPlan, Refusal> {
         let path = absolute(&self.path, working_dir)?;
         let duration_seconds = match self.duration_seconds {
             None => DEFAULT_LOCK_SECONDS,
@@ -273,19 +273,28 @@ pub struct FileArguments {
 }
 
 impl FileArguments {
-    pub fn validate(self, working_dir: &Path) -> Result<String, Refusal> {
+    pub fn validate(self, working_dir: Option<&Path>) -> Result<String, Refusal> {
         absolute(&self.path, working_dir)
     }
 }
 
-/// `file` made absolute against `working_dir`; the broker normalises and checks it further
-/// (`..`, control characters), as for `synapse file-safety`.
-fn absolute(file: &str, working_dir: &Path) -> Result<String, Refusal> {
+/// `file` made absolute against `working_dir` (none: the server's was removed, and only an
+/// absolute path is taken); the broker normalises and checks it further (`..`, control
+/// characters), as for `synapse file-safety`.
+fn absolute(file: &str, working_dir: Option<&Path>) -> Result<String, Refusal> {
     if file.trim().is_empty() {
         return Err("the path is empty".into());
     }
     let path = Path::new(file);
-    let joined = if path.is_absolute() { path.to_path_buf() } else { working_dir.join(path) };
+    let joined = match working_dir {
+        _ if path.is_absolute() => path.to_path_buf(),
+        Some(working_dir) => working_dir.join(path),
+        None => {
+            return Err(format!(
+                "'{file}' is relative, and this server's working directory no longer exists: give the absolute path"
+            ));
+        }
+    };
     Ok(joined.to_string_lossy().into_owned())
 }
 
@@ -389,7 +398,7 @@ mod tests {
 
     #[test]
     fn file_paths_become_absolute_and_a_lock_lasts_a_positive_time() {
-        let dir = Path::new("/work/project");
+        let dir = Some(Path::new("/work/project"));
         let plan = LockArguments {
             path: "src/main.rs".into(),
             duration_seconds: None,
@@ -413,5 +422,8 @@ mod tests {
         assert_eq!(refused, "the duration must be a positive number of seconds (got 0)");
         assert_eq!(FileArguments { path: "/etc/hosts".into() }.validate(dir).unwrap(), "/etc/hosts");
         assert_eq!(FileArguments { path: " ".into() }.validate(dir).unwrap_err(), "the path is empty");
+        let gone = FileArguments { path: "src/x.rs".into() }.validate(None).unwrap_err();
+        assert!(gone.contains("working directory no longer exists"), "{gone}");
+        assert_eq!(FileArguments { path: "/etc/hosts".into() }.validate(None).unwrap(), "/etc/hosts");
     }
 }

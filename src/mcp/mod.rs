@@ -23,7 +23,13 @@ use rmcp::ServiceExt;
 /// Serves MCP on stdin / stdout until the client closes them.
 pub async fn serve(paths: Paths) -> anyhow::Result<i32> {
     let file_safety = crate::settings::file_safety_enabled(&paths.home);
-    let working_dir = std::env::current_dir().context("cannot read the working directory")?;
+    // A working directory removed under the CLI leaves the tools working; only a relative path
+    // for the file tools has nothing to be relative to.
+    let working_dir = std::env::current_dir()
+        .inspect_err(|error| {
+            tracing::warn!("cannot read the working directory ({error}): file tools take absolute paths only")
+        })
+        .ok();
     let tools = SynapseTools::new(paths, Identity::from_env(), file_safety, working_dir);
     let (stdin, stdout) = rmcp::transport::stdio();
     let service =

@@ -151,7 +151,8 @@ pub struct SynapseTools {
     identity: Identity,
     file_safety: bool,
     /// Relative file paths are taken from here (the CLI starts its MCP servers in its own).
-    working_dir: PathBuf,
+    /// None when it was removed before the server started: file tools then take absolute paths.
+    working_dir: Option<PathBuf>,
     tool_router: ToolRouter<SynapseTools>,
     /// How many `lock_file` calls each path has had: a cancelled call releases the lock it got
     /// only when no later call for that path came after it (which may hold the lock now).
@@ -190,7 +191,7 @@ macro_rules! or_refuse {
 
 #[tool_router]
 impl SynapseTools {
-    pub fn new(paths: Paths, identity: Identity, file_safety: bool, working_dir: PathBuf) -> SynapseTools {
+    pub fn new(paths: Paths, identity: Identity, file_safety: bool, working_dir: Option<PathBuf>) -> SynapseTools {
         let mut tool_router = Self::tool_router();
         if !file_safety {
             for name in FILE_TOOLS {
@@ -356,7 +357,7 @@ impl SynapseTools {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let agent_id = or_refuse!(self.agent("lock_file")).to_string();
-        let plan = or_refuse!(arguments.0.validate(&self.working_dir));
+        let plan = or_refuse!(arguments.0.validate(self.working_dir.as_deref()));
         let mut client = or_refuse!(self.client().await);
         let call = self.lock_call(&plan.path, true);
         let held_before = if plan.wait_seconds.is_some_and(|seconds| seconds > 0) {
@@ -403,7 +404,7 @@ impl SynapseTools {
     #[tool(description = UNLOCK_FILE_DESCRIPTION)]
     async fn unlock_file(&self, arguments: Parameters<FileArguments>) -> Result<CallToolResult, ErrorData> {
         let agent_id = or_refuse!(self.agent("unlock_file")).to_string();
-        let path = or_refuse!(arguments.0.validate(&self.working_dir));
+        let path = or_refuse!(arguments.0.validate(self.working_dir.as_deref()));
         let mut client = or_refuse!(self.client().await);
         let request = api::UnlockRequest { path, agent_id: Some(agent_id), force: false };
         success(format!("Unlocked {}", or_refuse!(client.unlock(&request).await).unlocked))
@@ -412,7 +413,7 @@ impl SynapseTools {
     #[tool(description = CHECK_FILE_DESCRIPTION, annotations(read_only_hint = true))]
     async fn check_file(&self, arguments: Parameters<FileArguments>) -> Result<CallToolResult, ErrorData> {
         let agent_id = or_refuse!(self.agent("check_file")).to_string();
-        let path = or_refuse!(arguments.0.validate(&self.working_dir));
+        let path = or_refuse!(arguments.0.validate(self.working_dir.as_deref()));
         let mut client = or_refuse!(self.client().await);
         json(&or_refuse!(client.validate_write(&api::ValidateRequest { path, agent_id }).await))
     }
@@ -548,7 +549,7 @@ mod tests {
 
     fn tools(identity: Identity, file_safety: bool) -> SynapseTools {
         let paths = Paths { home: "/nonexistent/home".into(), uds_dir: "/nonexistent/uds".into(), broker_port: 0 };
-        SynapseTools::new(paths, identity, file_safety, "/work".into())
+        SynapseTools::new(paths, identity, file_safety, Some("/work".into()))
     }
 
     fn names(tools: &SynapseTools) -> Vec<String> {
