@@ -86,6 +86,8 @@ pub fn replace(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
     temporary_name.push(name);
     temporary_name.push(format!(".{}.tmp", std::process::id()));
     let temporary = path.with_file_name(temporary_name);
+    // One left by a process of the same pid that died half-way.
+    let _ = std::fs::remove_file(&temporary);
     let written = (|| {
         let mut file = OpenOptions::new()
             .create_new(true)

@@ -19,7 +19,6 @@
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The file's name inside `SYNAPSE_HOME`.
@@ -172,23 +171,11 @@ impl TrustSettings {
     /// Writes the file atomically (temporary file, fsync, rename), readable only by the user.
     /// The home is created 0700 if missing (`synapse init` may be the first to make it).
     pub fn save(&self, home: &Path) -> anyhow::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
         crate::private_files::create_dir(home).with_context(|| format!("cannot create {}", home.display()))?;
         let path = TrustSettings::path(home);
-        let temporary = home.join(format!("{FILE_NAME}.{}.tmp", std::process::id()));
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(crate::private_files::FILE_MODE)
-            .open(&temporary)
-            .with_context(|| format!("cannot write {}", temporary.display()))?;
-        file.write_all(&serde_json::to_vec_pretty(self)?)?;
-        file.write_all(b"\n")?;
-        file.sync_all().with_context(|| format!("cannot write {}", temporary.display()))?;
-        drop(file);
-        std::fs::rename(&temporary, &path).with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(())
+        let mut text = serde_json::to_vec_pretty(self)?;
+        text.push(b'\n');
+        crate::private_files::replace(&path, text).with_context(|| format!("cannot write {}", path.display()))
     }
 
     /// What `synapse broker`/`broker start`/`init` do: the file, updated by this process's

@@ -90,15 +90,22 @@ impl Client {
                     } else {
                         tracing::debug!("send: {error:#}; trying again with idempotency key {key}");
                     }
-                    let secret = self.secret.take();
-                    *self = Client::connect_with(paths, true, respect_stop).await.map_err(uncertain)?;
-                    if let Some(secret) = secret {
-                        self.set_secret(secret);
-                    }
+                    self.reconnect(paths, respect_stop).await.map_err(uncertain)?;
                 }
                 Err(error) => return Err(error.into()),
             }
         }
+    }
+
+    /// A new connection in place of this one, made under the `respect_stop` rule and keeping
+    /// the secret this one carried.
+    async fn reconnect(&mut self, paths: &Paths, respect_stop: bool) -> anyhow::Result<()> {
+        let secret = self.secret.take();
+        *self = Client::connect_with(paths, true, respect_stop).await?;
+        if let Some(secret) = secret {
+            self.set_secret(secret);
+        }
+        Ok(())
     }
 
     /// Blocks until the task is final (the broker answers when the log says so) and gives the
@@ -125,11 +132,7 @@ impl Client {
                 Err(error @ ClientError::Unreachable { .. }) if reconnects < WAIT_RECONNECTS => {
                     reconnects += 1;
                     tracing::info!("waiting for the reply: {error:#}; waiting again on a new connection");
-                    let secret = self.secret.take();
-                    *self = Client::connect_with(paths, true, respect_stop).await.map_err(ReplyWaitError::Reconnect)?;
-                    if let Some(secret) = secret {
-                        self.set_secret(secret);
-                    }
+                    self.reconnect(paths, respect_stop).await.map_err(ReplyWaitError::Reconnect)?;
                     continue;
                 }
                 Err(error) => return Err(error.into()),
