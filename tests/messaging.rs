@@ -109,6 +109,31 @@ fn a_send_whose_answer_is_late_is_tried_again_and_made_once() {
     assert_eq!(home.inbox(&bob).len(), 1);
 }
 
+/// A send whose answer never comes (the broker stays frozen through both tries) fails saying
+/// the message may have been sent and naming its key; sent again with that key once the broker
+/// is back, it is made once.
+#[test]
+fn a_send_that_may_have_been_sent_names_the_key_that_sends_it_at_most_once() {
+    let home = Home::new();
+    let bob = home.register(Some("bob"));
+    let pid = home.broker_pid().expect("broker.json");
+    kill(pid, libc::SIGSTOP);
+    let failed = home
+        .cmd(&["send", "bob", "maybe sent", "--no-response"])
+        .env("SYNAPSE_CLIENT_TIMEOUT_MS", "500")
+        .output()
+        .unwrap();
+    kill(pid, libc::SIGCONT);
+    assert_eq!(failed.status.code(), Some(1), "{}", describe(&failed));
+    let said = stderr(&failed);
+    assert!(said.contains("the message may have been sent"), "{said}");
+    let key = said.split("--idempotency-key ").nth(1).and_then(|rest| rest.split_whitespace().next()).unwrap();
+    home.ok(&["send", "bob", "maybe sent", "--no-response", "--idempotency-key", key]);
+    let sent = home.events().into_iter().filter(|event| event["event"]["kind"] == "message_sent").count();
+    assert_eq!(sent, 1, "sent once");
+    assert_eq!(home.inbox(&bob).len(), 1);
+}
+
 /// `synapse send --wait` goes on waiting when the broker restarts meanwhile (killed, then
 /// started again by the wait itself): the reply that comes after is printed. The wait ended
 /// with "the broker closed the connection", though the reply still came.
