@@ -525,10 +525,44 @@ fn a_cli_config_named_in_the_settings_env_is_merged_like_one_named_in_the_shell(
     assert!(output.status.success(), "{}", describe(&output));
     let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
     let _wrappers = Wrappers(&home, vec![id(&bob)]);
-    let copy = home.home().join("agents").join(id(&bob)).join("opencode.json");
+    let wrapper = bob["pid"].as_u64().unwrap();
+    let copy = home.home().join("agents").join(format!("{}.{wrapper}", id(&bob))).join("opencode.json");
     let merged: Value = serde_json::from_str(&std::fs::read_to_string(&copy).unwrap()).unwrap();
     assert!(merged["mcp"]["mine"].is_object() && merged["mcp"]["synapse"].is_object(), "{merged}");
     assert_eq!(merged["permission"]["bash"], "ask", "{merged}");
+}
+
+/// A wrapper killed with SIGKILL cannot remove its session files, which hold the agent's secret:
+/// they go when the broker finds it gone. A run of the same id after it has files of its own,
+/// which neither removal reaches, and takes them away when it stops.
+#[test]
+fn a_killed_wrappers_session_files_go_and_the_next_run_of_its_id_keeps_its_own() {
+    let home = Home::new();
+    write_profile(&home, "dummy", r#"{"mcp": "opencode"}"#);
+    let (port, _) = free_port_range(1);
+    let files_of = |agent: &Value| {
+        let wrapper = agent["pid"].as_u64().unwrap();
+        (u32::try_from(wrapper).unwrap(), home.home().join("agents").join(format!("{}.{wrapper}", id(agent))))
+    };
+    let bob = start(&home, "bob", &[], Some(port));
+    let (wrapper, files) = files_of(&bob);
+    assert!(files.join("opencode.json").exists(), "the session's files");
+    kill(wrapper, libc::SIGKILL);
+    wait_until_dead(wrapper);
+    assert!(files.exists(), "a killed wrapper leaves them");
+    // A broker prunes the dead as it starts, before it answers.
+    home.ok(&["broker", "stop"]);
+    home.ok(&["broker", "start"]);
+    assert!(!files.exists(), "the killed run's files are gone");
+
+    let again = start(&home, "bob", &[], Some(port));
+    let _wrappers = Wrappers(&home, vec![id(&again)]);
+    assert_eq!(id(&again), id(&bob), "the same port gives the same id");
+    let (again_wrapper, again_files) = files_of(&again);
+    assert!(again_files.join("opencode.json").exists(), "the new run's own files");
+    home.ok(&["stop", &id(&again)]);
+    wait_until_dead(again_wrapper);
+    assert!(!again_files.exists(), "a run that stops takes its files away");
 }
 
 /// Issue 4: SIGKILL of the broker and of the wrapper during a burst of 200 messages; each

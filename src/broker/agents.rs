@@ -120,6 +120,10 @@ pub async fn prune_dead(state: &Arc<BrokerState>) -> Vec<u16> {
         let _ = deregister(state, &agent.agent_id, "process gone", Some((agent.pid, agent.pid_start))).await;
         ports.push(agent.port);
     }
+    // A wrapper killed before it could remove its session files: they go with it.
+    if !ports.is_empty() {
+        crate::agent::mcp_wiring::remove_abandoned(&state.paths.home);
+    }
     ports
 }
 

@@ -270,7 +270,7 @@ async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
         let _ = client.deregister(&agent_id).await;
     }
     // The session's files (the MCP registration, which may hold the secret) go with the agent.
-    let _ = std::fs::remove_dir_all(mcp_wiring::agent_dir(&paths.home, &agent_id));
+    let _ = std::fs::remove_dir_all(mcp_wiring::agent_dir(&paths.home, &agent_id, std::process::id()));
     result
 }
 
@@ -303,7 +303,9 @@ fn cli_command(
     let wiring = match options.profile.mcp {
         Some(style) if !options.no_mcp && settings.mcp()? => {
             let synapse = crate::config::synapse_exe().context("cannot find the synapse executable")?;
-            let dir = mcp_wiring::agent_dir(&paths.home, agent_id);
+            // Those of a run killed before it could remove them go first: a secret revoked.
+            mcp_wiring::remove_abandoned(&paths.home);
+            let dir = mcp_wiring::agent_dir(&paths.home, agent_id, std::process::id());
             // The CLI's environment as it will be: the settings' `env` over this process's.
             let lookup = |name: &str| {
                 settings_env
