@@ -109,6 +109,38 @@ fn a_send_whose_answer_is_late_is_tried_again_and_made_once() {
     assert_eq!(home.inbox(&bob).len(), 1);
 }
 
+/// A reply's wait (`send --wait N`, the MCP send's `wait_seconds`) counts from the send's start:
+/// a send that took the time, tried again, leaves nothing more to wait, so the whole call keeps
+/// within its bound. It had waited the whole time again after the send, and an MCP call then
+/// outlived the CLI's tool timeout (620 s for 600 s of wait). Here the time is spent before the
+/// wait begins; the bound on the wait's return is half of it.
+#[test]
+fn a_reply_wait_counts_from_the_sends_start() {
+    let home = Home::new();
+    home.register(Some("bob"));
+    let sent: Value = serde_json::from_str(&home.ok(&["send", "bob", "a question", "--response", "--json"])).unwrap();
+    let task = sent["sender_task"]["id"].as_str().unwrap().to_string();
+    let paths = synapse::config::Paths { home: home.home(), uds_dir: home.uds(), broker_port: broker_port(&home) };
+    let seconds = 60;
+    // The send began a whole wait ago (the machine has been up longer: the suite was built).
+    let started = std::time::Instant::now().checked_sub(std::time::Duration::from_secs(seconds)).unwrap();
+    let (done, waited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let result = runtime.block_on(async {
+            let mut client = synapse::client::Client::connect_with(&paths, false, true).await.unwrap();
+            client.wait_for_reply(&paths, true, &task, seconds, started).await
+        });
+        let _ = done.send(result);
+    });
+    let result = waited.recv_timeout(std::time::Duration::from_secs(seconds / 2)).expect("the wait ended at once");
+    assert!(
+        matches!(result, Err(synapse::client::ReplyWaitError::TimedOut { seconds: 60, .. })),
+        "{:?}",
+        result.map_err(|error| error.to_string())
+    );
+}
+
 /// A send whose answer never comes (the broker stays frozen through both tries) fails saying
 /// the message may have been sent and naming its key; sent again with that key once the broker
 /// is back, it is made once.

@@ -17,6 +17,8 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
     if text.trim().is_empty() {
         anyhow::bail!("the message is empty");
     }
+    // --wait N counts from here: a send that was slow leaves less to wait.
+    let started = std::time::Instant::now();
     let priority = parse_priority(&args.priority)?;
     // Flags that name things of this broker (a task, a send to repeat): refused if the target
     // turns out to be an external agent. (`--from` needs an agent's secret, and external agents
@@ -130,7 +132,7 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
         }
         return Ok(0);
     };
-    let reply = client.wait_for_reply(paths, crate::client::inside_an_agent(), &sender_task, seconds).await;
+    let reply = client.wait_for_reply(paths, crate::client::inside_an_agent(), &sender_task, seconds, started).await;
     if args.json {
         // The answer of the send with the reply added (null when none came); the error, if
         // any, still goes to stderr with a non-zero exit.

@@ -109,7 +109,9 @@ impl Client {
     }
 
     /// Blocks until the task is final (the broker answers when the log says so) and gives the
-    /// reply's text. `seconds` = 0: no limit. A wait whose connection breaks (the broker
+    /// reply's text. `seconds` = 0: no limit; otherwise they count from `started` (the send's
+    /// start: a send that took long, retried, leaves less to wait, so that the whole call keeps
+    /// within what its caller was promised, a CLI's tool timeout for one). A wait whose connection breaks (the broker
     /// restarting) goes on over a new one, made under the `respect_stop` rule as in
     /// [`Client::send_retrying`]: waiting changes nothing, and the reply may still come.
     pub async fn wait_for_reply(
@@ -118,8 +120,8 @@ impl Client {
         respect_stop: bool,
         task_id: &str,
         seconds: u64,
+        started: Instant,
     ) -> Result<String, ReplyWaitError> {
-        let started = Instant::now();
         let limit = (seconds > 0).then(|| Duration::from_secs(seconds));
         let mut reconnects = 0;
         loop {

@@ -213,6 +213,8 @@ impl SynapseTools {
 
     #[tool(description = SEND_DESCRIPTION)]
     async fn send(&self, arguments: Parameters<SendArguments>) -> Result<CallToolResult, ErrorData> {
+        // wait_seconds bound the whole call: the CLIs give a tool TOOL_TIMEOUT_SECS.
+        let started = std::time::Instant::now();
         let flow = or_refuse!(crate::settings::Settings::load_current(&self.paths.home).and_then(|s| s.flow()));
         let plan = or_refuse!(arguments.0.validate(flow));
         let mut client = or_refuse!(self.client().await);
@@ -237,7 +239,7 @@ impl SynapseTools {
         let (Some(seconds), Some(sender_task)) = (plan.wait_seconds, awaited) else {
             return success(summary);
         };
-        match client.wait_for_reply(&self.paths, true, &sender_task.id, seconds).await {
+        match client.wait_for_reply(&self.paths, true, &sender_task.id, seconds, started).await {
             Ok(reply) => success(crate::escape::visible(&reply)),
             Err(ReplyWaitError::TimedOut { task_id, seconds }) if in_agent => refusal(format!(
                 "the message was delivered, but no reply came within {seconds} s. Do not send it again: task {task_id} ({}) stays open, \
