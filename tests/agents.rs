@@ -461,6 +461,34 @@ fn priority_five_does_not_interrupt_an_idle_cli() {
     assert!(screen.contains("You said: [A2A") && !screen.contains("Interrupted"), "{screen}");
 }
 
+/// A dialog's furniture counts wherever it shows, the echo of a message included (a sender
+/// could otherwise pass a real dialog for its message's echo): a message that carries some is
+/// written as a file, so its echo does not hold the agent WAITING and the next message is typed.
+#[test]
+fn a_message_carrying_a_dialogs_furniture_arrives_through_a_file() {
+    let home = Home::new();
+    write_profile(&home, "dummy", r#"{"idle": {"prompt": "> ", "waiting_patterns": ["Esc to cancel"]}}"#);
+    let mut follower = Follower::new(&home);
+    let bob = start(&home, "bob", &[], None);
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    follower.wait_until("bob READY", |events| ready(events, &id(&bob)));
+    let text = "in that dialog, Esc to cancel is the safe choice";
+    home.ok(&["send", "bob", text, "--no-response"]);
+    follower.wait_until("the message written", |events| settled(events, &id(&bob)));
+    home.ok(&["send", "bob", "the next message", "--no-response"]);
+    follower.wait_until("the next one written too", |events| settled_all(events, &id(&bob), 2));
+    let screen = terminal(&bob);
+    assert!(!screen.contains("Esc to cancel"), "{screen}");
+    let path = screen
+        .lines()
+        .find_map(|line| line.split("[LONG MESSAGE - FILE ATTACHED] Path: ").nth(1))
+        .expect(&screen)
+        .trim()
+        .to_string();
+    assert_eq!(std::fs::read_to_string(path).unwrap(), text);
+    assert!(screen.contains("the next message"), "{screen}");
+}
+
 #[test]
 fn a_50_kb_multi_line_message_arrives_whole_through_a_file() {
     let home = Home::new();

@@ -84,7 +84,8 @@ pub struct IdleStrategy {
     /// Text anywhere on screen that means the CLI asks the user something (WAITING): nothing is
     /// written while one shows, so no message's keystrokes can answer a dialog. A dialog's own
     /// furniture (`Esc to cancel`, `enter to select`): it counts wherever it shows, the echo of a
-    /// message included (a message that carried it cannot hide the real dialog later).
+    /// message included (a message that carried it cannot hide the real dialog later); such a
+    /// message is written as a file, so that its echo never holds the agent WAITING.
     #[serde(default)]
     pub waiting_patterns: Vec<String>,
     /// Questions a dialog asks in words (`Do you want to`, `(y/n)`), which a message or a model's

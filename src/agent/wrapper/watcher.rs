@@ -690,10 +690,14 @@ async fn wait_until_ready(shared: &Arc<Shared>) -> bool {
 }
 
 /// The text written for a ticket after its header: the message, or a file reference when the
-/// message is long (or multi-line and the CLI cannot take a paste).
+/// message is long, multi-line and the CLI cannot take a paste, or carries a dialog's furniture
+/// (its echo would hold the agent WAITING: furniture counts wherever it shows).
 pub(super) fn ticket_text(shared: &Shared, ticket: &InboxTicket, bracketed: bool) -> anyhow::Result<String> {
     let text = ticket.text.as_str();
-    if text.chars().count() <= long_message_threshold() && (bracketed || !text.contains(['\n', '\r'])) {
+    if text.chars().count() <= long_message_threshold()
+        && (bracketed || !text.contains(['\n', '\r']))
+        && !crate::agent::readiness::Readiness::carries_furniture(&shared.profile.idle, text)
+    {
         return Ok(text.to_string());
     }
     let dir = shared.paths.home.join("messages").join(&shared.agent_id);
