@@ -89,6 +89,10 @@ pub enum StoreError {
     )]
     Unreadable { path: String, reason: String },
     #[error(
+        "the write-ahead log {path} cannot be opened: {reason}. It holds the events acknowledged since the database's last checkpoint: make it a readable regular file of this user again; moving it aside opens the database without those events"
+    )]
+    WalUnreadable { path: String, reason: String },
+    #[error(
         "the log was written by a newer Synapse (schema {found}; this build understands up to {SCHEMA_VERSION}). Upgrade synapse to read it"
     )]
     NewerSchema { found: u32 },
@@ -798,7 +802,7 @@ fn recover_logged(txn: &WriteTransaction, logged: &[wal::LoggedEvent], apply: bo
     }
     if !apply {
         for event in &missing {
-            Envelope::decode(&event.bytes)?;
+            logged_envelope(event)?;
             log.insert(event.seq, event.bytes.as_slice())?;
         }
         return Ok(missing.len() as u64);
@@ -806,13 +810,31 @@ fn recover_logged(txn: &WriteTransaction, logged: &[wal::LoggedEvent], apply: bo
     let mut projections = Projections::open(txn, &LIVE)?;
     projections.log = Some(log);
     for event in &missing {
-        let envelope = Envelope::decode(&event.bytes)?;
+        let envelope = logged_envelope(event)?;
         if let Some(log) = projections.log.as_mut() {
             log.insert(event.seq, event.bytes.as_slice())?;
         }
         projections.apply(&envelope)?;
     }
     Ok(missing.len() as u64)
+}
+
+/// The envelope a write-ahead log record holds for event `event.seq`: it must decode, and be
+/// that event (an envelope numbered otherwise would stand in the log under another number).
+fn logged_envelope(event: &wal::LoggedEvent) -> Result<Envelope, StoreError> {
+    let envelope = Envelope::decode(&event.bytes).map_err(|error| match StoreError::from(error) {
+        StoreError::Corrupt(reason) => {
+            StoreError::Corrupt(format!("event {} of the write-ahead log cannot be read: {reason}", event.seq))
+        }
+        other => other,
+    })?;
+    if envelope.seq != event.seq {
+        return Err(StoreError::Corrupt(format!(
+            "the write-ahead log holds event {} where event {} should be",
+            envelope.seq, event.seq
+        )));
+    }
+    Ok(envelope)
 }
 
 /// Replays the whole log into the (emptied) projection tables `names`.

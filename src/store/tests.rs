@@ -1341,6 +1341,31 @@ fn after_a_crash_the_batches_only_the_write_ahead_log_held_are_stored_and_applie
     assert!(error.to_string().contains("write-ahead log"), "{error}");
 }
 
+/// An event of the write-ahead log must decode, and be the event its record numbers: one
+/// numbered otherwise was stored under the record's number (two events 1 in `synapse events`,
+/// none 2), and a refusal to decode named neither the log nor the event.
+#[test]
+fn a_logged_event_that_is_not_the_one_its_record_numbers_is_refused() {
+    let envelope = |seq: u64| {
+        let event = Event::AgentStatusChanged { agent_id: AGENTS[0].into(), status: AgentStatus::Ready, note: None };
+        Envelope { v: crate::event::SCHEMA_VERSION, seq, time_ms: 1, actor: None, event }.encode()
+    };
+    for (what, payload_of, said) in [
+        ("numbered otherwise", envelope(2), "holds event 2 where event 1 should be"),
+        ("undecodable", b"\x93\x01".to_vec(), "event 1 of the write-ahead log cannot be read"),
+    ] {
+        let alone = tempfile::tempdir().unwrap();
+        let mut payload = Vec::new();
+        wal::push_event(&mut payload, 1, &payload_of);
+        {
+            let mut log = wal::Wal::open(&alone.path().join("log.wal"), None).unwrap();
+            log.append(&payload).unwrap();
+        }
+        let error = Store::open(&alone.path().join("log.redb")).map(|_| ()).unwrap_err();
+        assert!(error.to_string().contains(said), "{what}: {error}");
+    }
+}
+
 /// A history index step that reaches the head is committed without an fsync and made durable
 /// by the next checkpoint; a crash before that takes the step back whole (segments and
 /// watermark), and the indexer takes it again.

@@ -155,12 +155,13 @@ fn tail_of(parts: &[&[u8]], end: u64) -> Vec<u8> {
 
 /// What the file holds at an offset.
 enum Record {
-    /// Nothing more: zeros (the start of the unused part) or a record cut short.
-    End,
-    /// A whole record whose checksum or contents are wrong; the next one would start at `end`.
-    Damaged {
-        end: u64,
+    /// Nothing more: zeros (the start of the unused part), or a record cut short (`cut`) by the
+    /// file's end.
+    End {
+        cut: bool,
     },
+    /// A whole record whose checksum or contents are wrong.
+    Damaged,
     Valid {
         end: u64,
         events: Vec<LoggedEvent>,
@@ -176,10 +177,16 @@ pub(super) struct LoggedEvent {
 impl Wal {
     /// Opens (or creates, 0600) the log at `path`.
     pub fn open(path: &Path, simulated_disk: Option<SimulatedDisk>) -> Result<Wal, StoreError> {
-        let unreadable =
-            |error: io::Error| StoreError::Unreadable { path: path.display().to_string(), reason: error.to_string() };
+        let unreadable = |error: io::Error| StoreError::WalUnreadable {
+            path: path.display().to_string(),
+            reason: error.to_string(),
+        };
         let existed = path.exists();
         let file = crate::private_files::open_read_write(path).map_err(unreadable)?;
+        // A FIFO or a device opens, and then fails every write (and the broker with it).
+        if !file.metadata().map_err(unreadable)?.is_file() {
+            return Err(unreadable(io::Error::other("not a regular file")));
+        }
         if !existed {
             // The file must outlive a crash before anything relies on it.
             file.sync_all().map_err(unreadable)?;
@@ -234,24 +241,16 @@ impl Wal {
         let mut events: Vec<LoggedEvent> = Vec::new();
         let mut offset = 0_u64;
         let mut records = 0;
+        // Why reading stopped, when not at zeros or at a record left from before a checkpoint.
+        let mut damage = None;
         loop {
             match self.record_at(offset, length)? {
-                Record::End => break,
-                Record::Damaged { end } => {
-                    // A torn last record ends the log; a damaged one followed by a record that
-                    // continues the log would silently lose acknowledged events. (A record of
-                    // events the database has, left from before a checkpoint, continues
-                    // nothing: the first record after a checkpoint may be torn over one.)
-                    if let Record::Valid { events: next, .. } = self.record_at(end, length)?
-                        && next.first().is_some_and(|first| {
-                            first.seq > head && events.last().is_none_or(|last| first.seq > last.seq)
-                        })
-                    {
-                        return Err(StoreError::Corrupt(format!(
-                            "{}: the record at byte {offset} is damaged and later records follow it; move the file aside to open the database without them",
-                            self.path.display()
-                        )));
-                    }
+                Record::End { cut } => {
+                    damage = cut.then_some("cut short");
+                    break;
+                }
+                Record::Damaged => {
+                    damage = Some("damaged");
                     break;
                 }
                 Record::Valid { end, events: batch } => {
@@ -267,10 +266,70 @@ impl Wal {
                 }
             }
         }
+        // Whatever ended the reading (a torn last record, zeros, an older record), no record
+        // after it may continue the log past what was read: those would be acknowledged events
+        // lost without a word. (Records left from before a checkpoint hold events the database
+        // has; the first record after a checkpoint may be torn over one.)
+        let floor = events.last().map_or(head, |last| last.seq.max(head));
+        if let Some((at, seq)) = self.later_record(offset, length, floor)? {
+            let path = self.path.display();
+            return Err(StoreError::Corrupt(format!(
+                "{path}: the log's records stop at byte {offset} ({}), but a record holding event {seq} follows at byte {at}: \
+                 the events after the damage cannot be read in order. Keep a copy of the file; to open the database with the \
+                 events before byte {offset} and without those after it, cut the file there: truncate -s {offset} '{path}'",
+                damage.unwrap_or("not continued")
+            )));
+        }
+        if let Some(damage) = damage {
+            tracing::warn!(
+                "{}: the last record, at byte {offset}, is {damage} (a write a crash interrupted, never acknowledged); the log ends before it",
+                self.path.display()
+            );
+        }
         self.end = offset;
         self.records = records;
         self.reload_tail();
         Ok(events)
+    }
+
+    /// The first record at or after `from` whose first event is after `floor`: its offset and
+    /// that event's number. Every byte is a possible start (a damaged record says nothing true
+    /// about where the next begins); only a header whose length fits in the file and whose
+    /// first event is in the range a record of this log could hold has its checksum computed.
+    fn later_record(&self, from: u64, length: u64, floor: u64) -> Result<Option<(u64, u64)>, StoreError> {
+        const WINDOW: usize = 1 << 20;
+        // Each event takes EVENT_HEADER bytes at least: no record of this log, written since
+        // the last checkpoint, can hold an event further past `floor` than the file has room for.
+        let ceiling = floor.saturating_add(length / EVENT_HEADER as u64 + 1);
+        let probe = RECORD_HEADER + 8;
+        let mut window = vec![0_u8; WINDOW + probe];
+        let mut start = from;
+        while start.saturating_add(probe as u64) <= length {
+            let wanted = usize::try_from(length - start).map_or(window.len(), |left| left.min(window.len()));
+            let bytes = &mut window[..wanted];
+            self.file.read_exact_at(bytes, start).map_err(|error| wal_error(&self.path, error))?;
+            let last = wanted - probe;
+            for at in 0..=last {
+                let word = |from: usize, to: usize| bytes.get(from..to).unwrap_or_default();
+                let size = u64::from(u32::from_le_bytes(word(at, at + 4).try_into().unwrap_or_default()));
+                let seq = u64::from_le_bytes(word(at + RECORD_HEADER, at + probe).try_into().unwrap_or_default());
+                let offset = start + at as u64;
+                if size < EVENT_HEADER as u64
+                    || offset + RECORD_HEADER as u64 + size > length
+                    || seq <= floor
+                    || seq > ceiling
+                {
+                    continue;
+                }
+                if let Record::Valid { events, .. } = self.record_at(offset, length)?
+                    && let Some(first) = events.first().filter(|first| first.seq > floor)
+                {
+                    return Ok(Some((offset, first.seq)));
+                }
+            }
+            start += last as u64 + 1;
+        }
+        Ok(None)
     }
 
     /// The record at `offset` of a file of `length` bytes.
@@ -278,21 +337,42 @@ impl Wal {
         let io_error = |error: io::Error| wal_error(&self.path, error);
         let start = offset + RECORD_HEADER as u64;
         if start > length {
-            return Ok(Record::End);
+            // Fewer bytes than a header: what is there, if anything, is no record.
+            return Ok(Record::End { cut: false });
         }
         let mut header = [0_u8; RECORD_HEADER];
         self.file.read_exact_at(&mut header, offset).map_err(io_error)?;
         let (size, checksum) = split_header(header);
         let end = start + u64::from(size);
         if size == 0 || end > length {
-            return Ok(Record::End);
+            return Ok(Record::End { cut: header != [0; RECORD_HEADER] });
         }
-        let mut payload = vec![0_u8; size as usize];
-        self.file.read_exact_at(&mut payload, start).map_err(io_error)?;
-        let events = if crc32(&payload) == checksum { parse_payload(&payload) } else { None };
+        // The checksum first, read a piece at a time: a damaged length may claim most of a large
+        // file, which is not to be held in memory for nothing.
+        let mut crc = Crc32::new();
+        let mut piece = vec![0_u8; usize::try_from(u64::from(size).min(1 << 20)).unwrap_or(1 << 20)];
+        let mut at = start;
+        while at < end {
+            let take = usize::try_from(end - at).map_or(piece.len(), |left| left.min(piece.len()));
+            self.file.read_exact_at(&mut piece[..take], at).map_err(io_error)?;
+            crc.update(&piece[..take]);
+            at += take as u64;
+        }
+        if crc.finish() != checksum {
+            return Ok(Record::Damaged);
+        }
+        // A payload of one piece is in it already.
+        let payload = if piece.len() as u64 == u64::from(size) {
+            piece
+        } else {
+            let mut payload = vec![0_u8; size as usize];
+            self.file.read_exact_at(&mut payload, start).map_err(io_error)?;
+            payload
+        };
+        let events = parse_payload(&payload);
         Ok(match events {
             Some(events) => Record::Valid { end, events },
-            None => Record::Damaged { end },
+            None => Record::Damaged,
         })
     }
 
@@ -508,24 +588,43 @@ fn parse_payload(mut payload: &[u8]) -> Option<Vec<LoggedEvent>> {
 /// sends, and 30 ms for one 16 MB message (issue 16). `CRC_TABLES[0]` is the classic table;
 /// table `k` advances a byte's remainder through `k` more zero bytes.
 fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0_u32;
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let low = u32::from_le_bytes([word[0], word[1], word[2], word[3]]) ^ crc;
-        let high = u32::from_le_bytes([word[4], word[5], word[6], word[7]]);
-        crc = CRC_TABLES[7][(low & 0xFF) as usize]
-            ^ CRC_TABLES[6][((low >> 8) & 0xFF) as usize]
-            ^ CRC_TABLES[5][((low >> 16) & 0xFF) as usize]
-            ^ CRC_TABLES[4][(low >> 24) as usize]
-            ^ CRC_TABLES[3][(high & 0xFF) as usize]
-            ^ CRC_TABLES[2][((high >> 8) & 0xFF) as usize]
-            ^ CRC_TABLES[1][((high >> 16) & 0xFF) as usize]
-            ^ CRC_TABLES[0][(high >> 24) as usize];
+    let mut crc = Crc32::new();
+    crc.update(bytes);
+    crc.finish()
+}
+
+/// [`crc32`] of bytes given a piece at a time.
+struct Crc32(u32);
+
+impl Crc32 {
+    fn new() -> Crc32 {
+        Crc32(!0)
     }
-    for &byte in words.remainder() {
-        crc = CRC_TABLES[0][((crc ^ u32::from(byte)) & 0xFF) as usize] ^ (crc >> 8);
+
+    fn update(&mut self, bytes: &[u8]) {
+        let mut crc = self.0;
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            let low = u32::from_le_bytes([word[0], word[1], word[2], word[3]]) ^ crc;
+            let high = u32::from_le_bytes([word[4], word[5], word[6], word[7]]);
+            crc = CRC_TABLES[7][(low & 0xFF) as usize]
+                ^ CRC_TABLES[6][((low >> 8) & 0xFF) as usize]
+                ^ CRC_TABLES[5][((low >> 16) & 0xFF) as usize]
+                ^ CRC_TABLES[4][(low >> 24) as usize]
+                ^ CRC_TABLES[3][(high & 0xFF) as usize]
+                ^ CRC_TABLES[2][((high >> 8) & 0xFF) as usize]
+                ^ CRC_TABLES[1][((high >> 16) & 0xFF) as usize]
+                ^ CRC_TABLES[0][(high >> 24) as usize];
+        }
+        for &byte in words.remainder() {
+            crc = CRC_TABLES[0][((crc ^ u32::from(byte)) & 0xFF) as usize] ^ (crc >> 8);
+        }
+        self.0 = crc;
     }
-    !crc
+
+    fn finish(&self) -> u32 {
+        !self.0
+    }
 }
 
 // A static, not a const: unoptimised builds would copy a const array at every index.
@@ -576,7 +675,13 @@ mod tests {
 
     /// What an open of the file at `path` reads back.
     fn read_back(path: &Path) -> Vec<LoggedEvent> {
-        Wal::open(path, None).unwrap().read(0).unwrap()
+        read_back_at(path, 0)
+    }
+
+    /// What an open of the file at `path` reads back over a database whose last event is `head`
+    /// (after a checkpoint: the last event logged before it).
+    fn read_back_at(path: &Path, head: u64) -> Vec<LoggedEvent> {
+        Wal::open(path, None).unwrap().read(head).unwrap()
     }
 
     fn seqs(events: &[LoggedEvent]) -> Vec<u64> {
@@ -632,6 +737,85 @@ mod tests {
         assert!(std::fs::metadata(&path).unwrap().len() >= (3 << 20) + (1 << 20));
     }
 
+    /// The checksum of bytes given a piece at a time is the checksum of them all.
+    #[test]
+    fn crc32_in_pieces_is_crc32_of_the_whole() {
+        let data: Vec<u8> = (0..5_000_u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        for cut in [0, 1, 7, 8, 9, 1_000, 4_999, 5_000] {
+            let mut crc = Crc32::new();
+            crc.update(&data[..cut]);
+            crc.update(&data[cut..]);
+            assert_eq!(crc.finish(), crc32(&data), "cut at {cut}");
+        }
+    }
+
+    /// Damage in the middle of the log (a record's length changed, a block zeroed, a length
+    /// that runs past the file's end) ended the reading there without a word: every
+    /// acknowledged event after it was dropped. Now the open is refused, naming where the log
+    /// stops and how to open it with what comes before; cut there, it opens.
+    #[test]
+    fn damage_in_the_middle_of_the_log_is_refused_and_cutting_there_opens_it() {
+        let (_dir, path, mut wal) = fresh();
+        let mut starts = Vec::new();
+        for seq in 1..=6 {
+            starts.push(usize::try_from(wal.end()).unwrap());
+            wal.append(&batch(&[(seq, format!("event {seq} {}", "x".repeat(300)).as_str())])).unwrap();
+        }
+        drop(wal);
+        let full = std::fs::read(&path).unwrap();
+        let third = starts[2];
+        type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+        let damages: [(&str, Damage); 4] = [
+            ("a length one bit longer", Box::new(move |file: &mut Vec<u8>| file[third] ^= 0x01)),
+            ("a length past the end", Box::new(move |file: &mut Vec<u8>| file[third + 3] = 0x7f)),
+            ("a zeroed header", Box::new(move |file: &mut Vec<u8>| file[third..third + RECORD_HEADER].fill(0))),
+            ("a payload byte", Box::new(move |file: &mut Vec<u8>| file[third + 40] ^= 0x40)),
+        ];
+        for (what, damage) in damages {
+            let mut damaged = full.clone();
+            damage(&mut damaged);
+            std::fs::write(&path, &damaged).unwrap();
+            let refused = Wal::open(&path, None).unwrap().read(0);
+            let Err(StoreError::Corrupt(reason)) = refused else {
+                panic!("{what}: {:?}", refused.map(|events| seqs(&events)))
+            };
+            assert!(reason.contains(&format!("stop at byte {third}")), "{what}: {reason}");
+            assert!(reason.contains("event 4 follows"), "{what}: {reason}");
+            assert!(reason.contains(&format!("truncate -s {third} ")), "{what}: {reason}");
+            // Cut where it says: the events before the damage, and an open that goes on.
+            std::fs::write(&path, &damaged[..third]).unwrap();
+            assert_eq!(seqs(&read_back(&path)), [1, 2], "{what}");
+        }
+    }
+
+    /// A record that claims more than it holds (a length past the end of a sparse file) is not
+    /// read into memory whole to be found wrong; the torn last record of a crash opens as before.
+    #[test]
+    fn a_huge_damaged_length_at_the_end_is_the_end_of_the_log() {
+        let (_dir, path, mut wal) = fresh();
+        wal.append(&batch(&[(1, "one")])).unwrap();
+        let end = wal.end();
+        drop(wal);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&[0, 0, 0, 0x10, 0, 0, 0, 0], end).unwrap();
+        file.set_len(300 << 20).unwrap();
+        assert_eq!(seqs(&read_back(&path)), [1]);
+    }
+
+    /// A log that is not a regular file (a FIFO opens, then fails every write) is refused at
+    /// open, saying that it holds events not yet in the database.
+    #[test]
+    fn a_log_that_is_not_a_regular_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("synapse.wal");
+        let made = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
+        assert!(made.success());
+        let Err(StoreError::WalUnreadable { reason, .. }) = Wal::open(&path, None) else { panic!("a FIFO opened") };
+        assert!(reason.contains("not a regular file"), "{reason}");
+        let said = StoreError::WalUnreadable { path: "p".into(), reason }.to_string();
+        assert!(said.contains("acknowledged since the database's last checkpoint"), "{said}");
+    }
+
     #[test]
     fn records_read_back_in_order_across_reopens() {
         let (_dir, path, mut wal) = fresh();
@@ -685,11 +869,11 @@ mod tests {
         wal.append(&batch(&[(4, "four")])).unwrap();
         wal.reset().unwrap();
         assert_eq!(wal.pending(), (0, 0));
-        assert!(read_back(&path).is_empty());
+        assert!(read_back_at(&path, 4).is_empty());
         // A shorter record written over the first: the old second record that follows it
         // does not continue the sequence.
         wal.append(&batch(&[(5, "five")])).unwrap();
-        assert_eq!(seqs(&read_back(&path)), [5]);
+        assert_eq!(seqs(&read_back_at(&path, 4)), [5]);
     }
 
     #[test]
@@ -725,7 +909,7 @@ mod tests {
         // Cut after its payload.
         let (_dir, path, wal) = checkpointed();
         wal.file.write_all_at(&payload, RECORD_HEADER as u64).unwrap();
-        assert!(read_back(&path).is_empty());
+        assert!(read_back_at(&path, 2).is_empty());
         // The header written alone instead: refused (what the order avoids).
         let (_other_dir, other_path, other) = checkpointed();
         other.file.write_all_at(&record_header(&payload).unwrap(), 0).unwrap();
@@ -890,7 +1074,7 @@ mod tests {
         let after = std::fs::read(&path).unwrap();
         assert_eq!(after[..RECORD_HEADER], [0_u8; RECORD_HEADER]);
         assert_eq!(after[RECORD_HEADER..], before[RECORD_HEADER..]);
-        assert!(read_back(&path).is_empty());
+        assert!(read_back_at(&path, 4).is_empty());
     }
 
     /// A direct write that fails for another reason than a full disk (here: a descriptor that
