@@ -130,6 +130,8 @@ pub enum ClientError {
 /// What [`ClientError::Unreachable`] says when the connection closed under a request (the
 /// request may have been decided: only an idempotent one may be sent again).
 const CLOSED: &str = "the broker closed the connection";
+/// ... and when it closed while the answer was read (the request was decided then, most likely).
+const READING: &str = "reading the broker's answer";
 
 impl ClientError {
     /// The answer's status, for an HTTP error.
@@ -140,9 +142,10 @@ impl ClientError {
         }
     }
 
-    /// Did the connection close while the request was out (so it may have been decided)?
+    /// Did the connection close while the request was out, or its answer coming in (so it may
+    /// have been decided)?
     pub fn is_connection_closed(&self) -> bool {
-        matches!(self, ClientError::Unreachable { doing, .. } if *doing == CLOSED)
+        matches!(self, ClientError::Unreachable { doing, .. } if *doing == CLOSED || *doing == READING)
     }
 }
 
@@ -956,7 +959,7 @@ impl Client {
                 .into_body()
                 .collect()
                 .await
-                .map_err(|source| ClientError::Unreachable { doing: "reading the broker's answer", source })?
+                .map_err(|source| ClientError::Unreachable { doing: READING, source })?
                 .to_bytes();
             Ok((status, bytes))
         })
@@ -1026,7 +1029,7 @@ impl Client {
                 body.collect()
                     .await
                     .map(|collected| collected.to_bytes())
-                    .map_err(|source| ClientError::Unreachable { doing: "reading the broker's answer", source })
+                    .map_err(|source| ClientError::Unreachable { doing: READING, source })
             })
             .await?;
             let body = serde_json::from_slice::<ErrorBody>(&bytes).ok();
@@ -1527,6 +1530,36 @@ mod tests {
         let plain_link = dir.path().join("plain-link");
         std::os::unix::fs::symlink(&plain, &plain_link).unwrap();
         assert!(super::same_home(&plain_link.to_string_lossy(), &odd_link));
+    }
+
+    /// An answer cut short (the broker killed while writing it) means the request was most
+    /// likely decided: a send is tried again with its key, like one whose connection closed
+    /// before the answer. It was a plain failure, and a user sending again made a second message.
+    #[test]
+    fn an_answer_cut_short_counts_as_a_connection_closed_under_the_request() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+            let broker = tokio::spawn(async move {
+                let mut theirs = theirs;
+                let mut request = vec![0_u8; 4096];
+                let _ = theirs.read(&mut request).await.unwrap();
+                theirs
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"task\"",
+                    )
+                    .await
+                    .unwrap();
+                // Gone with the rest of its answer unwritten.
+            });
+            let sender = super::handshake(hyper_util::rt::TokioIo::new(ours)).await.unwrap();
+            let mut client = super::Client { sender, secret: None };
+            let request = crate::api::SendRequest::new("bob", "hi");
+            let error = client.send(&request).await.unwrap_err();
+            broker.await.unwrap();
+            assert!(error.is_connection_closed(), "{error:#}");
+        });
     }
 
     #[test]
