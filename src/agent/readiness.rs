@@ -28,6 +28,61 @@ pub struct Readiness {
     /// The texts written lately (newest last): a dialog pattern on a screen row that only
     /// shows one of them is the echo of a message, not a dialog.
     recent_inputs: std::collections::VecDeque<String>,
+    /// Keeps the screen model from holding a whole unterminated OSC string.
+    osc: OscLimit,
+}
+
+/// How much of an OSC string (`ESC ]` ... BEL or ST: a window title, a hyperlink, a clipboard
+/// copy) the screen model is given; the rest, up to its end, is left out. The parser keeps an
+/// OSC string whole until it ends, in memory: a CLI that passes on a tool's or a model's output
+/// raw could grow the wrapper without bound (300 MB for `ESC ]0;` and 300 MiB of text). What
+/// the user's terminal and the agent's log receive is not touched.
+const OSC_KEPT: usize = 4096;
+
+/// Where the output stands with respect to OSC strings, across reads.
+#[derive(Default)]
+struct OscLimit {
+    /// The last byte was ESC (outside an OSC string, or ending one).
+    after_escape: bool,
+    /// Inside an OSC string, with this many of its bytes given to the parser.
+    inside: Option<usize>,
+}
+
+impl OscLimit {
+    /// `bytes` without what an OSC string holds past [`OSC_KEPT`] (borrowed when nothing is
+    /// left out, which is every read without such a string).
+    fn filter<'a>(&mut self, bytes: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        let mut kept: Option<Vec<u8>> = None;
+        for (index, &byte) in bytes.iter().enumerate() {
+            let keep = match self.inside {
+                Some(length) => match byte {
+                    // What ends an OSC string for the parser: BEL, CAN, SUB, or ESC (as in ST).
+                    0x07 | 0x18 | 0x1A | 0x1B => {
+                        self.inside = None;
+                        self.after_escape = byte == 0x1B;
+                        true
+                    }
+                    _ => {
+                        self.inside = Some(length + 1);
+                        length < OSC_KEPT
+                    }
+                },
+                None => {
+                    if self.after_escape && byte == b']' {
+                        self.inside = Some(0);
+                    }
+                    self.after_escape = byte == 0x1B;
+                    true
+                }
+            };
+            match (&mut kept, keep) {
+                (Some(kept), true) => kept.push(byte),
+                (None, false) => kept = Some(bytes[..index].to_vec()),
+                _ => {}
+            }
+        }
+        kept.map_or(std::borrow::Cow::Borrowed(bytes), std::borrow::Cow::Owned)
+    }
 }
 
 std::thread_local! {
@@ -90,11 +145,13 @@ impl Readiness {
             ready_spells: 0,
             ready_last: false,
             recent_inputs: std::collections::VecDeque::new(),
+            osc: OscLimit::default(),
         }
     }
 
     pub fn feed(&mut self, bytes: &[u8], now: Instant) {
-        if contained(|| self.parser.process(bytes)).is_none() {
+        let bytes = self.osc.filter(bytes);
+        if contained(|| self.parser.process(&bytes)).is_none() {
             self.start_afresh();
         }
         if self.parser.screen().bracketed_paste() {
@@ -783,6 +840,37 @@ mod tests {
         assert!(claude.shows("Do you want to"), "the first message is still on the screen");
         assert!(!claude.dialog_on_screen());
         assert_ne!(claude.status(start + Duration::from_secs(10)).0, AgentStatus::Waiting);
+    }
+
+    /// An OSC string that never ends (a window title of 64 MiB, fed in pieces) is given to the
+    /// screen model up to OSC_KEPT bytes only; the screen goes on after its end as before.
+    #[test]
+    fn an_endless_osc_string_is_cut_for_the_screen_model() {
+        let start = Instant::now();
+        let mut limit = OscLimit::default();
+        let mut given = limit.filter(b"before\x1b").into_owned();
+        given.extend_from_slice(&limit.filter(b"]0;"));
+        let piece = vec![b'a'; 1 << 20];
+        for _ in 0..64 {
+            given.extend_from_slice(&limit.filter(&piece));
+        }
+        given.extend_from_slice(&limit.filter(b"\x07after \x1b]2;short\x1b\\end"));
+        // The string's first OSC_KEPT bytes, "0;" among them.
+        let mut expected = b"before\x1b]0;".to_vec();
+        expected.extend(std::iter::repeat_n(b'a', OSC_KEPT - 2));
+        expected.extend_from_slice(b"\x07after \x1b]2;short\x1b\\end");
+        assert!(given == expected, "{} bytes given, {} expected", given.len(), expected.len());
+        // Nothing left out: the bytes themselves.
+        assert!(matches!(limit.filter(b"plain \x1b[1mtext"), std::borrow::Cow::Borrowed(_)));
+
+        let mut claude = detector("claude");
+        claude.feed("\x1b[?2004h────\r\n".as_bytes(), start);
+        claude.feed(b"\x1b]0;", start);
+        for _ in 0..64 {
+            claude.feed(&piece, start);
+        }
+        claude.feed("\x07❯\u{a0}".as_bytes(), start);
+        assert_eq!(claude.status(start + Duration::from_secs(10)).0, AgentStatus::Ready);
     }
 
     #[test]
