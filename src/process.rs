@@ -31,6 +31,27 @@ pub fn pid_exists(pid: u32) -> bool {
     result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// The uid of the process at the other end of a connected Unix socket, as the kernel gives it
+/// (`SO_PEERCRED`); None when it cannot be read.
+pub fn socket_peer_uid(stream: &std::os::unix::net::UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut length = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).ok()?;
+    #[allow(unsafe_code)]
+    // SAFETY: getsockopt writes at most `length` bytes into `credentials`, a ucred as SO_PEERCRED
+    // asks, and sets `length` to what it wrote; the descriptor is the open socket's own.
+    let result = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut credentials).cast(),
+            &raw mut length,
+        )
+    };
+    (result == 0 && usize::try_from(length).ok() == Some(std::mem::size_of::<libc::ucred>())).then_some(credentials.uid)
+}
+
 /// Is this process alive? A zombie (exited, not yet reaped by its parent) is gone for our
 /// purposes.
 pub fn is_pid_alive(pid: u32) -> bool {

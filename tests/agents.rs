@@ -1648,6 +1648,26 @@ fn a_hook_that_is_not_the_agents_or_dies_early_takes_nothing() {
     assert!(home.inbox(&agent).is_empty());
 }
 
+/// A CLI that keeps the hook's stdin open (or writes a lot to it) does not hold the hook: it
+/// hands the messages over and exits. It read its stdin to the end first, into memory, and so
+/// never returned while the CLI waited for it.
+#[test]
+fn a_hook_whose_input_never_ends_hands_over_and_exits() {
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let (bob, _wrappers) = busy_bob_with_hooks(&home, &mut follower);
+    let agent = as_agent(&bob);
+    let mut command = home.cmd(&["hook", "PostToolUse"]);
+    command.env("SYNAPSE_AGENT_ID", &agent.id).env("SYNAPSE_AGENT_SECRET", &agent.secret).stdin(Stdio::piped());
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut input, &vec![b'x'; 1 << 20]).unwrap();
+    let output = output_within(child, Duration::from_secs(30), "synapse hook with its input open");
+    drop(input);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(stdout(&output).contains("hooked-1 sent while busy"), "{}", describe(&output));
+}
+
 /// A message a hook handed over whose acknowledgement failed (the broker stopped in between) is
 /// acknowledged by the watcher as soon as a broker answers, while the CLI still works: a cancel
 /// that took it out of the inbox meanwhile is told to the model, which has it (priority 3, a

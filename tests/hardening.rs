@@ -573,6 +573,41 @@ fn a_socket_directory_or_socket_of_another_user_is_refused() {
     fake.assert_got_nothing("the fake broker");
 }
 
+/// `synapse hook` sends the agent's secret only to a hook socket of this user: one another user
+/// serves at its path (in a socket directory others can write) gets nothing (needs root).
+#[test]
+fn a_hook_socket_of_another_user_gets_nothing() {
+    if my_uid() != 0 {
+        eprintln!("SKIPPED: needs root to run a process as another user");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let home = Home::new();
+    std::fs::create_dir_all(home.uds()).unwrap();
+    std::fs::set_permissions(home.uds(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = home.uds().join("synapse-dummy-8190.hook");
+    let script = format!(
+        "import os, socket\n\
+         os.setgid({NOBODY}); os.setuid({NOBODY})\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.bind({path:?})\n\
+         s.listen(8)\n\
+         print('ready', flush=True)\n",
+        path = path.display().to_string()
+    );
+    let (fake, ready) = FakeListener::start(&script);
+    assert_eq!(ready.trim(), "ready");
+    let output = home
+        .cmd(&["hook", "PostToolUse"])
+        .env("SYNAPSE_AGENT_ID", "synapse-dummy-8190")
+        .env("SYNAPSE_AGENT_SECRET", "the-agents-secret")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(output.status.success() && output.stdout.is_empty(), "{}", describe(&output));
+    fake.assert_got_nothing("the other user's hook socket");
+}
+
 /// The CLI falls back to the broker's TCP port (from `broker.json`) when its socket cannot be
 /// reached. A port another user took after the broker died gets nothing: whoever listens there
 /// would get a wrapper's secret and choose what is typed into its terminal (needs root to act

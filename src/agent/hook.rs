@@ -65,43 +65,64 @@ pub fn hook_output(event: &str, text: &str) -> Option<String> {
 
 /// `synapse hook <event>`: always exits 0.
 pub fn run(uds_dir: &Path, event: &str) -> i32 {
-    use std::io::{BufRead, Read, Write};
-    // The CLI writes the hook's input on stdin; drain it so it never blocks on a full pipe (not
-    // a terminal: someone trying the command by hand).
-    if !crate::agent::terminal::is_terminal(0) {
-        let _ = std::io::stdin().lock().read_to_end(&mut Vec::new());
-    }
-    let (Ok(agent_id), Ok(secret)) = (std::env::var("SYNAPSE_AGENT_ID"), std::env::var("SYNAPSE_AGENT_SECRET")) else {
-        return 0;
-    };
-    let handed = (|| -> std::io::Result<()> {
-        let mut stream = std::os::unix::net::UnixStream::connect(socket_path(uds_dir, &agent_id))?;
-        stream.set_read_timeout(Some(HOOK_TIMEOUT))?;
-        stream.set_write_timeout(Some(HOOK_TIMEOUT))?;
-        let request = HookRequest { secret, event: event.to_string() };
-        let mut line = serde_json::to_vec(&request).map_err(std::io::Error::other)?;
-        line.push(b'\n');
-        stream.write_all(&line)?;
-        let mut answer = String::new();
-        let mut reader = std::io::BufReader::new(&stream);
-        reader.read_line(&mut answer)?;
-        let answer: HookAnswer = serde_json::from_str(&answer).map_err(std::io::Error::other)?;
-        if let Some(output) = hook_output(event, &answer.text) {
-            let mut stdout = std::io::stdout().lock();
-            writeln!(stdout, "{output}")?;
-            stdout.flush()?;
-            // Printed: now the wrapper may record them as delivered; the hook ends once it has
-            // (best effort: the messages are printed either way).
-            (&stream).write_all(format!("{PRINTED}\n").as_bytes())?;
-            let mut recorded = String::new();
-            let _ = reader.read_line(&mut recorded);
-        }
-        Ok(())
-    })();
+    // The CLI writes the hook's input on stdin (what the tool did), which the hook has no use
+    // for: it is drained aside, into nothing, so that the CLI never blocks on a full pipe, and
+    // never waited for past STDIN_WAIT (a CLI that kept it open would hold its own turn). Not
+    // a terminal: someone trying the command by hand.
+    let drained = (!crate::agent::terminal::is_terminal(0)).then(|| {
+        let (done, drained) = std::sync::mpsc::channel();
+        let drain = std::thread::Builder::new().name("synapse-hook-stdin".into()).spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            let _ = done.send(());
+        });
+        drain.ok().map(|_| drained)
+    });
+    let handed = hand_over(uds_dir, event);
     if let Err(error) = handed {
         tracing::debug!("hook {event}: {error}");
     }
+    if let Some(Some(drained)) = drained {
+        let _ = drained.recv_timeout(STDIN_WAIT);
+    }
     0
+}
+
+/// How long a hook that has done its work waits for the end of its input (so that a CLI
+/// still writing it gets no broken pipe) before it exits all the same.
+const STDIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Asks the wrapper for the messages waiting, prints them, and tells it they were printed.
+fn hand_over(uds_dir: &Path, event: &str) -> std::io::Result<()> {
+    use std::io::{BufRead, Write};
+    let (Ok(agent_id), Ok(secret)) = (std::env::var("SYNAPSE_AGENT_ID"), std::env::var("SYNAPSE_AGENT_SECRET")) else {
+        return Ok(());
+    };
+    let mut stream = std::os::unix::net::UnixStream::connect(socket_path(uds_dir, &agent_id))?;
+    // The secret goes only to a wrapper of this user: the kernel names the other end.
+    if crate::process::socket_peer_uid(&stream) != Some(crate::private_files::my_uid()) {
+        return Err(std::io::Error::other("the hook socket is not served by this user"));
+    }
+    stream.set_read_timeout(Some(HOOK_TIMEOUT))?;
+    stream.set_write_timeout(Some(HOOK_TIMEOUT))?;
+    let request = HookRequest { secret, event: event.to_string() };
+    let mut line = serde_json::to_vec(&request).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    stream.write_all(&line)?;
+    let mut answer = String::new();
+    let mut reader = std::io::BufReader::new(&stream);
+    reader.read_line(&mut answer)?;
+    let answer: HookAnswer = serde_json::from_str(&answer).map_err(std::io::Error::other)?;
+    if let Some(output) = hook_output(event, &answer.text) {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{output}")?;
+        stdout.flush()?;
+        // Printed: now the wrapper may record them as delivered; the hook ends once it has
+        // (best effort: the messages are printed either way).
+        (&stream).write_all(format!("{PRINTED}\n").as_bytes())?;
+        let mut recorded = String::new();
+        let _ = reader.read_line(&mut recorded);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
