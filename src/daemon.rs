@@ -21,11 +21,6 @@ use std::sync::Arc;
 /// Tests only: while the file this names exists, the log's file cannot grow, as on a full disk.
 const DISK_FULL_SWITCH_VARIABLE: &str = "SYNAPSE_TEST_DISK_FULL_FILE";
 
-/// Creates a directory (and parents) readable only by the user.
-fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))
-}
-
 /// Another broker of this home has its database open (the one that runs, starting or
 /// stopping): said apart, so a client that started this one waits for that one.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +29,8 @@ pub struct AlreadyRunning(pub String);
 
 /// Runs the broker in the foreground until it is stopped (signal or `synapse broker stop`).
 pub async fn run(paths: Paths) -> anyhow::Result<()> {
-    create_private_dir(&paths.home)?;
+    crate::private_files::own_home(&paths.home)
+        .with_context(|| format!("cannot use {} as the home", paths.home.display()))?;
     crate::private_files::own_dir(&paths.uds_dir)
         .with_context(|| format!("cannot use {} for the broker's sockets", paths.uds_dir.display()))?;
     // A home made by an older version (or by hand) may be readable by others: the log and the

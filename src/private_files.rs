@@ -57,6 +57,28 @@ pub fn own_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Creates the home (0700) or checks the one there: a directory (a link to one is taken, as a
+/// user may keep the home elsewhere) owned by this user. A home of another user is refused:
+/// whoever owns it decides what the broker trusts (`broker-settings.json`: other users, hosts,
+/// origins) and what an agent runs (its profile's command), and can read every message.
+pub fn own_home(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    create_dir(dir)?;
+    let meta = std::fs::metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::other(format!("{} is not a directory", dir.display())));
+    }
+    if meta.uid() != my_uid() {
+        return Err(std::io::Error::other(format!(
+            "{} belongs to uid {}, not to you (uid {}): its owner would decide what the broker trusts and what agents run; set SYNAPSE_HOME to a directory of yours",
+            dir.display(),
+            meta.uid(),
+            my_uid()
+        )));
+    }
+    Ok(())
+}
+
 /// Opens `path` for appending, creating it 0600 if needed.
 pub fn open_append(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().create(true).append(true).mode(FILE_MODE).open(path)

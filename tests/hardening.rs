@@ -573,6 +573,28 @@ fn a_socket_directory_or_socket_of_another_user_is_refused() {
     fake.assert_got_nothing("the fake broker");
 }
 
+/// A home of another user is refused: its owner could replace `broker-settings.json` (let other
+/// users in, allow a foreign origin) or a profile (the command an agent runs). A broker started
+/// on one had loaded another user's security settings (needs root to act as another user).
+#[test]
+fn a_home_of_another_user_is_refused() {
+    if my_uid() != 0 {
+        eprintln!("SKIPPED: needs root to create files of another user");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let home = Home::new();
+    std::fs::create_dir_all(home.home()).unwrap();
+    std::fs::write(home.home().join("broker-settings.json"), r#"{"version":1,"allow_other_users":true}"#).unwrap();
+    std::os::unix::fs::chown(home.home(), Some(NOBODY), Some(NOBODY)).unwrap();
+    for args in [vec!["broker", "start"], vec!["list"]] {
+        let refused = home.run(&args);
+        assert_eq!(refused.status.code(), Some(1), "{args:?}: {}", describe(&refused));
+        assert!(stderr(&refused).contains("belongs to uid 65534"), "{args:?}: {}", describe(&refused));
+    }
+    assert!(!home.socket().exists(), "no broker serves");
+}
+
 /// `synapse hook` sends the agent's secret only to a hook socket of this user: one another user
 /// serves at its path (in a socket directory others can write) gets nothing (needs root).
 #[test]
