@@ -61,6 +61,11 @@ fn a_foreign_host_is_refused_on_the_broker_and_agent_ports() {
     assert!(json_body(&answer)["message"].as_str().unwrap().contains("attacker.example"), "{answer}");
     let (status, _) = raw(&mut tcp(bob.port), "GET", "/tasks", &["Host: attacker.example:8100"], "");
     assert_eq!(status, 421);
+    // Text after an IPv6 loopback's brackets; a second Host after a loopback one.
+    let (status, _) = raw(&mut tcp(bob.port), "GET", "/tasks", &["Host: [::1]evil.example"], "");
+    assert_eq!(status, 421);
+    let (status, answer) = raw(&mut tcp(port), "GET", "/agents", &["Host: localhost", "Host: attacker.example"], "");
+    assert_eq!(status, 400, "{answer}");
     for host in [format!("localhost:{port}"), "127.0.0.1".to_string(), format!("[::1]:{port}")] {
         let (status, answer) = raw(&mut tcp(port), "GET", "/agents", &[&format!("Host: {host}")], "");
         assert_eq!(status, 200, "{host}: {answer}");

@@ -79,6 +79,12 @@ impl RequestRules {
         transport: Option<Transport>,
         broker_port: u16,
     ) -> Result<(), ApiError> {
+        // One of each, or the one judged may not be the one a later reader takes.
+        for name in [header::HOST, header::ORIGIN] {
+            if headers.get_all(&name).iter().nth(1).is_some() {
+                return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("more than one {name} header")));
+            }
+        }
         if !matches!(transport, Some(Transport::Unix)) {
             let host = headers.get(header::HOST).map(|value| value.to_str().unwrap_or("?"));
             match host {
@@ -150,7 +156,7 @@ mod tests {
     fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
-            map.insert(name.clone(), HeaderValue::from_str(value).unwrap_or(HeaderValue::from_static("?")));
+            map.append(name.clone(), HeaderValue::from_str(value).unwrap_or(HeaderValue::from_static("?")));
         }
         map
     }
@@ -173,7 +179,15 @@ mod tests {
                 "{host}"
             );
         }
-        for host in ["attacker.example", "attacker.example:8100", "localhost.evil", "127.0.0.1:x", "synapse"] {
+        for host in [
+            "attacker.example",
+            "attacker.example:8100",
+            "localhost.evil",
+            "127.0.0.1:x",
+            "synapse",
+            "[::1]evil.example",
+            "[::1].evil.example:80",
+        ] {
             assert_eq!(
                 status(rules.judge(&Method::GET, &headers(&[(header::HOST, host)]), tcp(), 7000)),
                 421,
@@ -181,6 +195,17 @@ mod tests {
             );
         }
         assert_eq!(status(rules.judge(&Method::GET, &headers(&[]), tcp(), 7000)), 421);
+        // Two Host headers (or Origins): refused whatever their order, never one judged alone.
+        for pair in [["localhost", "attacker.example"], ["attacker.example", "localhost"]] {
+            let two = headers(&[(header::HOST, pair[0]), (header::HOST, pair[1])]);
+            assert_eq!(status(rules.judge(&Method::GET, &two, tcp(), 7000)), 400, "{pair:?}");
+        }
+        let origins = headers(&[
+            (header::HOST, "localhost"),
+            (header::ORIGIN, "http://localhost:7000"),
+            (header::ORIGIN, "https://attacker.example"),
+        ]);
+        assert_eq!(status(rules.judge(&Method::GET, &origins, tcp(), 7000)), 400);
         // The Unix socket: no browser reaches it.
         assert_eq!(status(rules.judge(&Method::GET, &headers(&[]), Some(Transport::Unix), 7000)), 200);
         assert_eq!(

@@ -11,8 +11,14 @@ pub fn split_host(value: &str) -> (String, Option<&str>) {
     if value.starts_with('[')
         && let Some(end) = value.find(']')
     {
-        let port = value[end + 1..].strip_prefix(':');
-        return (value[..=end].to_ascii_lowercase(), port);
+        let rest = &value[end + 1..];
+        // After the brackets: nothing, or a port. Anything else (`[::1]evil.example`) is no
+        // host of this machine: the whole text stands as the host, which matches none.
+        return match rest.strip_prefix(':') {
+            _ if rest.is_empty() => (value[..=end].to_ascii_lowercase(), None),
+            Some(port) => (value[..=end].to_ascii_lowercase(), Some(port)),
+            None => (value.to_ascii_lowercase(), None),
+        };
     }
     match value.rsplit_once(':') {
         Some((host, port)) => (host.to_ascii_lowercase(), Some(port)),
@@ -43,5 +49,17 @@ mod tests {
         assert!(!is_broker_origin("http://evil.example:7000", 7000));
         assert!(!is_broker_origin("http://127.0.0.1", 7000));
         assert!(!is_broker_origin("http://127.0.0.1:0", 0));
+        assert!(!is_broker_origin("http://[::1]evil.example:7000", 7000));
+    }
+
+    /// Text after an IPv6 host's brackets is a port or nothing: `[::1]evil.example` is not
+    /// `[::1]` (it was, with no port).
+    #[test]
+    fn a_bracketed_host_is_followed_by_a_port_or_nothing() {
+        assert_eq!(split_host("[::1]"), ("[::1]".to_string(), None));
+        assert_eq!(split_host("[::1]:8099"), ("[::1]".to_string(), Some("8099")));
+        assert_eq!(split_host("[::1]evil.example").0, "[::1]evil.example");
+        assert_eq!(split_host("[::1].evil.example:80").0, "[::1].evil.example:80");
+        assert!(!LOOPBACK_HOSTS.contains(&split_host("[::1]evil.example").0.as_str()));
     }
 }
