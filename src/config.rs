@@ -1,6 +1,6 @@
 //! Where Synapse keeps things, from the environment (read once, at the edge).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub const DEFAULT_BROKER_PORT: u16 = 8099;
 pub const DEFAULT_UDS_DIR: &str = "/tmp/synapse-a2a";
@@ -115,5 +115,86 @@ impl Paths {
     /// Written by a running broker: pid, version, port (for tools and the TCP fallback).
     pub fn broker_info(&self) -> PathBuf {
         self.home.join("broker.json")
+    }
+}
+
+/// The directory of one run of an agent (its wrapper's process `pid`), where its session files
+/// live. Named by the run, not the id alone: ids are reused (a port, a name taking its queue
+/// back), and whoever removes a run's files must never reach the files of the run after it.
+pub fn agent_dir(home: &Path, agent_id: &str, pid: u32) -> PathBuf {
+    home.join("agents").join(format!("{agent_id}.{pid}"))
+}
+
+/// Removes the session directories of runs whose wrapper is gone without removing its own (a
+/// SIGKILL): they hold a secret the broker has revoked. A directory whose process still runs is
+/// left, and so is anything not named as [`agent_dir`] names it. Returns how many were removed.
+pub fn remove_abandoned(home: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(home.join("agents")) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.rsplit_once('.'))
+            .filter(|(id, pid)| {
+                id.starts_with("synapse-") && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
+            })
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // `remove_dir_all` removes a link itself, never what it names.
+        if pid != 0 && !crate::process::is_pid_alive(pid) && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the directories of runs whose process is gone go; a link goes, never what it names.
+    #[test]
+    fn abandoned_session_directories_are_removed_and_nothing_else() {
+        let home = tempfile::tempdir().unwrap();
+        let agents = home.path().join("agents");
+        // Above any pid_max Linux allows (2^22): no such process can run.
+        let gone = 4_194_305_u32;
+        let mine = std::process::id();
+        let target = home.path().join("elsewhere");
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(target.join("keep"), "x").unwrap();
+        for name in [
+            format!("synapse-dummy-1.{gone}"),
+            format!("synapse-dummy-2.{mine}"),
+            "synapse-dummy-3".to_string(),
+            format!("other.{gone}"),
+            format!("synapse-dummy-4.+{gone}"),
+        ] {
+            std::fs::create_dir_all(agents.join(&name)).unwrap();
+            std::fs::write(agents.join(&name).join("claude-mcp.json"), "{}").unwrap();
+        }
+        std::os::unix::fs::symlink(&target, agents.join(format!("synapse-dummy-5.{gone}"))).unwrap();
+        assert_eq!(agent_dir(home.path(), "synapse-dummy-2", mine), agents.join(format!("synapse-dummy-2.{mine}")));
+
+        assert_eq!(remove_abandoned(home.path()), 2);
+        let mut left: Vec<String> = std::fs::read_dir(&agents)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                format!("other.{gone}"),
+                format!("synapse-dummy-2.{mine}"),
+                "synapse-dummy-3".into(),
+                format!("synapse-dummy-4.+{gone}")
+            ]
+        );
+        assert!(target.join("keep").exists(), "a link's target is untouched");
+        assert_eq!(remove_abandoned(&home.path().join("none")), 0, "no agents directory: nothing to do");
     }
 }

@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The name the server is registered under in every CLI (its tools become `mcp__synapse__reply`,
 /// `synapse_reply`, ...).
@@ -104,38 +104,7 @@ fn hooks_section(synapse: &str, event: &str) -> Value {
     json!({event: [{"matcher": "*", "hooks": [{"type": "command", "command": hook_command(synapse, event)}]}]})
 }
 
-/// The directory of one run of an agent (its wrapper's process `pid`), where its session files
-/// live. Named by the run, not the id alone: ids are reused (a port, a name taking its queue
-/// back), and whoever removes a run's files must never reach the files of the run after it.
-pub fn agent_dir(home: &Path, agent_id: &str, pid: u32) -> PathBuf {
-    home.join("agents").join(format!("{agent_id}.{pid}"))
-}
-
-/// Removes the session directories of runs whose wrapper is gone without removing its own (a
-/// SIGKILL): they hold a secret the broker has revoked. A directory whose process still runs is
-/// left, and so is anything not named as [`agent_dir`] names it. Returns how many were removed.
-pub fn remove_abandoned(home: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(home.join("agents")) else { return 0 };
-    let mut removed = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|name| name.rsplit_once('.'))
-            .filter(|(id, pid)| {
-                id.starts_with("synapse-") && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
-            })
-            .and_then(|(_, pid)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        // `remove_dir_all` removes a link itself, never what it names.
-        if pid != 0 && !crate::process::is_pid_alive(pid) && std::fs::remove_dir_all(entry.path()).is_ok() {
-            removed += 1;
-        }
-    }
-    removed
-}
+pub use crate::config::{agent_dir, remove_abandoned};
 
 /// Writes what `style` needs into `dir` (created 0700) and says how to pass it. `synapse` is the
 /// executable the CLI starts; `identity` the values of [`IDENTITY_VARIABLES`]; `inherited` reads
@@ -581,49 +550,6 @@ mod tests {
 
     fn read(path: &str) -> Value {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-    }
-
-    /// Only the directories of runs whose process is gone go; a link goes, never what it names.
-    #[test]
-    fn abandoned_session_directories_are_removed_and_nothing_else() {
-        let home = tempfile::tempdir().unwrap();
-        let agents = home.path().join("agents");
-        // Above any pid_max Linux allows (2^22): no such process can run.
-        let gone = 4_194_305_u32;
-        let mine = std::process::id();
-        let target = home.path().join("elsewhere");
-        std::fs::create_dir_all(&target).unwrap();
-        std::fs::write(target.join("keep"), "x").unwrap();
-        for name in [
-            format!("synapse-dummy-1.{gone}"),
-            format!("synapse-dummy-2.{mine}"),
-            "synapse-dummy-3".to_string(),
-            format!("other.{gone}"),
-            format!("synapse-dummy-4.+{gone}"),
-        ] {
-            std::fs::create_dir_all(agents.join(&name)).unwrap();
-            std::fs::write(agents.join(&name).join("claude-mcp.json"), "{}").unwrap();
-        }
-        std::os::unix::fs::symlink(&target, agents.join(format!("synapse-dummy-5.{gone}"))).unwrap();
-        assert_eq!(agent_dir(home.path(), "synapse-dummy-2", mine), agents.join(format!("synapse-dummy-2.{mine}")));
-
-        assert_eq!(remove_abandoned(home.path()), 2);
-        let mut left: Vec<String> = std::fs::read_dir(&agents)
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-            .collect();
-        left.sort();
-        assert_eq!(
-            left,
-            [
-                format!("other.{gone}"),
-                format!("synapse-dummy-2.{mine}"),
-                "synapse-dummy-3".into(),
-                format!("synapse-dummy-4.+{gone}")
-            ]
-        );
-        assert!(target.join("keep").exists(), "a link's target is untouched");
-        assert_eq!(remove_abandoned(&home.path().join("none")), 0, "no agents directory: nothing to do");
     }
 
     #[test]

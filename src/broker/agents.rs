@@ -122,7 +122,7 @@ pub async fn prune_dead(state: &Arc<BrokerState>) -> Vec<u16> {
     }
     // A wrapper killed before it could remove its session files: they go with it.
     if !ports.is_empty() {
-        crate::agent::mcp_wiring::remove_abandoned(&state.paths.home);
+        crate::config::remove_abandoned(&state.paths.home);
     }
     ports
 }
