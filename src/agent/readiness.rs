@@ -67,10 +67,21 @@ impl OscLimit {
                         length < OSC_KEPT
                     }
                 },
-                None => {
-                    if self.after_escape && byte == b']' {
-                        self.inside = Some(0);
+                // After ESC the parser stays in its escape state through C0 controls (but CAN
+                // and SUB), DEL, bytes above 0x7F and another ESC: `ESC <such a byte> ]` opens
+                // an OSC string as `ESC ]` does (vte's `advance_esc`).
+                None if self.after_escape => {
+                    match byte {
+                        b']' => {
+                            self.inside = Some(0);
+                            self.after_escape = false;
+                        }
+                        0x00..=0x17 | 0x19 | 0x1B..=0x1F | 0x7F..=0xFF => {}
+                        _ => self.after_escape = false,
                     }
+                    true
+                }
+                None => {
                     self.after_escape = byte == 0x1B;
                     true
                 }
@@ -862,6 +873,24 @@ mod tests {
         assert!(given == expected, "{} bytes given, {} expected", given.len(), expected.len());
         // Nothing left out: the bytes themselves.
         assert!(matches!(limit.filter(b"plain \x1b[1mtext"), std::borrow::Cow::Borrowed(_)));
+        // What the parser skips after ESC does not hide the OSC string that follows; what ends
+        // its escape state does.
+        for (opening, is_osc) in [
+            (&b"\x1b\x07]"[..], true),
+            (b"\x1b\x7f\xc3]", true),
+            (b"\x1b\x1b]", true),
+            (b"\x1b\x00\x1f]", true),
+            (b"\x1b\x18]", false),
+            (b"\x1b(]", false),
+            (b"\x1b[]", false),
+        ] {
+            let mut limit = OscLimit::default();
+            let mut input = opening.to_vec();
+            input.extend(std::iter::repeat_n(b'a', OSC_KEPT + 100));
+            let given = limit.filter(&input).len();
+            let expected = if is_osc { opening.len() + OSC_KEPT } else { input.len() };
+            assert_eq!(given, expected, "{opening:?}");
+        }
 
         let mut claude = detector("claude");
         claude.feed("\x1b[?2004h────\r\n".as_bytes(), start);
