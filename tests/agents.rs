@@ -535,6 +535,37 @@ fn the_first_ready_brings_one_start_up_message_naming_the_instruction_files() {
     assert!(screen.find("[SYNAPSE] You are agent").unwrap() < screen.find("first real message").unwrap());
 }
 
+/// An instruction file whose name carries a dialog's furniture (a cloned repository's
+/// `.synapse/Allow once.md`): the start-up message goes as a file, so that its echo does not
+/// hold the agent WAITING, and the next message is typed.
+#[test]
+fn a_start_up_message_naming_a_file_with_dialog_words_goes_as_a_file() {
+    let home = Home::new();
+    write_profile(&home, "dummy", r#"{"idle": {"prompt": "> ", "waiting_patterns": ["Allow once"]}}"#);
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(project.join(".synapse")).unwrap();
+    std::fs::write(project.join(".synapse/Allow once.md"), "be nice").unwrap();
+    let mut follower = Follower::new(&home);
+    let output = home.cmd(&["start", "dummy", "--name", "bob", "--json"]).current_dir(&project).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _wrappers = Wrappers(&home, vec![id(&bob)]);
+    home.ok(&["send", "bob", "first real message", "--no-response"]);
+    follower.wait_until("the message written", |events| settled(events, &id(&bob)));
+    let screen = terminal(&bob);
+    assert!(!screen.contains("Allow once"), "{screen}");
+    let path = screen
+        .lines()
+        .find(|line| line.contains("[SYNAPSE]"))
+        .and_then(|line| line.split("[LONG MESSAGE - FILE ATTACHED] Path: ").nth(1))
+        .expect(&screen)
+        .trim()
+        .to_string();
+    let message = std::fs::read_to_string(path).unwrap();
+    assert!(message.contains(".synapse/Allow once.md") && message.contains(&id(&bob)), "{message}");
+    assert!(screen.contains("first real message"), "{screen}");
+}
+
 /// A user's OpenCode config named in Synapse's settings (`env.OPENCODE_CONFIG`), not in the
 /// shell, is merged into the agent's copy too: the variable the CLI gets names the copy, so a
 /// file left out would be dropped for the session without a word.

@@ -227,12 +227,35 @@ fn startup_message(shared: &Shared, files: &[PathBuf]) -> String {
     } else {
         "with `synapse reply \"...\"`"
     };
+    let instructions = if list.is_empty() {
+        "Read your instructions in the .synapse directory of your working directory".to_string()
+    } else {
+        format!("Read your instructions in: {}", list.join(", "))
+    };
     format!(
-        "You are agent {} ({}). Read your instructions in: {}. Messages from other agents arrive as [A2A:<id>:<sender>] lines; answer those marked :R {answer}.",
-        shared.agent_id,
-        shared.profile.name,
-        list.join(", ")
+        "You are agent {} ({}). {instructions}. Messages from other agents arrive as [A2A:<id>:<sender>] lines; answer those marked :R {answer}.",
+        shared.agent_id, shared.profile.name,
     )
+}
+
+/// What is typed for the start-up message: the message, or a reference to a file holding it
+/// when it carries a dialog's furniture (an instruction file's name can: its echo would hold the
+/// agent WAITING for good, furniture counting wherever it shows).
+fn startup_text(shared: &Shared, files: &[PathBuf]) -> String {
+    let message = startup_message(shared, files);
+    if !crate::agent::readiness::Readiness::carries_furniture(&shared.profile.idle, &message) {
+        return message;
+    }
+    let dir = shared.paths.home.join("messages").join(&shared.agent_id);
+    let file = dir.join("start-up.txt");
+    match crate::private_files::create_dir(&dir).and_then(|()| crate::private_files::write(&file, &message)) {
+        Ok(()) => format!("[LONG MESSAGE - FILE ATTACHED] Path: {}", file.display()),
+        Err(error) => {
+            // Said without the files' names rather than not at all.
+            tracing::warn!("cannot write {}: {error}", file.display());
+            startup_message(shared, &[])
+        }
+    }
 }
 
 /// Acknowledges the tickets a hook handed over and could not acknowledge (`handed_over`), at
@@ -283,7 +306,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             return;
         }
         let (began, spell) = (Instant::now(), shared.screen.lock().ready_spells(Instant::now()));
-        match write_input(&shared, "[SYNAPSE]", &startup_message(&shared, &files), false, None).await {
+        match write_input(&shared, "[SYNAPSE]", &startup_text(&shared, &files), false, None).await {
             Ok(written) => {
                 resubmit_if_unsent(&shared, &written).await;
                 last_written = Some(LastWritten { written, began, spell });
