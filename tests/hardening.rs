@@ -591,13 +591,27 @@ fn a_home_of_another_user_is_refused() {
     let home = Home::new();
     std::fs::create_dir_all(home.home()).unwrap();
     std::fs::write(home.home().join("broker-settings.json"), r#"{"version":1,"allow_other_users":true}"#).unwrap();
+    // A profile whose command leaves a mark when it runs (`doctor` asks each CLI its version).
+    let mark = home.dir.path().join("ran");
+    let script = home.dir.path().join("evil.sh");
+    std::fs::write(&script, format!("#!/bin/sh\necho ran > {}\n", mark.display())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
+    std::fs::write(home.home().join("profiles/claude.json"), format!(r#"{{"command": "{}"}}"#, script.display()))
+        .unwrap();
     std::os::unix::fs::chown(home.home(), Some(NOBODY), Some(NOBODY)).unwrap();
-    for args in [vec!["broker", "start"], vec!["list"]] {
+    let before: Vec<_> = std::fs::read_dir(home.home()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    for args in [vec!["broker", "start"], vec!["list"], vec!["start", "dummy"]] {
         let refused = home.run(&args);
         assert_eq!(refused.status.code(), Some(1), "{args:?}: {}", describe(&refused));
         assert!(stderr(&refused).contains("belongs to uid 65534"), "{args:?}: {}", describe(&refused));
     }
     assert!(!home.socket().exists(), "no broker serves");
+    let after: Vec<_> = std::fs::read_dir(home.home()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    assert_eq!(after, before, "nothing written into the other user's home");
+    let doctor = home.run(&["doctor"]);
+    assert!(stdout(&doctor).contains("not read: the home belongs to another user"), "{}", describe(&doctor));
+    assert!(!mark.exists(), "doctor ran the other user's profile command");
 }
 
 /// `synapse hook` sends the agent's secret only to a hook socket of this user: one another user

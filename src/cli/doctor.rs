@@ -37,8 +37,18 @@ pub async fn run(paths: &Paths, json: bool) -> anyhow::Result<i32> {
     checks.push(private_dir("home", &paths.home, true));
     checks.push(private_dir("socket directory", &paths.uds_dir, false));
     checks.push(broker(paths).await);
-    checks.extend(settings(paths));
-    checks.extend(profiles(paths));
+    // Another user's home decides its settings and the commands its profiles run: nothing of it
+    // is read, and no profile's command is run to ask its version.
+    let foreign = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&paths.home).is_ok_and(|meta| meta.uid() != crate::private_files::my_uid())
+    };
+    if foreign {
+        checks.push(check(Level::Fail, "settings and profiles", "not read: the home belongs to another user"));
+    } else {
+        checks.extend(settings(paths));
+        checks.extend(profiles(paths));
+    }
     let failed = checks.iter().any(|check| check.level == Level::Fail);
     if json {
         println!("{}", serde_json::json!({"ok": !failed, "checks": checks}));

@@ -1128,7 +1128,9 @@ pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
 /// Starts a broker unless `respect_stop` and the last one was stopped on purpose (checked again
 /// under the start-up lock, so a stop that lands meanwhile is seen).
 async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Result<()> {
-    crate::private_files::create_dir(&paths.home).with_context(|| format!("cannot create {}", paths.home.display()))?;
+    // Nothing is written into a home of another user (the broker would refuse it anyway).
+    crate::private_files::own_home(&paths.home)
+        .with_context(|| format!("cannot use {} as the home", paths.home.display()))?;
     let lock_path = paths.start_lock();
     let lock =
         crate::private_files::open_write(&lock_path).with_context(|| format!("cannot open {}", lock_path.display()))?;
