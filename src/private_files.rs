@@ -43,14 +43,11 @@ pub fn own_dir(dir: &Path) -> std::io::Result<()> {
     if !meta.file_type().is_dir() {
         return Err(std::io::Error::other(format!("{} is not a directory (a symlink?)", dir.display())));
     }
-    if meta.uid() != my_uid() {
-        return Err(std::io::Error::other(format!(
-            "{} belongs to uid {}, not to you (uid {}): its owner could serve a broker of its own there; set SYNAPSE_UDS_DIR to a directory of yours",
-            dir.display(),
-            meta.uid(),
-            my_uid()
-        )));
-    }
+    refuse_unless_mine(
+        dir,
+        &meta,
+        "its owner could serve a broker of its own there; set SYNAPSE_UDS_DIR to a directory of yours",
+    )?;
     if meta.mode() & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))?;
     }
@@ -62,21 +59,31 @@ pub fn own_dir(dir: &Path) -> std::io::Result<()> {
 /// whoever owns it decides what the broker trusts (`broker-settings.json`: other users, hosts,
 /// origins) and what an agent runs (its profile's command), and can read every message.
 pub fn own_home(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
     create_dir(dir)?;
     let meta = std::fs::metadata(dir)?;
     if !meta.is_dir() {
         return Err(std::io::Error::other(format!("{} is not a directory", dir.display())));
     }
-    if meta.uid() != my_uid() {
-        return Err(std::io::Error::other(format!(
-            "{} belongs to uid {}, not to you (uid {}): its owner would decide what the broker trusts and what agents run; set SYNAPSE_HOME to a directory of yours",
-            dir.display(),
-            meta.uid(),
-            my_uid()
-        )));
+    refuse_unless_mine(
+        dir,
+        &meta,
+        "its owner would decide what the broker trusts and what agents run; set SYNAPSE_HOME to a directory of yours",
+    )
+}
+
+/// An error for a directory (`meta`) that belongs to another user, saying what its owner could
+/// do and what to set instead (`risk`).
+fn refuse_unless_mine(dir: &Path, meta: &std::fs::Metadata, risk: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if meta.uid() == my_uid() {
+        return Ok(());
     }
-    Ok(())
+    Err(std::io::Error::other(format!(
+        "{} belongs to uid {}, not to you (uid {}): {risk}",
+        dir.display(),
+        meta.uid(),
+        my_uid()
+    )))
 }
 
 /// Opens `path` for appending, creating it 0600 if needed.

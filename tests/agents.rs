@@ -159,6 +159,25 @@ fn terminal(agent: &Value) -> String {
     std::fs::read_to_string(agent["log"].as_str().unwrap()).unwrap().replace('\r', "")
 }
 
+/// The file a `[LONG MESSAGE - FILE ATTACHED] Path: <file>` line of `screen` names (the first
+/// such line that also contains `marker`).
+fn attached_file(screen: &str, marker: &str) -> String {
+    screen
+        .lines()
+        .filter(|line| line.contains(marker))
+        .find_map(|line| line.split("[LONG MESSAGE - FILE ATTACHED] Path: ").nth(1))
+        .unwrap_or_else(|| panic!("no attached file: {screen}"))
+        .trim()
+        .to_string()
+}
+
+/// Starts a background dummy agent `bob` in `project` (its instruction files are there).
+fn start_bob_in(home: &Home, project: &std::path::Path) -> Value {
+    let output = home.cmd(&["start", "dummy", "--name", "bob", "--json"]).current_dir(project).output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// Stops the agents' wrappers when the test ends, whatever happens.
 struct Wrappers<'a>(&'a Home, Vec<String>);
 
@@ -479,13 +498,7 @@ fn a_message_carrying_a_dialogs_furniture_arrives_through_a_file() {
     follower.wait_until("the next one written too", |events| settled_all(events, &id(&bob), 2));
     let screen = terminal(&bob);
     assert!(!screen.contains("Esc to cancel"), "{screen}");
-    let path = screen
-        .lines()
-        .find_map(|line| line.split("[LONG MESSAGE - FILE ATTACHED] Path: ").nth(1))
-        .expect(&screen)
-        .trim()
-        .to_string();
-    assert_eq!(std::fs::read_to_string(path).unwrap(), text);
+    assert_eq!(std::fs::read_to_string(attached_file(&screen, "")).unwrap(), text);
     assert!(screen.contains("the next message"), "{screen}");
 }
 
@@ -503,13 +516,7 @@ fn a_50_kb_multi_line_message_arrives_whole_through_a_file() {
     home.ok(&["send", "bob", "-F", file.to_str().unwrap(), "--no-response"]);
     follower.wait_until("the long message written", |events| settled(events, &id(&bob)));
     let screen = terminal(&bob);
-    let path = screen
-        .lines()
-        .find_map(|line| line.split("[LONG MESSAGE - FILE ATTACHED] Path: ").nth(1))
-        .expect(&screen)
-        .trim()
-        .to_string();
-    assert_eq!(std::fs::read_to_string(path).unwrap(), text);
+    assert_eq!(std::fs::read_to_string(attached_file(&screen, "")).unwrap(), text);
 }
 
 #[test]
@@ -520,9 +527,7 @@ fn the_first_ready_brings_one_start_up_message_naming_the_instruction_files() {
     std::fs::write(project.join(".synapse/default.md"), "be nice").unwrap();
     std::fs::write(project.join(".synapse/delegate.md"), "delegation rules").unwrap();
     let mut follower = Follower::new(&home);
-    let output = home.cmd(&["start", "dummy", "--name", "bob", "--json"]).current_dir(&project).output().unwrap();
-    assert!(output.status.success(), "{}", describe(&output));
-    let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let bob = start_bob_in(&home, &project);
     let _wrappers = Wrappers(&home, vec![id(&bob)]);
     // A message after start-up is written after the start-up message.
     home.ok(&["send", "bob", "first real message", "--no-response"]);
@@ -546,22 +551,13 @@ fn a_start_up_message_naming_a_file_with_dialog_words_goes_as_a_file() {
     std::fs::create_dir_all(project.join(".synapse")).unwrap();
     std::fs::write(project.join(".synapse/Allow once.md"), "be nice").unwrap();
     let mut follower = Follower::new(&home);
-    let output = home.cmd(&["start", "dummy", "--name", "bob", "--json"]).current_dir(&project).output().unwrap();
-    assert!(output.status.success(), "{}", describe(&output));
-    let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let bob = start_bob_in(&home, &project);
     let _wrappers = Wrappers(&home, vec![id(&bob)]);
     home.ok(&["send", "bob", "first real message", "--no-response"]);
     follower.wait_until("the message written", |events| settled(events, &id(&bob)));
     let screen = terminal(&bob);
     assert!(!screen.contains("Allow once"), "{screen}");
-    let path = screen
-        .lines()
-        .find(|line| line.contains("[SYNAPSE]"))
-        .and_then(|line| line.split("[LONG MESSAGE - FILE ATTACHED] Path: ").nth(1))
-        .expect(&screen)
-        .trim()
-        .to_string();
-    let message = std::fs::read_to_string(path).unwrap();
+    let message = std::fs::read_to_string(attached_file(&screen, "[SYNAPSE]")).unwrap();
     assert!(message.contains(".synapse/Allow once.md") && message.contains(&id(&bob)), "{message}");
     assert!(screen.contains("first real message"), "{screen}");
 }
@@ -580,9 +576,7 @@ fn a_cli_config_named_in_the_settings_env_is_merged_like_one_named_in_the_shell(
         .unwrap();
     let settings = serde_json::json!({"env": {"OPENCODE_CONFIG": own.display().to_string()}});
     std::fs::write(project.join(".synapse/settings.local.json"), settings.to_string()).unwrap();
-    let output = home.cmd(&["start", "dummy", "--name", "bob", "--json"]).current_dir(&project).output().unwrap();
-    assert!(output.status.success(), "{}", describe(&output));
-    let bob: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let bob = start_bob_in(&home, &project);
     let _wrappers = Wrappers(&home, vec![id(&bob)]);
     let wrapper = bob["pid"].as_u64().unwrap();
     let copy = home.home().join("agents").join(format!("{}.{wrapper}", id(&bob))).join("opencode.json");
