@@ -295,7 +295,7 @@ impl Wal {
         }
         if let Some(damage) = damage {
             tracing::warn!(
-                "{}: the last record, at byte {offset}, is {damage} (a write a crash interrupted, never acknowledged); the log ends before it",
+                "{}: what follows the last record, at byte {offset}, is {damage} (a write a crash interrupted, never acknowledged, or bytes left from before a checkpoint); the log ends there",
                 self.path.display()
             );
         }
