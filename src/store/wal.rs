@@ -16,7 +16,9 @@
 //! The file is a sequence of records, each `[payload length u32][CRC-32 of the payload u32]`
 //! then the payload: the batch's events, each `[seq u64][length u32][encoded envelope]`, all
 //! little-endian. A checkpoint does not shrink the file: records are written again from its
-//! start, over older ones. Reading stops at the first record that is cut short, fails its
+//! start, over older ones. Every record is followed by zeros (a header's worth at least), so that
+//! where the log ends reads as its end, never as the older bytes there (a message's text among
+//! them, which a sender chose). Reading stops at the first record that is cut short, fails its
 //! checksum or does not continue the sequence (an older record left behind).
 //!
 //! On Linux a record is written with direct I/O (`O_DIRECT`, a second descriptor) where the
@@ -36,6 +38,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 const RECORD_HEADER: usize = 8;
+/// Zeros written after every record, so that where the log ends always reads as its end. Left
+/// as they were, the bytes there may be an older record's (one from before the last checkpoint,
+/// a message's text among them): a sender could have placed a header there that says "damaged,
+/// and the next record starts here", with a well-formed record of its own at that place, and
+/// after a crash every open was refused for it.
+const ZEROS_AFTER: usize = RECORD_HEADER;
 /// A batch larger than this is written after its header, rather than copied behind it first.
 const SEPARATE_WRITES_FROM: usize = 64 << 10;
 const EVENT_HEADER: usize = 12;
@@ -101,10 +109,11 @@ impl Direct {
     }
 
     /// Writes `header` and `payload` at `end` (where the log ends now, `tail` before it), in
-    /// whole blocks padded with zeros. Does not sync, nor move `tail` (the caller does).
-    fn write(&mut self, end: u64, header: &[u8], payload: &[u8]) -> io::Result<()> {
+    /// whole blocks padded with zeros, `zeros_after` of them at least. Does not sync, nor move
+    /// `tail` (the caller does).
+    fn write(&mut self, end: u64, header: &[u8], payload: &[u8], zeros_after: usize) -> io::Result<()> {
         let used = self.tail.len() + header.len() + payload.len();
-        let length = used.next_multiple_of(BLOCK);
+        let length = (used + zeros_after).next_multiple_of(BLOCK);
         self.buffer.clear();
         self.buffer.resize(length + BLOCK, 0);
         let skip = self.buffer.as_ptr().align_offset(BLOCK);
@@ -354,7 +363,7 @@ impl Wal {
     pub fn append(&mut self, payload: &[u8]) -> Result<(), StoreError> {
         let header = record_header(payload)?;
         let record_length = (RECORD_HEADER + payload.len()) as u64;
-        let written = self.make_room(record_length).and_then(|()| {
+        let written = self.make_room(record_length + ZEROS_AFTER as u64).and_then(|()| {
             if !self.write_direct(&header, payload)? {
                 self.write_cached(&header, payload)?;
             }
@@ -388,7 +397,7 @@ impl Wal {
         let Some(direct) = self.direct.as_mut().filter(|_| payload.len() <= SEPARATE_WRITES_FROM) else {
             return Ok(false);
         };
-        match direct.write(self.end, header, payload) {
+        match direct.write(self.end, header, payload, ZEROS_AFTER) {
             Ok(()) => Ok(true),
             // Written through the page cache, it would fail the same way.
             Err(error) if super::is_disk_full(&error) => Err(error),
@@ -405,20 +414,23 @@ impl Wal {
         }
     }
 
-    /// Writes a record at the log's end through the page cache.
+    /// Writes a record at the log's end through the page cache, and [`ZEROS_AFTER`] after it.
     fn write_cached(&self, header: &[u8], payload: &[u8]) -> io::Result<()> {
         if payload.len() <= SEPARATE_WRITES_FROM {
-            let mut record = Vec::with_capacity(RECORD_HEADER + payload.len());
+            let mut record = Vec::with_capacity(RECORD_HEADER + payload.len() + ZEROS_AFTER);
             record.extend_from_slice(header);
             record.extend_from_slice(payload);
+            record.extend_from_slice(&[0; ZEROS_AFTER]);
             self.file.write_all_at(&record, self.end)
         } else {
-            // A long message is not copied again for the sake of 8 bytes: two writes, one
-            // fsync. The payload first: until the header is written, what lies at `end` is
-            // what was there before (zeros after a checkpoint or an undo, or a record older
-            // than those before it), so a crash between the two writes adds nothing to the
-            // log and leaves no record that claims the new payload.
-            self.file.write_all_at(payload, self.end + RECORD_HEADER as u64)?;
+            // A long message is not copied again for the sake of 16 bytes: three writes, one
+            // fsync. The payload and the zeros after it first: until the header is written,
+            // what lies at `end` is what was there before (zeros after a checkpoint or an undo,
+            // or a record older than those before it), so a crash between the writes adds
+            // nothing to the log and leaves no record that claims the new payload.
+            let after = self.end + RECORD_HEADER as u64;
+            self.file.write_all_at(payload, after)?;
+            self.file.write_all_at(&[0; ZEROS_AFTER], after + payload.len() as u64)?;
             self.file.write_all_at(header, self.end)
         }
     }
@@ -470,10 +482,9 @@ impl Wal {
         // which an open refuses.
         if let Some(direct) = &mut self.direct {
             let mut block = vec![0_u8; usize::try_from(length).map_or(BLOCK, |length| length.min(BLOCK))];
-            let zeroed = self
-                .file
-                .read_exact_at(&mut block, 0)
-                .and_then(|()| direct.write(0, &[0_u8; RECORD_HEADER], block.get(RECORD_HEADER..).unwrap_or_default()));
+            let zeroed = self.file.read_exact_at(&mut block, 0).and_then(|()| {
+                direct.write(0, &[0_u8; RECORD_HEADER], block.get(RECORD_HEADER..).unwrap_or_default(), 0)
+            });
             if zeroed.is_ok() {
                 return Ok(());
             }
@@ -777,6 +788,38 @@ mod tests {
         wal.file.write_all_at(&record_header(&next).unwrap(), 0).unwrap();
         drop(wal);
         assert!(read_back_at(&path, 1).is_empty());
+    }
+
+    /// Where the log ends always reads as its end: zeros follow every record, by direct I/O
+    /// (a record ending on a block's edge) and through the page cache (a long one). Bytes left
+    /// there from before a checkpoint (a message's text) had been read as a header: a sender's
+    /// "damaged record" pointing at a well-formed record of its own made every open refuse.
+    #[test]
+    fn bytes_after_the_logs_end_are_never_read_as_a_record() {
+        for (what, text_length) in [("a record ending on a block's edge", 4096 - 20), ("a long record", 70_000)] {
+            let (_dir, path, mut wal) = fresh();
+            // A message whose text holds, at `text_length`, a damaged header whose length
+            // points at a well-formed record of a later event.
+            let forged_payload = batch(&[(1000, "x")]);
+            let mut text = vec![b'a'; text_length];
+            text.extend_from_slice(&32_u32.to_le_bytes());
+            text.extend_from_slice(&0xDEAD_BEEF_u32.to_le_bytes());
+            text.extend_from_slice(&[b'b'; 32]);
+            text.extend_from_slice(&record_header(&forged_payload).unwrap());
+            text.extend_from_slice(&forged_payload);
+            text.extend_from_slice(&[b'c'; 100]);
+            let mut message = Vec::new();
+            push_event(&mut message, 1, &text);
+            wal.append(&message).unwrap();
+            // A checkpoint, then a record that ends exactly where the damaged header is.
+            wal.reset().unwrap();
+            let mut next = Vec::new();
+            push_event(&mut next, 2, &vec![b'n'; text_length]);
+            wal.append(&next).unwrap();
+            assert_eq!(wal.end(), (RECORD_HEADER + EVENT_HEADER + text_length) as u64, "{what}");
+            drop(wal);
+            assert_eq!(seqs(&read_back_at(&path, 1)), [2], "{what}");
+        }
     }
 
     /// A record that claims more than it holds (a length past the end of a sparse file) is not
