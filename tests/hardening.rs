@@ -600,8 +600,15 @@ fn a_home_of_another_user_is_refused() {
     std::fs::write(home.home().join("profiles/claude.json"), format!(r#"{{"command": "{}"}}"#, script.display()))
         .unwrap();
     std::os::unix::fs::chown(home.home(), Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::write(home.home().join("settings.json"), "{}").unwrap();
     let before: Vec<_> = std::fs::read_dir(home.home()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
-    for args in [vec!["broker", "start"], vec!["list"], vec!["start", "dummy"]] {
+    for args in [
+        vec!["broker", "start"],
+        vec!["list"],
+        vec!["start", "dummy"],
+        vec!["init", "--scope", "user", "--force"],
+        vec!["reset", "--scope", "user", "--force"],
+    ] {
         let refused = home.run(&args);
         assert_eq!(refused.status.code(), Some(1), "{args:?}: {}", describe(&refused));
         assert!(stderr(&refused).contains("belongs to uid 65534"), "{args:?}: {}", describe(&refused));
