@@ -86,6 +86,35 @@ fn refuse_unless_mine(dir: &Path, meta: &std::fs::Metadata, risk: &str) -> std::
     )))
 }
 
+/// Reads a file that decides what Synapse trusts or runs (a profile, the broker's security
+/// settings): it must be this user's and not writable by others (a home left open, by an older
+/// version or by hand, lets anyone plant one; the broker closes the home, not what is in it).
+/// A group that can write is allowed: with a private group per user (umask 002) every file is so.
+pub fn read_own(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let mut file = File::open(path)?;
+    let meta = file.metadata()?;
+    if meta.uid() != my_uid() {
+        return Err(std::io::Error::other(format!(
+            "{} belongs to uid {}, not to you (uid {}): not used; remove it, or take it if it is yours",
+            path.display(),
+            meta.uid(),
+            my_uid()
+        )));
+    }
+    if meta.mode() & 0o002 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} can be written by anyone: not used; chmod o-w {}",
+            path.display(),
+            path.display()
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Opens `path` for appending, creating it 0600 if needed.
 pub fn open_append(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().create(true).append(true).mode(FILE_MODE).open(path)

@@ -122,7 +122,7 @@ impl TrustSettings {
     /// Reads the file; the defaults when it does not exist.
     pub fn load(home: &Path) -> anyhow::Result<TrustSettings> {
         let path = TrustSettings::path(home);
-        let bytes = match std::fs::read(&path) {
+        let bytes = match crate::private_files::read_own(&path) {
             Ok(bytes) => bytes,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(TrustSettings::default()),
             Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),

@@ -621,6 +621,45 @@ fn a_home_of_another_user_is_refused() {
     assert!(!mark.exists(), "doctor ran the other user's profile command");
 }
 
+/// A profile or the broker's security settings planted in the user's own home (left open to
+/// others) are not used: a file anyone can write, or one of another user (needs root for that
+/// part). A planted profile's command was run by `synapse start`.
+#[test]
+fn a_profile_or_security_settings_file_planted_in_the_home_is_not_used() {
+    let home = Home::new();
+    let mark = home.dir.path().join("ran");
+    let script = home.dir.path().join("evil.sh");
+    std::fs::write(&script, format!("#!/bin/sh\necho ran > {}\n", mark.display())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir_all(home.home().join("profiles")).unwrap();
+    let profile = home.home().join("profiles/dummy.json");
+    std::fs::write(&profile, format!(r#"{{"command": "{}"}}"#, script.display())).unwrap();
+    std::fs::set_permissions(&profile, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let refused = home.run(&["start", "dummy"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("can be written by anyone"), "{}", describe(&refused));
+    assert!(!mark.exists(), "the planted profile's command ran");
+    if my_uid() != 0 {
+        eprintln!("SKIPPED (the rest): needs root to create files of another user");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    std::fs::set_permissions(&profile, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::chown(&profile, Some(NOBODY), Some(NOBODY)).unwrap();
+    let refused = home.run(&["start", "dummy"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("belongs to uid 65534"), "{}", describe(&refused));
+    assert!(!mark.exists(), "the planted profile's command ran");
+    std::fs::remove_file(&profile).unwrap();
+    home.ok(&["broker", "stop"]);
+    let settings = home.home().join("broker-settings.json");
+    std::fs::write(&settings, r#"{"version":1,"allow_other_users":true}"#).unwrap();
+    std::os::unix::fs::chown(&settings, Some(NOBODY), Some(NOBODY)).unwrap();
+    let refused = home.run(&["broker", "start"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("belongs to uid 65534"), "{}", describe(&refused));
+}
+
 /// `synapse hook` sends the agent's secret only to a hook socket of this user: one another user
 /// serves at its path (in a socket directory others can write) gets nothing (needs root).
 #[test]

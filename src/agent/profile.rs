@@ -329,7 +329,9 @@ pub fn load(name: &str, home: &Path) -> anyhow::Result<Profile> {
     }
     let file = home.join("profiles").join(format!("{name}.json"));
     let base = builtin(name);
-    let text = match std::fs::read_to_string(&file) {
+    let text = match crate::private_files::read_own(&file)
+        .and_then(|bytes| String::from_utf8(bytes).map_err(std::io::Error::other))
+    {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             return base.ok_or_else(|| {
