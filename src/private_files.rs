@@ -86,29 +86,30 @@ fn refuse_unless_mine(dir: &Path, meta: &std::fs::Metadata, risk: &str) -> std::
     )))
 }
 
-/// Reads a file that decides what Synapse trusts or runs (a profile, the broker's security
-/// settings): it must be this user's and not writable by others (a home left open, by an older
-/// version or by hand, lets anyone plant one; the broker closes the home, not what is in it).
-/// A group that can write is allowed: with a private group per user (umask 002) every file is so.
+/// Reads a file that decides what Synapse trusts or runs (a profile, the user's settings, the
+/// broker's security settings): it must be this user's or root's (a profile a system manages:
+/// Nix, configuration management) and not writable by others. A home left open, by an older
+/// version or by hand, lets anyone plant one; the broker closes the home, not what is in it. A
+/// group that can write is allowed: with a private group per user (umask 002) every file is so.
 pub fn read_own(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
     let mut file = File::open(path)?;
     let meta = file.metadata()?;
-    if meta.uid() != my_uid() {
+    // Through a link, the file judged is its target: named too.
+    let shown = match std::fs::canonicalize(path) {
+        Ok(target) if target != path => format!("{} (a link to {})", path.display(), target.display()),
+        _ => path.display().to_string(),
+    };
+    if meta.uid() != my_uid() && meta.uid() != 0 {
         return Err(std::io::Error::other(format!(
-            "{} belongs to uid {}, not to you (uid {}): not used; remove it, or take it if it is yours",
-            path.display(),
+            "{shown} belongs to uid {}, not to you (uid {}): refused; remove it, or chown it if it is yours",
             meta.uid(),
             my_uid()
         )));
     }
     if meta.mode() & 0o002 != 0 {
-        return Err(std::io::Error::other(format!(
-            "{} can be written by anyone: not used; chmod o-w {}",
-            path.display(),
-            path.display()
-        )));
+        return Err(std::io::Error::other(format!("{shown} can be written by anyone: refused; chmod o-w it")));
     }
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)?;
@@ -170,8 +171,13 @@ pub fn tighten_home(home: &Path) -> std::io::Result<usize> {
     let mut changed = 0;
     let mut pending = vec![home.to_path_buf()];
     while let Some(dir) = pending.pop() {
-        if tighten(&dir, DIR_MODE)? {
-            changed += 1;
+        match tighten(&dir, DIR_MODE) {
+            Ok(true) => changed += 1,
+            Ok(false) => {}
+            Err(error) if dir == home => return Err(error),
+            // Not ours (another user put it there): the rest is still closed; such files are
+            // refused where they would matter (`read_own`).
+            Err(_) => {}
         }
         let Ok(entries) = std::fs::read_dir(&dir) else { continue };
         for entry in entries.flatten() {
@@ -234,5 +240,35 @@ mod tests {
         assert_eq!(mode_of(&home), 0o700);
         assert_eq!(mode_of(&home.join("messages/agent/1.txt")), 0o600);
         assert_eq!(tighten_home(&home).unwrap(), 0);
+    }
+
+    /// A directory of another user in the home (put there while it was open) does not stop the
+    /// closing of the rest: it had ended the walk, leaving what came after it open.
+    #[test]
+    fn a_directory_of_another_user_in_the_home_does_not_stop_the_tightening() {
+        if my_uid() != 0 {
+            eprintln!("SKIPPED: needs root to make a directory of another user that root cannot chmod");
+            return;
+        }
+        let base = tempfile::tempdir().unwrap();
+        let home = base.path().join("home");
+        let mine = home.join("planted/mine");
+        std::fs::create_dir_all(&mine).unwrap();
+        for dir in [&home, &home.join("planted"), &mine] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        std::os::unix::fs::chown(home.join("planted"), Some(65534), Some(65534)).unwrap();
+        // Root may chmod another user's directory; a user may not. Made immutable, it refuses
+        // root too, as another user's directory refuses a user.
+        let immutable = std::process::Command::new("chattr").arg("+i").arg(home.join("planted")).status();
+        if !immutable.is_ok_and(|status| status.success()) {
+            eprintln!("SKIPPED: chattr +i is not available here");
+            return;
+        }
+        let result = tighten_home(&home);
+        let _ = std::process::Command::new("chattr").arg("-i").arg(home.join("planted")).status();
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(mode_of(&home), 0o700);
+        assert_eq!(mode_of(&mine), 0o700, "what lies past the foreign directory is closed too");
     }
 }

@@ -99,7 +99,20 @@ fn merge(base: &mut Value, overrides: Value) {
 
 /// Reads one settings file; None when it does not exist.
 pub fn read_file(path: &Path) -> anyhow::Result<Option<Value>> {
-    let text = match std::fs::read_to_string(path) {
+    parse_file(path, std::fs::read_to_string(path))
+}
+
+/// Reads the user's settings file (in the home): it must be the user's (its `env` reaches every
+/// agent's CLI: `LD_PRELOAD`, `PATH`), see [`crate::private_files::read_own`].
+fn read_user_file(path: &Path) -> anyhow::Result<Option<Value>> {
+    let text = crate::private_files::read_own(path).and_then(|bytes| {
+        String::from_utf8(bytes).map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidData, error))
+    });
+    parse_file(path, text)
+}
+
+fn parse_file(path: &Path, text: std::io::Result<String>) -> anyhow::Result<Option<Value>> {
+    let text = match text {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(error) => bail!("cannot read {}: {error}", path.display()),
@@ -119,8 +132,9 @@ impl Settings {
         let mut merged = defaults();
         let mut sources = Vec::new();
         let mut warnings = Vec::new();
-        for (_, path) in scope_files(home, project_dir) {
-            if let Some(value) = read_file(&path)? {
+        for (scope, path) in scope_files(home, project_dir) {
+            let value = if scope == "user" { read_user_file(&path)? } else { read_file(&path)? };
+            if let Some(value) = value {
                 warnings.extend(unknown_keys(&path, &value));
                 merge(&mut merged, value);
                 sources.push(path);

@@ -651,6 +651,14 @@ fn a_profile_or_security_settings_file_planted_in_the_home_is_not_used() {
     assert!(stderr(&refused).contains("belongs to uid 65534"), "{}", describe(&refused));
     assert!(!mark.exists(), "the planted profile's command ran");
     std::fs::remove_file(&profile).unwrap();
+    // The user's settings: their `env` reaches every agent's CLI (LD_PRELOAD, PATH).
+    let user_settings = home.home().join("settings.json");
+    std::fs::write(&user_settings, r#"{"env": {"LD_PRELOAD": "/tmp/evil.so"}}"#).unwrap();
+    std::os::unix::fs::chown(&user_settings, Some(NOBODY), Some(NOBODY)).unwrap();
+    let refused = home.run(&["start", "dummy"]);
+    assert_ne!(refused.status.code(), Some(0), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("belongs to uid 65534"), "{}", describe(&refused));
+    std::fs::remove_file(&user_settings).unwrap();
     home.ok(&["broker", "stop"]);
     let settings = home.home().join("broker-settings.json");
     std::fs::write(&settings, r#"{"version":1,"allow_other_users":true}"#).unwrap();

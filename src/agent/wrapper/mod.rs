@@ -244,6 +244,10 @@ pub fn run(paths: Paths, options: Options) -> anyhow::Result<i32> {
 }
 
 async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
+    // A broker already serving the socket directory does not check this home for us: nothing
+    // of this session (logs, the MCP registration and its secret) goes into another user's.
+    crate::private_files::own_home(&paths.home)
+        .with_context(|| format!("cannot use {} as the home", paths.home.display()))?;
     let mut client = Client::connect(&paths, true).await?;
     let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
     let registration = client
