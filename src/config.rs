@@ -98,6 +98,13 @@ impl Paths {
         self.uds_dir.join(format!("{agent_id}.sock"))
     }
 
+    /// Creates the home or checks it is the user's before anything is read from it or written
+    /// into it ([`crate::private_files::own_home`]).
+    pub fn own_home(&self) -> anyhow::Result<()> {
+        crate::private_files::own_home(&self.home)
+            .map_err(|error| anyhow::anyhow!("cannot use {} as the home: {error}", self.home.display()))
+    }
+
     pub fn broker_log(&self) -> PathBuf {
         self.home.join("broker.log")
     }

@@ -29,8 +29,7 @@ pub struct AlreadyRunning(pub String);
 
 /// Runs the broker in the foreground until it is stopped (signal or `synapse broker stop`).
 pub async fn run(paths: Paths) -> anyhow::Result<()> {
-    crate::private_files::own_home(&paths.home)
-        .with_context(|| format!("cannot use {} as the home", paths.home.display()))?;
+    paths.own_home()?;
     crate::private_files::own_dir(&paths.uds_dir)
         .with_context(|| format!("cannot use {} for the broker's sockets", paths.uds_dir.display()))?;
     // A home made by an older version (or by hand) may be readable by others: the log and the

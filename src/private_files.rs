@@ -96,20 +96,21 @@ pub fn read_own(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::os::unix::fs::MetadataExt;
     let mut file = File::open(path)?;
     let meta = file.metadata()?;
-    // Through a link, the file judged is its target: named too.
-    let shown = match std::fs::canonicalize(path) {
+    // Through a link, the file judged is its target: named too (worked out for a refusal only).
+    let shown = || match std::fs::canonicalize(path) {
         Ok(target) if target != path => format!("{} (a link to {})", path.display(), target.display()),
         _ => path.display().to_string(),
     };
     if meta.uid() != my_uid() && meta.uid() != 0 {
         return Err(std::io::Error::other(format!(
-            "{shown} belongs to uid {}, not to you (uid {}): refused; remove it, or chown it if it is yours",
+            "{} belongs to uid {}, not to you (uid {}): refused; remove it, or chown it if it is yours",
+            shown(),
             meta.uid(),
             my_uid()
         )));
     }
     if meta.mode() & 0o002 != 0 {
-        return Err(std::io::Error::other(format!("{shown} can be written by anyone: refused; chmod o-w it")));
+        return Err(std::io::Error::other(format!("{} can be written by anyone: refused; chmod o-w it", shown())));
     }
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)?;

@@ -69,19 +69,21 @@ pub fn run(uds_dir: &Path, event: &str) -> i32 {
     // for: it is drained aside, into nothing, so that the CLI never blocks on a full pipe, and
     // never waited for past STDIN_WAIT (a CLI that kept it open would hold its own turn). Not
     // a terminal: someone trying the command by hand.
-    let drained = (!crate::agent::terminal::is_terminal(0)).then(|| {
-        let (done, drained) = std::sync::mpsc::channel();
-        let drain = std::thread::Builder::new().name("synapse-hook-stdin".into()).spawn(move || {
-            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-            let _ = done.send(());
-        });
-        drain.ok().map(|_| drained)
-    });
+    let drained = (!crate::agent::terminal::is_terminal(0))
+        .then(|| {
+            let (done, drained) = std::sync::mpsc::channel();
+            let drain = std::thread::Builder::new().name("synapse-hook-stdin".into()).spawn(move || {
+                let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+                let _ = done.send(());
+            });
+            drain.ok().map(|_| drained)
+        })
+        .flatten();
     let handed = hand_over(uds_dir, event);
     if let Err(error) = handed {
         tracing::debug!("hook {event}: {error}");
     }
-    if let Some(Some(drained)) = drained {
+    if let Some(drained) = drained {
         let _ = drained.recv_timeout(STDIN_WAIT);
     }
     0

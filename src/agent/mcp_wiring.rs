@@ -104,8 +104,6 @@ fn hooks_section(synapse: &str, event: &str) -> Value {
     json!({event: [{"matcher": "*", "hooks": [{"type": "command", "command": hook_command(synapse, event)}]}]})
 }
 
-pub use crate::config::{agent_dir, remove_abandoned};
-
 /// Writes what `style` needs into `dir` (created 0700) and says how to pass it. `synapse` is the
 /// executable the CLI starts; `identity` the values of [`IDENTITY_VARIABLES`]; `inherited` reads
 /// a variable of the wrapper's environment (a file the user already names by Gemini's or

@@ -203,8 +203,7 @@ impl Readiness {
     /// of a text we wrote ([`Readiness::echo_rows`]), while the CLI is not at its empty prompt
     /// (see [`IdleStrategy::question_patterns`]).
     pub fn dialog_on_screen(&self) -> bool {
-        self.furniture_on_screen()
-            || (self.pattern_on_screen(&self.idle.question_patterns, &mut None) && !self.at_prompt())
+        self.furniture_on_screen() || (self.pattern_on_screen(&self.idle.question_patterns) && !self.at_prompt())
     }
 
     /// Does a dialog's furniture show, on any row? What every dialog shows: nothing is written,
@@ -215,13 +214,22 @@ impl Readiness {
     /// dialog drawn below passes for the message's last lines. A message that carries furniture
     /// is written as a file instead (`watcher::ticket_text`), so its echo never shows any.
     pub fn furniture_on_screen(&self) -> bool {
-        let patterns = &self.idle.waiting_patterns;
+        !self.rows_showing(&self.idle.waiting_patterns).is_empty()
+    }
+
+    /// The screen rows that show one of `patterns` (none for no patterns).
+    fn rows_showing(&self, patterns: &[String]) -> Vec<usize> {
         if patterns.is_empty() {
-            return false;
+            return Vec::new();
         }
         let screen = self.parser.screen();
         let (_, cols) = screen.size();
-        screen.rows(0, cols).any(|row| patterns.iter().any(|pattern| row.contains(pattern.as_str())))
+        screen
+            .rows(0, cols)
+            .enumerate()
+            .filter(|(_, row)| patterns.iter().any(|pattern| row.contains(pattern.as_str())))
+            .map(|(index, _)| index)
+            .collect()
     }
 
     /// Does `text` carry one of the profile's dialog furniture patterns ([`furniture_on_screen`]
@@ -233,27 +241,17 @@ impl Readiness {
         idle.waiting_patterns.iter().any(|pattern| text.contains(pattern.as_str()))
     }
 
-    /// Does one of `patterns` (questions) show on a screen row that is not an echo? The echo rows
-    /// ([`Readiness::echo_rows`], kept in `echoes` for the next call) are worked out only when a
-    /// pattern shows: they are the dear part, and most looks find no pattern at all (the watcher
-    /// and the reporter look at every change of the screen).
-    fn pattern_on_screen(&self, patterns: &[String], echoes: &mut Option<Vec<bool>>) -> bool {
-        if patterns.is_empty() {
+    /// Does one of `patterns` (questions, busy hints) show on a screen row that is not an echo?
+    /// The echo rows ([`Readiness::echo_rows`]) are worked out only when a pattern shows: they
+    /// are the dear part, and most looks find no pattern at all (the watcher and the reporter
+    /// look at every change of the screen).
+    fn pattern_on_screen(&self, patterns: &[String]) -> bool {
+        let showing = self.rows_showing(patterns);
+        if showing.is_empty() {
             return false;
         }
-        let screen = self.parser.screen();
-        let (_, cols) = screen.size();
-        let mut showing = screen
-            .rows(0, cols)
-            .enumerate()
-            .filter(|(_, row)| patterns.iter().any(|pattern| row.contains(pattern.as_str())))
-            .map(|(index, _)| index)
-            .peekable();
-        if showing.peek().is_none() {
-            return false;
-        }
-        let echoes = echoes.get_or_insert_with(|| self.echo_rows());
-        showing.any(|index| !echoes.get(index).copied().unwrap_or(false))
+        let echoes = self.echo_rows();
+        showing.into_iter().any(|index| !echoes.get(index).copied().unwrap_or(false))
     }
 
     /// Which screen rows show the echo of a text we wrote: a row that begins as the text begins
@@ -365,7 +363,7 @@ impl Readiness {
     pub fn holds_put_back(&self, written: &str, pasted: bool, now: Instant) -> (bool, Option<Instant>) {
         let Some(last_output) = self.last_output else { return (false, None) };
         if self.dialog_on_screen()
-            || self.pattern_on_screen(&self.idle.busy_patterns, &mut None)
+            || self.pattern_on_screen(&self.idle.busy_patterns)
             || !self.holds_unsent(written, pasted)
         {
             return (false, None);
@@ -456,7 +454,7 @@ impl Readiness {
         if self.idle.needs_bracketed_paste && !self.seen_bracketed_paste {
             return (AgentStatus::Processing, None);
         }
-        if self.pattern_on_screen(&self.idle.busy_patterns, &mut None) {
+        if self.pattern_on_screen(&self.idle.busy_patterns) {
             return (AgentStatus::Processing, None);
         }
         if self.idle.prompt.is_some() && !self.at_prompt() {

@@ -144,8 +144,7 @@ pub fn start(paths: &Paths, profile_name: &str, args: &ProfileArgs, json: bool) 
     } else {
         profile::load(profile_name, &paths.home)?;
     }
-    crate::private_files::own_home(&paths.home)
-        .with_context(|| format!("cannot use {} as the home", paths.home.display()))?;
+    paths.own_home()?;
     let logs = paths.home.join("logs");
     crate::private_files::create_dir(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
     let wrapper_log = paths.wrapper_log(profile_name);

@@ -18,8 +18,7 @@ fn scope_path(paths: &Paths, scope: &str) -> anyhow::Result<std::path::PathBuf> 
 pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
     let path = scope_path(paths, scope)?;
     // Every scope also writes the broker's security settings into the home.
-    crate::private_files::own_home(&paths.home)
-        .with_context(|| format!("cannot use {} as the home", paths.home.display()))?;
+    paths.own_home()?;
     // A link counts as a file there, even one to nothing: a cloned project's link must not make
     // `init` create or replace a file elsewhere.
     let existing = path.symlink_metadata().ok();
@@ -52,8 +51,7 @@ pub fn init(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
 pub fn reset(paths: &Paths, scope: &str, force: bool) -> anyhow::Result<i32> {
     let path = scope_path(paths, scope)?;
     if scope == "user" {
-        crate::private_files::own_home(&paths.home)
-            .with_context(|| format!("cannot use {} as the home", paths.home.display()))?;
+        paths.own_home()?;
     }
     if !path.exists() {
         println!("{} does not exist: the {scope} settings are the defaults already", path.display());

@@ -1129,8 +1129,7 @@ pub async fn start_broker(paths: &Paths) -> anyhow::Result<()> {
 /// under the start-up lock, so a stop that lands meanwhile is seen).
 async fn start_broker_unless(paths: &Paths, respect_stop: bool) -> anyhow::Result<()> {
     // Nothing is written into a home of another user (the broker would refuse it anyway).
-    crate::private_files::own_home(&paths.home)
-        .with_context(|| format!("cannot use {} as the home", paths.home.display()))?;
+    paths.own_home()?;
     let lock_path = paths.start_lock();
     let lock =
         crate::private_files::open_write(&lock_path).with_context(|| format!("cannot open {}", lock_path.display()))?;

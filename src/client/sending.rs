@@ -111,9 +111,10 @@ impl Client {
     /// Blocks until the task is final (the broker answers when the log says so) and gives the
     /// reply's text. `seconds` = 0: no limit; otherwise they count from `started` (the send's
     /// start: a send that took long, retried, leaves less to wait, so that the whole call keeps
-    /// within what its caller was promised, a CLI's tool timeout for one). A wait whose connection breaks (the broker
-    /// restarting) goes on over a new one, made under the `respect_stop` rule as in
-    /// [`Client::send_retrying`]: waiting changes nothing, and the reply may still come.
+    /// within what its caller was promised, a CLI's tool timeout for one). A wait whose
+    /// connection breaks (the broker restarting) goes on over a new one, made under the
+    /// `respect_stop` rule as in [`Client::send_retrying`]: waiting changes nothing, and the
+    /// reply may still come.
     pub async fn wait_for_reply(
         &mut self,
         paths: &Paths,

@@ -246,8 +246,7 @@ pub fn run(paths: Paths, options: Options) -> anyhow::Result<i32> {
 async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
     // A broker already serving the socket directory does not check this home for us: nothing
     // of this session (logs, the MCP registration and its secret) goes into another user's.
-    crate::private_files::own_home(&paths.home)
-        .with_context(|| format!("cannot use {} as the home", paths.home.display()))?;
+    paths.own_home()?;
     let mut client = Client::connect(&paths, true).await?;
     let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
     let registration = client
@@ -274,7 +273,7 @@ async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
         let _ = client.deregister(&agent_id).await;
     }
     // The session's files (the MCP registration, which may hold the secret) go with the agent.
-    let _ = std::fs::remove_dir_all(mcp_wiring::agent_dir(&paths.home, &agent_id, std::process::id()));
+    let _ = std::fs::remove_dir_all(crate::config::agent_dir(&paths.home, &agent_id, std::process::id()));
     result
 }
 
@@ -308,8 +307,8 @@ fn cli_command(
         Some(style) if !options.no_mcp && settings.mcp()? => {
             let synapse = crate::config::synapse_exe().context("cannot find the synapse executable")?;
             // Those of a run killed before it could remove them go first: a secret revoked.
-            mcp_wiring::remove_abandoned(&paths.home);
-            let dir = mcp_wiring::agent_dir(&paths.home, agent_id, std::process::id());
+            crate::config::remove_abandoned(&paths.home);
+            let dir = crate::config::agent_dir(&paths.home, agent_id, std::process::id());
             // The CLI's environment as it will be: the settings' `env` over this process's.
             let lookup = |name: &str| {
                 settings_env
