@@ -412,7 +412,7 @@ fn an_mcp_send_tried_again_never_starts_a_broker_stopped_on_purpose() {
     let mut command = home.cmd(&["mcp"]);
     command.env("SYNAPSE_CLIENT_TIMEOUT_MS", "2000").stderr(std::process::Stdio::piped());
     let mut session = McpSession::start(&mut command);
-    kill(pid, libc::SIGSTOP);
+    freeze(pid);
     session.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "send", "arguments": {"to": "bob", "message": "x", "expect_reply": false}}}));
     // Its log, read on a thread of its own: a server that never tries again keeps it open.

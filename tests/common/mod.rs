@@ -195,6 +195,26 @@ pub fn kill(pid: u32, signal: i32) {
     }
 }
 
+/// Sends SIGSTOP and waits until every thread of `pid` is stopped: a signal to another process
+/// is delivered asynchronously, and on a loaded machine a thread already running may still
+/// answer a request sent right after `kill` returns.
+pub fn freeze(pid: u32) {
+    kill(pid, libc::SIGSTOP);
+    let started = Instant::now();
+    let stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+        tasks.flatten().all(|task| {
+            std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("T")
+            })
+        })
+    };
+    while !stopped() {
+        assert!(started.elapsed() < Duration::from_secs(20), "process {pid} did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 pub fn is_alive(pid: u32) -> bool {
     #[allow(unsafe_code)]
     let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
