@@ -429,7 +429,7 @@ fn a_cancel_notice_left_queued_by_a_dead_wrapper_is_not_written_into_the_new_cli
         injected_count(events, &id(&carol)) == 1 && status_is(events, &id(&carol), "PROCESSING")
     });
     let wrapper = u32::try_from(carol["pid"].as_u64().unwrap()).unwrap();
-    kill(wrapper, libc::SIGSTOP);
+    freeze(wrapper);
     home.ok(&["cancel", &task]);
     // On the wire a notice is a reply with a flag: a wrapper of an earlier build reads it.
     let queued = home.inbox(&as_agent(&carol));
@@ -1724,7 +1724,7 @@ fn a_cancel_after_a_hand_over_whose_acknowledgement_failed_is_told_to_the_model(
     assert_eq!(recorded.trim(), "recorded", "the wrapper tried its acknowledgement and is done with the hook");
     // Frozen, the wrapper cannot acknowledge before the cancel (which starts a broker).
     let wrapper = u32::try_from(bob["pid"].as_u64().unwrap()).unwrap();
-    kill(wrapper, libc::SIGSTOP);
+    freeze(wrapper);
     home.ok(&["cancel", &task]);
     let acknowledged = |events: &[Value]| {
         events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "ticket").as_u64() == Some(number))

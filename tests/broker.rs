@@ -297,10 +297,10 @@ fn an_idle_writer_checkpoints_what_only_the_write_ahead_log_held() {
     home.register(Some("target"));
     home.ok(&["send", "target", "kept", "--no-response"]);
     let wal = home.home().join("synapse.wal");
-    let header = || std::fs::read(&wal).unwrap().get(..8).map(<[u8]>::to_vec).unwrap_or_default();
+    let header = || std::fs::read(&wal).unwrap().get(..16).map(<[u8]>::to_vec).unwrap_or_default();
     assert!(std::fs::metadata(&wal).unwrap().len() >= 1 << 20, "a record was appended (the file grew by a step)");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while header() != [0; 8] {
+    while header() != [0; 16] {
         assert!(std::time::Instant::now() < deadline, "the write-ahead log still holds a record: {:?}", header());
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
@@ -565,7 +565,7 @@ fn broker_stop_stops_a_broker_that_does_not_answer() {
     home.register(Some("bob"));
     home.ok(&["send", "bob", "before the broker froze", "--no-response"]);
     let pid = home.broker_pid().expect("broker.json");
-    kill(pid, libc::SIGSTOP);
+    freeze(pid);
     // Another home sharing the socket folder finds this stuck broker at its socket: not its own
     // (its broker.json does not name it), so it is not signalled.
     let other = Home::new();

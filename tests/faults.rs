@@ -28,7 +28,7 @@ fn large_message(marker: &str) -> String {
 /// the first record's header; see `src/store/wal.rs`.)
 fn write_ahead_log_is_empty(home: &Home) -> bool {
     let log = std::fs::read(home.home().join("synapse.wal")).unwrap_or_default();
-    log.get(..8).is_none_or(|header| header.iter().all(|byte| *byte == 0))
+    log.get(..16).is_none_or(|header| header.iter().all(|byte| *byte == 0))
 }
 
 /// How many of `events` carry `marker` in their text.

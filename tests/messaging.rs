@@ -91,7 +91,7 @@ fn a_send_whose_answer_is_late_is_tried_again_and_made_once() {
     let home = Home::new();
     let bob = home.register(Some("bob"));
     let pid = home.broker_pid().expect("broker.json");
-    kill(pid, libc::SIGSTOP);
+    freeze(pid);
     let mut sending = home
         .cmd(&["send", "bob", "sent while the broker froze", "--no-response"])
         .env("SYNAPSE_CLIENT_TIMEOUT_MS", "2000")
@@ -149,7 +149,7 @@ fn a_send_that_may_have_been_sent_names_the_key_that_sends_it_at_most_once() {
     let home = Home::new();
     let bob = home.register(Some("bob"));
     let pid = home.broker_pid().expect("broker.json");
-    kill(pid, libc::SIGSTOP);
+    freeze(pid);
     let failed = home
         .cmd(&["send", "bob", "maybe sent", "--no-response"])
         .env("SYNAPSE_CLIENT_TIMEOUT_MS", "500")

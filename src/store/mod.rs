@@ -45,6 +45,8 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("worker_snapshots");
 const META_SCHEMA: &str = "schema_version";
 const META_PROJECTIONS: &str = "projection_version";
+/// The salt of the write-ahead log's records (see `wal.rs`).
+const META_WAL_SALT: &str = "wal_salt";
 /// The shape of the projection tables. When a build changes what they hold (version 2: task
 /// records carry `created_seq`, which the history index needs; version 3: `departed_agents`, whose
 /// queue an id holds; version 4: task rows refer to a long text in the log instead of holding
@@ -270,8 +272,9 @@ impl Store {
             simulated_disk: disk_full_switch.map(|switch| fault::SimulatedDisk::new(switch.to_path_buf())),
             failure: failure::LastFailure::default(),
         };
-        let mut wal = wal::Wal::open(&path.with_extension("wal"), source.simulated_disk.clone())?;
         let db = open_database(&source)?;
+        let salt = stored_wal_salt(&db)?.unwrap_or_else(new_wal_salt);
+        let mut wal = wal::Wal::open(&path.with_extension("wal"), salt, source.simulated_disk.clone())?;
         let logged = wal.read(durable_head(&db)?)?;
         Store::initialise(db, Some(source), Some((wal, logged)))
     }
@@ -307,7 +310,12 @@ impl Store {
                 }
             }
             let stale = meta.get(META_PROJECTIONS)?.map(|v| v.value()) != Some(PROJECTION_VERSION);
-            if let Some((_, logged)) = &wal {
+            if let Some((wal, logged)) = &wal {
+                // Kept before any record carries it (this commit is durable, and the log starts
+                // over after it).
+                if meta.get(META_WAL_SALT)?.map(|v| v.value()) != Some(wal.salt()) {
+                    meta.insert(META_WAL_SALT, wal.salt())?;
+                }
                 // Projections of an older shape are replayed below, from the whole log.
                 let recovered = recover_logged(&txn, logged, !stale)?;
                 if recovered > 0 {
@@ -770,6 +778,22 @@ fn forget_cached_pages(path: &Path) {
 /// The sequence number of the log's last event; 0 when it has none.
 fn last_seq(log: &impl ReadableTable<u64, &'static [u8]>) -> Result<u64, StoreError> {
     Ok(log.last()?.map_or(0, |(seq, _)| seq.value()))
+}
+
+/// The write-ahead log's salt, as the database keeps it; None before the first open by a build
+/// that writes salts.
+fn stored_wal_salt(db: &Database) -> Result<Option<u64>, StoreError> {
+    let txn = db.begin_read()?;
+    match txn.open_table(META) {
+        Ok(meta) => Ok(meta.get(META_WAL_SALT)?.map(|v| v.value()).filter(|salt| *salt != 0)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// A new salt for the write-ahead log: random, never 0 (zeros are where the log ends).
+fn new_wal_salt() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0.max(1)
 }
 
 /// The last event of a database just opened (at its last durable commit); 0 when it has none.

@@ -1334,11 +1334,43 @@ fn after_a_crash_the_batches_only_the_write_ahead_log_held_are_stored_and_applie
         .encode(),
     );
     {
-        let mut log = wal::Wal::open(&alone.path().join("log.wal"), None).unwrap();
+        let mut log = wal::Wal::open(&alone.path().join("log.wal"), 7, None).unwrap();
         log.append(&gap).unwrap();
     }
     let error = Store::open(&alone.path().join("log.redb")).map(|_| ()).unwrap_err();
     assert!(error.to_string().contains("write-ahead log"), "{error}");
+}
+
+/// The write-ahead log's salt is the database's, kept from its first open: after a crash it
+/// finds the log's records even when the first one is damaged (no salt to read there), and the
+/// open is refused rather than the acknowledged batches after it dropped without a word.
+#[test]
+fn a_crashed_log_whose_first_record_is_damaged_is_refused_by_the_databases_salt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.redb");
+    let status = |agent: &str| {
+        vec![Event::AgentStatusChanged { agent_id: agent.into(), status: AgentStatus::Ready, note: None }]
+    };
+    // Opened and closed once first: the salt is the one the database kept, not one made anew.
+    drop(Store::open(&path).unwrap());
+    let store = Store::open(&path).unwrap();
+    store.transact(1, |appender| appender.append(None, status(AGENTS[0]))).unwrap();
+    store.checkpoint().unwrap();
+    store.transact(2, |appender| appender.append(None, status(AGENTS[1]))).unwrap();
+    store.transact(3, |appender| appender.append(None, status(AGENTS[0]))).unwrap();
+    let image = std::fs::read(&path).unwrap();
+    let mut logged = std::fs::read(dir.path().join("log.wal")).unwrap();
+    drop(store);
+    logged[1] ^= 0x08;
+    let crashed = tempfile::tempdir().unwrap();
+    std::fs::write(crashed.path().join("log.redb"), &image).unwrap();
+    std::fs::write(crashed.path().join("log.wal"), &logged).unwrap();
+    let error = Store::open(&crashed.path().join("log.redb")).map(|_| ()).unwrap_err();
+    assert!(error.to_string().contains("truncate -s 0 "), "{error}");
+    // Cut as the advice says, it opens with the events the database has.
+    std::fs::write(crashed.path().join("log.wal"), b"").unwrap();
+    let store = Store::open(&crashed.path().join("log.redb")).unwrap();
+    assert_eq!(store.head().unwrap(), 1);
 }
 
 /// An event of the write-ahead log must decode, and be the event its record numbers: one
@@ -1358,7 +1390,7 @@ fn a_logged_event_that_is_not_the_one_its_record_numbers_is_refused() {
         let mut payload = Vec::new();
         wal::push_event(&mut payload, 1, &payload_of);
         {
-            let mut log = wal::Wal::open(&alone.path().join("log.wal"), None).unwrap();
+            let mut log = wal::Wal::open(&alone.path().join("log.wal"), 7, None).unwrap();
             log.append(&payload).unwrap();
         }
         let error = Store::open(&alone.path().join("log.redb")).map(|_| ()).unwrap_err();

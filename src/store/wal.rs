@@ -13,13 +13,25 @@
 //! After a crash redb opens at its last durable commit; the events the log holds past it are
 //! appended and applied again ([`super::Store::open`]), exactly as they were the first time.
 //!
-//! The file is a sequence of records, each `[payload length u32][CRC-32 of the payload u32]`
-//! then the payload: the batch's events, each `[seq u64][length u32][encoded envelope]`, all
-//! little-endian. A checkpoint does not shrink the file: records are written again from its
-//! start, over older ones. Every record is followed by zeros (a header's worth at least), so that
-//! where the log ends reads as its end, never as the older bytes there (a message's text among
-//! them, which a sender chose). Reading stops at the first record that is cut short, fails its
+//! The file is a sequence of records, each `[salt u64][payload length u32][CRC-32 u32]` then the
+//! payload: the batch's events, each `[seq u64][length u32][encoded envelope]`, all
+//! little-endian. The salt is a random number the database keeps (one per database, made when
+//! it is first opened by a build that writes salts); the checksum covers the salt and the
+//! payload. A checkpoint does not shrink the file: records are written again from its start,
+//! over older ones. Every record is followed by zeros (a header's worth at least), so that where
+//! the log ends reads as its end, never as the older bytes there (a message's text among them,
+//! which a sender chose). Reading stops at the first record that is cut short, fails its
 //! checksum or does not continue the sequence (an older record left behind).
+//!
+//! Where reading stopped, the rest of the file is searched for the salt: a record of ours there
+//! holding events the database does not have means the log was damaged in the middle (a length
+//! changed, a block zeroed), and the open is refused rather than those acknowledged events
+//! dropped without a word. A sender cannot forge such a record inside a message's text: the salt
+//! never leaves this file and the database. Records older than the last checkpoint hold events
+//! the database has, and are passed over.
+//!
+//! A log written before salts (`[payload length u32][CRC-32 of the payload u32]` headers) is
+//! read once, the old way; the log then starts over in the new form.
 //!
 //! On Linux a record is written with direct I/O (`O_DIRECT`, a second descriptor) where the
 //! file system allows it: the block holding the log's end is written again whole, its head
@@ -37,7 +49,9 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-const RECORD_HEADER: usize = 8;
+const RECORD_HEADER: usize = 16;
+/// The header of a record written before salts: length and checksum.
+const LEGACY_HEADER: usize = 8;
 /// Zeros written after every record, so that where the log ends always reads as its end. Left
 /// as they were, the bytes there may be an older record's (one from before the last checkpoint,
 /// a message's text among them): a sender could have placed a header there that says "damaged,
@@ -62,6 +76,8 @@ pub(super) struct Wal {
     /// The log opened for direct I/O, when the file system takes it.
     direct: Option<Direct>,
     path: PathBuf,
+    /// The database's salt: in every record written, and searched for where reading stops.
+    salt: u64,
     /// Where the next record goes: the end of the records written since the last checkpoint.
     end: u64,
     /// Records written since the last checkpoint.
@@ -162,6 +178,24 @@ fn tail_of(parts: &[&[u8]], end: u64) -> Vec<u8> {
     tail
 }
 
+/// How the records of a log are written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// With this salt.
+    Salted(u64),
+    /// Before salts.
+    Legacy,
+}
+
+impl Format {
+    fn header_length(self) -> usize {
+        match self {
+            Format::Salted(_) => RECORD_HEADER,
+            Format::Legacy => LEGACY_HEADER,
+        }
+    }
+}
+
 /// What the file holds at an offset.
 enum Record {
     /// Nothing more: zeros (the start of the unused part), or a record cut short (`cut`) by the
@@ -169,6 +203,8 @@ enum Record {
     End {
         cut: bool,
     },
+    /// A header without the log's salt: bytes left from before a checkpoint, or damaged.
+    Other,
     /// A whole record whose checksum or contents are wrong; the next one would start at `end`.
     Damaged {
         end: u64,
@@ -186,8 +222,9 @@ pub(super) struct LoggedEvent {
 }
 
 impl Wal {
-    /// Opens (or creates, 0600) the log at `path`.
-    pub fn open(path: &Path, simulated_disk: Option<SimulatedDisk>) -> Result<Wal, StoreError> {
+    /// Opens (or creates, 0600) the log at `path`, whose records carry `salt` (the database's;
+    /// never 0).
+    pub fn open(path: &Path, salt: u64, simulated_disk: Option<SimulatedDisk>) -> Result<Wal, StoreError> {
         let unreadable = |error: io::Error| StoreError::WalUnreadable {
             path: path.display().to_string(),
             reason: error.to_string(),
@@ -210,6 +247,7 @@ impl Wal {
             file,
             direct,
             path: path.to_path_buf(),
+            salt,
             end: 0,
             records: 0,
             length: None,
@@ -249,62 +287,53 @@ impl Wal {
     /// the last checkpoint is at or below.
     pub fn read(&mut self, head: u64) -> Result<Vec<LoggedEvent>, StoreError> {
         let length = self.file.metadata().map_err(|error| wal_error(&self.path, error))?.len();
+        let format = self.format(length)?;
         let mut events: Vec<LoggedEvent> = Vec::new();
         let mut offset = 0_u64;
         let mut records = 0;
-        // Why reading stopped, when not at zeros or at a record left from before a checkpoint.
-        let mut damage = None;
-        loop {
-            match self.record_at(offset, length)? {
-                Record::End { cut } => {
-                    damage = cut.then_some("cut short");
-                    break;
-                }
+        // Why reading stopped, when not at zeros.
+        let stopped_at = loop {
+            match self.record_at(offset, length, format)? {
+                Record::End { cut } => break cut.then_some("a record cut short"),
+                Record::Other => break Some("bytes that are no record of this log"),
                 Record::Damaged { end } => {
-                    // A torn last record ends the log; a damaged one followed by a record that
-                    // continues the log would silently lose acknowledged events. (A record of
-                    // events the database has, left from before a checkpoint, continues
-                    // nothing: the first record after a checkpoint may be torn over one.)
-                    //
-                    // Only the record where the damaged one says it ends is looked at. A search
-                    // of every byte after it (tried: it also caught a length or a block damaged)
-                    // found records a sender had forged inside a message's text, left in the file
-                    // from before a checkpoint, and refused to open; records would need a
-                    // secret of the log's own (a random value per checkpoint, folded into their
-                    // checksums) before such a search could tell them apart.
-                    if let Record::Valid { events: next, .. } = self.record_at(end, length)?
+                    // A log written before salts has no salt to search for: only the record where
+                    // the damaged one says it ends is looked at.
+                    if format == Format::Legacy
+                        && let Record::Valid { events: next, .. } = self.record_at(end, length, format)?
                         && let Some(first) = next
                             .first()
                             .filter(|first| first.seq > head && events.last().is_none_or(|last| first.seq > last.seq))
                     {
-                        let path = self.path.display();
-                        return Err(StoreError::Corrupt(format!(
-                            "{path}: the record at byte {offset} is damaged and a record holding event {} follows it: \
-                             the events after the damage cannot be read in order. Keep a copy of the file; to open the \
-                             database with the events before byte {offset} and without those after it, cut the file \
-                             there: truncate -s {offset} '{path}'",
-                            first.seq
-                        )));
+                        return Err(self.damaged_in_the_middle(offset, "a damaged record", end, first.seq));
                     }
-                    damage = Some("damaged");
-                    break;
+                    break Some("a damaged record");
                 }
                 Record::Valid { end, events: batch } => {
                     // A record older than the one before it was left from before a checkpoint.
                     if let (Some(last), Some(first)) = (events.last(), batch.first())
                         && first.seq != last.seq + 1
                     {
-                        break;
+                        break Some("a record out of sequence");
                     }
                     events.extend(batch);
                     offset = end;
                     records += 1;
                 }
             }
+        };
+        if let Format::Salted(salt) = format {
+            // Acknowledged events past the damage would be dropped without a word.
+            let newest = events.last().map_or(head, |last| last.seq.max(head));
+            let salts = if salt == self.salt { vec![salt] } else { vec![salt, self.salt] };
+            if let Some((at, seq)) = self.later_record(offset, length, &salts, newest)? {
+                let why = stopped_at.unwrap_or("zeros");
+                return Err(self.damaged_in_the_middle(offset, why, at, seq));
+            }
         }
-        if let Some(damage) = damage {
+        if let Some(why) = stopped_at {
             tracing::warn!(
-                "{}: what follows the last record, at byte {offset}, is {damage} (a write a crash interrupted, never acknowledged, or bytes left from before a checkpoint); the log ends there",
+                "{}: what follows the last record, at byte {offset}, is {why} (a write a crash interrupted, never acknowledged, or bytes left from before a checkpoint); the log ends there",
                 self.path.display()
             );
         }
@@ -314,24 +343,111 @@ impl Wal {
         Ok(events)
     }
 
-    /// The record at `offset` of a file of `length` bytes.
-    fn record_at(&self, offset: u64, length: u64) -> Result<Record, StoreError> {
+    /// The refusal of a log whose reading stopped at `offset` (at `why`) with a record holding
+    /// event `seq`, not in the database, at `at` after it.
+    fn damaged_in_the_middle(&self, offset: u64, why: &str, at: u64, seq: u64) -> StoreError {
+        let path = self.path.display();
+        StoreError::Corrupt(format!(
+            "{path}: the log cannot be read past byte {offset} ({why}), and a record holding event {seq} follows at \
+             byte {at}: the events after the damage cannot be read in order. Keep a copy of the file; to open the \
+             database with the events before byte {offset} and without those after it, cut the file there: \
+             truncate -s {offset} '{path}'"
+        ))
+    }
+
+    /// How the log's records are written: with the salt of its first record if that record is
+    /// whole (the database's salt, unless the log is another database's), before salts if its
+    /// first record is whole that way, else (the first record damaged, or none) with the
+    /// database's salt.
+    fn format(&self, length: u64) -> Result<Format, StoreError> {
+        if length >= RECORD_HEADER as u64 {
+            let mut first = [0_u8; 8];
+            self.file.read_exact_at(&mut first, 0).map_err(|error| wal_error(&self.path, error))?;
+            let salt = u64::from_le_bytes(first);
+            if salt != 0 && matches!(self.record_at(0, length, Format::Salted(salt))?, Record::Valid { .. }) {
+                return Ok(Format::Salted(salt));
+            }
+        }
+        if matches!(self.record_at(0, length, Format::Legacy)?, Record::Valid { .. }) {
+            return Ok(Format::Legacy);
+        }
+        Ok(Format::Salted(self.salt))
+    }
+
+    /// The first whole record at or after `from` that carries one of `salts` and holds events
+    /// past `newest`: its offset and first event. Only records of this log carry a salt (no one
+    /// else knows it), so the search costs a checksum per record left in the file, however a
+    /// message's text is made.
+    fn later_record(
+        &self,
+        from: u64,
+        length: u64,
+        salts: &[u64],
+        newest: u64,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        const CHUNK: usize = 1 << 20;
+        let patterns: Vec<[u8; 8]> = salts.iter().map(|salt| salt.to_le_bytes()).collect();
+        let mut chunk = vec![0_u8; CHUNK];
+        let mut at = from;
+        while at + RECORD_HEADER as u64 <= length {
+            let take = usize::try_from(length - at).map_or(CHUNK, |left| left.min(CHUNK));
+            self.file.read_exact_at(&mut chunk[..take], at).map_err(|error| wal_error(&self.path, error))?;
+            for (index, window) in chunk[..take].windows(8).enumerate() {
+                let Some(salt) = salts.iter().zip(&patterns).find(|(_, pattern)| window == pattern.as_slice()) else {
+                    continue;
+                };
+                let offset = at + index as u64;
+                if let Record::Valid { events, .. } = self.record_at(offset, length, Format::Salted(*salt.0))?
+                    && let Some(first) = events.first().filter(|first| first.seq > newest)
+                {
+                    return Ok(Some((offset, first.seq)));
+                }
+            }
+            if take < CHUNK {
+                break;
+            }
+            // The next chunk begins with the last seven bytes of this one: a salt across the
+            // boundary is found whole there.
+            at += (take - 7) as u64;
+        }
+        Ok(None)
+    }
+
+    /// The record at `offset` of a file of `length` bytes, written in `format`.
+    fn record_at(&self, offset: u64, length: u64, format: Format) -> Result<Record, StoreError> {
         let io_error = |error: io::Error| wal_error(&self.path, error);
-        let start = offset + RECORD_HEADER as u64;
+        let header_length = format.header_length();
+        let start = offset + header_length as u64;
         if start > length {
             // Fewer bytes than a header: what is there, if anything, is no record.
             return Ok(Record::End { cut: false });
         }
         let mut header = [0_u8; RECORD_HEADER];
-        self.file.read_exact_at(&mut header, offset).map_err(io_error)?;
-        let (size, checksum) = split_header(header);
+        let header = &mut header[..header_length];
+        self.file.read_exact_at(header, offset).map_err(io_error)?;
+        if header.iter().all(|byte| *byte == 0) {
+            return Ok(Record::End { cut: false });
+        }
+        let word = |at: usize| u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+        let (salt, size, checksum) = match format {
+            Format::Salted(salt) => {
+                if header[..8] != salt.to_le_bytes() {
+                    return Ok(Record::Other);
+                }
+                (Some(salt), word(8), word(12))
+            }
+            Format::Legacy => (None, word(0), word(4)),
+        };
         let end = start + u64::from(size);
         if size == 0 || end > length {
-            return Ok(Record::End { cut: header != [0; RECORD_HEADER] });
+            return Ok(Record::End { cut: true });
         }
         // The checksum first, read a piece at a time: a damaged length may claim most of a large
         // file, which is not to be held in memory for nothing.
         let mut crc = Crc32::new();
+        if let Some(salt) = salt {
+            crc.update(&salt.to_le_bytes());
+        }
         let mut piece = vec![0_u8; usize::try_from(u64::from(size).min(1 << 20)).unwrap_or(1 << 20)];
         let mut at = start;
         while at < end {
@@ -361,7 +477,7 @@ impl Wal {
     /// Appends one batch's events (`payload`, built with [`push_event`]) and waits until they
     /// are on the disk. On failure nothing of it is left to be read back.
     pub fn append(&mut self, payload: &[u8]) -> Result<(), StoreError> {
-        let header = record_header(payload)?;
+        let header = record_header(self.salt, payload)?;
         let record_length = (RECORD_HEADER + payload.len()) as u64;
         let written = self.make_room(record_length + ZEROS_AFTER as u64).and_then(|()| {
             if !self.write_direct(&header, payload)? {
@@ -433,6 +549,11 @@ impl Wal {
             self.file.write_all_at(&[0; ZEROS_AFTER], after + payload.len() as u64)?;
             self.file.write_all_at(header, self.end)
         }
+    }
+
+    /// The salt this log's records are written with.
+    pub fn salt(&self) -> u64 {
+        self.salt
     }
 
     /// Where the log ends now (to undo a record with [`Wal::undo`]).
@@ -526,19 +647,19 @@ fn wal_error(path: &Path, error: io::Error) -> StoreError {
     }
 }
 
-/// The header of a record holding `payload`: its length and its checksum.
-fn record_header(payload: &[u8]) -> Result<[u8; RECORD_HEADER], StoreError> {
+/// The header of a record holding `payload`: `salt`, the payload's length, and the checksum of
+/// the salt and the payload.
+fn record_header(salt: u64, payload: &[u8]) -> Result<[u8; RECORD_HEADER], StoreError> {
     let size = u32::try_from(payload.len())
         .map_err(|_| StoreError::Storage(format!("a batch of {} bytes is too large to log", payload.len())))?;
+    let mut crc = Crc32::new();
+    crc.update(&salt.to_le_bytes());
+    crc.update(payload);
     let mut header = [0_u8; RECORD_HEADER];
-    header[..4].copy_from_slice(&size.to_le_bytes());
-    header[4..].copy_from_slice(&crc32(payload).to_le_bytes());
+    header[..8].copy_from_slice(&salt.to_le_bytes());
+    header[8..12].copy_from_slice(&size.to_le_bytes());
+    header[12..].copy_from_slice(&crc.finish().to_le_bytes());
     Ok(header)
-}
-
-fn split_header(header: [u8; RECORD_HEADER]) -> (u32, u32) {
-    let [a, b, c, d, e, f, g, h] = header;
-    (u32::from_le_bytes([a, b, c, d]), u32::from_le_bytes([e, f, g, h]))
 }
 
 /// Adds one event to a batch's payload.
@@ -571,13 +692,14 @@ fn parse_payload(mut payload: &[u8]) -> Option<Vec<LoggedEvent>> {
 /// eight"): the byte-at-a-time loop was about a tenth of a commit's time under a load of small
 /// sends, and 30 ms for one 16 MB message (issue 16). `CRC_TABLES[0]` is the classic table;
 /// table `k` advances a byte's remainder through `k` more zero bytes.
+#[cfg(test)]
 fn crc32(bytes: &[u8]) -> u32 {
     let mut crc = Crc32::new();
     crc.update(bytes);
     crc.finish()
 }
 
-/// [`crc32`] of bytes given a piece at a time.
+/// CRC-32 of bytes given a piece at a time.
 struct Crc32(u32);
 
 impl Crc32 {
@@ -642,6 +764,11 @@ static CRC_TABLES: [[u32; 256]; 8] = {
 mod tests {
     use super::*;
 
+    /// The database's salt in these tests.
+    const SALT: u64 = 0x5A17_0F7E_5700_0001;
+    /// A salt a sender guessed.
+    const GUESSED: u64 = 0x0BAD_9E55_0000_0002;
+
     fn batch(events: &[(u64, &str)]) -> Vec<u8> {
         let mut payload = Vec::new();
         for (seq, text) in events {
@@ -653,8 +780,16 @@ mod tests {
     fn fresh() -> (tempfile::TempDir, PathBuf, Wal) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("synapse.wal");
-        let wal = Wal::open(&path, None).unwrap();
+        let wal = Wal::open(&path, SALT, None).unwrap();
         (dir, path, wal)
+    }
+
+    /// A record as a build before salts wrote it.
+    fn legacy_record(payload: &[u8]) -> Vec<u8> {
+        let mut record = u32::try_from(payload.len()).unwrap().to_le_bytes().to_vec();
+        record.extend_from_slice(&crc32(payload).to_le_bytes());
+        record.extend_from_slice(payload);
+        record
     }
 
     /// What an open of the file at `path` reads back.
@@ -665,7 +800,7 @@ mod tests {
     /// What an open of the file at `path` reads back over a database whose last event is `head`
     /// (after a checkpoint: the last event logged before it).
     fn read_back_at(path: &Path, head: u64) -> Vec<LoggedEvent> {
-        Wal::open(path, None).unwrap().read(head).unwrap()
+        Wal::open(path, SALT, None).unwrap().read(head).unwrap()
     }
 
     fn seqs(events: &[LoggedEvent]) -> Vec<u64> {
@@ -750,13 +885,95 @@ mod tests {
         let third = starts[2];
         damaged[third + 40] ^= 0x40;
         std::fs::write(&path, &damaged).unwrap();
-        let refused = Wal::open(&path, None).unwrap().read(0);
+        let refused = Wal::open(&path, SALT, None).unwrap().read(0);
         let Err(StoreError::Corrupt(reason)) = refused else { panic!("{:?}", refused.map(|events| seqs(&events))) };
-        assert!(reason.contains(&format!("record at byte {third} is damaged")), "{reason}");
+        assert!(reason.contains(&format!("past byte {third} (a damaged record)")), "{reason}");
         assert!(reason.contains("holding event 4 follows"), "{reason}");
         assert!(reason.contains(&format!("truncate -s {third} ")), "{reason}");
         std::fs::write(&path, &damaged[..third]).unwrap();
         assert_eq!(seqs(&read_back(&path)), [1, 2]);
+    }
+
+    /// Damage in the middle of the log that leaves no readable record right after it (a length
+    /// changed, a header or a whole block zeroed, the salt changed, the first record damaged)
+    /// had read as the log's end: the acknowledged events after it were dropped without a word.
+    /// The rest of the file is searched for the salt, and the open is refused as for a damaged
+    /// record; cut where the advice says, it opens.
+    #[test]
+    fn damage_in_the_middle_that_reads_as_an_end_is_refused() {
+        let (_dir, path, mut wal) = fresh();
+        let mut starts = Vec::new();
+        for seq in 1..=8 {
+            starts.push(usize::try_from(wal.end()).unwrap());
+            wal.append(&batch(&[(seq, format!("event {seq} {}", "x".repeat(1_500)).as_str())])).unwrap();
+        }
+        drop(wal);
+        let intact = std::fs::read(&path).unwrap();
+        let third = starts[2];
+        let block = third.next_multiple_of(BLOCK);
+        // Reading stops at the record holding the block's first byte.
+        let in_block = *starts.iter().rev().find(|start| **start <= block).unwrap();
+        type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+        let cases: Vec<(&str, usize, Damage, &str)> = vec![
+            ("a length made huge", third, Box::new(move |file| file[third + 11] = 0x40), "a record cut short"),
+            ("a length made shorter", third, Box::new(move |file| file[third + 9] = 0), "a damaged record"),
+            ("a header zeroed", third, Box::new(move |file| file[third..third + 16].fill(0)), "zeros"),
+            ("the salt changed", third, Box::new(move |file| file[third + 2] ^= 0x08), "no record of this log"),
+            ("the first record's salt changed", 0, Box::new(|file| file[1] ^= 0x08), "no record of this log"),
+            ("a block zeroed", in_block, Box::new(move |file| file[block..block + BLOCK].fill(0)), "a damaged record"),
+        ];
+        for (what, stop, damage, why) in cases {
+            let mut damaged = intact.clone();
+            damage(&mut damaged);
+            std::fs::write(&path, &damaged).unwrap();
+            let refused = Wal::open(&path, SALT, None).unwrap().read(0);
+            let Err(StoreError::Corrupt(reason)) = refused else {
+                panic!("{what}: {:?}", refused.map(|events| seqs(&events)))
+            };
+            assert!(reason.contains(&format!("past byte {stop} (")), "{what}: {reason}");
+            assert!(reason.contains(why), "{what}: {reason}");
+            assert!(reason.contains(&format!("truncate -s {stop} ")), "{what}: {reason}");
+            std::fs::write(&path, &damaged[..stop]).unwrap();
+            let kept = starts.iter().filter(|start| **start < stop).count() as u64;
+            assert_eq!(seqs(&read_back(&path)), (1..=kept).collect::<Vec<_>>(), "{what}");
+        }
+        // Over a database that has every event already (a checkpoint whose reset did not reach
+        // the disk), the same damage is nothing lost: it opens.
+        let mut damaged = intact.clone();
+        damaged[third..third + 16].fill(0);
+        std::fs::write(&path, &damaged).unwrap();
+        assert_eq!(seqs(&read_back_at(&path, 8)), [1, 2]);
+    }
+
+    /// A log written by a build before salts is read once the old way (a damaged record
+    /// followed by the log still refused); the log then starts over in the new form.
+    #[test]
+    fn a_log_written_before_salts_is_read_and_then_goes_on_salted() {
+        let (_dir, path, wal) = fresh();
+        drop(wal);
+        let mut old = Vec::new();
+        let mut starts = Vec::new();
+        for seq in 1..=3 {
+            starts.push(old.len());
+            old.extend_from_slice(&legacy_record(&batch(&[(seq, format!("old {seq}").as_str())])));
+        }
+        old.resize(1 << 20, 0);
+        std::fs::write(&path, &old).unwrap();
+        let mut wal = Wal::open(&path, SALT, None).unwrap();
+        let events = wal.read(0).unwrap();
+        assert_eq!(seqs(&events), [1, 2, 3]);
+        assert_eq!(events[2].bytes, b"old 3");
+        wal.reset().unwrap();
+        wal.append(&batch(&[(4, "new")])).unwrap();
+        drop(wal);
+        assert_eq!(std::fs::read(&path).unwrap()[..8], SALT.to_le_bytes());
+        assert_eq!(seqs(&read_back_at(&path, 3)), [4]);
+
+        let mut damaged = old.clone();
+        damaged[starts[1] + 10] ^= 0x01;
+        std::fs::write(&path, &damaged).unwrap();
+        let refused = Wal::open(&path, SALT, None).unwrap().read(0);
+        assert!(matches!(refused, Err(StoreError::Corrupt(_))), "{:?}", refused.map(|events| seqs(&events)));
     }
 
     /// A message's text is in the log byte for byte: one that holds a well-formed record of
@@ -766,10 +983,11 @@ mod tests {
     fn a_record_forged_inside_a_message_never_refuses_the_open() {
         let (_dir, path, mut wal) = fresh();
         let forged_payload = batch(&[(50, "x")]);
-        let mut forged = record_header(&forged_payload).unwrap().to_vec();
-        forged.extend_from_slice(&forged_payload);
+        // With a salt the sender guessed, and as a record written before salts.
         let mut text = "a".repeat(1_000).into_bytes();
-        text.extend_from_slice(&forged);
+        text.extend_from_slice(&record_header(GUESSED, &forged_payload).unwrap());
+        text.extend_from_slice(&forged_payload);
+        text.extend_from_slice(&legacy_record(&forged_payload));
         text.extend_from_slice(&[b'b'; 100]);
         let mut message = Vec::new();
         push_event(&mut message, 1, &text);
@@ -780,12 +998,17 @@ mod tests {
         wal.append(&batch(&[(3, "three")])).unwrap();
         drop(wal);
         assert_eq!(seqs(&read_back_at(&path, 2)), [3]);
+        // Nor when the log stops short of them for damage: its end is searched for the salt.
+        let mut damaged = std::fs::read(&path).unwrap();
+        damaged[RECORD_HEADER + 3] ^= 0x01;
+        std::fs::write(&path, &damaged).unwrap();
+        assert!(read_back_at(&path, 2).is_empty());
         // And the first record after the checkpoint torn over the message's.
         let (_dir, path, mut wal) = fresh();
         wal.append(&message).unwrap();
         wal.reset().unwrap();
         let next = batch(&[(2, "y".repeat(text.len()).as_str())]);
-        wal.file.write_all_at(&record_header(&next).unwrap(), 0).unwrap();
+        wal.file.write_all_at(&record_header(SALT, &next).unwrap(), 0).unwrap();
         drop(wal);
         assert!(read_back_at(&path, 1).is_empty());
     }
@@ -799,13 +1022,15 @@ mod tests {
         for (what, text_length) in [("a record ending on a block's edge", 4096 - 20), ("a long record", 70_000)] {
             let (_dir, path, mut wal) = fresh();
             // A message whose text holds, at `text_length`, a damaged header whose length
-            // points at a well-formed record of a later event.
+            // points at a well-formed record of a later event. (With the log's salt, which a
+            // sender does not know: the zeros alone are tested.)
             let forged_payload = batch(&[(1000, "x")]);
             let mut text = vec![b'a'; text_length];
+            text.extend_from_slice(&SALT.to_le_bytes());
             text.extend_from_slice(&32_u32.to_le_bytes());
             text.extend_from_slice(&0xDEAD_BEEF_u32.to_le_bytes());
             text.extend_from_slice(&[b'b'; 32]);
-            text.extend_from_slice(&record_header(&forged_payload).unwrap());
+            text.extend_from_slice(&record_header(GUESSED, &forged_payload).unwrap());
             text.extend_from_slice(&forged_payload);
             text.extend_from_slice(&[b'c'; 100]);
             let mut message = Vec::new();
@@ -831,7 +1056,9 @@ mod tests {
         let end = wal.end();
         drop(wal);
         let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        file.write_all_at(&[0, 0, 0, 0x10, 0, 0, 0, 0], end).unwrap();
+        let mut huge = SALT.to_le_bytes().to_vec();
+        huge.extend_from_slice(&[0, 0, 0, 0x10, 0, 0, 0, 0]);
+        file.write_all_at(&huge, end).unwrap();
         file.set_len(300 << 20).unwrap();
         assert_eq!(seqs(&read_back(&path)), [1]);
     }
@@ -844,7 +1071,9 @@ mod tests {
         let path = dir.path().join("synapse.wal");
         let made = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
         assert!(made.success());
-        let Err(StoreError::WalUnreadable { reason, .. }) = Wal::open(&path, None) else { panic!("a FIFO opened") };
+        let Err(StoreError::WalUnreadable { reason, .. }) = Wal::open(&path, SALT, None) else {
+            panic!("a FIFO opened")
+        };
         assert!(reason.contains("not a regular file"), "{reason}");
         let said = StoreError::WalUnreadable { path: "p".into(), reason }.to_string();
         assert!(said.contains("acknowledged since the database's last checkpoint"), "{said}");
@@ -858,7 +1087,7 @@ mod tests {
         wal.append(&batch(&[(3, "ccc")])).unwrap();
         assert_eq!(wal.pending().0, 2);
         drop(wal);
-        let mut wal = Wal::open(&path, None).unwrap();
+        let mut wal = Wal::open(&path, SALT, None).unwrap();
         let events = wal.read(0).unwrap();
         assert_eq!(seqs(&events), [1, 2, 3]);
         assert_eq!(events[2].bytes, b"ccc");
@@ -879,7 +1108,7 @@ mod tests {
 
         // Cut short inside the second record.
         std::fs::write(&path, &full[..second_end - 3]).unwrap();
-        let mut reopened = Wal::open(&path, None).unwrap();
+        let mut reopened = Wal::open(&path, SALT, None).unwrap();
         assert_eq!(seqs(&reopened.read(0).unwrap()), [1]);
         assert_eq!(reopened.end(), first_end);
 
@@ -887,7 +1116,7 @@ mod tests {
         let mut damaged = full.clone();
         damaged[second_end - 1] ^= 0x40;
         std::fs::write(&path, &damaged).unwrap();
-        let mut reopened = Wal::open(&path, None).unwrap();
+        let mut reopened = Wal::open(&path, SALT, None).unwrap();
         assert_eq!(seqs(&reopened.read(0).unwrap()), [1]);
         reopened.append(&batch(&[(2, "again")])).unwrap();
         let events = read_back(&path);
@@ -946,8 +1175,8 @@ mod tests {
         assert!(read_back_at(&path, 2).is_empty());
         // The header written alone instead: refused (what the order avoids).
         let (_other_dir, other_path, other) = checkpointed();
-        other.file.write_all_at(&record_header(&payload).unwrap(), 0).unwrap();
-        assert!(matches!(Wal::open(&other_path, None).unwrap().read(0), Err(StoreError::Corrupt(_))));
+        other.file.write_all_at(&record_header(SALT, &payload).unwrap(), 0).unwrap();
+        assert!(matches!(Wal::open(&other_path, SALT, None).unwrap().read(0), Err(StoreError::Corrupt(_))));
     }
 
     /// After a checkpoint, a first record torn over an older one of the same size (its header
@@ -960,12 +1189,12 @@ mod tests {
         wal.append(&batch(&[(2, "size")])).unwrap();
         wal.reset().unwrap();
         let payload = batch(&[(3, "next")]);
-        wal.file.write_all_at(&record_header(&payload).unwrap(), 0).unwrap();
-        let mut reopened = Wal::open(&path, None).unwrap();
+        wal.file.write_all_at(&record_header(SALT, &payload).unwrap(), 0).unwrap();
+        let mut reopened = Wal::open(&path, SALT, None).unwrap();
         assert!(reopened.read(2).unwrap().is_empty());
         assert_eq!(reopened.end(), 0);
         // Were the database behind that older record, it would continue the log: refused.
-        assert!(matches!(Wal::open(&path, None).unwrap().read(1), Err(StoreError::Corrupt(_))));
+        assert!(matches!(Wal::open(&path, SALT, None).unwrap().read(1), Err(StoreError::Corrupt(_))));
     }
 
     #[test]
@@ -978,7 +1207,7 @@ mod tests {
         let mut damaged = std::fs::read(&path).unwrap();
         damaged[first_end + RECORD_HEADER + 2] ^= 0x01;
         std::fs::write(&path, &damaged).unwrap();
-        let error = Wal::open(&path, None).unwrap().read(0).map(|_| ()).unwrap_err();
+        let error = Wal::open(&path, SALT, None).unwrap().read(0).map(|_| ()).unwrap_err();
         assert!(matches!(error, StoreError::Corrupt(_)), "{error}");
         assert!(error.to_string().contains("damaged"), "{error}");
     }
@@ -1002,7 +1231,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("synapse.wal");
         let switch = dir.path().join("disk-full");
-        let mut wal = Wal::open(&path, Some(SimulatedDisk::new(switch.clone()))).unwrap();
+        let mut wal = Wal::open(&path, SALT, Some(SimulatedDisk::new(switch.clone()))).unwrap();
         std::fs::write(&switch, b"").unwrap();
         let error = wal.append(&batch(&[(1, "no room")])).unwrap_err();
         assert!(matches!(error, StoreError::DiskFull(_)), "{error}");
@@ -1033,9 +1262,9 @@ mod tests {
             let mut wal = if direct { wal } else { wal.without_direct_io() };
             let used_direct = wal.direct.is_some();
             let mut seq = 0;
-            // 8 + 12 bytes of headers and 10 of text: the first record is 30 bytes long; the
-            // third ends at the first block's end.
-            for length in [10, 4000, 4096 - 30 - 20 - 4000, 5000, SEPARATE_WRITES_FROM + 100, 1, 3] {
+            // Three records whose headers and texts fill the first block exactly.
+            let third = 4096 - 3 * (RECORD_HEADER + EVENT_HEADER) - 10 - 4000;
+            for length in [10, 4000, third, 5000, SEPARATE_WRITES_FROM + 100, 1, 3] {
                 append(&mut wal, &mut seq, length);
             }
             let end = wal.end();
@@ -1045,7 +1274,7 @@ mod tests {
             append(&mut wal, &mut seq, 900);
             assert_eq!(wal.direct.is_some(), used_direct, "direct I/O was not given up on the way");
             drop(wal);
-            let mut wal = Wal::open(&path, None).unwrap();
+            let mut wal = Wal::open(&path, SALT, None).unwrap();
             if !direct {
                 wal = wal.without_direct_io();
             }
