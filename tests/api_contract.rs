@@ -62,8 +62,13 @@ fn every_answer_the_clients_read_round_trips_through_its_api_type() {
     let waited = ok(&home, "GET", &format!("/tasks/{sender_task}/wait?timeout_ms=1"), None, &[]);
     round_trips::<api::TaskWait>("wait (timed out)", &waited);
 
-    let reply =
-        api::ReplyRequest { from: bob.id.clone(), secret: Some(bob.secret.clone()), to: None, text: "42".into() };
+    let reply = api::ReplyRequest {
+        from: bob.id.clone(),
+        secret: Some(bob.secret.clone()),
+        to: None,
+        text: "42".into(),
+        idempotency_key: None,
+    };
     let replied = ok(&home, "POST", "/reply", Some(serde_json::to_value(&reply).unwrap()), &[]);
     round_trips::<api::SendAnswer>("reply", &replied);
     let waited = ok(&home, "GET", &format!("/tasks/{sender_task}/wait?timeout_ms=5000"), None, &[]);

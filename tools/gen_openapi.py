@@ -114,7 +114,7 @@ comps={
  "Registration":S({"agent":{"type":"object"},"secret":st,"socket":st,"endpoint":st}),
  "StatusBody":S({"status":{"type":"string","enum":["READY","PROCESSING","WAITING"]}},["status"]),
  "SendRequest":S({"to":st,"from":st,"secret":st,"text":st,"priority":{"type":"integer","minimum":1,"maximum":5},"response_expected":bo,"reply_to":st,"context_id":st,"sender_task_id":st},["to","text"]),
- "ReplyBody":S({"from":st,"secret":st,"to":st,"text":st},["from","text"]),
+ "ReplyBody":S({"from":st,"secret":st,"to":st,"text":st,"idempotency_key":{"type":"string","description":"As for a send: a retry with the same key within a day answers the first reply again and replies nothing"}},["from","text"]),
  "SendOutcome":S({"task":{"$ref":"#/components/schemas/Task"},"sender_task":{"$ref":"#/components/schemas/Task"},"is_reply":bo,"warning":st,"seq":it}),
  "Part":S({"type":{"type":"string","enum":["text","file","data"]},"text":st}),
  "Message":S({"role":{"type":"string","enum":["user","agent"]},"parts":{"type":"array","items":{"$ref":"#/components/schemas/Part"}}},["parts"]),

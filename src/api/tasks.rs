@@ -68,6 +68,10 @@ pub struct ReplyRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<String>,
     pub text: String,
+    /// As for a send: a retry with the same key (within a day) answers the first reply again
+    /// and replies nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 /// The answer to a send or a reply.

@@ -272,8 +272,14 @@ fn requests_write_the_fields_the_schema_documents() {
     let mut without_key = send.clone();
     without_key.idempotency_key = None;
     documented_request("SendRequest", &without_key, &SendRequest::new("b", "hi"));
-    let reply = ReplyRequest { from: "a".into(), secret: Some("s".into()), to: Some("b".into()), text: "t".into() };
-    let minimal = ReplyRequest { from: "a".into(), secret: None, to: None, text: "t".into() };
+    let reply = ReplyRequest {
+        from: "a".into(),
+        secret: Some("s".into()),
+        to: Some("b".into()),
+        text: "t".into(),
+        idempotency_key: Some("k".into()),
+    };
+    let minimal = ReplyRequest { from: "a".into(), secret: None, to: None, text: "t".into(), idempotency_key: None };
     documented_request("ReplyBody", &reply, &minimal);
     let register = RegisterRequest {
         agent_type: "dummy".into(),

@@ -237,7 +237,21 @@ pub async fn reply(paths: &Paths, args: ReplyArgs) -> anyhow::Result<i32> {
         return Ok(0);
     };
     let secret = client.secret().map(str::to_string);
-    let answer = client.reply(&api::ReplyRequest { from, secret, to: args.to, text }).await?;
+    let request = api::ReplyRequest { from, secret, to: args.to, text, idempotency_key: args.idempotency_key };
+    // A reply whose answer was lost (the broker restarting under it) is tried again with its
+    // key: sent again without one, it was refused ("No reply target"), or answered the next
+    // request in line.
+    let answer = match client.send_retrying(paths, &request, crate::client::inside_an_agent()).await {
+        Ok(answer) => answer,
+        Err(error) if error.is::<crate::client::SendUncertain>() => {
+            let key = error.downcast_ref::<crate::client::SendUncertain>().map(|uncertain| uncertain.key.clone());
+            anyhow::bail!(
+                "{error:#}: to reply at most once, run the same command again with --idempotency-key {}",
+                key.unwrap_or_default()
+            );
+        }
+        Err(error) => return Err(error),
+    };
     if let Some(warning) = &answer.warning {
         eprintln!("{warning}");
     }
@@ -248,7 +262,7 @@ pub async fn reply(paths: &Paths, args: ReplyArgs) -> anyhow::Result<i32> {
         let sender_task_id = sender_task.map_or("", |task| task.id.as_str());
         println!(
             "Replied to {}: task {sender_task_id} ({}) {}",
-            answer.task.metadata.peer.as_deref().unwrap_or_default(),
+            visible_line(answer.task.metadata.peer.as_deref().unwrap_or("an anonymous sender")),
             short_id(sender_task_id),
             status_of(sender_task)
         );

@@ -373,6 +373,11 @@ pub struct ReplyArgs {
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,
+    /// A retry with the same key within 24 h returns the first reply's task instead of replying
+    /// again (default: a fresh key, used when this command retries a broken connection or a
+    /// late answer)
+    #[arg(long, value_name = "KEY", conflicts_with = "list_targets")]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Args, Debug)]

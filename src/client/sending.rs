@@ -8,7 +8,7 @@
 //! under which key. Waiting never changes the task: a wait that runs out leaves it open.
 
 use super::{Client, ClientError};
-use crate::api::{SendAnswer, SendRequest};
+use crate::api::{ReplyRequest, SendAnswer, SendRequest};
 use crate::config::Paths;
 use crate::event::{TaskState, short_id};
 use std::time::{Duration, Instant};
@@ -53,25 +53,53 @@ pub enum ReplyWaitError {
     Reconnect(anyhow::Error),
 }
 
+/// A request made at most once by its idempotency key: a send or a reply.
+pub trait Keyed: Clone {
+    fn key(&mut self) -> &mut Option<String>;
+    /// Makes the request once on `client`.
+    fn post(&self, client: &mut Client) -> impl Future<Output = Result<SendAnswer, ClientError>>;
+}
+
+impl Keyed for SendRequest {
+    fn key(&mut self) -> &mut Option<String> {
+        &mut self.idempotency_key
+    }
+
+    fn post(&self, client: &mut Client) -> impl Future<Output = Result<SendAnswer, ClientError>> {
+        client.send(self)
+    }
+}
+
+impl Keyed for ReplyRequest {
+    fn key(&mut self) -> &mut Option<String> {
+        &mut self.idempotency_key
+    }
+
+    fn post(&self, client: &mut Client) -> impl Future<Output = Result<SendAnswer, ClientError>> {
+        client.reply(self)
+    }
+}
+
 impl Client {
-    /// `POST /send`, tried again (up to [`SEND_ATTEMPTS`] times, on a new connection) when the
-    /// connection closed under it or its answer did not come within the call limit. A request
-    /// without an idempotency key gets one first. The new connection starts a broker as the
-    /// first one did: `respect_stop` never starts one the user stopped on purpose
-    /// ([`Client::connect_unless_stopped`]). When the last try fails too, [`SendUncertain`].
-    pub async fn send_retrying(
+    /// `POST /send` or `POST /reply`, tried again (up to [`SEND_ATTEMPTS`] times, on a new
+    /// connection) when the connection closed under it or its answer did not come within the
+    /// call limit. A request without an idempotency key gets one first. The new connection
+    /// starts a broker as the first one did: `respect_stop` never starts one the user stopped on
+    /// purpose ([`Client::connect_unless_stopped`]). When the last try fails too,
+    /// [`SendUncertain`].
+    pub async fn send_retrying<R: Keyed>(
         &mut self,
         paths: &Paths,
-        request: &SendRequest,
+        request: &R,
         respect_stop: bool,
     ) -> anyhow::Result<SendAnswer> {
         let mut request = request.clone();
-        let key = request.idempotency_key.get_or_insert_with(crate::ids::new_id).clone();
+        let key = request.key().get_or_insert_with(crate::ids::new_id).clone();
         let uncertain = |cause: anyhow::Error| SendUncertain { key: key.clone(), cause };
         let mut attempt = 1;
         let mut timed_out = false;
         loop {
-            match self.send(&request).await {
+            match request.post(self).await {
                 Ok(answer) => return Ok(answer),
                 // The request may have been decided before the connection broke or while its
                 // answer was late: the same key makes the retry answer that send instead of

@@ -430,8 +430,13 @@ pub async fn send(
 /// one is decided by the writer ([`Command::Reply`]).
 pub async fn reply(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult {
     let request: api::ReplyRequest = parse_body(body)?;
-    let request =
-        command::ReplyRequest { from: request.from, secret: request.secret, to: request.to, text: request.text };
+    let request = command::ReplyRequest {
+        from: request.from,
+        secret: request.secret,
+        to: request.to,
+        text: request.text,
+        idempotency_key: request.idempotency_key,
+    };
     sent_answer(state.writer.submit(Command::Reply(request)).await?)
 }
 

@@ -130,6 +130,9 @@ pub struct ReplyArguments {
     /// The agent id of the sender you answer (the <sender> of its [A2A:<id8>:<sender>:R]
     /// prefix). Needed only when several senders wait; reply_targets lists them.
     pub to: Option<String>,
+    /// Only to reply again after a reply said it may have been sent: the key it named. The
+    /// broker then answers with that reply if it made it, and never makes it twice.
+    pub idempotency_key: Option<String>,
 }
 
 /// A reply, ready for the broker (without the replier, which is the server's identity).
@@ -137,6 +140,7 @@ pub struct ReplyArguments {
 pub struct ReplyPlan {
     pub to: Option<String>,
     pub text: String,
+    pub idempotency_key: Option<String>,
 }
 
 impl ReplyArguments {
@@ -150,7 +154,7 @@ impl ReplyArguments {
             }
             other => other.map(|to| to.trim().to_string()),
         };
-        Ok(ReplyPlan { to, text: self.message })
+        Ok(ReplyPlan { to, text: self.message, idempotency_key: self.idempotency_key })
     }
 }
 
@@ -375,12 +379,18 @@ mod tests {
 
     #[test]
     fn a_reply_needs_text_and_names_its_target_only_when_given() {
-        let plan = ReplyArguments { message: "4".into(), to: None }.validate().unwrap();
-        assert_eq!(plan, ReplyPlan { to: None, text: "4".into() });
-        let to = ReplyArguments { message: "4".into(), to: Some(" synapse-claude-8100 ".into()) }.validate().unwrap();
+        let plan = ReplyArguments { message: "4".into(), to: None, idempotency_key: None }.validate().unwrap();
+        assert_eq!(plan, ReplyPlan { to: None, text: "4".into(), idempotency_key: None });
+        let to =
+            ReplyArguments { message: "4".into(), to: Some(" synapse-claude-8100 ".into()), idempotency_key: None }
+                .validate()
+                .unwrap();
         assert_eq!(to.to.as_deref(), Some("synapse-claude-8100"));
-        assert_eq!(ReplyArguments { message: "".into(), to: None }.validate().unwrap_err(), "the reply is empty");
-        assert!(ReplyArguments { message: "x".into(), to: Some("".into()) }.validate().is_err());
+        assert_eq!(
+            ReplyArguments { message: "".into(), to: None, idempotency_key: None }.validate().unwrap_err(),
+            "the reply is empty"
+        );
+        assert!(ReplyArguments { message: "x".into(), to: Some("".into()), idempotency_key: None }.validate().is_err());
     }
 
     #[test]

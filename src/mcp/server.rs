@@ -262,7 +262,19 @@ impl SynapseTools {
         let plan = or_refuse!(arguments.0.validate());
         let mut client = or_refuse!(self.client().await);
         let secret = client.secret().map(str::to_string);
-        let answer = or_refuse!(client.reply(&api::ReplyRequest { from, secret, to: plan.to, text: plan.text }).await);
+        let request =
+            api::ReplyRequest { from, secret, to: plan.to, text: plan.text, idempotency_key: plan.idempotency_key };
+        let answer = match client.send_retrying(&self.paths, &request, true).await {
+            Ok(answer) => answer,
+            Err(error) if error.is::<crate::client::SendUncertain>() => {
+                let key = error.downcast_ref::<crate::client::SendUncertain>().map(|uncertain| uncertain.key.clone());
+                return refusal(format!(
+                    "{error:#}. To reply at most once, call reply again with the same arguments and idempotency_key \"{}\".",
+                    key.unwrap_or_default()
+                ));
+            }
+            Err(error) => return refusal(format!("{error:#}")),
+        };
         let sender_task = answer.sender_task.as_ref();
         let replied = format!(
             "Replied to {}: their task {} is {}.",
@@ -589,7 +601,7 @@ mod tests {
     #[tokio::test]
     async fn an_anonymous_server_refuses_to_reply_with_a_readable_tool_error() {
         let tools = tools(Identity::Anonymous, false);
-        let arguments = Parameters(ReplyArguments { message: "4".into(), to: None });
+        let arguments = Parameters(ReplyArguments { message: "4".into(), to: None, idempotency_key: None });
         let result = tools.reply(arguments).await.unwrap();
         assert_eq!(result.is_error, Some(true));
         let text = serde_json::to_string(&result.content).unwrap();

@@ -56,10 +56,11 @@ const META_WAL_SALT: &str = "wal_salt";
 /// agent's `inbox_depth`; version 9: `reply_tokens` of messages to external agents; version 10:
 /// task and ticket rows leave out empty and usual values; version 11: agents' `since_seq`; version 12:
 /// a task that ends takes the reply target its owner kept for it along; version 13: agents'
-/// `last_written`; version 14: agents' `canceled_unwritten`), opening a
+/// `last_written`; version 14: agents' `canceled_unwritten`; version 15: a request from a sender
+/// already owed an answer becomes the reply target when its ticket is written), opening a
 /// store written by another build replays the log into fresh projections: they are derived, the
 /// log is not.
-const PROJECTION_VERSION: u64 = 14;
+const PROJECTION_VERSION: u64 = 15;
 
 /// How long a reopen waits for readers of the old database to let go of its file (its lock
 /// admits one open `Database`; reads are short).

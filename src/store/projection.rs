@@ -442,7 +442,10 @@ impl<'txn> Projections<'txn> {
     }
 
     /// `receiver` owes `sender` an answer to the message (`text`, event `seq`) that reached it
-    /// as `receiver_task_id`.
+    /// as `receiver_task_id`. While it owes that sender an answer to another request, the new
+    /// one waits (on its task) until its ticket reaches the agent: replacing the target at once
+    /// made the agent's reply to the request it was working on answer one still queued, which
+    /// it had not seen, and the request it answered stayed open for good.
     #[allow(clippy::too_many_arguments)]
     fn owe_reply(
         &mut self,
@@ -454,7 +457,7 @@ impl<'txn> Projections<'txn> {
         text: &str,
         seq: u64,
     ) -> Result<(), StoreError> {
-        self.put_reply_target(&ReplyTarget {
+        let target = ReplyTarget {
             receiver: receiver.to_string(),
             sender_id: sender,
             sender_task_id: sender_task_id.clone(),
@@ -462,7 +465,32 @@ impl<'txn> Projections<'txn> {
             received_ms: time_ms,
             preview: crate::event::preview(text, 80),
             seq,
-        })
+        };
+        let owed = self.reply_target(receiver, &target.sender_id)?;
+        if owed.is_some_and(|owed| owed.receiver_task_id != receiver_task_id) {
+            return self.update_task(receiver_task_id, |task| {
+                task.target_on_delivery = Some(target);
+                true
+            });
+        }
+        self.put_reply_target(&target)
+    }
+
+    /// The ticket of `task_id`'s request reached the agent: the target that waited for it (see
+    /// [`Self::owe_reply`]) takes its sender's place, unless the task ended meanwhile.
+    fn owe_reply_on_delivery(&mut self, task_id: &str) -> Result<(), StoreError> {
+        let mut waiting = None;
+        self.update_task(task_id, |task| {
+            let Some(target) = task.target_on_delivery.take() else { return false };
+            if !task.state.is_final() && task.replied_by.is_none() {
+                waiting = Some(target);
+            }
+            true
+        })?;
+        match waiting {
+            Some(target) => self.put_reply_target(&target),
+            None => Ok(()),
+        }
     }
 
     fn put_reply_target(&mut self, target: &ReplyTarget) -> Result<(), StoreError> {
@@ -710,6 +738,7 @@ impl<'txn> Projections<'txn> {
                     sent_by_user: false,
                     follow_ups: Vec::new(),
                     as_message: false,
+                    target_on_delivery: None,
                 };
                 // The deciders refuse a taken id, but a log may still hold one created twice:
                 // the second replaces the first, and so do its index rows.
@@ -801,6 +830,9 @@ impl<'txn> Projections<'txn> {
                 let written = self.inbox_ticket(agent_id, *priority, *ticket)?;
                 self.remove_ticket(agent_id, *priority, *ticket)?;
                 let message = written.filter(|ticket| ticket.kind == TicketKind::Message);
+                if let Some(message) = message.as_ref().filter(|message| message.response_expected) {
+                    self.owe_reply_on_delivery(&message.task_id)?;
+                }
                 let canceled = |agent: &AgentRecord| agent.canceled_unwritten.iter().position(|c| c.ticket == *ticket);
                 if message.is_some() || self.agent(agent_id)?.is_some_and(|agent| canceled(&agent).is_some()) {
                     self.change_agent(agent_id, |record| {

@@ -172,6 +172,11 @@ pub struct TaskRecord {
     /// The agent answered with a message, not a task result (`task_state_changed.as_message`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub as_message: bool,
+    /// For a receiver's task: the reply target its request becomes once its ticket reaches the
+    /// agent. It arrived while the agent owed the same sender an answer to an earlier request,
+    /// which stays the target until then: the agent's `synapse reply` answers what it has seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_on_delivery: Option<ReplyTarget>,
 }
 
 impl TaskRecord {

@@ -408,7 +408,13 @@ pub fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
 
 /// `agent`'s reply to the sender waiting for it.
 pub fn reply_body(agent: &Agent, text: String) -> api::ReplyRequest {
-    api::ReplyRequest { from: agent.id.clone(), secret: Some(agent.secret.clone()), to: None, text }
+    api::ReplyRequest {
+        from: agent.id.clone(),
+        secret: Some(agent.secret.clone()),
+        to: None,
+        text,
+        idempotency_key: None,
+    }
 }
 
 /// Acknowledges `ticket` as `agent` (its secret for this request only).

@@ -182,11 +182,6 @@ impl Liveness {
         }
     }
 
-    /// Does a process with this pid exist (a zombie counts)?
-    pub fn exists(&self, pid: u32) -> bool {
-        self.processes.get(&pid).is_none_or(|state| *state != ProcessState::Gone)
-    }
-
     /// Does this process run (a zombie does not)?
     pub fn is_alive(&self, pid: u32) -> bool {
         self.processes.get(&pid).is_none_or(|state| *state == ProcessState::Running)

@@ -163,7 +163,10 @@ pub fn decide(view: &Projections<'_>, command: &Command, context: &Context<'_>) 
             agents::decide_deregister(view, agent_id, reason, *registration)
         }
         Command::Send(request) => send::decide_send(view, request, context),
-        Command::Reply(request) => send::decide_send(view, &send::reply_as_send(view, request)?, context),
+        Command::Reply(request) => match send::repeated_reply(view, request, context)? {
+            Some(decision) => Ok(decision),
+            None => send::decide_send(view, &send::reply_as_send(view, request)?, context),
+        },
         Command::Continue(request) => send::decide_continue(view, request, context),
         Command::CreateTask { owner, secret, message, peer } => {
             tasks::decide_create_task(view, owner, secret.as_deref(), message, peer)
@@ -561,14 +564,20 @@ mod tests {
                 secret: Some(RECEIVER.into()),
                 to: to.map(str::to_string),
                 text: "the answer".into(),
+                idempotency_key: None,
             };
             try_run(&store, START_MS + 3_000, Command::Reply(request))
         };
         let (_, canceled_sender_task, _) = ask(SENDER, "a");
         let (_, third_sender_task, _) = ask(THIRD, "b");
         // Who waits on RECEIVER is told to RECEIVER only, not to a caller without its secret.
-        let mut unproved =
-            ReplyRequest { from: RECEIVER.into(), secret: Some("a guess".into()), to: None, text: "x".into() };
+        let mut unproved = ReplyRequest {
+            from: RECEIVER.into(),
+            secret: Some("a guess".into()),
+            to: None,
+            text: "x".into(),
+            ..Default::default()
+        };
         for secret in [Some("a guess".to_string()), None] {
             unproved.secret = secret;
             match try_run(&store, START_MS + 1_500, Command::Reply(unproved.clone())) {
@@ -612,6 +621,127 @@ mod tests {
         }
         let report = store.verify().expect("verify runs");
         assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
+    }
+
+    /// A second request from the same sender becomes the reply target when its ticket reaches
+    /// the receiver, not when it is sent: the receiver's `synapse reply` answered the request
+    /// still queued, which it had not seen, and the one it worked on stayed open for good (a
+    /// review reproduced it with two dummies: 26 of 36 round trips stuck). Once the second
+    /// ticket is written, it replaces the first as before; the live projections and a replay
+    /// agree.
+    #[test]
+    fn a_reply_answers_the_request_the_receiver_has_seen_not_one_still_queued() {
+        use crate::event::TaskState;
+        let store = store_with(&[(SENDER, 8100), (RECEIVER, 8120)]);
+        let reply = |text: &str, at: u64| {
+            let request = ReplyRequest {
+                from: RECEIVER.into(),
+                secret: Some(RECEIVER.into()),
+                to: None,
+                text: text.into(),
+                ..Default::default()
+            };
+            sent(run(&store, at, Command::Reply(request)))
+        };
+        let ack = |task: &str, at: u64| {
+            let ticket = queued_ticket(&store, task);
+            run(&store, at, Command::AckInjection { agent_id: RECEIVER.into(), ticket, how: None });
+        };
+        let target_task = || {
+            let targets = store.read(|view| view.reply_targets(RECEIVER)).expect("the view reads");
+            targets.iter().map(|target| target.receiver_task_id.clone()).collect::<Vec<_>>()
+        };
+        // A is written into the receiver; B arrives while it works on A.
+        let (a, a_sender, _) = sent(run(&store, START_MS + 1_000, send(SENDER, "question A", None, "a")));
+        ack(&a, START_MS + 1_100);
+        let (b, b_sender, _) = sent(run(&store, START_MS + 1_200, send(SENDER, "question B", None, "b")));
+        assert_eq!(target_task(), [a.as_str()], "B waits in the inbox: A stays the target");
+        reply("answer A", START_MS + 1_300);
+        assert_eq!(task_of(&store, &a_sender.clone().expect("A's sender task")).state, TaskState::Completed);
+        let b_sender = b_sender.expect("B's sender task");
+        assert_eq!(task_of(&store, &b_sender).state, TaskState::Working, "B is not answered by A's reply");
+        assert!(target_task().is_empty(), "B is owed once it is written");
+        ack(&b, START_MS + 1_400);
+        assert_eq!(target_task(), [b.as_str()]);
+        reply("answer B", START_MS + 1_500);
+        assert_eq!(task_of(&store, &b_sender).state, TaskState::Completed);
+        let artifacts = |task: &str| serde_json::to_string(&task_of(&store, task).artifacts).expect("encodes");
+        assert!(artifacts(&b_sender).contains("answer B"), "{}", artifacts(&b_sender));
+
+        // Both queued before either is written: the first stays the target until the second
+        // is written, and a second written while the first is unanswered replaces it (the
+        // receiver has seen both: the newest is answered, as the spec says).
+        let (c, _, _) = sent(run(&store, START_MS + 2_000, send(SENDER, "question C", None, "c")));
+        let (d, _, _) = sent(run(&store, START_MS + 2_100, send(SENDER, "question D", None, "d")));
+        assert_eq!(target_task(), [c.as_str()]);
+        ack(&c, START_MS + 2_200);
+        assert_eq!(target_task(), [c.as_str()]);
+        ack(&d, START_MS + 2_300);
+        assert_eq!(target_task(), [d.as_str()]);
+
+        // A queued request canceled before it is written never becomes a target.
+        reply("answer D", START_MS + 2_400);
+        let (e, _, _) = sent(run(&store, START_MS + 3_000, send(SENDER, "question E", None, "e")));
+        ack(&e, START_MS + 3_100);
+        let (f, f_sender, _) = sent(run(&store, START_MS + 3_200, send(SENDER, "question F", None, "f")));
+        run(
+            &store,
+            START_MS + 3_300,
+            Command::CancelTask { task_id: f_sender.expect("F's sender task"), reason: None, actor: Actor::User },
+        );
+        assert_eq!(target_task(), [e.as_str()]);
+        if store.read(|view| view.inbox(RECEIVER, 100)).expect("the view reads").iter().any(|t| t.task_id == f) {
+            ack(&f, START_MS + 3_400);
+        }
+        assert_eq!(target_task(), [e]);
+
+        let report = store.verify().expect("verify runs");
+        assert!(report.differences.is_empty(), "replay differs: {:?}", report.differences);
+    }
+
+    /// An agent whose process exited but is not yet reaped (a zombie) is gone: a send to it,
+    /// by id, by name or by `<type>-<port>`, is refused saying it is no longer running, and
+    /// nothing is sent. By id it had been accepted and the message stayed `submitted` for good
+    /// once the agent was pruned; by name it said no agent had that name.
+    #[test]
+    fn a_send_to_an_agent_whose_process_exited_is_refused_as_no_longer_running() {
+        let store = store_with(&[]);
+        let mut child = std::process::Command::new("sleep").arg("600").spawn().expect("sleep starts");
+        let pid = child.id();
+        let mut registration = registered(RECEIVER, 8120);
+        if let Event::AgentRegistered { pid: registered_pid, name, .. } = &mut registration {
+            *registered_pid = pid;
+            *name = Some("frank".into());
+        }
+        store.transact(START_MS, |appender| appender.append(None, vec![registration])).expect("registered");
+        child.kill().expect("killed");
+        // Not waited for: a zombie until then.
+        while !crate::process::is_zombie(pid) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        for target in [RECEIVER, "frank", "dummy-8120"] {
+            let refused = store
+                .transact(START_MS + 1_000, |appender| {
+                    let liveness = Liveness::look_up([pid]);
+                    let context = Context { now_ms: START_MS + 1_000, liveness: &liveness };
+                    let request =
+                        SendRequest { to: target.into(), text: "x".into(), priority: 3, ..SendRequest::default() };
+                    Ok(match decide(appender.view(), &Command::Send(request), &context) {
+                        Ok(_) => None,
+                        Err(DecideError::Rejected(error)) => Some(error),
+                        Err(DecideError::Storage(error)) => return Err(error),
+                    })
+                })
+                .expect("the transaction commits");
+            match refused {
+                Some(CommandError::NotFound { message }) => {
+                    assert!(message.contains("no longer running"), "{target}: {message}")
+                }
+                other => panic!("{target}: {other:?}"),
+            }
+        }
+        child.wait().expect("reaped");
+        assert_eq!(store.head().expect("the head reads"), 1, "nothing was sent");
     }
 
     fn send(from: &str, text: &str, reply_to: Option<&str>, key: &str) -> Command {

@@ -122,6 +122,9 @@ pub struct ReplyRequest {
     /// The sender to answer; absent answers the only one waiting.
     pub to: Option<String>,
     pub text: String,
+    /// As for a send: a retry with the same key answers the first reply and replies nothing
+    /// (the reply target is gone by then, so the key is looked up first).
+    pub idempotency_key: Option<String>,
 }
 
 /// How long an idempotency key holds: a retry after this is a new send.

@@ -14,19 +14,36 @@ const IDEMPOTENCY_KEY_MAX_CHARS: usize = 200;
 /// Resolves a target among the registered agents whose process still runs. An exact agent id
 /// is one lookup and one liveness check (the hot path of every send); names, `<type>-<port>`
 /// and types scan the agents. Names may not look like agent ids, so the order of SPEC §2 holds.
+///
+/// A process that exited and is not yet reaped (a zombie) is gone: a message accepted for it
+/// stayed `submitted` for good once the agent was pruned. A name or `<type>-<port>` of such an
+/// agent says so too, rather than that no agent has it.
 fn resolve_live_target(view: &Projections<'_>, liveness: &Liveness, target: &str) -> Result<AgentRecord, DecideError> {
-    if let Some(agent) = view.agent(target.trim())? {
-        if liveness.exists(agent.pid) {
-            return Ok(agent);
-        }
-        return Err(CommandError::not_found(format!(
+    let gone = |agent: &AgentRecord| {
+        CommandError::not_found(format!(
             "Agent '{}' is no longer running (process {} is gone); it is being removed from the list.",
             agent.agent_id, agent.pid
         ))
-        .into());
+    };
+    if let Some(agent) = view.agent(target.trim())? {
+        if liveness.is_alive(agent.pid) {
+            return Ok(agent);
+        }
+        return Err(gone(&agent).into());
     }
-    let agents: Vec<AgentRecord> = view.agents()?.into_iter().filter(|agent| liveness.is_alive(agent.pid)).collect();
-    Ok(resolve_target(&agents, target)?)
+    let (live, dead): (Vec<AgentRecord>, Vec<AgentRecord>) =
+        view.agents()?.into_iter().partition(|agent| liveness.is_alive(agent.pid));
+    match resolve_target(&live, target) {
+        Err(CommandError::NotFound { .. })
+            if let Some(agent) = dead.iter().find(|agent| {
+                agent.name.as_deref() == Some(target.trim())
+                    || format!("{}-{}", agent.agent_type, agent.port) == target.trim()
+            }) =>
+        {
+            Err(gone(agent).into())
+        }
+        resolved => Ok(resolved?),
+    }
 }
 
 pub fn validate_priority(priority: u8) -> Result<(), CommandError> {
@@ -87,8 +104,35 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
         text: request.text.clone(),
         priority: super::requests::default_priority(),
         reply_to: Some(target.sender_task_id.clone().unwrap_or_else(|| target.receiver_task_id.clone())),
+        idempotency_key: request.idempotency_key.clone(),
         ..SendRequest::default()
     })
+}
+
+/// The answer to a reply repeated with its idempotency key (its answer lost: the broker
+/// restarting under it): the first reply's tasks, and no event. Looked up before the reply
+/// targets, which the first reply emptied: the retry was refused with "No reply target", and
+/// a reply sent again without the key answered the next request instead.
+pub fn repeated_reply(
+    view: &Projections<'_>,
+    request: &ReplyRequest,
+    context: &Context<'_>,
+) -> Result<Option<Decision>, DecideError> {
+    let Some(key) = &request.idempotency_key else { return Ok(None) };
+    let from = agent_id_of(view, &request.from)?;
+    super::checks::check_sender(view, Some(&from), request.secret.as_deref())?;
+    let first = view.idempotent_send(Some(&from), key)?;
+    if first
+        .is_some_and(|first| !first.is_reply && context.now_ms.saturating_sub(first.time_ms) < IDEMPOTENCY_WINDOW_MS)
+    {
+        return Err(CommandError::conflict(format!(
+            "the idempotency key '{}' was used within the last {} hours for a message that was not a reply: use a new key for a new reply",
+            escape::visible_line(key),
+            IDEMPOTENCY_WINDOW_MS / 3_600_000,
+        ))
+        .into());
+    }
+    repeated_send(view, Some(&from), key, ("", &request.text), context)
 }
 
 /// The answer to a send (or follow-up) to `to` of `text` repeated with the idempotency key
