@@ -4,10 +4,6 @@
 
 use std::process::ExitCode;
 
-/// The exit status of a command whose output pipe was closed (128 + SIGPIPE, as for tools
-/// that die of the signal).
-const CLOSED_PIPE_EXIT: i32 = 141;
-
 fn main() -> ExitCode {
     end_quietly_on_a_closed_pipe();
     let cli = match synapse::cli::parse_args() {
@@ -30,7 +26,8 @@ fn main() -> ExitCode {
 /// `synapse history stats | head -1`: once the reader has gone, printing fails and `println!`
 /// panics. Such a command ends quietly instead (no panic message, status 141). Rust ignores
 /// SIGPIPE so that sockets report errors instead of killing the process; that stays so, and
-/// only this one panic is turned into a quiet exit.
+/// only this panic is turned into a quiet exit. Printing that fails otherwise (`> /dev/full`)
+/// is an error: one line and status 1, not a panic.
 fn end_quietly_on_a_closed_pipe() {
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -40,8 +37,18 @@ fn end_quietly_on_a_closed_pipe() {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or_default();
-        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
-            std::process::exit(CLOSED_PIPE_EXIT);
+        if let Some(cause) = message.strip_prefix("failed printing to stdout") {
+            if cause.contains("Broken pipe") {
+                std::process::exit(synapse::cli::CLOSED_PIPE_EXIT);
+            }
+            let cause = cause.trim_start_matches(':').trim();
+            eprintln!(
+                "{}",
+                synapse::cli::user_message(&format!(
+                    "cannot write the output: {cause}; what was printed is incomplete"
+                ))
+            );
+            std::process::exit(1);
         }
         // Caught, and reported in the wrapper's log (a screen model that failed).
         if synapse::agent::readiness::panic_is_contained() {

@@ -14,13 +14,35 @@ fn a_closed_output_pipe_ends_the_command_quietly() {
     let alice = home.register(Some("alice"));
     home.register(Some("bob"));
     assert!(home.run_as(&alice, &["send", "bob", "hello", "--no-response"]).status.success());
-    for args in [&["history", "stats"][..], &["history", "list"], &["list"]] {
+    let commands = [
+        &["history", "stats"][..],
+        &["history", "list"],
+        &["list"],
+        &["events"],
+        &["logs", "alice"],
+        &["completions", "bash"],
+        &["man"],
+    ];
+    std::fs::create_dir_all(home.home().join("logs")).unwrap();
+    std::fs::write(home.home().join("logs").join(format!("{}.log", alice.id)), "a line of the terminal\n").unwrap();
+    for args in commands {
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
         let output = home.cmd(args).stdout(writer).stderr(Stdio::piped()).output().unwrap();
         let errors = stderr(&output);
         assert!(!errors.contains("panicked") && !errors.contains("Broken pipe"), "{args:?}: {errors}");
-        assert_ne!(output.status.code(), Some(101), "{args:?}: {errors}");
+        assert_eq!(output.status.code(), Some(141), "{args:?}: {errors}");
+    }
+    // Output that cannot be written for another reason (a full disk) is an error, never a
+    // panic (status 101) nor a success: `events` and `logs` said 0, the others panicked.
+    if std::path::Path::new("/dev/full").exists() {
+        for args in commands {
+            let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+            let output = home.cmd(args).stdout(full).stderr(Stdio::piped()).output().unwrap();
+            let errors = stderr(&output);
+            assert_eq!(output.status.code(), Some(1), "{args:?}: {errors}");
+            assert!(errors.contains("cannot write the output") && !errors.contains("panicked"), "{args:?}: {errors}");
+        }
     }
 }
 

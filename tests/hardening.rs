@@ -409,9 +409,16 @@ fn logs_takes_an_agent_never_a_path() {
     for target in ["../../secret", "../../../../etc/passwd", "/etc/passwd", "..", "a/b"] {
         let output = home.run(&["logs", target]);
         assert_eq!(output.status.code(), Some(1), "{target}: {}", describe(&output));
-        assert!(stderr(&output).contains("not an agent id or name"), "{target}: {}", describe(&output));
+        assert!(stderr(&output).contains("No agent or log found matching"), "{target}: {}", describe(&output));
         assert!(!stdout(&output).contains("TOP-SECRET") && !stdout(&output).contains("root:"), "{target}");
     }
+    // A name that is no file name (`start --name` takes it) finds its agent's log through the
+    // broker: it was refused as "not an agent id or name".
+    let agent = home.register(Some("a/b"));
+    std::fs::write(home.home().join("logs").join(format!("{}.log", agent.id)), "its terminal\n").unwrap();
+    let output = home.run(&["logs", "a/b"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(stdout(&output), "its terminal\n");
 }
 
 #[test]

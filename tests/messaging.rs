@@ -336,11 +336,11 @@ fn messages_queue_in_the_inbox_by_priority_then_arrival() {
     assert_eq!(twice.status.code(), Some(1));
 }
 
-/// `synapse send carol "what time is it?" --wait 30 <extra>`, answered "noon" by carol.
-fn send_wait_answered_with_noon(extra: &[&str]) -> std::process::Output {
+/// `synapse send carol "what time is it?" --wait <seconds> <extra>`, answered "noon" by carol.
+fn send_wait_answered_with_noon(seconds: &str, extra: &[&str]) -> std::process::Output {
     let home = Home::new();
     let carol = home.register(Some("carol"));
-    let mut args = vec!["send", "carol", "what time is it?", "--wait", "30"];
+    let mut args = vec!["send", "carol", "what time is it?", "--wait", seconds];
     args.extend_from_slice(extra);
     let waiter = home.cmd(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     // Long-poll carol's inbox until the waiting sender's message is there.
@@ -359,7 +359,16 @@ fn send_wait_answered_with_noon(extra: &[&str]) -> std::process::Output {
 
 #[test]
 fn send_wait_blocks_until_the_reply_arrives_and_prints_it() {
-    let output = send_wait_answered_with_noon(&[]);
+    let output = send_wait_answered_with_noon("30", &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(stdout(&output).lines().any(|line| line == "noon"), "{}", describe(&output));
+}
+
+/// A limit of centuries is waited in slices: `--wait 18446744073709551615` overflowed the wait
+/// request's milliseconds and failed after the message was sent.
+#[test]
+fn send_wait_with_the_largest_limit_waits_for_the_reply() {
+    let output = send_wait_answered_with_noon(&u64::MAX.to_string(), &[]);
     assert!(output.status.success(), "{}", describe(&output));
     assert!(stdout(&output).lines().any(|line| line == "noon"), "{}", describe(&output));
 }
@@ -367,7 +376,7 @@ fn send_wait_blocks_until_the_reply_arrives_and_prints_it() {
 /// Issue 14: `--wait --json` printed a JSON object and then the reply as a plain line.
 #[test]
 fn send_wait_json_prints_one_document_that_holds_the_reply() {
-    let output = send_wait_answered_with_noon(&["--json"]);
+    let output = send_wait_answered_with_noon("30", &["--json"]);
     assert!(output.status.success(), "{}", describe(&output));
     let document: Value = serde_json::from_str(&stdout(&output)).expect("exactly one JSON document");
     assert_eq!(document["reply"], "noon", "{document:#}");

@@ -309,15 +309,11 @@ fn is_agent_word(word: &str) -> bool {
 /// `synapse logs <agent> [--follow] [--raw]`: the agent's terminal log, its controls made visible
 /// unless `--raw` (the log holds what the CLI printed, and through it what others sent).
 pub async fn logs(paths: &Paths, target: &str, follow: bool, raw: bool) -> anyhow::Result<i32> {
-    // The target picks a file under logs/: it must be an agent's id or name, never a path.
-    if !is_agent_word(target) {
-        bail!(
-            "'{}' is not an agent id or name. 'synapse logs' takes an agent (see 'synapse list'), not a path.",
-            crate::escape::visible_line(target)
-        );
-    }
-    let direct = wrapper::log_path(paths, target);
-    let path = if direct.is_file() {
+    // A target that could be an id picks its file under logs/ directly (a stopped agent's log
+    // too); anything else (a name such as `a/b`, which `start --name` takes) is asked of the
+    // broker, never made into a path.
+    let direct = is_agent_word(target).then(|| wrapper::log_path(paths, target)).filter(|path| path.is_file());
+    let path = if let Some(direct) = direct {
         direct
     } else {
         let agents = resolve(paths, target).await?;
@@ -345,8 +341,8 @@ pub async fn logs(paths: &Paths, target: &str, follow: bool, raw: bool) -> anyho
         if count > 0 {
             let chunk = &buffer[..count];
             let written = if raw { stdout.write_all(chunk) } else { stdout.write_all(escaper.push(chunk).as_bytes()) };
-            if written.and_then(|_| stdout.flush()).is_err() {
-                return Ok(0);
+            if let Err(error) = written.and_then(|_| stdout.flush()) {
+                return super::output_failed(&error);
             }
             continue;
         }

@@ -9,7 +9,10 @@ use std::path::Path;
 /// `synapse completions <shell>`: the completion script on standard output.
 pub fn completions(shell: clap_complete::Shell) -> anyhow::Result<i32> {
     let mut command = super::Cli::command();
-    clap_complete::generate(shell, &mut command, "synapse", &mut std::io::stdout());
+    // Written here, not by clap_complete (which panics when the write fails).
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, "synapse", &mut script);
+    print!("{}", String::from_utf8_lossy(&script));
     Ok(0)
 }
 
@@ -19,7 +22,9 @@ pub fn man(out: Option<&Path>) -> anyhow::Result<i32> {
     let command = super::Cli::command();
     match out {
         None => {
-            clap_mangen::Man::new(command).render(&mut std::io::stdout())?;
+            let mut page = Vec::new();
+            clap_mangen::Man::new(command).render(&mut page)?;
+            print!("{}", String::from_utf8_lossy(&page));
         }
         Some(dir) => {
             std::fs::create_dir_all(dir)

@@ -134,7 +134,7 @@ pub async fn events(paths: &Paths, args: EventsArgs) -> anyhow::Result<i32> {
     let mut resuming = false;
     loop {
         let mut failure = None;
-        let mut printing_ended = false;
+        let mut printing_failed: Option<std::io::Error> = None;
         let after = match &last {
             Some(seen) if resuming => seen.seq.saturating_sub(1),
             Some(seen) => seen.seq,
@@ -167,19 +167,26 @@ pub async fn events(paths: &Paths, args: EventsArgs) -> anyhow::Result<i32> {
                     if args.json { crate::escape::json_controls(data.to_string()) } else { event_line(&envelope) };
                 let mut out = stdout.lock();
                 // A closed pipe (`synapse events | head`) ends the command quietly.
-                let written = writeln!(out, "{line}").and_then(|_| out.flush()).is_ok();
-                printing_ended = !written;
-                written
+                match writeln!(out, "{line}").and_then(|_| out.flush()) {
+                    Ok(()) => true,
+                    Err(error) => {
+                        printing_failed = Some(error);
+                        false
+                    }
+                }
             })
             .await;
         if let Some(failure) = failure {
             anyhow::bail!(failure);
         }
+        if let Some(error) = &printing_failed {
+            return super::output_failed(error);
+        }
 
         match streamed {
             // The broker went away under the stream: a followed stream waits for the next one.
-            Ok(()) if args.follow && !printing_ended => {}
-            Err(error) if args.follow && !printing_ended && going_away(&error) => {}
+            Ok(()) if args.follow => {}
+            Err(error) if args.follow && going_away(&error) => {}
             Ok(()) => return Ok(0),
             Err(error) => return Err(error.into()),
         }

@@ -30,8 +30,8 @@ pub struct SendUncertain {
 /// How many times a wait for a reply goes on over a new connection after its own broke.
 const WAIT_RECONNECTS: u32 = 3;
 
-/// The longest single wait request while waiting without a limit (the broker answers at the
-/// latest then, and the wait is asked again).
+/// The longest single wait request (the broker answers at the latest then, and the wait is
+/// asked again until the limit, if any).
 const UNLIMITED_WAIT_SLICE: Duration = Duration::from_secs(600);
 
 /// Why waiting for a reply gave none.
@@ -154,8 +154,10 @@ impl Client {
         let limit = (seconds > 0).then(|| Duration::from_secs(seconds));
         let mut reconnects = 0;
         loop {
+            // One wait request lasts a slice at most: a limit of years (`--wait 18446744073709551615`)
+            // overflowed the request's milliseconds, after the message was sent.
             let slice = match limit {
-                Some(limit) => limit.saturating_sub(started.elapsed()),
+                Some(limit) => limit.saturating_sub(started.elapsed()).min(UNLIMITED_WAIT_SLICE),
                 None => UNLIMITED_WAIT_SLICE,
             };
             let answer = match self.wait_task(task_id, slice).await {
