@@ -305,8 +305,9 @@ pub fn decide_ack_injection(
     };
     let mut events =
         vec![Event::TicketInjected { agent_id: agent_id.to_string(), ticket, priority: entry.priority, how }];
-    // A ticket just written means the CLI is working on it.
-    if let Some(agent) = view.agent(agent_id)?
+    // A ticket just written means the CLI is working on it (one not written, not).
+    if how != Some(Delivery::Unwritten)
+        && let Some(agent) = view.agent(agent_id)?
         && agent.status != AgentStatus::Processing
     {
         events.push(Event::AgentStatusChanged {
