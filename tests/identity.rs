@@ -166,6 +166,41 @@ fn a_crashed_agents_queue_never_reaches_a_new_agent_on_its_port_and_waits_for_it
     assert_eq!(inbox_texts(&home, &bob_id).len(), 3);
 }
 
+/// An agent started without a name leaves its queue under its id (its type and port): started
+/// again on that port, it takes the queue back. That was refused for the queue itself ("they
+/// wait for it to start again"), and the messages waited a day to expire. Another agent, named,
+/// still cannot take that port's queue, nor can a process inside another agent.
+#[test]
+fn an_unnamed_agent_started_again_on_its_port_takes_its_queue_back() {
+    let home = Home::new();
+    home.events(); // starts the broker
+    let port = free_port();
+    let (first, registered) = self_registered(&home, "", port);
+    let id = registered["agent"]["agent_id"].as_str().unwrap().to_string();
+    home.ok(&["send", &id, "queued for the unnamed one", "--no-response"]);
+    crash(&home, first, &id);
+
+    let test_pid = std::process::id().to_string();
+    let port_text = port.to_string();
+    let named = home
+        .run(&["agent", "register", "--type", "dummy", "--pid", &test_pid, "--name", "carol", "--port", &port_text]);
+    assert!(!named.status.success(), "{}", describe(&named));
+    assert!(stderr(&named).contains("holds 1 pending message(s)"), "{}", describe(&named));
+    let carol = home.register(Some("carol"));
+    let inside_carol =
+        home.run_as(&carol, &["agent", "register", "--type", "dummy", "--pid", &test_pid, "--port", &port_text]);
+    assert!(!inside_carol.status.success(), "{}", describe(&inside_carol));
+    assert!(
+        stderr(&inside_carol).contains(&format!("start the agent again on port {port}")),
+        "{}",
+        describe(&inside_carol)
+    );
+
+    let (_again, again) = self_registered(&home, "", port);
+    assert_eq!(again["agent"]["agent_id"], id.as_str(), "{again}");
+    assert_eq!(inbox_texts(&home, &id), ["queued for the unnamed one"]);
+}
+
 #[test]
 fn a_request_an_agent_received_but_did_not_answer_also_keeps_its_id_from_another_agent() {
     let home = Home::new();

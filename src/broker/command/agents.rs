@@ -25,10 +25,17 @@ fn held_queue(view: &Projections<'_>, agent_id: &str) -> Result<Option<(Departed
     Ok((pending > 0).then_some((departed, pending)))
 }
 
-/// The id an agent registering with `name` takes back: the id a departed agent of the same name
-/// and type left with messages queued.
+/// The id an agent registering takes back: the id a departed agent of the same name and type
+/// left with messages queued; without a name, that of a departed agent without one on the same
+/// port (the id is made of the type and the port). An unnamed agent's queue could not be taken
+/// back at all: starting it again on its port was refused for the queue, which then waited a
+/// day to expire.
 fn reclaimable_id(view: &Projections<'_>, request: &RegisterRequest) -> Result<Option<String>, StoreError> {
-    let Some(name) = &request.name else { return Ok(None) };
+    let Some(name) = &request.name else {
+        let agent_id = agent_id_for(&request.agent_type, request.port);
+        let unnamed = held_queue(view, &agent_id)?.is_some_and(|(departed, _)| departed.name.is_none());
+        return Ok(unnamed.then_some(agent_id));
+    };
     for departed in view.departed_agents()? {
         if departed.name.as_ref() == Some(name)
             && departed.agent_type == request.agent_type
@@ -163,9 +170,12 @@ pub fn decide_register(
         // Taking a queue back gives its messages (other agents' words) to the caller: only the
         // user, never a process inside another agent.
         Some(agent_id) if !request.by_user => {
+            let again = match &request.name {
+                Some(name) => format!("with --name {name}"),
+                None => format!("on port {}", request.port),
+            };
             return Err(CommandError::forbidden(format!(
-                "{agent_id} left with messages queued; only the user takes them back: start the agent again with --name {} from a plain shell (not inside another agent), or register with the admin key",
-                request.name.as_deref().unwrap_or_default()
+                "{agent_id} left with messages queued; only the user takes them back: start the agent again {again} from a plain shell (not inside another agent), or register with the admin key"
             ))
             .into());
         }
