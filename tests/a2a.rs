@@ -644,6 +644,31 @@ fn list_tasks_lists_this_agents_a2a_tasks_newest_first_with_filters_and_pages() 
     assert_eq!(next["nextPageToken"], "");
 }
 
+/// A page holds at most about 4 MiB of texts (at least one task), whatever `pageSize` says, and
+/// goes on where it stopped: a page of 100 tasks of 16 MB messages was built whole in memory,
+/// on the thread that serves every command.
+#[test]
+fn list_tasks_pages_hold_a_bounded_amount_of_text_and_go_on_where_they_stopped() {
+    let home = Home::new();
+    let agent = Scenario::start(&home);
+    let long = |letter: &str| letter.repeat(3 << 20);
+    let mut sent = Vec::new();
+    for letter in ["a", "b", "c"] {
+        let message = json!({"messageId": uuid::Uuid::new_v4().to_string(), "role": "ROLE_USER", "parts": [{"text": long(letter)}]});
+        sent.push(v1(agent.port, "SendMessage", json!({"message": message}))["result"]["task"]["id"].clone());
+    }
+    let ids =
+        |page: &Value| page["tasks"].as_array().unwrap().iter().map(|task| task["id"].clone()).collect::<Vec<_>>();
+    let first = v1(agent.port, "ListTasks", json!({"pageSize": 100}))["result"].clone();
+    assert_eq!(first["totalSize"], 3);
+    assert_eq!(ids(&first), [sent[2].clone(), sent[1].clone()], "two tasks reach the bound");
+    assert_eq!(first["nextPageToken"], "2");
+    let rest =
+        v1(agent.port, "ListTasks", json!({"pageSize": 100, "pageToken": first["nextPageToken"]}))["result"].clone();
+    assert_eq!(ids(&rest), [sent[0].clone()]);
+    assert_eq!(rest["nextPageToken"], "");
+}
+
 #[test]
 fn json_rpc_errors_carry_the_a2a_and_json_rpc_codes() {
     let home = Home::new();

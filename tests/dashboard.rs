@@ -852,4 +852,20 @@ fn synapse_dashboard_prints_the_brokers_address_and_the_event_log_pages_backward
     assert_eq!(agent["agent_id"], bob.id.as_str());
     assert_eq!(agent["queue_depth"], 5);
     assert!(agent["status_since_ms"].as_u64().unwrap() > 0, "{agent}");
+    // Long messages: a page holds about 4 MiB of their texts, the newest ones just before
+    // `before` (at least one), and the next page goes on from the oldest it holds.
+    let file = home.dir.path().join("long.txt");
+    for letter in ["x", "y", "z"] {
+        std::fs::write(&file, letter.repeat(3 << 20)).unwrap();
+        home.ok(&["send", "bob", "-F", file.to_str().unwrap(), "--no-response"]);
+    }
+    let (status, long) = home.http("GET", "/dashboard/events?limit=200", None, &[]);
+    assert_eq!(status, 200);
+    let long_seqs = seqs(&long);
+    let head = home.head();
+    assert_eq!(long_seqs.last(), Some(&head), "the newest page ends at the head");
+    assert!(long_seqs.windows(2).all(|pair| pair[1] == pair[0] + 1), "{long_seqs:?}");
+    let texts = long.to_string().len();
+    assert!(texts < 9 << 20, "{texts} bytes for the page");
+    assert!(long_seqs.len() < 200);
 }

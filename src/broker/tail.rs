@@ -150,13 +150,19 @@ pub async fn next_batch(state: &BrokerState, cursor: u64, follow: bool) -> Resul
             // never got (the store took a batch back from its write-ahead log when it reopened),
             // read from the store, or a follower would go round without ever waiting.
             Some(events) if !events.is_empty() || *head.borrow() <= cursor => events,
-            _ => state
-                .store
-                .read_after_within(cursor, TAIL_BATCH, RECENT_TEXT_BYTES)
-                .map_err(|error| TailEnd::Failed(error.to_string()))?
-                .into_iter()
-                .map(|envelope| Arc::new(TailEvent::new(envelope)))
-                .collect(),
+            // On a blocking thread: the broker's Unix socket is served by one thread, and a
+            // stream catching up with a long log (or filtering all of it, `?kind=` that matches
+            // nothing) held every other command behind it for seconds.
+            _ => {
+                let store = state.store.clone();
+                tokio::task::spawn_blocking(move || store.read_after_within(cursor, TAIL_BATCH, RECENT_TEXT_BYTES))
+                    .await
+                    .map_err(|_| TailEnd::Failed("the read of the log failed".to_string()))?
+                    .map_err(|error| TailEnd::Failed(error.to_string()))?
+                    .into_iter()
+                    .map(|envelope| Arc::new(TailEvent::new(envelope)))
+                    .collect()
+            }
         };
         if !events.is_empty() || !follow {
             return Ok(events);

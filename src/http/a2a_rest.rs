@@ -210,7 +210,12 @@ pub async fn tasks_list(State(state): State<AppState>, Scope(agent): Scope, uri:
     let query: TasksQuery = parse_query(uri.query())?;
     let wanted_state: Option<TaskState> = query.state.as_deref().map(str::parse).transpose().map_err(ApiError::bad)?;
     let scope = ReadScope::of(&state, &agent)?;
-    let owned = state.store.read(|view| view.tasks_of(&scope.agent_id, TaskIndexKind::Owned))?;
+    // Every task of the agent, texts and all: read on a blocking thread (two such reads at a
+    // time), not on the thread that serves the broker's Unix socket, which it held for seconds.
+    let owner = scope.agent_id.clone();
+    let owned =
+        super::long_read(&state, move |store| Ok(store.read(|view| view.tasks_of(&owner, TaskIndexKind::Owned))?))
+            .await?;
     if owned.is_empty() && !scope.registered {
         return Err(scope.unknown());
     }

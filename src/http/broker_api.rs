@@ -154,7 +154,10 @@ pub async fn events(
                             chunk.push_str(envelope.sse_frame());
                         }
                     }
-                    if !chunk.is_empty() {
+                    if chunk.is_empty() {
+                        // Nothing matched: the next batch waits its turn behind the others.
+                        tokio::task::yield_now().await;
+                    } else {
                         yield Ok(Bytes::from(chunk));
                     }
                 }

@@ -237,8 +237,14 @@ struct EventsPage {
     events: Vec<serde_json::Value>,
 }
 
-/// `GET /dashboard/events?before=N&limit=L`: the `limit` events just before `before`, so the
-/// page can walk the log backwards a page at a time (the stream only goes forwards).
+/// The texts one page of `/dashboard/events` holds at most (and at least one event, however
+/// long): pages of 16 MB messages made answers of gigabytes, built on the thread that serves
+/// every command.
+const EVENTS_PAGE_TEXT_BYTES: usize = 4 << 20;
+
+/// `GET /dashboard/events?before=N&limit=L`: the `limit` events just before `before` (fewer when
+/// their texts pass [`EVENTS_PAGE_TEXT_BYTES`]), so the page can walk the log backwards a page
+/// at a time (the stream only goes forwards). Read on a blocking thread.
 async fn events_page(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: EventsPageQuery = parse_query(uri.query())?;
     let limit = query.limit.unwrap_or(200);
@@ -248,8 +254,10 @@ async fn events_page(State(state): State<AppState>, uri: axum::http::Uri) -> Api
     let head = state.store.head()?;
     let before = query.before.unwrap_or(head.saturating_add(1)).min(head.saturating_add(1));
     let first = before.saturating_sub(limit as u64).max(1);
-    let count = usize::try_from(before.saturating_sub(first)).unwrap_or(limit);
-    let events = if count == 0 { Vec::new() } else { state.store.read_after(first - 1, count)? };
+    let mut events =
+        super::long_read(&state, move |store| Ok(store.read_back_within(first, before, EVENTS_PAGE_TEXT_BYTES)?))
+            .await?;
+    events.reverse();
     answer(&EventsPage { head, events: events.iter().map(|envelope| envelope.to_json()).collect() })
 }
 

@@ -514,29 +514,25 @@ impl Store {
     ) -> Result<Vec<Envelope>, StoreError> {
         self.reading(|txn| {
             let log = txn.open_table(LOG)?;
-            let mut projections = None;
-            let mut events = Vec::new();
-            let mut text_bytes = 0usize;
-            for row in log.range(after.saturating_add(1)..)?.take(limit) {
-                let (_, bytes) = row?;
-                let mut envelope = Envelope::decode(bytes.value())?;
-                // An event that refers to a long text stored once gets it, as if it had been
-                // copied.
-                if envelope.event.refers_to_text() {
-                    if projections.is_none() {
-                        projections = Some(projection::ReadProjections::open(txn, &LIVE)?);
-                    }
-                    if let Some(projections) = &projections {
-                        projections.hydrate_event(&mut envelope.event)?;
-                    }
-                }
-                text_bytes = text_bytes.saturating_add(envelope.event.text_bytes());
-                events.push(envelope);
-                if text_bytes >= max_text_bytes {
-                    break;
-                }
+            read_within(txn, log.range(after.saturating_add(1)..)?.take(limit), max_text_bytes)
+        })
+    }
+
+    /// The events from `first` up to `before` (excluded), the newest first, ending with the one
+    /// that brings their texts to `max_text_bytes` or more (at least one event): a page of the
+    /// log read backwards that holds a bounded amount of text however long the messages are.
+    pub fn read_back_within(
+        &self,
+        first: u64,
+        before: u64,
+        max_text_bytes: usize,
+    ) -> Result<Vec<Envelope>, StoreError> {
+        self.reading(|txn| {
+            if first >= before {
+                return Ok(Vec::new());
             }
-            Ok(events)
+            let log = txn.open_table(LOG)?;
+            read_within(txn, log.range(first..before)?.rev(), max_text_bytes)
         })
     }
 
@@ -774,6 +770,38 @@ fn forget_cached_pages(path: &Path) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = path;
+}
+
+/// The events of `rows` in their order, each that refers to a long text stored once given it
+/// (as if it had been copied), up to the one that brings their texts to `max_text_bytes` or more.
+fn read_within<'a>(
+    txn: &redb::ReadTransaction,
+    rows: impl Iterator<
+        Item = Result<(redb::AccessGuard<'a, u64>, redb::AccessGuard<'a, &'static [u8]>), redb::StorageError>,
+    >,
+    max_text_bytes: usize,
+) -> Result<Vec<Envelope>, StoreError> {
+    let mut projections = None;
+    let mut events = Vec::new();
+    let mut text_bytes = 0usize;
+    for row in rows {
+        let (_, bytes) = row?;
+        let mut envelope = Envelope::decode(bytes.value())?;
+        if envelope.event.refers_to_text() {
+            if projections.is_none() {
+                projections = Some(projection::ReadProjections::open(txn, &LIVE)?);
+            }
+            if let Some(projections) = &projections {
+                projections.hydrate_event(&mut envelope.event)?;
+            }
+        }
+        text_bytes = text_bytes.saturating_add(envelope.event.text_bytes());
+        events.push(envelope);
+        if text_bytes >= max_text_bytes {
+            break;
+        }
+    }
+    Ok(events)
 }
 
 /// The sequence number of the log's last event; 0 when it has none.

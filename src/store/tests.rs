@@ -402,6 +402,11 @@ fn a_read_stops_at_the_event_that_brings_its_texts_to_the_bound() {
     assert_eq!(seqs(store.read_after_within(5, 100, 10).unwrap()), [6]);
     assert_eq!(seqs(store.read_after_within(0, 2, 1 << 20).unwrap()), [1, 2], "and at most the limit");
     assert_eq!(store.read_after(0, 100).unwrap().len(), 6);
+    // Backwards (the dashboard's pages), the newest first, from `first` up to `before`.
+    assert_eq!(seqs(store.read_back_within(1, 7, 2_500).unwrap()), [6, 5, 4]);
+    assert_eq!(seqs(store.read_back_within(2, 4, 1 << 20).unwrap()), [3, 2], "within the range");
+    assert_eq!(seqs(store.read_back_within(1, 7, 10).unwrap()), [6], "at least one, however long");
+    assert!(store.read_back_within(4, 4, 1 << 20).unwrap().is_empty());
 }
 
 #[test]

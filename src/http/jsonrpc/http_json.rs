@@ -10,7 +10,7 @@
 //! "status": ..., "message": ..., "details": [ErrorInfo]}}`) with the status the spec gives each
 //! A2A error.
 
-use super::methods::{cancel_task, get_task, list_tasks, parse_send, send, submit_send};
+use super::methods::{cancel_task, get_task, list_tasks_apart, parse_send, send, submit_send};
 use super::stream::{stream_task, task_snapshot};
 use super::{
     INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RpcError, VERSION_NOT_SUPPORTED, Version,
@@ -153,10 +153,11 @@ async fn tasks_list(
     RawQuery(query): RawQuery,
 ) -> Response {
     let agent = agent_id_of(&state, agent);
-    answer((|| {
-        check_version(&headers)?;
-        list_tasks(&state, &agent, Version::V10, &Value::Object(query_params(query.as_deref())?))
-    })())
+    let listed = match check_version(&headers).and_then(|()| query_params(query.as_deref())) {
+        Ok(params) => list_tasks_apart(&state, &agent, Version::V10, &Value::Object(params)).await,
+        Err(error) => Err(error),
+    };
+    answer(listed)
 }
 
 /// `GET /v1/tasks/{id}` (`GetTask`) and `GET /v1/tasks/{id}:subscribe` (`SubscribeToTask`).

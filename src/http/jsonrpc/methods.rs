@@ -247,7 +247,31 @@ pub(super) fn get_task(state: &AppState, agent: &str, version: Version, params: 
     Ok(task_json(version, &task, history_length, true))
 }
 
-pub(super) fn list_tasks(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
+/// The texts one `ListTasks` page holds at most (and at least one task): `pageSize` bounds the
+/// tasks, not their texts, and a page of 100 tasks of 16 MB messages was built whole in memory.
+const LIST_TEXT_BYTES: usize = 4 << 20;
+
+/// [`list_tasks`] on a blocking thread (two such reads at a time): the broker's Unix socket is
+/// served by one thread, which a page of long tasks held for seconds.
+pub(super) async fn list_tasks_apart(
+    state: &AppState,
+    agent: &str,
+    version: Version,
+    params: &Value,
+) -> Result<Value, RpcError> {
+    let (shared, agent, params) = (state.clone(), agent.to_string(), params.clone());
+    crate::http::long_read(state, move |_| Ok(list_tasks(&shared, &agent, version, &params))).await?
+}
+
+/// The bytes of text a task's answer carries: its messages and its artifacts.
+fn text_bytes(task: &TaskRecord) -> usize {
+    let follow_ups: usize = task.follow_ups.iter().map(|follow_up| follow_up.message.joined_text().len()).sum();
+    let artifacts: usize =
+        task.artifacts.iter().map(|artifact| serde_json::to_string(artifact).map_or(0, |text| text.len())).sum();
+    task.message.joined_text().len() + follow_ups + artifacts
+}
+
+fn list_tasks(state: &AppState, agent: &str, version: Version, params: &Value) -> Result<Value, RpcError> {
     let context_id = string_param(params, "contextId")?.filter(|c| !c.is_empty());
     let wanted = match string_param(params, "status")?.filter(|s| !s.is_empty() && *s != "TASK_STATE_UNSPECIFIED") {
         Some(text) => Some(parse_state(text).ok_or_else(|| RpcError::params(format!("unknown task state '{text}'")))?),
@@ -276,7 +300,7 @@ pub(super) fn list_tasks(state: &AppState, agent: &str, version: Version, params
     // The tasks A2A clients (anonymous senders) gave this agent, newest first: filtered and
     // paged on their rows, and only the page's texts read (every task's long texts were read
     // for every page).
-    let (total, tasks) = state.store.read(|view| {
+    let (total, tasks, read) = state.store.read(|view| {
         let mut rows: Vec<TaskRecord> = view
             .task_rows_of(agent, TaskIndexKind::Served)?
             .into_iter()
@@ -289,16 +313,25 @@ pub(super) fn list_tasks(state: &AppState, agent: &str, version: Version, params
         rows.reverse();
         rows.sort_by_key(|task| std::cmp::Reverse(task.created_ms));
         let mut page = Vec::new();
+        let mut read = 0;
+        let mut bytes = 0;
         for row in rows.iter().skip(offset).take(page_size) {
+            read += 1;
             if let Some(task) = view.task(&row.id)? {
+                bytes += text_bytes(&task);
                 page.push(task);
             }
+            if bytes >= LIST_TEXT_BYTES {
+                break;
+            }
         }
-        Ok((rows.len(), page))
+        Ok((rows.len(), page, read))
     })?;
     let page: Vec<Value> =
         tasks.iter().map(|task| task_json(version, task, history_length, include_artifacts)).collect();
-    let next = match offset.checked_add(page_size) {
+    // The next page begins after the last task read (fewer than `pageSize` when their texts
+    // filled this one).
+    let next = match offset.checked_add(read) {
         Some(end) if end < total => end.to_string(),
         _ => String::new(),
     };

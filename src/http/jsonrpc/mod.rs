@@ -371,7 +371,7 @@ pub async fn handle(
     let result = match method {
         Method::Send => send(&state, &agent, version, &call.params).await,
         Method::Get => get_task(&state, &agent, version, &call.params),
-        Method::List => list_tasks(&state, &agent, version, &call.params),
+        Method::List => list_tasks_apart(&state, &agent, version, &call.params).await,
         Method::Cancel => cancel_task(&state, &agent, caller.actor(), version, &call.params).await,
         Method::Stream => return stream_send(state, agent, version, call, served_by).await,
         Method::Subscribe => return subscribe_task(state, agent, version, call, served_by),
