@@ -30,6 +30,18 @@ pub struct AlreadyRunning(pub String);
 /// Runs the broker in the foreground until it is stopped (signal or `synapse broker stop`).
 pub async fn run(paths: Paths) -> anyhow::Result<()> {
     paths.own_home()?;
+    // Up to SYNAPSE_HTTP_MAX_CONNECTIONS connections on TCP and as many on the Unix socket, and
+    // the refusals beyond: the usual soft limit of 1,024 files ran out first, and then every
+    // accept failed (a flood on both transports held `synapse send` for seconds).
+    let limits = http::server::ConnectionLimits::from_env();
+    let wanted = u64::try_from(limits.max_connections).unwrap_or(u64::MAX).saturating_mul(2).saturating_add(1024);
+    match crate::process::raise_open_files_limit(wanted) {
+        Some(files) if files < wanted => tracing::warn!(
+            "this process may open {files} files, fewer than the {wanted} its connection limits need (SYNAPSE_HTTP_MAX_CONNECTIONS, ulimit -n)"
+        ),
+        Some(_) => {}
+        None => tracing::warn!("cannot read this process's limit of open files"),
+    }
     crate::private_files::own_dir(&paths.uds_dir)
         .with_context(|| format!("cannot use {} for the broker's sockets", paths.uds_dir.display()))?;
     // A home made by an older version (or by hand) may be readable by others: the log and the

@@ -65,6 +65,28 @@ pub fn is_zombie(pid: u32) -> bool {
     stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z")
 }
 
+/// Raises this process's soft limit of open files towards its hard limit, to `wanted` at most;
+/// the limit in force after, or None when it cannot be read.
+pub fn raise_open_files_limit(wanted: u64) -> Option<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    #[allow(unsafe_code)]
+    // SAFETY: getrlimit writes one rlimit, which `limit` is.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) };
+    if read != 0 {
+        return None;
+    }
+    let target = wanted.min(limit.rlim_max);
+    if limit.rlim_cur < target {
+        let raised = libc::rlimit { rlim_cur: target, rlim_max: limit.rlim_max };
+        #[allow(unsafe_code)]
+        // SAFETY: setrlimit only reads the rlimit it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) } == 0 {
+            return Some(target);
+        }
+    }
+    Some(limit.rlim_cur)
+}
+
 /// Hands the allocator's free pages back to the system. glibc keeps what a thread freed in
 /// that thread's arena, so a burst of work on a pool thread (a history index step merging its
 /// segments, hundreds of MB at 1M events) would otherwise stay in the broker's RSS for good.

@@ -274,6 +274,85 @@ fn connections_beyond_the_limit_get_a_503_and_a_freed_slot_is_reused() {
     }
 }
 
+/// A client that reads nothing of its event stream is dropped once its answer has waited
+/// SYNAPSE_HTTP_WRITE_STALL_MS for room (default 60 s): it held a copy of each batch (a 16 MB
+/// message twice) and a connection slot for as long as it liked. Here it holds the only TCP
+/// slot, which comes free once the stall is over.
+#[test]
+fn a_stream_whose_client_reads_nothing_is_dropped_and_frees_its_slot() {
+    use std::os::fd::AsRawFd;
+    let home = Home::new();
+    let started = home
+        .cmd(&["list"])
+        .env("SYNAPSE_HTTP_MAX_CONNECTIONS", "1")
+        .env("SYNAPSE_HTTP_WRITE_STALL_MS", "500")
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    home.register(Some("bob"));
+    let port = broker_port(&home);
+    let mut stuck = tcp(port);
+    let small: libc::c_int = 4096;
+    #[allow(unsafe_code)]
+    // SAFETY: the descriptor is open, and the option's value is a c_int of the size given.
+    let set = unsafe {
+        libc::setsockopt(
+            stuck.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            std::ptr::from_ref(&small).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0);
+    let head = home.head();
+    stuck
+        .write_all(format!("GET /events?after={head}&follow=true HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut seen = String::new();
+    read_until(&mut stuck, "text/event-stream", &mut seen);
+    // One message larger than both socket buffers: its frame cannot be written whole.
+    let file = home.dir.path().join("long.txt");
+    std::fs::write(&file, "s".repeat(15 << 20)).unwrap();
+    home.ok(&["send", "bob", "-F", file.to_str().unwrap(), "--no-response"]);
+    let waiting = Instant::now();
+    loop {
+        let (status, _) = raw(&mut tcp(port), "GET", "/broker/health", &["Host: localhost"], "");
+        if status == 200 {
+            break;
+        }
+        assert!(waiting.elapsed() < DEADLINE, "the stalled stream kept its slot");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (Its data is left unread: through a 4 KiB window the rest of the frame takes minutes.)
+    drop(stuck);
+}
+
+/// The broker raises its limit of open files to what its connection limits need (twice
+/// SYNAPSE_HTTP_MAX_CONNECTIONS and 1,024 more), as far as the hard limit allows: under the
+/// usual soft limit of 1,024 a flood on both transports used every descriptor, and every
+/// accept failed until one closed.
+#[test]
+fn the_broker_raises_its_limit_of_open_files_to_what_its_connections_need() {
+    let home = Home::new();
+    let started = std::process::Command::new("sh")
+        .args(["-c", &format!("ulimit -Sn 1024 && exec '{BIN}' broker start")])
+        .env("SYNAPSE_HOME", home.home())
+        .env("SYNAPSE_UDS_DIR", home.uds())
+        .env("SYNAPSE_BROKER_PORT", "0")
+        .env_remove("SYNAPSE_AGENT_ID")
+        .env_remove("SYNAPSE_AGENT_SECRET")
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    let pid = home.broker_pid().expect("broker.json");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|line| line.starts_with("Max open files")).unwrap();
+    let numbers: Vec<u64> = line.split_whitespace().filter_map(|word| word.parse().ok()).collect();
+    let (soft, hard) = (numbers[0], numbers[1]);
+    assert_eq!(soft, hard.min(2 * 512 + 1024), "{line}");
+}
+
 #[test]
 fn the_cli_gives_up_on_a_broker_that_never_answers() {
     let home = Home::new();

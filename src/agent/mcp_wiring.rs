@@ -30,7 +30,7 @@ pub const IDENTITY_VARIABLES: [&str; 4] =
 /// gives a server only the variables it names, so these are named too (the other CLIs pass
 /// their whole environment on). Without them Codex's server could run with file safety off
 /// while its agent had it on, or start a broker without the user's auth settings.
-pub const SETTINGS_VARIABLES: [&str; 20] = [
+pub const SETTINGS_VARIABLES: [&str; 21] = [
     "SYNAPSE_FILE_SAFETY_ENABLED",
     "SYNAPSE_HISTORY_ENABLED",
     "SYNAPSE_CLIENT_TIMEOUT_MS",
@@ -50,6 +50,7 @@ pub const SETTINGS_VARIABLES: [&str; 20] = [
     "SYNAPSE_HTTP_IDLE_TIMEOUT_MS",
     "SYNAPSE_HTTP_HEADER_TIMEOUT_MS",
     "SYNAPSE_HTTP_BODY_TIMEOUT_MS",
+    "SYNAPSE_HTTP_WRITE_STALL_MS",
     "SYNAPSE_HTTP_CLOSING_GRACE_MS",
 ];
 

@@ -16,6 +16,10 @@
 //!   counted per transport for the whole broker (TCP and Unix sockets apart, so a flood on the
 //!   loopback ports cannot lock the user's CLI out of its socket). A connection beyond the limit
 //!   gets a 503 JSON answer and is closed, rather than waiting unseen behind the others.
+//! - **Write stall** (`SYNAPSE_HTTP_WRITE_STALL_MS`, default 60 s): a connection whose client
+//!   reads nothing of its answer for that long (every write waits for room in its socket) is
+//!   dropped. An event stream to a client that never reads held a copy of each batch (a 16 MB
+//!   message twice) and a connection slot for as long as the client liked.
 //! - **Shutdown**: when `stop` resolves the listener closes, every connection is asked to finish
 //!   its current response and close, and `serve` returns once all have. A connection still open
 //!   after a grace period (`SYNAPSE_HTTP_CLOSING_GRACE_MS`, default 5 s) is dropped: a client
@@ -49,6 +53,7 @@ pub enum Transport {
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_WRITE_STALL: Duration = Duration::from_secs(60);
 const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Refusals being written at once; beyond this a refused connection is closed without an answer.
 const MAX_REFUSALS_IN_PROGRESS: usize = 64;
@@ -65,6 +70,7 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
+    pub write_stall: Duration,
     pub closing_grace: Duration,
     pub max_connections: usize,
     tcp_slots: Arc<Semaphore>,
@@ -92,6 +98,7 @@ impl ConnectionLimits {
             idle_timeout,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            write_stall: DEFAULT_WRITE_STALL,
             closing_grace: DEFAULT_CLOSING_GRACE,
             max_connections,
             tcp_slots: Arc::new(Semaphore::new(max_connections)),
@@ -101,7 +108,7 @@ impl ConnectionLimits {
     }
 
     /// Reads `SYNAPSE_HTTP_IDLE_TIMEOUT_MS`, `SYNAPSE_HTTP_HEADER_TIMEOUT_MS`,
-    /// `SYNAPSE_HTTP_BODY_TIMEOUT_MS`, `SYNAPSE_HTTP_CLOSING_GRACE_MS` and
+    /// `SYNAPSE_HTTP_BODY_TIMEOUT_MS`, `SYNAPSE_HTTP_WRITE_STALL_MS`, `SYNAPSE_HTTP_CLOSING_GRACE_MS` and
     /// `SYNAPSE_HTTP_MAX_CONNECTIONS` (once, at start).
     pub fn from_env() -> ConnectionLimits {
         let mut limits = ConnectionLimits::new(
@@ -114,6 +121,8 @@ impl ConnectionLimits {
             env_number("SYNAPSE_HTTP_HEADER_TIMEOUT_MS").map_or(DEFAULT_HEADER_TIMEOUT, Duration::from_millis);
         limits.body_timeout =
             env_number("SYNAPSE_HTTP_BODY_TIMEOUT_MS").map_or(DEFAULT_BODY_TIMEOUT, Duration::from_millis);
+        limits.write_stall =
+            env_number("SYNAPSE_HTTP_WRITE_STALL_MS").map_or(DEFAULT_WRITE_STALL, Duration::from_millis);
         limits.closing_grace =
             env_number("SYNAPSE_HTTP_CLOSING_GRACE_MS").map_or(DEFAULT_CLOSING_GRACE, Duration::from_millis);
         limits
@@ -203,6 +212,7 @@ pub async fn serve<L: Accept>(
                     idle_timeout: limits.idle_timeout,
                     header_timeout: limits.header_timeout,
                     body_timeout: limits.body_timeout,
+                    write_stall: limits.write_stall,
                     closing_grace: limits.closing_grace,
                     closing: closing_receiver.clone(),
                 };
@@ -302,8 +312,77 @@ struct Connection {
     idle_timeout: Duration,
     header_timeout: Duration,
     body_timeout: Duration,
+    write_stall: Duration,
     closing_grace: Duration,
     closing: watch::Receiver<bool>,
+}
+
+/// A connection's transport that notes since when its writes have waited for room (the client
+/// reading nothing): `None` while they go through.
+struct StallWatch<I> {
+    inner: I,
+    stalled_since: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+}
+
+impl<I> StallWatch<I> {
+    fn note<T>(&self, poll: std::task::Poll<T>) -> std::task::Poll<T> {
+        let mut stalled = self.stalled_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if poll.is_pending() {
+            stalled.get_or_insert_with(tokio::time::Instant::now);
+        } else {
+            *stalled = None;
+        }
+        poll
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for StallWatch<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+        buffer: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(context, buffer)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for StallWatch<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+        bytes: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write(context, bytes);
+        self.note(poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+        buffers: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write_vectored(context, buffers);
+        self.note(poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_flush(context);
+        self.note(poll)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(context)
+    }
 }
 
 /// A request body that fails when it has not fully arrived by its deadline (see the module
@@ -386,6 +465,16 @@ impl Connection {
                 }))
             }
         });
+        let stalled_since = Arc::new(std::sync::Mutex::new(None));
+        let io = StallWatch { inner: io, stalled_since: stalled_since.clone() };
+        let stalled_too_long = || {
+            stalled_since
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some_and(|since| since.elapsed() >= self.write_stall)
+        };
+        let mut stall_check = tokio::time::interval((self.write_stall / 4).max(Duration::from_millis(10)));
+        stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(self.header_timeout)
@@ -418,6 +507,12 @@ impl Connection {
                     shutting_down = true;
                     closing_grace.as_mut().reset(tokio::time::Instant::now() + self.closing_grace);
                     connection.as_mut().graceful_shutdown();
+                }
+                _ = stall_check.tick() => {
+                    if stalled_too_long() {
+                        tracing::debug!("dropping a connection whose client read nothing for {:?}", self.write_stall);
+                        return;
+                    }
                 }
                 _ = &mut closing_grace, if shutting_down => {
                     tracing::debug!("dropping a connection still answering {:?} after the broker began to stop", self.closing_grace);
