@@ -288,3 +288,22 @@ fn every_command_that_takes_an_agent_takes_its_name() {
     let unknown = file_safety(&["lock", "/tmp/by-name.txt", "nobody"]);
     assert_eq!(unknown.status.code(), Some(1), "{}", describe(&unknown));
 }
+
+/// A broker that fails at start is quoted from what this start wrote to its log: the lines of
+/// an earlier failure (another socket folder) were quoted with it, as if both were this one's.
+#[test]
+fn a_failed_start_quotes_its_own_lines_of_the_log_only() {
+    let home = Home::new();
+    let first = home.dir.path().join("not-a-folder-1");
+    let second = home.dir.path().join("not-a-folder-2");
+    std::fs::write(&first, "").unwrap();
+    std::fs::write(&second, "").unwrap();
+    let failed = |uds: &std::path::Path| home.cmd(&["list"]).env("SYNAPSE_UDS_DIR", uds).output().unwrap();
+    let once = failed(&first);
+    assert_eq!(once.status.code(), Some(1), "{}", describe(&once));
+    assert!(stderr(&once).contains("not-a-folder-1"), "{}", describe(&once));
+    let twice = failed(&second);
+    assert_eq!(twice.status.code(), Some(1), "{}", describe(&twice));
+    assert!(stderr(&twice).contains("not-a-folder-2"), "{}", describe(&twice));
+    assert!(!stderr(&twice).contains("not-a-folder-1"), "{}", describe(&twice));
+}

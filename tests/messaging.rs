@@ -444,6 +444,9 @@ fn bad_input_on_the_command_line_is_a_clear_error_and_appends_nothing() {
         (vec!["send", "bob"], "no message given"),
         (vec!["send", "bob", "hi", "--stdin"], "exactly one way"),
         (vec!["send", "bob", "-F", "/nonexistent/file"], "cannot read /nonexistent/file"),
+        (vec!["send", "bob", "hi", "--from", ""], "--from is empty"),
+        (vec!["reply", "hi", "--from", " "], "--from is empty"),
+        (vec!["events", "--kind", "message_snet"], "unknown event kind 'message_snet'"),
     ];
     for (args, expected) in cases {
         let output = home.run(&args);
@@ -467,6 +470,9 @@ fn bad_input_on_the_command_line_is_a_clear_error_and_appends_nothing() {
     // Usage errors are exit 2.
     assert_eq!(home.run(&["send"]).status.code(), Some(2));
     assert_eq!(home.run(&["send", "bob", "x", "--bogus"]).status.code(), Some(2));
+    // A reply's text with --list-targets was ignored without a word.
+    assert_eq!(home.run_as(&alice, &["reply", "--list-targets", "an answer"]).status.code(), Some(2));
+    assert_eq!(home.run_as(&alice, &["reply", "--list-targets", "--to", "bob"]).status.code(), Some(2));
 }
 
 #[test]

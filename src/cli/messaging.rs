@@ -8,8 +8,13 @@ use crate::escape::visible_line;
 use crate::event::short_id;
 
 /// The sender's identity: `--from`, else `SYNAPSE_AGENT_ID`.
-fn identity(from: Option<String>) -> Option<String> {
-    from.or_else(|| std::env::var("SYNAPSE_AGENT_ID").ok()).filter(|id| !id.trim().is_empty())
+/// Who sends: `--from`, else SYNAPSE_AGENT_ID (an empty variable: nobody). An empty `--from`
+/// is refused: it had sent anonymously without a word.
+fn identity(from: Option<String>) -> anyhow::Result<Option<String>> {
+    if from.as_ref().is_some_and(|from| from.trim().is_empty()) {
+        anyhow::bail!("--from is empty: give an agent id or name, or leave it out");
+    }
+    Ok(from.or_else(|| std::env::var("SYNAPSE_AGENT_ID").ok()).filter(|id| !id.trim().is_empty()))
 }
 
 pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
@@ -28,7 +33,7 @@ pub async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<i32> {
             .into_iter()
             .filter_map(|(given, flag)| given.then_some(flag))
             .collect();
-    let from = identity(args.from);
+    let from = identity(args.from)?;
     // Without --response / --no-response / --wait, a2a.flow decides (SPEC §2, §6).
     let settings = crate::settings::Settings::load_current(&paths.home)?;
     for warning in &settings.warnings {
@@ -205,7 +210,7 @@ fn status_of(task: Option<&Task>) -> String {
 }
 
 pub async fn reply(paths: &Paths, args: ReplyArgs) -> anyhow::Result<i32> {
-    let Some(from) = identity(args.from) else {
+    let Some(from) = identity(args.from)? else {
         anyhow::bail!(
             "synapse reply needs to know who is replying: run it inside an agent (SYNAPSE_AGENT_ID) or pass --from"
         );

@@ -359,7 +359,7 @@ pub struct ReplyArgs {
     #[arg(long, value_name = "SENDER_ID")]
     pub to: Option<String>,
     /// List the agents waiting for your reply
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["message", "message_file", "stdin", "to"])]
     pub list_targets: bool,
     /// Reply as this agent (default: SYNAPSE_AGENT_ID)
     #[arg(long)]

@@ -1226,6 +1226,9 @@ async fn launch(paths: &Paths, respect_stop: bool) -> Result<std::process::Child
     let log =
         crate::private_files::open_append(&log_path).with_context(|| format!("cannot open {}", log_path.display()))?;
     let log_err = log.try_clone()?;
+    // What this start adds to the log is after here: an earlier failure's lines are not this
+    // one's (they were quoted as if they were).
+    let log_from = log.metadata().map_or(0, |meta| meta.len());
     let spawn = || -> anyhow::Result<std::process::Child> {
         let mut command = std::process::Command::new(&exe);
         // `--autostarted`: this client's environment does not decide the broker's security.
@@ -1260,7 +1263,9 @@ async fn launch(paths: &Paths, respect_stop: bool) -> Result<std::process::Child
                 child = spawn()?;
                 continue;
             }
-            let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let log_bytes = std::fs::read(&log_path).unwrap_or_default();
+            let log_text =
+                String::from_utf8_lossy(log_bytes.get(usize::try_from(log_from).unwrap_or(0)..).unwrap_or_default());
             let last: Vec<&str> = log_text.lines().rev().take(3).collect();
             let last: Vec<&str> = last.into_iter().rev().collect();
             return Err(anyhow!("the broker exited at start ({status}): {}", last.join(" | ")).into());

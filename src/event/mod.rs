@@ -481,6 +481,38 @@ impl Event {
     }
 
     /// The kind's wire name (`message_sent`, ...).
+    /// Every kind [`Event::kind`] names, in the enum's order.
+    pub const KINDS: [&'static str; 28] = [
+        "agent_registered",
+        "agent_status_changed",
+        "agent_deregistered",
+        "task_created",
+        "message_sent",
+        "ticket_issued",
+        "ticket_injected",
+        "reply_posted",
+        "reverse_ticket_issued",
+        "task_state_changed",
+        "task_canceled",
+        "file_lock_acquired",
+        "file_lock_released",
+        "file_modified",
+        "history_pruned",
+        "webhook_registered",
+        "webhook_removed",
+        "webhook_delivery_attempted",
+        "external_agent_added",
+        "external_agent_removed",
+        "file_modifications_pruned",
+        "inbox_expired",
+        "idempotency_keys_expired",
+        "task_continued",
+        "push_config_set",
+        "push_config_deleted",
+        "external_message_sent",
+        "external_reply_received",
+    ];
+
     pub fn kind(&self) -> &'static str {
         match self {
             Event::AgentRegistered { .. } => "agent_registered",

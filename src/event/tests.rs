@@ -749,6 +749,13 @@ fn a_webhook_registration_from_an_old_log_with_its_secret_inline_still_decodes()
     assert!(!shown.contains("s3cr3t") && shown.contains("[redacted]"), "{shown}");
 }
 
+/// `Event::KINDS` (what `?kind=` accepts) names every kind, in the enum's order, and no other.
+#[test]
+fn the_list_of_kinds_is_every_kind() {
+    let kinds: Vec<&str> = samples().iter().map(Event::kind).collect();
+    assert_eq!(kinds, Event::KINDS);
+}
+
 /// The dashboard follows `/events` by kind (an SSE listener per kind): a kind missing from its
 /// list never showed live, only after a reload.
 #[test]

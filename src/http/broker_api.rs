@@ -126,13 +126,19 @@ pub async fn events(
     let resume = subscribe::last_event_id(&headers)?;
     let mut cursor = resume.or(query.after).unwrap_or(0);
     let follow = query.follow.unwrap_or(false);
-    let filter = tail::TailFilter {
-        agent: super::extract::agent_filter(&state, query.agent)?,
-        kinds: query
-            .kind
-            .map(|kinds| kinds.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
-            .unwrap_or_default(),
-    };
+    let kinds: Vec<String> = query
+        .kind
+        .map(|kinds| kinds.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
+        .unwrap_or_default();
+    // A misspelt kind matched nothing, silently: an empty answer, or a stream that never spoke.
+    if let Some(unknown) = kinds.iter().find(|kind| !crate::event::Event::KINDS.contains(&kind.as_str())) {
+        return Err(ApiError::bad(format!(
+            "unknown event kind '{}'; the kinds are: {}",
+            crate::escape::visible_line(unknown),
+            crate::event::Event::KINDS.join(", ")
+        )));
+    }
+    let filter = tail::TailFilter { agent: super::extract::agent_filter(&state, query.agent)?, kinds };
     // One chunk per batch of events, each event's SSE text made once for every subscriber:
     // with a thousand subscribers, per-event formatting and writes were the bottleneck.
     let stream = async_stream::stream! {
