@@ -822,7 +822,12 @@ fn stored_wal_salt(db: &Database) -> Result<Option<u64>, StoreError> {
 
 /// A new salt for the write-ahead log: random, never 0 (zeros are where the log ends).
 fn new_wal_salt() -> u64 {
-    uuid::Uuid::new_v4().as_u64_pair().0.max(1)
+    let mut bytes = [0_u8; 8];
+    if getrandom::fill(&mut bytes).is_err() {
+        // As random as a new id, where the system's source failed.
+        bytes = uuid::Uuid::new_v4().as_u64_pair().0.to_le_bytes();
+    }
+    u64::from_le_bytes(bytes).max(1)
 }
 
 /// The last event of a database just opened (at its last durable commit); 0 when it has none.

@@ -327,7 +327,13 @@ impl Wal {
             let newest = events.last().map_or(head, |last| last.seq.max(head));
             let salts = if salt == self.salt { vec![salt] } else { vec![salt, self.salt] };
             if let Some((at, seq)) = self.later_record(offset, length, &salts, newest)? {
-                let why = stopped_at.unwrap_or("zeros");
+                let why = match stopped_at {
+                    Some(why) => why,
+                    // Zeros at the start are also how a checkpoint leaves the log: a database
+                    // older than the log (a copy put back) lacks events it had checkpointed.
+                    None if offset == 0 => "zeros, as a checkpoint leaves it; or is the database an older copy than this log?",
+                    None => "zeros",
+                };
                 return Err(self.damaged_in_the_middle(offset, why, at, seq));
             }
         }
@@ -368,8 +374,15 @@ impl Wal {
                 return Ok(Format::Salted(salt));
             }
         }
-        if matches!(self.record_at(0, length, Format::Legacy)?, Record::Valid { .. }) {
-            return Ok(Format::Legacy);
+        // Written before salts: whole, or damaged and followed by a whole record (which the
+        // old way of reading refuses when it holds events the database lacks; read salted,
+        // such a log stopped at once and its events were dropped without a word).
+        match self.record_at(0, length, Format::Legacy)? {
+            Record::Valid { .. } => return Ok(Format::Legacy),
+            Record::Damaged { end } if matches!(self.record_at(end, length, Format::Legacy)?, Record::Valid { .. }) => {
+                return Ok(Format::Legacy);
+            }
+            _ => {}
         }
         Ok(Format::Salted(self.salt))
     }
@@ -969,11 +982,16 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap()[..8], SALT.to_le_bytes());
         assert_eq!(seqs(&read_back_at(&path, 3)), [4]);
 
-        let mut damaged = old.clone();
-        damaged[starts[1] + 10] ^= 0x01;
-        std::fs::write(&path, &damaged).unwrap();
-        let refused = Wal::open(&path, SALT, None).unwrap().read(0);
-        assert!(matches!(refused, Err(StoreError::Corrupt(_))), "{:?}", refused.map(|events| seqs(&events)));
+        // A damaged record followed by the log is refused, the first one too (read salted, a
+        // log whose first record was damaged opened empty, its events dropped).
+        for damaged_record in [1, 0] {
+            let mut damaged = old.clone();
+            damaged[starts[damaged_record] + 10] ^= 0x01;
+            std::fs::write(&path, &damaged).unwrap();
+            let refused = Wal::open(&path, SALT, None).unwrap().read(0);
+            let what = format!("record {damaged_record} damaged");
+            assert!(matches!(refused, Err(StoreError::Corrupt(_))), "{what}: {:?}", refused.map(|events| seqs(&events)));
+        }
     }
 
     /// A message's text is in the log byte for byte: one that holds a well-formed record of
