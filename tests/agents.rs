@@ -446,53 +446,19 @@ fn a_cancel_notice_left_queued_by_a_dead_wrapper_is_not_written_into_the_new_cli
     });
     let screen = terminal(&restarted);
     assert!(!screen.contains(":CANCELED]"), "the new CLI never saw the task: {screen}");
-}
-
-/// A message its agent answered before its ticket was acknowledged (the wrapper killed after
-/// writing it and before its record: a real CLI's settle delay leaves a few hundred
-/// milliseconds for that) is not written into the next CLI: it is acknowledged unwritten, and
-/// the agent is not taken for busy with it. It was written again, and the new CLI's reply
-/// found no reply target. (Here the wrapper is frozen before the message comes, and the agent
-/// answers it itself: the same state, without the race.)
-#[test]
-fn a_message_answered_before_its_acknowledgement_is_not_written_again_after_a_restart() {
-    let home = Home::new();
-    let mut follower = Follower::new(&home);
-    let (port, _) = free_port_range(1);
-    let carol = start(&home, "carol", &SLOW_ANSWER, Some(port));
-    follower.wait_until("carol READY", |events| ready(events, &id(&carol)));
-    let wrapper = u32::try_from(carol["pid"].as_u64().unwrap()).unwrap();
-    freeze(wrapper);
-    home.ok(&["send", "carol", "ANSWERED-ALREADY question", "--response"]);
-    let replied = home.run_as(&as_agent(&carol), &["reply", "the answer"]);
-    assert!(replied.status.success(), "{}", describe(&replied));
-    let queued = home.inbox(&as_agent(&carol));
-    assert_eq!(queued.len(), 1);
-    assert_eq!(queued[0]["answered"], true, "{queued:?}");
-    let number = queued[0]["ticket"].as_u64().unwrap();
-    kill(wrapper, libc::SIGKILL);
-    wait_until_dead(wrapper);
-    let restarted = start(&home, "carol", &SLOW_ANSWER, Some(port));
-    assert_eq!(id(&restarted), id(&carol), "the same port gives the same agent and inbox");
-    let _wrappers = Wrappers(&home, vec![id(&restarted)]);
-    follower.wait_until("the answered ticket acknowledged", |events| {
-        events.iter().any(|e| kind(e) == "ticket_injected" && data(e, "ticket").as_u64() == Some(number))
-    });
+    // Nor is the new CLI taken for busy with it: an acknowledgement of a ticket not written
+    // marked the agent PROCESSING (in the same batch), though its CLI worked on nothing.
     let events = home.events();
     let injected =
         events.iter().find(|e| kind(e) == "ticket_injected" && data(e, "ticket").as_u64() == Some(number)).unwrap();
     assert_eq!(data(injected, "how"), "unwritten");
-    let screen = terminal(&restarted);
-    assert!(!screen.contains("ANSWERED-ALREADY"), "written again: {screen}");
-    // The idle CLI never worked on anything: no PROCESSING after the ticket's acknowledgement
-    // (it had come with it, in the same batch).
-    let after: Vec<&Value> = events.iter().filter(|e| e["seq"].as_u64() > injected["seq"].as_u64()).collect();
-    let busy = after.iter().find(|e| {
-        kind(e) == "agent_status_changed"
-            && data(e, "agent_id") == id(&carol).as_str()
+    let busy = events.iter().find(|e| {
+        e["seq"].as_u64() > injected["seq"].as_u64()
+            && kind(e) == "agent_status_changed"
+            && data(e, "agent_id") == id(&restarted).as_str()
             && data(e, "status") == "PROCESSING"
     });
-    assert!(busy.is_none(), "taken for busy with a message it never got: {busy:?}");
+    assert!(busy.is_none(), "taken for busy with a ticket never written: {busy:?}");
 }
 
 /// Issue 14: with messages queued for a busy agent, a priority-5 message waited until the agent

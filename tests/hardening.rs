@@ -328,6 +328,30 @@ fn a_stream_whose_client_reads_nothing_is_dropped_and_frees_its_slot() {
     drop(stuck);
 }
 
+/// On the Unix socket (the user's own processes only) a reader that pauses longer than the
+/// write-stall limit keeps its answer: `synapse events --json | less` reads as fast as its
+/// pager, which waits for the user. (The pause is the condition under test.)
+#[test]
+fn a_unix_socket_reader_that_pauses_is_not_dropped() {
+    let home = Home::new();
+    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_WRITE_STALL_MS", "200").output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+    home.register(Some("bob"));
+    let file = home.dir.path().join("long.txt");
+    std::fs::write(&file, "u".repeat(8 << 20)).unwrap();
+    home.ok(&["send", "bob", "-F", file.to_str().unwrap(), "--no-response"]);
+    home.ok(&["send", "bob", "THE-LAST-ONE", "--no-response"]);
+    let mut stream = std::os::unix::net::UnixStream::connect(home.socket()).unwrap();
+    stream.write_all(b"GET /events HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut first = [0_u8; 1024];
+    assert!(stream.read(&mut first).unwrap() > 0);
+    std::thread::sleep(Duration::from_millis(1_500));
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).unwrap();
+    assert!(String::from_utf8_lossy(&rest).contains("THE-LAST-ONE"), "the answer was cut: {} bytes", rest.len());
+}
+
 /// The broker raises its limit of open files to what its connection limits need (twice
 /// SYNAPSE_HTTP_MAX_CONNECTIONS and 1,024 more), as far as the hard limit allows: under the
 /// usual soft limit of 1,024 a flood on both transports used every descriptor, and every

@@ -177,6 +177,10 @@ fn an_unnamed_agent_started_again_on_its_port_takes_its_queue_back() {
     let port = free_port();
     let (first, registered) = self_registered(&home, "", port);
     let id = registered["agent"]["agent_id"].as_str().unwrap().to_string();
+    // It asked bob something before it died: the answer must still find it.
+    let bob = home.register(Some("bob"));
+    let asked = home.run_as(&agent_of(&registered), &["send", "bob", "what is it?", "--response"]);
+    assert!(asked.status.success(), "{}", describe(&asked));
     home.ok(&["send", &id, "queued for the unnamed one", "--no-response"]);
     crash(&home, first, &id);
 
@@ -199,6 +203,12 @@ fn an_unnamed_agent_started_again_on_its_port_takes_its_queue_back() {
     let (_again, again) = self_registered(&home, "", port);
     assert_eq!(again["agent"]["agent_id"], id.as_str(), "{again}");
     assert_eq!(inbox_texts(&home, &id), ["queued for the unnamed one"]);
+    // Taken back, it is the same agent: bob's answer reaches it (it had been kept from it as
+    // from another agent that got the id).
+    let answered = home.run_as(&bob, &["reply", "it is this"]);
+    assert!(answered.status.success(), "{}", describe(&answered));
+    assert!(!stderr(&answered).contains("names another agent"), "{}", describe(&answered));
+    assert_eq!(inbox_texts(&home, &id), ["queued for the unnamed one", "it is this"]);
 }
 
 #[test]

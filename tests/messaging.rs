@@ -173,6 +173,22 @@ fn a_reply_whose_answer_is_lost_is_tried_again_with_its_key_and_made_once() {
     assert_eq!(reused.status.code(), Some(1), "{}", describe(&reused));
     assert!(stderr(&reused).contains("idempotency key"), "{}", describe(&reused));
     assert_eq!(state(&third), "working");
+    // Nor does the same text to another sender count as the same reply: it was answered with
+    // the first reply's tasks, and the other sender's request stayed open without a word.
+    let carol = home.register(Some("carol"));
+    let asked = home.run_as(&carol, &["send", "bob", "carol's question", "--response", "--json"]);
+    assert!(asked.status.success(), "{}", describe(&asked));
+    let carols: Value = serde_json::from_slice(&asked.stdout).unwrap();
+    let carols = carols["sender_task"]["id"].as_str().unwrap().to_string();
+    let to_alice = home.run_as(&bob, &["reply", "OK", "--to", "alice", "--idempotency-key", "k-ok"]);
+    assert!(to_alice.status.success(), "{}", describe(&to_alice));
+    assert_eq!(state(&third), "completed");
+    let to_carol = home.run_as(&bob, &["reply", "OK", "--to", "carol", "--idempotency-key", "k-ok"]);
+    assert_eq!(to_carol.status.code(), Some(1), "{}", describe(&to_carol));
+    assert!(stderr(&to_carol).contains("a reply to another sender"), "{}", describe(&to_carol));
+    assert_eq!(state(&carols), "working");
+    let again = home.run_as(&bob, &["reply", "OK", "--to", "alice", "--idempotency-key", "k-ok"]);
+    assert!(again.status.success(), "the same reply again: {}", describe(&again));
 }
 
 /// A reply's wait (`send --wait N`, the MCP send's `wait_seconds`) counts from the send's start:

@@ -188,11 +188,6 @@ pub struct InboxTicket {
     /// could not read: it would stop taking tickets.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancel_notice: bool,
-    /// A message the agent has answered already (its task holds the agent's reply): it reached
-    /// the CLI, though its ticket was not acknowledged (the wrapper was killed between the two).
-    /// A wrapper acknowledges it without writing it again.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub answered: bool,
 }
 
 /// What a ticket carries.

@@ -605,9 +605,6 @@ pub(crate) fn read_message(positional: Option<String>, file: Option<&PathBuf>, s
     String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the message is not valid UTF-8 text"))
 }
 
-/// The line shown for a failed command. A message that already carries its label (the broker's
-/// messages did, until they lost their `Error: ` prefix; a broker of that time may still answer)
-/// is shown as it is, so the label never appears twice.
 /// The exit status of a command whose output pipe was closed (128 + SIGPIPE, as for tools
 /// that die of the signal).
 pub const CLOSED_PIPE_EXIT: i32 = 141;
@@ -621,6 +618,9 @@ pub fn output_failed(error: &std::io::Error) -> anyhow::Result<i32> {
     anyhow::bail!("cannot write the output: {error}; what was printed is incomplete")
 }
 
+/// The line shown for a failed command. A message that already carries its label (the broker's
+/// messages did, until they lost their `Error: ` prefix; a broker of that time may still answer)
+/// is shown as it is, so the label never appears twice.
 /// An error as the user reads it on stderr: labelled once, and with its controls made visible
 /// (an error may quote others' text: a remote agent's answer, a name).
 pub fn user_message(message: &str) -> String {

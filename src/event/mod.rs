@@ -144,6 +144,10 @@ pub enum Event {
         /// `pid`): a wrapper. Processes below it are inside the agent (they are not the user).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         wrapper: bool,
+        /// The registration takes back a departed agent's id and queue (`--name`, or the same
+        /// port without one): it is that agent again, and what it asked before still finds it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        resumes: bool,
     },
     AgentStatusChanged {
         agent_id: String,

@@ -153,6 +153,7 @@ fn samples() -> Vec<Event> {
             secret_hash: "9f86d081".into(),
             pid_start: Some(1_234_567),
             wrapper: true,
+            resumes: true,
         },
         Event::AgentStatusChanged {
             agent_id: sender(),

@@ -323,11 +323,9 @@ fn inbox_tickets(state: &AppState, agent: &str, limit: usize) -> Result<Vec<api:
     Ok(state.store.read(|view| {
         let mut tickets = Vec::new();
         for ticket in view.inbox(agent, limit)? {
-            let mut answered = false;
             let text = match ticket.kind {
                 // A follow-up's ticket writes that follow-up, not the task's first message.
                 crate::store::TicketKind::Message => view.task(&ticket.task_id)?.map(|task| {
-                    answered = ticket.turn == 0 && task.replied_by.is_some();
                     match ticket.turn.checked_sub(1).and_then(|index| task.follow_ups.get(index as usize)) {
                         Some(follow_up) => follow_up.message.joined_text(),
                         None => task.message.joined_text(),
@@ -342,7 +340,7 @@ fn inbox_tickets(state: &AppState, agent: &str, limit: usize) -> Result<Vec<api:
                     task => task.map(|task| wire::answer_text(&task)),
                 },
             };
-            tickets.push(api::InboxTicket { answered, ..wire::inbox_ticket(&ticket, text.unwrap_or_default()) });
+            tickets.push(wire::inbox_ticket(&ticket, text.unwrap_or_default()));
         }
         Ok(tickets)
     })?)

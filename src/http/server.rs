@@ -16,10 +16,12 @@
 //!   counted per transport for the whole broker (TCP and Unix sockets apart, so a flood on the
 //!   loopback ports cannot lock the user's CLI out of its socket). A connection beyond the limit
 //!   gets a 503 JSON answer and is closed, rather than waiting unseen behind the others.
-//! - **Write stall** (`SYNAPSE_HTTP_WRITE_STALL_MS`, default 60 s): a connection whose client
+//! - **Write stall** (`SYNAPSE_HTTP_WRITE_STALL_MS`, default 60 s): a TCP connection whose client
 //!   reads nothing of its answer for that long (every write waits for room in its socket) is
 //!   dropped. An event stream to a client that never reads held a copy of each batch (a 16 MB
-//!   message twice) and a connection slot for as long as the client liked.
+//!   message twice) and a connection slot for as long as the client liked. Not on the Unix
+//!   sockets, which only the user's own processes reach: `synapse events | less` reads as fast
+//!   as its pager, which may wait for the user for minutes.
 //! - **Shutdown**: when `stop` resolves the listener closes, every connection is asked to finish
 //!   its current response and close, and `serve` returns once all have. A connection still open
 //!   after a grace period (`SYNAPSE_HTTP_CLOSING_GRACE_MS`, default 5 s) is dropped: a client
@@ -473,6 +475,7 @@ impl Connection {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .is_some_and(|since| since.elapsed() >= self.write_stall)
         };
+        let watch_stalls = matches!(transport, Transport::Tcp { .. });
         let mut stall_check = tokio::time::interval((self.write_stall / 4).max(Duration::from_millis(10)));
         stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let connection = hyper::server::conn::http1::Builder::new()
@@ -508,7 +511,7 @@ impl Connection {
                     closing_grace.as_mut().reset(tokio::time::Instant::now() + self.closing_grace);
                     connection.as_mut().graceful_shutdown();
                 }
-                _ = stall_check.tick() => {
+                _ = stall_check.tick(), if watch_stalls => {
                     if stalled_too_long() {
                         tracing::debug!("dropping a connection whose client read nothing for {:?}", self.write_stall);
                         return;

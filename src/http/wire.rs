@@ -136,7 +136,6 @@ pub fn inbox_ticket(ticket: &Ticket, text: String) -> api::InboxTicket {
         text,
         issued_at: rfc3339(ticket.issued_ms),
         cancel_notice: false,
-        answered: false,
     }
 }
 

@@ -624,6 +624,7 @@ impl<'txn> Projections<'txn> {
                 secret_hash,
                 pid_start,
                 wrapper,
+                resumes,
             } => {
                 // The same agent again (registered again, by the same process or with its name
                 // and type, after it left) goes on from when it began; another agent begins now.
@@ -634,7 +635,7 @@ impl<'txn> Projections<'txn> {
                             let departed: DepartedAgent = records::decode(row.value())?;
                             let same_name = departed.name.is_some() && departed.name == *name;
                             let same_process = pid_start.is_some_and(|start| departed.process == Some((*pid, start)));
-                            (departed.agent_type == *agent_type && (same_name || same_process))
+                            (departed.agent_type == *agent_type && (same_name || same_process || *resumes))
                                 .then_some(departed.since_seq)
                                 .flatten()
                         }
@@ -861,7 +862,8 @@ impl<'txn> Projections<'txn> {
                         sender_task_id: sender_task_id.clone(),
                         time_ms,
                         is_reply: true,
-                        to: None,
+                        // Who was answered: a retry naming another sender is refused.
+                        to: reply_target_sender(to.as_deref(), sender_task_id.as_deref()),
                         text_digest: Some(records::text_digest(text)),
                     };
                     self.idempotency

@@ -47,6 +47,7 @@ fn event() -> impl Strategy<Value = Event> {
             secret_hash: "00".into(),
             pid_start: Some(u64::from(pid) * 7),
             wrapper: pid % 2 == 0,
+            resumes: false,
         }),
         (agent(), status()).prop_map(|(agent_id, status)| Event::AgentStatusChanged { agent_id, status, note: None }),
         agent().prop_map(|agent_id| Event::AgentDeregistered { agent_id, reason: "gone".into() }),
@@ -1203,6 +1204,7 @@ fn reads_in_a_transaction_see_its_own_writes() {
         secret_hash: "00".into(),
         pid_start: None,
         wrapper: true,
+        resumes: false,
     };
     let status = |status| Event::AgentStatusChanged { agent_id: agent_id.into(), status, note: None };
     let state = |state| Event::TaskStateChanged {

@@ -331,7 +331,9 @@ impl Wal {
                     Some(why) => why,
                     // Zeros at the start are also how a checkpoint leaves the log: a database
                     // older than the log (a copy put back) lacks events it had checkpointed.
-                    None if offset == 0 => "zeros, as a checkpoint leaves it; or is the database an older copy than this log?",
+                    None if offset == 0 => {
+                        "zeros, as a checkpoint leaves it; or is the database an older copy than this log?"
+                    }
                     None => "zeros",
                 };
                 return Err(self.damaged_in_the_middle(offset, why, at, seq));
@@ -990,7 +992,11 @@ mod tests {
             std::fs::write(&path, &damaged).unwrap();
             let refused = Wal::open(&path, SALT, None).unwrap().read(0);
             let what = format!("record {damaged_record} damaged");
-            assert!(matches!(refused, Err(StoreError::Corrupt(_))), "{what}: {:?}", refused.map(|events| seqs(&events)));
+            assert!(
+                matches!(refused, Err(StoreError::Corrupt(_))),
+                "{what}: {:?}",
+                refused.map(|events| seqs(&events))
+            );
         }
     }
 

@@ -147,6 +147,7 @@ impl LogGenerator {
                 secret_hash: hash_secret(&agent_id),
                 pid_start: None,
                 wrapper: false,
+                resumes: false,
             };
             appender.append(Some(&agent_id), vec![event])?;
             self.agents.push(agent_id);

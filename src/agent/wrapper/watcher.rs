@@ -404,13 +404,6 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>) {
             unacknowledged = Some((number, Delivery::Unwritten));
             continue;
         }
-        // Answered already: the CLI had it (a wrapper killed after writing it and before its
-        // record, which a real CLI's settle delay makes last a few hundred milliseconds).
-        if ticket.answered {
-            tracing::info!("ticket {number} is answered already; acknowledging it without writing it again");
-            unacknowledged = Some((number, Delivery::Unwritten));
-            continue;
-        }
         if let Some(before) = before_restart.take_if(|before| before.ticket == number)
             && written_before_restart(&shared.log, &before, number, &ticket.prefix)
         {

@@ -166,7 +166,9 @@ pub fn decide_register(
     }
     // The inbox belongs to the agent: the same name takes its departed id (and its queue) back,
     // even on another port; no other agent gets an id that still holds someone's queue.
-    let agent_id = match reclaimable_id(view, request)? {
+    let reclaimed = reclaimable_id(view, request)?;
+    let resumes = reclaimed.is_some();
+    let agent_id = match reclaimed {
         // Taking a queue back gives its messages (other agents' words) to the caller: only the
         // user, never a process inside another agent.
         Some(agent_id) if !request.by_user => {
@@ -229,6 +231,7 @@ pub fn decide_register(
         secret_hash: request.secret_hash.clone(),
         pid_start: request.pid_start,
         wrapper: request.wrapper,
+        resumes,
     });
     Ok(Decision { actor: Some(agent_id.clone()), events, answer: Answer::Registered { agent_id } })
 }
@@ -371,7 +374,8 @@ fn canceled_on_its_way(
     };
     let mut events =
         vec![Event::TicketInjected { agent_id: agent_id.to_string(), ticket, priority: canceled.priority, how }];
-    if agent.status != AgentStatus::Processing {
+    // As for any acknowledgement: one not written leaves the CLI as it was.
+    if how != Some(Delivery::Unwritten) && agent.status != AgentStatus::Processing {
         events.push(Event::AgentStatusChanged {
             agent_id: agent_id.to_string(),
             status: AgentStatus::Processing,

@@ -244,6 +244,7 @@ mod tests {
             secret_hash: hash_secret(agent_id),
             pid_start: None,
             wrapper: false,
+            resumes: false,
         }
     }
 

@@ -121,14 +121,24 @@ pub fn repeated_reply(
     let Some(key) = &request.idempotency_key else { return Ok(None) };
     let from = agent_id_of(view, &request.from)?;
     super::checks::check_sender(view, Some(&from), request.secret.as_deref())?;
-    let first = view.idempotent_send(Some(&from), key)?;
-    if first
-        .is_some_and(|first| !first.is_reply && context.now_ms.saturating_sub(first.time_ms) < IDEMPOTENCY_WINDOW_MS)
-    {
+    let Some(first) = view.idempotent_send(Some(&from), key)? else { return Ok(None) };
+    if context.now_ms.saturating_sub(first.time_ms) >= IDEMPOTENCY_WINDOW_MS {
+        return Ok(None);
+    }
+    // The key stands for one reply: one to another sender (`--to`) is another reply, which
+    // answering the first one's would swallow.
+    let another_sender = match (&request.to, &first.to) {
+        (Some(wanted), Some(answered)) if wanted != answered => {
+            agent_id_of(view, wanted).is_ok_and(|wanted| wanted != *answered)
+        }
+        _ => false,
+    };
+    if !first.is_reply || another_sender {
         return Err(CommandError::conflict(format!(
-            "the idempotency key '{}' was used within the last {} hours for a message that was not a reply: use a new key for a new reply",
+            "the idempotency key '{}' was used within the last {} hours for {}: use a new key for a new reply",
             escape::visible_line(key),
             IDEMPOTENCY_WINDOW_MS / 3_600_000,
+            if first.is_reply { "a reply to another sender" } else { "a message that was not a reply" },
         ))
         .into());
     }
