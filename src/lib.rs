@@ -44,6 +44,7 @@ pub mod logging;
 pub mod mcp;
 pub mod private_files;
 pub mod process;
+pub mod project_trust;
 pub mod scripted_model;
 pub mod secret;
 pub mod settings;

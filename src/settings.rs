@@ -28,6 +28,14 @@ pub struct Settings {
     pub sources: Vec<PathBuf>,
     /// Keys no version of Synapse reads (a typo, most likely), one line per key and file.
     pub warnings: Vec<String>,
+    /// The project's directory, as given (the current one for an agent).
+    pub project_dir: PathBuf,
+    /// The names of the `env` variables the project's own files set (`settings.json`,
+    /// `settings.local.json`): a cloned repository chooses them, so they reach an agent only
+    /// once the user trusts them (`project_trust`).
+    pub project_env_names: Vec<String>,
+    /// The project's files that set them.
+    pub project_env_files: Vec<PathBuf>,
 }
 
 /// The keys Synapse reads, at the top and inside each section. Keys starting with `_` are
@@ -66,6 +74,14 @@ fn unknown_keys(path: &Path, value: &Value) -> Vec<String> {
         }
     }
     warnings
+}
+
+/// The variables one file's `env` section sets (its `_` keys are comments).
+fn env_names(value: &Value) -> Vec<String> {
+    match value.get("env") {
+        Some(Value::Object(map)) => map.keys().filter(|key| !key.starts_with('_')).cloned().collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The three scopes, lowest precedence first: (name, file).
@@ -132,15 +148,40 @@ impl Settings {
         let mut merged = defaults();
         let mut sources = Vec::new();
         let mut warnings = Vec::new();
-        for (scope, path) in scope_files(home, project_dir) {
+        let mut project_env_names = Vec::new();
+        let mut project_env_files = Vec::new();
+        let [user, project, local] = scope_files(home, project_dir);
+        // Run in the directory that holds the home (`~` with `~/.synapse`), the project's file
+        // is the user's own: read once, as the user's.
+        let user_file = std::fs::canonicalize(&user.1).ok();
+        for (scope, path) in [user, project, local] {
+            if scope != "user" && user_file.is_some() && std::fs::canonicalize(&path).ok() == user_file {
+                continue;
+            }
             let value = if scope == "user" { read_user_file(&path)? } else { read_file(&path)? };
             if let Some(value) = value {
                 warnings.extend(unknown_keys(&path, &value));
+                if scope != "user" {
+                    let names = env_names(&value);
+                    if !names.is_empty() {
+                        project_env_names.extend(names);
+                        project_env_files.push(path.clone());
+                    }
+                }
                 merge(&mut merged, value);
                 sources.push(path);
             }
         }
-        let settings = Settings { merged, sources, warnings };
+        project_env_names.sort();
+        project_env_names.dedup();
+        let settings = Settings {
+            merged,
+            sources,
+            warnings,
+            project_dir: project_dir.to_path_buf(),
+            project_env_names,
+            project_env_files,
+        };
         settings.flow()?;
         settings.env()?;
         settings.mcp()?;

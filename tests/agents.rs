@@ -589,6 +589,16 @@ fn a_cli_config_named_in_the_settings_env_is_merged_like_one_named_in_the_shell(
         .unwrap();
     let settings = serde_json::json!({"env": {"OPENCODE_CONFIG": own.display().to_string()}});
     std::fs::write(project.join(".synapse/settings.local.json"), settings.to_string()).unwrap();
+    // A project's env (a cloned repository's) is refused until the user trusts it there.
+    let refused = home.cmd(&["start", "dummy", "--name", "bob", "--json"]).current_dir(&project).output().unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("(OPENCODE_CONFIG), not trusted yet"), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("synapse trust"), "{}", describe(&refused));
+    let listed: Value = serde_json::from_str(&home.ok(&["list", "--json"])).unwrap();
+    assert_eq!(listed["agents"].as_array().map(Vec::len), Some(0), "nothing registered: {listed}");
+    let trusted = home.cmd(&["trust"]).current_dir(&project).output().unwrap();
+    assert!(trusted.status.success(), "{}", describe(&trusted));
+    assert!(stdout(&trusted).contains(&format!("OPENCODE_CONFIG={}", own.display())), "{}", describe(&trusted));
     let bob = start_bob_in(&home, &project);
     let _wrappers = Wrappers(&home, vec![id(&bob)]);
     let wrapper = bob["pid"].as_u64().unwrap();

@@ -31,6 +31,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("api", 35),
     ("event", 30),
     // Configuration: files in the home, profiles, the broker's security settings.
+    // Which projects' env the user trusts (reads their settings).
+    ("project_trust", 23),
     ("settings", 22),
     ("trust", 21),
     ("config", 20),

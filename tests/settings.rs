@@ -131,3 +131,40 @@ fn a_malformed_settings_file_is_an_error_naming_the_file_and_line() {
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr(&output).contains("a2a.flow 'sometimes'"), "{}", describe(&output));
 }
+
+/// `synapse trust`: what it shows of a hostile file, and its bad input. (That an untrusted
+/// project's env keeps an agent from starting: `agents::a_cli_config_named_in_the_settings_env_*`.)
+#[test]
+fn trust_shows_the_variables_escaped_and_refuses_what_is_no_project() {
+    let home = Home::new();
+    let project = home.dir.path().join("project");
+    std::fs::create_dir_all(project.join(".synapse")).unwrap();
+    // The template written by `init` sets no variable: nothing to trust.
+    assert!(in_project(&home, &project, &["init"]).status.success());
+    let nothing = in_project(&home, &project, &["trust"]);
+    assert!(nothing.status.success(), "{}", describe(&nothing));
+    assert!(stdout(&nothing).contains("sets no env for agents: nothing to trust"), "{}", describe(&nothing));
+    assert!(!home.home().join("trusted-projects.json").exists());
+
+    std::fs::write(
+        project.join(".synapse/settings.json"),
+        r#"{"env": {"NODE_OPTIONS": "--require /tmp/x.js\u001b]0;owned\u0007"}}"#,
+    )
+    .unwrap();
+    let trusted = home.run(&["trust", project.to_str().unwrap()]);
+    assert!(trusted.status.success(), "{}", describe(&trusted));
+    assert!(!stdout(&trusted).contains('\u{1b}'), "a control character reached the terminal: {}", describe(&trusted));
+    assert!(stdout(&trusted).contains("NODE_OPTIONS=--require /tmp/x.js"), "{}", describe(&trusted));
+    let revoked = in_project(&home, &project, &["trust", "--revoke"]);
+    assert!(stdout(&revoked).contains("No longer trusted"), "{}", describe(&revoked));
+    let again = in_project(&home, &project, &["trust", "--revoke"]);
+    assert!(again.status.success() && stdout(&again).contains("was not trusted"), "{}", describe(&again));
+
+    let missing = home.run(&["trust", home.dir.path().join("nowhere").to_str().unwrap()]);
+    assert_eq!(missing.status.code(), Some(1), "{}", describe(&missing));
+    assert!(stderr(&missing).contains("is not a directory"), "{}", describe(&missing));
+    std::fs::write(project.join(".synapse/settings.json"), r#"{"env": {"A": {"nested": 1}}}"#).unwrap();
+    let malformed = in_project(&home, &project, &["trust"]);
+    assert_eq!(malformed.status.code(), Some(1), "{}", describe(&malformed));
+    assert!(stderr(&malformed).contains("env.A"), "{}", describe(&malformed));
+}

@@ -161,6 +161,12 @@ fn settings(paths: &Paths) -> Vec<Check> {
             }
             checks.push(mcp_check(paths, settings.mcp()));
             checks.push(hooks_check());
+            if !settings.project_env_names.is_empty() {
+                checks.push(match crate::project_trust::agent_env(&paths.home, &settings) {
+                    Ok(_) => check(Level::Ok, "project env", "trusted (synapse trust --revoke takes it back)"),
+                    Err(error) => check(Level::Fail, "project env", format!("{error:#}")),
+                });
+            }
         }
         Err(error) => checks.push(check(Level::Fail, "settings", format!("{error:#}"))),
     }

@@ -192,6 +192,14 @@ pub enum Command {
         #[arg(short = 'f', long)]
         force: bool,
     },
+    /// Trust the env a project's settings set for its agents (a cloned repository's are refused until then)
+    Trust {
+        /// The project's directory (default: the current one)
+        dir: Option<std::path::PathBuf>,
+        /// Take the trust back: its env is refused again
+        #[arg(long)]
+        revoke: bool,
+    },
     /// Restore the default settings of a scope (removes its settings file)
     Reset {
         /// Which settings file: user (~/.synapse), project (./.synapse) or local (not committed)
@@ -476,6 +484,10 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Init { scope, force } => return setup::init(&paths, &scope, force),
         Command::Reset { scope, force } => return setup::reset(&paths, &scope, force),
+        Command::Trust { dir, revoke } => {
+            paths.own_home()?;
+            return crate::project_trust::run(&paths.home, dir.as_deref(), revoke);
+        }
         Command::ScenarioAgent { port, name } => return crate::agent::scenario::run(paths, port, name),
         Command::Profile(words) => return agents::run_profile(paths, words),
         Command::ScriptedModel { port, log } => return crate::scripted_model::run(port, log),
@@ -515,6 +527,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             | Command::Reference
             | Command::Init { .. }
             | Command::Reset { .. }
+            | Command::Trust { .. }
             | Command::ScenarioAgent { .. }
             | Command::ScriptedModel { .. }
             | Command::Profile(_)

@@ -247,6 +247,8 @@ async fn run_async(paths: Paths, options: Options) -> anyhow::Result<i32> {
     // A broker already serving the socket directory does not check this home for us: nothing
     // of this session (logs, the MCP registration and its secret) goes into another user's.
     paths.own_home()?;
+    // Settings the CLI could not start with are refused before the agent is registered.
+    crate::project_trust::agent_env(&paths.home, &crate::settings::Settings::load_current(&paths.home)?)?;
     let mut client = Client::connect(&paths, true).await?;
     let working_dir = std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
     let registration = client
@@ -302,7 +304,7 @@ fn cli_command(
     .into_iter()
     .map(|(key, value)| (key.to_string(), value))
     .collect();
-    let settings_env = settings.env()?;
+    let settings_env = crate::project_trust::agent_env(&paths.home, &settings)?;
     let wiring = match options.profile.mcp {
         Some(style) if !options.no_mcp && settings.mcp()? => {
             let synapse = crate::config::synapse_exe().context("cannot find the synapse executable")?;
