@@ -827,7 +827,13 @@ fn synapse_dashboard_prints_the_brokers_address_and_the_event_log_pages_backward
     assert_eq!(seqs(&first), vec![1, 2]);
     let (_, none) = home.http("GET", "/dashboard/events?before=1", None, &[]);
     assert_eq!(seqs(&none), Vec::<u64>::new());
-    for bad in ["limit=0", "limit=5001", "limit=x", "before=-1", "colour=red"] {
+    // Forwards: the page after one shown.
+    let (status, newer) = home.http("GET", &format!("/dashboard/events?after={}&limit=4", head - 8), None, &[]);
+    assert_eq!(status, 200, "{newer}");
+    assert_eq!(seqs(&newer), (head - 7..=head - 4).collect::<Vec<_>>(), "oldest first");
+    let (_, past) = home.http("GET", &format!("/dashboard/events?after={head}"), None, &[]);
+    assert_eq!(seqs(&past), Vec::<u64>::new());
+    for bad in ["limit=0", "limit=5001", "limit=x", "before=-1", "colour=red", "after=x", "after=1&before=5"] {
         let (status, answer) = home.http("GET", &format!("/dashboard/events?{bad}"), None, &[]);
         assert_eq!(status, 400, "{bad}: {answer}");
         assert!(answer["message"].is_string(), "{bad}: a JSON error: {answer}");
@@ -868,4 +874,63 @@ fn synapse_dashboard_prints_the_brokers_address_and_the_event_log_pages_backward
     let texts = long.to_string().len();
     assert!(texts < 9 << 20, "{texts} bytes for the page");
     assert!(long_seqs.len() < 200);
+    // Walked forwards from the start, pages of bounded text go on where each ended: every
+    // event once, in order.
+    let mut after = 0;
+    let mut pages = 0;
+    while after < head {
+        let (status, page) = home.http("GET", &format!("/dashboard/events?after={after}&limit=200"), None, &[]);
+        assert_eq!(status, 200);
+        assert!(page.to_string().len() < 9 << 20);
+        let page_seqs = seqs(&page);
+        assert_eq!(page_seqs.first(), Some(&(after + 1)), "{page_seqs:?}");
+        assert!(page_seqs.windows(2).all(|pair| pair[1] == pair[0] + 1), "{page_seqs:?}");
+        after = *page_seqs.last().unwrap();
+        pages += 1;
+    }
+    assert!(pages >= 2, "the long texts make short pages: {pages}");
+}
+
+/// A page of the event log holds fewer events when their texts are long (about 4 MiB a page):
+/// "newer" goes on right after the page shown. It used to ask for the page a full one would
+/// have been followed by, and skipped the rest of that range.
+#[test]
+fn the_event_logs_newer_page_starts_right_after_a_short_one() {
+    let Some(browser) = Browser::start("dashboard in Chromium") else { return };
+    let home = Home::new();
+    home.register(Some("carol"));
+    let file = home.dir.path().join("long.txt");
+    let send = |text: &str| home.ok(&["send", "carol", text, "--no-response"]);
+    let send_long = |letter: &str| {
+        std::fs::write(&file, letter.repeat(5 << 19)).unwrap();
+        home.ok(&["send", "carol", "-F", file.to_str().unwrap(), "--no-response"]);
+    };
+    ["a", "b", "c"].into_iter().for_each(send_long);
+    (0..10).for_each(|number| drop(send(&format!("early {number}"))));
+    ["d", "e", "f"].into_iter().for_each(send_long);
+    (0..30).for_each(|number| drop(send(&format!("late {number}"))));
+    let head = home.head();
+    let url = home.ok(&["dashboard"]).trim().to_string();
+    browser.goto(&url);
+
+    let range = "return document.getElementById('events-range').textContent";
+    let bounds = |shown: &Value| -> (u64, u64) {
+        let text = shown.as_str().unwrap_or_default().trim_end_matches(" (live)");
+        let mut ends = text.split('–').map(|number| number.trim().parse::<u64>().unwrap_or(0));
+        (ends.next().unwrap_or(0), ends.next().unwrap_or(0))
+    };
+    let live = browser.wait_value("the newest events, live", range, vec![], |shown| {
+        shown.as_str().is_some_and(|text| text.ends_with("(live)")) && bounds(shown).1 == head
+    });
+    let mut pages = vec![live];
+    for click in ["events-older", "events-older", "events-newer"] {
+        let before = pages.last().unwrap().clone();
+        browser.execute(&format!("document.getElementById('{click}').click()"), vec![]);
+        pages.push(browser.wait_value(click, range, vec![], |shown| *shown != before && shown.as_str() != Some("")));
+    }
+    let [live, first, second, newer] = [0, 1, 2, 3].map(|page| bounds(&pages[page]));
+    assert_eq!(first.1 + 1, live.0, "older pages go on where the one shown starts: {pages:?}");
+    assert_eq!(second.1 + 1, first.0, "{pages:?}");
+    assert!(second.1 - second.0 + 1 < 100, "the second page is one cut short by long texts: {pages:?}");
+    assert_eq!(newer.0, first.0, "newer starts right after the page shown: {pages:?}");
 }

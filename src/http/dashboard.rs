@@ -226,6 +226,9 @@ struct EventsPageQuery {
     /// Events before this sequence number (default: the newest).
     #[serde(default)]
     before: Option<u64>,
+    /// Events after this sequence number instead, oldest first (the page after one shown).
+    #[serde(default)]
+    after: Option<u64>,
     #[serde(default)]
     limit: Option<usize>,
 }
@@ -244,7 +247,9 @@ const EVENTS_PAGE_TEXT_BYTES: usize = 4 << 20;
 
 /// `GET /dashboard/events?before=N&limit=L`: the `limit` events just before `before` (fewer when
 /// their texts pass [`EVENTS_PAGE_TEXT_BYTES`]), so the page can walk the log backwards a page
-/// at a time (the stream only goes forwards). Read on a blocking thread.
+/// at a time (the stream only goes forwards). `after=N` instead: the `limit` events just after
+/// `N`, as bounded, so that "newer" goes on where a page ends, however few events it held. Read
+/// on a blocking thread.
 async fn events_page(State(state): State<AppState>, uri: axum::http::Uri) -> ApiResult {
     let query: EventsPageQuery = parse_query(uri.query())?;
     let limit = query.limit.unwrap_or(200);
@@ -252,12 +257,23 @@ async fn events_page(State(state): State<AppState>, uri: axum::http::Uri) -> Api
         return Err(ApiError::bad(format!("limit must be between 1 and {MAX_EVENTS_PAGE}")));
     }
     let head = state.store.head()?;
-    let before = query.before.unwrap_or(head.saturating_add(1)).min(head.saturating_add(1));
-    let first = before.saturating_sub(limit as u64).max(1);
-    let mut events =
-        super::long_read(&state, move |store| Ok(store.read_back_within(first, before, EVENTS_PAGE_TEXT_BYTES)?))
+    let events = match (query.before, query.after) {
+        (Some(_), Some(_)) => return Err(ApiError::bad("give before or after, not both")),
+        (before, None) => {
+            let before = before.unwrap_or(head.saturating_add(1)).min(head.saturating_add(1));
+            let first = before.saturating_sub(limit as u64).max(1);
+            let mut events = super::long_read(&state, move |store| {
+                Ok(store.read_back_within(first, before, EVENTS_PAGE_TEXT_BYTES)?)
+            })
             .await?;
-    events.reverse();
+            events.reverse();
+            events
+        }
+        (None, Some(after)) => {
+            super::long_read(&state, move |store| Ok(store.read_after_within(after, limit, EVENTS_PAGE_TEXT_BYTES)?))
+                .await?
+        }
+    };
     answer(&EventsPage { head, events: events.iter().map(|envelope| envelope.to_json()).collect() })
 }
 

@@ -42,7 +42,7 @@
     locks: new Map(), // path -> lock
     filter: '',
     filtered: null, // messages matching the filter, newest first (null: recompute)
-    eventsPage: null, // oldest seq of the event-log page shown; null = the newest page, live
+    eventsPage: null, // {oldest, newest} seqs of the event-log page shown; null = the newest page, live
     recentEvents: [], // the newest events, newest first, for the live page of the log
     openThread: null, // {taskId, owner}
   };
@@ -532,35 +532,38 @@
     $('events-range').textContent = newestFirst.length ? `${first}–${last}${live ? ' (live)' : ''}` : 'empty';
   }
 
-  async function showEventPage(before) {
+  // Shows the page a query of /dashboard/events answers (`before=N` or `after=N`); an empty
+  // one changes nothing, and a page that reaches the newest event shown live is the live view.
+  async function showEventPage(query) {
     try {
-      const answer = await api('GET', `/dashboard/events?before=${before}&limit=${EVENTS_PAGE}`);
+      const answer = await api('GET', `/dashboard/events?${query}&limit=${EVENTS_PAGE}`);
       if (!answer.events.length) return;
-      state.eventsPage = answer.events[0].seq;
+      const newest = answer.events[answer.events.length - 1].seq;
+      if (query.startsWith('after=') && newest >= state.lastSeq) {
+        showLive();
+        return;
+      }
+      state.eventsPage = { oldest: answer.events[0].seq, newest };
       renderEventRows(answer.events.slice().reverse(), false);
     } catch (error) {
       showError(error.message);
     }
   }
 
-  $('events-newest').addEventListener('click', () => {
+  function showLive() {
     state.eventsPage = null;
     renderEventRows(state.recentEvents.slice(0, EVENTS_PAGE), true);
-  });
+  }
+
+  $('events-newest').addEventListener('click', showLive);
   $('events-older').addEventListener('click', () => {
-    const oldest = state.eventsPage !== null ? state.eventsPage
+    const oldest = state.eventsPage !== null ? state.eventsPage.oldest
       : (state.recentEvents.length ? state.recentEvents[Math.min(EVENTS_PAGE, state.recentEvents.length) - 1].seq : 1);
-    if (oldest > 1) showEventPage(oldest);
+    if (oldest > 1) showEventPage(`before=${oldest}`);
   });
+  // A page holds fewer events when their texts are long: the next one starts where it ends.
   $('events-newer').addEventListener('click', () => {
-    if (state.eventsPage === null) return;
-    const before = state.eventsPage + 2 * EVENTS_PAGE;
-    if (before > state.lastSeq) {
-      state.eventsPage = null;
-      renderEventRows(state.recentEvents.slice(0, EVENTS_PAGE), true);
-    } else {
-      showEventPage(before);
-    }
+    if (state.eventsPage !== null) showEventPage(`after=${state.eventsPage.newest}`);
   });
 
   // ---- applying events ---------------------------------------------------------------------
