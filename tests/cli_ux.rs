@@ -169,7 +169,19 @@ fn completions_and_man_pages_are_generated_for_every_shell_and_command() {
         let text = std::fs::read_to_string(dir.join(page)).unwrap();
         assert!(text.contains(".TH"), "{page}: {text}");
     }
+    // A command's page is titled and named as `man` finds it, and shows the command as typed.
+    let send = std::fs::read_to_string(dir.join("synapse-history-search.1")).unwrap();
+    let version = format!("\"synapse {}\"", env!("CARGO_PKG_VERSION"));
+    assert!(send.contains(".TH SYNAPSE-HISTORY-SEARCH 1") && send.contains(&version), "{send}");
+    assert!(send.contains("synapse\\-history\\-search \\-"), "the NAME line: {send}");
+    assert!(send.contains("\\fBsynapse history search\\fR"), "the synopsis: {send}");
     assert!(home.ok(&["man"]).contains(".TH synapse 1"));
+    let file = home.dir.path().join("a-file");
+    std::fs::write(&file, "mine").unwrap();
+    let refused = home.run(&["man", "--out", file.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    assert!(stderr(&refused).contains("is a file"), "{}", describe(&refused));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
 }
 
 /// docs/commands.md is the reference the README links: it must say what the binary says.

@@ -173,9 +173,15 @@ fn cleanup_asks_first_and_dry_run_changes_nothing() {
     assert!(stderr(&refused).contains("--force"));
     // Everything is younger than a day: nothing to remove.
     let dry = home.ok(&["history", "cleanup", "--days", "1", "--dry-run"]);
-    assert!(dry.contains("Would remove 0 record(s)"), "{dry}");
-    // A size budget of 1 MB keeps everything too.
-    assert!(home.ok(&["history", "cleanup", "--max-size", "1", "--force"]).contains("Removed 0"));
+    assert!(dry.contains("Nothing to remove: no record was last updated before 20"), "{dry}");
+    // A size budget of 1 MB keeps everything too (and names no cut-off date of 1970).
+    let kept = home.ok(&["history", "cleanup", "--max-size", "1", "--force"]);
+    assert_eq!(kept.trim(), "Nothing to remove: the history's text fits in 1 MB");
+    let kept = home.ok(&["history", "cleanup", "--max-size", "1", "--dry-run"]);
+    assert_eq!(kept.trim(), "Nothing to remove: the history's text fits in 1 MB");
+    let empty = home.run(&["history", "show", ""]);
+    assert_eq!(empty.status.code(), Some(1), "{}", describe(&empty));
+    assert!(stderr(&empty).contains("the task id is empty"), "{}", describe(&empty));
     assert_eq!(home.head(), head, "nothing appended when nothing is removed");
     for args in [vec!["--days", "0"], vec!["--days", "-3"], vec!["--max-size", "0"], vec![]] {
         let mut all = vec!["history", "cleanup", "--force"];

@@ -870,6 +870,9 @@ fn bad_registration_fields_are_refused_with_a_reason() {
         (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "bob\u{202e}live"}), "invisible formatting"),
         (json!({"agent_type": "dummy", "pid": pid, "port": 0, "name": "bob\u{200b}"}), "invisible formatting"),
         (json!({"agent_type": "dummy", "pid": pid, "port": 0, "role": "r".repeat(1001)}), "at most 1000"),
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "role": "a\u{1b}[31mb"}), "Invalid role 'a^[[31mb'"),
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "role": "line\none"}), "no control"),
+        (json!({"agent_type": "dummy", "pid": pid, "port": 0, "role": "x\u{202e}y"}), "invisible formatting"),
         (json!({"agent_type": "dummy", "pid": pid, "port": 0, "working_dir": long_dir}), "at most 4096"),
     ];
     for (body, expected) in cases {

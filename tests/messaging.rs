@@ -469,6 +469,10 @@ fn bad_input_on_the_command_line_is_a_clear_error_and_appends_nothing() {
         assert_eq!(output.status.code(), Some(1), "{args:?}: {}", describe(&output));
         assert!(stderr(&output).contains(expected), "{args:?}: {}", describe(&output));
     }
+    // A sender named by the environment, not by --from: the way out names both.
+    let unknown = home.cmd(&["send", "bob", "hi"]).env("SYNAPSE_AGENT_ID", "nobody").output().unwrap();
+    assert_eq!(unknown.status.code(), Some(1), "{}", describe(&unknown));
+    assert!(stderr(&unknown).contains("no --from, and SYNAPSE_AGENT_ID unset"), "{}", describe(&unknown));
     let self_send = home.run_as(&alice, &["send", "alice", "me"]);
     assert_eq!(self_send.status.code(), Some(1));
     assert!(stderr(&self_send).contains("cannot send a message to yourself"));

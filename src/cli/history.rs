@@ -197,6 +197,9 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
             }
         }
         HistoryCommand::Show { task_id, json } => {
+            if task_id.trim().is_empty() {
+                anyhow::bail!("the task id is empty: give one `synapse history list` shows");
+            }
             let answer = client.history_of_task(&task_id).await?;
             if json {
                 println!("{}", api::json_line(&answer)?);
@@ -296,8 +299,15 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
                 }
             }
             let answer = client.cleanup_history(&api::HistoryCleanup { days, max_size_mb: max_size, dry_run }).await?;
+            let none = if dry_run { answer.would_remove == Some(0) } else { answer.removed == 0 };
             if json {
                 println!("{}", api::json_line(&answer)?);
+            } else if none {
+                // By size, there is no cut-off date to name when everything fits.
+                match max_size {
+                    Some(mb) => println!("Nothing to remove: the history's text fits in {mb} MB"),
+                    None => println!("Nothing to remove: no record was last updated before {}", answer.before),
+                }
             } else if dry_run {
                 println!(
                     "Would remove {} record(s) last updated before {}",

@@ -27,13 +27,19 @@ pub fn man(out: Option<&Path>) -> anyhow::Result<i32> {
             print!("{}", String::from_utf8_lossy(&page));
         }
         Some(dir) => {
+            if dir.exists() && !dir.is_dir() {
+                anyhow::bail!("--out names a directory for the pages, and {} is a file", dir.display());
+            }
             std::fs::create_dir_all(dir)
                 .map_err(|error| anyhow::anyhow!("cannot create {}: {error}", dir.display()))?;
             let mut written = 0;
             for (name, page) in pages(command) {
                 let file = dir.join(format!("{name}.1"));
                 let mut bytes = Vec::new();
-                clap_mangen::Man::new(page).title(name.to_uppercase()).render(&mut bytes)?;
+                clap_mangen::Man::new(page)
+                    .title(name.to_uppercase())
+                    .source(format!("synapse {}", env!("CARGO_PKG_VERSION")))
+                    .render(&mut bytes)?;
                 std::fs::write(&file, bytes)
                     .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", file.display()))?;
                 written += 1;
@@ -52,6 +58,10 @@ fn pages(command: clap::Command) -> Vec<(String, clap::Command)> {
         out.push((name.clone(), command.clone()));
         for sub in subcommands {
             let sub_name = format!("{name}-{}", sub.get_name());
+            // Its page is named as `man` finds it (synapse-send), and its synopsis shows the
+            // command as typed.
+            let bin_name = format!("{} {}", command.get_bin_name().unwrap_or("synapse"), sub.get_name());
+            let sub = sub.name(sub_name.clone()).bin_name(bin_name);
             walk(sub, sub_name, out);
         }
     }

@@ -151,6 +151,16 @@ pub fn decide_register(
     if request.role.as_ref().is_some_and(|role| role.chars().count() > MAX_ROLE_CHARS) {
         return Err(CommandError::bad(format!("Invalid role: at most {MAX_ROLE_CHARS} characters")).into());
     }
+    // Shown in `synapse list` and on the dashboard, and given to the agent: one line of text.
+    if let Some(role) = &request.role
+        && role.chars().any(|c| crate::escape::is_control(c) || crate::escape::is_invisible_format(c))
+    {
+        return Err(CommandError::bad(format!(
+            "Invalid role '{}': no control or invisible formatting characters",
+            crate::escape::visible_line(role)
+        ))
+        .into());
+    }
     if request.working_dir.len() > MAX_WORKING_DIR_BYTES {
         return Err(
             CommandError::bad(format!("Invalid working directory: at most {MAX_WORKING_DIR_BYTES} bytes")).into()

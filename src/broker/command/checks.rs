@@ -101,7 +101,7 @@ pub fn check_sender(
     let from = from.as_str();
     let Some(agent) = view.agent(from)? else {
         return Err(CommandError::bad(format!(
-            "unknown sender '{from}': no registered agent has this id. Leave --from out to send anonymously."
+            "unknown sender '{from}': no registered agent has this id. To send anonymously, name no sender (no --from, and SYNAPSE_AGENT_ID unset)."
         ))
         .into());
     };
