@@ -61,9 +61,17 @@ fn load(home: &Path) -> anyhow::Result<TrustedProjects> {
         }
         Err(error) => bail!("cannot read {}: {error}", file.display()),
     };
-    serde_json::from_slice(&bytes).with_context(|| {
+    let trusted: TrustedProjects = serde_json::from_slice(&bytes).with_context(|| {
         format!("{} is not a list of trusted projects; remove it and run `synapse trust` again", file.display())
-    })
+    })?;
+    if trusted.version != 1 {
+        bail!(
+            "{} is of version {}, which this build does not know; remove it and run `synapse trust` again",
+            file.display(),
+            trusted.version
+        );
+    }
+    Ok(trusted)
 }
 
 fn save(home: &Path, trusted: &TrustedProjects) -> anyhow::Result<()> {
@@ -81,7 +89,6 @@ fn update(home: &Path, change: impl FnOnce(&mut TrustedProjects)) -> anyhow::Res
     // Released when `lock` is closed.
     lock.lock().with_context(|| format!("cannot lock {}", lock_path.display()))?;
     let mut trusted = load(home)?;
-    trusted.version = 1;
     change(&mut trusted);
     save(home, &trusted)
 }
@@ -94,6 +101,29 @@ pub fn agent_env(home: &Path, settings: &Settings) -> anyhow::Result<Vec<(String
     Ok(env)
 }
 
+/// Text of the project's (its path, its files, its variables) for the user's terminal, on one
+/// line: controls and invisible formatting (a right-to-left override) shown as escapes, so that
+/// nothing in it can hide or reorder what the user is asked to trust.
+fn shown(text: &str) -> String {
+    crate::escape::visible_line(text)
+        .chars()
+        .map(
+            |c| {
+                if crate::escape::is_invisible_format(c) {
+                    format!("\\u{{{:04x}}}", u32::from(c))
+                } else {
+                    c.to_string()
+                }
+            },
+        )
+        .collect()
+}
+
+fn shown_files(settings: &Settings) -> String {
+    let files: Vec<String> = settings.project_env_files.iter().map(|file| shown(&file.display().to_string())).collect();
+    files.join(" and ")
+}
+
 /// Refuses the project's variables unless the user trusted exactly these for this directory.
 pub fn check(home: &Path, settings: &Settings, env: &[(String, String)]) -> anyhow::Result<()> {
     if settings.project_env_names.is_empty() {
@@ -101,62 +131,84 @@ pub fn check(home: &Path, settings: &Settings, env: &[(String, String)]) -> anyh
     }
     let dir = canonical_dir(&settings.project_dir);
     let trusted = load(home)?;
-    let shown = dir.display().to_string();
-    let known = trusted.projects.get(&shown);
+    let known = trusted.projects.get(&dir.display().to_string());
     if known.is_some_and(|recorded| *recorded == digest(&dir, settings, env)) {
         return Ok(());
     }
-    let files: Vec<String> = settings.project_env_files.iter().map(|file| file.display().to_string()).collect();
-    let names = crate::escape::visible_line(&settings.project_env_names.join(", "));
+    let names = shown(&settings.project_env_names.join(", "));
     let what = if known.is_some() { "changed since you trusted them" } else { "not trusted yet" };
     bail!(
         "{} set{} env for the agents started in {} ({names}), {what}. A project's env can run code in \
          every agent's CLI (LD_PRELOAD, PATH, NODE_OPTIONS), so Synapse passes it on only once you trust \
          it: read the file, then run `synapse trust` in that directory (again after any change to its env).",
-        files.join(" and "),
-        if files.len() == 1 { "s" } else { "" },
-        shown
+        shown_files(settings),
+        if settings.project_env_files.len() == 1 { "s" } else { "" },
+        shown(&dir.display().to_string())
     )
 }
 
-/// `synapse trust [DIR] [--revoke]`.
-pub fn run(home: &Path, dir: Option<&Path>, revoke: bool) -> anyhow::Result<i32> {
-    let given = dir.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-    if !given.is_dir() {
-        bail!("{} is not a directory", given.display());
-    }
-    let dir = canonical_dir(&given);
-    let shown = dir.display().to_string();
-    if revoke {
-        let mut removed = false;
-        update(home, |trusted| removed = trusted.projects.remove(&shown).is_some())?;
-        if removed {
-            println!(
-                "No longer trusted: agents started in {shown} get no env from its settings until `synapse trust`."
-            );
-        } else {
-            println!("{shown} was not trusted: nothing changed.");
+/// What `synapse trust` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Trust,
+    Revoke,
+    List,
+}
+
+/// `synapse trust [DIR] [--revoke | --list]`.
+pub fn run(home: &Path, dir: Option<&Path>, action: Action) -> anyhow::Result<i32> {
+    // A damaged list is said before anything is shown as if it would be recorded.
+    let trusted = load(home)?;
+    if action == Action::List {
+        if trusted.projects.is_empty() {
+            println!("No project's env is trusted.");
+        }
+        for dir in trusted.projects.keys() {
+            println!("{}", shown(dir));
         }
         return Ok(0);
     }
+    let given = dir.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    if action == Action::Revoke {
+        // A directory removed since is taken back by the path it had: a new checkout there
+        // must not find it trusted.
+        let dir = if given.is_dir() { canonical_dir(&given) } else { std::path::absolute(&given)? };
+        let key = dir.display().to_string();
+        let mut removed = false;
+        update(home, |trusted| removed = trusted.projects.remove(&key).is_some())?;
+        if removed {
+            println!(
+                "No longer trusted: agents started in {} get no env from its settings until `synapse trust`.",
+                shown(&key)
+            );
+        } else {
+            println!("{} was not trusted: nothing changed.", shown(&key));
+        }
+        return Ok(0);
+    }
+    if !given.is_dir() {
+        bail!("{} is not a directory", shown(&given.display().to_string()));
+    }
+    let dir = canonical_dir(&given);
+    let key = dir.display().to_string();
     let settings = Settings::load(home, &dir)?;
     if settings.project_env_names.is_empty() {
-        println!("{shown}/.synapse sets no env for agents: nothing to trust.");
+        println!("{}/.synapse sets no env for agents: nothing to trust.", shown(&key));
         return Ok(0);
     }
     let env = settings.env()?;
-    let files: Vec<String> = settings.project_env_files.iter().map(|file| file.display().to_string()).collect();
-    println!("The env that {} sets for the agents started in {shown}:", files.join(" and "));
+    println!("The env that {} sets for the agents started in {}:", shown_files(&settings), shown(&key));
     for name in &settings.project_env_names {
         let value = env.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str()).unwrap_or_default();
-        println!("  {}={}", crate::escape::visible_line(name), crate::escape::visible_line(value));
+        println!("  {}={}", shown(name), shown(value));
     }
     let recorded = digest(&dir, &settings, &env);
     update(home, |trusted| {
-        trusted.projects.insert(shown.clone(), recorded);
+        trusted.projects.insert(key.clone(), recorded);
     })?;
     println!(
-        "Trusted. A change to these variables needs `synapse trust` again; `synapse trust --revoke` takes it back."
+        "Trusted. A change to these variables needs `synapse trust` again (a file they name is not watched); \
+         `synapse trust --revoke` takes it back."
     );
     Ok(0)
 }
@@ -184,7 +236,7 @@ mod tests {
         assert!(refused.contains("LD_PRELOAD") && refused.contains("not trusted yet"), "{refused}");
         assert!(refused.contains("synapse trust"), "{refused}");
 
-        run(home.path(), Some(project.path()), false).unwrap();
+        run(home.path(), Some(project.path()), Action::Trust).unwrap();
         let env = env_in(home.path(), project.path()).unwrap();
         assert_eq!(env, vec![("LD_PRELOAD".to_string(), "/tmp/evil.so".to_string())]);
 
@@ -206,9 +258,9 @@ mod tests {
         assert!(refused.contains("LD_PRELOAD, PATH") && refused.contains("settings.local.json"), "{refused}");
 
         // Taken back.
-        run(home.path(), Some(project.path()), false).unwrap();
+        run(home.path(), Some(project.path()), Action::Trust).unwrap();
         assert!(env_in(home.path(), project.path()).is_ok());
-        run(home.path(), Some(project.path()), true).unwrap();
+        run(home.path(), Some(project.path()), Action::Revoke).unwrap();
         assert!(env_in(home.path(), project.path()).is_err());
     }
 
@@ -233,9 +285,35 @@ mod tests {
     fn a_damaged_list_refuses_rather_than_trusts() {
         let home = tempfile::tempdir().unwrap();
         let project = project_with(r#"{"env": {"A": "1"}}"#);
-        std::fs::write(home.path().join(FILE_NAME), "{not json").unwrap();
-        let refused = format!("{:#}", env_in(home.path(), project.path()).unwrap_err());
-        assert!(refused.contains(FILE_NAME), "{refused}");
-        assert!(run(home.path(), Some(project.path()), false).is_err());
+        for damaged in ["{not json", r#"{"version": 7, "projects": {}}"#] {
+            std::fs::write(home.path().join(FILE_NAME), damaged).unwrap();
+            let refused = format!("{:#}", env_in(home.path(), project.path()).unwrap_err());
+            assert!(refused.contains(FILE_NAME), "{refused}");
+            assert!(run(home.path(), Some(project.path()), Action::Trust).is_err());
+        }
+    }
+
+    /// A project's env adds to the user's: it cannot take the user's away (`"env": null` did,
+    /// without any trust), and what it sets must be variable names.
+    #[test]
+    fn a_project_cannot_remove_the_users_env_or_set_what_is_no_variable() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(home.path().join("settings.json"), r#"{"env": {"HTTPS_PROXY": "http://proxy:3128"}}"#).unwrap();
+        for env in ["null", "\"\"", "[]"] {
+            let project = project_with(&format!(r#"{{"env": {env}}}"#));
+            let refused = Settings::load(home.path(), project.path()).unwrap_err().to_string();
+            assert!(refused.contains("cannot take it away"), "{env}: {refused}");
+        }
+        for name in ["", "A=B", "A\\u0000"] {
+            let project = project_with(&format!(r#"{{"env": {{"{name}": "x"}}}}"#));
+            let refused = Settings::load(home.path(), project.path()).unwrap_err().to_string();
+            assert!(refused.contains("no variable name"), "{name:?}: {refused}");
+        }
+    }
+
+    /// What `synapse trust` shows of a project cannot hide or reorder itself on the terminal.
+    #[test]
+    fn shown_text_escapes_controls_and_invisible_formatting() {
+        assert_eq!(shown("a\u{1b}[8mb\u{202e}c"), "a^[[8mb\\u{202e}c");
     }
 }

@@ -162,6 +162,14 @@ impl Settings {
             if let Some(value) = value {
                 warnings.extend(unknown_keys(&path, &value));
                 if scope != "user" {
+                    // Merged, a null or a string would replace the user's whole env section.
+                    if value.get("env").is_some_and(|env| !env.is_object()) {
+                        bail!(
+                            "env in {} must be an object of variables: a project's settings add to your env, \
+                             they cannot take it away",
+                            path.display()
+                        );
+                    }
                     let names = env_names(&value);
                     if !names.is_empty() {
                         project_env_names.extend(names);
@@ -231,6 +239,11 @@ impl Settings {
                 .iter()
                 .filter(|(key, _)| !key.starts_with('_'))
                 .map(|(key, value)| match value {
+                    _ if key.is_empty() || key.contains(['=', '\0']) => bail!(
+                        "env in {} names '{}', which is no variable name (empty, or with = or NUL)",
+                        self.origin(),
+                        crate::escape::visible_line(key)
+                    ),
                     Value::String(text) => Ok((key.clone(), text.clone())),
                     Value::Number(_) | Value::Bool(_) => Ok((key.clone(), value.to_string())),
                     other => bail!("env.{key} in {} must be a string, not {other}", self.origin()),

@@ -933,4 +933,20 @@ fn the_event_logs_newer_page_starts_right_after_a_short_one() {
     assert_eq!(second.1 + 1, first.0, "{pages:?}");
     assert!(second.1 - second.0 + 1 < 100, "the second page is one cut short by long texts: {pages:?}");
     assert_eq!(newer.0, first.0, "newer starts right after the page shown: {pages:?}");
+    // On to the live view, every event on the way shown: the live view comes once the page
+    // shown ends where it begins.
+    let mut previous = newer;
+    for _ in 0..10 {
+        let before = pages.last().unwrap().clone();
+        browser.execute("document.getElementById('events-newer').click()", vec![]);
+        pages.push(browser.wait_value("newer", range, vec![], |shown| *shown != before && shown.as_str() != Some("")));
+        let page = bounds(pages.last().unwrap());
+        if pages.last().unwrap().as_str().is_some_and(|text| text.ends_with("(live)")) {
+            assert!(page.0 <= previous.1 + 1, "no event left out before the live view: {pages:?}");
+            return;
+        }
+        assert_eq!(page.0, previous.1 + 1, "no event left out on the way: {pages:?}");
+        previous = page;
+    }
+    panic!("newer never came back to the live view: {pages:?}");
 }

@@ -163,6 +163,34 @@ fn trust_shows_the_variables_escaped_and_refuses_what_is_no_project() {
     let missing = home.run(&["trust", home.dir.path().join("nowhere").to_str().unwrap()]);
     assert_eq!(missing.status.code(), Some(1), "{}", describe(&missing));
     assert!(stderr(&missing).contains("is not a directory"), "{}", describe(&missing));
+
+    // A directory whose name would hide what is shown (a dimming escape, a right-to-left
+    // override) is shown escaped; a trusted one removed since can still be taken back by its
+    // path, so that a new checkout there is not trusted; --list says what is.
+    let odd = home.dir.path().join("odd\u{1b}[8m\u{202e}dir");
+    std::fs::create_dir_all(odd.join(".synapse")).unwrap();
+    std::fs::write(odd.join(".synapse/settings.json"), r#"{"env": {"LD_PRELOAD": "/tmp/x.so"}}"#).unwrap();
+    let trusted = home.run(&["trust", odd.to_str().unwrap()]);
+    assert!(trusted.status.success(), "{}", describe(&trusted));
+    assert!(!stdout(&trusted).contains(['\u{1b}', '\u{202e}']), "{}", describe(&trusted));
+    assert!(stdout(&trusted).contains("odd^[[8m\\u{202e}dir"), "{}", describe(&trusted));
+    let listed = home.ok(&["trust", "--list"]);
+    assert!(listed.contains("odd^[[8m\\u{202e}dir") && !listed.contains('\u{1b}'), "{listed}");
+    std::fs::remove_dir_all(&odd).unwrap();
+    let revoked = home.run(&["trust", "--revoke", odd.to_str().unwrap()]);
+    assert!(revoked.status.success() && stdout(&revoked).contains("No longer trusted"), "{}", describe(&revoked));
+    assert_eq!(home.ok(&["trust", "--list"]).trim(), "No project's env is trusted.");
+    // A damaged list is said first: nothing is shown as if it were about to be trusted.
+    std::fs::write(home.home().join("trusted-projects.json"), "{").unwrap();
+    std::fs::write(project.join(".synapse/settings.json"), r#"{"env": {"A": "1"}}"#).unwrap();
+    let damaged = in_project(&home, &project, &["trust"]);
+    assert_eq!(damaged.status.code(), Some(1), "{}", describe(&damaged));
+    assert!(
+        stdout(&damaged).is_empty() && stderr(&damaged).contains("trusted-projects.json"),
+        "{}",
+        describe(&damaged)
+    );
+    std::fs::remove_file(home.home().join("trusted-projects.json")).unwrap();
     std::fs::write(project.join(".synapse/settings.json"), r#"{"env": {"A": {"nested": 1}}}"#).unwrap();
     let malformed = in_project(&home, &project, &["trust"]);
     assert_eq!(malformed.status.code(), Some(1), "{}", describe(&malformed));

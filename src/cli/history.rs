@@ -190,6 +190,19 @@ pub fn to_csv(records: &[HistoryRecord]) -> String {
     out
 }
 
+/// Writes an export to `path`. A file (or nothing) there: a new private file renamed over it, so
+/// a link planted there (in a shared directory, to a file of the user's) is replaced, not written
+/// through. Anything else the path leads to (a pipe, `/dev/fd/1`, `>(gzip > out)`, a terminal)
+/// is written into, as the user asked.
+fn write_export(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() && !meta.is_dir() => {
+            std::io::Write::write_all(&mut std::fs::OpenOptions::new().write(true).open(path)?, text.as_bytes())
+        }
+        _ => crate::private_files::replace(path, text),
+    }
+}
+
 pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> {
     if !crate::settings::history_enabled() {
         anyhow::bail!("{}", crate::settings::HISTORY_DISABLED);
@@ -205,9 +218,6 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
             }
         }
         HistoryCommand::Show { task_id, json } => {
-            if task_id.trim().is_empty() {
-                anyhow::bail!("the task id is empty: give one `synapse history list` shows");
-            }
             let answer = client.history_of_task(&task_id).await?;
             if json {
                 println!("{}", api::json_line(&answer)?);
@@ -272,9 +282,7 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
             let text = if format == "csv" { to_csv(&records) } else { api::json_pretty(&records)? + "\n" };
             match output {
                 Some(path) => {
-                    // Others' messages: a new private file renamed over the path, so a link
-                    // planted there (in a shared directory) is replaced, not followed.
-                    crate::private_files::replace(&path, text)
+                    write_export(&path, &text)
                         .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
                     println!("Wrote {} records to {}", records.len(), path.display());
                 }

@@ -197,8 +197,11 @@ pub enum Command {
         /// The project's directory (default: the current one)
         dir: Option<std::path::PathBuf>,
         /// Take the trust back: its env is refused again
-        #[arg(long)]
+        #[arg(long, conflicts_with = "list")]
         revoke: bool,
+        /// List the directories whose env is trusted
+        #[arg(long, conflicts_with = "dir")]
+        list: bool,
     },
     /// Restore the default settings of a scope (removes its settings file)
     Reset {
@@ -484,9 +487,14 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Init { scope, force } => return setup::init(&paths, &scope, force),
         Command::Reset { scope, force } => return setup::reset(&paths, &scope, force),
-        Command::Trust { dir, revoke } => {
+        Command::Trust { dir, revoke, list } => {
             paths.own_home()?;
-            return crate::project_trust::run(&paths.home, dir.as_deref(), revoke);
+            let action = match (revoke, list) {
+                (true, _) => crate::project_trust::Action::Revoke,
+                (_, true) => crate::project_trust::Action::List,
+                _ => crate::project_trust::Action::Trust,
+            };
+            return crate::project_trust::run(&paths.home, dir.as_deref(), action);
         }
         Command::ScenarioAgent { port, name } => return crate::agent::scenario::run(paths, port, name),
         Command::Profile(words) => return agents::run_profile(paths, words),

@@ -533,21 +533,23 @@
   }
 
   // Shows the page a query of /dashboard/events answers (`before=N` or `after=N`); an empty
-  // one changes nothing, and a page that reaches the newest event shown live is the live view.
+  // one changes nothing.
   async function showEventPage(query) {
     try {
       const answer = await api('GET', `/dashboard/events?${query}&limit=${EVENTS_PAGE}`);
       if (!answer.events.length) return;
       const newest = answer.events[answer.events.length - 1].seq;
-      if (query.startsWith('after=') && newest >= state.lastSeq) {
-        showLive();
-        return;
-      }
       state.eventsPage = { oldest: answer.events[0].seq, newest };
       renderEventRows(answer.events.slice().reverse(), false);
     } catch (error) {
       showError(error.message);
     }
+  }
+
+  // The oldest event the live view shows (the next one to come when it shows none).
+  function liveOldest() {
+    const shown = Math.min(EVENTS_PAGE, state.recentEvents.length);
+    return shown ? state.recentEvents[shown - 1].seq : state.lastSeq + 1;
   }
 
   function showLive() {
@@ -557,13 +559,15 @@
 
   $('events-newest').addEventListener('click', showLive);
   $('events-older').addEventListener('click', () => {
-    const oldest = state.eventsPage !== null ? state.eventsPage.oldest
-      : (state.recentEvents.length ? state.recentEvents[Math.min(EVENTS_PAGE, state.recentEvents.length) - 1].seq : 1);
+    const oldest = state.eventsPage !== null ? state.eventsPage.oldest : liveOldest();
     if (oldest > 1) showEventPage(`before=${oldest}`);
   });
-  // A page holds fewer events when their texts are long: the next one starts where it ends.
+  // A page holds fewer events when their texts are long: the next one starts where it ends,
+  // and is the live view once that is where the live view begins (it too may hold fewer).
   $('events-newer').addEventListener('click', () => {
-    if (state.eventsPage !== null) showEventPage(`after=${state.eventsPage.newest}`);
+    if (state.eventsPage === null) return;
+    if (state.eventsPage.newest + 1 >= liveOldest()) showLive();
+    else showEventPage(`after=${state.eventsPage.newest}`);
   });
 
   // ---- applying events ---------------------------------------------------------------------
