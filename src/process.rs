@@ -99,6 +99,42 @@ pub fn release_free_memory() {
     }
 }
 
+/// Set by work that may have freed much memory on a pool thread (a read as long as the log is);
+/// see [`release_noted_memory`].
+static LARGE_WORK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes that work which may have freed much memory ran (a history or task read, a stream
+/// catching up with the log): the broker's next sweep hands the free pages back.
+pub fn note_large_work() {
+    LARGE_WORK.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// [`release_free_memory`] when [`note_large_work`] was called since the last time; then the
+/// resident size before and after, in kB. A broker that served such reads otherwise kept their
+/// peak in its RSS for good (a soak of two minutes of history reads: 76 → 161 MB, and no lower
+/// once idle).
+pub fn release_noted_memory() -> Option<(u64, u64)> {
+    if !LARGE_WORK.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    let before = resident_kb();
+    release_free_memory();
+    Some((before, resident_kb()))
+}
+
+/// This process's resident size in kB (`VmRSS`), 0 when unknown.
+fn resident_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// Sends `signal` to a process group (negative pid) or a process; true when it was sent.
 pub fn signal(pid: i32, signal: i32) -> bool {
     #[allow(unsafe_code)]

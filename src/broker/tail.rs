@@ -155,13 +155,17 @@ pub async fn next_batch(state: &BrokerState, cursor: u64, follow: bool) -> Resul
             // nothing) held every other command behind it for seconds.
             _ => {
                 let store = state.store.clone();
-                tokio::task::spawn_blocking(move || store.read_after_within(cursor, TAIL_BATCH, RECENT_TEXT_BYTES))
-                    .await
-                    .map_err(|_| TailEnd::Failed("the read of the log failed".to_string()))?
-                    .map_err(|error| TailEnd::Failed(error.to_string()))?
-                    .into_iter()
-                    .map(|envelope| Arc::new(TailEvent::new(envelope)))
-                    .collect()
+                tokio::task::spawn_blocking(move || {
+                    let read = store.read_after_within(cursor, TAIL_BATCH, RECENT_TEXT_BYTES);
+                    crate::process::note_large_work();
+                    read
+                })
+                .await
+                .map_err(|_| TailEnd::Failed("the read of the log failed".to_string()))?
+                .map_err(|error| TailEnd::Failed(error.to_string()))?
+                .into_iter()
+                .map(|envelope| Arc::new(TailEvent::new(envelope)))
+                .collect()
             }
         };
         if !events.is_empty() || !follow {

@@ -140,7 +140,9 @@ async fn on_a_blocking_thread<R: Send + 'static, T: Send + 'static>(
     let turn = turns.clone().acquire_owned().await.map_err(|_| unavailable())?;
     tokio::task::spawn_blocking(move || {
         let _turn = turn;
-        work(&resource)
+        let done = work(&resource);
+        crate::process::note_large_work();
+        done
     })
     .await
     .unwrap_or_else(|_| Err(unavailable()))
