@@ -59,15 +59,17 @@ fn redb_appends(options: &Options) -> Result<()> {
 
 /// The minimal binary beside this one (`tools/bench` builds it).
 fn noop_binary() -> Result<PathBuf> {
+    beside_this_one("synapse-bench-noop")
+}
+
+/// A bench binary beside this one (`tools/bench` builds them).
+pub fn beside_this_one(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot find synapse-bench")?;
-    let noop = exe.with_file_name("synapse-bench-noop");
-    if !noop.exists() {
-        bail!(
-            "{} is missing: build it with cargo build --release --features bench --bin synapse-bench-noop",
-            noop.display()
-        );
+    let binary = exe.with_file_name(name);
+    if !binary.exists() {
+        bail!("{} is missing: build it with cargo build --release --features bench --bin {name}", binary.display());
     }
-    Ok(noop)
+    Ok(binary)
 }
 
 fn spawns() -> Result<()> {
