@@ -158,6 +158,47 @@ pub fn remove_abandoned(home: &Path) -> usize {
     removed
 }
 
+/// How long a long-message file is kept (`SYNAPSE_MESSAGE_FILE_DAYS`, default 7; 0 keeps them):
+/// None when kept for good.
+pub fn message_file_lifetime() -> Option<std::time::Duration> {
+    let days = std::env::var("SYNAPSE_MESSAGE_FILE_DAYS").ok().and_then(|days| days.trim().parse::<u64>().ok());
+    match days.unwrap_or(7) {
+        0 => None,
+        days => Some(std::time::Duration::from_secs(days.saturating_mul(86_400))),
+    }
+}
+
+/// Removes the long-message files (`messages/<agent>/`, written for the CLIs to read) last
+/// changed more than `lifetime` ago: each message longer than the threshold left one for good (a
+/// soak: 2,400 files an hour). A CLI reads its file when the message arrives; one resumed weeks
+/// later finds it gone. Only files directly in an agent's directory go; a link there is removed
+/// itself, and a link in `messages/` is never followed. Returns how many went.
+pub fn remove_old_message_files(home: &Path, lifetime: std::time::Duration) -> usize {
+    let Ok(agents) = std::fs::read_dir(home.join("messages")) else { return 0 };
+    let now = std::time::SystemTime::now();
+    let mut removed = 0;
+    for agent in agents.flatten() {
+        if !agent.file_type().is_ok_and(|kind| kind.is_dir()) {
+            continue;
+        }
+        let Ok(files) = std::fs::read_dir(agent.path()) else { continue };
+        for file in files.flatten() {
+            // The entry's own times (a link's, not its target's).
+            let old = file
+                .metadata()
+                .ok()
+                .filter(|meta| !meta.is_dir())
+                .and_then(|meta| meta.modified().ok())
+                .and_then(|modified| now.duration_since(modified).ok())
+                .is_some_and(|age| age > lifetime);
+            if old && std::fs::remove_file(file.path()).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1094,3 +1094,37 @@ fn the_broker_hands_back_what_long_reads_freed() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Each message longer than the threshold leaves a file under `messages/<agent>/` for the CLI to
+/// read; they stayed for good (a soak: 2,400 files an hour). The broker removes those last
+/// changed more than `SYNAPSE_MESSAGE_FILE_DAYS` (7) days ago, and follows no link doing it.
+#[test]
+fn long_message_files_go_after_a_week_and_nothing_else_does() {
+    let home = Home::new();
+    let agent = home.home().join("messages/synapse-dummy-8123");
+    std::fs::create_dir_all(&agent).unwrap();
+    let aged = |path: &Path, days: u64| {
+        std::fs::write(path, "a long message").unwrap();
+        let then = std::time::SystemTime::now() - Duration::from_secs(days * 86_400);
+        std::fs::File::options().write(true).open(path).unwrap().set_modified(then).unwrap();
+    };
+    let old = agent.join("12-abcdef01.txt");
+    let recent = agent.join("13-abcdef02.txt");
+    aged(&old, 8);
+    aged(&recent, 6);
+    // A link in messages/ to a directory elsewhere: what it names is never looked at.
+    let elsewhere = home.dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let kept = elsewhere.join("old.txt");
+    aged(&kept, 30);
+    std::os::unix::fs::symlink(&elsewhere, home.home().join("messages/link")).unwrap();
+
+    home.ok(&["list"]); // starts the broker, which looks at start
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while old.exists() {
+        assert!(Instant::now() < deadline, "a file of 8 days is still there");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(recent.exists(), "a file of 6 days went");
+    assert!(kept.exists(), "a file behind a link went");
+}

@@ -33,6 +33,8 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// How often the broker checks that registered agents' processes still run.
 const LIVENESS_INTERVAL: Duration = Duration::from_secs(2);
+/// How often old long-message files are looked for (also at the broker's start).
+const MESSAGE_FILE_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
 /// How often the sweeper asks the writer to expire idempotency keys past their 24 h window: a
 /// key may outlive its window by this much (decide ignores it by then), and the log gains at
 /// most one `idempotency_keys_expired` per interval.
@@ -152,6 +154,8 @@ pub fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
     tokio::spawn(async move {
         let mut stop = state.shutdown.subscribe();
         let mut idempotency_expired_at: Option<std::time::Instant> = None;
+        let mut message_files_swept_at: Option<std::time::Instant> = None;
+        let message_file_lifetime = crate::config::message_file_lifetime();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(LIVENESS_INTERVAL) => {}
@@ -159,6 +163,22 @@ pub fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
             }
             agents::prune_dead(&state).await;
             agents::expire_held_inboxes(&state, hold).await;
+            if let Some(lifetime) = message_file_lifetime
+                && message_files_swept_at.is_none_or(|at| at.elapsed() >= MESSAGE_FILE_SWEEP_INTERVAL)
+            {
+                message_files_swept_at = Some(std::time::Instant::now());
+                let home = state.paths.home.clone();
+                let removed =
+                    tokio::task::spawn_blocking(move || crate::config::remove_old_message_files(&home, lifetime))
+                        .await
+                        .unwrap_or(0);
+                if removed > 0 {
+                    tracing::info!(
+                        "removed {removed} long-message file(s) older than {} days",
+                        lifetime.as_secs() / 86_400
+                    );
+                }
+            }
             // What long reads freed goes back to the system (a few ms, off the runtime).
             if let Ok(Some((before, after))) = tokio::task::spawn_blocking(crate::process::release_noted_memory).await {
                 tracing::debug!("free memory handed back after long reads: resident {before} → {after} kB");
