@@ -172,9 +172,14 @@ pub fn message_file_lifetime() -> Option<std::time::Duration> {
 /// changed more than `lifetime` ago: each message longer than the threshold left one for good (a
 /// soak: 2,400 files an hour). A CLI reads its file when the message arrives; one resumed weeks
 /// later finds it gone. Only files directly in an agent's directory go; a link there is removed
-/// itself, and a link in `messages/` is never followed. Returns how many went.
-pub fn remove_old_message_files(home: &Path, lifetime: std::time::Duration) -> usize {
-    let Ok(agents) = std::fs::read_dir(home.join("messages")) else { return 0 };
+/// itself, and a link as `messages/` or in it is never followed. Stops early when `stopping`
+/// says so (checked between files). Returns how many went.
+pub fn remove_old_message_files(home: &Path, lifetime: std::time::Duration, stopping: impl Fn() -> bool) -> usize {
+    let messages = home.join("messages");
+    if !messages.symlink_metadata().is_ok_and(|meta| meta.is_dir()) {
+        return 0;
+    }
+    let Ok(agents) = std::fs::read_dir(messages) else { return 0 };
     let now = std::time::SystemTime::now();
     let mut removed = 0;
     for agent in agents.flatten() {
@@ -183,6 +188,9 @@ pub fn remove_old_message_files(home: &Path, lifetime: std::time::Duration) -> u
         }
         let Ok(files) = std::fs::read_dir(agent.path()) else { continue };
         for file in files.flatten() {
+            if stopping() {
+                return removed;
+            }
             // The entry's own times (a link's, not its target's).
             let old = file
                 .metadata()
@@ -244,5 +252,28 @@ mod tests {
         );
         assert!(target.join("keep").exists(), "a link's target is untouched");
         assert_eq!(remove_abandoned(&home.path().join("none")), 0, "no agents directory: nothing to do");
+    }
+    /// A stop ends the removal between files (a home holding a great many held a broker's stop
+    /// for 13 s); `messages` as a link is not followed.
+    #[test]
+    fn old_message_files_go_until_a_stop_and_never_through_a_link() {
+        let home = tempfile::tempdir().unwrap();
+        let agent = home.path().join("messages/synapse-dummy-1");
+        std::fs::create_dir_all(&agent).unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(8 * 86_400);
+        for number in 0..3 {
+            let file = agent.join(format!("{number}.txt"));
+            std::fs::write(&file, "x").unwrap();
+            std::fs::File::options().write(true).open(&file).unwrap().set_modified(old).unwrap();
+        }
+        let week = std::time::Duration::from_secs(7 * 86_400);
+        assert_eq!(remove_old_message_files(home.path(), week, || true), 0, "stopping: nothing removed");
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::rename(home.path().join("messages"), elsewhere.path().join("messages")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("messages"), home.path().join("messages")).unwrap();
+        assert_eq!(remove_old_message_files(home.path(), week, || false), 0, "messages/ as a link");
+        std::fs::remove_file(home.path().join("messages")).unwrap();
+        std::fs::rename(elsewhere.path().join("messages"), home.path().join("messages")).unwrap();
+        assert_eq!(remove_old_message_files(home.path(), week, || false), 3);
     }
 }

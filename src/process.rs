@@ -99,27 +99,30 @@ pub fn release_free_memory() {
     }
 }
 
-/// Set by work that may have freed much memory on a pool thread (a read as long as the log is);
-/// see [`release_noted_memory`].
-static LARGE_WORK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Sweeps still to trim after work that may have freed much memory on a pool thread (a read as
+/// long as the log is); see [`memory_to_release`].
+static SWEEPS_TO_TRIM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Notes that work which may have freed much memory ran (a history or task read, a stream
-/// catching up with the log): the broker's next sweep hands the free pages back.
+/// catching up with the log): the broker's next two sweeps hand the free pages back. Two, since
+/// what such a read returns is freed later, once its answer is written, possibly after the
+/// first sweep. A broker that served such reads otherwise kept their peak in its RSS for good (a
+/// soak of two minutes of history reads: 76 → 161 MB, and no lower once idle).
 pub fn note_large_work() {
-    LARGE_WORK.store(true, std::sync::atomic::Ordering::Relaxed);
+    SWEEPS_TO_TRIM.store(2, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// [`release_free_memory`] when [`note_large_work`] was called since the last time; then the
-/// resident size before and after, in kB. A broker that served such reads otherwise kept their
-/// peak in its RSS for good (a soak of two minutes of history reads: 76 → 161 MB, and no lower
-/// once idle).
-pub fn release_noted_memory() -> Option<(u64, u64)> {
-    if !LARGE_WORK.swap(false, std::sync::atomic::Ordering::Relaxed) {
-        return None;
-    }
+/// Whether this sweep should hand free memory back ([`note_large_work`]); counts it down.
+pub fn memory_to_release() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    SWEEPS_TO_TRIM.fetch_update(Relaxed, Relaxed, |left| left.checked_sub(1)).is_ok()
+}
+
+/// [`release_free_memory`], with the resident size before and after, in kB.
+pub fn release_free_memory_measured() -> (u64, u64) {
     let before = resident_kb();
     release_free_memory();
-    Some((before, resident_kb()))
+    (before, resident_kb())
 }
 
 /// This process's resident size in kB (`VmRSS`), 0 when unknown.

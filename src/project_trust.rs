@@ -35,6 +35,29 @@ fn canonical_dir(dir: &Path) -> PathBuf {
     std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())
 }
 
+/// The path a directory removed since had, as [`canonical_dir`] gave it: its nearest ancestor
+/// that still exists made canonical (its links resolved), then the rest (`..` worked out by
+/// name).
+fn canonical_if_gone(dir: &Path) -> std::io::Result<PathBuf> {
+    use std::path::Component;
+    let absolute = std::path::absolute(dir)?;
+    let parts: Vec<Component> = absolute.components().collect();
+    for existing in (1..=parts.len()).rev() {
+        let Ok(mut path) = std::fs::canonicalize(parts[..existing].iter().collect::<PathBuf>()) else { continue };
+        for part in &parts[existing..] {
+            match part {
+                Component::ParentDir => {
+                    path.pop();
+                }
+                Component::Normal(name) => path.push(name),
+                _ => {}
+            }
+        }
+        return Ok(path);
+    }
+    Ok(absolute)
+}
+
 /// The digest of what is trusted: the directory's bytes and every variable the project's
 /// files set, with its value in effect (JSON: no two inputs encode alike).
 fn digest(dir: &Path, settings: &Settings, env: &[(String, String)]) -> String {
@@ -172,7 +195,7 @@ pub fn run(home: &Path, dir: Option<&Path>, action: Action) -> anyhow::Result<i3
     if action == Action::Revoke {
         // A directory removed since is taken back by the path it had: a new checkout there
         // must not find it trusted.
-        let dir = if given.is_dir() { canonical_dir(&given) } else { std::path::absolute(&given)? };
+        let dir = if given.is_dir() { canonical_dir(&given) } else { canonical_if_gone(&given)? };
         let key = dir.display().to_string();
         let mut removed = false;
         update(home, |trusted| removed = trusted.projects.remove(&key).is_some())?;

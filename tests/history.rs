@@ -198,6 +198,25 @@ fn an_export_neither_runs_formulas_nor_writes_through_a_link() {
     home.ok(&["history", "export", "--format", "csv", "--output", fifo.to_str().unwrap()]);
     assert!(reader.join().unwrap().starts_with("task_id,"));
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&fifo.metadata().unwrap().file_type()), "the pipe stays");
+    // The command's own standard output named as a file (redirected to one) is written into.
+    let redirected = home.dir.path().join("redirected.json");
+    let output = home
+        .cmd(&["history", "export", "--output", "/dev/stdout"])
+        .stdout(std::fs::File::create(&redirected).unwrap())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let exported: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&redirected).unwrap()).unwrap();
+    assert_eq!(exported.len(), 8, "the export alone: {}", describe(&output));
+    // A pipe of another user's (planted in a shared directory) gets none of the messages.
+    if synapse::private_files::my_uid() == 0 {
+        let planted = home.dir.path().join("planted.fifo");
+        assert!(Command::new("mkfifo").arg(&planted).status().unwrap().success());
+        std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+        let refused = home.run(&["history", "export", "--output", planted.to_str().unwrap()]);
+        assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+        assert!(stderr(&refused).contains("belongs to uid 65534"), "{}", describe(&refused));
+    }
 }
 
 #[test]

@@ -180,6 +180,17 @@ fn trust_shows_the_variables_escaped_and_refuses_what_is_no_project() {
     let revoked = home.run(&["trust", "--revoke", odd.to_str().unwrap()]);
     assert!(revoked.status.success() && stdout(&revoked).contains("No longer trusted"), "{}", describe(&revoked));
     assert_eq!(home.ok(&["trust", "--list"]).trim(), "No project's env is trusted.");
+    // Also by a path through a link, or with `..`, once the directory is gone.
+    let real = home.dir.path().join("real");
+    std::fs::create_dir_all(real.join("p2/.synapse")).unwrap();
+    std::fs::write(real.join("p2/.synapse/settings.json"), r#"{"env": {"B": "2"}}"#).unwrap();
+    std::os::unix::fs::symlink(&real, home.dir.path().join("ln")).unwrap();
+    let through_link = home.dir.path().join("ln/p2");
+    assert!(home.run(&["trust", through_link.to_str().unwrap()]).status.success());
+    std::fs::remove_dir_all(real.join("p2")).unwrap();
+    let revoked = home.cmd(&["trust", "--revoke", "../ln/p2"]).current_dir(&project).output().unwrap();
+    assert!(stdout(&revoked).contains("No longer trusted"), "{}", describe(&revoked));
+    assert_eq!(home.ok(&["trust", "--list"]).trim(), "No project's env is trusted.");
     // A damaged list is said first: nothing is shown as if it were about to be trusted.
     std::fs::write(home.home().join("trusted-projects.json"), "{").unwrap();
     std::fs::write(project.join(".synapse/settings.json"), r#"{"env": {"A": "1"}}"#).unwrap();

@@ -167,20 +167,25 @@ pub fn spawn_liveness_sweeper(state: Arc<BrokerState>) {
                 && message_files_swept_at.is_none_or(|at| at.elapsed() >= MESSAGE_FILE_SWEEP_INTERVAL)
             {
                 message_files_swept_at = Some(std::time::Instant::now());
+                // Not awaited: a home holding many files (one from before this sweep) must hold
+                // neither this loop nor a stop, which the removal watches between files.
                 let home = state.paths.home.clone();
-                let removed =
-                    tokio::task::spawn_blocking(move || crate::config::remove_old_message_files(&home, lifetime))
-                        .await
-                        .unwrap_or(0);
-                if removed > 0 {
-                    tracing::info!(
-                        "removed {removed} long-message file(s) older than {} days",
-                        lifetime.as_secs() / 86_400
-                    );
-                }
+                let stopping = state.shutdown.subscribe();
+                tokio::task::spawn_blocking(move || {
+                    let removed = crate::config::remove_old_message_files(&home, lifetime, || *stopping.borrow());
+                    if removed > 0 {
+                        tracing::info!(
+                            "removed {removed} long-message file(s) older than {} days",
+                            lifetime.as_secs() / 86_400
+                        );
+                    }
+                });
             }
             // What long reads freed goes back to the system (a few ms, off the runtime).
-            if let Ok(Some((before, after))) = tokio::task::spawn_blocking(crate::process::release_noted_memory).await {
+            if crate::process::memory_to_release()
+                && let Ok((before, after)) =
+                    tokio::task::spawn_blocking(crate::process::release_free_memory_measured).await
+            {
                 tracing::debug!("free memory handed back after long reads: resident {before} → {after} kB");
             }
             if idempotency_expired_at.is_none_or(|at| at.elapsed() >= IDEMPOTENCY_EXPIRY_INTERVAL) {

@@ -190,16 +190,39 @@ pub fn to_csv(records: &[HistoryRecord]) -> String {
     out
 }
 
-/// Writes an export to `path`. A file (or nothing) there: a new private file renamed over it, so
-/// a link planted there (in a shared directory, to a file of the user's) is replaced, not written
-/// through. Anything else the path leads to (a pipe, `/dev/fd/1`, `>(gzip > out)`, a terminal)
-/// is written into, as the user asked.
+/// Whether `path` names one of this process's own descriptors (`/dev/stdout`, `/dev/fd/N`).
+fn own_descriptor(path: &std::path::Path) -> bool {
+    path == std::path::Path::new("/dev/stdout")
+        || path == std::path::Path::new("/dev/stderr")
+        || path.starts_with("/dev/fd")
+        || path.starts_with("/proc/self/fd")
+}
+
+/// Writes an export to `path`:
+/// - one of this process's own descriptors (`/dev/stdout`, `/dev/fd/N`, `>(gzip > out)`):
+///   written into, as the user asked;
+/// - a file, a link, or nothing: a new private file renamed over it, so that a link planted
+///   there (in a shared directory, to a file of the user's) is replaced, never written through;
+/// - a pipe or a device of the user's own (`mkfifo`) that is not a link: written into;
+/// - one of another user's (a FIFO planted in `/tmp`): refused, the messages are not theirs.
 fn write_export(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    match std::fs::metadata(path) {
-        Ok(meta) if !meta.is_file() && !meta.is_dir() => {
-            std::io::Write::write_all(&mut std::fs::OpenOptions::new().write(true).open(path)?, text.as_bytes())
-        }
-        _ => crate::private_files::replace(path, text),
+    use std::os::unix::fs::MetadataExt;
+    let write_into = |path: &std::path::Path| {
+        std::io::Write::write_all(&mut std::fs::OpenOptions::new().write(true).open(path)?, text.as_bytes())
+    };
+    if own_descriptor(path) {
+        return write_into(path);
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_file() || meta.file_type().is_symlink() => crate::private_files::replace(path, text),
+        Ok(meta) if meta.is_dir() => Err(std::io::Error::other("it is a directory")),
+        Ok(meta) if meta.uid() != crate::private_files::my_uid() => Err(std::io::Error::other(format!(
+            "it belongs to uid {}, not to you: the history's messages are not written into it",
+            meta.uid()
+        ))),
+        Ok(_) => write_into(path),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => crate::private_files::replace(path, text),
+        Err(error) => Err(error),
     }
 }
 
@@ -284,7 +307,12 @@ pub async fn run(paths: &Paths, command: HistoryCommand) -> anyhow::Result<i32> 
                 Some(path) => {
                     write_export(&path, &text)
                         .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
-                    println!("Wrote {} records to {}", records.len(), path.display());
+                    // Not into the export itself when that is the standard output.
+                    if own_descriptor(&path) {
+                        eprintln!("Wrote {} records to {}", records.len(), path.display());
+                    } else {
+                        println!("Wrote {} records to {}", records.len(), path.display());
+                    }
                 }
                 // Others' text: its controls made visible on a terminal (the JSON export
                 // escapes them itself); piped or redirected, the CSV as it is, to be read back.
