@@ -151,15 +151,19 @@ impl Settings {
         let mut project_env_names = Vec::new();
         let mut project_env_files = Vec::new();
         let [user, project, local] = scope_files(home, project_dir);
+        let user_file = user.1.clone();
         // Run in the directory that holds the home (`~` with `~/.synapse`), the project's file
-        // is the user's own: read once, as the user's.
-        let user_file = std::fs::canonicalize(&user.1).ok();
+        // is the user's own: read once, as the user's. Looked at only for a project file that
+        // exists (`synapse send` reads the settings every time).
+        let is_the_users = |path: &Path| {
+            std::fs::canonicalize(path)
+                .is_ok_and(|path| std::fs::canonicalize(&user_file).is_ok_and(|user| user == path))
+        };
         for (scope, path) in [user, project, local] {
-            if scope != "user" && user_file.is_some() && std::fs::canonicalize(&path).ok() == user_file {
-                continue;
-            }
             let value = if scope == "user" { read_user_file(&path)? } else { read_file(&path)? };
-            if let Some(value) = value {
+            if let Some(value) = value
+                && (scope == "user" || !is_the_users(&path))
+            {
                 warnings.extend(unknown_keys(&path, &value));
                 if scope != "user" {
                     // Merged, a null or a string would replace the user's whole env section.

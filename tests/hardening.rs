@@ -202,8 +202,7 @@ fn wait_for_close(stream: &mut TcpStream) -> Duration {
 #[test]
 fn idle_connections_are_closed_while_long_polls_and_event_streams_stay_open() {
     let home = Home::new();
-    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_IDLE_TIMEOUT_MS", "400").output().unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
+    start_broker_with(&home, &[("SYNAPSE_HTTP_IDLE_TIMEOUT_MS", "400")]);
     let bob = home.register(Some("bob"));
     let port = broker_port(&home);
 
@@ -246,8 +245,7 @@ fn idle_connections_are_closed_while_long_polls_and_event_streams_stay_open() {
 #[test]
 fn connections_beyond_the_limit_get_a_503_and_a_freed_slot_is_reused() {
     let home = Home::new();
-    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_MAX_CONNECTIONS", "3").output().unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
+    start_broker_with(&home, &[("SYNAPSE_HTTP_MAX_CONNECTIONS", "3")]);
     let port = broker_port(&home);
     let mut held: Vec<TcpStream> = (0..3).map(|_| tcp(port)).collect();
     // Each held connection is served (answers a keep-alive request), so all three count.
@@ -282,13 +280,7 @@ fn connections_beyond_the_limit_get_a_503_and_a_freed_slot_is_reused() {
 fn a_stream_whose_client_reads_nothing_is_dropped_and_frees_its_slot() {
     use std::os::fd::AsRawFd;
     let home = Home::new();
-    let started = home
-        .cmd(&["list"])
-        .env("SYNAPSE_HTTP_MAX_CONNECTIONS", "1")
-        .env("SYNAPSE_HTTP_WRITE_STALL_MS", "500")
-        .output()
-        .unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
+    start_broker_with(&home, &[("SYNAPSE_HTTP_MAX_CONNECTIONS", "1"), ("SYNAPSE_HTTP_WRITE_STALL_MS", "500")]);
     home.register(Some("bob"));
     let port = broker_port(&home);
     let mut stuck = tcp(port);
@@ -334,8 +326,7 @@ fn a_stream_whose_client_reads_nothing_is_dropped_and_frees_its_slot() {
 #[test]
 fn a_unix_socket_reader_that_pauses_is_not_dropped() {
     let home = Home::new();
-    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_WRITE_STALL_MS", "200").output().unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
+    start_broker_with(&home, &[("SYNAPSE_HTTP_WRITE_STALL_MS", "200")]);
     home.register(Some("bob"));
     let file = home.dir.path().join("long.txt");
     std::fs::write(&file, "u".repeat(8 << 20)).unwrap();
@@ -601,14 +592,14 @@ fn on_a_terminal(home: &Home, args: &[&str]) -> String {
 #[test]
 fn requests_whose_headers_or_body_trickle_in_are_ended_so_they_cannot_hold_every_slot() {
     let home = Home::new();
-    let started = home
-        .cmd(&["list"])
-        .env("SYNAPSE_HTTP_MAX_CONNECTIONS", "2")
-        .env("SYNAPSE_HTTP_HEADER_TIMEOUT_MS", "400")
-        .env("SYNAPSE_HTTP_BODY_TIMEOUT_MS", "400")
-        .output()
-        .unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
+    start_broker_with(
+        &home,
+        &[
+            ("SYNAPSE_HTTP_MAX_CONNECTIONS", "2"),
+            ("SYNAPSE_HTTP_HEADER_TIMEOUT_MS", "400"),
+            ("SYNAPSE_HTTP_BODY_TIMEOUT_MS", "400"),
+        ],
+    );
     let port = broker_port(&home);
     // One sends half its headers; the other its headers and a tenth of its body.
     let mut half_headers = tcp(port);
@@ -902,6 +893,12 @@ impl FakeListener {
     }
 }
 
+/// Starts the broker (a first command autostarts it) with these variables in its environment.
+fn start_broker_with(home: &Home, env: &[(&str, &str)]) {
+    let started = home.cmd(&["list"]).envs(env.iter().copied()).output().unwrap();
+    assert!(started.status.success(), "{}", describe(&started));
+}
+
 fn my_uid() -> u32 {
     synapse::private_files::my_uid()
 }
@@ -987,8 +984,7 @@ fn a_client_that_never_reads_its_answers_cannot_keep_the_broker_from_stopping() 
 /// for `bob` and a client on its socket that asked for answers and never reads them: the agent,
 /// the broker's pid and that client's connection.
 fn held_by_a_client_that_never_reads(home: &Home) -> (Agent, u32, std::os::unix::net::UnixStream) {
-    let started = home.cmd(&["list"]).env("SYNAPSE_HTTP_CLOSING_GRACE_MS", "600000").output().unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
+    start_broker_with(home, &[("SYNAPSE_HTTP_CLOSING_GRACE_MS", "600000")]);
     let agent = home.register(Some("bob"));
     home.ok(&["send", &agent.id, "before the stop", "--no-response"]);
     let pid = home.broker_pid().expect("a broker is running");
@@ -1076,8 +1072,7 @@ fn a_lock_waited_for_while_the_broker_stops_ends_and_lets_it_stop() {
 fn the_broker_hands_back_what_long_reads_freed() {
     let home = Home::new();
     // The first command starts the broker, with its log at debug level.
-    let started = home.cmd(&["list"]).env("SYNAPSE_LOG", "warn,synapse=debug").output().unwrap();
-    assert!(started.status.success(), "{}", describe(&started));
+    start_broker_with(&home, &[("SYNAPSE_LOG", "warn,synapse=debug")]);
     let log = home.home().join("broker.log");
     let handed_back = || {
         std::fs::read_to_string(&log).unwrap_or_default().matches("free memory handed back after long reads").count()

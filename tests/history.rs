@@ -208,6 +208,9 @@ fn an_export_neither_runs_formulas_nor_writes_through_a_link() {
     assert!(output.status.success(), "{}", describe(&output));
     let exported: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&redirected).unwrap()).unwrap();
     assert_eq!(exported.len(), 8, "the export alone: {}", describe(&output));
+    let into_a_directory = home.run(&["history", "export", "--output", home.dir.path().to_str().unwrap()]);
+    assert_eq!(into_a_directory.status.code(), Some(1), "{}", describe(&into_a_directory));
+    assert!(stderr(&into_a_directory).contains("it is a directory"), "{}", describe(&into_a_directory));
     // A pipe of another user's (planted in a shared directory) gets none of the messages.
     if synapse::private_files::my_uid() == 0 {
         let planted = home.dir.path().join("planted.fifo");
