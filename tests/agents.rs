@@ -1918,3 +1918,123 @@ impl<F: FnMut()> Drop for Defer<F> {
         (self.0)();
     }
 }
+
+/// A line-mode program that prints about 150 KB for every line it is given (a CLI redrawing its
+/// screen for hours, in a few seconds), then `done <the line's last word>` and its prompt.
+const FLOOD_PROGRAM: &str = r#"
+import sys
+out = sys.stdout
+out.write("flood ready\n> "); out.flush()
+for line in sys.stdin:
+    word = (line.split() or [""])[-1]
+    for row in range(150):
+        out.write(word + " " + "." * 1000 + "\n")
+    out.write("done " + word + "\n> "); out.flush()
+"#;
+
+/// A busy agent's terminal log is kept within `SYNAPSE_TERMINAL_LOG_MB` (the soak of stop 61:
+/// 5.5 MB an hour for a dummy, without end): at its bound it becomes `<agent>.log.1` and a new
+/// log begins. `synapse logs` shows the one before, then the current one; `--follow` goes on
+/// across the rotations, nothing shown twice or left out, also when the log was rotated twice
+/// while it was not looking.
+#[test]
+fn a_terminal_log_is_kept_within_its_bound_and_synapse_logs_reads_across_it() {
+    use std::os::unix::fs::MetadataExt;
+    // A round's bytes in the log (rows of 1,010 with the terminal's \r\n), and with the echo
+    // of its line, its last line and the prompt at most 200 more.
+    const ROUND: u64 = 150 * 1010;
+    const BOUND: u64 = 256 << 10;
+    // The reader thread writes what one read of the PTY gave: up to 16 KiB past the bound.
+    const CHUNK: u64 = 16 << 10;
+    let home = Home::new();
+    let mut follower = Follower::new(&home);
+    let profile = json!({
+        "command": "python3", "args": ["-u", "-c", FLOOD_PROGRAM], "port_range": [8190, 8199], "submit": "\n",
+        "idle": {"prompt": "> "}, "interrupt": "signal",
+    });
+    write_profile(&home, "flood", &profile.to_string());
+    let output = home
+        .cmd(&["start", "flood", "--name", "fl", "--port", "0", "--json"])
+        .env("SYNAPSE_TERMINAL_LOG_MB", "0.25")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let agent: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let _wrappers = Wrappers(&home, vec![id(&agent)]);
+    follower.wait_until("fl READY", |events| ready(events, &id(&agent)));
+    let log = std::path::PathBuf::from(agent["log"].as_str().unwrap());
+    let older = std::path::PathBuf::from(format!("{}.1", log.display()));
+    let mut follow =
+        home.cmd(&["logs", "fl", "--follow", "--raw"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let followed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (followed, stdout) = (followed.clone(), follow.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                followed.lock().unwrap().push_str(&(line + "\n"));
+            }
+        })
+    };
+    let done = |round: u64| format!("done FLOOD-{round}\n");
+    let wait_for = |what: &dyn Fn() -> String, text: &str| {
+        let deadline = Instant::now() + EVENT_DEADLINE;
+        while !what().contains(text) {
+            assert!(Instant::now() < deadline, "no {text:?}: {} bytes", what().len());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let followed_text = || followed.lock().unwrap().clone();
+    let shown = || stdout(&home.run(&["logs", "fl", "--raw"])).replace('\r', "");
+    // Three rounds, each once the follower showed the one before: at least one rotation.
+    for round in 1..=3 {
+        home.ok(&["send", "fl", &format!("FLOOD-{round}"), "--no-response"]);
+        wait_for(&followed_text, &done(round));
+    }
+    assert!(older.exists(), "rotated");
+    // The follower stops looking; enough rounds for exactly two rotations meanwhile (a third
+    // would take the log it missed away, as `tail -F` loses it).
+    let follow_pid = follow.id();
+    freeze(follow_pid);
+    let (held, at) = (std::fs::metadata(&log).unwrap().ino(), std::fs::metadata(&log).unwrap().len());
+    let rounds = (2 * BOUND + 2 * CHUNK - at).div_ceil(ROUND);
+    assert!(at + rounds * (ROUND + 200) < 3 * BOUND, "{at} + {rounds} rounds");
+    let last = 3 + rounds;
+    for round in 4..=last {
+        home.ok(&["send", "fl", &format!("FLOOD-{round}"), "--no-response"]);
+    }
+    wait_for(&shown, &done(last));
+    let inodes = [std::fs::metadata(&log).unwrap().ino(), std::fs::metadata(&older).unwrap().ino()];
+    assert!(!inodes.contains(&held), "rotated twice: the log the follower holds is gone");
+    kill(follow_pid, libc::SIGCONT);
+    wait_for(&followed_text, &done(last));
+    // Within the bound, each file.
+    for file in [&log, &older] {
+        let size = std::fs::metadata(file).unwrap().len();
+        assert!(size <= BOUND + CHUNK, "{}: {size} bytes", file.display());
+    }
+    let kept = std::fs::read_dir(log.parent().unwrap())
+        .unwrap()
+        .filter(|entry| entry.as_ref().unwrap().file_name().to_string_lossy().starts_with(&id(&agent)))
+        .count();
+    assert_eq!(kept, 3, "the log, the one before it, and the delivery record");
+    // `synapse logs`: the older log, then the current one; the first rounds are gone.
+    let text = shown();
+    let files = [std::fs::read(&older).unwrap(), std::fs::read(&log).unwrap()].concat();
+    assert!(text == String::from_utf8(files).unwrap().replace('\r', ""), "the older log, then the current one");
+    assert!(!text.contains(&done(1)) && !text.contains("flood ready"), "{}", text.len());
+    // Following: all of it, once, in order.
+    let _ = follow.kill();
+    let _ = follow.wait();
+    reader.join().unwrap();
+    let followed = followed_text().replace('\r', "");
+    let mut from = 0;
+    for round in 1..=last {
+        assert_eq!(followed.matches(&done(round)).count(), 1, "{}", done(round));
+        let rows = followed.matches(&format!("FLOOD-{round} {}\n", ".".repeat(1000))).count();
+        assert_eq!(rows, 150, "FLOOD-{round}'s rows, each once");
+        let at = followed.find(&done(round)).unwrap();
+        assert!(at > from, "in order");
+        from = at;
+    }
+}

@@ -332,30 +332,86 @@ pub async fn logs(paths: &Paths, target: &str, follow: bool, raw: bool) -> anyho
             ),
         }
     };
+    use std::os::unix::fs::MetadataExt;
     let mut file = std::fs::File::open(&path).with_context(|| format!("no terminal log at {}", path.display()))?;
-    let mut stdout = std::io::stdout();
-    let mut buffer = vec![0u8; 64 * 1024];
-    let mut escaper = crate::escape::VisibleStream::default();
+    let mut inode = file.metadata()?.ino();
+    // The log before this one (its wrapper started a new one at its bound) comes first, unless
+    // that is the file just opened, renamed since.
+    let older = std::fs::File::open(wrapper::rotated_log_path(&path))
+        .ok()
+        .filter(|older| older.metadata().is_ok_and(|meta| meta.ino() != inode));
+    let mut out = LogOutput { raw, buffer: vec![0u8; 64 * 1024], escaper: crate::escape::VisibleStream::default() };
+    if let Some(mut older) = older
+        && let Err(error) = out.copy(&mut older)?
+    {
+        return super::output_failed(&error);
+    }
     loop {
-        let count = file.read(&mut buffer)?;
-        if count > 0 {
-            let chunk = &buffer[..count];
-            let written = if raw { stdout.write_all(chunk) } else { stdout.write_all(escaper.push(chunk).as_bytes()) };
-            if let Err(error) = written.and_then(|_| stdout.flush()) {
-                return super::output_failed(&error);
-            }
-            continue;
+        if let Err(error) = out.copy(&mut file)? {
+            return super::output_failed(&error);
         }
         if !follow {
-            if !raw {
-                let rest = escaper.finish();
-                if stdout.write_all(rest.as_bytes()).and_then(|_| stdout.flush()).is_err() {
-                    return Ok(0);
-                }
-            }
-            return Ok(0);
+            return Ok(out.finish());
         }
-        // Like `tail -f`: the log is a plain file written by another process.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Like `tail -F`: the log is a plain file written by another process, which renames it
+        // at its bound and begins a new one. The renamed one is read to its end first.
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.ino() != inode => {
+                if let Err(error) = out.copy(&mut file)? {
+                    return super::output_failed(&error);
+                }
+                let Ok(next) = std::fs::File::open(&path) else { continue };
+                let next_inode = next.metadata()?.ino();
+                // Rotated twice since it was last looked at: the log between the two, now the
+                // one before the current one, comes first.
+                if let Ok(mut between) = std::fs::File::open(wrapper::rotated_log_path(&path))
+                    && between.metadata().is_ok_and(|meta| meta.ino() != inode && meta.ino() != next_inode)
+                    && let Err(error) = out.copy(&mut between)?
+                {
+                    return super::output_failed(&error);
+                }
+                (file, inode) = (next, next_inode);
+                continue;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// `synapse logs`' output: the log's bytes as they are (`--raw`) or with their controls made
+/// visible.
+struct LogOutput {
+    raw: bool,
+    buffer: Vec<u8>,
+    escaper: crate::escape::VisibleStream,
+}
+
+impl LogOutput {
+    /// Writes what `file` holds from where it was read last to its end. The log that cannot be
+    /// read is the error; the output that cannot be written, the inner one.
+    fn copy(&mut self, file: &mut std::fs::File) -> anyhow::Result<std::io::Result<()>> {
+        let mut stdout = std::io::stdout();
+        loop {
+            let count = file.read(&mut self.buffer).context("cannot read the terminal log")?;
+            if count == 0 {
+                return Ok(Ok(()));
+            }
+            let chunk = &self.buffer[..count];
+            let written =
+                if self.raw { stdout.write_all(chunk) } else { stdout.write_all(self.escaper.push(chunk).as_bytes()) };
+            if let Err(error) = written.and_then(|_| stdout.flush()) {
+                return Ok(Err(error));
+            }
+        }
+    }
+
+    /// Ends the output (what the escaper still holds); the exit code.
+    fn finish(mut self) -> i32 {
+        if !self.raw {
+            let rest = self.escaper.finish();
+            let mut stdout = std::io::stdout();
+            let _ = stdout.write_all(rest.as_bytes()).and_then(|_| stdout.flush());
+        }
+        0
     }
 }

@@ -145,6 +145,11 @@ pub enum Command {
         json: bool,
     },
     /// Show a background agent's terminal output
+    ///
+    /// The log is kept within SYNAPSE_TERMINAL_LOG_MB (16 MB, read by the agent's wrapper when it
+    /// starts; 0 for no bound): at that size it becomes <agent_id>.log.1, replacing the one
+    /// before, and a new log begins. Both are shown, the older first; --follow goes on into the
+    /// new one.
     Logs {
         /// Agent id or name
         agent: String,

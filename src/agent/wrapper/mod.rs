@@ -18,6 +18,7 @@ mod hooks;
 mod keyboard;
 mod pty;
 mod reporter;
+mod terminal_log;
 mod watcher;
 
 pub(crate) use connection::{Backoff, EXIT_GRACE, connect, connect_to_leave, is_gone};
@@ -234,6 +235,12 @@ pub fn log_path(paths: &Paths, agent_id: &str) -> PathBuf {
     paths.home.join("logs").join(format!("{agent_id}.log"))
 }
 
+/// The terminal log before the current one (`<agent_id>.log.1`), kept once the log reached its
+/// bound (`SYNAPSE_TERMINAL_LOG_MB`).
+pub fn rotated_log_path(log: &std::path::Path) -> PathBuf {
+    terminal_log::rotated_path(log)
+}
+
 /// Runs the wrapper until the CLI exits or the wrapper is told to stop; returns the exit code.
 pub fn run(paths: Paths, options: Options) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -426,7 +433,8 @@ async fn run_registered(
     if let Some(dir) = log.parent() {
         crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let log_file = crate::private_files::open_append(log).with_context(|| format!("cannot open {}", log.display()))?;
+    let log_file = terminal_log::TerminalLog::open(log, terminal_log::max_bytes())
+        .with_context(|| format!("cannot open {}", log.display()))?;
     let sink: Box<dyn Write + Send> =
         if interactive { Box::new(pty::Tee(std::io::stdout(), log_file)) } else { Box::new(log_file) };
     let output_done = pty::spawn_reader(cli.reader, sink, shared.screen.clone())?;

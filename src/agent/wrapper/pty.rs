@@ -141,7 +141,7 @@ pub(super) fn spawn_writer(writer: Box<dyn Write + Send>) -> std::io::Result<Pty
 }
 
 /// Writes to the terminal and the log.
-pub(super) struct Tee(pub std::io::Stdout, pub std::fs::File);
+pub(super) struct Tee(pub std::io::Stdout, pub super::terminal_log::TerminalLog);
 
 impl Write for Tee {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -225,9 +225,10 @@ mod tests {
         let keys = crate::escape::keystrokes(header, "two lines\nof text", true, "\r");
         input.write(keys.paste.clone()).await.unwrap();
         assert_eq!(recorded(), "", "no record before the submit key");
-        let written = WrittenTicket { ticket: 7, log_from: 12 };
+        let log_from = super::super::terminal_log::Place { inode: 99, offset: 12 };
+        let written = WrittenTicket { ticket: 7, log_from };
         input.write_then_record(keys.submit.clone(), Some((record, written))).await.unwrap();
-        assert_eq!(recorded().trim(), "7 12", "recorded once the submit key is written");
+        assert_eq!(recorded().trim(), "7 12 99", "recorded once the submit key is written");
         // The user's keystrokes queued after the ticket come after it, never inside it.
         input.send(b"ls".to_vec());
         drop(input);

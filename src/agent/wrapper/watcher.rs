@@ -14,6 +14,7 @@
 
 use super::Shared;
 use super::connection::{Backoff, connect, is_gone};
+use super::terminal_log::{LogEnds, Place};
 use crate::agent::profile::{self, InterruptStyle};
 use crate::api::{self, InboxTicket};
 use crate::client::Client;
@@ -43,10 +44,11 @@ fn delivered_path(log: &std::path::Path) -> PathBuf {
 
 /// The record file, opened once by the watcher. Each record overwrites the one before in place:
 /// one positioned write of a fixed width (wider than any record an earlier version wrote, so
-/// nothing of an older one is left after it). Truncating and rewriting the file for every
-/// ticket took 0.2-1.3 ms here (median 0.45 ms, `perf trace` of the writer thread during
-/// `tools/bench delivery`: ext4 frees the file's block, and starts writing back a file that was
-/// truncated and written again when it is closed), and the acknowledgement waited for it.
+/// nothing of an older one is left after it), one line read back. Truncating and rewriting the
+/// file for every ticket took 0.2-1.3 ms here (median 0.45 ms, `perf trace` of the writer thread
+/// during `tools/bench delivery`: ext4 frees the file's block, and starts writing back a file
+/// that was truncated and written again when it is closed), and the acknowledgement waited for
+/// it.
 #[derive(Clone)]
 pub(super) struct DeliveredRecord(Arc<std::fs::File>);
 
@@ -60,36 +62,44 @@ impl DeliveredRecord {
     /// Records a ticket as written.
     pub(super) fn write(&self, written: WrittenTicket) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        // Two numbers of at most 20 digits and a space: 41 characters.
-        let record = format!("{} {}", written.ticket, written.log_from);
-        self.0.write_all_at(format!("{record:<41}\n").as_bytes(), 0)
+        // Three numbers of at most 20 digits and two spaces: 62 characters.
+        let record = format!("{} {} {}", written.ticket, written.log_from.offset, written.log_from.inode);
+        self.0.write_all_at(format!("{record:<62}\n").as_bytes(), 0)
     }
 }
 
-/// A ticket as its record keeps it: its number, and how long the terminal log was when its
-/// writing began (its echo can only come after that).
+/// A ticket as its record keeps it: its number, and where the terminal log was when its writing
+/// began (its echo can only come after that).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct WrittenTicket {
     pub ticket: u64,
-    pub log_from: u64,
+    pub log_from: Place,
 }
 
 impl WrittenTicket {
     /// `ticket`, about to be written into the CLI whose terminal log is `log`.
     fn now(ticket: u64, log: &std::path::Path) -> WrittenTicket {
-        WrittenTicket { ticket, log_from: std::fs::metadata(log).map_or(0, |meta| meta.len()) }
+        // No log (removed by hand): a place in no file, before all of what comes.
+        WrittenTicket { ticket, log_from: Place::end_of(log).unwrap_or(Place { inode: 0, offset: 0 }) }
     }
 }
 
-/// The last record: the ticket, and where its writing began in the log (None in a record of an
-/// earlier version, which kept the number alone).
-fn last_delivered(log: &std::path::Path) -> Option<(u64, Option<u64>)> {
+/// The last record as read: the ticket, where its writing began in the log (None in a record of
+/// an earlier version, which kept the number alone) and in which file (None in a record of a
+/// version that kept no rotated logs: the log then current).
+type LastRecord = (u64, Option<(u64, Option<u64>)>);
+
+/// The last record, from its first line (a record of an earlier version, shorter, leaves the
+/// end of a longer one after its line).
+fn last_delivered(log: &std::path::Path) -> Option<LastRecord> {
     let record = std::fs::read_to_string(delivered_path(log)).ok()?;
-    let mut fields = record.split_whitespace();
+    let mut fields = record.lines().next()?.split_whitespace();
     let ticket = fields.next()?.parse().ok()?;
+    let Some(offset) = fields.next() else { return Some((ticket, None)) };
+    let offset = offset.parse().ok()?;
     match fields.next() {
-        None => Some((ticket, None)),
-        Some(from) => Some((ticket, Some(from.parse().ok()?))),
+        None => Some((ticket, Some((offset, None)))),
+        Some(inode) => Some((ticket, Some((offset, Some(inode.parse().ok()?))))),
     }
 }
 
@@ -98,17 +108,23 @@ const LOG_TAIL_BYTES: u64 = 256 << 10;
 
 /// What the wrapper before this one left, read when this one starts (before it writes any
 /// record of its own): the last ticket it wrote, where the terminal log was when its writing
-/// began, and where the log then ended.
+/// began, and where the log (and the one before it) then ended.
 struct BeforeRestart {
     ticket: u64,
-    log_from: Option<u64>,
-    log_end: u64,
+    log_from: Option<Place>,
+    log_ends: LogEnds,
 }
 
 impl BeforeRestart {
     fn read(log: &std::path::Path) -> Option<BeforeRestart> {
-        let (ticket, log_from) = last_delivered(log)?;
-        Some(BeforeRestart { ticket, log_from, log_end: std::fs::metadata(log).map_or(0, |meta| meta.len()) })
+        let (ticket, from) = last_delivered(log)?;
+        let log_ends = LogEnds::read(log);
+        let log_from = from.map(|(offset, inode)| Place {
+            // A record from before rotation: a place in the log then current.
+            inode: inode.or_else(|| log_ends.current().map(|current| current.inode)).unwrap_or(0),
+            offset,
+        });
+        Some(BeforeRestart { ticket, log_from, log_ends })
     }
 }
 
@@ -116,27 +132,17 @@ impl BeforeRestart {
 /// record says it wrote the submit key, and the terminal log shows the ticket's header
 /// (`prefix`) after the point where its writing began, so the CLI echoed or drew it (a
 /// follow-up shares its first message's header: that message's echo, earlier, does not count).
-/// A record without that trace means the bytes may
+/// The log may have been rotated since that point: what followed it in the log before the
+/// current one counts too. A record without that trace means the bytes may
 /// have sat unread in the PTY when the wrapper (and with it the CLI) was killed, or that the
 /// echo never reached the log: the ticket is written again, since nothing may be lost. Asked
 /// of every ticket fetched until that one comes (a more urgent one may come first).
 fn written_before_restart(log: &std::path::Path, before: &BeforeRestart, number: u64, prefix: &str) -> bool {
-    use std::io::{Read, Seek};
     if prefix.is_empty() || before.ticket != number {
         return false;
     }
-    let Ok(mut file) = std::fs::File::open(log) else { return false };
     // The end of the log as the wrapper before this one left it, from the ticket's writing on.
-    let start = before.log_end.saturating_sub(LOG_TAIL_BYTES).max(before.log_from.unwrap_or(0));
-    if start >= before.log_end {
-        return false;
-    }
-    let mut tail = Vec::new();
-    if file.seek(std::io::SeekFrom::Start(start)).is_err()
-        || file.take(before.log_end - start).read_to_end(&mut tail).is_err()
-    {
-        return false;
-    }
+    let tail = before.log_ends.read_from(log, before.log_from, LOG_TAIL_BYTES);
     String::from_utf8_lossy(&tail).contains(prefix)
 }
 
@@ -862,26 +868,42 @@ mod tests {
     fn a_record_replaces_the_one_before_in_place_and_opening_keeps_the_predecessors() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("bob.log");
-        let mark = |ticket, log_from| WrittenTicket { ticket, log_from };
+        let mark = |ticket, offset, inode| WrittenTicket { ticket, log_from: Place { inode, offset } };
         // The widest record an earlier version could have left (it wrote the bare number).
         std::fs::write(delivered_path(&log), u64::MAX.to_string()).unwrap();
         let record = DeliveredRecord::open(&log).unwrap();
         assert_eq!(last_delivered(&log), Some((u64::MAX, None)), "opening alone keeps the predecessor's record");
-        record.write(mark(7, 0)).unwrap();
-        assert_eq!(last_delivered(&log), Some((7, Some(0))), "nothing of the longer record is left after it");
-        record.write(mark(u64::MAX, u64::MAX)).unwrap();
-        record.write(mark(8, 512)).unwrap();
-        assert_eq!(last_delivered(&log), Some((8, Some(512))));
-        record.write(mark(u64::MAX, u64::MAX)).unwrap();
-        assert_eq!(last_delivered(&log), Some((u64::MAX, Some(u64::MAX))));
+        record.write(mark(7, 0, 5)).unwrap();
+        assert_eq!(
+            last_delivered(&log),
+            Some((7, Some((0, Some(5))))),
+            "nothing of the longer record is left after it"
+        );
+        record.write(mark(u64::MAX, u64::MAX, u64::MAX)).unwrap();
+        record.write(mark(8, 512, 6)).unwrap();
+        assert_eq!(last_delivered(&log), Some((8, Some((512, Some(6))))));
+        record.write(mark(u64::MAX, u64::MAX, u64::MAX)).unwrap();
+        assert_eq!(last_delivered(&log), Some((u64::MAX, Some((u64::MAX, Some(u64::MAX))))));
         // A second handle (the next wrapper's) reads and writes the same file.
         drop(record);
         let next = DeliveredRecord::open(&log).unwrap();
-        assert_eq!(last_delivered(&log), Some((u64::MAX, Some(u64::MAX))));
-        next.write(mark(9, 1)).unwrap();
-        assert_eq!(last_delivered(&log), Some((9, Some(1))));
+        assert_eq!(last_delivered(&log), Some((u64::MAX, Some((u64::MAX, Some(u64::MAX))))));
+        next.write(mark(9, 1, 2)).unwrap();
+        assert_eq!(last_delivered(&log), Some((9, Some((1, Some(2))))));
+        // The previous version's record (two numbers, 41 wide, and a new line) written over this
+        // version's: its line is read, not the end of the longer one after it.
+        next.write(mark(u64::MAX, u64::MAX, u64::MAX)).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(
+            &*next.0,
+            format!("{:<41}\n", format!("10 {}", u64::MAX)).as_bytes(),
+            0,
+        )
+        .unwrap();
+        assert_eq!(last_delivered(&log), Some((10, Some((u64::MAX, None)))));
         // Not a record: no ticket is taken for written.
         std::fs::write(delivered_path(&log), "9 x").unwrap();
+        assert_eq!(last_delivered(&log), None);
+        std::fs::write(delivered_path(&log), "9 1 x").unwrap();
         assert_eq!(last_delivered(&log), None);
     }
 
@@ -912,7 +934,7 @@ mod tests {
         assert!(written_before_restart(&log, &before, 7, prefix));
         // Only what the wrapper before this one left counts.
         std::fs::write(delivered_path(&log), "8").unwrap();
-        let earlier = BeforeRestart { ticket: 8, log_from: None, log_end: before.log_end };
+        let earlier = BeforeRestart { ticket: 8, log_from: None, log_ends: before.log_ends.clone() };
         assert!(!written_before_restart(&log, &earlier, 8, later), "drawn after the restart");
         // Only the end of a long log is read: the ticket was the last thing written.
         let mut long = format!("> {prefix} early\r\n").into_bytes();
@@ -932,7 +954,7 @@ mod tests {
         let first = format!("> {prefix} the first turn\r\n[DUMMY] You said: ...\r\n> ");
         std::fs::write(&log, &first).unwrap();
         let follow_up = WrittenTicket::now(12, &log);
-        assert_eq!(follow_up.log_from, first.len() as u64);
+        assert_eq!(follow_up.log_from.offset, first.len() as u64);
         DeliveredRecord::open(&log).unwrap().write(follow_up).unwrap();
         // Killed with the follow-up's bytes unread: the log shows only the first turn.
         let before = BeforeRestart::read(&log).unwrap();
@@ -942,15 +964,67 @@ mod tests {
         std::io::Write::write_all(&mut file, format!("{prefix} the second turn\r\n").as_bytes()).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
         assert!(written_before_restart(&log, &before, 12, prefix));
+        // A record of the version before (no file named): a place in the current log.
+        std::fs::write(delivered_path(&log), format!("12 {}", first.len())).unwrap();
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(written_before_restart(&log, &before, 12, prefix));
+        std::fs::write(delivered_path(&log), format!("12 {}", first.len() + 10)).unwrap();
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(!written_before_restart(&log, &before, 12, prefix), "the place is past the echo");
         // A record of an earlier version (the number alone) reads the whole tail, as it did.
         std::fs::write(delivered_path(&log), "12").unwrap();
         let before = BeforeRestart::read(&log).unwrap();
         assert_eq!(before.log_from, None);
         std::fs::write(&log, &first).unwrap();
-        let before = BeforeRestart { log_end: first.len() as u64, ..before };
+        let before = BeforeRestart::read(&log).unwrap();
         assert!(written_before_restart(&log, &before, 12, prefix));
-        // A log shorter than the record's start (replaced since): nothing counts as shown.
-        let before = BeforeRestart { log_from: Some(first.len() as u64 + 10), ..before };
+        // A log shorter than the record's start (replaced since, in place): nothing counts as
+        // shown.
+        let before = BeforeRestart {
+            log_from: Some(Place { offset: first.len() as u64 + 10, ..before.log_ends.current().unwrap() }),
+            ..before
+        };
+        assert!(!written_before_restart(&log, &before, 12, prefix));
+    }
+
+    /// The terminal log rotated (it reached its bound) after a ticket's writing began: the echo
+    /// in the new log counts, and the first turn's echo, in the old log before that place, still
+    /// does not. A restart that itself rotates the log moves nothing.
+    #[test]
+    fn a_tickets_echo_is_found_after_the_log_was_rotated() {
+        use super::super::terminal_log::{MIN_MAX_BYTES, TerminalLog, rotated_path};
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("bob.log");
+        let prefix = "[A2A:c54af1ff:alice:R]";
+        let mut output = TerminalLog::open(&log, Some(MIN_MAX_BYTES)).unwrap();
+        output.write_all(format!("> {prefix} the first turn\r\n> ").as_bytes()).unwrap();
+        let follow_up = WrittenTicket::now(12, &log);
+        DeliveredRecord::open(&log).unwrap().write(follow_up).unwrap();
+        // A redraw fills the log: it is rotated just after the follow-up's writing began.
+        output.write_all(&vec![b' '; MIN_MAX_BYTES as usize]).unwrap();
+        assert!(rotated_path(&log).exists());
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(!written_before_restart(&log, &before, 12, prefix), "only the first turn's echo");
+        // The echo, cut across the rotation.
+        let echo = format!("{prefix} the second turn\r\n");
+        let (head, rest) = echo.split_at(10);
+        drop(output);
+        std::fs::write(rotated_path(&log), [std::fs::read(rotated_path(&log)).unwrap(), head.into()].concat()).unwrap();
+        let mut output = TerminalLog::open(&log, Some(MIN_MAX_BYTES)).unwrap();
+        output.write_all(rest.as_bytes()).unwrap();
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(written_before_restart(&log, &before, 12, prefix));
+        // The next wrapper's CLI fills the log again before the ticket comes: the file is found
+        // again where it went (and the one it replaced, gone, is skipped).
+        output.write_all(echo.as_bytes()).unwrap();
+        let before = BeforeRestart::read(&log).unwrap();
+        output.write_all(&vec![b' '; MIN_MAX_BYTES as usize]).unwrap();
+        assert!(written_before_restart(&log, &before, 12, prefix));
+        // What that CLI drew after the restart does not count.
+        let before = BeforeRestart { log_ends: LogEnds::read(&log), ..before };
+        output.write_all(&vec![b' '; MIN_MAX_BYTES as usize]).unwrap();
+        output.write_all(echo.as_bytes()).unwrap();
         assert!(!written_before_restart(&log, &before, 12, prefix));
     }
 }

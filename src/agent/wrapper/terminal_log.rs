@@ -1,0 +1,303 @@
+//! The agent's terminal log (`logs/<agent_id>.log`): everything its CLI printed, which
+//! `synapse logs` shows and the watcher reads after a restart for the echo of a ticket written
+//! before it (see `watcher::written_before_restart`).
+//!
+//! Kept within a bound: once the log reaches `SYNAPSE_TERMINAL_LOG_MB` (16; 0 for no bound) it
+//! is renamed `<agent_id>.log.1`, replacing the one before, and a new log begins, so an agent
+//! keeps at most about twice that. A CLI that redraws its screen writes megabytes an hour, and
+//! an agent may run for days. A place in the log is its file's inode and an offset in that
+//! file ([`Place`]), so that a place taken before a rotation is still found after it.
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// The bound in MB when `SYNAPSE_TERMINAL_LOG_MB` is unset.
+const DEFAULT_MAX_MB: f64 = 16.0;
+/// The smallest bound taken: the echo check reads up to this much of the end of the log, which
+/// the log and the one before it always hold together.
+pub(super) const MIN_MAX_BYTES: u64 = 256 << 10;
+
+/// The log before the current one.
+pub fn rotated_path(log: &Path) -> PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+/// The bound the environment asks for (`SYNAPSE_TERMINAL_LOG_MB`, decimals taken, 0 for none),
+/// or why the value is refused (the default then applies).
+pub(super) fn max_bytes_from(value: Option<&str>) -> Result<Option<u64>, String> {
+    let Some(value) = value.map(str::trim).filter(|value| !value.is_empty()) else {
+        return Ok(Some(mb_to_bytes(DEFAULT_MAX_MB)));
+    };
+    match value.parse::<f64>() {
+        Ok(0.0) => Ok(None),
+        Ok(mb) if mb.is_finite() && mb > 0.0 => Ok(Some(mb_to_bytes(mb))),
+        _ => Err(format!(
+            "SYNAPSE_TERMINAL_LOG_MB={} is not a size in MB (0 for no bound): the terminal log is kept within {DEFAULT_MAX_MB} MB",
+            crate::escape::visible_line(value)
+        )),
+    }
+}
+
+fn mb_to_bytes(mb: f64) -> u64 {
+    // `as` saturates: a huge value is no bound to speak of, never a wrapped one.
+    ((mb * 1_048_576.0) as u64).max(MIN_MAX_BYTES)
+}
+
+/// The bound for this wrapper, read from its environment (a refused value is said once, in the
+/// wrapper's log).
+pub(super) fn max_bytes() -> Option<u64> {
+    max_bytes_from(std::env::var("SYNAPSE_TERMINAL_LOG_MB").ok().as_deref()).unwrap_or_else(|refused| {
+        tracing::warn!("{refused}");
+        Some(mb_to_bytes(DEFAULT_MAX_MB))
+    })
+}
+
+/// A place in the terminal log: the file (its inode) and how far into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Place {
+    pub inode: u64,
+    pub offset: u64,
+}
+
+impl Place {
+    /// Where the log at `log` ends now (None when there is no log).
+    pub fn end_of(log: &Path) -> Option<Place> {
+        std::fs::metadata(log).ok().map(|meta| Place { inode: meta.ino(), offset: meta.len() })
+    }
+}
+
+/// The log as the reader thread writes it: appended to, and rotated once it reaches its bound.
+pub(super) struct TerminalLog {
+    path: PathBuf,
+    file: std::fs::File,
+    len: u64,
+    max: Option<u64>,
+    /// How much more is written before a rotation that failed is tried again.
+    retry_after: u64,
+}
+
+impl TerminalLog {
+    /// Opens (or creates) the log at `path` for appending; one already at its bound is rotated
+    /// first.
+    pub fn open(path: &Path, max: Option<u64>) -> std::io::Result<TerminalLog> {
+        let file = crate::private_files::open_append(path)?;
+        let len = file.metadata()?.len();
+        let mut log = TerminalLog { path: path.to_path_buf(), file, len, max, retry_after: 0 };
+        log.rotate_if_full();
+        Ok(log)
+    }
+
+    fn rotate_if_full(&mut self) {
+        let Some(max) = self.max else { return };
+        if self.len < max.saturating_add(self.retry_after) {
+            return;
+        }
+        match self.rotate() {
+            Ok(()) => self.retry_after = 0,
+            Err(error) => {
+                // Nothing is lost: the log goes on growing, and the rotation is tried again
+                // once it has grown by its bound again.
+                tracing::warn!("cannot start a new terminal log at {}: {error}", self.path.display());
+                self.retry_after = self.len;
+            }
+        }
+    }
+
+    /// The log becomes `<log>.1` (replacing the one before) and a new, empty one begins. A
+    /// reader following the log (`synapse logs --follow`) finds the new one by its inode.
+    fn rotate(&mut self) -> std::io::Result<()> {
+        match std::fs::rename(&self.path, rotated_path(&self.path)) {
+            // Already renamed by a rotation that could not make the new log, or removed: the
+            // new log is made now.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            other => other?,
+        }
+        // Renamed but not reopened: the output goes on into the renamed file until a new log
+        // can be made (and a later rotation then replaces it).
+        self.file = crate::private_files::open_append(&self.path)?;
+        self.len = self.file.metadata()?.len();
+        Ok(())
+    }
+}
+
+impl Write for TerminalLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let written = self.file.write(bytes)?;
+        self.len += written as u64;
+        self.rotate_if_full();
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// The end of the terminal log as it was at a moment (a wrapper's start): the log before the
+/// current one (if any) and the current one, each as its inode and length, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct LogEnds(Vec<Place>);
+
+impl LogEnds {
+    pub fn read(log: &Path) -> LogEnds {
+        let current = Place::end_of(log);
+        let before = Place::end_of(&rotated_path(log)).filter(|before| Some(before.inode) != current.map(|c| c.inode));
+        LogEnds(before.into_iter().chain(current).collect())
+    }
+
+    /// Where the current log ended.
+    pub fn current(&self) -> Option<Place> {
+        self.0.last().copied()
+    }
+
+    /// The bytes of the logs as they ended then, from `from` on (a place in one of them; None:
+    /// from the start of the older one), at most the last `limit` bytes. When `from` is in
+    /// neither file both began after it (it was taken two rotations ago): all of them is after
+    /// it. Files are found again by inode, so a rotation since [`LogEnds::read`] moves nothing;
+    /// one gone since is skipped.
+    pub fn read_from(&self, log: &Path, from: Option<Place>, limit: u64) -> Vec<u8> {
+        use std::io::{Read, Seek};
+        let start_index = from.and_then(|from| self.0.iter().position(|end| end.inode == from.inode)).unwrap_or(0);
+        let mut spans: Vec<(u64, u64, u64)> = Vec::new();
+        for (index, end) in self.0.iter().enumerate().skip(start_index) {
+            let begin = match from {
+                Some(from) if index == start_index && from.inode == end.inode => from.offset,
+                _ => 0,
+            };
+            if begin < end.offset {
+                spans.push((end.inode, begin, end.offset));
+            }
+        }
+        // Only the last `limit` bytes: trim the spans from the front.
+        let mut excess = spans.iter().map(|(_, begin, end)| end - begin).sum::<u64>().saturating_sub(limit);
+        for span in &mut spans {
+            let cut = excess.min(span.2 - span.1);
+            span.1 += cut;
+            excess -= cut;
+        }
+        let files: Vec<std::fs::File> =
+            [rotated_path(log), log.to_path_buf()].iter().filter_map(|path| std::fs::File::open(path).ok()).collect();
+        let mut bytes = Vec::new();
+        for (inode, begin, end) in spans.into_iter().filter(|(_, begin, end)| begin < end) {
+            let Some(mut file) = files.iter().find(|file| file.metadata().is_ok_and(|meta| meta.ino() == inode)) else {
+                continue;
+            };
+            if file.seek(std::io::SeekFrom::Start(begin)).is_ok() {
+                let _ = file.take(end - begin).read_to_end(&mut bytes);
+            }
+        }
+        bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bound_comes_from_the_environment_with_a_floor_and_a_way_to_turn_it_off() {
+        let default = Some(16 << 20);
+        assert_eq!(max_bytes_from(None), Ok(default));
+        assert_eq!(max_bytes_from(Some(" ")), Ok(default));
+        assert_eq!(max_bytes_from(Some("0")), Ok(None));
+        assert_eq!(max_bytes_from(Some("2")), Ok(Some(2 << 20)));
+        assert_eq!(max_bytes_from(Some("0.5")), Ok(Some(512 << 10)));
+        assert_eq!(max_bytes_from(Some("0.01")), Ok(Some(MIN_MAX_BYTES)), "raised to the floor");
+        assert_eq!(max_bytes_from(Some("1e30")), Ok(Some(u64::MAX)));
+        for bad in ["-1", "ten", "NaN", "inf", "1\u{1b}[2J"] {
+            let refused = max_bytes_from(Some(bad)).unwrap_err();
+            assert!(refused.contains("not a size in MB") && !refused.contains('\u{1b}'), "{refused}");
+        }
+    }
+
+    #[test]
+    fn the_log_is_renamed_once_full_and_a_new_one_begins() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bob.log");
+        let max = MIN_MAX_BYTES;
+        let mut log = TerminalLog::open(&path, Some(max)).unwrap();
+        let chunk = vec![b'a'; 100 << 10];
+        log.write_all(&chunk).unwrap();
+        log.write_all(&chunk).unwrap();
+        assert!(!rotated_path(&path).exists(), "below the bound");
+        log.write_all(&chunk).unwrap();
+        // The chunk that reached the bound ends the old log, whole.
+        assert_eq!(std::fs::metadata(rotated_path(&path)).unwrap().len(), 300 << 10);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        log.write_all(b"next").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"next");
+        for _ in 0..6 {
+            log.write_all(&chunk).unwrap();
+        }
+        // Only one log is kept before the current one: the bound holds.
+        let kept: u64 =
+            std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap().metadata().unwrap().len()).sum();
+        assert!(kept <= 2 * (max + (100 << 10)), "{kept}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+        // Opened again when already full (a wrapper started on a long log): rotated first.
+        std::fs::write(&path, vec![b'b'; max as usize]).unwrap();
+        let _log = TerminalLog::open(&path, Some(max)).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert_eq!(std::fs::read(rotated_path(&path)).unwrap(), vec![b'b'; max as usize]);
+        // No bound: never rotated.
+        std::fs::write(&path, vec![b'c'; 2 * max as usize]).unwrap();
+        let mut log = TerminalLog::open(&path, None).unwrap();
+        log.write_all(b"more").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 * max + 4);
+    }
+
+    /// A rotation that cannot be done (the directory made read-only, say) loses nothing: the
+    /// log goes on growing and the rotation is tried again later.
+    #[test]
+    fn a_rotation_that_fails_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bob.log");
+        let max = MIN_MAX_BYTES;
+        let mut log = TerminalLog::open(&path, Some(max)).unwrap();
+        // A directory where the old log should go: the rename fails.
+        std::fs::create_dir(rotated_path(&path)).unwrap();
+        std::fs::write(rotated_path(&path).join("x"), "x").unwrap();
+        let chunk = vec![b'a'; 200 << 10];
+        log.write_all(&chunk).unwrap();
+        log.write_all(&chunk).unwrap();
+        log.write_all(b"end").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), (400 << 10) + 3, "all of it kept");
+        std::fs::remove_dir_all(rotated_path(&path)).unwrap();
+        log.write_all(&chunk).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), (600 << 10) + 3, "not yet tried again");
+        log.write_all(&chunk).unwrap();
+        assert_eq!(std::fs::metadata(rotated_path(&path)).unwrap().len(), (800 << 10) + 3, "tried again");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn the_end_of_the_log_is_read_across_a_rotation_from_a_place_taken_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bob.log");
+        let mut log = TerminalLog::open(&path, Some(MIN_MAX_BYTES)).unwrap();
+        log.write_all(b"before ").unwrap();
+        let place = Place::end_of(&path).unwrap();
+        log.write_all(b"HEAD").unwrap();
+        log.write_all(&vec![b'.'; MIN_MAX_BYTES as usize]).unwrap();
+        log.write_all(b"ER after").unwrap();
+        let ends = LogEnds::read(&path);
+        assert_eq!(ends.0.len(), 2);
+        let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap().replace('.', "");
+        // From the place on, through both files: a header cut by the rotation is whole.
+        assert_eq!(text(ends.read_from(&path, Some(place), u64::MAX)), "HEADER after");
+        // From nowhere known: all of both.
+        assert_eq!(text(ends.read_from(&path, None, u64::MAX)), "before HEADER after");
+        // The last bytes only.
+        assert_eq!(ends.read_from(&path, Some(place), 5), b"after");
+        // A place two rotations old: both logs began after it.
+        let gone = Place { inode: u64::MAX, offset: 3 };
+        assert_eq!(text(ends.read_from(&path, Some(gone), u64::MAX)), "before HEADER after");
+        // Rotated again since the ends were read: the files are found by inode, and the one
+        // gone is skipped; what came after the read is not read.
+        log.write_all(&vec![b'!'; MIN_MAX_BYTES as usize]).unwrap();
+        assert_eq!(text(ends.read_from(&path, Some(place), u64::MAX)), "ER after");
+    }
+}
