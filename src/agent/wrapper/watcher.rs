@@ -79,8 +79,12 @@ pub(super) struct WrittenTicket {
 impl WrittenTicket {
     /// `ticket`, about to be written into the CLI whose terminal log is `log`.
     fn now(ticket: u64, log: &std::path::Path) -> WrittenTicket {
-        // No log (removed by hand): a place in no file, before all of what comes.
-        WrittenTicket { ticket, log_from: Place::end_of(log).unwrap_or(Place { inode: 0, offset: 0 }) }
+        // No log: just renamed at its bound, the new one not yet made, so where the renamed one
+        // ends; or none at all (removed by hand), a place in no file, before all of what comes.
+        let log_from = Place::end_of(log)
+            .or_else(|| Place::end_of(&super::terminal_log::rotated_path(log)))
+            .unwrap_or(Place { inode: 0, offset: 0 });
+        WrittenTicket { ticket, log_from }
     }
 }
 
@@ -1015,6 +1019,10 @@ mod tests {
         output.write_all(rest.as_bytes()).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
         assert!(written_before_restart(&log, &before, 12, prefix));
+        // The place taken between the rename and the new log: the renamed one's end.
+        std::fs::rename(&log, dir.path().join("aside")).unwrap();
+        assert_eq!(WrittenTicket::now(13, &log).log_from, Place::end_of(&rotated_path(&log)).unwrap());
+        std::fs::rename(dir.path().join("aside"), &log).unwrap();
         // The next wrapper's CLI fills the log again before the ticket comes: the file is found
         // again where it went (and the one it replaced, gone, is skipped).
         output.write_all(echo.as_bytes()).unwrap();
