@@ -117,6 +117,16 @@ pub fn read_own(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Opens `path` for reading if it is a regular file (a link to one too). Anything else planted
+/// there (a FIFO, whose open would wait for a writer) is refused without waiting.
+pub fn open_regular(path: &Path) -> std::io::Result<File> {
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!("{} is not a regular file", path.display())));
+    }
+    Ok(file)
+}
+
 /// Opens `path` for appending, creating it 0600 if needed.
 pub fn open_append(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().create(true).append(true).mode(FILE_MODE).open(path)

@@ -1964,18 +1964,7 @@ fn a_terminal_log_is_kept_within_its_bound_and_synapse_logs_reads_across_it() {
     follower.wait_until("fl READY", |events| ready(events, &id(&agent)));
     let log = std::path::PathBuf::from(agent["log"].as_str().unwrap());
     let older = std::path::PathBuf::from(format!("{}.1", log.display()));
-    let mut follow =
-        home.cmd(&["logs", "fl", "--follow", "--raw"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    let followed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let reader = {
-        let (followed, stdout) = (followed.clone(), follow.stdout.take().unwrap());
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                followed.lock().unwrap().push_str(&(line + "\n"));
-            }
-        })
-    };
+    let (mut follow, followed, reader) = follow_logs(&home, "fl");
     let done = |round: u64| format!("done FLOOD-{round}\n");
     let wait_for = |what: &dyn Fn() -> String, text: &str| {
         let deadline = Instant::now() + EVENT_DEADLINE;
@@ -2037,4 +2026,47 @@ fn a_terminal_log_is_kept_within_its_bound_and_synapse_logs_reads_across_it() {
         assert!(at > from, "in order");
         from = at;
     }
+    // The log removed by hand while it is followed: the wrapper begins a new one at the bound,
+    // and the follower goes on into it without showing the older log a second time.
+    let (mut follow, followed, reader) = follow_logs(&home, "fl");
+    let followed_text = || followed.lock().unwrap().clone();
+    wait_for(&followed_text, &done(last));
+    std::fs::remove_file(&log).unwrap();
+    for round in last + 1..=last + 2 {
+        home.ok(&["send", "fl", &format!("FLOOD-{round}"), "--no-response"]);
+    }
+    wait_for(&followed_text, &done(last + 2));
+    assert!(log.exists(), "a new log");
+    let _ = follow.kill();
+    let _ = follow.wait();
+    reader.join().unwrap();
+    let followed = followed_text().replace('\r', "");
+    for round in 2..=last + 2 {
+        assert!(followed.matches(&done(round)).count() <= 1, "{} shown twice", done(round));
+    }
+    for round in last + 1..=last + 2 {
+        let rows = followed.matches(&format!("FLOOD-{round} {}\n", ".".repeat(1000))).count();
+        assert_eq!((followed.matches(&done(round)).count(), rows), (1, 150), "FLOOD-{round}");
+    }
+}
+
+/// Starts `synapse logs <agent> --follow --raw`; returns it, what it printed so far (filled by
+/// a thread, line by line) and that thread.
+fn follow_logs(
+    home: &Home,
+    agent: &str,
+) -> (Child, std::sync::Arc<std::sync::Mutex<String>>, std::thread::JoinHandle<()>) {
+    let mut follow =
+        home.cmd(&["logs", agent, "--follow", "--raw"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let followed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (followed, stdout) = (followed.clone(), follow.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                followed.lock().unwrap().push_str(&(line + "\n"));
+            }
+        })
+    };
+    (follow, followed, reader)
 }

@@ -513,6 +513,18 @@ fn logs_takes_an_agent_never_a_path() {
     let output = home.run(&["logs", "a/b"]);
     assert!(output.status.success(), "{}", describe(&output));
     assert_eq!(stdout(&output), "its terminal\n");
+    // The log before it (`<id>.log.1`) comes first; a FIFO planted there is passed over, not
+    // waited on for a writer that never comes.
+    let older = home.home().join("logs").join(format!("{}.log.1", agent.id));
+    std::fs::write(&older, "before that\n").unwrap();
+    let output = home.run(&["logs", "a/b"]);
+    assert_eq!(stdout(&output), "before that\nits terminal\n", "{}", describe(&output));
+    std::fs::remove_file(&older).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(&older).status().unwrap().success());
+    let piped = || std::process::Stdio::piped();
+    let logs = home.cmd(&["logs", "a/b"]).stdout(piped()).stderr(piped()).spawn().unwrap();
+    let output = output_within(logs, Duration::from_secs(30), "logs");
+    assert_eq!(stdout(&output), "its terminal\n", "{}", describe(&output));
 }
 
 #[test]

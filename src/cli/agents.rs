@@ -333,18 +333,22 @@ pub async fn logs(paths: &Paths, target: &str, follow: bool, raw: bool) -> anyho
         }
     };
     use std::os::unix::fs::MetadataExt;
-    let mut file = std::fs::File::open(&path).with_context(|| format!("no terminal log at {}", path.display()))?;
+    let open = crate::private_files::open_regular;
+    let mut file = open(&path).with_context(|| format!("no terminal log at {}", path.display()))?;
     let mut inode = file.metadata()?.ino();
+    let rotated = wrapper::rotated_log_path(&path);
     // The log before this one (its wrapper started a new one at its bound) comes first, unless
     // that is the file just opened, renamed since.
-    let older = std::fs::File::open(wrapper::rotated_log_path(&path))
-        .ok()
-        .filter(|older| older.metadata().is_ok_and(|meta| meta.ino() != inode));
+    let older = open(&rotated).ok().filter(|older| older.metadata().is_ok_and(|meta| meta.ino() != inode));
     let mut out = LogOutput { raw, buffer: vec![0u8; 64 * 1024], escaper: crate::escape::VisibleStream::default() };
-    if let Some(mut older) = older
-        && let Err(error) = out.copy(&mut older)?
-    {
-        return super::output_failed(&error);
+    // The logs shown that may still be the one before the current one, kept open: an inode is
+    // not given to a new file while its file is open, so one shown is known again by its inode.
+    let mut shown: Vec<std::fs::File> = Vec::new();
+    if let Some(mut older) = older {
+        if let Err(error) = out.copy(&mut older)? {
+            return super::output_failed(&error);
+        }
+        shown.push(older);
     }
     loop {
         if let Err(error) = out.copy(&mut file)? {
@@ -355,26 +359,36 @@ pub async fn logs(paths: &Paths, target: &str, follow: bool, raw: bool) -> anyho
         }
         // Like `tail -F`: the log is a plain file written by another process, which renames it
         // at its bound and begins a new one. The renamed one is read to its end first.
-        match std::fs::metadata(&path) {
-            Ok(meta) if meta.ino() != inode => {
-                if let Err(error) = out.copy(&mut file)? {
-                    return super::output_failed(&error);
-                }
-                let Ok(next) = std::fs::File::open(&path) else { continue };
-                let next_inode = next.metadata()?.ino();
-                // Rotated twice since it was last looked at: the log between the two, now the
-                // one before the current one, comes first.
-                if let Ok(mut between) = std::fs::File::open(wrapper::rotated_log_path(&path))
-                    && between.metadata().is_ok_and(|meta| meta.ino() != inode && meta.ino() != next_inode)
-                    && let Err(error) = out.copy(&mut between)?
-                {
-                    return super::output_failed(&error);
-                }
-                (file, inode) = (next, next_inode);
-                continue;
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        let renamed = std::fs::metadata(&path).is_ok_and(|meta| meta.ino() != inode);
+        let next = renamed.then(|| open(&path).ok()).flatten();
+        let Some(next) = next else {
+            // No change, or the new log not there yet (or not one that can be read).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if let Err(error) = out.copy(&mut file)? {
+            return super::output_failed(&error);
         }
+        let next_inode = next.metadata()?.ino();
+        let was_shown = |candidate: u64| {
+            shown.iter().chain([&file]).any(|seen| seen.metadata().is_ok_and(|meta| meta.ino() == candidate))
+        };
+        // Rotated twice since it was last looked at: the log between the two, now the one
+        // before the current one, comes first (not one shown already: the log removed by hand
+        // leaves the older one in place).
+        let between = open(&rotated)
+            .ok()
+            .filter(|between| between.metadata().is_ok_and(|meta| meta.ino() != next_inode && !was_shown(meta.ino())));
+        let finished = std::mem::replace(&mut file, next);
+        shown = vec![finished];
+        if let Some(mut between) = between {
+            if let Err(error) = out.copy(&mut between)? {
+                return super::output_failed(&error);
+            }
+            shown.push(between);
+        }
+        inode = next_inode;
+        // What the new log already holds is shown next, after the log between.
     }
 }
 

@@ -433,6 +433,8 @@ async fn run_registered(
     if let Some(dir) = log.parent() {
         crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    // What the wrapper before this one left in the log, before anything of this one's goes in.
+    let before_restart = watcher::BeforeRestart::read(log);
     let log_file = terminal_log::TerminalLog::open(log, terminal_log::max_bytes())
         .with_context(|| format!("cannot open {}", log.display()))?;
     let sink: Box<dyn Write + Send> =
@@ -446,7 +448,7 @@ async fn run_registered(
         keyboard::spawn_resize(shared.clone());
     }
     tokio::spawn(reporter::report_status(shared.clone()));
-    tokio::spawn(watcher::watch_inbox(shared.clone()));
+    tokio::spawn(watcher::watch_inbox(shared.clone(), before_restart));
     if hook_delivery {
         tokio::spawn(hooks::serve(shared.clone()));
     }

@@ -32,7 +32,7 @@ pub(super) fn max_bytes_from(value: Option<&str>) -> Result<Option<u64>, String>
         return Ok(Some(mb_to_bytes(DEFAULT_MAX_MB)));
     };
     match value.parse::<f64>() {
-        Ok(0.0) => Ok(None),
+        Ok(mb) if mb == 0.0 && !value.starts_with('-') => Ok(None),
         Ok(mb) if mb.is_finite() && mb > 0.0 => Ok(Some(mb_to_bytes(mb))),
         _ => Err(format!(
             "SYNAPSE_TERMINAL_LOG_MB={} is not a size in MB (0 for no bound): the terminal log is kept within {DEFAULT_MAX_MB} MB",
@@ -75,8 +75,13 @@ pub(super) struct TerminalLog {
     file: std::fs::File,
     len: u64,
     max: Option<u64>,
-    /// How much more is written before a rotation that failed is tried again.
+    /// How much more is written before a rotation whose rename failed is tried again.
     retry_after: u64,
+    /// Renamed, but the new log could not be made: made at the next write (until then the
+    /// output goes on into the renamed one).
+    detached: bool,
+    /// Why the new log could not be made was said (once per rotation).
+    said: bool,
 }
 
 impl TerminalLog {
@@ -85,41 +90,53 @@ impl TerminalLog {
     pub fn open(path: &Path, max: Option<u64>) -> std::io::Result<TerminalLog> {
         let file = crate::private_files::open_append(path)?;
         let len = file.metadata()?.len();
-        let mut log = TerminalLog { path: path.to_path_buf(), file, len, max, retry_after: 0 };
+        let mut log =
+            TerminalLog { path: path.to_path_buf(), file, len, max, retry_after: 0, detached: false, said: false };
         log.rotate_if_full();
         Ok(log)
     }
 
     fn rotate_if_full(&mut self) {
+        if self.detached {
+            self.begin_new_log();
+            return;
+        }
         let Some(max) = self.max else { return };
         if self.len < max.saturating_add(self.retry_after) {
             return;
         }
-        match self.rotate() {
-            Ok(()) => self.retry_after = 0,
-            Err(error) => {
+        // The log becomes `<log>.1` (replacing the one before) and a new, empty one begins. A
+        // reader following the log (`synapse logs --follow`) finds the new one by its inode.
+        match std::fs::rename(&self.path, rotated_path(&self.path)) {
+            // Removed (by hand): the new log is made all the same.
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                 // Nothing is lost: the log goes on growing, and the rotation is tried again
                 // once it has grown by its bound again.
-                tracing::warn!("cannot start a new terminal log at {}: {error}", self.path.display());
+                tracing::warn!("cannot rename the terminal log {}: {error}", self.path.display());
                 self.retry_after = self.len;
+            }
+            _ => {
+                self.retry_after = 0;
+                self.detached = true;
+                self.begin_new_log();
             }
         }
     }
 
-    /// The log becomes `<log>.1` (replacing the one before) and a new, empty one begins. A
-    /// reader following the log (`synapse logs --follow`) finds the new one by its inode.
-    fn rotate(&mut self) -> std::io::Result<()> {
-        match std::fs::rename(&self.path, rotated_path(&self.path)) {
-            // Already renamed by a rotation that could not make the new log, or removed: the
-            // new log is made now.
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            other => other?,
+    /// Makes the new log once the old one is renamed. Until it can be made (no descriptor left,
+    /// say), the output goes on into the renamed one, and it is tried again at every write.
+    fn begin_new_log(&mut self) {
+        let made = crate::private_files::open_append(&self.path).and_then(|file| Ok((file.metadata()?.len(), file)));
+        match made {
+            Ok((len, file)) => {
+                (self.file, self.len, self.detached, self.said) = (file, len, false, false);
+            }
+            Err(error) if !self.said => {
+                tracing::warn!("cannot begin a new terminal log at {}: {error}", self.path.display());
+                self.said = true;
+            }
+            Err(_) => {}
         }
-        // Renamed but not reopened: the output goes on into the renamed file until a new log
-        // can be made (and a later rotation then replaces it).
-        self.file = crate::private_files::open_append(&self.path)?;
-        self.len = self.file.metadata()?.len();
-        Ok(())
     }
 }
 
@@ -154,17 +171,25 @@ impl LogEnds {
     }
 
     /// The bytes of the logs as they ended then, from `from` on (a place in one of them; None:
-    /// from the start of the older one), at most the last `limit` bytes. When `from` is in
-    /// neither file both began after it (it was taken two rotations ago): all of them is after
-    /// it. Files are found again by inode, so a rotation since [`LogEnds::read`] moves nothing;
-    /// one gone since is skipped.
+    /// from the start of the older one), at most the last `limit` bytes. A place in neither
+    /// file gives nothing: whether the logs hold only what came after it cannot be told (it was
+    /// taken two rotations ago, or in a log removed by hand since, or the home was copied and
+    /// every inode changed), and a ticket is written again rather than taken for seen on the
+    /// strength of an earlier echo. Files are found again by inode, so a rotation since
+    /// [`LogEnds::read`] moves nothing; one gone since is skipped.
     pub fn read_from(&self, log: &Path, from: Option<Place>, limit: u64) -> Vec<u8> {
         use std::io::{Read, Seek};
-        let start_index = from.and_then(|from| self.0.iter().position(|end| end.inode == from.inode)).unwrap_or(0);
+        let start_index = match from {
+            None => 0,
+            Some(from) => match self.0.iter().position(|end| end.inode == from.inode) {
+                Some(index) => index,
+                None => return Vec::new(),
+            },
+        };
         let mut spans: Vec<(u64, u64, u64)> = Vec::new();
         for (index, end) in self.0.iter().enumerate().skip(start_index) {
             let begin = match from {
-                Some(from) if index == start_index && from.inode == end.inode => from.offset,
+                Some(from) if index == start_index => from.offset,
                 _ => 0,
             };
             if begin < end.offset {
@@ -178,8 +203,10 @@ impl LogEnds {
             span.1 += cut;
             excess -= cut;
         }
-        let files: Vec<std::fs::File> =
-            [rotated_path(log), log.to_path_buf()].iter().filter_map(|path| std::fs::File::open(path).ok()).collect();
+        let files: Vec<std::fs::File> = [rotated_path(log), log.to_path_buf()]
+            .iter()
+            .filter_map(|path| crate::private_files::open_regular(path).ok())
+            .collect();
         let mut bytes = Vec::new();
         for (inode, begin, end) in spans.into_iter().filter(|(_, begin, end)| begin < end) {
             let Some(mut file) = files.iter().find(|file| file.metadata().is_ok_and(|meta| meta.ino() == inode)) else {
@@ -207,7 +234,7 @@ mod tests {
         assert_eq!(max_bytes_from(Some("0.5")), Ok(Some(512 << 10)));
         assert_eq!(max_bytes_from(Some("0.01")), Ok(Some(MIN_MAX_BYTES)), "raised to the floor");
         assert_eq!(max_bytes_from(Some("1e30")), Ok(Some(u64::MAX)));
-        for bad in ["-1", "ten", "NaN", "inf", "1\u{1b}[2J"] {
+        for bad in ["-1", "-0", "ten", "NaN", "inf", "1\u{1b}[2J"] {
             let refused = max_bytes_from(Some(bad)).unwrap_err();
             assert!(refused.contains("not a size in MB") && !refused.contains('\u{1b}'), "{refused}");
         }
@@ -273,6 +300,20 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
     }
 
+    /// The log removed by hand: a new one begins at the bound, and the older log stays.
+    #[test]
+    fn a_log_removed_by_hand_is_begun_again_at_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bob.log");
+        std::fs::write(rotated_path(&path), "older").unwrap();
+        let mut log = TerminalLog::open(&path, Some(MIN_MAX_BYTES)).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        log.write_all(&vec![b'a'; MIN_MAX_BYTES as usize]).unwrap();
+        log.write_all(b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(std::fs::read(rotated_path(&path)).unwrap(), b"older");
+    }
+
     #[test]
     fn the_end_of_the_log_is_read_across_a_rotation_from_a_place_taken_before_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -292,9 +333,16 @@ mod tests {
         assert_eq!(text(ends.read_from(&path, None, u64::MAX)), "before HEADER after");
         // The last bytes only.
         assert_eq!(ends.read_from(&path, Some(place), 5), b"after");
-        // A place two rotations old: both logs began after it.
+        // A place in neither log (two rotations old, or the home copied): nothing to go by.
         let gone = Place { inode: u64::MAX, offset: 3 };
-        assert_eq!(text(ends.read_from(&path, Some(gone), u64::MAX)), "before HEADER after");
+        assert!(ends.read_from(&path, Some(gone), u64::MAX).is_empty());
+        // Not a regular file (a FIFO planted as the older log): skipped, without waiting.
+        let fifo = dir.path().join("fifo.log");
+        std::fs::write(&fifo, "current").unwrap();
+        let fifo_ends = LogEnds::read(&fifo);
+        assert!(std::process::Command::new("mkfifo").arg(rotated_path(&fifo)).status().unwrap().success());
+        assert_eq!(fifo_ends.read_from(&fifo, None, u64::MAX), b"current");
+        assert!(crate::private_files::open_regular(&rotated_path(&fifo)).is_err());
         // Rotated again since the ends were read: the files are found by inode, and the one
         // gone is skipped; what came after the read is not read.
         log.write_all(&vec![b'!'; MIN_MAX_BYTES as usize]).unwrap();

@@ -80,7 +80,7 @@ impl WrittenTicket {
     /// `ticket`, about to be written into the CLI whose terminal log is `log`.
     fn now(ticket: u64, log: &std::path::Path) -> WrittenTicket {
         // No log: just renamed at its bound, the new one not yet made, so where the renamed one
-        // ends; or none at all (removed by hand), a place in no file, before all of what comes.
+        // ends; or none at all (removed by hand), a place in no file, which no echo can follow.
         let log_from = Place::end_of(log)
             .or_else(|| Place::end_of(&super::terminal_log::rotated_path(log)))
             .unwrap_or(Place { inode: 0, offset: 0 });
@@ -113,14 +113,16 @@ const LOG_TAIL_BYTES: u64 = 256 << 10;
 /// What the wrapper before this one left, read when this one starts (before it writes any
 /// record of its own): the last ticket it wrote, where the terminal log was when its writing
 /// began, and where the log (and the one before it) then ended.
-struct BeforeRestart {
+pub(super) struct BeforeRestart {
     ticket: u64,
     log_from: Option<Place>,
     log_ends: LogEnds,
 }
 
 impl BeforeRestart {
-    fn read(log: &std::path::Path) -> Option<BeforeRestart> {
+    /// Read before this wrapper opens the log (which may rotate it, and where its CLI's output
+    /// then goes).
+    pub(super) fn read(log: &std::path::Path) -> Option<BeforeRestart> {
         let (ticket, from) = last_delivered(log)?;
         let log_ends = LogEnds::read(log);
         let log_from = from.map(|(offset, inode)| Place {
@@ -295,9 +297,7 @@ async fn acknowledge_handovers(client: &mut crate::client::Client, shared: &Shar
 }
 
 /// Follows the agent's inbox and writes each ticket into the PTY once the CLI is ready.
-pub(super) async fn watch_inbox(shared: Arc<Shared>) {
-    // Before anything of this wrapper's is written.
-    let before_restart = BeforeRestart::read(&shared.log);
+pub(super) async fn watch_inbox(shared: Arc<Shared>, before_restart: Option<BeforeRestart>) {
     let files = std::env::current_dir()
         .map(|dir| {
             let mut files = instruction_files(&dir);
@@ -1029,10 +1029,51 @@ mod tests {
         let before = BeforeRestart::read(&log).unwrap();
         output.write_all(&vec![b' '; MIN_MAX_BYTES as usize]).unwrap();
         assert!(written_before_restart(&log, &before, 12, prefix));
-        // What that CLI drew after the restart does not count.
-        let before = BeforeRestart { log_ends: LogEnds::read(&log), ..before };
-        output.write_all(&vec![b' '; MIN_MAX_BYTES as usize]).unwrap();
+        // What the next CLI draws after the log's ends were read does not count.
+        let place = WrittenTicket::now(14, &log);
+        DeliveredRecord::open(&log).unwrap().write(place).unwrap();
+        let before = BeforeRestart::read(&log).unwrap();
         output.write_all(echo.as_bytes()).unwrap();
-        assert!(!written_before_restart(&log, &before, 12, prefix));
+        assert!(!written_before_restart(&log, &before, 14, prefix));
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(written_before_restart(&log, &before, 14, prefix));
+        // The home copied (every inode new), or two rotations since the place: no log holds
+        // it, and an echo in the logs there are is no proof (it may be a first turn's).
+        drop(output);
+        // Both copies made before either original goes (a freed inode may be given again).
+        let copies = [(log.clone(), dir.path().join("copy")), (rotated_path(&log), dir.path().join("copy.1"))];
+        for (path, copy) in &copies {
+            std::fs::copy(path, copy).unwrap();
+        }
+        for (path, copy) in &copies {
+            std::fs::rename(copy, path).unwrap();
+        }
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(String::from_utf8_lossy(&std::fs::read(&log).unwrap()).contains(prefix));
+        assert!(!written_before_restart(&log, &before, 14, prefix));
+        // No log at all when the writing began (removed by hand): no proof either.
+        let nowhere = WrittenTicket { ticket: 15, log_from: Place { inode: 0, offset: 0 } };
+        DeliveredRecord::open(&log).unwrap().write(nowhere).unwrap();
+        let before = BeforeRestart::read(&log).unwrap();
+        assert!(!written_before_restart(&log, &before, 15, prefix));
+    }
+
+    /// A record of the version before (an offset, no inode) left with a log at its bound: the
+    /// log is read before this wrapper rotates it, so the place is in the right file.
+    #[test]
+    fn a_record_of_the_version_before_is_read_before_the_log_is_rotated_at_start() {
+        use super::super::terminal_log::{MIN_MAX_BYTES, TerminalLog};
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("bob.log");
+        let prefix = "[A2A:c54af1ff:alice:R]";
+        let mut old = vec![b' '; MIN_MAX_BYTES as usize];
+        let from = old.len();
+        old.extend_from_slice(format!("{prefix} the second turn\r\n").as_bytes());
+        std::fs::write(&log, old).unwrap();
+        std::fs::write(delivered_path(&log), format!("12 {from}")).unwrap();
+        let before = BeforeRestart::read(&log).unwrap();
+        let _output = TerminalLog::open(&log, Some(MIN_MAX_BYTES)).unwrap();
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0, "rotated at start");
+        assert!(written_before_restart(&log, &before, 12, prefix));
     }
 }
