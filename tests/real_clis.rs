@@ -400,6 +400,29 @@ fn interrupt(cli: &'static str) {
     assert!(session.agent().is_some(), "the CLI survived the interrupt: {}", session.describe());
 }
 
+/// Two priority-5 messages right behind each other while the CLI works: each interrupts the work
+/// before it (the first a slow answer, the second the first's own slow answer), and the CLI
+/// survives both. A second Ctrl-C soon after the first ends Gemini CLI (within 3 s) and others:
+/// the real-CLI soak of 2026-12-08 lost the second message with the CLI; the second interrupt now
+/// waits until a Ctrl-C interrupts again.
+fn two_interrupts(cli: &'static str) {
+    let Some(session) = Session::start(cli, "busy") else { return };
+    session.wait_status("READY");
+    session.send(&["slow-marker please answer slow", "--no-response"]);
+    session.wait_reached_model("slow-marker please");
+    session.wait_screen("tick 2");
+    session.wait_status("PROCESSING");
+    session.send(&["urgent-one slow-marker again", "--no-response", "-p", "5"]);
+    session.send(&["urgent-two stop now", "--no-response", "-p", "5"]);
+    wait_for("both slow answers cut short", || session.world.model.slow_answers_cut() >= 2, || session.describe());
+    session.wait_reached_model("urgent-two");
+    session.wait_status("READY");
+    wait_for("both tickets acknowledged", || session.queued() == 0, || session.describe());
+    assert_eq!(session.reached_model("urgent-one"), 1, "{}", session.describe());
+    assert_eq!(session.reached_model("urgent-two"), 1, "{}", session.describe());
+    assert!(session.agent().is_some(), "the CLI survived both interrupts: {}", session.describe());
+}
+
 /// Priority 5 right behind a message the model has not begun to answer (it is silent for a
 /// minute): the interrupt cuts that request, and the priority-5 message reaches the model once,
 /// without the user's help. (Claude puts an interrupted message the model had not answered back
@@ -545,6 +568,10 @@ macro_rules! per_cli {
                 #[test]
                 fn priority_five_interrupts_and_the_cli_survives() {
                     super::interrupt(stringify!($cli));
+                }
+                #[test]
+                fn two_priority_five_messages_in_a_row_interrupt_twice_and_the_cli_survives() {
+                    super::two_interrupts(stringify!($cli));
                 }
                 #[test]
                 fn priority_five_right_behind_a_message_reaches_the_model() {

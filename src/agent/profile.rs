@@ -28,6 +28,23 @@ pub enum InterruptStyle {
 /// presses, not as one Alt-Esc.
 pub const KEY_GAP: std::time::Duration = std::time::Duration::from_millis(120);
 
+/// After a Ctrl-C, how long a second one ends the CLI instead of interrupting it: Gemini CLI
+/// exits on a second Ctrl-C within 3 s ("Press Ctrl+C again to exit.", its
+/// `WARNING_PROMPT_DURATION_MS`); Claude Code and Codex say "Press Ctrl-C again to exit" and
+/// "ctrl + c again to quit" for a shorter while. Two priority-5 messages a third of a second
+/// apart ended a busy Gemini this way (the real-CLI soak of 2026-12-08): the second message was
+/// lost with it. A Ctrl-C interrupt waits until this long after the last Ctrl-C written into
+/// the CLI, its user's too.
+pub const CTRL_C_EXIT_WINDOW: std::time::Duration = std::time::Duration::from_millis(3500);
+
+/// What a CLI shows while a second Ctrl-C would end it: a Ctrl-C interrupt waits until it is
+/// gone (at most [`EXIT_HINT_WAIT`]).
+pub const EXIT_HINTS: [&str; 4] = ["again to exit", "again to quit", "Again to exit", "Again to quit"];
+
+/// How long a Ctrl-C interrupt waits for an [`EXIT_HINTS`] text to go; if it stays, there is no
+/// interrupt (the message waits for the prompt).
+pub const EXIT_HINT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long the next key of an interrupt waits for the profile's `interrupt_hint`.
 pub const INTERRUPT_HINT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 

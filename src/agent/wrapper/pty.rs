@@ -89,9 +89,17 @@ struct PtyWrite {
 #[derive(Clone)]
 pub(super) struct PtyInput {
     queue: std::sync::mpsc::Sender<PtyWrite>,
+    /// When a Ctrl-C (0x03) was last written into the CLI, by the wrapper or its user: a second
+    /// one soon after ends most CLIs (see `profile::CTRL_C_EXIT_WINDOW`).
+    last_ctrl_c: std::sync::Arc<Mutex<Option<Instant>>>,
 }
 
 impl PtyInput {
+    /// When a Ctrl-C was last written into the CLI.
+    pub fn last_ctrl_c(&self) -> Option<Instant> {
+        *self.last_ctrl_c.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Queues bytes without waiting for them (the user's keystrokes); lost only with the PTY.
     pub fn send(&self, bytes: Vec<u8>) {
         let _ = self.queue.send(PtyWrite { bytes, done: None, then_record: None });
@@ -121,10 +129,17 @@ impl PtyInput {
 /// CLI), alive as long as a [`PtyInput`] is.
 pub(super) fn spawn_writer(writer: Box<dyn Write + Send>) -> std::io::Result<PtyInput> {
     let (queue, pty_queue) = std::sync::mpsc::channel::<PtyWrite>();
+    let last_ctrl_c = std::sync::Arc::new(Mutex::new(None));
+    let ctrl_c_written = last_ctrl_c.clone();
     std::thread::Builder::new().name("pty-writer".into()).spawn(move || {
         let mut writer = writer;
         while let Ok(write) = pty_queue.recv() {
             let ok = writer.write_all(&write.bytes).and_then(|_| writer.flush()).is_ok();
+            // A message's text never carries a control byte (`escape::keystrokes`): a 0x03 is
+            // a Ctrl-C, the wrapper's interrupt or its user's key.
+            if ok && write.bytes.contains(&0x03) {
+                *ctrl_c_written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+            }
             if let (true, Some((record, written))) = (ok, &write.then_record)
                 && let Err(error) = record.write(*written)
             {
@@ -137,7 +152,7 @@ pub(super) fn spawn_writer(writer: Box<dyn Write + Send>) -> std::io::Result<Pty
             }
         }
     })?;
-    Ok(PtyInput { queue })
+    Ok(PtyInput { queue, last_ctrl_c })
 }
 
 /// Writes to the terminal and the log.
@@ -235,6 +250,23 @@ mod tests {
         let mut received = Vec::new();
         cli_side.read_to_end(&mut received).unwrap();
         assert_eq!(received, [&b"\x1b[200~[A2A:c54af1ff:alice:R] two lines\nof text\x1b[201~\r"[..], b"ls"].concat());
+    }
+
+    /// A Ctrl-C written into the CLI (the user's key or an interrupt) is remembered: a second
+    /// one soon after would end most CLIs.
+    #[tokio::test]
+    async fn the_last_ctrl_c_written_is_remembered() {
+        let (mut cli_side, wrapper_side) = std::io::pipe().unwrap();
+        let input = spawn_writer(Box::new(wrapper_side)).unwrap();
+        input.write(b"[A2A:1:a] text\r".to_vec()).await.unwrap();
+        assert_eq!(input.last_ctrl_c(), None);
+        let before = Instant::now();
+        input.write(vec![0x03]).await.unwrap();
+        assert!(input.last_ctrl_c().is_some_and(|at| at >= before));
+        drop(input);
+        let mut received = Vec::new();
+        cli_side.read_to_end(&mut received).unwrap();
+        assert!(received.ends_with(&[0x03]));
     }
 
     #[tokio::test]

@@ -155,6 +155,18 @@ fn written_before_restart(log: &std::path::Path, before: &BeforeRestart, number:
 /// Interrupts the CLI as its profile says (never called while it is STARTING or WAITING:
 /// interrupt keys could answer a dialog).
 async fn interrupt(shared: &Shared) {
+    let ctrl_c = match &shared.profile.interrupt {
+        InterruptStyle::CtrlC => true,
+        InterruptStyle::Keys(keys) => keys.iter().any(|key| profile::parse_key(key).is_ok_and(|bytes| bytes == [0x03])),
+        InterruptStyle::Signal => false,
+    };
+    if ctrl_c && !exit_window_passed(shared).await {
+        tracing::warn!(
+            "the CLI still says a second Ctrl-C would end it after {:?}: no interrupt, the message waits for the prompt",
+            profile::EXIT_HINT_WAIT
+        );
+        return;
+    }
     match &shared.profile.interrupt {
         InterruptStyle::Signal => {
             let group = shared
@@ -183,6 +195,31 @@ async fn interrupt(shared: &Shared) {
                     let _ = shared.input.write(bytes).await;
                 }
             }
+        }
+    }
+}
+
+/// Waits until a Ctrl-C interrupts the CLI rather than ending it: [`profile::CTRL_C_EXIT_WINDOW`]
+/// after the last Ctrl-C written into it (by this wrapper or its user), and no
+/// [`profile::EXIT_HINTS`] text on its screen. False when such a text stays for
+/// [`profile::EXIT_HINT_WAIT`].
+async fn exit_window_passed(shared: &Shared) -> bool {
+    if let Some(last) = shared.input.last_ctrl_c() {
+        tokio::time::sleep_until((last + profile::CTRL_C_EXIT_WINDOW).into()).await;
+    }
+    let deadline = tokio::time::Instant::now() + profile::EXIT_HINT_WAIT;
+    let mut changes = shared.screen.subscribe();
+    loop {
+        let hinted = {
+            let screen = shared.screen.lock();
+            profile::EXIT_HINTS.iter().any(|hint| screen.shows(hint))
+        };
+        if !hinted {
+            return true;
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            _ => return false,
         }
     }
 }
