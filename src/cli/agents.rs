@@ -380,7 +380,11 @@ pub async fn logs(paths: &Paths, target: &str, follow: bool, raw: bool) -> anyho
             .ok()
             .filter(|between| between.metadata().is_ok_and(|meta| meta.ino() != next_inode && !was_shown(meta.ino())));
         let finished = std::mem::replace(&mut file, next);
-        shown = vec![finished];
+        // Those shown that are still the log before the current one stay known (the log may be
+        // removed by hand again before any rotation); the others are let go.
+        let older = std::fs::metadata(&rotated).ok().map(|meta| meta.ino());
+        shown.retain(|seen| seen.metadata().is_ok_and(|meta| Some(meta.ino()) == older));
+        shown.push(finished);
         if let Some(mut between) = between {
             if let Err(error) = out.copy(&mut between)? {
                 return super::output_failed(&error);

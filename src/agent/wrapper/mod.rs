@@ -433,10 +433,10 @@ async fn run_registered(
     if let Some(dir) = log.parent() {
         crate::private_files::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    // What the wrapper before this one left in the log, before anything of this one's goes in.
-    let before_restart = watcher::BeforeRestart::read(log);
-    let log_file = terminal_log::TerminalLog::open(log, terminal_log::max_bytes())
-        .with_context(|| format!("cannot open {}", log.display()))?;
+    // What the wrapper before this one left in the log is read before anything of this one's
+    // goes in.
+    let (before_restart, log_file) =
+        watcher::open_log(log, terminal_log::max_bytes()).with_context(|| format!("cannot open {}", log.display()))?;
     let sink: Box<dyn Write + Send> =
         if interactive { Box::new(pty::Tee(std::io::stdout(), log_file)) } else { Box::new(log_file) };
     let output_done = pty::spawn_reader(cli.reader, sink, shared.screen.clone())?;

@@ -82,6 +82,8 @@ pub(super) struct TerminalLog {
     detached: bool,
     /// Why the new log could not be made was said (once per rotation).
     said: bool,
+    /// How many new logs this one began (a rotation at open too).
+    rotations: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl TerminalLog {
@@ -90,8 +92,16 @@ impl TerminalLog {
     pub fn open(path: &Path, max: Option<u64>) -> std::io::Result<TerminalLog> {
         let file = crate::private_files::open_append(path)?;
         let len = file.metadata()?.len();
-        let mut log =
-            TerminalLog { path: path.to_path_buf(), file, len, max, retry_after: 0, detached: false, said: false };
+        let mut log = TerminalLog {
+            path: path.to_path_buf(),
+            file,
+            len,
+            max,
+            retry_after: 0,
+            detached: false,
+            said: false,
+            rotations: std::sync::Arc::default(),
+        };
         log.rotate_if_full();
         Ok(log)
     }
@@ -118,9 +128,15 @@ impl TerminalLog {
             _ => {
                 self.retry_after = 0;
                 self.detached = true;
+                self.rotations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 self.begin_new_log();
             }
         }
+    }
+
+    /// How many new logs it began, counted on (a rotation at open included).
+    pub fn rotations(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.rotations.clone()
     }
 
     /// Makes the new log once the old one is renamed. Until it can be made (no descriptor left,
@@ -154,20 +170,28 @@ impl Write for TerminalLog {
 }
 
 /// The end of the terminal log as it was at a moment (a wrapper's start): the log before the
-/// current one (if any) and the current one, each as its inode and length, oldest first.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct LogEnds(Vec<Place>);
+/// current one (if any) and the current one, each as its inode and length, oldest first, and
+/// each held open: what they held then is read from them later, whatever was renamed, removed or
+/// made since (a file removed keeps its inode while it is open, so no new log can take it).
+#[derive(Debug)]
+pub(super) struct LogEnds(Vec<(Place, std::fs::File)>);
 
 impl LogEnds {
     pub fn read(log: &Path) -> LogEnds {
-        let current = Place::end_of(log);
-        let before = Place::end_of(&rotated_path(log)).filter(|before| Some(before.inode) != current.map(|c| c.inode));
+        let end = |path: &Path| {
+            let file = crate::private_files::open_regular(path).ok()?;
+            let meta = file.metadata().ok()?;
+            Some((Place { inode: meta.ino(), offset: meta.len() }, file))
+        };
+        let current = end(log);
+        let before = end(&rotated_path(log))
+            .filter(|(before, _)| current.as_ref().is_none_or(|(current, _)| current.inode != before.inode));
         LogEnds(before.into_iter().chain(current).collect())
     }
 
     /// Where the current log ended.
     pub fn current(&self) -> Option<Place> {
-        self.0.last().copied()
+        self.0.last().map(|(place, _)| *place)
     }
 
     /// The bytes of the logs as they ended then, from `from` on (a place in one of them; None:
@@ -175,25 +199,24 @@ impl LogEnds {
     /// file gives nothing: whether the logs hold only what came after it cannot be told (it was
     /// taken two rotations ago, or in a log removed by hand since, or the home was copied and
     /// every inode changed), and a ticket is written again rather than taken for seen on the
-    /// strength of an earlier echo. Files are found again by inode, so a rotation since
-    /// [`LogEnds::read`] moves nothing; one gone since is skipped.
-    pub fn read_from(&self, log: &Path, from: Option<Place>, limit: u64) -> Vec<u8> {
-        use std::io::{Read, Seek};
+    /// strength of an earlier echo.
+    pub fn read_from(&self, from: Option<Place>, limit: u64) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
         let start_index = match from {
             None => 0,
-            Some(from) => match self.0.iter().position(|end| end.inode == from.inode) {
+            Some(from) => match self.0.iter().position(|(end, _)| end.inode == from.inode) {
                 Some(index) => index,
                 None => return Vec::new(),
             },
         };
-        let mut spans: Vec<(u64, u64, u64)> = Vec::new();
-        for (index, end) in self.0.iter().enumerate().skip(start_index) {
+        let mut spans: Vec<(&std::fs::File, u64, u64)> = Vec::new();
+        for (index, (end, file)) in self.0.iter().enumerate().skip(start_index) {
             let begin = match from {
                 Some(from) if index == start_index => from.offset,
                 _ => 0,
             };
             if begin < end.offset {
-                spans.push((end.inode, begin, end.offset));
+                spans.push((file, begin, end.offset));
             }
         }
         // Only the last `limit` bytes: trim the spans from the front.
@@ -203,18 +226,17 @@ impl LogEnds {
             span.1 += cut;
             excess -= cut;
         }
-        let files: Vec<std::fs::File> = [rotated_path(log), log.to_path_buf()]
-            .iter()
-            .filter_map(|path| crate::private_files::open_regular(path).ok())
-            .collect();
         let mut bytes = Vec::new();
-        for (inode, begin, end) in spans.into_iter().filter(|(_, begin, end)| begin < end) {
-            let Some(mut file) = files.iter().find(|file| file.metadata().is_ok_and(|meta| meta.ino() == inode)) else {
-                continue;
-            };
-            if file.seek(std::io::SeekFrom::Start(begin)).is_ok() {
-                let _ = file.take(end - begin).read_to_end(&mut bytes);
+        for (file, begin, end) in spans.into_iter().filter(|(_, begin, end)| begin < end) {
+            let mut chunk = vec![0; usize::try_from(end - begin).unwrap_or(0)];
+            let mut read = 0;
+            while read < chunk.len() {
+                match file.read_at(&mut chunk[read..], begin + read as u64) {
+                    Ok(0) | Err(_) => break,
+                    Ok(count) => read += count,
+                }
             }
+            bytes.extend_from_slice(&chunk[..read]);
         }
         bytes
     }
@@ -328,24 +350,27 @@ mod tests {
         assert_eq!(ends.0.len(), 2);
         let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap().replace('.', "");
         // From the place on, through both files: a header cut by the rotation is whole.
-        assert_eq!(text(ends.read_from(&path, Some(place), u64::MAX)), "HEADER after");
+        assert_eq!(text(ends.read_from(Some(place), u64::MAX)), "HEADER after");
         // From nowhere known: all of both.
-        assert_eq!(text(ends.read_from(&path, None, u64::MAX)), "before HEADER after");
+        assert_eq!(text(ends.read_from(None, u64::MAX)), "before HEADER after");
         // The last bytes only.
-        assert_eq!(ends.read_from(&path, Some(place), 5), b"after");
+        assert_eq!(ends.read_from(Some(place), 5), b"after");
         // A place in neither log (two rotations old, or the home copied): nothing to go by.
         let gone = Place { inode: u64::MAX, offset: 3 };
-        assert!(ends.read_from(&path, Some(gone), u64::MAX).is_empty());
+        assert!(ends.read_from(Some(gone), u64::MAX).is_empty());
         // Not a regular file (a FIFO planted as the older log): skipped, without waiting.
         let fifo = dir.path().join("fifo.log");
         std::fs::write(&fifo, "current").unwrap();
-        let fifo_ends = LogEnds::read(&fifo);
         assert!(std::process::Command::new("mkfifo").arg(rotated_path(&fifo)).status().unwrap().success());
-        assert_eq!(fifo_ends.read_from(&fifo, None, u64::MAX), b"current");
+        let fifo_ends = LogEnds::read(&fifo);
+        assert_eq!(fifo_ends.read_from(None, u64::MAX), b"current");
         assert!(crate::private_files::open_regular(&rotated_path(&fifo)).is_err());
-        // Rotated again since the ends were read: the files are found by inode, and the one
-        // gone is skipped; what came after the read is not read.
-        log.write_all(&vec![b'!'; MIN_MAX_BYTES as usize]).unwrap();
-        assert_eq!(text(ends.read_from(&path, Some(place), u64::MAX)), "ER after");
+        // Rotated twice since the ends were read (a freed inode may be given to a new log): what
+        // the logs held then is read from them, and nothing that came after.
+        for _ in 0..2 {
+            log.write_all(&vec![b'!'; MIN_MAX_BYTES as usize]).unwrap();
+        }
+        log.write_all(b"HEADER again").unwrap();
+        assert_eq!(text(ends.read_from(Some(place), u64::MAX)), "HEADER after");
     }
 }

@@ -112,17 +112,19 @@ const LOG_TAIL_BYTES: u64 = 256 << 10;
 
 /// What the wrapper before this one left, read when this one starts (before it writes any
 /// record of its own): the last ticket it wrote, where the terminal log was when its writing
-/// began, and where the log (and the one before it) then ended.
+/// began, and where the log (and the one before it) then ended, held open.
 pub(super) struct BeforeRestart {
     ticket: u64,
     log_from: Option<Place>,
     log_ends: LogEnds,
+    /// This wrapper's count of new logs, and its value once the log was opened: once this
+    /// wrapper has begun a new log of its own, the logs read are let go (their disk space with
+    /// them), and a ticket recorded before the restart that comes only then is written again.
+    rotations: Option<(Arc<std::sync::atomic::AtomicU64>, u64)>,
 }
 
 impl BeforeRestart {
-    /// Read before this wrapper opens the log (which may rotate it, and where its CLI's output
-    /// then goes).
-    pub(super) fn read(log: &std::path::Path) -> Option<BeforeRestart> {
+    fn read(log: &std::path::Path) -> Option<BeforeRestart> {
         let (ticket, from) = last_delivered(log)?;
         let log_ends = LogEnds::read(log);
         let log_from = from.map(|(offset, inode)| Place {
@@ -130,8 +132,28 @@ impl BeforeRestart {
             inode: inode.or_else(|| log_ends.current().map(|current| current.inode)).unwrap_or(0),
             offset,
         });
-        Some(BeforeRestart { ticket, log_from, log_ends })
+        Some(BeforeRestart { ticket, log_from, log_ends, rotations: None })
     }
+
+    /// Has this wrapper begun a new log since it opened the log?
+    fn outdated(&self) -> bool {
+        self.rotations
+            .as_ref()
+            .is_some_and(|(count, at_open)| count.load(std::sync::atomic::Ordering::SeqCst) != *at_open)
+    }
+}
+
+/// Opens the terminal log for this run of the wrapper, having read first what the run before it
+/// left there (the log may be rotated as it is opened, and the new CLI's output goes into it).
+pub(super) fn open_log(
+    log: &std::path::Path,
+    max: Option<u64>,
+) -> std::io::Result<(Option<BeforeRestart>, super::terminal_log::TerminalLog)> {
+    let before = BeforeRestart::read(log);
+    let output = super::terminal_log::TerminalLog::open(log, max)?;
+    let rotations = output.rotations();
+    let at_open = rotations.load(std::sync::atomic::Ordering::SeqCst);
+    Ok((before.map(|before| BeforeRestart { rotations: Some((rotations, at_open)), ..before }), output))
 }
 
 /// Did the wrapper before this one write ticket `number` into its CLI before it died? Its
@@ -143,12 +165,12 @@ impl BeforeRestart {
 /// have sat unread in the PTY when the wrapper (and with it the CLI) was killed, or that the
 /// echo never reached the log: the ticket is written again, since nothing may be lost. Asked
 /// of every ticket fetched until that one comes (a more urgent one may come first).
-fn written_before_restart(log: &std::path::Path, before: &BeforeRestart, number: u64, prefix: &str) -> bool {
-    if prefix.is_empty() || before.ticket != number {
+fn written_before_restart(before: &BeforeRestart, number: u64, prefix: &str) -> bool {
+    if prefix.is_empty() || before.ticket != number || before.outdated() {
         return false;
     }
     // The end of the log as the wrapper before this one left it, from the ticket's writing on.
-    let tail = before.log_ends.read_from(log, before.log_from, LOG_TAIL_BYTES);
+    let tail = before.log_ends.read_from(before.log_from, LOG_TAIL_BYTES);
     String::from_utf8_lossy(&tail).contains(prefix)
 }
 
@@ -389,6 +411,9 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>, before_restart: Option<Befo
     // without another request (a message stored with that acknowledgement is written at once).
     let mut after_ack: Option<crate::api::Inbox> = None;
     loop {
+        // Once this wrapper began a new log, the logs of the one before are let go (looked at
+        // after every ticket and every wait on the inbox).
+        before_restart.take_if(|before| before.outdated());
         if let Some((ticket, how)) = unacknowledged {
             // A READY seen before the write, still on its way, lands before this PROCESSING.
             shared.report_order.no_ready_from_before_the_last_write().await;
@@ -452,7 +477,7 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>, before_restart: Option<Befo
             continue;
         }
         if let Some(before) = before_restart.take_if(|before| before.ticket == number)
-            && written_before_restart(&shared.log, &before, number, &ticket.prefix)
+            && written_before_restart(&before, number, &ticket.prefix)
         {
             tracing::info!("ticket {number} was written before a restart; acknowledging it");
             unacknowledged = Some((number, Delivery::Unwritten));
@@ -957,32 +982,29 @@ mod tests {
         assert!(BeforeRestart::read(&log).is_none(), "no record");
         std::fs::write(delivered_path(&log), "6").unwrap();
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(!written_before_restart(&log, &before, 7, prefix), "the record is of another ticket");
+        assert!(!written_before_restart(&before, 7, prefix), "the record is of another ticket");
         std::fs::write(delivered_path(&log), "7").unwrap();
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(written_before_restart(&log, &before, 7, prefix));
-        assert!(
-            !written_before_restart(&log, &before, 7, "[A2A:0000aaaa:alice:R]"),
-            "recorded, but the CLI never showed it"
-        );
-        assert!(!written_before_restart(&log, &before, 7, ""));
+        assert!(written_before_restart(&before, 7, prefix));
+        assert!(!written_before_restart(&before, 7, "[A2A:0000aaaa:alice:R]"), "recorded, but the CLI never showed it");
+        assert!(!written_before_restart(&before, 7, ""));
         // This wrapper wrote a more urgent ticket first: its record and its log's end move on,
         // and ticket 7, fetched next, is still known for the one written before the restart.
         std::fs::write(delivered_path(&log), "9").unwrap();
         let later = "[A2A:0f0f0f0f:carol]";
         let mut file = crate::private_files::open_append(&log).unwrap();
         std::io::Write::write_all(&mut file, format!("{later} urgent\r\n> ").as_bytes()).unwrap();
-        assert!(written_before_restart(&log, &before, 7, prefix));
+        assert!(written_before_restart(&before, 7, prefix));
         // Only what the wrapper before this one left counts.
         std::fs::write(delivered_path(&log), "8").unwrap();
-        let earlier = BeforeRestart { ticket: 8, log_from: None, log_ends: before.log_ends.clone() };
-        assert!(!written_before_restart(&log, &earlier, 8, later), "drawn after the restart");
+        let earlier = BeforeRestart { ticket: 8, log_from: None, ..before };
+        assert!(!written_before_restart(&earlier, 8, later), "drawn after the restart");
         // Only the end of a long log is read: the ticket was the last thing written.
         let mut long = format!("> {prefix} early\r\n").into_bytes();
         long.resize(long.len() + 2 * LOG_TAIL_BYTES as usize, b'.');
         std::fs::write(&log, long).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(!written_before_restart(&log, &BeforeRestart { ticket: 7, ..before }, 7, prefix));
+        assert!(!written_before_restart(&BeforeRestart { ticket: 7, ..before }, 7, prefix));
     }
 
     /// A follow-up (a later turn of the same task) has its first message's header: the first
@@ -999,33 +1021,33 @@ mod tests {
         DeliveredRecord::open(&log).unwrap().write(follow_up).unwrap();
         // Killed with the follow-up's bytes unread: the log shows only the first turn.
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(!written_before_restart(&log, &before, 12, prefix), "only the first turn's echo");
+        assert!(!written_before_restart(&before, 12, prefix), "only the first turn's echo");
         // Its echo came before the kill.
         let mut file = crate::private_files::open_append(&log).unwrap();
         std::io::Write::write_all(&mut file, format!("{prefix} the second turn\r\n").as_bytes()).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(written_before_restart(&log, &before, 12, prefix));
+        assert!(written_before_restart(&before, 12, prefix));
         // A record of the version before (no file named): a place in the current log.
         std::fs::write(delivered_path(&log), format!("12 {}", first.len())).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(written_before_restart(&log, &before, 12, prefix));
+        assert!(written_before_restart(&before, 12, prefix));
         std::fs::write(delivered_path(&log), format!("12 {}", first.len() + 10)).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(!written_before_restart(&log, &before, 12, prefix), "the place is past the echo");
+        assert!(!written_before_restart(&before, 12, prefix), "the place is past the echo");
         // A record of an earlier version (the number alone) reads the whole tail, as it did.
         std::fs::write(delivered_path(&log), "12").unwrap();
         let before = BeforeRestart::read(&log).unwrap();
         assert_eq!(before.log_from, None);
         std::fs::write(&log, &first).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(written_before_restart(&log, &before, 12, prefix));
+        assert!(written_before_restart(&before, 12, prefix));
         // A log shorter than the record's start (replaced since, in place): nothing counts as
         // shown.
         let before = BeforeRestart {
             log_from: Some(Place { offset: first.len() as u64 + 10, ..before.log_ends.current().unwrap() }),
             ..before
         };
-        assert!(!written_before_restart(&log, &before, 12, prefix));
+        assert!(!written_before_restart(&before, 12, prefix));
     }
 
     /// The terminal log rotated (it reached its bound) after a ticket's writing began: the echo
@@ -1046,7 +1068,7 @@ mod tests {
         output.write_all(&vec![b' '; MIN_MAX_BYTES as usize]).unwrap();
         assert!(rotated_path(&log).exists());
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(!written_before_restart(&log, &before, 12, prefix), "only the first turn's echo");
+        assert!(!written_before_restart(&before, 12, prefix), "only the first turn's echo");
         // The echo, cut across the rotation.
         let echo = format!("{prefix} the second turn\r\n");
         let (head, rest) = echo.split_at(10);
@@ -1055,7 +1077,7 @@ mod tests {
         let mut output = TerminalLog::open(&log, Some(MIN_MAX_BYTES)).unwrap();
         output.write_all(rest.as_bytes()).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(written_before_restart(&log, &before, 12, prefix));
+        assert!(written_before_restart(&before, 12, prefix));
         // The place taken between the rename and the new log: the renamed one's end.
         std::fs::rename(&log, dir.path().join("aside")).unwrap();
         assert_eq!(WrittenTicket::now(13, &log).log_from, Place::end_of(&rotated_path(&log)).unwrap());
@@ -1065,15 +1087,15 @@ mod tests {
         output.write_all(echo.as_bytes()).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
         output.write_all(&vec![b' '; MIN_MAX_BYTES as usize]).unwrap();
-        assert!(written_before_restart(&log, &before, 12, prefix));
+        assert!(written_before_restart(&before, 12, prefix));
         // What the next CLI draws after the log's ends were read does not count.
         let place = WrittenTicket::now(14, &log);
         DeliveredRecord::open(&log).unwrap().write(place).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
         output.write_all(echo.as_bytes()).unwrap();
-        assert!(!written_before_restart(&log, &before, 14, prefix));
+        assert!(!written_before_restart(&before, 14, prefix));
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(written_before_restart(&log, &before, 14, prefix));
+        assert!(written_before_restart(&before, 14, prefix));
         // The home copied (every inode new), or two rotations since the place: no log holds
         // it, and an echo in the logs there are is no proof (it may be a first turn's).
         drop(output);
@@ -1087,19 +1109,19 @@ mod tests {
         }
         let before = BeforeRestart::read(&log).unwrap();
         assert!(String::from_utf8_lossy(&std::fs::read(&log).unwrap()).contains(prefix));
-        assert!(!written_before_restart(&log, &before, 14, prefix));
+        assert!(!written_before_restart(&before, 14, prefix));
         // No log at all when the writing began (removed by hand): no proof either.
         let nowhere = WrittenTicket { ticket: 15, log_from: Place { inode: 0, offset: 0 } };
         DeliveredRecord::open(&log).unwrap().write(nowhere).unwrap();
         let before = BeforeRestart::read(&log).unwrap();
-        assert!(!written_before_restart(&log, &before, 15, prefix));
+        assert!(!written_before_restart(&before, 15, prefix));
     }
 
     /// A record of the version before (an offset, no inode) left with a log at its bound: the
     /// log is read before this wrapper rotates it, so the place is in the right file.
     #[test]
     fn a_record_of_the_version_before_is_read_before_the_log_is_rotated_at_start() {
-        use super::super::terminal_log::{MIN_MAX_BYTES, TerminalLog};
+        use super::super::terminal_log::MIN_MAX_BYTES;
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("bob.log");
         let prefix = "[A2A:c54af1ff:alice:R]";
@@ -1108,9 +1130,49 @@ mod tests {
         old.extend_from_slice(format!("{prefix} the second turn\r\n").as_bytes());
         std::fs::write(&log, old).unwrap();
         std::fs::write(delivered_path(&log), format!("12 {from}")).unwrap();
-        let before = BeforeRestart::read(&log).unwrap();
-        let _output = TerminalLog::open(&log, Some(MIN_MAX_BYTES)).unwrap();
+        let (before, _output) = open_log(&log, Some(MIN_MAX_BYTES)).unwrap();
+        let before = before.unwrap();
         assert_eq!(std::fs::metadata(&log).unwrap().len(), 0, "rotated at start");
-        assert!(written_before_restart(&log, &before, 12, prefix));
+        assert!(written_before_restart(&before, 12, prefix));
+    }
+
+    /// The logs the wrapper before left are read from the files as they were, held open: this
+    /// wrapper's rotations (a freed inode given to its new log, whose output may redraw a first
+    /// turn's header) change nothing. Once this wrapper began a log of its own, they are let go
+    /// and a ticket recorded before the restart is written again.
+    #[test]
+    fn the_logs_left_before_a_restart_are_read_as_they_were_and_let_go_after_a_rotation() {
+        use super::super::terminal_log::{MIN_MAX_BYTES, TerminalLog};
+        use std::io::Write;
+        let prefix = "[A2A:c54af1ff:alice:R]";
+        let fill = vec![b' '; MIN_MAX_BYTES as usize];
+        // A follow-up's place taken in a log already rotated once; its echo came (or not)
+        // before the kill. The next wrapper's CLI redraws the conversation over two rotations.
+        let restart = |echoed: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let log = dir.path().join("bob.log");
+            let mut output = TerminalLog::open(&log, Some(MIN_MAX_BYTES)).unwrap();
+            output.write_all(format!("> {prefix} the first turn\r\n").as_bytes()).unwrap();
+            output.write_all(&fill).unwrap();
+            output.write_all(b"> ").unwrap();
+            DeliveredRecord::open(&log).unwrap().write(WrittenTicket::now(12, &log)).unwrap();
+            if echoed {
+                output.write_all(format!("{prefix} the second turn\r\n").as_bytes()).unwrap();
+            }
+            drop(output);
+            let (before, mut output) = open_log(&log, Some(MIN_MAX_BYTES)).unwrap();
+            let before = before.unwrap();
+            assert!(!before.outdated());
+            for _ in 0..2 {
+                output.write_all(&fill).unwrap();
+                output.write_all(format!("{prefix} the first turn\r\n").as_bytes()).unwrap();
+            }
+            assert!(before.outdated(), "this wrapper began logs of its own");
+            assert!(!written_before_restart(&before, 12, prefix), "let go: written again");
+            // Had the ticket come before: only what the logs held at the restart counts.
+            written_before_restart(&BeforeRestart { rotations: None, ..before }, 12, prefix)
+        };
+        assert!(restart(true));
+        assert!(!restart(false), "the new CLI's redraw is no proof");
     }
 }
