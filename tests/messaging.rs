@@ -300,6 +300,61 @@ fn synapse_reply_answers_the_most_recent_target_and_lists_several() {
     assert_eq!(home.inbox(&carol)[0]["text"], "to carol");
 }
 
+/// Senders without an id are shown to the receiver as `anonymous` and wait each on its own
+/// (`anonymous-<id8>`): one left unanswered (its sender's `--wait` ran out) made every plain
+/// `synapse reply` fail with "several agents are waiting", and `--to anonymous` was refused. The
+/// task id the message showed (`[A2A:<id8>:...]`) now names its sender, and `anonymous` names
+/// the only such sender; the error lists the task ids to choose from.
+#[test]
+fn a_reply_names_its_sender_by_the_task_id_its_message_showed() {
+    let home = Home::new();
+    let alice = home.register(Some("alice"));
+    let bob = home.register(Some("bob"));
+    for question in ["first question", "second question"] {
+        assert!(home.run(&["send", "bob", question, "--response"]).status.success());
+    }
+    assert!(home.run_as(&alice, &["send", "bob", "alice asks", "--response"]).status.success());
+    // What bob's CLI is shown: `[A2A:<id8>:anonymous:R]`.
+    let shown = |text: &str| {
+        let ticket = home.inbox(&bob).into_iter().find(|ticket| ticket["text"] == text).unwrap();
+        let prefix = ticket["prefix"].as_str().unwrap().to_string();
+        assert!(prefix.ends_with(":anonymous:R]") || text == "alice asks", "{prefix}");
+        prefix.trim_start_matches("[A2A:").split(':').next().unwrap().to_string()
+    };
+    let (first, second, from_alice) = (shown("first question"), shown("second question"), shown("alice asks"));
+    let plain = home.run_as(&bob, &["reply", "which?"]);
+    assert_eq!(plain.status.code(), Some(1));
+    for id8 in [&first, &second, &from_alice] {
+        assert!(stderr(&plain).contains(&format!("(task {id8})")), "{}", describe(&plain));
+    }
+    let several = home.run_as(&bob, &["reply", "which?", "--to", "anonymous"]);
+    assert_eq!(several.status.code(), Some(1));
+    assert!(stderr(&several).contains("Several senders without an id"), "{}", describe(&several));
+    assert!(!stderr(&several).contains(&alice.id), "{}", describe(&several));
+    let head = home.head();
+    // Too short to be a task id, or no task's: refused, nothing changes.
+    for wrong in [&first[..4], "0000000000"] {
+        let output = home.run_as(&bob, &["reply", "x", "--to", wrong]);
+        assert_eq!(output.status.code(), Some(1), "{wrong}: {}", describe(&output));
+        assert!(stderr(&output).contains("No reply target from"), "{wrong}: {}", describe(&output));
+    }
+    assert_eq!(home.head(), head);
+    let answered = home.run_as(&bob, &["reply", "to the second", "--to", &second, "--json"]);
+    assert!(answered.status.success(), "{}", describe(&answered));
+    let answered = home.run_as(&bob, &["reply", "to alice", "--to", &from_alice]);
+    assert!(answered.status.success(), "{}", describe(&answered));
+    assert_eq!(home.inbox(&alice)[0]["text"], "to alice");
+    let only = home.run_as(&bob, &["reply", "to the first", "--to", "anonymous"]);
+    assert!(only.status.success(), "{}", describe(&only));
+    let listed = stdout(&home.run_as(&bob, &["reply", "--list-targets"]));
+    assert!(listed.trim().is_empty() || !listed.contains("question"), "{listed}");
+    // Each answered its own question.
+    for (id8, answer) in [(&first, "to the first"), (&second, "to the second")] {
+        let task = home.http("GET", &format!("/tasks/{id8}"), None, &[]).1;
+        assert!(task.to_string().contains(answer), "{id8}: {task}");
+    }
+}
+
 /// A newer request from the same sender replaces the older target once it is written into the
 /// receiver: until then the receiver's reply answers the request it has seen.
 #[test]

@@ -371,7 +371,9 @@ pub struct SendArgs {
 pub struct ReplyArgs {
     /// The reply (or use --message-file / --stdin)
     pub message: Option<String>,
-    /// Reply to this sender when several are waiting
+    /// Reply to this sender when several are waiting: its id or name, or the task id its
+    /// message showed ([A2A:<id8>:<sender>:R]; the one way to name a sender shown as `anonymous`
+    /// when several such wait)
     #[arg(long, value_name = "SENDER_ID")]
     pub to: Option<String>,
     /// List the agents waiting for your reply

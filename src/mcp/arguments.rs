@@ -127,8 +127,9 @@ fn bounded_seconds(name: &str, seconds: i64) -> Result<u64, Refusal> {
 pub struct ReplyArguments {
     /// Your answer, sent exactly as written.
     pub message: String,
-    /// The agent id of the sender you answer (the <sender> of its [A2A:<id8>:<sender>:R]
-    /// prefix). Needed only when several senders wait; reply_targets lists them.
+    /// Whom you answer: the <sender> of its [A2A:<id8>:<sender>:R] prefix, or its <id8> (the
+    /// only way when the sender shows as `anonymous` and several wait). Needed only when several
+    /// senders wait; reply_targets lists them.
     pub to: Option<String>,
     /// Only to reply again after a reply said it may have been sent: the key it named. The
     /// broker then answers with that reply if it made it, and never makes it twice.

@@ -107,7 +107,7 @@ Without wait_seconds this returns at once, and the answer arrives later in your 
 With wait_seconds it waits up to that long and returns the reply's text. Priority 5 interrupts the target: only for what cannot wait.";
 
 const REPLY_DESCRIPTION: &str = "Answer a message that asked for your reply: one that reached you as `[A2A:<id8>:<sender>:R] <text>` (R = the sender waits for your answer). \
-Use this tool instead of running `synapse reply` in a shell. It answers the most recent sender waiting for you; when several wait, pass `to` with the sender's agent id (reply_targets lists them). \
+Use this tool instead of running `synapse reply` in a shell. It answers the sender waiting for you; when several wait, pass `to`: the sender's agent id, or the <id8> of the message you answer (always right, and the only way for a sender shown as `anonymous`; reply_targets lists them). \
 Each request is answered once; the reply completes the sender's task. \
 Messages without R (`[A2A:<id8>:<sender>] <text>`) need no answer, and `[A2A:<id8>:<replier>:REPLY]` lines are answers to your own messages: do not reply to those.";
 

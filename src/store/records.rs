@@ -236,6 +236,14 @@ pub struct ReplyTarget {
     pub seq: u64,
 }
 
+impl ReplyTarget {
+    /// The task id the request's message showed the receiver (`[A2A:<id8>:...]`): the sender's
+    /// own task, or else the receiver's.
+    pub fn shown_task_id(&self) -> &str {
+        self.sender_task_id.as_deref().unwrap_or(&self.receiver_task_id)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TicketKind {

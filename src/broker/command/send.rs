@@ -6,7 +6,7 @@ use super::decision::{Answer, CommandError, Context, DecideError, Decision, Live
 use super::requests::{ContinueRequest, IDEMPOTENCY_WINDOW_MS, ReplyRequest, SendRequest};
 use crate::escape;
 use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
-use crate::store::{AgentRecord, Projections, TaskRecord, text_digest};
+use crate::store::{AgentRecord, Projections, ReplyTarget, TaskRecord, text_digest};
 
 /// The longest idempotency key accepted.
 const IDEMPOTENCY_KEY_MAX_CHARS: usize = 200;
@@ -62,24 +62,57 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
     // Proved first: the answers below name the agents waiting on `from`, which are its business.
     super::checks::check_sender(view, Some(&from), request.secret.as_deref())?;
     let targets = view.reply_targets(&from)?;
-    let senders = || targets.iter().map(|target| target.sender_id.clone()).collect::<Vec<_>>();
+    // Each waiting sender with the task id its message showed (`[A2A:<id8>:...]`).
+    let pending = |targets: &[&ReplyTarget]| {
+        if targets.is_empty() {
+            return "none".to_string();
+        }
+        let shown = |target: &ReplyTarget| short_id(target.shown_task_id()).to_string();
+        targets
+            .iter()
+            .map(|target| format!("{} (task {})", target.sender_id, shown(target)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let all: Vec<&ReplyTarget> = targets.iter().collect();
     let target = match &request.to {
         Some(to) => {
-            // A sender shown as `<name>(unverified)` waits as an anonymous one: when only one
-            // anonymous sender waits, that name is it.
-            let anonymous: Vec<&str> = targets
-                .iter()
-                .map(|target| target.sender_id.as_str())
-                .filter(|sender| sender.starts_with("anonymous-"))
-                .collect();
-            let to = match anonymous.as_slice() {
-                [only] if to.ends_with("(unverified)") => (*only).to_string(),
+            let anonymous: Vec<&ReplyTarget> =
+                targets.iter().filter(|target| target.sender_id.starts_with("anonymous-")).collect();
+            // The task id its message showed, or more of it: a message's header names its sender
+            // `anonymous` when it has none, which is no id to answer.
+            let by_task: Vec<&ReplyTarget> = if to.len() >= 8 && to.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+                targets
+                    .iter()
+                    .filter(|target| {
+                        target.shown_task_id().starts_with(to.as_str())
+                            || target.receiver_task_id.starts_with(to.as_str())
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let to = match (anonymous.as_slice(), by_task.as_slice()) {
                 _ if targets.iter().any(|target| &target.sender_id == to) => to.clone(),
+                // A sender shown as `<name>(unverified)` (or as `anonymous`) waits as an
+                // anonymous one: when only one anonymous sender waits, that name is it.
+                ([only], _) if to.ends_with("(unverified)") || to == "anonymous" => only.sender_id.clone(),
+                (_, [only]) => only.sender_id.clone(),
+                (many, _) if to == "anonymous" && !many.is_empty() => {
+                    let candidates = many.iter().map(|target| target.sender_id.clone()).collect();
+                    return Err(CommandError::Ambiguous {
+                        message: format!(
+                            "Several senders without an id wait for a reply: {}. Choose one with --to and the task id its message showed ([A2A:<id8>:anonymous:R]).",
+                            pending(many)
+                        ),
+                        candidates,
+                    }
+                    .into());
+                }
                 _ => agent_id_of(view, to)?,
             };
             targets.iter().rev().find(|target| target.sender_id == to).ok_or_else(|| {
-                let pending = if targets.is_empty() { "none".to_string() } else { senders().join(", ") };
-                CommandError::not_found(format!("No reply target from '{to}'. Pending: {pending}"))
+                CommandError::not_found(format!("No reply target from '{to}'. Pending: {}", pending(&all)))
             })?
         }
         None => match targets.as_slice() {
@@ -88,10 +121,10 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
             _ => {
                 return Err(CommandError::Ambiguous {
                     message: format!(
-                        "Several agents are waiting for a reply: {}. Choose one with --to.",
-                        senders().join(", ")
+                        "Several agents are waiting for a reply: {}. Choose one with --to: the sender, or the task id its message showed ([A2A:<id8>:<sender>:R]).",
+                        pending(&all)
                     ),
-                    candidates: senders(),
+                    candidates: targets.iter().map(|target| target.sender_id.clone()).collect(),
                 }
                 .into());
             }
@@ -103,7 +136,7 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
         secret: request.secret.clone(),
         text: request.text.clone(),
         priority: super::requests::default_priority(),
-        reply_to: Some(target.sender_task_id.clone().unwrap_or_else(|| target.receiver_task_id.clone())),
+        reply_to: Some(target.shown_task_id().to_string()),
         idempotency_key: request.idempotency_key.clone(),
         ..SendRequest::default()
     })
