@@ -339,13 +339,23 @@ fn a_reply_names_its_sender_by_the_task_id_its_message_showed() {
         assert!(stderr(&output).contains("No reply target from"), "{wrong}: {}", describe(&output));
     }
     assert_eq!(home.head(), head);
-    let answered = home.run_as(&bob, &["reply", "to the second", "--to", &second, "--json"]);
+    let answered = home.run_as(&bob, &["reply", "to the second", "--to", &second, "--idempotency-key", "k2"]);
     assert!(answered.status.success(), "{}", describe(&answered));
+    // Its answer lost, the same reply again with its key: the first one's, not a conflict.
+    let head = home.head();
+    let again = home.run_as(&bob, &["reply", "to the second", "--to", &second, "--idempotency-key", "k2"]);
+    assert!(again.status.success(), "{}", describe(&again));
+    assert_eq!(home.head(), head, "not made twice");
     let answered = home.run_as(&bob, &["reply", "to alice", "--to", &from_alice]);
     assert!(answered.status.success(), "{}", describe(&answered));
     assert_eq!(home.inbox(&alice)[0]["text"], "to alice");
-    let only = home.run_as(&bob, &["reply", "to the first", "--to", "anonymous"]);
+    let only = home.run_as(&bob, &["reply", "to the first", "--to", "anonymous", "--idempotency-key", "k1"]);
     assert!(only.status.success(), "{}", describe(&only));
+    let again = home.run_as(&bob, &["reply", "to the first", "--to", "anonymous", "--idempotency-key", "k1"]);
+    assert!(again.status.success(), "{}", describe(&again));
+    // The key used again for a reply to another sender is still refused.
+    let other = home.run_as(&bob, &["reply", "to the first", "--to", &alice.id, "--idempotency-key", "k1"]);
+    assert_eq!(other.status.code(), Some(1), "{}", describe(&other));
     let listed = stdout(&home.run_as(&bob, &["reply", "--list-targets"]));
     assert!(listed.trim().is_empty() || !listed.contains("question"), "{listed}");
     // Each answered its own question.

@@ -570,10 +570,6 @@ macro_rules! per_cli {
                     super::interrupt(stringify!($cli));
                 }
                 #[test]
-                fn two_priority_five_messages_in_a_row_interrupt_twice_and_the_cli_survives() {
-                    super::two_interrupts(stringify!($cli));
-                }
-                #[test]
                 fn priority_five_right_behind_a_message_reaches_the_model() {
                     super::interrupt_before_the_first_words(stringify!($cli));
                 }
@@ -591,6 +587,22 @@ macro_rules! per_cli {
 }
 
 per_cli!(claude, codex, gemini, opencode, copilot);
+
+/// The CLIs interrupted with Ctrl-C, which a second Ctrl-C soon after may end.
+macro_rules! per_ctrl_c_cli {
+    ($($cli:ident),*) => {
+        $(
+            #[test]
+            fn $cli() {
+                super::two_interrupts(stringify!($cli));
+            }
+        )*
+    };
+}
+
+mod two_priority_five_messages_in_a_row_interrupt_twice_and_the_cli_survives {
+    per_ctrl_c_cli!(claude, codex, gemini, copilot);
+}
 
 #[test]
 fn the_five_clis_are_installed() {

@@ -37,12 +37,14 @@ pub const KEY_GAP: std::time::Duration = std::time::Duration::from_millis(120);
 /// the CLI, its user's too.
 pub const CTRL_C_EXIT_WINDOW: std::time::Duration = std::time::Duration::from_millis(3500);
 
-/// What a CLI shows while a second Ctrl-C would end it: a Ctrl-C interrupt waits until it is
-/// gone (at most [`EXIT_HINT_WAIT`]).
+/// What a CLI shows under its input box while a second Ctrl-C would end it.
 pub const EXIT_HINTS: [&str; 4] = ["again to exit", "again to quit", "Again to exit", "Again to quit"];
 
-/// How long a Ctrl-C interrupt waits for an [`EXIT_HINTS`] text to go; if it stays, there is no
-/// interrupt (the message waits for the prompt).
+/// How many of the screen's last rows [`EXIT_HINTS`] are looked for in.
+pub const EXIT_HINT_ROWS: usize = 6;
+
+/// How long after [`CTRL_C_EXIT_WINDOW`] an [`EXIT_HINTS`] text still holds a Ctrl-C interrupt
+/// (the CLI read the Ctrl-C late); after that the interrupt goes (the text is the model's).
 pub const EXIT_HINT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long the next key of an interrupt waits for the profile's `interrupt_hint`.

@@ -171,6 +171,14 @@ impl Readiness {
         self.last_output = Some(now);
     }
 
+    /// Does one of `texts` show on one of the screen's last `rows` rows?
+    pub fn shows_in_last_rows(&self, texts: &[&str], rows: usize) -> bool {
+        let screen = self.parser.screen();
+        let (height, cols) = screen.size();
+        let skip = usize::from(height).saturating_sub(rows);
+        screen.rows(0, cols).skip(skip).any(|row| texts.iter().any(|text| row.contains(text)))
+    }
+
     /// Does the screen show `text` anywhere?
     pub fn shows(&self, text: &str) -> bool {
         self.parser.screen().contents().contains(text)
@@ -988,6 +996,20 @@ mod tests {
             ready.feed(b"[A2A:1234abcd:alice] next task", start);
             assert!(!ready.furniture_on_screen(), "{profile}");
         }
+    }
+
+    /// A CLI's "press Ctrl+C again to exit" is looked for under its input box only: the same
+    /// words in a model's answer higher up do not hold an interrupt.
+    #[test]
+    fn words_are_looked_for_in_the_last_rows_only() {
+        let mut ready = detector("gemini");
+        let now = Instant::now();
+        ready.feed(b"\x1b[1;1HThe CLI says: Press Ctrl+C again to exit.\x1b[20;1H > ", now);
+        assert!(ready.shows("again to exit"));
+        assert!(!ready.shows_in_last_rows(&["again to exit"], 6));
+        ready.feed(b"\x1b[24;1HPress Ctrl+C again to exit.", now);
+        assert!(ready.shows_in_last_rows(&["again to exit"], 6));
+        assert!(!ready.shows_in_last_rows(&["again to exit"], 0));
     }
 
     #[test]

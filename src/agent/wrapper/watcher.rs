@@ -175,20 +175,9 @@ fn written_before_restart(before: &BeforeRestart, number: u64, prefix: &str) -> 
 }
 
 /// Interrupts the CLI as its profile says (never called while it is STARTING or WAITING:
-/// interrupt keys could answer a dialog).
+/// interrupt keys could answer a dialog, nor while a Ctrl-C would end it: see
+/// [`ctrl_c_would_end_it`]).
 async fn interrupt(shared: &Shared) {
-    let ctrl_c = match &shared.profile.interrupt {
-        InterruptStyle::CtrlC => true,
-        InterruptStyle::Keys(keys) => keys.iter().any(|key| profile::parse_key(key).is_ok_and(|bytes| bytes == [0x03])),
-        InterruptStyle::Signal => false,
-    };
-    if ctrl_c && !exit_window_passed(shared).await {
-        tracing::warn!(
-            "the CLI still says a second Ctrl-C would end it after {:?}: no interrupt, the message waits for the prompt",
-            profile::EXIT_HINT_WAIT
-        );
-        return;
-    }
     match &shared.profile.interrupt {
         InterruptStyle::Signal => {
             let group = shared
@@ -221,29 +210,24 @@ async fn interrupt(shared: &Shared) {
     }
 }
 
-/// Waits until a Ctrl-C interrupts the CLI rather than ending it: [`profile::CTRL_C_EXIT_WINDOW`]
-/// after the last Ctrl-C written into it (by this wrapper or its user), and no
-/// [`profile::EXIT_HINTS`] text on its screen. False when such a text stays for
-/// [`profile::EXIT_HINT_WAIT`].
-async fn exit_window_passed(shared: &Shared) -> bool {
-    if let Some(last) = shared.input.last_ctrl_c() {
-        tokio::time::sleep_until((last + profile::CTRL_C_EXIT_WINDOW).into()).await;
+/// Would a Ctrl-C interrupt end the CLI now? Most CLIs exit on a second Ctrl-C soon after
+/// one (Gemini CLI within 3 s): for [`profile::CTRL_C_EXIT_WINDOW`] after the last Ctrl-C
+/// written into it (this wrapper's or its user's), and after that while its last rows still say
+/// a second one would (it may have read the first late, on a loaded machine), believed for
+/// [`profile::EXIT_HINT_WAIT`] at most: such words in the model's text, with no Ctrl-C lately,
+/// never hold an interrupt. Some(how long to wait before looking again), or None.
+fn ctrl_c_would_end_it(shared: &Shared) -> Option<Duration> {
+    let ctrl_c = match &shared.profile.interrupt {
+        InterruptStyle::CtrlC => true,
+        InterruptStyle::Keys(keys) => keys.iter().any(|key| profile::parse_key(key).is_ok_and(|bytes| bytes == [0x03])),
+        InterruptStyle::Signal => false,
+    };
+    let since = shared.input.last_ctrl_c().filter(|_| ctrl_c)?.elapsed();
+    if since < profile::CTRL_C_EXIT_WINDOW {
+        return Some(profile::CTRL_C_EXIT_WINDOW - since);
     }
-    let deadline = tokio::time::Instant::now() + profile::EXIT_HINT_WAIT;
-    let mut changes = shared.screen.subscribe();
-    loop {
-        let hinted = {
-            let screen = shared.screen.lock();
-            profile::EXIT_HINTS.iter().any(|hint| screen.shows(hint))
-        };
-        if !hinted {
-            return true;
-        }
-        match tokio::time::timeout_at(deadline, changes.changed()).await {
-            Ok(Ok(())) => {}
-            _ => return false,
-        }
-    }
+    let hinted = || shared.screen.lock().shows_in_last_rows(&profile::EXIT_HINTS, profile::EXIT_HINT_ROWS);
+    (since < profile::CTRL_C_EXIT_WINDOW + profile::EXIT_HINT_WAIT && hinted()).then_some(Duration::from_millis(250))
 }
 
 /// Waits until the CLI's screen shows `text`, at most `limit`.
@@ -514,6 +498,16 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>, before_restart: Option<Befo
                 && !users_prompt
                 && interrupted != Some(number)
             {
+                // A Ctrl-C now would end the CLI, not interrupt it: that moment is waited out,
+                // then everything is looked at again (the ticket may be canceled meanwhile, the
+                // CLI back at its prompt, its user typing).
+                if let Some(wait) = ctrl_c_would_end_it(&shared) {
+                    shared.set_note(Some(
+                        "a priority-5 message waits a moment: a Ctrl-C now would end the CLI, not interrupt it".into(),
+                    ));
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
                 interrupted = Some(number);
                 interrupt(&shared).await;
                 let timeout = Duration::from_millis(shared.profile.interrupt_timeout_ms);

@@ -81,7 +81,7 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
                 targets.iter().filter(|target| target.sender_id.starts_with("anonymous-")).collect();
             // The task id its message showed, or more of it: a message's header names its sender
             // `anonymous` when it has none, which is no id to answer.
-            let by_task: Vec<&ReplyTarget> = if to.len() >= 8 && to.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            let by_task: Vec<&ReplyTarget> = if names_a_task(to) {
                 targets
                     .iter()
                     .filter(|target| {
@@ -142,6 +142,12 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
     })
 }
 
+/// Can `to` be (the start of) a task id, as a message's header shows it: 8 characters or more,
+/// hex digits and dashes?
+fn names_a_task(to: &str) -> bool {
+    to.len() >= 8 && to.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+}
+
 /// The answer to a reply repeated with its idempotency key (its answer lost: the broker
 /// restarting under it): the first reply's tasks, and no event. Looked up before the reply
 /// targets, which the first reply emptied: the retry was refused with "No reply target", and
@@ -162,7 +168,14 @@ pub fn repeated_reply(
     // answering the first one's would swallow.
     let another_sender = match (&request.to, &first.to) {
         (Some(wanted), Some(answered)) if wanted != answered => {
-            agent_id_of(view, wanted).is_ok_and(|wanted| wanted != *answered)
+            // The forms `--to` takes for the sender answered: `anonymous` (or a name shown
+            // `(unverified)`) for one that waited without an id, the task id its message showed.
+            let anonymous = answered.starts_with("anonymous-")
+                && (wanted.as_str() == "anonymous" || wanted.ends_with("(unverified)"));
+            let shown = first.sender_task_id.as_deref().unwrap_or(&first.task_id);
+            let by_task = names_a_task(wanted)
+                && (shown.starts_with(wanted.as_str()) || first.task_id.starts_with(wanted.as_str()));
+            !anonymous && !by_task && agent_id_of(view, wanted).is_ok_and(|wanted| wanted != *answered)
         }
         _ => false,
     };
