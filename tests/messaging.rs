@@ -353,11 +353,21 @@ fn a_reply_names_its_sender_by_the_task_id_its_message_showed() {
     assert!(only.status.success(), "{}", describe(&only));
     let again = home.run_as(&bob, &["reply", "to the first", "--to", "anonymous", "--idempotency-key", "k1"]);
     assert!(again.status.success(), "{}", describe(&again));
-    // The key used again for a reply to another sender is still refused.
+    // The key used again for a reply to another sender is still refused, also when
+    // `anonymous` now names another one (the first one's reply would be its answer, and the new
+    // question would go unanswered).
     let other = home.run_as(&bob, &["reply", "to the first", "--to", &alice.id, "--idempotency-key", "k1"]);
     assert_eq!(other.status.code(), Some(1), "{}", describe(&other));
+    assert!(stderr(&other).contains("another sender"), "{}", describe(&other));
+    assert!(home.run(&["send", "bob", "third question", "--response"]).status.success());
+    let head = home.head();
+    let reused = home.run_as(&bob, &["reply", "to the first", "--to", "anonymous", "--idempotency-key", "k1"]);
+    assert_eq!(reused.status.code(), Some(1), "{}", describe(&reused));
+    assert!(stderr(&reused).contains("another sender"), "{}", describe(&reused));
+    assert_eq!(home.head(), head, "nothing made");
     let listed = stdout(&home.run_as(&bob, &["reply", "--list-targets"]));
-    assert!(listed.trim().is_empty() || !listed.contains("question"), "{listed}");
+    assert_eq!(listed.lines().filter(|line| line.contains("question")).count(), 1, "{listed}");
+    assert!(listed.contains("third question"), "{listed}");
     // Each answered its own question.
     for (id8, answer) in [(&first, "to the first"), (&second, "to the second")] {
         let task = home.http("GET", &format!("/tasks/{id8}"), None, &[]).1;

@@ -37,10 +37,10 @@ pub const KEY_GAP: std::time::Duration = std::time::Duration::from_millis(120);
 /// the CLI, its user's too.
 pub const CTRL_C_EXIT_WINDOW: std::time::Duration = std::time::Duration::from_millis(3500);
 
-/// What a CLI shows under its input box while a second Ctrl-C would end it.
+/// What a CLI shows by its input box while a second Ctrl-C would end it.
 pub const EXIT_HINTS: [&str; 4] = ["again to exit", "again to quit", "Again to exit", "Again to quit"];
 
-/// How many of the screen's last rows [`EXIT_HINTS`] are looked for in.
+/// How many rows above and below the cursor (in the input box) [`EXIT_HINTS`] are looked for.
 pub const EXIT_HINT_ROWS: usize = 6;
 
 /// How long after [`CTRL_C_EXIT_WINDOW`] an [`EXIT_HINTS`] text still holds a Ctrl-C interrupt

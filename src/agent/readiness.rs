@@ -171,12 +171,17 @@ impl Readiness {
         self.last_output = Some(now);
     }
 
-    /// Does one of `texts` show on one of the screen's last `rows` rows?
-    pub fn shows_in_last_rows(&self, texts: &[&str], rows: usize) -> bool {
+    /// Does one of `texts` show within `rows` rows of the cursor, above or below? (A CLI drawn in
+    /// the normal screen ends where its frame ends, not at the screen's bottom.)
+    pub fn shows_near_cursor(&self, texts: &[&str], rows: usize) -> bool {
         let screen = self.parser.screen();
-        let (height, cols) = screen.size();
-        let skip = usize::from(height).saturating_sub(rows);
-        screen.rows(0, cols).skip(skip).any(|row| texts.iter().any(|text| row.contains(text)))
+        let (_, cols) = screen.size();
+        let cursor = usize::from(screen.cursor_position().0);
+        screen
+            .rows(0, cols)
+            .enumerate()
+            .filter(|(row, _)| row.abs_diff(cursor) <= rows)
+            .any(|(_, row)| texts.iter().any(|text| row.contains(text)))
     }
 
     /// Does the screen show `text` anywhere?
@@ -998,18 +1003,22 @@ mod tests {
         }
     }
 
-    /// A CLI's "press Ctrl+C again to exit" is looked for under its input box only: the same
-    /// words in a model's answer higher up do not hold an interrupt.
+    /// A CLI's "press Ctrl+C again to exit" is looked for around its input box (where the
+    /// cursor is) only: the same words in a model's answer further up do not hold an interrupt.
     #[test]
-    fn words_are_looked_for_in_the_last_rows_only() {
+    fn words_are_looked_for_near_the_cursor_only() {
         let mut ready = detector("gemini");
         let now = Instant::now();
         ready.feed(b"\x1b[1;1HThe CLI says: Press Ctrl+C again to exit.\x1b[20;1H > ", now);
         assert!(ready.shows("again to exit"));
-        assert!(!ready.shows_in_last_rows(&["again to exit"], 6));
-        ready.feed(b"\x1b[24;1HPress Ctrl+C again to exit.", now);
-        assert!(ready.shows_in_last_rows(&["again to exit"], 6));
-        assert!(!ready.shows_in_last_rows(&["again to exit"], 0));
+        assert!(!ready.shows_near_cursor(&["again to exit"], 6));
+        ready.feed(b"\x1b[23;1HPress Ctrl+C again to exit.\x1b[20;4H", now);
+        assert!(ready.shows_near_cursor(&["again to exit"], 6));
+        assert!(!ready.shows_near_cursor(&["again to exit"], 2));
+        // A frame early in a session, near the top of the screen: its hint is found too.
+        let mut early = detector("gemini");
+        early.feed(b"\x1b[8;1H > \x1b[10;1HPress Ctrl+C again to exit.\x1b[8;4H", now);
+        assert!(early.shows_near_cursor(&["again to exit"], 6));
     }
 
     #[test]

@@ -125,6 +125,14 @@ impl PtyInput {
     }
 }
 
+/// Do these bytes hold a Ctrl-C: 0x03, or as a terminal sends it once the CLI asked for the
+/// kitty keyboard protocol (`CSI 99;5u`, with an event type `CSI 99;5:1u`) or xterm's
+/// modifyOtherKeys (`CSI 27;5;99~`)?
+fn is_ctrl_c(bytes: &[u8]) -> bool {
+    let holds = |needle: &[u8]| bytes.windows(needle.len()).any(|window| window == needle);
+    bytes.contains(&0x03) || holds(b"\x1b[99;5u") || holds(b"\x1b[99;5:") || holds(b"\x1b[27;5;99~")
+}
+
 /// Starts the writer thread: the one owner of the PTY writer (dropping it would send EOF to the
 /// CLI), alive as long as a [`PtyInput`] is.
 pub(super) fn spawn_writer(writer: Box<dyn Write + Send>) -> std::io::Result<PtyInput> {
@@ -135,9 +143,9 @@ pub(super) fn spawn_writer(writer: Box<dyn Write + Send>) -> std::io::Result<Pty
         let mut writer = writer;
         while let Ok(write) = pty_queue.recv() {
             let ok = writer.write_all(&write.bytes).and_then(|_| writer.flush()).is_ok();
-            // A message's text never carries a control byte (`escape::keystrokes`): a 0x03 is
-            // a Ctrl-C, the wrapper's interrupt or its user's key.
-            if ok && write.bytes.contains(&0x03) {
+            // A message's text never carries a control byte (`escape::keystrokes`): a Ctrl-C is
+            // the wrapper's interrupt or its user's key.
+            if ok && is_ctrl_c(&write.bytes) {
                 *ctrl_c_written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
             }
             if let (true, Some((record, written))) = (ok, &write.then_record)
@@ -263,10 +271,17 @@ mod tests {
         let before = Instant::now();
         input.write(vec![0x03]).await.unwrap();
         assert!(input.last_ctrl_c().is_some_and(|at| at >= before));
+        // As a terminal in the kitty keyboard protocol or modifyOtherKeys sends it.
+        for key in [&b"\x1b[99;5u"[..], b"\x1b[99;5:1u", b"\x1b[27;5;99~"] {
+            let before = Instant::now();
+            input.write(key.to_vec()).await.unwrap();
+            assert!(input.last_ctrl_c().is_some_and(|at| at >= before), "{key:?}");
+        }
+        assert!(!is_ctrl_c(b"\x1b[99u") && !is_ctrl_c(b"\x1b[99;2u") && !is_ctrl_c(b"c"));
         drop(input);
         let mut received = Vec::new();
         cli_side.read_to_end(&mut received).unwrap();
-        assert!(received.ends_with(&[0x03]));
+        assert!(received.ends_with(b"\x1b[27;5;99~"));
     }
 
     #[tokio::test]

@@ -212,7 +212,7 @@ async fn interrupt(shared: &Shared) {
 
 /// Would a Ctrl-C interrupt end the CLI now? Most CLIs exit on a second Ctrl-C soon after
 /// one (Gemini CLI within 3 s): for [`profile::CTRL_C_EXIT_WINDOW`] after the last Ctrl-C
-/// written into it (this wrapper's or its user's), and after that while its last rows still say
+/// written into it (this wrapper's or its user's), and after that while the rows by its input box say
 /// a second one would (it may have read the first late, on a loaded machine), believed for
 /// [`profile::EXIT_HINT_WAIT`] at most: such words in the model's text, with no Ctrl-C lately,
 /// never hold an interrupt. Some(how long to wait before looking again), or None.
@@ -226,7 +226,7 @@ fn ctrl_c_would_end_it(shared: &Shared) -> Option<Duration> {
     if since < profile::CTRL_C_EXIT_WINDOW {
         return Some(profile::CTRL_C_EXIT_WINDOW - since);
     }
-    let hinted = || shared.screen.lock().shows_in_last_rows(&profile::EXIT_HINTS, profile::EXIT_HINT_ROWS);
+    let hinted = || shared.screen.lock().shows_near_cursor(&profile::EXIT_HINTS, profile::EXIT_HINT_ROWS);
     (since < profile::CTRL_C_EXIT_WINDOW + profile::EXIT_HINT_WAIT && hinted()).then_some(Duration::from_millis(250))
 }
 
@@ -505,7 +505,13 @@ pub(super) async fn watch_inbox(shared: Arc<Shared>, before_restart: Option<Befo
                     shared.set_note(Some(
                         "a priority-5 message waits a moment: a Ctrl-C now would end the CLI, not interrupt it".into(),
                     ));
-                    tokio::time::sleep(wait).await;
+                    // Or until the CLI is back at its prompt (its user's Ctrl-C, say): then the
+                    // ticket is simply written.
+                    tokio::select! {
+                        ready = wait_until_ready(&shared) => if !ready { return },
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                    shared.set_note(None);
                     continue;
                 }
                 interrupted = Some(number);

@@ -169,9 +169,18 @@ pub fn repeated_reply(
     let another_sender = match (&request.to, &first.to) {
         (Some(wanted), Some(answered)) if wanted != answered => {
             // The forms `--to` takes for the sender answered: `anonymous` (or a name shown
-            // `(unverified)`) for one that waited without an id, the task id its message showed.
+            // `(unverified)`) for one that waited without an id, unless another such sender
+            // waits now (it would name that one); the task id its message showed.
+            let another_anonymous_waits = || {
+                view.reply_targets(&from).is_ok_and(|targets| {
+                    targets
+                        .iter()
+                        .any(|target| target.sender_id.starts_with("anonymous-") && target.sender_id != *answered)
+                })
+            };
             let anonymous = answered.starts_with("anonymous-")
-                && (wanted.as_str() == "anonymous" || wanted.ends_with("(unverified)"));
+                && (wanted.as_str() == "anonymous" || wanted.ends_with("(unverified)"))
+                && !another_anonymous_waits();
             let shown = first.sender_task_id.as_deref().unwrap_or(&first.task_id);
             let by_task = names_a_task(wanted)
                 && (shown.starts_with(wanted.as_str()) || first.task_id.starts_with(wanted.as_str()));
