@@ -1983,7 +1983,7 @@ fn a_terminal_log_is_kept_within_its_bound_and_synapse_logs_reads_across_it() {
     assert!(older.exists(), "rotated");
     // The follower stops looking; enough rounds for exactly two rotations meanwhile (a third
     // would take the log it missed away, as `tail -F` loses it).
-    let follow_pid = follow.id();
+    let follow_pid = follow.0.id();
     freeze(follow_pid);
     let (held, at) = (std::fs::metadata(&log).unwrap().ino(), std::fs::metadata(&log).unwrap().len());
     let rounds = (2 * BOUND + 2 * CHUNK - at).div_ceil(ROUND);
@@ -2013,8 +2013,7 @@ fn a_terminal_log_is_kept_within_its_bound_and_synapse_logs_reads_across_it() {
     assert!(text == String::from_utf8(files).unwrap().replace('\r', ""), "the older log, then the current one");
     assert!(!text.contains(&done(1)) && !text.contains("flood ready"), "{}", text.len());
     // Following: all of it, once, in order.
-    let _ = follow.kill();
-    let _ = follow.wait();
+    follow.stop();
     reader.join().unwrap();
     let followed = followed_text().replace('\r', "");
     let mut from = 0;
@@ -2049,8 +2048,7 @@ fn a_terminal_log_is_kept_within_its_bound_and_synapse_logs_reads_across_it() {
         assert!(log.exists(), "a new log");
     }
     assert_eq!(std::fs::metadata(&older).unwrap().ino(), older_inode, "no rotation meanwhile");
-    let _ = follow.kill();
-    let _ = follow.wait();
+    follow.stop();
     reader.join().unwrap();
     let followed = followed_text().replace('\r', "");
     for shown in 2..=round {
@@ -2062,12 +2060,29 @@ fn a_terminal_log_is_kept_within_its_bound_and_synapse_logs_reads_across_it() {
     }
 }
 
+/// A `synapse logs --follow` of a test, ended when the test ends (a follower never ends by
+/// itself, its log removed with the test's home).
+struct Following(Child);
+
+impl Following {
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// Starts `synapse logs <agent> --follow --raw`; returns it, what it printed so far (filled by
 /// a thread, line by line) and that thread.
 fn follow_logs(
     home: &Home,
     agent: &str,
-) -> (Child, std::sync::Arc<std::sync::Mutex<String>>, std::thread::JoinHandle<()>) {
+) -> (Following, std::sync::Arc<std::sync::Mutex<String>>, std::thread::JoinHandle<()>) {
     let mut follow =
         home.cmd(&["logs", agent, "--follow", "--raw"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let followed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
@@ -2080,5 +2095,5 @@ fn follow_logs(
             }
         })
     };
-    (follow, followed, reader)
+    (Following(follow), followed, reader)
 }
