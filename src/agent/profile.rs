@@ -24,6 +24,18 @@ pub enum InterruptStyle {
     Keys(Vec<String>),
 }
 
+impl InterruptStyle {
+    /// Does the interrupt write a Ctrl-C, which a second one soon after may turn into an exit
+    /// ([`CTRL_C_EXIT_WINDOW`])?
+    pub fn writes_ctrl_c(&self) -> bool {
+        match self {
+            InterruptStyle::CtrlC => true,
+            InterruptStyle::Keys(keys) => keys.iter().any(|key| parse_key(key).is_ok_and(|bytes| bytes == [0x03])),
+            InterruptStyle::Signal => false,
+        }
+    }
+}
+
 /// Pause between the keys of [`InterruptStyle::Keys`], so that a CLI reads two Esc as two
 /// presses, not as one Alt-Esc.
 pub const KEY_GAP: std::time::Duration = std::time::Duration::from_millis(120);
@@ -425,6 +437,10 @@ mod tests {
         assert!(builtin("codex").unwrap().args.contains(&"--no-daemon".to_string()));
         assert_eq!(parse_key("esc").unwrap(), vec![0x1b]);
         assert_eq!(parse_key("ctrl-c").unwrap(), vec![0x03]);
+        // Only those that write a Ctrl-C wait out a CLI's double-press exit.
+        let keys = |keys: &[&str]| InterruptStyle::Keys(keys.iter().map(|key| key.to_string()).collect());
+        assert!(InterruptStyle::CtrlC.writes_ctrl_c() && keys(&["esc", "ctrl-c"]).writes_ctrl_c());
+        assert!(!InterruptStyle::Signal.writes_ctrl_c() && !keys(&["esc", "esc"]).writes_ctrl_c());
         assert_eq!(parse_key("é").unwrap(), "é".as_bytes());
         assert!(parse_key("\u{1b}").is_err() && parse_key("").is_err() && parse_key("ctrl-").is_err());
     }

@@ -395,9 +395,17 @@ pub fn text_digest(text: &str) -> String {
 pub fn reply_target_sender(from: Option<&str>, sender_task_id: Option<&str>) -> Option<String> {
     match (from, sender_task_id) {
         (Some(from), _) => Some(from.to_string()),
-        (None, Some(task)) => Some(format!("anonymous-{}", crate::event::short_id(task))),
+        (None, Some(task)) => Some(format!("{ANONYMOUS_TARGET}{}", crate::event::short_id(task))),
         (None, None) => None,
     }
+}
+
+/// How the key of a sender without an id begins ([`reply_target_sender`]).
+const ANONYMOUS_TARGET: &str = "anonymous-";
+
+/// Is this reply target's key ([`reply_target_sender`]) that of a sender without an id?
+pub fn waits_anonymously(sender_id: &str) -> bool {
+    sender_id.starts_with(ANONYMOUS_TARGET)
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ mod terminal_log;
 mod watcher;
 
 pub(crate) use connection::{Backoff, EXIT_GRACE, connect, connect_to_leave, is_gone};
+pub use terminal_log::rotated_path as rotated_log_path;
 pub use watcher::instruction_files;
 
 use super::mcp_wiring;
@@ -233,12 +234,6 @@ impl Shared {
 
 pub fn log_path(paths: &Paths, agent_id: &str) -> PathBuf {
     paths.home.join("logs").join(format!("{agent_id}.log"))
-}
-
-/// The terminal log before the current one (`<agent_id>.log.1`), kept once the log reached its
-/// bound (`SYNAPSE_TERMINAL_LOG_MB`).
-pub fn rotated_log_path(log: &std::path::Path) -> PathBuf {
-    terminal_log::rotated_path(log)
 }
 
 /// Runs the wrapper until the CLI exits or the wrapper is told to stop; returns the exit code.

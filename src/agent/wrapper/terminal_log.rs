@@ -18,7 +18,8 @@ const DEFAULT_MAX_MB: f64 = 16.0;
 /// the log and the one before it always hold together.
 pub(super) const MIN_MAX_BYTES: u64 = 256 << 10;
 
-/// The log before the current one.
+/// The terminal log before the current one (`<agent_id>.log.1`), kept once the log reached its
+/// bound (`SYNAPSE_TERMINAL_LOG_MB`).
 pub fn rotated_path(log: &Path) -> PathBuf {
     let mut name = log.as_os_str().to_owned();
     name.push(".1");
@@ -334,6 +335,30 @@ mod tests {
         log.write_all(b"new").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         assert_eq!(std::fs::read(rotated_path(&path)).unwrap(), b"older");
+    }
+
+    /// A new log that cannot be made (its directory gone): the output goes on into the file it
+    /// has, and the new log is made after the first write once it can be.
+    #[test]
+    fn a_new_log_that_cannot_be_made_is_made_after_the_first_write_that_can() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let path = logs.join("bob.log");
+        let mut log = TerminalLog::open(&path, Some(MIN_MAX_BYTES)).unwrap();
+        let rotations = log.rotations();
+        log.write_all(b"kept ").unwrap();
+        std::fs::remove_dir_all(&logs).unwrap();
+        log.write_all(&vec![b'a'; MIN_MAX_BYTES as usize]).unwrap();
+        assert!(log.detached, "renamed (already gone), no new log");
+        log.write_all(b"still kept").unwrap();
+        assert_eq!(log.len, MIN_MAX_BYTES + 15, "written into the file it has");
+        std::fs::create_dir(&logs).unwrap();
+        log.write_all(b"last in the old").unwrap();
+        assert!(!log.detached, "made after that write");
+        log.write_all(b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(rotations.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[test]

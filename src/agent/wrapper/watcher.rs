@@ -217,12 +217,7 @@ async fn interrupt(shared: &Shared) {
 /// [`profile::EXIT_HINT_WAIT`] at most: such words in the model's text, with no Ctrl-C lately,
 /// never hold an interrupt. Some(how long to wait before looking again), or None.
 fn ctrl_c_would_end_it(shared: &Shared) -> Option<Duration> {
-    let ctrl_c = match &shared.profile.interrupt {
-        InterruptStyle::CtrlC => true,
-        InterruptStyle::Keys(keys) => keys.iter().any(|key| profile::parse_key(key).is_ok_and(|bytes| bytes == [0x03])),
-        InterruptStyle::Signal => false,
-    };
-    let since = shared.input.last_ctrl_c().filter(|_| ctrl_c)?.elapsed();
+    let since = shared.input.last_ctrl_c().filter(|_| shared.profile.interrupt.writes_ctrl_c())?.elapsed();
     if since < profile::CTRL_C_EXIT_WINDOW {
         return Some(profile::CTRL_C_EXIT_WINDOW - since);
     }

@@ -6,7 +6,7 @@ use super::decision::{Answer, CommandError, Context, DecideError, Decision, Live
 use super::requests::{ContinueRequest, IDEMPOTENCY_WINDOW_MS, ReplyRequest, SendRequest};
 use crate::escape;
 use crate::event::{Artifact, Direction, Event, INLINE_TEXT_MAX_BYTES, Message, Part, Role, TaskState, short_id};
-use crate::store::{AgentRecord, Projections, ReplyTarget, TaskRecord, text_digest};
+use crate::store::{AgentRecord, Projections, ReplyTarget, TaskRecord, text_digest, waits_anonymously};
 
 /// The longest idempotency key accepted.
 const IDEMPOTENCY_KEY_MAX_CHARS: usize = 200;
@@ -78,7 +78,7 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
     let target = match &request.to {
         Some(to) => {
             let anonymous: Vec<&ReplyTarget> =
-                targets.iter().filter(|target| target.sender_id.starts_with("anonymous-")).collect();
+                targets.iter().filter(|target| waits_anonymously(&target.sender_id)).collect();
             // The task id its message showed, or more of it: a message's header names its sender
             // `anonymous` when it has none, which is no id to answer.
             let by_task: Vec<&ReplyTarget> = if names_a_task(to) {
@@ -96,7 +96,7 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
                 _ if targets.iter().any(|target| &target.sender_id == to) => to.clone(),
                 // A sender shown as `<name>(unverified)` (or as `anonymous`) waits as an
                 // anonymous one: when only one anonymous sender waits, that name is it.
-                ([only], _) if to.ends_with("(unverified)") || to == "anonymous" => only.sender_id.clone(),
+                ([only], _) if names_an_anonymous_sender(to) => only.sender_id.clone(),
                 (_, [only]) => only.sender_id.clone(),
                 (many, _) if to == "anonymous" && !many.is_empty() => {
                     let candidates = many.iter().map(|target| target.sender_id.clone()).collect();
@@ -142,6 +142,12 @@ pub fn reply_as_send(view: &Projections<'_>, request: &ReplyRequest) -> Result<S
     })
 }
 
+/// Does `to` name a sender without an id, as its message's header showed it: `anonymous`, or
+/// `<name>(unverified)` for a name it gave without proof?
+fn names_an_anonymous_sender(to: &str) -> bool {
+    to == "anonymous" || to.ends_with("(unverified)")
+}
+
 /// Can `to` be (the start of) a task id, as a message's header shows it: 8 characters or more,
 /// hex digits and dashes?
 fn names_a_task(to: &str) -> bool {
@@ -173,14 +179,11 @@ pub fn repeated_reply(
             // waits now (it would name that one); the task id its message showed.
             let another_anonymous_waits = || {
                 view.reply_targets(&from).is_ok_and(|targets| {
-                    targets
-                        .iter()
-                        .any(|target| target.sender_id.starts_with("anonymous-") && target.sender_id != *answered)
+                    targets.iter().any(|target| waits_anonymously(&target.sender_id) && target.sender_id != *answered)
                 })
             };
-            let anonymous = answered.starts_with("anonymous-")
-                && (wanted.as_str() == "anonymous" || wanted.ends_with("(unverified)"))
-                && !another_anonymous_waits();
+            let anonymous =
+                waits_anonymously(answered) && names_an_anonymous_sender(wanted) && !another_anonymous_waits();
             let shown = first.sender_task_id.as_deref().unwrap_or(&first.task_id);
             let by_task = names_a_task(wanted)
                 && (shown.starts_with(wanted.as_str()) || first.task_id.starts_with(wanted.as_str()));
